@@ -1,0 +1,1 @@
+"""The executor: supervises claude processes, writes the journal, hosts the harness MCP."""

@@ -1,0 +1,74 @@
+"""The `petal-dispatch` command. Settings are read here, once, and passed down."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from shared import dbserver, errors, logs, migrate, settings as settings_mod
+from shared.settings import Settings
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    info = dbserver.resolve(settings, auto_migrate=False)
+    applied = migrate.migrate(info.admin_dsn)
+    if applied:
+        for mig in applied:
+            print(f"applied {mig.path.name}")
+    else:
+        print("migrations current: nothing to apply")
+    return 0
+
+
+def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
+    info = dbserver.resolve(settings, auto_migrate=False)
+    state = migrate.status(info.admin_dsn)
+    report = {
+        "server": info.location,
+        "embedded": info.embedded,
+        "dsn": {"admin": info.admin_dsn, "executor": info.executor_dsn, "ingress": info.ingress_dsn},
+        "migrations": {"current": state.current, "applied": state.applied, "pending": state.pending},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"server:       {report['server']}")
+        for role, dsn in report["dsn"].items():
+            print(f"{role + ' dsn:':<14}{dsn}")
+        pending = ", ".join(f"{v:04d}" for v in state.pending)
+        print(f"migrations:   {'current' if state.current else 'pending ' + pending} ({len(state.applied)} applied)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="apply pending database migrations")
+    p.set_defaults(handler=_cmd_migrate)
+
+    db = sub.add_parser("db", help="database commands").add_subparsers(dest="db_command", required=True)
+    p = db.add_parser("status", help="where the server is, each role's DSN, whether migrations are current")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_cmd_db_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = settings_mod.load()
+    logs.configure(settings.log_level, settings.log_format)
+    handler: Handler = args.handler
+    try:
+        return handler(args, settings)
+    except errors.PetalError as exc:
+        print(f"petal-dispatch: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

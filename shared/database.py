@@ -1,0 +1,62 @@
+"""The one object per process that owns the connection pool and the LISTEN connection."""
+
+from __future__ import annotations
+
+import types
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from shared.listener import Listener
+
+# Detect half-open TCP connections (a phone-network style drop) instead of waiting on them forever.
+KEEPALIVE_KWARGS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+POOL_OPEN_TIMEOUT_S = 30.0
+
+
+class Database:
+    """Owns the pool and the listener of one process; everything else receives it as an argument."""
+
+    def __init__(self, dsn: str, *, name: str, min_size: int = 1, max_size: int = 8):
+        self.dsn = dsn
+        self.name = name
+        self.pool = AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            name=name,
+            check=AsyncConnectionPool.check_connection,
+            kwargs={"application_name": name, **KEEPALIVE_KWARGS},
+        )
+        self._listener: Listener | None = None
+
+    def listener(self, channels: list[str]) -> Listener:
+        """The process's LISTEN connection (created once; run it with `await listener.run()`)."""
+        if self._listener is None:
+            self._listener = Listener(
+                self.dsn, channels, application_name=f"{self.name}-listen", connect_kwargs=KEEPALIVE_KWARGS
+            )
+        return self._listener
+
+    async def open(self) -> None:
+        await self.pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT_S)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.stop()
+        await self.pool.close()
+
+    async def __aenter__(self) -> Database:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+async def connect(dsn: str, *, autocommit: bool = True) -> psycopg.AsyncConnection:
+    """A single connection outside the pool (CLI commands, tests)."""
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **KEEPALIVE_KWARGS)

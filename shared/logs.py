@@ -1,0 +1,32 @@
+"""structlog set-up: JSON lines when not on a terminal, a console renderer on one."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(level: str = "info", fmt: str = "auto") -> None:
+    renderer: structlog.typing.Processor
+    if fmt == "console" or (fmt == "auto" and sys.stderr.isatty()):
+        renderer = structlog.dev.ConsoleRenderer()
+    else:
+        renderer = structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def get(name: str) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger(name)

@@ -1,0 +1,117 @@
+"""Numbered .sql migrations: each pending file once, in its own transaction, under an advisory lock."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from shared import errors, logs
+from shared.sql import queries
+
+log = logs.get(__name__)
+
+_FILENAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+    @property
+    def sql(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+def migrations_dir() -> Path:
+    """The repository's migrations/, or the copy packaged inside `shared` by a wheel build."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "migrations", here / "_migrations"):
+        if candidate.is_dir():
+            return candidate
+    raise errors.MigrationError(f"no migrations directory next to {here}")
+
+
+def discover(directory: Path | None = None) -> list[Migration]:
+    directory = directory or migrations_dir()
+    found = []
+    for path in sorted(directory.iterdir()):
+        m = _FILENAME.match(path.name)
+        if m:
+            found.append(Migration(int(m.group(1)), m.group(2), path))
+        elif path.suffix == ".sql":
+            raise errors.MigrationError(f"{path.name}: migration files are named NNNN_name.sql")
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise errors.MigrationError("two migration files share a version number")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationStatus:
+    applied: list[int]
+    pending: list[int]
+
+    @property
+    def current(self) -> bool:
+        return not self.pending
+
+
+def _check_applied(applied: dict[int, tuple[str, str]], available: list[Migration]) -> None:
+    by_version = {m.version: m for m in available}
+    for version, (name, checksum) in applied.items():
+        mig = by_version.get(version)
+        if mig is None:
+            raise errors.MigrationError(f"database has migration {version:04d}_{name}, which this code lacks")
+        if mig.checksum != checksum:
+            raise errors.MigrationError(f"migration {mig.path.name} changed after it was applied")
+
+
+def status(dsn: str, directory: Path | None = None) -> MigrationStatus:
+    available = discover(directory)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        exists = conn.execute(queries["migrations_table_exists"]).fetchone()
+        rows = conn.execute(queries["applied_migrations"]).fetchall() if exists and exists[0] else []
+    applied = {v: (n, c) for v, n, c in rows}
+    _check_applied(applied, available)
+    return MigrationStatus(
+        applied=sorted(applied), pending=[m.version for m in available if m.version not in applied]
+    )
+
+
+def migrate(dsn: str, directory: Path | None = None) -> list[Migration]:
+    """Apply pending migrations; returns what was applied (empty when already current)."""
+    available = discover(directory)
+    done: list[Migration] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(queries["lock_migrations"])
+        try:
+            conn.execute(queries["create_migrations_table"])
+            applied = {v: (n, c) for v, n, c in conn.execute(queries["applied_migrations"]).fetchall()}
+            _check_applied(applied, available)
+            for mig in available:
+                if mig.version in applied:
+                    continue
+                try:
+                    with conn.transaction():
+                        conn.execute(mig.sql.encode())
+                        conn.execute(
+                            queries["record_migration"],
+                            {"version": mig.version, "name": mig.name, "checksum": mig.checksum},
+                        )
+                except psycopg.Error as exc:
+                    raise errors.MigrationError(f"{mig.path.name}: {exc}") from exc
+                log.info("migration_applied", version=mig.version, name=mig.name)
+                done.append(mig)
+        finally:
+            conn.execute(queries["unlock_migrations"])
+    return done

@@ -1,0 +1,45 @@
+"""Typed settings, read once from the environment at the edge and passed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of both services. Library code receives this object; it never reads os.environ."""
+
+    model_config = SettingsConfigDict(env_prefix="PETAL_", frozen=True, extra="ignore")
+
+    # Admin DSN (migrations, role set-up). Unset: start the embedded server in data_dir.
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("DATABASE_URL", "PETAL_DATABASE_URL")
+    )
+    # Per-service DSNs. Unset: the admin DSN with the role's name as user (trust/peer set-ups).
+    executor_dsn: str | None = None
+    ingress_dsn: str | None = None
+    data_dir: Path = Path("./var")
+
+    open_mode: bool = Field(default=False, validation_alias=AliasChoices("OPEN_MODE", "PETAL_OPEN_MODE"))
+    ingress_host: str = "127.0.0.1"
+    ingress_port: int = Field(default=8000, ge=0, le=65535)
+    mcp_host: str = "127.0.0.1"
+    mcp_port: int = Field(default=8002, ge=0, le=65535)
+
+    # A running task silent for longer than this is marked stalled.
+    stall_timeout_s: float = Field(default=180.0, gt=0)
+    claude_bin: str = "claude"
+    claude_config_dir: Path | None = None
+
+    log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
+    log_level: str = "info"
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir.resolve() / "pgdata"
+
+
+def load() -> Settings:
+    return Settings()

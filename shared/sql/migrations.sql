@@ -1,0 +1,23 @@
+-- name: create_migrations_table --
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: lock_migrations --
+-- Session-level: concurrent `migrate` runs on one database wait here for each other.
+SELECT pg_advisory_lock(hashtext('petal-dispatch.migrate'))
+
+-- name: unlock_migrations --
+SELECT pg_advisory_unlock(hashtext('petal-dispatch.migrate'))
+
+-- name: applied_migrations --
+SELECT version, name, checksum FROM schema_migrations ORDER BY version
+
+-- name: record_migration --
+INSERT INTO schema_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s)
+
+-- name: migrations_table_exists --
+SELECT to_regclass('schema_migrations') IS NOT NULL
