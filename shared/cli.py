@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+import psycopg
+
 from shared import dbserver, errors, logs, migrate, settings as settings_mod
 from shared.settings import Settings
 
@@ -67,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args, settings)
     except errors.PetalError as exc:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        print(f"petal-dispatch: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from shared.database import Database
+from tests.pg import Cluster, DB
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster.start(tmp_path_factory.mktemp("cluster"))
+    yield c
+    c.drop_all()
+
+
+@pytest.fixture
+def db(cluster: Cluster) -> Iterator[DB]:
+    """A migrated database of its own for this test."""
+    d = cluster.create_migrated()
+    yield d
+    cluster.drop(d)
+
+
+@pytest.fixture
+def empty_db(cluster: Cluster) -> Iterator[DB]:
+    d = cluster.create_empty()
+    yield d
+    cluster.drop(d)
+
+
+@pytest.fixture
+async def executor_db(db: DB) -> AsyncIterator[Database]:
+    async with Database(db.executor_dsn, name="test-executor", max_size=6) as database:
+        yield database
+
+
+@pytest.fixture
+def pool(executor_db: Database) -> AsyncConnectionPool:
+    return executor_db.pool

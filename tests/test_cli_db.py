@@ -1,0 +1,78 @@
+"""The embedded default: with no DATABASE_URL the command starts its own server in the data directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+
+def _run(args: list[str], data_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_DATABASE_URL")}
+    base.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json", **env)
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args], env=base, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_migrate_twice_on_the_embedded_server_then_status_reports_it_current(tmp_path: Path) -> None:
+    data_dir = tmp_path / "var"
+
+    first = _run(["migrate"], data_dir)
+    second = _run(["migrate"], data_dir)
+    status = _run(["db", "status", "--json"], data_dir)
+
+    assert first.returncode == 0, first.stderr
+    assert "applied 0001_journal.sql" in first.stdout
+    assert second.returncode == 0, second.stderr
+    assert "nothing to apply" in second.stdout
+    report = json.loads(status.stdout)
+    assert report["embedded"] is True
+    assert report["migrations"]["current"] is True and report["migrations"]["pending"] == []
+    assert "petal_executor" in report["dsn"]["executor"] and "petal_ingress" in report["dsn"]["ingress"]
+    assert (data_dir / "pgdata" / "PG_VERSION").exists()
+
+
+def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
+    data_dir = tmp_path / "var"
+    assert _run(["migrate"], data_dir).returncode == 0
+    # each command stops the server when it exits; read the DSN, start it again, write, stop, read
+    report = json.loads(_run(["db", "status", "--json"], data_dir).stdout)
+    script = (
+        "import sys, psycopg\n"
+        "from shared import dbserver, settings\n"
+        "info = dbserver.resolve(settings.load())\n"
+        "with psycopg.connect(info.admin_dsn, autocommit=True) as c:\n"
+        "    if sys.argv[1] == 'write':\n"
+        "        c.execute(\"INSERT INTO projects (name) VALUES ('kept')\")\n"
+        "    print(c.execute('SELECT name FROM projects').fetchall())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["PETAL_DATA_DIR"] = str(data_dir)
+    wrote = subprocess.run([sys.executable, "-c", script, "write"], env=env, capture_output=True, text=True, timeout=120)
+    read = subprocess.run([sys.executable, "-c", script, "read"], env=env, capture_output=True, text=True, timeout=120)
+    assert wrote.returncode == 0, wrote.stderr
+    assert read.stdout.strip() == "[('kept',)]"
+    assert report["embedded"] is True
+
+
+def test_with_database_url_the_given_server_is_used_and_none_is_started(tmp_path: Path, empty_db) -> None:  # type: ignore[no-untyped-def]
+    data_dir = tmp_path / "var"
+    out = _run(["migrate"], data_dir, DATABASE_URL=empty_db.admin_dsn)
+    status = _run(["db", "status", "--json"], data_dir, DATABASE_URL=empty_db.admin_dsn)
+
+    assert out.returncode == 0, out.stderr
+    assert json.loads(status.stdout)["embedded"] is False
+    assert not (data_dir / "pgdata").exists()
+    with psycopg.connect(empty_db.admin_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] >= 4
+
+
+def test_a_bad_database_url_fails_with_a_clear_message_and_no_traceback(tmp_path: Path) -> None:
+    out = _run(["db", "status"], tmp_path, DATABASE_URL="postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2")
+    assert out.returncode == 2
+    assert "petal-dispatch:" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+from shared.listener import RESYNC, Listener, Notification
+from tests.pg import DB
+from tests.proxy import FreezableProxy
+
+
+async def _notify(dsn: str, channel: str, payload: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+
+async def _next(sub_get: asyncio.Future | object, timeout: float = 10) -> Notification:
+    return await asyncio.wait_for(sub_get, timeout)  # type: ignore[arg-type]
+
+
+async def test_subscribers_get_only_their_channels_and_a_resync_after_connecting(db: DB) -> None:
+    listener = Listener(db.executor_dsn, ["a", "b"])
+    only_b = listener.subscribe(["b"])
+    runner = asyncio.create_task(listener.run())
+    try:
+        assert await _next(only_b.get()) is RESYNC
+        await _notify(db.executor_dsn, "a", "1")
+        await _notify(db.executor_dsn, "b", "2")
+        assert await _next(only_b.get()) == Notification("b", "2")
+    finally:
+        runner.cancel()
+
+
+async def test_listener_reconnects_after_its_backend_is_terminated_and_asks_for_a_catch_up(db: DB) -> None:
+    listener = Listener(db.executor_dsn, ["journal"])
+    sub = listener.subscribe()
+    runner = asyncio.create_task(listener.run())
+    try:
+        assert await _next(sub.get()) is RESYNC
+        first_pid = listener.backend_pid
+        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", [first_pid])
+
+        assert await _next(sub.get()) is RESYNC
+        assert listener.connects == 2 and listener.backend_pid != first_pid
+        await _notify(db.executor_dsn, "journal", "7")
+        assert await _next(sub.get()) == Notification("journal", "7")
+    finally:
+        runner.cancel()
+
+
+async def test_a_silent_half_open_connection_fails_its_probe_and_is_replaced(db: DB) -> None:
+    async with FreezableProxy(db.executor_dsn) as proxy:
+        listener = Listener(proxy.dsn(), ["journal"], probe_interval_s=0.2, probe_timeout_s=0.5)
+        sub = listener.subscribe()
+        runner = asyncio.create_task(listener.run())
+        try:
+            assert await _next(sub.get()) is RESYNC
+            proxy.freeze_existing()  # no FIN, no RST: the connection just goes quiet
+
+            assert await _next(sub.get(), 15) is RESYNC
+            assert listener.connects == 2
+            await _notify(db.executor_dsn, "journal", "9")
+            assert await _next(sub.get()) == Notification("journal", "9")
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_subscriber_that_falls_behind_is_told_to_resync_instead_of_slowing_others(db: DB) -> None:
+    listener = Listener(db.executor_dsn, ["journal"])
+    slow = listener.subscribe()
+    fast = listener.subscribe()
+    slow.queue = asyncio.Queue(3)
+    runner = asyncio.create_task(listener.run())
+    try:
+        assert await _next(fast.get()) is RESYNC
+        for i in range(5):
+            await _notify(db.executor_dsn, "journal", str(i))
+        got = [await _next(fast.get()) for _ in range(5)]
+        assert [n.payload for n in got] == ["0", "1", "2", "3", "4"]
+        drained = []
+        while not slow.queue.empty():
+            drained.append(slow.queue.get_nowait())
+        assert RESYNC in drained
+    finally:
+        runner.cancel()
