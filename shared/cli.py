@@ -17,7 +17,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     info = dbserver.resolve(settings, auto_migrate=False)
-    applied = migrate.migrate(info.admin_dsn)
+    applied = migrate.migrate(dbserver.admin(info))
     if applied:
         for mig in applied:
             print(f"applied {mig.path.name}")
@@ -28,7 +28,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
     info = dbserver.resolve(settings, auto_migrate=False)
-    state = migrate.status(info.admin_dsn)
+    state = migrate.status(info.admin_dsn or info.executor_dsn)
     report = {
         "server": info.location,
         "embedded": info.embedded,
@@ -46,12 +46,31 @@ def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
+    from executor import main as executor_main
+
+    return executor_main.main(settings)
+
+
+def _cmd_install_claude(args: argparse.Namespace, settings: Settings) -> int:
+    from executor import cli_install
+
+    print(cli_install.install())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="apply pending database migrations")
     p.set_defaults(handler=_cmd_migrate)
+
+    p = sub.add_parser("executor", help="run the executor: supervisor, journal writer, harness MCP")
+    p.set_defaults(handler=_cmd_executor)
+
+    p = sub.add_parser("install-claude", help="install the pinned Claude Code CLI into a local cache (needs npm)")
+    p.set_defaults(handler=_cmd_install_claude)
 
     db = sub.add_parser("db", help="database commands").add_subparsers(dest="db_command", required=True)
     p = db.add_parser("status", help="where the server is, each role's DSN, whether migrations are current")

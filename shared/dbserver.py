@@ -25,7 +25,7 @@ INGRESS_ROLE = "petal_ingress"
 class ServerInfo:
     embedded: bool
     location: str
-    admin_dsn: str
+    admin_dsn: str | None
     executor_dsn: str
     ingress_dsn: str
 
@@ -72,23 +72,31 @@ def resolve(settings: Settings, *, auto_migrate: bool = True) -> ServerInfo:
     With no DATABASE_URL the embedded server is started in the data directory and migrated, so a fresh
     machine needs nothing else. With DATABASE_URL the server is used as it is and never started here.
     """
-    if settings.database_url:
+    if settings.database_url or settings.executor_dsn or settings.ingress_dsn:
+        # An external server: a service may be given only its own role's DSN (no admin DSN at all).
         admin = settings.database_url
-        embedded = False
-        location = describe(admin)
-    else:
-        admin = _start_embedded(settings)
-        embedded = True
-        location = f"embedded, data in {settings.pgdata}, {describe(admin)}"
-        if auto_migrate:
-            migrate.migrate(admin)
+        executor = settings.executor_dsn or (role_dsn(admin, EXECUTOR_ROLE) if admin else None)
+        ingress = settings.ingress_dsn or (role_dsn(admin, INGRESS_ROLE) if admin else None)
+        if executor is None or ingress is None:
+            raise errors.ConfigError("set DATABASE_URL, or both PETAL_EXECUTOR_DSN and PETAL_INGRESS_DSN")
+        return ServerInfo(embedded=False, location=describe(admin or executor), admin_dsn=admin,
+                          executor_dsn=executor, ingress_dsn=ingress)
+    admin = _start_embedded(settings)
+    if auto_migrate:
+        migrate.migrate(admin)
     return ServerInfo(
-        embedded=embedded,
-        location=location,
+        embedded=True,
+        location=f"embedded, data in {settings.pgdata}, {describe(admin)}",
         admin_dsn=admin,
-        executor_dsn=settings.executor_dsn or role_dsn(admin, EXECUTOR_ROLE),
-        ingress_dsn=settings.ingress_dsn or role_dsn(admin, INGRESS_ROLE),
+        executor_dsn=role_dsn(admin, EXECUTOR_ROLE),
+        ingress_dsn=role_dsn(admin, INGRESS_ROLE),
     )
+
+
+def admin(info: ServerInfo) -> str:
+    if info.admin_dsn is None:
+        raise errors.ConfigError("this command needs an admin DSN: set DATABASE_URL")
+    return info.admin_dsn
 
 
 def require_current(dsn: str) -> None:

@@ -80,6 +80,19 @@ async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]
     return Appended(first_seq=last - len(events) + 1, last_seq=last)
 
 
+async def append_on(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]) -> Appended:
+    """Append inside the caller's transaction (a savepoint), so a row and its event commit together.
+
+    Holds the journal head's lock until the caller commits: keep that transaction short.
+    """
+    try:
+        return await _write_batch(conn, events)
+    except pgerrors.ForeignKeyViolation as exc:
+        if exc.diag.constraint_name == "journal_event_type_fkey":
+            raise await _unknown_type_error(conn, events) from exc
+        raise
+
+
 async def _already_written(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]) -> Appended | None:
     cur = await conn.execute(queries["find_event_seqs"], {"ids": [ev.event_id for ev in events]})
     seqs = sorted(seq for _, seq in await cur.fetchall())

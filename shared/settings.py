@@ -30,8 +30,19 @@ class Settings(BaseSettings):
 
     # A running task silent for longer than this is marked stalled.
     stall_timeout_s: float = Field(default=180.0, gt=0)
+    # SIGTERM, then SIGKILL after this many seconds.
+    stop_grace_s: float = Field(default=10.0, gt=0)
+    # A wall-clock cap per task, separate from the stall threshold. Unset: none.
+    max_runtime_s: float | None = Field(default=None, gt=0)
+    max_workers: int = Field(default=4, ge=1)
+    # Where tasks without a project run.
+    workdir: Path = Path(".")
     claude_bin: str = "claude"
     claude_config_dir: Path | None = None
+    # The CLI's retry and timeout knobs (unset: the CLI's defaults, which hold a dead API for minutes).
+    claude_max_retries: int | None = Field(default=None, ge=0)
+    claude_api_timeout_ms: int | None = Field(default=None, gt=0)
+    claude_stream_idle_timeout_ms: int | None = Field(default=None, gt=0)
 
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"

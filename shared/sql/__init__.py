@@ -11,9 +11,10 @@ from importlib import resources
 _HEADER = re.compile(r"^-- name: (\w+)\s*--\s*$", re.MULTILINE)
 
 
-def _load() -> dict[str, str]:
+def load(package: str) -> dict[str, str]:
+    """Every named query of the .sql files inside `package`."""
     found: dict[str, str] = {}
-    for entry in resources.files(__name__).iterdir():
+    for entry in resources.files(package).iterdir():
         if not entry.name.endswith(".sql"):
             continue
         parts = _HEADER.split(entry.read_text(encoding="utf-8"))
@@ -24,4 +25,4 @@ def _load() -> dict[str, str]:
     return found
 
 
-queries: dict[str, str] = _load()
+queries: dict[str, str] = load(__name__)

@@ -1,0 +1,62 @@
+"""Requesting work: a pending task row and its `task.dispatch_requested` event, committed together.
+
+The supervisor is woken by the row's NOTIFY and spawns it; whoever asks (the harness MCP's
+dispatch_worker, a test, the orchestrator loop) never spawns a process itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from psycopg_pool import AsyncConnectionPool
+
+from executor.sql import queries
+from shared import errors, journal
+from shared.models import NewEvent
+
+
+class DispatchRefused(errors.PetalError):
+    """The request cannot be run as given; nothing was recorded."""
+
+
+async def request_task(
+    pool: AsyncConnectionPool,
+    *,
+    brief: str,
+    role: str = "worker",
+    project_id: uuid.UUID | None = None,
+    session_id: uuid.UUID | None = None,
+    parent_task_id: uuid.UUID | None = None,
+    plan_ref: str | None = None,
+    workdir: Path | None = None,
+    allowed_tools: Sequence[str] | None = None,
+    requested_by: str | None = None,
+) -> uuid.UUID:
+    """Record a task for the supervisor to run; returns its id.
+
+    Raises:
+        DispatchRefused: empty brief, unknown project, or a working directory that does not exist.
+    """
+    if not brief.strip():
+        raise DispatchRefused("a task needs a non-empty brief")
+    task_id = uuid.uuid4()
+    async with pool.connection() as conn, conn.transaction():
+        if workdir is None and project_id is not None:
+            row = await (await conn.execute(queries["project_workdir"], {"project_id": project_id})).fetchone()
+            if row is None:
+                raise DispatchRefused(f"no project {project_id}")
+            workdir = Path(row[0]) if row[0] else None
+        if workdir is not None and not workdir.is_dir():
+            raise DispatchRefused(f"working directory {workdir} does not exist")
+        await conn.execute(queries["insert_task"], {
+            "id": task_id, "project_id": project_id, "session_id": session_id, "parent_task_id": parent_task_id,
+            "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
+            "allowed_tools": list(allowed_tools) if allowed_tools is not None else None})
+        await journal.append_on(conn, [NewEvent(
+            "task.dispatch_requested",
+            {"role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
+             "requested_by": requested_by, "parent_task_id": str(parent_task_id) if parent_task_id else None},
+            task_id=task_id, project_id=project_id)])
+    return task_id

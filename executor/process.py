@@ -1,0 +1,62 @@
+"""Process-level helpers: unbounded line framing, signalling a process group, sweeping orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import psutil
+
+READ_CHUNK = 1 << 16
+
+
+async def iter_lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """Lines of any length (a 5 MB stream-json line is normal); split on b"\\n" only, decode later."""
+    buf = bytearray()
+    while chunk := await stream.read(READ_CHUNK):
+        buf += chunk
+        start = 0
+        while (nl := buf.find(b"\n", start)) != -1:
+            yield bytes(buf[start:nl])
+            start = nl + 1
+        del buf[:start]
+    if buf:
+        # a last line without its newline (the process died mid-write) is still a line
+        yield bytes(buf)
+
+
+def signal_group(pid: int, sig: int) -> bool:
+    """Signal the process group led by `pid` (children start in their own session). False if gone."""
+    try:
+        os.killpg(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def find_by_env(var: str, value: str, *, exclude: set[int] | None = None) -> list[psutil.Process]:
+    """Processes whose environment holds var=value: a task's processes, including orphans that left its
+    process group (the CLI's Bash tool runs commands in their own session)."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me or (exclude and proc.pid in exclude):
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get(var) == value:
+                found.append(proc)
+    return found
+
+
+def kill_all(procs: list[psutil.Process]) -> list[int]:
+    killed = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            proc.send_signal(signal.SIGKILL)
+            killed.append(proc.pid)
+    return killed

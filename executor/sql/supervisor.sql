@@ -1,0 +1,104 @@
+-- name: try_singleton_lock --
+-- Held on a dedicated session for the executor's life: a second executor on this database refuses to start.
+SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor'))
+
+-- name: insert_task --
+INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, status)
+VALUES (%(id)s, %(project_id)s, %(session_id)s, %(parent_task_id)s, %(role)s, %(brief)s, %(plan_ref)s,
+        %(workdir)s, %(allowed_tools)s, 'pending')
+
+-- name: project_workdir --
+SELECT workdir FROM projects WHERE id = %(project_id)s
+
+-- name: claim_pending_tasks --
+-- Oldest first; SKIP LOCKED so a concurrent claimer never blocks or takes the same row.
+UPDATE tasks t
+SET status = 'running', activity = 'running', started_at = now(), last_output_at = now()
+FROM (
+    SELECT id FROM tasks WHERE status = 'pending' ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT %(n)s
+) picked
+WHERE t.id = picked.id
+RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
+          t.allowed_tools, t.attempt
+
+-- name: role_profile --
+SELECT role, system_prompt, allowed_tools, use_mcp FROM role_profiles WHERE role = %(role)s
+
+-- name: insert_session --
+INSERT INTO sessions (id, project_id, role, lifecycle, substrate_session_id)
+VALUES (%(id)s, %(project_id)s, %(role)s, %(lifecycle)s, %(id)s::text)
+ON CONFLICT (id) DO UPDATE SET lifecycle = EXCLUDED.lifecycle, updated_at = now()
+
+-- name: update_session --
+UPDATE sessions
+SET lifecycle = %(lifecycle)s,
+    substrate_session_id = coalesce(%(substrate_session_id)s, substrate_session_id),
+    updated_at = now()
+WHERE id = %(id)s
+
+-- name: set_task_process --
+UPDATE tasks SET pid = %(pid)s, session_id = %(session_id)s WHERE id = %(id)s
+
+-- name: finish_task --
+UPDATE tasks
+SET status = %(status)s, status_reason = %(reason)s, exit_code = %(exit_code)s, exit_signal = %(exit_signal)s,
+    activity = NULL, ended_at = now(), last_output_at = coalesce(%(last_output_at)s, last_output_at)
+WHERE id = %(id)s
+
+-- name: set_task_activity --
+UPDATE tasks SET activity = %(activity)s WHERE id = %(id)s AND status = 'running'
+
+-- name: touch_tasks_output --
+UPDATE tasks t SET last_output_at = u.at
+FROM unnest(%(ids)s::uuid[], %(ats)s::timestamptz[]) AS u(id, at)
+WHERE t.id = u.id
+
+-- name: mark_stop_requested --
+UPDATE tasks SET stop_requested_at = now() WHERE id = %(id)s
+
+-- name: task_status --
+SELECT status FROM tasks WHERE id = %(id)s
+
+-- name: cancel_pending_task --
+UPDATE tasks SET status = 'cancelled', status_reason = %(reason)s, ended_at = now()
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id
+
+-- name: claim_stop_requests --
+UPDATE stop_queue q
+SET status = 'claimed', claimed_at = now()
+FROM (
+    SELECT id FROM stop_queue WHERE status = 'pending' ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 100
+) picked
+WHERE q.id = picked.id
+RETURNING q.id, q.task_id, q.reason
+
+-- name: finish_stop_request --
+UPDATE stop_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
+
+-- name: has_pending_question --
+SELECT EXISTS (SELECT 1 FROM questions WHERE task_id = %(task_id)s AND status = 'pending')
+
+-- name: orphaned_running_tasks --
+SELECT id, pid, session_id, project_id FROM tasks WHERE status = 'running'
+
+-- name: crash_task --
+UPDATE tasks SET status = 'crashed', status_reason = %(reason)s, activity = NULL, ended_at = now()
+WHERE id = %(id)s AND status = 'running'
+
+-- name: requeue_claimed --
+WITH chat AS (
+    UPDATE chat_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed' RETURNING 1
+), stops AS (
+    UPDATE stop_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed' RETURNING 1
+), threads AS (
+    UPDATE thread_control_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed' RETURNING 1
+)
+SELECT (SELECT count(*) FROM chat), (SELECT count(*) FROM stops), (SELECT count(*) FROM threads)
+
+-- name: cancel_orphaned_questions --
+-- A question whose asking process is gone can never be delivered: close it visibly.
+UPDATE questions q SET status = 'cancelled', response = 'the asking process ended (executor restart)'
+WHERE q.status = 'pending'
+  AND (q.task_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.status = 'running'))
+RETURNING q.id, q.task_id

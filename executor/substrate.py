@@ -1,0 +1,243 @@
+"""The only code that knows the `claude` CLI: command lines, environment, stream-json lines, status.
+
+Ground truth is what the CLI was observed to do (docs/claude-cli.md and the tests against the real
+binary): stdout is JSON lines but must be parsed tolerantly; failure is decided by `is_error` and
+`terminal_reason`, never by `subtype`; SIGTERM exits 143 with no result line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Environment that keeps the CLI from calling home; the executor's own environment passes through.
+QUIET_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+# ANTHROPIC_LOG=debug makes the CLI write HTTP logs to stdout, some starting with "{".
+SCRUBBED_ENV = ("ANTHROPIC_LOG",)
+# Set on every child so the supervisor can find a task's processes, orphans included, by environment.
+TASK_ENV_VAR = "PETAL_TASK_ID"
+ROLE_MARKER = "[petal-role: {role}]"
+
+_TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+@dataclass(frozen=True)
+class SubstrateConfig:
+    claude_bin: str = "claude"
+    # One config directory for every run: `--resume` needs the same one across turns.
+    config_dir: Path | None = None
+    base_env: Mapping[str, str] = field(default_factory=dict)
+    # The CLI's own knobs; by default a dead API holds a turn silently for over ten minutes.
+    max_retries: int | None = None
+    api_timeout_ms: int | None = None
+    byte_stream_idle_timeout_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    role: str
+    prompt: str
+    session_uuid: str
+    resume: bool = False
+    allowed_tools: tuple[str, ...] = ()
+    system_prompt: str = ""
+    mcp_config: Path | None = None
+    json_schema: dict[str, Any] | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
+    cmd = [config.claude_bin, "-p", "--output-format", "stream-json", "--verbose"]
+    # The harness chooses the conversation id so it is known before the process starts.
+    cmd += ["--resume", spec.session_uuid] if spec.resume else ["--session-id", spec.session_uuid]
+    cmd += ["--append-system-prompt", "\n\n".join(p for p in (ROLE_MARKER.format(role=spec.role), spec.system_prompt) if p)]
+    if spec.mcp_config is not None:
+        # --mcp-config is variadic: the "=" form keeps it from swallowing the next argument.
+        cmd += [f"--mcp-config={spec.mcp_config}", "--strict-mcp-config"]
+    if spec.allowed_tools:
+        cmd += ["--allowedTools", ",".join(spec.allowed_tools)]
+    if spec.json_schema is not None:
+        cmd += ["--json-schema", json.dumps(spec.json_schema)]
+    cmd += list(spec.extra_args)
+    # "--" ends the options, so a prompt that starts with "-" is still the prompt.
+    cmd += ["--", spec.prompt]
+    return cmd
+
+
+def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
+    env = {k: v for k, v in config.base_env.items() if k not in SCRUBBED_ENV}
+    env.update(QUIET_ENV)
+    env[TASK_ENV_VAR] = task_id
+    if config.config_dir is not None:
+        env["CLAUDE_CONFIG_DIR"] = str(config.config_dir)
+    knobs = {
+        "CLAUDE_CODE_MAX_RETRIES": config.max_retries,
+        "API_TIMEOUT_MS": config.api_timeout_ms,
+        "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": config.byte_stream_idle_timeout_ms,
+    }
+    env.update({k: str(v) for k, v in knobs.items() if v is not None})
+    return env
+
+
+def mcp_config(url: str, headers: Mapping[str, str], timeout_ms: int) -> dict[str, Any]:
+    """A per-spawn MCP config naming the harness server. Without "type": "http" the CLI skips it."""
+    return {"mcpServers": {"harness": {"type": "http", "url": url, "headers": dict(headers), "timeout": timeout_ms}}}
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    event_type: str
+    payload: Any
+    obj: dict[str, Any] | None
+
+
+def classify(raw: bytes) -> Line:
+    """Type one stdout line. Anything that is not a JSON object is kept verbatim as stream.unparsed."""
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        payload: dict[str, Any] = {"line": text}
+        if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
+            payload["invalid_utf8"] = True
+        return Line("stream.unparsed", payload, None)
+    kind = obj.get("type")
+    if not isinstance(kind, str) or not _TYPE_NAME.match(kind):
+        return Line("stream.other", obj, obj)
+    if kind == "system":
+        sub = obj.get("subtype")
+        if isinstance(sub, str) and _TYPE_NAME.match(sub):
+            return Line(f"stream.system.{sub}", obj, obj)
+        return Line("stream.system", obj, obj)
+    return Line(f"stream.{kind}", obj, obj)
+
+
+@dataclass
+class TurnFacts:
+    """What the stream showed, accumulated line by line (pure; no I/O)."""
+
+    substrate_session_id: str | None = None
+    result: dict[str, Any] | None = None
+    rate_limited: bool = False
+    auth_failed: bool = False
+    lines: int = 0
+    unparsed: int = 0
+    last_text: str = ""
+
+    def feed(self, line: Line) -> None:
+        self.lines += 1
+        obj = line.obj
+        if obj is None:
+            self.unparsed += line.event_type == "stream.unparsed"
+            return
+        sid = obj.get("session_id")
+        if isinstance(sid, str) and sid and self.substrate_session_id is None:
+            self.substrate_session_id = sid
+        kind = obj.get("type")
+        error = obj.get("error")
+        if kind == "system" and obj.get("subtype") == "api_retry":
+            if error == "rate_limit" or obj.get("error_status") == 429:
+                self.rate_limited = True
+            elif error == "authentication_failed" or obj.get("error_status") == 401:
+                self.auth_failed = True
+        elif kind == "assistant":
+            if error == "rate_limit" or obj.get("api_error_status") == 429:
+                self.rate_limited = True
+            elif error == "authentication_failed":
+                self.auth_failed = True
+            texts = [b.get("text", "") for b in (obj.get("message") or {}).get("content") or []
+                     if isinstance(b, dict) and b.get("type") == "text"]
+            if texts and not obj.get("is_api_error_message"):
+                self.last_text = "\n".join(texts)
+        elif kind == "rate_limit_event":
+            if ((obj.get("rate_limit_info") or {}).get("status")) == "rejected":
+                self.rate_limited = True
+        elif kind == "result":
+            self.result = obj
+            if obj.get("api_error_status") == 429 or obj.get("api_error_type") == "rate_limit_error":
+                self.rate_limited = True
+            if obj.get("api_error_status") == 401:
+                self.auth_failed = True
+
+    @property
+    def result_text(self) -> str:
+        if self.result and isinstance(self.result.get("result"), str):
+            return self.result["result"]
+        return self.last_text
+
+    @property
+    def permission_denials(self) -> list[dict[str, Any]]:
+        denials = (self.result or {}).get("permission_denials") or []
+        return [d for d in denials if isinstance(d, dict)]
+
+    def result_summary(self) -> dict[str, Any] | None:
+        if self.result is None:
+            return None
+        keys = ("subtype", "is_error", "terminal_reason", "api_error_status", "num_turns", "stop_reason",
+                "duration_ms", "total_cost_usd", "errors")
+        return {k: self.result[k] for k in keys if k in self.result}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str
+    reason: str
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+_CANCEL_CODES = {128 + signal.SIGTERM, 128 + signal.SIGINT}
+_CANCEL_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_ABORTED = {"aborted_streaming", "aborted_tools"}
+
+
+def derive_status(
+    returncode: int | None, facts: TurnFacts, *, stop_requested: bool = False, imported: bool = False
+) -> Outcome:
+    """Exit → status (design.md, D-11). `returncode` < 0 means death by signal -N (asyncio's form);
+    None means unknown (an imported transcript)."""
+    result = facts.result
+    failed_run = result is None or bool(result.get("is_error")) or (returncode not in (0, None))
+    if stop_requested:
+        return Outcome("cancelled", "stop_requested")
+    if failed_run and facts.rate_limited:
+        return Outcome("rate_limited", "rate_limit")
+    if failed_run and facts.auth_failed:
+        return Outcome("rate_limited", "auth_failed")
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+        return Outcome("cancelled" if sig in _CANCEL_SIGNALS else "crashed", f"signal {signal_name(sig)}")
+    if returncode in _CANCEL_CODES:
+        return Outcome("cancelled", f"exit {returncode}")
+    if returncode is not None and returncode > 128:
+        return Outcome("crashed", f"exit {returncode}")
+    if result is None:
+        return Outcome("crashed" if imported else "failed", "no_result")
+    terminal = result.get("terminal_reason")
+    if result.get("is_error") or returncode not in (0, None):
+        if terminal in _ABORTED:
+            return Outcome("cancelled", str(terminal))
+        if result.get("subtype") == "error_max_turns":
+            return Outcome("failed", "max_turns")
+        return Outcome("failed", str(terminal or result.get("subtype") or f"exit {returncode}"))
+    if result.get("subtype") == "error_max_turns":
+        return Outcome("failed", "max_turns")
+    if facts.permission_denials:
+        return Outcome("gated", "permission_denials")
+    return Outcome("success", str(terminal or "completed"))

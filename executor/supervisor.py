@@ -1,0 +1,449 @@
+"""The supervisor: claims dispatched tasks, runs their `claude` processes, journals every line, turns
+each exit into a status, honours stop requests, watches for silence, and reconciles after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from executor import process, substrate
+from executor.journal_writer import JournalWriter
+from executor.sql import queries
+from shared import errors, logs
+from shared.database import Database
+from shared.listener import Subscription
+from shared.models import NewEvent
+
+log = logs.get(__name__)
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    max_workers: int = 4
+    # silence longer than this marks a running task stalled (a separate limit from max_runtime_s)
+    stall_timeout_s: float = 180.0
+    # SIGTERM first (the CLI cleans up its children), SIGKILL after this grace
+    stop_grace_s: float = 10.0
+    max_runtime_s: float | None = None
+    # backstop for notifications lost while the LISTEN connection was down
+    poll_interval_s: float = 1.0
+    watchdog_interval_s: float = 1.0
+    # after exit, how long readers may drain the pipes (a surviving grandchild can hold them open)
+    drain_timeout_s: float = 5.0
+    default_workdir: Path = Path(".")
+    run_dir: Path = Path("./var/run")
+    mcp_url: str | None = None
+    # the per-spawn MCP server timeout: a human may take a while to answer ask_user_question
+    mcp_timeout_ms: int = 600_000
+
+
+@dataclass
+class Running:
+    task_id: uuid.UUID
+    session_id: uuid.UUID
+    project_id: uuid.UUID | None
+    role: str
+    proc: asyncio.subprocess.Process
+    started: float
+    facts: substrate.TurnFacts = field(default_factory=substrate.TurnFacts)
+    last_output: float = 0.0
+    last_output_at: datetime | None = None
+    output_dirty: bool = False
+    stalled_since: float | None = None
+    awaiting_user: bool = False
+    stop_reason: str | None = None
+    kill_timer: asyncio.TimerHandle | None = None
+    mcp_config: Path | None = None
+
+
+ExitHook = Callable[[dict[str, Any], substrate.Outcome, substrate.TurnFacts], Awaitable[None]]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        db: Database,
+        writer: JournalWriter,
+        substrate_config: substrate.SubstrateConfig,
+        config: SupervisorConfig,
+    ):
+        self.db = db
+        self.writer = writer
+        self.substrate = substrate_config
+        self.config = config
+        self.running: dict[uuid.UUID, Running] = {}
+        self.exit_hooks: list[ExitHook] = []
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._children: set[asyncio.Task[None]] = set()
+        self.ready = asyncio.Event()
+
+    # ---- queries -------------------------------------------------------------------------------------
+
+    async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        async with self.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries[name], params or {})
+            return await cur.fetchall() if cur.description else []
+
+    async def _exec(self, name: str, params: dict[str, Any] | None = None) -> None:
+        async with self.db.pool.connection() as conn:
+            await conn.execute(queries[name], params or {})
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, wake_on: Subscription | None = None) -> None:
+        """Supervise until stop(); then stop children, journal their ends, and return."""
+        lock_conn = await self._acquire_singleton()
+        side: list[asyncio.Task[None]] = []
+        try:
+            await self.reconcile()
+            side.append(asyncio.create_task(self._watchdog(), name="watchdog"))
+            if wake_on is not None:
+                side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
+            self.ready.set()
+            while not self._stopping.is_set():
+                self._wake.clear()
+                await self._claim_stops()
+                await self._claim_tasks()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_s)
+        finally:
+            await self._stop_children("executor_shutdown")
+            for t in side:
+                t.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
+            await lock_conn.close()
+
+    async def _acquire_singleton(self) -> psycopg.AsyncConnection:
+        conn = await psycopg.AsyncConnection.connect(self.db.dsn, autocommit=True, application_name="petal-executor-lock")
+        cur = await conn.execute(queries["try_singleton_lock"])
+        row = await cur.fetchone()
+        if not (row and row[0]):
+            await conn.close()
+            raise errors.PetalError("another executor is already running on this database")
+        return conn
+
+    async def _forward_wakeups(self, sub: Subscription) -> None:
+        while True:
+            await sub.get()
+            self._wake.set()
+
+    async def _stop_children(self, reason: str) -> None:
+        for r in list(self.running.values()):
+            await self._request_stop(r, reason)
+        if self._children:
+            await asyncio.wait(self._children, timeout=self.config.stop_grace_s + self.config.drain_timeout_s + 5)
+
+    # ---- reconciliation ----------------------------------------------------------------------------
+
+    async def reconcile(self) -> dict[str, Any]:
+        """After a restart nothing stays "running": the dead executor's tasks become crashed, their
+        surviving processes are killed, claimed queue rows go back to pending, their questions close."""
+        orphans = await self._rows("orphaned_running_tasks")
+        events: list[NewEvent] = []
+        crashed = []
+        for row in orphans:
+            killed = await asyncio.to_thread(
+                lambda tid=row["id"]: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(tid)))
+            )
+            await self._exec("crash_task", {"id": row["id"], "reason": "executor_restart"})
+            crashed.append(str(row["id"]))
+            events.append(NewEvent("task.crashed", {"reason": "executor_restart", "status": "crashed",
+                                                    "killed_pids": killed},
+                                   task_id=row["id"], session_id=row["session_id"], project_id=row["project_id"]))
+        (requeued,) = await self._rows("requeue_claimed")
+        closed = await self._rows("cancel_orphaned_questions")
+        for q in closed:
+            events.append(NewEvent("question.cancelled", {"question_id": str(q["id"]), "reason": "executor_restart"},
+                                   task_id=q["task_id"]))
+        summary = {"crashed_tasks": crashed, "requeued": requeued,
+                   "cancelled_questions": [str(q["id"]) for q in closed]}
+        events.append(NewEvent("executor.started", {"reconciled": summary}))
+        await self.writer.write(events)
+        log.info("executor_reconciled", **summary)
+        return summary
+
+    # ---- claiming ------------------------------------------------------------------------------------
+
+    async def _claim_tasks(self) -> None:
+        free = self.config.max_workers - len(self.running)
+        if free <= 0 or self._stopping.is_set():
+            return
+        for row in await self._rows("claim_pending_tasks", {"n": free}):
+            await self._start(row)
+
+    async def _claim_stops(self) -> None:
+        for row in await self._rows("claim_stop_requests"):
+            await self._handle_stop(row["id"], row["task_id"], row["reason"])
+
+    async def _handle_stop(self, stop_id: uuid.UUID, task_id: uuid.UUID, reason: str | None) -> None:
+        status, error = "done", None
+        found = await self._rows("task_status", {"id": task_id})
+        current = found[0]["status"] if found else None
+        cancelled_pending = current == "pending" and bool(
+            await self._rows("cancel_pending_task", {"id": task_id, "reason": "stop_requested"}))
+        if current is None:
+            status, error = "failed", f"no task {task_id}"
+        else:
+            await self.writer.put(NewEvent("task.stop_requested", {"stop_id": str(stop_id), "reason": reason},
+                                           task_id=task_id))
+            r = self.running.get(task_id)
+            if r is not None:
+                await self._request_stop(r, "stop_requested")
+            elif cancelled_pending:
+                await self.writer.put(NewEvent("task.exited", {"status": "cancelled", "reason": "stop_requested",
+                                                               "spawned": False}, task_id=task_id))
+            elif current == "running":
+                status, error = "failed", "task is running but not under this executor"
+            else:
+                error = f"task already {current}"
+        await self._exec("finish_stop_request", {"id": stop_id, "status": status, "error": error})
+
+    # ---- spawning ------------------------------------------------------------------------------------
+
+    async def _profile(self, role: str) -> dict[str, Any]:
+        rows = await self._rows("role_profile", {"role": role})
+        return rows[0] if rows else {"role": role, "system_prompt": "", "allowed_tools": [], "use_mcp": False}
+
+    async def _finish_unspawned(self, row: dict[str, Any], status: str, reason: str) -> None:
+        await self.writer.write([NewEvent("task.exited", {"status": status, "reason": reason, "spawned": False},
+                                          task_id=row["id"], project_id=row["project_id"])])
+        await self._exec("finish_task", {"id": row["id"], "status": status, "reason": reason,
+                                         "exit_code": None, "exit_signal": None, "last_output_at": None})
+
+    def _write_mcp_config(self, task_id: uuid.UUID, session_id: uuid.UUID) -> Path | None:
+        if not self.config.mcp_url:
+            return None
+        self.config.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.config.run_dir / f"mcp-{task_id}.json"
+        headers = {"X-Petal-Session": str(session_id), "X-Petal-Task": str(task_id)}
+        path.write_text(json.dumps(substrate.mcp_config(self.config.mcp_url, headers, self.config.mcp_timeout_ms)))
+        return path
+
+    async def _start(self, row: dict[str, Any]) -> None:
+        task_id: uuid.UUID = row["id"]
+        workdir = Path(row["workdir"] or self.config.default_workdir)
+        if not workdir.is_dir():
+            await self._finish_unspawned(row, "skipped", f"working directory {workdir} does not exist")
+            return
+        profile = await self._profile(row["role"])
+        session_id = uuid.uuid4()
+        mcp_path = self._write_mcp_config(task_id, session_id) if profile["use_mcp"] else None
+        spec = substrate.SpawnSpec(
+            role=row["role"],
+            prompt=row["brief"],
+            session_uuid=str(session_id),
+            allowed_tools=tuple(row["allowed_tools"] if row["allowed_tools"] is not None else profile["allowed_tools"]),
+            system_prompt=profile["system_prompt"],
+            mcp_config=mcp_path,
+        )
+        cmd = substrate.build_command(self.substrate, spec)
+        await self._exec("insert_session", {"id": session_id, "project_id": row["project_id"],
+                                            "role": row["role"], "lifecycle": "running"})
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=workdir,
+                env=substrate.build_env(self.substrate, str(task_id)),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            await self._finish_unspawned(row, "failed", f"could not start {cmd[0]}: {exc}")
+            return
+        started = time.monotonic()
+        r = Running(task_id=task_id, session_id=session_id, project_id=row["project_id"], role=row["role"],
+                    proc=proc, started=started, last_output=started, mcp_config=mcp_path)
+        self.running[task_id] = r
+        await self._exec("set_task_process", {"id": task_id, "pid": proc.pid, "session_id": session_id})
+        # queued before any line of the task: the single writer keeps that order in the journal
+        await self.writer.put(self._event(r, "task.spawned", {
+            "pid": proc.pid, "role": row["role"], "argv": cmd, "workdir": str(workdir),
+            "attempt": row["attempt"], "plan_ref": row["plan_ref"]}))
+        child = asyncio.create_task(self._supervise(r, row), name=f"task-{task_id}")
+        self._children.add(child)
+        child.add_done_callback(self._children.discard)
+
+    def _event(self, r: Running, event_type: str, payload: Any, created_at: datetime | None = None) -> NewEvent:
+        return NewEvent(event_type, payload, task_id=r.task_id, session_id=r.session_id, project_id=r.project_id,
+                        created_at=created_at)
+
+    # ---- running ---------------------------------------------------------------------------------------
+
+    async def _mark_output(self, r: Running) -> None:
+        r.last_output = time.monotonic()
+        r.last_output_at = _now()
+        r.output_dirty = True
+        if r.stalled_since is not None:
+            stalled_for = r.last_output - r.stalled_since
+            r.stalled_since = None
+            await self.writer.put(self._event(r, "task.resumed", {"stalled_for_s": round(stalled_for, 3)}))
+            await self._set_activity(r, "running")
+
+    async def _read_stdout(self, r: Running) -> None:
+        assert r.proc.stdout is not None
+        async for raw in process.iter_lines(r.proc.stdout):
+            if not raw.strip():
+                continue
+            line = substrate.classify(raw)
+            r.facts.feed(line)
+            await self._mark_output(r)
+            await self.writer.put(self._event(r, line.event_type, line.payload, r.last_output_at))
+
+    async def _read_stderr(self, r: Running) -> None:
+        assert r.proc.stderr is not None
+        async for raw in process.iter_lines(r.proc.stderr):
+            if raw.strip():
+                await self.writer.put(self._event(r, "task.stderr", {"line": raw.decode("utf-8", "replace")}))
+
+    async def _supervise(self, r: Running, row: dict[str, Any]) -> None:
+        readers = [asyncio.create_task(self._read_stdout(r)), asyncio.create_task(self._read_stderr(r))]
+        try:
+            rc = await r.proc.wait()
+            done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)
+            for t in pending:
+                t.cancel()
+            for t in done:
+                if t.exception() is not None:
+                    log.error("reader_failed", task_id=str(r.task_id), error=repr(t.exception()))
+            await self._finish(r, row, rc, drained=not pending)
+        except Exception:
+            log.exception("supervise_failed", task_id=str(r.task_id))
+            raise
+        finally:
+            self.running.pop(r.task_id, None)
+            self._wake.set()
+
+    async def _finish(self, r: Running, row: dict[str, Any], rc: int, *, drained: bool) -> None:
+        if r.kill_timer is not None:
+            r.kill_timer.cancel()
+        # After a SIGKILL (ours or anyone's) the CLI's Bash children survive in their own session.
+        swept = await asyncio.to_thread(
+            lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
+        )
+        outcome = substrate.derive_status(rc, r.facts, stop_requested=r.stop_reason is not None)
+        reason = r.stop_reason or outcome.reason
+        payload = {
+            "status": outcome.status,
+            "reason": reason,
+            "exit_code": rc if rc >= 0 else None,
+            "signal": substrate.signal_name(-rc) if rc < 0 else None,
+            "duration_s": round(time.monotonic() - r.started, 3),
+            "lines": r.facts.lines,
+            "unparsed": r.facts.unparsed,
+            "result": r.facts.result_summary(),
+            "substrate_session_id": r.facts.substrate_session_id,
+        }
+        if r.facts.permission_denials:
+            payload["permission_denials"] = r.facts.permission_denials
+        if swept:
+            payload["swept_pids"] = swept
+        if not drained:
+            payload["pipes_left_open"] = True
+        # durable in the journal before the task row says so: the journal is the record
+        await self.writer.write([self._event(r, "task.exited", payload)])
+        await self._exec("finish_task", {
+            "id": r.task_id, "status": outcome.status, "reason": reason,
+            "exit_code": rc if rc >= 0 else None, "exit_signal": -rc if rc < 0 else None,
+            "last_output_at": r.last_output_at})
+        await self._exec("update_session", {
+            "id": r.session_id, "lifecycle": "ended", "substrate_session_id": r.facts.substrate_session_id})
+        if r.mcp_config is not None:
+            r.mcp_config.unlink(missing_ok=True)
+        log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
+        for hook in self.exit_hooks:
+            try:
+                await hook(row, substrate.Outcome(outcome.status, reason), r.facts)
+            except Exception:
+                log.exception("exit_hook_failed", task_id=str(r.task_id))
+
+    # ---- stopping ------------------------------------------------------------------------------------
+
+    async def _request_stop(self, r: Running, reason: str) -> None:
+        if r.stop_reason is not None or r.proc.returncode is not None:
+            return
+        r.stop_reason = reason
+        await self._exec("mark_stop_requested", {"id": r.task_id})
+        sent = process.signal_group(r.proc.pid, signal.SIGTERM)
+        await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGTERM", "reason": reason,
+                                                                  "delivered": sent}))
+        loop = asyncio.get_running_loop()
+        r.kill_timer = loop.call_later(self.config.stop_grace_s, lambda: asyncio.create_task(self._kill(r)))
+
+    async def _kill(self, r: Running) -> None:
+        if r.proc.returncode is not None:
+            return
+        sent = process.signal_group(r.proc.pid, signal.SIGKILL)
+        await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGKILL", "reason": "grace_expired",
+                                                                  "delivered": sent}))
+
+    # ---- watchdog ------------------------------------------------------------------------------------
+
+    async def _set_activity(self, r: Running, activity: str) -> None:
+        await self._exec("set_task_activity", {"id": r.task_id, "activity": activity})
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.watchdog_interval_s)
+            try:
+                await self._watch_once()
+            except Exception:  # noqa: BLE001 - the watchdog outlives a failed tick
+                log.exception("watchdog_tick_failed")
+
+    async def _watch_once(self) -> None:
+        now = time.monotonic()
+        dirty = [r for r in self.running.values() if r.output_dirty and r.last_output_at is not None]
+        if dirty:
+            for r in dirty:
+                r.output_dirty = False
+            await self._exec("touch_tasks_output", {
+                "ids": [r.task_id for r in dirty], "ats": [r.last_output_at for r in dirty]})
+        for r in list(self.running.values()):
+            if r.proc.returncode is not None:
+                continue
+            if self.config.max_runtime_s is not None and now - r.started > self.config.max_runtime_s:
+                await self._request_stop(r, "max_runtime")
+            if r.stalled_since is not None:
+                continue
+            silent = now - r.last_output
+            (waiting,) = await self._rows("has_pending_question", {"task_id": r.task_id})
+            if waiting["exists"]:
+                # blocked on the user is not a stall; its silence starts counting when the answer lands
+                if not r.awaiting_user:
+                    r.awaiting_user = True
+                    await self._set_activity(r, "awaiting_user")
+                r.last_output = now
+                continue
+            if r.awaiting_user:
+                r.awaiting_user = False
+                await self._set_activity(r, "running")
+            if silent >= self.config.stall_timeout_s:
+                r.stalled_since = now
+                await self.writer.put(self._event(r, "task.stalled", {
+                    "silent_s": round(silent, 3), "threshold_s": self.config.stall_timeout_s}))
+                await self._set_activity(r, "stalled")

@@ -1,0 +1,143 @@
+"""Running the real executor pieces against the real CLI and the scripted model, for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from executor import cli_install, dispatch
+from executor.journal_writer import JournalWriter
+from executor.scripted_model import ScriptedModelServer
+from executor.substrate import SubstrateConfig
+from executor.supervisor import Supervisor, SupervisorConfig
+from shared.database import Database
+from shared.models import Event
+
+FINAL = {"success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
+         "extraction_failed"}
+
+
+def claude_bin() -> str:
+    configured = os.environ.get("PETAL_CLAUDE_BIN")
+    if configured:
+        return configured
+    found = cli_install.installed_bin()
+    if found is None:
+        raise RuntimeError("the pinned claude CLI is missing: run `petal-dispatch install-claude` (or bash .ci/run)")
+    return str(found)
+
+
+def claude_env(model: ScriptedModelServer, home: Path) -> dict[str, str]:
+    """The CLI's environment in tests: the scripted model, a fake key, a throwaway HOME and config dir."""
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": model.url,
+        "ANTHROPIC_API_KEY": "sk-ant-fake",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+
+
+def substrate_for(model: ScriptedModelServer, tmp: Path, **kw: Any) -> SubstrateConfig:
+    return SubstrateConfig(
+        claude_bin=claude_bin(),
+        config_dir=tmp / "claude-config",
+        base_env=claude_env(model, tmp / "home"),
+        max_retries=kw.pop("max_retries", 0),
+        api_timeout_ms=kw.pop("api_timeout_ms", 20_000),
+        **kw,
+    )
+
+
+@dataclass
+class Harness:
+    db: Database
+    supervisor: Supervisor
+    writer: JournalWriter
+    admin_dsn: str
+
+    async def dispatch(self, brief: str, **kw: Any) -> uuid.UUID:
+        kw.setdefault("workdir", self.supervisor.config.default_workdir)
+        return await dispatch.request_task(self.db.pool, brief=brief, **kw)
+
+    async def task(self, task_id: uuid.UUID) -> dict[str, Any]:
+        async with await psycopg.AsyncConnection.connect(self.admin_dsn, row_factory=dict_row) as conn:
+            row = await (await conn.execute("SELECT * FROM tasks WHERE id = %s", [task_id])).fetchone()
+        assert row is not None
+        return row
+
+    async def wait_task(self, task_id: uuid.UUID, predicate: Any, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            row = await self.task(task_id)
+            if predicate(row):
+                return row
+            if time.monotonic() > deadline:
+                raise AssertionError(f"task {task_id} never reached the condition; last row: {row}")
+            await asyncio.sleep(0.05)
+
+    async def wait_final(self, task_id: uuid.UUID, timeout: float = 90) -> dict[str, Any]:
+        return await self.wait_task(task_id, lambda r: r["status"] in FINAL, timeout)
+
+    async def events(self, task_id: uuid.UUID | None = None) -> list[Event]:
+        async with await psycopg.AsyncConnection.connect(self.admin_dsn) as conn:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                if task_id is None:
+                    await cur.execute("SELECT * FROM journal ORDER BY seq")
+                else:
+                    await cur.execute("SELECT * FROM journal WHERE task_id = %s ORDER BY seq", [task_id])
+                return [Event(**r) for r in await cur.fetchall()]
+
+    async def wait_event(self, task_id: uuid.UUID, event_type: str, timeout: float = 60) -> Event:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in await self.events(task_id):
+                if e.event_type == event_type:
+                    return e
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {event_type} for task {task_id}")
+
+
+@asynccontextmanager
+async def running_supervisor(
+    executor_dsn: str, admin_dsn: str, substrate: SubstrateConfig, config: SupervisorConfig
+) -> AsyncIterator[Harness]:
+    async with Database(executor_dsn, name="test-executor", max_size=8) as db:
+        writer = JournalWriter(db.pool)
+        writer.start()
+        listener = db.listener(["task_pending", "stop_queue"])
+        wake = listener.subscribe()
+        listening = asyncio.create_task(listener.run())
+        supervisor = Supervisor(db, writer, substrate, config)
+        supervising = asyncio.create_task(supervisor.run(wake))
+        ready = asyncio.create_task(supervisor.ready.wait())
+        await asyncio.wait({ready, supervising}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if supervising.done():
+            supervising.result()
+        try:
+            yield Harness(db, supervisor, writer, admin_dsn)
+        finally:
+            supervisor.stop()
+            await asyncio.wait_for(supervising, 60)
+            listening.cancel()
+            await asyncio.gather(listening, return_exceptions=True)
+            await writer.flush_and_stop()
+
+
+def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
+    workdir = tmp / "work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = SupervisorConfig(stall_timeout_s=60, stop_grace_s=5, poll_interval_s=0.5, watchdog_interval_s=0.2,
+                            default_workdir=workdir, run_dir=tmp / "run")
+    return replace(base, **kw)
