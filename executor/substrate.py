@@ -102,7 +102,7 @@ class Line:
 
 def classify(raw: bytes) -> Line:
     """Type one stdout line. Anything that is not a JSON object is kept verbatim as stream.unparsed."""
-    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n").removeprefix("\ufeff")
     try:
         obj = json.loads(text)
     except ValueError:

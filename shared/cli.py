@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from collections.abc import Callable, Sequence
 
 import psycopg
@@ -59,6 +60,26 @@ def _cmd_install_claude(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_import_transcript(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+    import uuid
+
+    from executor import transcript
+    from shared.database import Database
+
+    if not args.file.is_file():
+        raise errors.ConfigError(f"no such file: {args.file}")
+    project = uuid.UUID(args.project) if args.project else None
+    info = dbserver.resolve(settings)
+
+    async def run() -> dict[str, object]:
+        async with Database(info.executor_dsn, name="petal-import", max_size=2) as db:
+            return await transcript.import_transcript(db.pool, args.file, project_id=project, role=args.role)
+
+    print(json.dumps(asyncio.run(run())))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("install-claude", help="install the pinned Claude Code CLI into a local cache (needs npm)")
     p.set_defaults(handler=_cmd_install_claude)
+
+    p = sub.add_parser("import-transcript", help="journal a recorded stream-json file as one finished task")
+    p.add_argument("file", type=Path)
+    p.add_argument("--project", help="project id to file it under")
+    p.add_argument("--role", default="worker", help="the role to record (default: worker)")
+    p.set_defaults(handler=_cmd_import_transcript)
 
     db = sub.add_parser("db", help="database commands").add_subparsers(dest="db_command", required=True)
     p = db.add_parser("status", help="where the server is, each role's DSN, whether migrations are current")

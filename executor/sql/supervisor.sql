@@ -94,7 +94,8 @@ WITH chat AS (
 ), threads AS (
     UPDATE thread_control_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed' RETURNING 1
 )
-SELECT (SELECT count(*) FROM chat), (SELECT count(*) FROM stops), (SELECT count(*) FROM threads)
+SELECT (SELECT count(*) FROM chat) AS chat, (SELECT count(*) FROM stops) AS stop,
+       (SELECT count(*) FROM threads) AS thread_control
 
 -- name: cancel_orphaned_questions --
 -- A question whose asking process is gone can never be delivered: close it visibly.
@@ -102,3 +103,7 @@ UPDATE questions q SET status = 'cancelled', response = 'the asking process ende
 WHERE q.status = 'pending'
   AND (q.task_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.status = 'running'))
 RETURNING q.id, q.task_id
+
+-- name: insert_imported_task --
+INSERT INTO tasks (id, project_id, session_id, role, brief, status, status_reason, started_at, ended_at)
+VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s, %(reason)s, now(), now())

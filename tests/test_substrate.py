@@ -1,0 +1,106 @@
+"""The CLI's exit and stream facts → status, as pure functions (the rules of design.md, D-11)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from executor import substrate
+
+
+def _facts(*objs: dict) -> substrate.TurnFacts:  # type: ignore[type-arg]
+    facts = substrate.TurnFacts()
+    for obj in objs:
+        facts.feed(substrate.classify(json.dumps(obj).encode()))
+    return facts
+
+
+OK = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "terminal_reason": "completed"}
+API_ERR = {"type": "result", "subtype": "success", "is_error": True, "terminal_reason": "api_error",
+           "api_error_status": 500}
+RETRY_429 = {"type": "system", "subtype": "api_retry", "attempt": 1, "error_status": 429, "error": "rate_limit"}
+AUTH = {"type": "system", "subtype": "api_retry", "attempt": 1, "error_status": 401, "error": "authentication_failed"}
+ABORTED = {"type": "result", "subtype": "error_during_execution", "is_error": True,
+           "terminal_reason": "aborted_streaming", "errors": []}
+
+
+@pytest.mark.parametrize(
+    ("rc", "objs", "stop", "expected"),
+    [
+        (0, [OK], False, "success"),
+        (1, [API_ERR], False, "failed"),
+        (0, [API_ERR], False, "failed"),  # subtype "success" is not success
+        (1, [RETRY_429, API_ERR], False, "rate_limited"),
+        (0, [RETRY_429, OK], False, "success"),  # a 429 the CLI retried past is not a failure
+        (1, [AUTH, API_ERR], False, "rate_limited"),
+        (143, [], False, "cancelled"),
+        (130, [], False, "cancelled"),
+        (-signal.SIGTERM, [], False, "cancelled"),
+        (0, [ABORTED], False, "cancelled"),  # SIGINT: rc 0 with an aborted result
+        (137, [], False, "crashed"),
+        (-signal.SIGKILL, [], False, "crashed"),
+        (-signal.SIGSEGV, [], False, "crashed"),
+        (-signal.SIGKILL, [], True, "cancelled"),  # a stop the harness sent, escalated
+        (0, [], False, "failed"),  # exit 0 without a result line
+        (1, [{"type": "result", "subtype": "error_max_turns", "is_error": False, "errors": []}], False, "failed"),
+        (0, [{**OK, "permission_denials": [{"tool_name": "Write", "tool_use_id": "t", "tool_input": {}}]}], False,
+         "gated"),
+    ],
+)
+def test_status_follows_the_exit_and_what_the_stream_showed(rc: int, objs: list, stop: bool, expected: str) -> None:  # type: ignore[type-arg]
+    assert substrate.derive_status(rc, _facts(*objs), stop_requested=stop).status == expected
+
+
+def test_an_imported_transcript_without_a_result_line_is_crashed() -> None:
+    assert substrate.derive_status(None, _facts(), imported=True).status == "crashed"
+
+
+@pytest.mark.parametrize(
+    ("raw", "event_type"),
+    [
+        (b'{"type":"system","subtype":"init","session_id":"s"}', "stream.system.init"),
+        (b'{"is_error":false,"type":"result","subtype":"success"}', "stream.result"),
+        (b'{"type":"assistant","message":{}}', "stream.assistant"),
+        (b'{"type":"brand_new_kind"}', "stream.brand_new_kind"),
+        (b'{"type":"Weird Type!"}', "stream.other"),
+        (b'{"no_type": 1}', "stream.other"),
+        (b"[1, 2]", "stream.unparsed"),
+        (b"[SandboxDebug] hello", "stream.unparsed"),
+        (b'{"truncated": ', "stream.unparsed"),
+        (b'\xef\xbb\xbf{"type":"user"}', "stream.user"),
+    ],
+)
+def test_lines_are_typed_by_type_and_subtype_and_anything_else_is_kept_unparsed(raw: bytes, event_type: str) -> None:
+    assert substrate.classify(raw).event_type == event_type
+
+
+def test_invalid_utf8_is_replaced_and_flagged_not_dropped() -> None:
+    line = substrate.classify(b"bad \xff\xfe bytes")
+    assert line.event_type == "stream.unparsed"
+    assert line.payload == {"line": "bad \ufffd\ufffd bytes", "invalid_utf8": True}
+
+
+def test_the_command_line_names_the_session_and_ends_options_before_the_prompt(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = substrate.SubstrateConfig(claude_bin="claude")
+    spec = substrate.SpawnSpec(role="worker", prompt="--not-a-flag", session_uuid="u-1",
+                               allowed_tools=("Bash", "Read"), mcp_config=tmp_path / "m.json")
+    cmd = substrate.build_command(cfg, spec)
+    assert cmd[:5] == ["claude", "-p", "--output-format", "stream-json", "--verbose"]
+    assert cmd[cmd.index("--session-id") + 1] == "u-1"
+    assert f"--mcp-config={tmp_path / 'm.json'}" in cmd and "--strict-mcp-config" in cmd
+    assert cmd[-2:] == ["--", "--not-a-flag"]
+    assert "[petal-role: worker]" in cmd[cmd.index("--append-system-prompt") + 1]
+    resumed = substrate.build_command(cfg, substrate.SpawnSpec(role="orchestrator", prompt="p", session_uuid="u-1",
+                                                               resume=True))
+    assert resumed[resumed.index("--resume") + 1] == "u-1" and "--session-id" not in resumed
+
+
+def test_the_environment_passes_through_but_scrubs_stdout_logging_and_sets_the_knobs() -> None:
+    cfg = substrate.SubstrateConfig(base_env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:1", "ANTHROPIC_LOG": "debug"},
+                                    max_retries=2, api_timeout_ms=5000)
+    env = substrate.build_env(cfg, "task-1")
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:1" and "ANTHROPIC_LOG" not in env
+    assert env["CLAUDE_CODE_MAX_RETRIES"] == "2" and env["API_TIMEOUT_MS"] == "5000"
+    assert env[substrate.TASK_ENV_VAR] == "task-1"
