@@ -20,36 +20,42 @@ from shared.models import NewEvent
 
 log = logs.get(__name__)
 
-QUEUE_SIZE = 20_000
-MAX_BATCH = 2_000
+# Bounded in puts: a reader puts one read's lines at a time.
+QUEUE_SIZE = 2_000
+MAX_BATCH = 5_000
 # While the database is away the writer keeps the batch and tries again: the journal loses nothing.
 RETRY_DELAY_S = 1.0
+
+_Item = tuple[Sequence[NewEvent], "asyncio.Future[Appended] | None"]
 
 
 class JournalWriter:
     def __init__(self, pool: AsyncConnectionPool, *, queue_size: int = QUEUE_SIZE, max_batch: int = MAX_BATCH):
         self._pool = pool
-        self._queue: asyncio.Queue[tuple[NewEvent, asyncio.Future[Appended] | None]] = asyncio.Queue(queue_size)
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue(queue_size)
         self._max_batch = max_batch
         self._known_types: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
         self.appended = 0
 
     async def put(self, event: NewEvent) -> None:
-        await self._queue.put((event, None))
+        await self._queue.put(((event,), None))
+
+    async def put_many(self, events: Sequence[NewEvent]) -> None:
+        """Queue events in order (one queue slot for all of them)."""
+        await self._queue.put((events, None))
 
     async def write(self, events: Sequence[NewEvent]) -> Appended:
-        """Put events and wait until they are durable; returns the last one's seqs."""
-        loop = asyncio.get_running_loop()
-        futures = []
-        for ev in events:
-            fut: asyncio.Future[Appended] = loop.create_future()
-            futures.append(fut)
-            await self._queue.put((ev, fut))
-        results = await asyncio.gather(*futures)
-        return Appended(first_seq=results[0].first_seq, last_seq=results[-1].last_seq)
+        """Queue events and wait until they are durable."""
+        fut: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
+        await self._queue.put((events, fut))
+        return await fut
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        # Known types up front, so the first lines of a run don't each wait on a registration.
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(journal.queries["event_types"])
+            self._known_types = {(name, tier) for name, tier in await cur.fetchall()}
         self._task = asyncio.create_task(self._run(), name="journal-writer")
 
     async def flush_and_stop(self) -> None:
@@ -65,7 +71,8 @@ class JournalWriter:
         # Stream line types are an open set: a type the CLI starts printing is registered, not dropped.
         for pair in {(e.event_type, e.tier) for e in batch} - self._known_types:
             if pair[0].startswith("stream."):
-                await journal.register_event_type(self._pool, pair[0], pair[1], "stream-json line type seen first at run time")
+                await journal.register_event_type(self._pool, pair[0], pair[1],
+                                                  "stream-json line type seen first at run time")
             self._known_types.add(pair)
 
     async def _append(self, batch: list[NewEvent]) -> Appended:
@@ -73,7 +80,7 @@ class JournalWriter:
             try:
                 await self._register_new_types(batch)
                 return await journal.append(self._pool, batch)
-            except errors.UnknownEventType:
+            except errors.JournalRefused:
                 raise
             except Exception as exc:  # noqa: BLE001 - the writer must outlive any database trouble
                 log.warning("journal_writer_retry", error=str(exc), batch=len(batch))
@@ -81,32 +88,49 @@ class JournalWriter:
 
     async def _run(self) -> None:
         while True:
-            first = await self._queue.get()
-            items = [first]
-            while len(items) < self._max_batch and not self._queue.empty():
-                items.append(self._queue.get_nowait())
+            items = [await self._queue.get()]
+            size = len(items[0][0])
+            while size < self._max_batch and not self._queue.empty():
+                item = self._queue.get_nowait()
+                items.append(item)
+                size += len(item[0])
             try:
                 await self._write_items(items)
             finally:
                 for _ in items:
                     self._queue.task_done()
 
-    async def _write_items(self, items: list[tuple[NewEvent, asyncio.Future[Appended] | None]]) -> None:
-        try:
-            appended = await self._append([ev for ev, _ in items])
-        except errors.UnknownEventType as exc:
-            # A programming error in one event must not cost the others their place in the journal.
-            log.error("journal_writer_refused", error=str(exc))
-            bad = set(exc.pairs)
-            for ev, fut in items:
-                if (ev.event_type, ev.tier) in bad and fut is not None and not fut.done():
-                    fut.set_exception(exc)
-            rest = [(ev, fut) for ev, fut in items if (ev.event_type, ev.tier) not in bad]
-            if rest:
-                await self._write_items(rest)
+    async def _write_items(self, items: list[_Item]) -> None:
+        batch = [ev for events, _ in items for ev in events]
+        if not batch:
+            self._settle(items, None)
             return
-        self.appended += len(items)
-        for i, (_, fut) in enumerate(items):
-            if fut is not None and not fut.done():
-                seq = appended.first_seq + i
-                fut.set_result(Appended(seq, seq))
+        try:
+            appended = await self._append(batch)
+        except errors.JournalRefused as exc:
+            # One bad event (a programming error) must not cost the others their place: split until
+            # the refused events are alone, write the rest in order, and fail only the refused ones.
+            if len(batch) == 1:
+                log.error("journal_writer_refused", error=str(exc), event_type=batch[0].event_type)
+                self._settle(items, exc)
+                return
+            if len(items) == 1:
+                events, fut = items[0]
+                half = len(events) // 2
+                items = [(events[:half], None), (events[half:], fut)]
+            half = len(items) // 2
+            await self._write_items(items[:half])
+            await self._write_items(items[half:])
+            return
+        self.appended += len(batch)
+        self._settle(items, appended)
+
+    @staticmethod
+    def _settle(items: list[_Item], outcome: Appended | BaseException | None) -> None:
+        for _, fut in items:
+            if fut is None or fut.done():
+                continue
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome or Appended(0, 0))

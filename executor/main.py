@@ -45,7 +45,7 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
 async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event) -> None:
     async with Database(dsn, name="petal-executor") as db:
         writer = JournalWriter(db.pool)
-        writer.start()
+        await writer.start()
         listener = db.listener(CHANNELS)
         wake = listener.subscribe()
         listening = asyncio.create_task(listener.run(), name="listener")

@@ -10,22 +10,28 @@ from collections.abc import AsyncIterator
 
 import psutil
 
-READ_CHUNK = 1 << 16
+READ_CHUNK = 1 << 14
+
+
+async def iter_line_chunks(stream: asyncio.StreamReader) -> AsyncIterator[list[bytes]]:
+    """The complete lines of each read, of any length (a 5 MB stream-json line is normal); split on
+    b"\\n" only and decode later. Handing over a read's lines together keeps per-line overhead low."""
+    buf = b""
+    while chunk := await stream.read(READ_CHUNK):
+        buf += chunk
+        if b"\n" not in chunk:
+            continue
+        *lines, buf = buf.split(b"\n")
+        yield lines
+    if buf:
+        # a last line without its newline (the process died mid-write) is still a line
+        yield [buf]
 
 
 async def iter_lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    """Lines of any length (a 5 MB stream-json line is normal); split on b"\\n" only, decode later."""
-    buf = bytearray()
-    while chunk := await stream.read(READ_CHUNK):
-        buf += chunk
-        start = 0
-        while (nl := buf.find(b"\n", start)) != -1:
-            yield bytes(buf[start:nl])
-            start = nl + 1
-        del buf[:start]
-    if buf:
-        # a last line without its newline (the process died mid-write) is still a line
-        yield bytes(buf)
+    async for lines in iter_line_chunks(stream):
+        for line in lines:
+            yield line
 
 
 def signal_group(pid: int, sig: int) -> bool:

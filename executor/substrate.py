@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from shared import journal
+
 # Environment that keeps the CLI from calling home; the executor's own environment passes through.
 QUIET_ENV = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -40,6 +44,8 @@ class SubstrateConfig:
     max_retries: int | None = None
     api_timeout_ms: int | None = None
     byte_stream_idle_timeout_ms: int | None = None
+    # appended to every command line (e.g. --model, --include-partial-messages)
+    extra_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
         cmd += ["--allowedTools", ",".join(spec.allowed_tools)]
     if spec.json_schema is not None:
         cmd += ["--json-schema", json.dumps(spec.json_schema)]
-    cmd += list(spec.extra_args)
+    cmd += [*config.extra_args, *spec.extra_args]
     # "--" ends the options, so a prompt that starts with "-" is still the prompt.
     cmd += ["--", spec.prompt]
     return cmd
@@ -98,29 +104,41 @@ class Line:
     event_type: str
     payload: Any
     obj: dict[str, Any] | None
+    # the line's own JSON text when jsonb can store it as printed
+    payload_json: str | None = None
+
+
+def _parse(text: str) -> tuple[Any, bool]:
+    """(value, whether the text is storable as is); (None, False) when it is not JSON."""
+    try:
+        return orjson.loads(text), journal.storable_json(text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(text), False  # e.g. lone surrogates, which orjson refuses
+    except ValueError:
+        return None, False
 
 
 def classify(raw: bytes) -> Line:
     """Type one stdout line. Anything that is not a JSON object is kept verbatim as stream.unparsed."""
     text = raw.decode("utf-8", errors="replace").rstrip("\r\n").removeprefix("\ufeff")
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
+    obj, storable = _parse(text)
     if not isinstance(obj, dict):
         payload: dict[str, Any] = {"line": text}
         if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
             payload["invalid_utf8"] = True
         return Line("stream.unparsed", payload, None)
+    as_is = text if storable else None
     kind = obj.get("type")
     if not isinstance(kind, str) or not _TYPE_NAME.match(kind):
-        return Line("stream.other", obj, obj)
+        return Line("stream.other", obj, obj, as_is)
     if kind == "system":
         sub = obj.get("subtype")
         if isinstance(sub, str) and _TYPE_NAME.match(sub):
-            return Line(f"stream.system.{sub}", obj, obj)
-        return Line("stream.system", obj, obj)
-    return Line(f"stream.{kind}", obj, obj)
+            return Line(f"stream.system.{sub}", obj, obj, as_is)
+        return Line("stream.system", obj, obj, as_is)
+    return Line(f"stream.{kind}", obj, obj, as_is)
 
 
 @dataclass

@@ -65,6 +65,7 @@ class Running:
     awaiting_user: bool = False
     stop_reason: str | None = None
     kill_timer: asyncio.TimerHandle | None = None
+    killed: bool = False
     mcp_config: Path | None = None
 
 
@@ -289,9 +290,10 @@ class Supervisor:
         self._children.add(child)
         child.add_done_callback(self._children.discard)
 
-    def _event(self, r: Running, event_type: str, payload: Any, created_at: datetime | None = None) -> NewEvent:
+    def _event(self, r: Running, event_type: str, payload: Any, created_at: datetime | None = None,
+               payload_json: str | None = None) -> NewEvent:
         return NewEvent(event_type, payload, task_id=r.task_id, session_id=r.session_id, project_id=r.project_id,
-                        created_at=created_at)
+                        created_at=created_at, payload_json=payload_json)
 
     # ---- running ---------------------------------------------------------------------------------------
 
@@ -299,7 +301,7 @@ class Supervisor:
         r.last_output = time.monotonic()
         r.last_output_at = _now()
         r.output_dirty = True
-        if r.stalled_since is not None:
+        if r.stalled_since is not None:  # rare: only the first output after a stall awaits anything
             stalled_for = r.last_output - r.stalled_since
             r.stalled_since = None
             await self.writer.put(self._event(r, "task.resumed", {"stalled_for_s": round(stalled_for, 3)}))
@@ -307,13 +309,18 @@ class Supervisor:
 
     async def _read_stdout(self, r: Running) -> None:
         assert r.proc.stdout is not None
-        async for raw in process.iter_lines(r.proc.stdout):
-            if not raw.strip():
-                continue
-            line = substrate.classify(raw)
-            r.facts.feed(line)
-            await self._mark_output(r)
-            await self.writer.put(self._event(r, line.event_type, line.payload, r.last_output_at))
+        async for chunk in process.iter_line_chunks(r.proc.stdout):
+            events = []
+            read_at = _now()
+            for raw in chunk:
+                if not raw.strip():
+                    continue
+                line = substrate.classify(raw)
+                r.facts.feed(line)
+                events.append(self._event(r, line.event_type, line.payload, read_at, line.payload_json))
+            if events:
+                await self._mark_output(r)
+                await self.writer.put_many(events)
 
     async def _read_stderr(self, r: Running) -> None:
         assert r.proc.stderr is not None
@@ -342,10 +349,13 @@ class Supervisor:
     async def _finish(self, r: Running, row: dict[str, Any], rc: int, *, drained: bool) -> None:
         if r.kill_timer is not None:
             r.kill_timer.cancel()
-        # After a SIGKILL (ours or anyone's) the CLI's Bash children survive in their own session.
-        swept = await asyncio.to_thread(
-            lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
-        )
+        # After a SIGKILL (ours or anyone's), or any death by signal, the CLI could not clean up: its
+        # Bash children survive in their own session. A clean or SIGTERM exit kills them itself.
+        swept: list[int] = []
+        if rc < 0 or r.killed:
+            swept = await asyncio.to_thread(
+                lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
+            )
         outcome = substrate.derive_status(rc, r.facts, stop_requested=r.stop_reason is not None)
         reason = r.stop_reason or outcome.reason
         payload = {
@@ -399,6 +409,7 @@ class Supervisor:
         if r.proc.returncode is not None:
             return
         sent = process.signal_group(r.proc.pid, signal.SIGKILL)
+        r.killed = True
         await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGKILL", "reason": "grace_expired",
                                                                   "delivered": sent}))
 
@@ -423,16 +434,18 @@ class Supervisor:
                 r.output_dirty = False
             await self._exec("touch_tasks_output", {
                 "ids": [r.task_id for r in dirty], "ats": [r.last_output_at for r in dirty]})
-        for r in list(self.running.values()):
-            if r.proc.returncode is not None:
-                continue
+        live = [r for r in self.running.values() if r.proc.returncode is None]
+        if not live:
+            return
+        waiting = {row["task_id"] for row in await self._rows("tasks_with_pending_questions",
+                                                              {"ids": [r.task_id for r in live]})}
+        for r in live:
             if self.config.max_runtime_s is not None and now - r.started > self.config.max_runtime_s:
                 await self._request_stop(r, "max_runtime")
             if r.stalled_since is not None:
                 continue
             silent = now - r.last_output
-            (waiting,) = await self._rows("has_pending_question", {"task_id": r.task_id})
-            if waiting["exists"]:
+            if r.task_id in waiting:
                 # blocked on the user is not a stall; its silence starts counting when the answer lands
                 if not r.awaiting_user:
                     r.awaiting_user = True

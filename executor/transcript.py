@@ -34,7 +34,7 @@ async def import_transcript(
     task_id, session_id = uuid.uuid4(), uuid.uuid4()
     ids = {"task_id": task_id, "session_id": session_id, "project_id": project_id}
     events = [NewEvent("task.spawned", {"imported": True, "source": str(path), "role": role}, **ids)]
-    events += [NewEvent(line.event_type, line.payload, **ids) for line in lines]
+    events += [NewEvent(line.event_type, line.payload, payload_json=line.payload_json, **ids) for line in lines]
     events.append(NewEvent("task.exited", {"imported": True, "status": outcome.status, "reason": outcome.reason,
                                            "lines": len(lines), "unparsed": facts.unparsed,
                                            "result": facts.result_summary(),

@@ -27,7 +27,9 @@ class Database:
             open=False,
             name=name,
             check=AsyncConnectionPool.check_connection,
-            kwargs={"application_name": name, **KEEPALIVE_KWARGS},
+            # autocommit: a single statement commits by itself; multi-statement work says
+            # `async with conn.transaction()`, so no connection sits idle in a transaction
+            kwargs={"application_name": name, "autocommit": True, **KEEPALIVE_KWARGS},
         )
         self._listener: Listener | None = None
 

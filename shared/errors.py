@@ -15,7 +15,15 @@ class MigrationError(PetalError):
     """A migration could not be applied, or an applied one was changed."""
 
 
-class UnknownEventType(PetalError):
+class JournalWriteError(PetalError):
+    """A batch could not be appended; nothing of it was written."""
+
+
+class JournalRefused(JournalWriteError):
+    """The database refused the batch's content (retrying the same batch cannot help)."""
+
+
+class UnknownEventType(JournalRefused):
     """An event names an (event_type, tier) pair that is not registered in event_types."""
 
     def __init__(self, pairs: list[tuple[str, str]]):
@@ -25,7 +33,3 @@ class UnknownEventType(PetalError):
             f"unknown event type {names}: register it with "
             "INSERT INTO event_types (name, tier, description) VALUES (...)"
         )
-
-
-class JournalWriteError(PetalError):
-    """A batch could not be appended; nothing of it was written."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.rows import class_row
@@ -24,6 +25,8 @@ log = logs.get(__name__)
 # A lost connection is retried on a fresh one; the batch is atomic, so a retry writes it at most once.
 APPEND_ATTEMPTS = 5
 APPEND_RETRY_DELAY_S = 0.2
+# Batches up to this size go as one INSERT statement (latency); larger ones as COPY (throughput).
+SMALL_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,50 +35,90 @@ class Appended:
     last_seq: int
 
 
-def _clean_nul(value: Any) -> Any:
-    # jsonb cannot hold U+0000; a process may print it. Replace it rather than lose the line.
+def _clean(value: Any) -> Any:
+    # jsonb holds neither U+0000 nor lone surrogates, and a process may print both (binary tool
+    # output, a split emoji). Replace them rather than lose the line.
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
     if isinstance(value, dict):
-        return {_clean_nul(k): _clean_nul(v) for k, v in value.items()}
+        return {_clean(k): _clean(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean_nul(v) for v in value]
+        return [_clean(v) for v in value]
     return value
 
 
+def storable_json(text: str) -> bool:
+    """Whether JSON text (known to parse) can go into jsonb as it is."""
+    return "\\u0000" not in text and "\\ud" not in text and "\\uD" not in text
+
+
 def encode_payload(payload: Any) -> str:
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text = orjson.dumps(payload).decode()
+    except TypeError:  # lone surrogates, non-str keys: the slow, forgiving path
+        return json.dumps(_clean(payload), ensure_ascii=False, separators=(",", ":"), default=str)
     if "\\u0000" in text:
-        text = json.dumps(_clean_nul(payload), ensure_ascii=False, separators=(",", ":"))
+        return orjson.dumps(_clean(payload)).decode()
     return text
+
+
+def _copy_text(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def _copy_rows(events: Sequence[NewEvent], first_seq: int, now: datetime) -> bytes:
+    """COPY text format for the batch, built in one pass (one write instead of an await per row)."""
+    out = []
+    for seq, ev in enumerate(events, start=first_seq):
+        payload = ev.payload_json if ev.payload_json is not None else encode_payload(ev.payload)
+        out.append("\t".join((
+            str(ev.event_id),
+            str(seq),
+            str(ev.project_id) if ev.project_id else "\\N",
+            str(ev.session_id) if ev.session_id else "\\N",
+            str(ev.task_id) if ev.task_id else "\\N",
+            str(ev.parent_id) if ev.parent_id else "\\N",
+            str(ev.message_id) if ev.message_id else "\\N",
+            _copy_text(ev.event_type),
+            _copy_text(ev.tier),
+            (ev.created_at or now).isoformat(),
+            _copy_text(payload),
+        )))
+    out.append("")
+    return "\n".join(out).encode()
+
+
+def _small_batch_params(events: Sequence[NewEvent], now: datetime) -> dict[str, list[Any]]:
+    return {
+        "event_ids": [ev.event_id for ev in events],
+        "project_ids": [ev.project_id for ev in events],
+        "session_ids": [ev.session_id for ev in events],
+        "task_ids": [ev.task_id for ev in events],
+        "parent_ids": [ev.parent_id for ev in events],
+        "message_ids": [ev.message_id for ev in events],
+        "event_types": [ev.event_type for ev in events],
+        "tiers": [ev.tier for ev in events],
+        "created_ats": [ev.created_at or now for ev in events],
+        "payloads": [ev.payload_json if ev.payload_json is not None else encode_payload(ev.payload)
+                     for ev in events],
+    }
 
 
 async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]) -> Appended:
     now = datetime.now(UTC)
+    if len(events) <= SMALL_BATCH and conn.autocommit:
+        # latency path: one round trip instead of BEGIN, UPDATE, COPY, NOTIFY, COMMIT
+        cur = await conn.execute(queries["append_small_batch"], _small_batch_params(events, now))
+        row = await cur.fetchone()
+        assert row is not None
+        return Appended(first_seq=row[0] - len(events) + 1, last_seq=row[0])
     async with conn.transaction():
         cur = await conn.execute(queries["advance_journal_head"], {"n": len(events)})
         row = await cur.fetchone()
         assert row is not None
         last = row[0]
-        seq = last - len(events)
         async with conn.cursor().copy(queries["copy_journal"]) as copy:
-            for ev in events:
-                seq += 1
-                await copy.write_row(
-                    (
-                        ev.event_id,
-                        seq,
-                        ev.project_id,
-                        ev.session_id,
-                        ev.task_id,
-                        ev.parent_id,
-                        ev.message_id,
-                        ev.event_type,
-                        ev.tier,
-                        ev.created_at or now,
-                        encode_payload(ev.payload),
-                    )
-                )
+            await copy.write(_copy_rows(events, last - len(events) + 1, now))
         await conn.execute(queries["notify_journal"], {"seq": str(last)})
     return Appended(first_seq=last - len(events) + 1, last_seq=last)
 
@@ -140,11 +183,11 @@ async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent]) -> Appen
                 except pgerrors.ForeignKeyViolation as exc:
                     if exc.diag.constraint_name == "journal_event_type_fkey":
                         raise await _unknown_type_error(conn, events) from exc
-                    raise errors.JournalWriteError(f"journal refused the batch: {exc.diag.message_detail}") from exc
+                    raise errors.JournalRefused(f"journal refused the batch: {exc.diag.message_detail}") from exc
                 except pgerrors.UniqueViolation as exc:
-                    raise errors.JournalWriteError(f"journal refused the batch: {exc.diag.message_detail}") from exc
+                    raise errors.JournalRefused(f"journal refused the batch: {exc.diag.message_detail}") from exc
                 except (pgerrors.DataError, pgerrors.IntegrityError) as exc:
-                    raise errors.JournalWriteError(f"journal refused the batch: {exc}") from exc
+                    raise errors.JournalRefused(f"journal refused the batch: {exc}") from exc
         except psycopg.OperationalError as exc:
             last_exc = exc
             log.warning("journal_append_retry", attempt=attempt, error=str(exc))

@@ -27,6 +27,9 @@ class NewEvent:
     message_id: uuid.UUID | None = None
     created_at: datetime | None = None
     event_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    # The payload's JSON text when the caller already has it (a stream line as printed), so it is
+    # stored without being serialised again. Must encode the same value as `payload`.
+    payload_json: str | None = None
 
 
 class Event(BaseModel):

@@ -66,14 +66,26 @@ class Harness:
     supervisor: Supervisor
     writer: JournalWriter
     admin_dsn: str
+    _reader: psycopg.AsyncConnection | None = None
+
+    async def _conn(self) -> psycopg.AsyncConnection:
+        # one reading connection for the test's polls (a new connection per poll forks a backend)
+        if self._reader is None or self._reader.closed:
+            self._reader = await psycopg.AsyncConnection.connect(self.admin_dsn, autocommit=True)
+        return self._reader
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.close()
 
     async def dispatch(self, brief: str, **kw: Any) -> uuid.UUID:
         kw.setdefault("workdir", self.supervisor.config.default_workdir)
         return await dispatch.request_task(self.db.pool, brief=brief, **kw)
 
     async def task(self, task_id: uuid.UUID) -> dict[str, Any]:
-        async with await psycopg.AsyncConnection.connect(self.admin_dsn, row_factory=dict_row) as conn:
-            row = await (await conn.execute("SELECT * FROM tasks WHERE id = %s", [task_id])).fetchone()
+        async with (await self._conn()).cursor(row_factory=dict_row) as cur:
+            await cur.execute("SELECT * FROM tasks WHERE id = %s", [task_id])
+            row = await cur.fetchone()
         assert row is not None
         return row
 
@@ -91,13 +103,12 @@ class Harness:
         return await self.wait_task(task_id, lambda r: r["status"] in FINAL, timeout)
 
     async def events(self, task_id: uuid.UUID | None = None) -> list[Event]:
-        async with await psycopg.AsyncConnection.connect(self.admin_dsn) as conn:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                if task_id is None:
-                    await cur.execute("SELECT * FROM journal ORDER BY seq")
-                else:
-                    await cur.execute("SELECT * FROM journal WHERE task_id = %s ORDER BY seq", [task_id])
-                return [Event(**r) for r in await cur.fetchall()]
+        async with (await self._conn()).cursor(row_factory=dict_row) as cur:
+            if task_id is None:
+                await cur.execute("SELECT * FROM journal ORDER BY seq")
+            else:
+                await cur.execute("SELECT * FROM journal WHERE task_id = %s ORDER BY seq", [task_id])
+            return [Event(**r) for r in await cur.fetchall()]
 
     async def wait_event(self, task_id: uuid.UUID, event_type: str, timeout: float = 60) -> Event:
         deadline = time.monotonic() + timeout
@@ -115,7 +126,7 @@ async def running_supervisor(
 ) -> AsyncIterator[Harness]:
     async with Database(executor_dsn, name="test-executor", max_size=8) as db:
         writer = JournalWriter(db.pool)
-        writer.start()
+        await writer.start()
         listener = db.listener(["task_pending", "stop_queue"])
         wake = listener.subscribe()
         listening = asyncio.create_task(listener.run())
@@ -125,9 +136,11 @@ async def running_supervisor(
         await asyncio.wait({ready, supervising}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
         if supervising.done():
             supervising.result()
+        harness = Harness(db, supervisor, writer, admin_dsn)
         try:
-            yield Harness(db, supervisor, writer, admin_dsn)
+            yield harness
         finally:
+            await harness.close()
             supervisor.stop()
             await asyncio.wait_for(supervising, 60)
             listening.cancel()

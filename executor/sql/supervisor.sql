@@ -76,8 +76,8 @@ RETURNING q.id, q.task_id, q.reason
 -- name: finish_stop_request --
 UPDATE stop_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
 
--- name: has_pending_question --
-SELECT EXISTS (SELECT 1 FROM questions WHERE task_id = %(task_id)s AND status = 'pending')
+-- name: tasks_with_pending_questions --
+SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND task_id = ANY(%(ids)s::uuid[])
 
 -- name: orphaned_running_tasks --
 SELECT id, pid, session_id, project_id FROM tasks WHERE status = 'running'

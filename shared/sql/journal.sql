@@ -34,3 +34,26 @@ WHERE seq > %(after)s
   AND (%(session_id)s::uuid IS NULL OR session_id = %(session_id)s::uuid)
 ORDER BY seq
 LIMIT %(limit)s
+
+-- name: append_small_batch --
+-- A whole small batch in one statement (one round trip in autocommit): reserve seqs, insert, notify.
+-- The head's row lock lasts until the statement's own commit, so commit order is still seq order.
+WITH head AS (
+    UPDATE journal_head SET last_seq = last_seq + cardinality(%(event_ids)s::uuid[]) RETURNING last_seq
+), inserted AS (
+    INSERT INTO journal (event_id, seq, project_id, session_id, task_id, parent_id, message_id,
+                         event_type, tier, created_at, payload)
+    SELECT e.event_id, head.last_seq - cardinality(%(event_ids)s::uuid[]) + e.ord, e.project_id, e.session_id,
+           e.task_id, e.parent_id, e.message_id, e.event_type, e.tier, e.created_at, e.payload::jsonb
+    FROM head, unnest(%(event_ids)s::uuid[], %(project_ids)s::uuid[], %(session_ids)s::uuid[],
+                      %(task_ids)s::uuid[], %(parent_ids)s::uuid[], %(message_ids)s::uuid[],
+                      %(event_types)s::text[], %(tiers)s::text[], %(created_ats)s::timestamptz[],
+                      %(payloads)s::text[])
+         WITH ORDINALITY AS e(event_id, project_id, session_id, task_id, parent_id, message_id,
+                              event_type, tier, created_at, payload, ord)
+    RETURNING 1
+)
+SELECT last_seq, pg_notify('journal', last_seq::text), (SELECT count(*) FROM inserted) FROM head
+
+-- name: event_types --
+SELECT name, tier FROM event_types

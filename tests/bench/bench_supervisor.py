@@ -1,0 +1,197 @@
+"""Supervisor cost and line latency, each next to a baseline measured in the same run.
+
+    python -m tests.bench.bench_supervisor [--lines-per-worker 5000] [--workers 8]
+
+(a) 8 concurrent workers whose "claude" is a replayer printing a recorded stream-json transcript (with
+    partial messages) as fast as the pipe takes it: lines journaled per second by the supervisor, next
+    to the bare journal append rate of the same lines (goal >= 0.8).
+(b) the real CLI on the scripted model streaming token by token (--include-partial-messages): delay
+    from a line being read off the process's stdout to the NOTIFY that announces it, p50 and p99, next
+    to a minimal loop that reads the same kind of process's lines and INSERTs + NOTIFYs each one on its
+    own (goal: p99 within 2x of that loop's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from executor import dispatch, process, substrate
+from executor.scripted_model import Scenario, ScriptedModelServer
+from shared import journal
+from shared.listener import Listener
+from shared.models import NewEvent
+from tests.harness import config_for, running_supervisor, substrate_for
+from tests.pg import Cluster
+
+TRANSCRIPT = Path(__file__).parent.parent / "transcripts" / "partial_messages.jsonl"
+
+
+def _replayer(tmp: Path, repeats: int) -> Path:
+    lines = [ln for ln in TRANSCRIPT.read_bytes().split(b"\n") if ln.strip()]
+    body = tmp / "replay.jsonl"
+    body.write_bytes(b"\n".join(lines * repeats) + b"\n")
+    script = tmp / "replay-claude"
+    script.write_text(f"#!/bin/sh\nexec cat {body}\n")
+    script.chmod(0o755)
+    return script
+
+
+async def bench_throughput(cluster: Cluster, tmp: Path, workers: int, per_worker: int) -> None:
+    base = [ln for ln in TRANSCRIPT.read_bytes().split(b"\n") if ln.strip()]
+    repeats = max(1, per_worker // len(base))
+    total = repeats * len(base) * workers
+    script = _replayer(tmp, repeats)
+
+    db = cluster.create_migrated()
+    with ScriptedModelServer(Scenario()) as model:
+        sub = replace(substrate_for(model, tmp), claude_bin=str(script))
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, sub,
+                                      config_for(tmp, max_workers=workers)) as h:
+            ids = [await h.dispatch(f"replay {i}") for i in range(workers)]
+            for t in ids:
+                await h.wait_final(t, timeout=600)
+            events = await h.events()
+    # measured on the journal's own clock: first spawn to last exit
+    spawned = min(e.created_at for e in events if e.event_type == "task.spawned")
+    exited = max(e.created_at for e in events if e.event_type == "task.exited")
+    elapsed = (exited - spawned).total_seconds()
+    cluster.drop(db)
+    assert sum(e.event_type.startswith("stream.") for e in events) == total
+    sup_rate = total / elapsed
+
+    db = cluster.create_migrated()
+    lines = [substrate.classify(raw) for raw in base] * repeats
+    async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=1, open=False) as pool:
+        # identical rows: each worker's lines carry its task and session ids, as the supervisor's do
+        events = []
+        for _ in range(workers):
+            task_id, session_id = uuid.uuid4(), uuid.uuid4()
+            async with pool.connection() as conn:
+                await conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'worker', 'running')",
+                                   [session_id])
+                await conn.execute("INSERT INTO tasks (id, role, session_id) VALUES (%s, 'worker', %s)",
+                                   [task_id, session_id])
+            events += [NewEvent(ln.event_type, ln.payload, task_id=task_id, session_id=session_id,
+                                payload_json=ln.payload_json, created_at=datetime.now(UTC)) for ln in lines]
+        for t in {e.event_type for e in events}:
+            await journal.register_event_type(pool, t, "raw")
+        start = time.perf_counter()
+        for i in range(0, len(events), 2000):
+            await journal.append(pool, events[i : i + 2000])
+        bare = len(events) / (time.perf_counter() - start)
+    cluster.drop(db)
+    print(f"(a) {workers} replaying workers, {total} lines")
+    print(f"    supervisor journaled: {sup_rate:,.0f} lines/s (spawn to last exit)")
+    print(f"    bare journal append:  {bare:,.0f} lines/s")
+    print(f"    ratio: {sup_rate / bare:.2f}  (goal >= 0.8)")
+
+
+def _pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
+async def _notify_times(dsn: str, channel: str, sink: dict[int, datetime], stop: asyncio.Event) -> Listener:
+    listener = Listener(dsn, [channel])
+    sub = listener.subscribe([channel])
+
+    async def drain() -> None:
+        while True:
+            note = await sub.get()
+            if note.payload.isdigit():
+                sink.setdefault(int(note.payload), datetime.now(UTC))
+
+    asyncio.create_task(drain())
+    asyncio.create_task(listener.run())
+    await listener.connected.wait()
+    return listener
+
+
+def _latencies(read_at: dict[int, datetime], notified: dict[int, datetime]) -> list[float]:
+    marks = sorted(notified.items())
+    out = []
+    j = 0
+    for seq in sorted(read_at):
+        while j < len(marks) and marks[j][0] < seq:
+            j += 1
+        if j < len(marks):
+            out.append((marks[j][1] - read_at[seq]).total_seconds() * 1000)
+    return out
+
+
+async def bench_latency(cluster: Cluster, tmp: Path, tokens: int) -> None:
+    text = " ".join(f"w{i}" for i in range(tokens))
+    scenario = Scenario.single({"text": text, "delay_s": 0.005})
+    db = cluster.create_migrated()
+    stop = asyncio.Event()
+    with ScriptedModelServer(scenario) as model:
+        # the partial-messages flag makes the CLI print one line per token
+        sub = replace(substrate_for(model, tmp), extra_args=("--include-partial-messages",))
+        notified: dict[int, datetime] = {}
+        await _notify_times(db.executor_dsn, "journal", notified, stop)
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp)) as h:
+            tid = await dispatch.request_task(h.db.pool, brief="stream", workdir=config_for(tmp).default_workdir)
+            await h.wait_final(tid, timeout=300)
+            await asyncio.sleep(0.5)
+            evs = [e for e in await h.events(tid) if e.event_type.startswith("stream.")]
+        sup = _latencies({e.seq: e.created_at for e in evs}, notified)
+
+        # baseline: read the same CLI's lines; INSERT + NOTIFY each on its own
+        base_notified: dict[int, datetime] = {}
+        await _notify_times(db.executor_dsn, "bench_line", base_notified, stop)
+        cmd = substrate.build_command(sub, substrate.SpawnSpec(role="worker", prompt="stream",
+                                                               session_uuid=str(uuid.uuid4())))
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                    stdin=asyncio.subprocess.DEVNULL,
+                                                    env=substrate.build_env(sub, "bench"), cwd=tmp)
+        read_at: dict[int, datetime] = {}
+        seq = 10**12
+        async with await psycopg.AsyncConnection.connect(db.executor_dsn, autocommit=True) as conn:
+            assert proc.stdout is not None
+            async for raw in process.iter_lines(proc.stdout):
+                seq += 1
+                read_at[seq] = datetime.now(UTC)
+                line = substrate.classify(raw)
+                await conn.execute(
+                    "INSERT INTO journal (event_id, seq, event_type, tier, payload) "
+                    "VALUES (gen_random_uuid(), %s, 'stream.other', 'raw', %s::jsonb)",
+                    [seq, journal.encode_payload(line.payload)])
+                await conn.execute("SELECT pg_notify('bench_line', %s)", [str(seq)])
+        await proc.wait()
+        await asyncio.sleep(0.5)
+        base = _latencies(read_at, base_notified)
+    cluster.drop(db)
+    print(f"(b) real CLI, token-by-token stream: {len(sup)} lines (supervisor), {len(base)} lines (loop)")
+    print(f"    supervisor read->NOTIFY: p50 {_pct(sup, 50):.2f} ms  p99 {_pct(sup, 99):.2f} ms")
+    print(f"    minimal loop read->NOTIFY: p50 {_pct(base, 50):.2f} ms  p99 {_pct(base, 99):.2f} ms")
+    print(f"    p99 ratio supervisor/loop: {_pct(sup, 99) / _pct(base, 99):.2f}  (goal <= 2)")
+
+
+async def main(workers: int, per_worker: int, tokens: int) -> None:
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        cluster = Cluster.start(tmp / "pg")
+        try:
+            await bench_throughput(cluster, tmp, workers, per_worker)
+            await bench_latency(cluster, tmp, tokens)
+        finally:
+            cluster.drop_all()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--lines-per-worker", type=int, default=5000)
+    parser.add_argument("--tokens", type=int, default=400)
+    args = parser.parse_args()
+    asyncio.run(main(args.workers, args.lines_per_worker, args.tokens))
