@@ -80,6 +80,12 @@ def _cmd_import_transcript(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_ingress(args: argparse.Namespace, settings: Settings) -> int:
+    from ingress import main as ingress_main
+
+    return ingress_main.main(settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("executor", help="run the executor: supervisor, journal writer, harness MCP")
     p.set_defaults(handler=_cmd_executor)
+
+    p = sub.add_parser("ingress", help="run the ingress: REST actions, reads, SSE, the web client")
+    p.set_defaults(handler=_cmd_ingress)
 
     p = sub.add_parser("install-claude", help="install the pinned Claude Code CLI into a local cache (needs npm)")
     p.set_defaults(handler=_cmd_install_claude)

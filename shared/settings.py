@@ -23,6 +23,17 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./var")
 
     open_mode: bool = Field(default=False, validation_alias=AliasChoices("OPEN_MODE", "PETAL_OPEN_MODE"))
+    # proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
+    auth_mode: str = Field(default="proxy", pattern="^(proxy|token)$")
+    # comma-separated usernames allowed in proxy mode; empty: anyone the proxy lets through
+    allowed_users: str = ""
+    auth_token: str | None = None
+    # open mode on a non-loopback address must be asked for explicitly
+    force_open: bool = False
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    sse_heartbeat_s: float = Field(default=15.0, gt=0)
+    # events buffered per SSE client before a slow client is cut off (it resumes by Last-Event-ID)
+    sse_client_buffer: int = Field(default=2000, ge=10)
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(default=8000, ge=0, le=65535)
     mcp_host: str = "127.0.0.1"

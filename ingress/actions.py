@@ -1,0 +1,110 @@
+"""Actions: each only writes a queue row (or answers a question) and says what it queued."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ingress import asks
+from ingress.http import body, path_uuid, respond
+from ingress.models import AnswerIn, ChatIn, StopIn, ThreadIn, ThreadPatch
+from ingress.problems import Problem
+from ingress.sql import queries
+from shared import threads
+
+_FINAL_ASK = {"answered", "cancelled"}
+
+
+async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries[name], params)
+        return await cur.fetchone()
+
+
+async def post_chat(request: Request) -> Response:
+    msg = await body(request, ChatIn)
+    params = {"thread_id": msg.thread_id or threads.DEFAULT_THREAD_ID, "text": msg.text,
+              "client_msg_id": msg.client_msg_id}
+    row = await _one(request, "enqueue_chat", params)
+    if row is None:  # the same client_msg_id was queued before: this is a retry
+        row = await _one(request, "chat_by_client_msg_id", params)
+        assert row is not None
+        if row["text"] != msg.text or row["thread_id"] != params["thread_id"]:
+            raise Problem(409, "client_msg_id was already used for a different message")
+        return respond({**row, "duplicate": True}, 202)
+    return respond({**row, "duplicate": False}, 202)
+
+
+async def stop_task(request: Request) -> Response:
+    task_id = path_uuid(request, "task_id")
+    stop = await body(request, StopIn, optional=True)
+    row = await _one(request, "task_status", {"id": task_id})
+    if row is None:
+        raise Problem(404, f"no task {task_id}")
+    if row["status"] not in ("pending", "running"):
+        raise Problem(409, f"task {task_id} already ended ({row['status']})")
+    queued = await _one(request, "enqueue_stop", {"task_id": task_id, "reason": stop.reason})
+    return respond(queued, 202)
+
+
+async def create_thread(request: Request) -> Response:
+    spec = await body(request, ThreadIn, optional=True)
+    thread_id = uuid.uuid4()  # the ingress names the thread, so the client can use it at once
+    args = {"title": spec.title, "mode": spec.mode or "interactive"}
+    queued = await _one(request, "enqueue_thread_control",
+                        {"thread_id": thread_id, "action": "create", "args": Jsonb(args)})
+    return respond({**(queued or {}), "thread_id": thread_id}, 202)
+
+
+async def patch_thread(request: Request) -> Response:
+    thread_id = path_uuid(request, "thread_id")
+    patch = await body(request, ThreadPatch)
+    known = await _one(request, "thread_known", {"id": thread_id})
+    if not known or not next(iter(known.values())):
+        raise Problem(404, f"no thread {thread_id}")
+    queued = []
+    for action, args in (("rename", {"title": patch.title} if patch.title is not None else None),
+                         ("set_mode", {"mode": patch.mode} if patch.mode is not None else None),
+                         ("archive", {} if patch.archived else None)):
+        if args is not None:
+            queued.append(await _one(request, "enqueue_thread_control",
+                                     {"thread_id": thread_id, "action": action, "args": Jsonb(args)}))
+    return respond({"thread_id": thread_id, "queued": queued}, 202)
+
+
+async def _question(request: Request) -> dict[str, Any]:
+    ref = request.path_params["ask_id"]
+    row = await _one(request, "question_by_ref", {"ref": ref})
+    if row is None:
+        raise Problem(404, f"no question {ref!r} (use its id or its tool_use_id)")
+    return row
+
+
+async def _close(request: Request, row: dict[str, Any], status: str, answers: Any, response: str | None) -> Response:
+    if row["status"] in _FINAL_ASK:
+        raise Problem(409, f"question already {row['status']}")
+    updated = await _one(request, "answer_question", {
+        "id": row["id"], "status": status, "answers": Jsonb(answers) if answers is not None else None,
+        "response": response})
+    if updated is None:  # closed between our read and our write
+        raise Problem(409, "question was closed meanwhile")
+    return respond(updated)
+
+
+async def answer_ask(request: Request) -> Response:
+    row = await _question(request)
+    answer = await body(request, AnswerIn)
+    if row["status"] in _FINAL_ASK:
+        raise Problem(409, f"question already {row['status']}")
+    answers = asks.normalise(row["questions"], answer)
+    return await _close(request, row, "answered", answers, answer.response)
+
+
+async def cancel_ask(request: Request) -> Response:
+    row = await _question(request)
+    return await _close(request, row, "cancelled", None, "cancelled by the user")

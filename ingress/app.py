@@ -1,0 +1,168 @@
+"""The ingress application: routes, lifespan (pool, listener, SSE broadcaster), error handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ingress import actions, problems, reads, stream
+from ingress.auth import COOKIE, AuthConfig, GuardMiddleware, parse_login
+from ingress.models import AnswerIn, ChatIn, StopIn, ThreadIn, ThreadPatch
+from ingress.openapi import SEQ, UUID, Op, Param, document
+from ingress.sql import queries
+from shared import migrate
+from shared.database import Database
+from shared.settings import Settings
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+
+_AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
+_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000})
+_TASK = Param("task_id", "path", UUID)
+_THREADQ = Param("thread_id", "query", UUID)
+
+OPS: list[tuple[Op, object]] = [
+    (Op("post", "/api/chat", "queue a chat message for a thread", ChatIn, status=202, errors=(400, 409, 413, 415, 422)),
+     actions.post_chat),
+    (Op("post", "/api/tasks/{task_id}/stop", "ask the executor to stop a task", StopIn, True, (_TASK,), 202,
+        (404, 409, 415, 422)), actions.stop_task),
+    (Op("post", "/api/threads", "create a thread (the id is issued here)", ThreadIn, True, status=202,
+        errors=(415, 422)), actions.create_thread),
+    (Op("patch", "/api/threads/{thread_id}", "rename, change mode, or archive a thread", ThreadPatch,
+        params=(Param("thread_id", "path", UUID),), status=202, errors=(404, 415, 422)), actions.patch_thread),
+    (Op("post", "/api/asks/{ask_id}/answer", "answer a question (answers, or a response to dismiss it)", AnswerIn,
+        params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409, 415, 422)),
+     actions.answer_ask),
+    (Op("delete", "/api/asks/{ask_id}", "cancel a question",
+        params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409)),
+     actions.cancel_ask),
+    (Op("get", "/api/threads", "threads, including ones still being created"), reads.list_threads),
+    (Op("get", "/api/queue", "chat messages not yet delivered", params=(_THREADQ,), errors=(400,)),
+     reads.pending_queue),
+    (Op("get", "/api/tasks", "running and recent tasks", params=(
+        Param("status", "query", {"type": "string", "enum": list(reads.STATUSES)}), _THREADQ,
+        Param("running", "query", {"type": "boolean"}), _LIMIT), errors=(400,)), reads.list_tasks),
+    (Op("get", "/api/tasks/{task_id}", "one task: status, activity, last output, exit facts", params=(_TASK,),
+        errors=(404,)), reads.get_task),
+    (Op("get", "/api/tasks/{task_id}/events", "a task's journal events, by seq", params=(_TASK, _AFTER, _LIMIT),
+        errors=(400, 404)), reads.task_events),
+    (Op("get", "/api/events", "the journal, by seq", params=(
+        _AFTER, _LIMIT, Param("tier", "query", {"type": "string", "enum": ["raw", "derived"]}),
+        Param("task_id", "query", UUID), Param("event_type", "query", {"type": "string"})), errors=(400,)),
+     reads.events),
+    (Op("get", "/api/handoffs", "handoffs of a task, session or project, newest first", params=(
+        Param("scope_id", "query", UUID), _LIMIT), errors=(400,)), reads.handoffs),
+    (Op("get", "/api/projects/{project_id}/state", "plan tasks done / in flight / failed / blocked",
+        params=(Param("project_id", "path", UUID),), errors=(404,)), reads.project_state),
+    (Op("get", "/api/context", "the orchestrator's working set for a thread", params=(_THREADQ,), errors=(400,)),
+     reads.context),
+    (Op("get", "/api/asks", "questions, pending first", params=(
+        Param("status", "query", {"type": "string", "enum": ["pending", "answered", "cancelled"]}), _THREADQ,
+        _LIMIT), errors=(400,)), reads.list_asks),
+    (Op("get", "/api/stream", "the live journal as Server-Sent Events (resume with Last-Event-ID)", params=(
+        _AFTER, Param("Last-Event-ID", "header", SEQ)), errors=(400,)), stream.stream),
+]
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "up"})
+
+
+async def readyz(request: Request) -> Response:
+    try:
+        async with request.app.state.db.pool.connection(timeout=2) as conn:
+            applied = (await (await conn.execute(queries["migrations_current"])).fetchone())[0]  # type: ignore[index]
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return problems.problem(503, f"database unreachable: {str(exc).strip()[:200]}")
+    expected = len(migrate.discover())
+    if applied < expected:
+        return problems.problem(503, f"migrations pending ({applied} of {expected} applied)")
+    return JSONResponse({"status": "ready", "migrations": applied})
+
+
+_LOGIN_PAGE = """<!doctype html><meta charset=utf-8><meta name=viewport content="width=device-width">
+<title>petal-dispatch · sign in</title><form method=post action=/login style="max-width:20em;margin:4em auto;font:16px system-ui">
+<h1>petal-dispatch</h1><label>Token <input name=token type=password autofocus required style="width:100%"></label>
+<p><button>Sign in</button></p></form>"""
+
+
+async def login(request: Request) -> Response:
+    config: AuthConfig = request.app.state.auth
+    if request.method == "GET":
+        return HTMLResponse(_LOGIN_PAGE)
+    if config.mode != "token":
+        return problems.problem(404, "sign-in is only used in token mode")
+    token = parse_login(await request.body(), request.headers.get("content-type", ""))
+    from hmac import compare_digest
+
+    if not token or not config.token or not compare_digest(token, config.token):
+        return problems.problem(401, "wrong token")
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE, config.cookie_value(), httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https", max_age=30 * 24 * 3600)
+    return response
+
+
+def auth_config(settings: Settings) -> AuthConfig:
+    mode = "open" if settings.open_mode else settings.auth_mode
+    users = frozenset(u.strip() for u in settings.allowed_users.split(",") if u.strip())
+    return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes)
+
+
+def create_app(settings: Settings, dsn: str) -> Starlette:
+    auth = auth_config(settings)
+    if auth.mode == "token" and not auth.token:
+        from shared import errors
+
+        raise errors.ConfigError("token mode needs PETAL_AUTH_TOKEN")
+    spec = document([op for op, _ in OPS], version="0.1.0")
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(spec)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with Database(dsn, name="petal-ingress", max_size=10) as db:
+            app.state.db = db
+            listener = db.listener(stream.CHANNELS)
+            sub = listener.subscribe()
+            broadcaster = stream.Broadcaster(db.pool, buffer=settings.sse_client_buffer)
+            app.state.broadcaster = broadcaster
+            listening = asyncio.create_task(listener.run(), name="ingress-listener")
+            try:
+                async with stream.running(broadcaster, sub):
+                    await asyncio.wait_for(listener.connected.wait(), 30)
+                    yield
+            finally:
+                listening.cancel()
+                await asyncio.gather(listening, return_exceptions=True)
+
+    routes = [Route(op.path.replace("{task_id}", "{task_id}"), handler, methods=[op.method.upper()])  # type: ignore[arg-type]
+              for op, handler in OPS]
+    routes += [Route("/healthz", healthz), Route("/readyz", readyz), Route("/openapi.json", openapi),
+               Route("/login", login, methods=["GET", "POST"])]
+    if STATIC.is_dir():
+        routes.append(Mount("/", StaticFiles(directory=STATIC, html=True), name="static"))
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(GuardMiddleware, config=auth)],
+        exception_handlers={problems.Problem: problems.handle_problem, HTTPException: problems.handle_http,
+                            ValidationError: problems.handle_validation, psycopg.DataError: problems.handle_data_error,
+                            Exception: problems.handle_unexpected},
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.auth = auth
+    return app

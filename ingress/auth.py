@@ -1,0 +1,149 @@
+"""Authentication and request hygiene as pure ASGI middleware (no BaseHTTPMiddleware around SSE).
+
+Modes: open (trust the network), proxy (X-Authentik-Username set by the fronting proxy, optionally
+limited to an allow-list), token (a shared secret: bearer header, or the cookie /login sets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ingress.problems import problem
+
+PROXY_HEADER = b"x-authentik-username"
+COOKIE = "petal_session"
+# Reachable without credentials: liveness, readiness, and the way in.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/login", "/openapi.json"})
+_STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    mode: str  # open | proxy | token
+    allowed_users: frozenset[str] = frozenset()
+    token: str | None = None
+    max_body_bytes: int = 256 * 1024
+
+    def cookie_value(self) -> str:
+        # the cookie carries a MAC of the token, never the token itself
+        assert self.token is not None
+        return hmac.new(self.token.encode(), b"petal-dispatch session", hashlib.sha256).hexdigest()
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    return {k.lower(): v for k, v in scope.get("headers", [])}
+
+
+def _cookie(headers: dict[bytes, bytes], name: str) -> str | None:
+    raw = headers.get(b"cookie", b"").decode("latin-1")
+    for part in raw.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def identify(config: AuthConfig, headers: dict[bytes, bytes]) -> tuple[int, str]:
+    """(0, user) when allowed, else (status, reason)."""
+    if config.mode == "open":
+        return 0, "open"
+    if config.mode == "proxy":
+        user = headers.get(PROXY_HEADER, b"").decode("latin-1").strip()
+        if not user:
+            return 401, "missing X-Authentik-Username: requests must come through the authenticating proxy"
+        if config.allowed_users and user not in config.allowed_users:
+            return 403, f"user {user!r} is not on the allow-list"
+        return 0, user
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    if auth.lower().startswith("bearer "):
+        if config.token and hmac.compare_digest(auth[7:].strip(), config.token):
+            return 0, "token"
+        return 401, "wrong token"
+    cookie = _cookie(headers, COOKIE)
+    if cookie and hmac.compare_digest(cookie, config.cookie_value()):
+        return 0, "token"
+    return 401, "a token is required: Authorization: Bearer <token>, or sign in at /login"
+
+
+class GuardMiddleware:
+    """Auth, JSON-only state changes, and a body size limit, before any route runs."""
+
+    def __init__(self, app: ASGIApp, config: AuthConfig):
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        path: str = scope["path"]
+        if "\x00" in path or b"%00" in scope.get("query_string", b"").lower():
+            await problem(400, "the URL may not contain NUL characters")(scope, receive, send)
+            return
+        if path not in PUBLIC_PATHS:
+            status, reason = identify(self.config, headers)
+            if status:
+                if self.config.mode == "token" and scope["method"] == "GET" and not path.startswith("/api/"):
+                    await _redirect(send, "/login")
+                    return
+                await problem(status, reason)(scope, receive, send)
+                return
+            scope.setdefault("state", {})["user"] = reason
+        method = scope["method"]
+        if method in _STATE_CHANGING and path != "/login":
+            length = int(headers.get(b"content-length", b"0") or 0)
+            has_body = length > 0 or b"transfer-encoding" in headers
+            ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if (has_body or method in ("POST", "PUT", "PATCH")) and ctype != b"application/json":
+                await problem(415, "state-changing requests take a JSON body (Content-Type: application/json)")(
+                    scope, receive, send)
+                return
+        length = int(headers.get(b"content-length", b"0") or 0)
+        if length > self.config.max_body_bytes:
+            await problem(413, f"body larger than {self.config.max_body_bytes} bytes")(scope, receive, send)
+            return
+        await self.app(scope, _limited(receive, self.config.max_body_bytes), send)
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise BodyTooLarge()
+        return message
+
+    return wrapped
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _redirect(send: Send, location: str) -> None:
+    await send({"type": "http.response.start", "status": 303,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def parse_login(body: bytes, content_type: str) -> str:
+    if content_type.startswith("application/json"):
+        try:
+            data: Any = json.loads(body or b"{}")
+        except ValueError:
+            return ""
+        return str(data.get("token", "")) if isinstance(data, dict) else ""
+    from urllib.parse import parse_qs
+
+    return (parse_qs(body.decode("latin-1")).get("token") or [""])[0]

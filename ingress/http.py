@@ -1,0 +1,121 @@
+"""Small helpers shared by the route modules: parsing input strictly, answering JSON."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ingress.auth import BodyTooLarge
+from ingress.problems import Problem
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def dumps(value: Any) -> bytes:
+    def default(o: Any) -> Any:
+        if isinstance(o, uuid.UUID):
+            return str(o)
+        if hasattr(o, "isoformat"):
+            return o.isoformat()
+        if isinstance(o, BaseModel):
+            return o.model_dump(mode="json")
+        raise TypeError(f"cannot encode {type(o).__name__}")
+
+    return json.dumps(value, default=default, separators=(",", ":")).encode()
+
+
+def respond(value: Any, status: int = 200) -> Response:
+    return Response(dumps(value), status_code=status, media_type="application/json")
+
+
+async def body(request: Request, model: type[M], *, optional: bool = False) -> M:
+    try:
+        raw = await request.body()
+    except BodyTooLarge:
+        raise Problem(413, "body too large") from None
+    if not raw.strip():
+        if optional:
+            return model()
+        raise Problem(400, "a JSON body is required")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise Problem(400, f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise Problem(422, "the body must be a JSON object")
+    _check_text(data)
+    return model.model_validate(data)
+
+
+def _check_text(value: Any, where: str = "body") -> None:
+    """PostgreSQL text holds neither NUL nor lone surrogates: refuse them with a clear message."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise Problem(422, f"{where}: text may not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Problem(422, f"{where}: text is not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, where)
+            _check_text(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_text(v, f"{where}[{i}]")
+
+
+def path_uuid(request: Request, name: str) -> uuid.UUID:
+    raw = request.path_params[name]
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise Problem(404, f"no {name.removesuffix('_id')} {raw!r} (ids are UUIDs)") from None
+
+
+def query_uuid(request: Request, name: str) -> uuid.UUID | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise Problem(400, f"{name} must be a UUID") from None
+
+
+def query_int(request: Request, name: str, default: int, *, lo: int = 0, hi: int = 10**18) -> int:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise Problem(400, f"{name} must be an integer") from None
+    if not lo <= value <= hi:
+        raise Problem(400, f"{name} must be between {lo} and {hi}")
+    return value
+
+
+def query_choice(request: Request, name: str, choices: tuple[str, ...]) -> str | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    if raw not in choices:
+        raise Problem(400, f"{name} must be one of {', '.join(choices)}")
+    return raw
+
+
+def query_bool(request: Request, name: str) -> bool | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    if raw.lower() in ("1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise Problem(400, f"{name} must be true or false")

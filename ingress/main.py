@@ -1,0 +1,59 @@
+"""`petal-dispatch ingress`: the app on hypercorn, connected as the ingress role only."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import signal
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from ingress.app import create_app
+from shared import dbserver, errors, logs
+from shared.settings import Settings
+
+log = logs.get(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(settings: Settings) -> None:
+    if settings.open_mode and not is_loopback(settings.ingress_host) and not settings.force_open:
+        raise errors.ConfigError(
+            f"refusing open mode (no authentication) on {settings.ingress_host}: bind to 127.0.0.1, turn "
+            "OPEN_MODE off, or set PETAL_FORCE_OPEN=1 if the network itself is trusted (e.g. a tailnet)")
+
+
+def hypercorn_config(settings: Settings) -> Config:
+    config = Config()
+    config.bind = [f"{settings.ingress_host}:{settings.ingress_port}"]
+    config.accesslog = None
+    config.graceful_timeout = 5.0
+    config.keep_alive_timeout = 75.0
+    return config
+
+
+def main(settings: Settings) -> int:
+    check_bind(settings)
+    info = dbserver.resolve(settings)
+    dbserver.require_current(info.ingress_dsn)
+    app = create_app(settings, info.ingress_dsn)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("ingress_listening", bind=f"http://{settings.ingress_host}:{settings.ingress_port}/")
+        await serve(app, hypercorn_config(settings), shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    asyncio.run(run())
+    return 0

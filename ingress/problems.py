@@ -1,0 +1,54 @@
+"""Errors as RFC 9457 problem details (application/problem+json) with a clear message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+_TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
+           405: "Method not allowed", 409: "Conflict", 413: "Payload too large", 415: "Unsupported media type",
+           422: "Invalid input", 500: "Internal error", 503: "Unavailable"}
+
+
+class Problem(Exception):
+    def __init__(self, status: int, detail: str, **extra: Any):
+        self.status = status
+        self.detail = detail
+        self.extra = extra
+
+
+def problem(status: int, detail: str, **extra: Any) -> JSONResponse:
+    body = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status, "detail": detail,
+            **extra}
+    return JSONResponse(body, status_code=status, media_type="application/problem+json")
+
+
+async def handle_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Problem)
+    return problem(exc.status, exc.detail, **exc.extra)
+
+
+async def handle_http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return problem(exc.status_code, exc.detail or _TITLES.get(exc.status_code, "Error"))
+
+
+async def handle_validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ValidationError)
+    errors = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors(include_url=False, include_input=False)]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid"}
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    return problem(422, f"{where}: {first['msg']}", errors=errors)
+
+
+async def handle_data_error(request: Request, exc: Exception) -> Response:
+    # the database refused a value (a safety net behind the input checks): the statement wrote nothing
+    return problem(422, f"a value cannot be stored: {str(exc).splitlines()[0]}")
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    return problem(500, "internal error; nothing was written")

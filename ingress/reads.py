@@ -1,0 +1,125 @@
+"""Reads: views over the store. Paging is by seq, never by offset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.rows import dict_row
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ingress.http import path_uuid, query_bool, query_choice, query_int, query_uuid, respond
+from ingress.problems import Problem
+from ingress.sql import queries
+from shared import threads
+
+FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
+         "extraction_failed")
+STATUSES = ("pending", "running", *FINAL)
+
+
+async def _rows(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries[name], params)
+        return await cur.fetchall()
+
+
+async def list_threads(request: Request) -> Response:
+    return respond({"threads": await _rows(request, "list_threads", {}), "default_thread_id": threads.DEFAULT_THREAD_ID})
+
+
+async def pending_queue(request: Request) -> Response:
+    return respond({"pending": await _rows(request, "pending_chat", {"thread_id": query_uuid(request, "thread_id")})})
+
+
+async def list_tasks(request: Request) -> Response:
+    params = {"status": query_choice(request, "status", STATUSES), "thread_id": query_uuid(request, "thread_id"),
+              "running": query_bool(request, "running"), "limit": query_int(request, "limit", 100, lo=1, hi=1000)}
+    return respond({"tasks": await _rows(request, "list_tasks", params)})
+
+
+async def get_task(request: Request) -> Response:
+    task_id = path_uuid(request, "task_id")
+    rows = await _rows(request, "get_task", {"id": task_id})
+    if not rows:
+        raise Problem(404, f"no task {task_id}")
+    return respond(rows[0])
+
+
+def _events_params(request: Request, task_id: Any = None) -> dict[str, Any]:
+    return {"after": query_int(request, "after_seq", 0), "limit": query_int(request, "limit", 200, lo=1, hi=1000),
+            "tier": query_choice(request, "tier", ("raw", "derived")),
+            "task_id": task_id if task_id is not None else query_uuid(request, "task_id"),
+            "event_type": request.query_params.get("event_type") or None}
+
+
+def _page(events: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    last = events[-1]["seq"] if events else params["after"]
+    return {"events": events, "next_after_seq": last, "more": len(events) == params["limit"]}
+
+
+async def task_events(request: Request) -> Response:
+    task_id = path_uuid(request, "task_id")
+    if not await _rows(request, "get_task", {"id": task_id}):
+        raise Problem(404, f"no task {task_id}")
+    params = _events_params(request, task_id)
+    return respond(_page(await _rows(request, "list_events", params), params))
+
+
+async def events(request: Request) -> Response:
+    params = _events_params(request)
+    return respond(_page(await _rows(request, "list_events", params), params))
+
+
+async def handoffs(request: Request) -> Response:
+    scope = query_uuid(request, "scope_id")
+    if scope is None:
+        raise Problem(400, "scope_id is required (a task, session or project id)")
+    limit = query_int(request, "limit", 20, lo=1, hi=200)
+    return respond({"handoffs": await _rows(request, "list_handoffs", {"scope": scope, "limit": limit})})
+
+
+async def project_state(request: Request) -> Response:
+    project_id = path_uuid(request, "project_id")
+    project = await _rows(request, "get_project", {"id": project_id})
+    if not project:
+        raise Problem(404, f"no project {project_id}")
+    buckets: dict[str, list[str]] = {"done": [], "in_flight": [], "failed": [], "blocked": []}
+    for t in await _rows(request, "project_state", {"id": project_id}):
+        ref = t["plan_ref"] or str(t["id"])
+        if t["status"] == "success":
+            buckets["done"].append(ref)
+        elif t["status"] in ("pending", "running"):
+            buckets["blocked" if t["activity"] in ("stalled", "awaiting_user") else "in_flight"].append(ref)
+        elif t["status"] in ("gated", "skipped"):
+            buckets["blocked"].append(ref)
+        else:
+            buckets["failed"].append(ref)
+    return respond({"project": project[0], **buckets})
+
+
+async def context(request: Request) -> Response:
+    """The orchestrator's working set for one thread (FR-006)."""
+    thread_id = query_uuid(request, "thread_id") or threads.DEFAULT_THREAD_ID
+    thread = await _rows(request, "get_thread", {"id": thread_id})
+    tasks = await _rows(request, "list_tasks", {"status": None, "thread_id": thread_id, "running": None,
+                                                "limit": 50})
+    turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ("pending", "running")), None)
+    workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ("pending", "running")]
+    return respond({
+        "thread": thread[0] if thread else None,
+        "thread_id": thread_id,
+        "mode": thread[0]["mode"] if thread else None,
+        "current_turn": turn,
+        "pending_messages": await _rows(request, "pending_chat", {"thread_id": thread_id}),
+        "running_workers": workers,
+        "recent_handoffs": await _rows(request, "list_handoffs", {"scope": thread_id, "limit": 5}),
+        "pending_asks": await _rows(request, "list_asks", {"status": "pending", "thread_id": thread_id,
+                                                           "limit": 20}),
+    })
+
+
+async def list_asks(request: Request) -> Response:
+    params = {"status": query_choice(request, "status", ("pending", "answered", "cancelled")),
+              "thread_id": query_uuid(request, "thread_id"), "limit": query_int(request, "limit", 50, lo=1, hi=500)}
+    return respond({"asks": await _rows(request, "list_asks", params)})

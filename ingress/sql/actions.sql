@@ -1,0 +1,38 @@
+-- name: enqueue_chat --
+INSERT INTO chat_queue (thread_id, text, client_msg_id) VALUES (%(thread_id)s, %(text)s, %(client_msg_id)s)
+ON CONFLICT (client_msg_id) DO NOTHING
+RETURNING id, thread_id, text, client_msg_id, status, created_at
+
+-- name: chat_by_client_msg_id --
+SELECT id, thread_id, text, client_msg_id, status, created_at FROM chat_queue WHERE client_msg_id = %(client_msg_id)s
+
+-- name: enqueue_stop --
+INSERT INTO stop_queue (task_id, reason) VALUES (%(task_id)s, %(reason)s)
+RETURNING id, task_id, status, created_at
+
+-- name: enqueue_thread_control --
+INSERT INTO thread_control_queue (thread_id, action, args) VALUES (%(thread_id)s, %(action)s, %(args)s)
+RETURNING id, thread_id, action, args, status, created_at
+
+-- name: thread_known --
+-- A thread exists once the executor made it, or while its creation waits in the queue.
+SELECT EXISTS (SELECT 1 FROM sessions WHERE id = %(id)s AND role = 'orchestrator')
+    OR EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
+               AND status IN ('pending', 'claimed', 'done'))
+
+-- name: task_status --
+SELECT status FROM tasks WHERE id = %(id)s
+
+-- name: question_by_ref --
+SELECT id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at, answered_at
+FROM questions
+WHERE id = (CASE WHEN %(ref)s ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                 THEN %(ref)s::uuid END)
+   OR tool_use_id = %(ref)s
+
+-- name: answer_question --
+-- Only a pending question changes; the row's trigger refuses anything else as well.
+UPDATE questions SET status = %(status)s, answers = %(answers)s, response = %(response)s
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at,
+          answered_at

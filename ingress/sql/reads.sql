@@ -1,0 +1,87 @@
+-- name: list_threads --
+SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending
+FROM sessions s WHERE s.role = 'orchestrator'
+UNION ALL
+SELECT q.thread_id, q.args ->> 'title', coalesce(q.args ->> 'mode', 'interactive'), 'creating', q.created_at,
+       q.created_at, true
+FROM thread_control_queue q
+WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = q.thread_id)
+ORDER BY created_at DESC
+
+-- name: pending_chat --
+SELECT id, thread_id, text, client_msg_id, status, created_at FROM chat_queue
+WHERE status IN ('pending', 'claimed') AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)
+ORDER BY created_at
+
+-- name: list_tasks --
+SELECT t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.status, t.activity,
+       t.status_reason, t.exit_code, t.exit_signal, t.pid, t.attempt, t.last_output_at, t.created_at,
+       t.started_at, t.ended_at
+FROM tasks t
+WHERE (%(status)s::text IS NULL OR t.status = %(status)s::text)
+  AND (%(running)s::boolean IS NULL OR (t.status = 'running') = %(running)s::boolean)
+  AND (%(thread_id)s::uuid IS NULL OR t.session_id = %(thread_id)s::uuid
+       OR t.parent_task_id IN (SELECT id FROM tasks WHERE session_id = %(thread_id)s::uuid))
+ORDER BY t.created_at DESC
+LIMIT %(limit)s
+
+-- name: get_task --
+SELECT t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.status, t.activity,
+       t.status_reason, t.exit_code, t.exit_signal, t.pid, t.attempt, t.last_output_at, t.created_at,
+       t.started_at, t.ended_at
+FROM tasks t WHERE t.id = %(id)s
+
+-- name: list_events --
+SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
+FROM journal
+WHERE seq > %(after)s
+  AND (%(tier)s::text IS NULL OR tier = %(tier)s::text)
+  AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
+  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: list_handoffs --
+-- Newest first, for whatever scope the id names: a task, a session or a project.
+SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
+FROM journal
+WHERE event_type = 'handoff'
+  AND (task_id = %(scope)s OR session_id = %(scope)s OR project_id = %(scope)s
+       OR task_id IN (SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+                      WHERE p.session_id = %(scope)s))
+ORDER BY seq DESC
+LIMIT %(limit)s
+
+-- name: get_project --
+SELECT id, name, workdir, created_at FROM projects WHERE id = %(id)s
+
+-- name: project_state --
+-- The latest task of each plan task id, and what became of it.
+SELECT DISTINCT ON (coalesce(plan_ref, id::text)) coalesce(plan_ref, '') AS plan_ref, id, status, activity,
+       status_reason, ended_at
+FROM tasks
+WHERE project_id = %(id)s AND role = 'worker'
+ORDER BY coalesce(plan_ref, id::text), created_at DESC
+
+-- name: get_thread --
+SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at
+FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
+
+-- name: list_asks --
+SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
+       q.created_at, q.answered_at
+FROM questions q
+LEFT JOIN tasks t ON t.id = q.task_id
+LEFT JOIN tasks p ON p.id = t.parent_task_id
+WHERE (%(status)s::text IS NULL OR q.status = %(status)s::text)
+  AND (%(thread_id)s::uuid IS NULL OR q.source_session_uuid = %(thread_id)s::uuid
+       OR t.session_id = %(thread_id)s::uuid OR p.session_id = %(thread_id)s::uuid)
+ORDER BY (q.status = 'pending') DESC, q.created_at DESC
+LIMIT %(limit)s
+
+-- name: journal_head --
+SELECT last_seq FROM journal_head
+
+-- name: migrations_current --
+SELECT count(*) FROM schema_migrations

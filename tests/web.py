@@ -1,0 +1,95 @@
+"""A real hypercorn on loopback serving the ingress, and a small SSE reader over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from hypercorn.asyncio import serve
+
+from ingress.app import create_app
+from ingress.main import hypercorn_config
+from shared.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
+    settings_kw.setdefault("open_mode", True)
+    settings = Settings(ingress_host="127.0.0.1", ingress_port=free_port(), **settings_kw)
+    app = create_app(settings, dsn)
+    config = hypercorn_config(settings)
+    config.graceful_timeout = 1.0
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{settings.ingress_port}"
+    async with httpx.AsyncClient(base_url=url, timeout=5) as probe:
+        for _ in range(200):
+            if task.done():
+                task.result()
+            try:
+                if (await probe.get("/healthz")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+    try:
+        yield url
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
+
+
+@dataclass
+class SSEEvent:
+    id: str | None
+    event: str
+    data: str
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[SSEEvent]:
+    ev_id, ev_name, data = None, "message", []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                yield SSEEvent(ev_id, ev_name, "\n".join(data))
+            ev_id, ev_name, data = None, "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "id":
+                ev_id = value
+            elif field == "event":
+                ev_name = value
+            elif field == "data":
+                data.append(value)
+
+
+async def collect(client: httpx.AsyncClient, n: int, headers: dict[str, str] | None = None,
+                  params: dict[str, str] | None = None, ready: asyncio.Event | None = None,
+                  only_ids: bool = True, timeout: float = 30) -> list[SSEEvent]:
+    """Read the stream until n events (with ids) arrived."""
+    got: list[SSEEvent] = []
+    async with client.stream("GET", "/api/stream", headers=headers, params=params, timeout=timeout) as response:
+        assert response.status_code == 200, await response.aread()
+        if ready is not None:
+            ready.set()
+        async for ev in sse_events(response):
+            if only_ids and ev.id is None:
+                continue
+            got.append(ev)
+            if len(got) >= n:
+                break
+    return got
