@@ -4,16 +4,19 @@ Each journal event goes out as `id: <seq>`, `event: <event_type>`, `data: <envel
 resumes with Last-Event-ID (or ?after_seq=) and gets exactly what it missed: it registers with the
 broadcaster first, then replays seq > its last id from the database, then takes live events, dropping
 any it already sent and fetching any gap from the database. Queue, task and question changes are pushed
-as id-less `queue`, `task` and `question` events (wake-ups: re-read the REST view). A slow client has
-a bounded buffer; when it overflows the client is closed and resumes by Last-Event-ID.
+as id-less `queue`, `task` and `question` events (wake-ups: re-read the REST view). Frames are encoded
+once into a shared ring and each client keeps only a cursor: a slow client delays nobody, and one that
+falls off the ring's end is closed and resumes by Last-Event-ID.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator
+from collections import deque
 from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
@@ -43,83 +46,58 @@ SEND_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    seq: int | None
-    event: str
-    data: str
+    """One SSE event, framed once (by the library) and shared as bytes by every client."""
 
-    def sse(self) -> ServerSentEvent:
-        return ServerSentEvent(data=self.data, event=self.event, id=None if self.seq is None else str(self.seq))
+    seq: int | None
+    raw: bytes
+
+
+def frame(seq: int | None, event: str, data: str) -> Frame:
+    return Frame(seq, ServerSentEvent(data=data, event=event, id=None if seq is None else str(seq)).encode())
 
 
 def event_frame(e: Event) -> Frame:
-    return Frame(e.seq, e.event_type, e.model_dump_json())
+    return frame(e.seq, e.event_type, e.model_dump_json())
 
 
 class Overflow(Exception):
     """The client fell too far behind; it must reconnect and resume by Last-Event-ID."""
 
 
-class Client:
-    def __init__(self, buffer: int, closing: asyncio.Event):
-        self.queue: asyncio.Queue[Frame] = asyncio.Queue(buffer)
-        self.overflowed = asyncio.Event()
-        self._closing = closing
-
-    def offer(self, frame: Frame) -> None:
-        if self.overflowed.is_set():
-            return
-        try:
-            self.queue.put_nowait(frame)
-        except asyncio.QueueFull:
-            self.overflowed.set()
-
-    async def next(self) -> Frame | None:
-        """The next frame; None when the server is shutting down. Raises Overflow."""
-        if not self.queue.empty():
-            return self.queue.get_nowait()
-        if self.overflowed.is_set():
-            raise Overflow()
-        getter = asyncio.ensure_future(self.queue.get())
-        stops = [asyncio.ensure_future(self.overflowed.wait()), asyncio.ensure_future(self._closing.wait())]
-        try:
-            await asyncio.wait([getter, *stops], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in stops:
-                t.cancel()
-        if getter.done():
-            return getter.result()
-        getter.cancel()
-        if self.overflowed.is_set():
-            raise Overflow()
-        return None
-
-
 class Broadcaster:
+    """One shared ring of encoded frames; each client is only a cursor into it. Publishing never waits
+    on a client, and a client whose cursor falls off the ring's end is closed (it resumes by seq)."""
+
     def __init__(self, pool: AsyncConnectionPool, *, buffer: int):
         self.pool = pool
-        self.buffer = buffer
-        self.clients: set[Client] = set()
+        self.frames: deque[Frame] = deque(maxlen=buffer)
+        self.published = 0  # frames ever published; frame n lives at index n - self.first
         self.last_seq = 0
         self.closing = asyncio.Event()
+        self._tick: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.clients = 0
+
+    @property
+    def first(self) -> int:
+        return self.published - len(self.frames)
+
+    def _publish(self, frames: list[Frame]) -> None:
+        if not frames:
+            return
+        self.frames.extend(frames)
+        self.published += len(frames)
+        tick, self._tick = self._tick, asyncio.get_running_loop().create_future()
+        tick.set_result(None)
 
     def subscribe(self) -> Client:
-        client = Client(self.buffer, self.closing)
-        self.clients.add(client)
-        return client
-
-    def unsubscribe(self, client: Client) -> None:
-        self.clients.discard(client)
-
-    def _publish(self, frame: Frame) -> None:
-        for client in list(self.clients):
-            client.offer(frame)
+        self.clients += 1
+        return Client(self, self.published)
 
     async def _catch_up(self) -> None:
         while True:
             async with self.pool.connection() as conn:
                 events = await journal.read_since(conn, self.last_seq, limit=PAGE)
-            for e in events:
-                self._publish(event_frame(e))  # encoded once, shared by every client
+            self._publish([event_frame(e) for e in events])  # encoded once, shared by every client
             if events:
                 self.last_seq = events[-1].seq
             if len(events) < PAGE:
@@ -139,9 +117,38 @@ class Broadcaster:
                         await self._catch_up()
                 elif note.channel in _SIGNALS:
                     name, kind = _SIGNALS[note.channel]
-                    self._publish(Frame(None, name, json.dumps({"kind": kind, "id": note.payload})))
+                    self._publish([frame(None, name, json.dumps({"kind": kind, "id": note.payload}))])
             except Exception:  # noqa: BLE001 - the fan-out outlives a failed read; the poll retries
                 log.exception("broadcast_failed")
+
+
+class Client:
+    def __init__(self, broadcaster: Broadcaster, cursor: int):
+        self.b = broadcaster
+        self.cursor = cursor
+
+    async def next(self, most: int = 256) -> list[Frame] | None:
+        """The frames waiting for this client (at least one); None when the server is shutting down.
+        Raises Overflow."""
+        b = self.b
+        while True:
+            if self.cursor < b.first:
+                raise Overflow()
+            if self.cursor < b.published:
+                start = self.cursor - b.first
+                taken = list(itertools.islice(b.frames, start, start + most))
+                self.cursor += len(taken)
+                return taken
+            if b.closing.is_set():
+                return None
+            closing = asyncio.ensure_future(b.closing.wait())
+            try:
+                await asyncio.wait([b._tick, closing], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+
+    def close(self) -> None:
+        self.b.clients -= 1
 
 
 def _resume_point(request: Request) -> int | None:
@@ -160,44 +167,48 @@ async def stream(request: Request) -> EventSourceResponse:
     if after is None:
         after = broadcaster.last_seq  # a fresh client starts live; history is a REST read
 
-    async def frames() -> AsyncIterator[ServerSentEvent]:
+    async def frames() -> AsyncIterator[bytes]:
         last = after
         try:
-            async for frame in _replay(broadcaster.pool, last):
-                last = frame.seq or last
-                yield frame.sse()
+            async for page in _replay(broadcaster.pool, last):
+                last = page[-1].seq or last
+                yield b"".join(f.raw for f in page)
             while True:
-                frame = await client.next()
-                if frame is None:
+                batch = await client.next()
+                if batch is None:
                     return
-                if frame.seq is not None:
-                    if frame.seq <= last:
-                        continue
-                    if frame.seq > last + 1:
-                        async for missed in _replay(broadcaster.pool, last, upto=frame.seq - 1):
-                            last = missed.seq or last
-                            yield missed.sse()
-                    last = frame.seq
-                yield frame.sse()
+                out: list[bytes] = []
+                for f in batch:
+                    if f.seq is not None:
+                        if f.seq <= last:
+                            continue  # already sent by the replay
+                        if f.seq > last + 1:  # a gap: fetch it rather than skip it
+                            async for page in _replay(broadcaster.pool, last, upto=f.seq - 1):
+                                out += [m.raw for m in page]
+                                last = page[-1].seq or last
+                        last = f.seq
+                    out.append(f.raw)
+                if out:
+                    yield b"".join(out)  # everything pending in one write
         except Overflow:
             log.info("sse_client_overflow", last_seq=last)
         finally:
-            broadcaster.unsubscribe(client)
+            client.close()
 
     return EventSourceResponse(frames(), ping=request.app.state.settings.sse_heartbeat_s,
                                send_timeout=SEND_TIMEOUT_S, headers={"Cache-Control": "no-store"})
 
 
-async def _replay(pool: AsyncConnectionPool, after: int, upto: int | None = None) -> AsyncIterator[Frame]:
+async def _replay(pool: AsyncConnectionPool, after: int, upto: int | None = None) -> AsyncIterator[list[Frame]]:
+    """Pages of frames for the committed events after `after` (up to `upto`), from the database."""
     while True:
         async with pool.connection() as conn:
             events = await journal.read_since(conn, after, limit=PAGE)
-        for e in events:
-            if upto is not None and e.seq > upto:
-                return
-            after = e.seq
-            yield event_frame(e)
-        if len(events) < PAGE:
+        page = [event_frame(e) for e in events if upto is None or e.seq <= upto]
+        if page:
+            yield page
+            after = page[-1].seq or after
+        if len(events) < PAGE or len(page) < len(events):
             return
 
 

@@ -32,8 +32,8 @@ class Settings(BaseSettings):
     force_open: bool = False
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     sse_heartbeat_s: float = Field(default=15.0, gt=0)
-    # events buffered per SSE client before a slow client is cut off (it resumes by Last-Event-ID)
-    sse_client_buffer: int = Field(default=2000, ge=10)
+    # recent SSE frames kept in memory; a client further behind is cut off (it resumes by Last-Event-ID)
+    sse_client_buffer: int = Field(default=20_000, ge=10)
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(default=8000, ge=0, le=65535)
     mcp_host: str = "127.0.0.1"

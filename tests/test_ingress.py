@@ -244,3 +244,27 @@ async def test_reads_page_by_seq_and_show_task_state(db: DB, pool: AsyncConnecti
     assert [t["id"] for t in running] == [str(task)] and one["activity"] == "stalled"
     assert {"/api/chat", "/api/stream", "/api/asks/{ask_id}/answer", "/api/context"} <= set(spec["paths"])
     assert health.status_code == 200 and ready.json()["status"] == "ready"
+
+
+async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_and_resumes_exactly(
+    db: DB, pool: AsyncConnectionPool
+) -> None:
+    from tests.web import sse_events
+
+    blob = "x" * 20_000  # big frames, so the stalled client's socket buffers fill
+    async with ingress_server(db.ingress_dsn, sse_client_buffer=50) as url:
+        async with httpx.AsyncClient(base_url=url) as fast_http, httpx.AsyncClient(base_url=url) as slow_http:
+            ready = asyncio.Event()
+            fast = asyncio.create_task(collect(fast_http, 400, ready=ready, timeout=60))
+            await ready.wait()
+            async with slow_http.stream("GET", "/api/stream") as slow:
+                for i in range(40):
+                    await journal.append(pool, [NewEvent("task.stderr", {"n": i * 10 + j, "blob": blob})
+                                                for j in range(10)])
+                got_fast = await asyncio.wait_for(fast, 60)
+                # now drain the stalled client: it was closed by the server somewhere before the end
+                seen = [int(e.id) async for e in sse_events(slow) if e.id]  # type: ignore[arg-type]
+            resumed = await collect(slow_http, 400 - seen[-1], headers={"Last-Event-ID": str(seen[-1])})
+    assert [int(e.id) for e in got_fast] == list(range(1, 401))  # type: ignore[arg-type]
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) < 400
+    assert [int(e.id) for e in resumed] == list(range(seen[-1] + 1, 401))  # type: ignore[arg-type]

@@ -1,0 +1,63 @@
+"""The baseline for fan-out: a bare hypercorn app streaming prebuilt frames from memory.
+
+    python -m tests.bench.bare_sse PORT
+GET /stream to listen; POST /publish?rate=R&count=N to send N frames at R frames/s to every listener.
+POST /bare answers 202 with a fixed body (the baseline for POST /api/chat is in bench_sse itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+listeners: set[asyncio.Queue[bytes]] = set()
+
+
+async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    path = scope["path"]
+    if path == "/stream":
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        listeners.add(queue)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b": hi\n\n", "more_body": True})
+        try:
+            while True:
+                await send({"type": "http.response.body", "body": await queue.get(), "more_body": True})
+        finally:
+            listeners.discard(queue)
+    elif path == "/publish":
+        q = dict(p.split("=") for p in scope["query_string"].decode().split("&"))
+        rate, count = float(q["rate"]), int(q["count"])
+        asyncio.create_task(_publish(rate, count))
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _publish(rate: float, count: int) -> None:
+    start = time.monotonic()
+    for i in range(1, count + 1):
+        await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+        frame = f"id: {i}\nevent: x\ndata: {json.dumps({'seq': i, 't': time.time()})}\n\n".encode()
+        for queue in list(listeners):
+            queue.put_nowait(frame)
+
+
+if __name__ == "__main__":
+    config = Config()
+    config.bind = [f"127.0.0.1:{sys.argv[1]}"]
+    config.accesslog = None
+    asyncio.run(serve(app, config))  # type: ignore[arg-type]

@@ -1,0 +1,35 @@
+"""The ingress app with one extra bare endpoint, on the same hypercorn, for bench_sse's POST baseline.
+
+    python -m tests.bench.ingress_with_bare   (configured by the same environment as `petal-dispatch ingress`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypercorn.asyncio import serve
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ingress.app import create_app
+from ingress.main import hypercorn_config
+from shared import dbserver
+from shared.settings import Settings
+
+
+async def bare(request: Request) -> Response:
+    await request.json()
+    return Response(b'{"status":"pending"}', status_code=202, media_type="application/json")
+
+
+def main() -> None:
+    settings = Settings()
+    info = dbserver.resolve(settings)
+    app = create_app(settings, info.ingress_dsn)
+    app.router.routes.insert(0, Route("/bench/bare", bare, methods=["POST"]))
+    asyncio.run(serve(app, hypercorn_config(settings)))  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()
