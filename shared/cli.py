@@ -86,9 +86,26 @@ def _cmd_ingress(args: argparse.Namespace, settings: Settings) -> int:
     return ingress_main.main(settings)
 
 
+def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    import os
+
+    from shared import up
+
+    overrides = {k: v for k, v in {"ingress_host": args.host, "ingress_port": args.port, "mcp_port": args.mcp_port,
+                                   "data_dir": args.data_dir}.items() if v is not None}
+    return up.run(settings.model_copy(update=overrides), os.environ)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="start everything: database, migrations, executor, ingress")
+    p.add_argument("--host", help="ingress bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="ingress port (default 8000)")
+    p.add_argument("--mcp-port", type=int, help="harness MCP port (default 8002)")
+    p.add_argument("--data-dir", type=Path, help="data directory (default ./var)")
+    p.set_defaults(handler=_cmd_up)
 
     p = sub.add_parser("migrate", help="apply pending database migrations")
     p.set_defaults(handler=_cmd_migrate)

@@ -1,0 +1,102 @@
+"""`petal-dispatch up`: database → migrate → executor → ingress, as one supervised group.
+
+The two services stay separate processes (they never share memory or talk over HTTP); this only
+starts them, prints where to go, and stops them together. The embedded server is shared: each child
+takes a handle on it, and it stops when the last one exits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+
+from shared import dbserver, errors, logs
+from shared.settings import Settings
+
+log = logs.get(__name__)
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+INSTALL_HINT = ("npm install -g @anthropic-ai/claude-code  (or: petal-dispatch install-claude, then set "
+                "PETAL_CLAUDE_BIN to the path it prints)")
+
+
+def find_claude(settings: Settings) -> str:
+    found = shutil.which(settings.claude_bin)
+    if found is None:
+        raise errors.ConfigError(f"the Claude Code CLI ({settings.claude_bin!r}) is not installed: {INSTALL_HINT}")
+    return found
+
+
+def _child_env(base: Mapping[str, str], settings: Settings, claude: str) -> dict[str, str]:
+    env = dict(base)
+    env.update(PETAL_DATA_DIR=str(settings.data_dir.resolve()), PETAL_CLAUDE_BIN=claude,
+               PETAL_INGRESS_HOST=settings.ingress_host, PETAL_INGRESS_PORT=str(settings.ingress_port))
+    return env
+
+
+def _wait_ready(url: str, children: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if any(c.poll() is not None for c in children):
+            raise errors.PetalError("a service exited during start-up (see its log above)")
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise errors.PetalError(f"the ingress was not ready within {READY_TIMEOUT_S:.0f} s")
+
+
+def _stop(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for child in children:
+        try:
+            child.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def run(settings: Settings, env: Mapping[str, str]) -> int:
+    from ingress.main import check_bind  # the same refusal the ingress itself makes, before anything starts
+
+    check_bind(settings)
+    claude = find_claude(settings)
+    info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
+    child_env = _child_env(env, settings, claude)
+    stop = {"signal": 0}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cmd = [sys.executable, "-m", "shared.cli"]
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        children.append(subprocess.Popen([*cmd, "executor"], env=child_env))
+        children.append(subprocess.Popen([*cmd, "ingress"], env=child_env))
+        host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host
+        url = f"http://{host}:{settings.ingress_port}"
+        _wait_ready(url, children)
+        print(f"petal-dispatch is up: {url}/  (database: {info.location}; Ctrl-C stops everything)", flush=True)
+        while not stop["signal"]:
+            if any(c.poll() is not None for c in children):
+                log.error("service_exited", codes=[c.returncode for c in children])
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        _stop(children)

@@ -1,0 +1,53 @@
+"""`petal-dispatch up` on the embedded default: one command, both services, a clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from tests.harness import claude_bin
+from tests.web import free_port
+
+
+def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN")}
+    env.update(OPEN_MODE="1", PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
+    cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "var")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert f"http://127.0.0.1:{port}/" in line, line
+        family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            assert json.load(r)["status"] == "ready"
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/chat", data=b'{"text": "hi"}',
+                                     headers={"content-type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status == 202
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(60)
+        proc.stdout.close()  # type: ignore[union-attr]
+    assert rc == 0
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
+        assert time.monotonic() < deadline, "a child outlived up"
+        time.sleep(0.1)
+    # the data stays: a second run reuses it
+    assert (tmp_path / "var" / "pgdata" / "PG_VERSION").exists()
+
+
+def test_up_without_the_claude_cli_refuses_and_names_the_install_command(tmp_path: Path) -> None:
+    env = {**os.environ, "PETAL_CLAUDE_BIN": "no-such-claude-binary", "OPEN_MODE": "1"}
+    out = subprocess.run([sys.executable, "-m", "shared.cli", "up", "--data-dir", str(tmp_path / "var")],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "npm install -g @anthropic-ai/claude-code" in out.stderr
