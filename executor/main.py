@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Mapping
 
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+
+from executor import harness_mcp
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
@@ -16,8 +21,10 @@ from shared.settings import Settings
 
 log = logs.get(__name__)
 
-# Channels the executor wakes on. Each carries an id; the supervisor re-reads the tables.
-CHANNELS = ["task_pending", "stop_queue"]
+# Channels the executor listens on. Each carries an id; readers re-read the tables.
+CHANNELS = ["task_pending", "stop_queue", "question_answered"]
+# The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
+MCP_TIMEOUT_MARGIN_S = 120
 
 
 def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:
@@ -33,6 +40,8 @@ def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateCon
 
 def supervisor_config(settings: Settings) -> SupervisorConfig:
     return SupervisorConfig(
+        mcp_url=f"http://{settings.mcp_host}:{settings.mcp_port}{harness_mcp.PATH}",
+        mcp_timeout_ms=int((settings.ask_timeout_s + MCP_TIMEOUT_MARGIN_S) * 1000),
         max_workers=settings.max_workers,
         stall_timeout_s=settings.stall_timeout_s,
         stop_grace_s=settings.stop_grace_s,
@@ -42,21 +51,37 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
     )
 
 
-async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event) -> None:
+async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event, *,
+                mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0) -> None:
     async with Database(dsn, name="petal-executor") as db:
         writer = JournalWriter(db.pool)
         await writer.start()
         listener = db.listener(CHANNELS)
-        wake = listener.subscribe()
+        wake = listener.subscribe(["task_pending", "stop_queue"])
         listening = asyncio.create_task(listener.run(), name="listener")
+        await asyncio.wait_for(listener.connected.wait(), 30)
+        harness = harness_mcp.Harness(db, writer, listener, ask_timeout_s)
+        mcp_stop = asyncio.Event()
+        mcp_config = Config()
+        mcp_config.bind = [f"{mcp_host}:{mcp_port}"]
+        mcp_config.accesslog = None
+        mcp_config.graceful_timeout = 2.0
+        mcp_app = harness_mcp.asgi_app(harness_mcp.build(harness), mcp_host)
+        serving_mcp = asyncio.create_task(
+            hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait), name="harness-mcp")  # type: ignore[arg-type]
         supervisor = Supervisor(db, writer, substrate, config)
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
         stopping = asyncio.create_task(stop.wait())
         try:
-            done, _ = await asyncio.wait({supervising, listening, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({supervising, listening, stopping, serving_mcp}, return_when=asyncio.FIRST_COMPLETED)
             supervisor.stop()
             await supervising  # re-raises a supervisor crash (e.g. another executor holds the lock)
+            if serving_mcp.done():
+                serving_mcp.result()  # e.g. the MCP port is taken
         finally:
+            mcp_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(serving_mcp, 10)
             listening.cancel()
             stopping.cancel()
             await asyncio.gather(listening, stopping, return_exceptions=True)
@@ -72,7 +97,8 @@ def main(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop)
+        await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop,
+                    mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s)
 
     asyncio.run(run())
     log.info("executor_stopped")

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from ingress.http import path_uuid, query_bool, query_choice, query_int, query_uuid, respond
 from ingress.problems import Problem
 from ingress.sql import queries
-from shared import threads
+from shared import read_surface, threads
 
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
          "extraction_failed")
@@ -76,26 +76,15 @@ async def handoffs(request: Request) -> Response:
     if scope is None:
         raise Problem(400, "scope_id is required (a task, session or project id)")
     limit = query_int(request, "limit", 20, lo=1, hi=200)
-    return respond({"handoffs": await _rows(request, "list_handoffs", {"scope": scope, "limit": limit})})
+    return respond({"handoffs": await read_surface.get_handoffs(request.app.state.db.pool, scope, limit)})
 
 
 async def project_state(request: Request) -> Response:
     project_id = path_uuid(request, "project_id")
-    project = await _rows(request, "get_project", {"id": project_id})
-    if not project:
+    state = await read_surface.get_project_state(request.app.state.db.pool, project_id)
+    if state is None:
         raise Problem(404, f"no project {project_id}")
-    buckets: dict[str, list[str]] = {"done": [], "in_flight": [], "failed": [], "blocked": []}
-    for t in await _rows(request, "project_state", {"id": project_id}):
-        ref = t["plan_ref"] or str(t["id"])
-        if t["status"] == "success":
-            buckets["done"].append(ref)
-        elif t["status"] in ("pending", "running"):
-            buckets["blocked" if t["activity"] in ("stalled", "awaiting_user") else "in_flight"].append(ref)
-        elif t["status"] in ("gated", "skipped"):
-            buckets["blocked"].append(ref)
-        else:
-            buckets["failed"].append(ref)
-    return respond({"project": project[0], **buckets})
+    return respond(state)
 
 
 async def context(request: Request) -> Response:
@@ -113,7 +102,7 @@ async def context(request: Request) -> Response:
         "current_turn": turn,
         "pending_messages": await _rows(request, "pending_chat", {"thread_id": thread_id}),
         "running_workers": workers,
-        "recent_handoffs": await _rows(request, "list_handoffs", {"scope": thread_id, "limit": 5}),
+        "recent_handoffs": await read_surface.get_handoffs(request.app.state.db.pool, thread_id, 5),
         "pending_asks": await _rows(request, "list_asks", {"status": "pending", "thread_id": thread_id,
                                                            "limit": 20}),
     })

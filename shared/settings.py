@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     ingress_port: int = Field(default=8000, ge=0, le=65535)
     mcp_host: str = "127.0.0.1"
     mcp_port: int = Field(default=8002, ge=0, le=65535)
+    # ask_user_question waits this long for an answer, then returns "Timed out waiting for user input"
+    ask_timeout_s: float = Field(default=300.0, gt=0)
 
     # A running task silent for longer than this is marked stalled.
     stall_timeout_s: float = Field(default=180.0, gt=0)

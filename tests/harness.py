@@ -79,7 +79,8 @@ class Harness:
             await self._reader.close()
 
     async def dispatch(self, brief: str, **kw: Any) -> uuid.UUID:
-        kw.setdefault("workdir", self.supervisor.config.default_workdir)
+        if "workdir" not in kw and self.supervisor is not None:
+            kw["workdir"] = self.supervisor.config.default_workdir
         return await dispatch.request_task(self.db.pool, brief=brief, **kw)
 
     async def task(self, task_id: uuid.UUID) -> dict[str, Any]:

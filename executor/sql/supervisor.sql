@@ -107,3 +107,23 @@ RETURNING q.id, q.task_id
 -- name: insert_imported_task --
 INSERT INTO tasks (id, project_id, session_id, role, brief, status, status_reason, started_at, ended_at)
 VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s, %(reason)s, now(), now())
+
+-- name: insert_question --
+INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions)
+VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s)
+ON CONFLICT (tool_use_id) DO NOTHING
+RETURNING id
+
+-- name: question_by_tool_use_id --
+SELECT id FROM questions WHERE tool_use_id = %(tool_use_id)s
+
+-- name: get_question --
+SELECT id, status, answers, response FROM questions WHERE id = %(id)s
+
+-- name: close_question --
+UPDATE questions SET status = 'cancelled', response = %(response)s
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id
+
+-- name: running_task_scope --
+SELECT id, project_id, session_id FROM tasks WHERE id = %(id)s

@@ -42,28 +42,6 @@ WHERE seq > %(after)s
 ORDER BY seq
 LIMIT %(limit)s
 
--- name: list_handoffs --
--- Newest first, for whatever scope the id names: a task, a session or a project.
-SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
-FROM journal
-WHERE event_type = 'handoff'
-  AND (task_id = %(scope)s OR session_id = %(scope)s OR project_id = %(scope)s
-       OR task_id IN (SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
-                      WHERE p.session_id = %(scope)s))
-ORDER BY seq DESC
-LIMIT %(limit)s
-
--- name: get_project --
-SELECT id, name, workdir, created_at FROM projects WHERE id = %(id)s
-
--- name: project_state --
--- The latest task of each plan task id, and what became of it.
-SELECT DISTINCT ON (coalesce(plan_ref, id::text)) coalesce(plan_ref, '') AS plan_ref, id, status, activity,
-       status_reason, ended_at
-FROM tasks
-WHERE project_id = %(id)s AND role = 'worker'
-ORDER BY coalesce(plan_ref, id::text), created_at DESC
-
 -- name: get_thread --
 SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at
 FROM sessions WHERE id = %(id)s AND role = 'orchestrator'

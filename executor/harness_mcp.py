@@ -1,0 +1,279 @@
+"""The harness MCP server (streamable HTTP at /harness-mcp/), hosted by the executor.
+
+Claude sees these tools as mcp__harness__<name>. It is the information surface; lifecycle control
+stays in the harness (dispatch_worker records a request, the supervisor spawns it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, Field
+from starlette.applications import Starlette
+
+from executor import dispatch
+from executor.journal_writer import JournalWriter
+from executor.sql import queries
+from shared import logs, read_surface
+from shared.database import Database
+from shared.listener import RESYNC, Listener
+from shared.models import NewEvent
+
+log = logs.get(__name__)
+
+PATH = "/harness-mcp/"
+SESSION_HEADER = "x-petal-session"
+TASK_HEADER = "x-petal-task"
+TOOL_USE_META = "claudecode/toolUseId"
+# Progress is sent this often while a question waits: the CLI aborts a call silent for 300 s (or for
+# CLAUDE_CODE_MCP_TOOL_IDLE_TIMEOUT), and a progress notification resets that clock.
+PROGRESS_INTERVAL_S = 5.0
+TIMED_OUT = "Timed out waiting for user input"
+DISMISSED = "The user dismissed the question without answering"
+MAX_QUESTIONS, MIN_OPTIONS, MAX_OPTIONS, MAX_HEADER = 4, 2, 4, 12
+
+
+class Option(BaseModel):
+    label: str = Field(description="the choice as shown on its button (1-5 words)")
+    description: str = Field(default="", description="what choosing it means")
+    preview: str | None = Field(default=None, description="optional markdown shown with the option")
+
+
+class Question(BaseModel):
+    question: str = Field(description="the full question, ending with a question mark")
+    header: str = Field(description="a very short label (at most 12 characters)")
+    options: list[Option] = Field(description="2-4 choices; the user can always type another answer")
+    multiSelect: bool = Field(default=False, description="true to allow several choices")  # noqa: N815
+
+
+def broken_rule(questions: list[Question]) -> str | None:
+    """The first rule the input breaks, named so the model can fix it; None when valid."""
+    if not 1 <= len(questions) <= MAX_QUESTIONS:
+        return f"rule: 1-{MAX_QUESTIONS} questions per call (got {len(questions)})"
+    texts = [q.question for q in questions]
+    if len(set(texts)) != len(texts):
+        return "rule: question texts must be unique within a call"
+    for q in questions:
+        if not q.question.strip():
+            return "rule: a question's text may not be empty"
+        if not q.header.strip() or len(q.header) > MAX_HEADER:
+            return f"rule: header is 1-{MAX_HEADER} characters ({q.header!r} has {len(q.header)})"
+        if not MIN_OPTIONS <= len(q.options) <= MAX_OPTIONS:
+            return f"rule: {MIN_OPTIONS}-{MAX_OPTIONS} options per question ({q.question!r} has {len(q.options)})"
+        labels = [o.label for o in q.options]
+        if any(not label.strip() for label in labels):
+            return f"rule: option labels may not be empty ({q.question!r})"
+        if len(set(labels)) != len(labels):
+            return f"rule: option labels must be unique within a question ({q.question!r})"
+    return None
+
+
+@dataclass
+class Harness:
+    db: Database
+    writer: JournalWriter
+    listener: Listener
+    ask_timeout_s: float
+    progress_interval_s: float = PROGRESS_INTERVAL_S
+
+    async def _one(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        async with self.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries[name], params)
+            return await cur.fetchone() if cur.description else None
+
+    async def caller(self, ctx: Context) -> tuple[uuid.UUID | None, dict[str, Any] | None]:
+        """(session id, task row) from the per-spawn headers; both None for a client without them."""
+        headers = ctx.headers or {}
+
+        def parse(value: str | None) -> uuid.UUID | None:
+            try:
+                return uuid.UUID(value) if value else None
+            except ValueError:
+                return None
+
+        session = parse(headers.get(SESSION_HEADER))
+        task_id = parse(headers.get(TASK_HEADER))
+        task = await self._one("running_task_scope", {"id": task_id}) if task_id else None
+        return session, task
+
+    async def ask(self, questions: list[Question], ctx: Context) -> dict[str, Any]:
+        rule = broken_rule(questions)
+        if rule is not None:
+            raise ToolError(f"ask_user_question refused, nothing was asked: {rule}")
+        session, task = await self.caller(ctx)
+        raw_meta: Any = ctx.request_context.meta or {}
+        # a plain dict in mcp 2.3.x; a model in some builds
+        meta = raw_meta.model_dump() if hasattr(raw_meta, "model_dump") else dict(raw_meta)
+        tool_use_id = meta.get(TOOL_USE_META) or f"mcp-{uuid.uuid4()}"
+        stored = [q.model_dump(exclude_none=True) for q in questions]
+        task_id = task["id"] if task else None
+        # subscribe before the row exists, so an answer can never arrive unseen
+        with self.listener.subscribe(["question_answered"]) as sub:
+            row = await self._one("insert_question", {"tool_use_id": tool_use_id, "session_id": session,
+                                                      "task_id": task_id, "questions": Jsonb(stored)})
+            if row is None:  # the same tool call again (a client retry): wait on the first row
+                row = await self._one("question_by_tool_use_id", {"tool_use_id": tool_use_id})
+                assert row is not None
+            qid = row["id"]
+            await self.writer.put(NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": tool_use_id,
+                                                              "questions": stored},
+                                           task_id=task_id, session_id=task["session_id"] if task else None))
+            if task_id:
+                await self._set_activity(task_id, "awaiting_user")
+            try:
+                final = await self._wait(qid, sub, ctx)
+            except BaseException:
+                # the caller went away (the CLI was stopped): the question can never be delivered
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._one("close_question", {"id": qid,
+                                                                      "response": "the asking process went away"}))
+                raise
+            finally:
+                if task_id:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self._set_activity(task_id, "running"))
+        answers = final["answers"] or {}
+        response = final["response"]
+        if final["status"] == "cancelled" and response is None:
+            response = DISMISSED
+        event = "question.answered" if final["status"] == "answered" else "question.cancelled"
+        await self.writer.put(NewEvent(event, {"question_id": str(qid), "tool_use_id": tool_use_id,
+                                               "answers": answers, "response": response},
+                                       task_id=task_id, session_id=task["session_id"] if task else None))
+        result: dict[str, Any] = {"questions": stored, "answers": answers}
+        if response is not None:
+            result["response"] = response
+        return result
+
+    async def _set_activity(self, task_id: uuid.UUID, activity: str) -> None:
+        async with self.db.pool.connection() as conn:
+            await conn.execute(queries["set_task_activity"], {"id": task_id, "activity": activity})
+
+    async def _wait(self, qid: uuid.UUID, sub: Any, ctx: Context) -> dict[str, Any]:
+        deadline = time.monotonic() + self.ask_timeout_s
+        progress = 0
+        while True:
+            row = await self._one("get_question", {"id": qid})
+            assert row is not None
+            if row["status"] != "pending":
+                return row
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if await self._one("close_question", {"id": qid, "response": TIMED_OUT}) is None:
+                    continue  # answered in the same instant: the answer wins
+                return {"status": "cancelled", "answers": {}, "response": TIMED_OUT}
+            try:
+                # any notification (ours, another question's, a resync) just means: look again
+                note = await asyncio.wait_for(sub.get(), min(left, self.progress_interval_s))
+                if note is not RESYNC and note.payload != str(qid):
+                    continue
+            except TimeoutError:
+                progress += 1
+                with contextlib.suppress(Exception):
+                    await ctx.report_progress(progress, None, "waiting for the user's answer")
+
+    async def dispatch_worker(self, ctx: Context, brief: str, plan_ref: str | None, project_id: str | None,
+                              allowed_tools: list[str] | None, override_ruled_out: str | None) -> dict[str, Any]:
+        session, task = await self.caller(ctx)
+        try:
+            project = uuid.UUID(project_id) if project_id else (task["project_id"] if task else None)
+        except ValueError:
+            raise ToolError(f"project_id {project_id!r} is not a UUID") from None
+        scope = project or session
+        if scope is not None and not override_ruled_out:
+            matches = await read_surface.check_ruled_out(self.db.pool, scope, brief)
+            if matches:
+                found = [{"approach": m["approach"], "reason": m["reason"]} for m in matches]
+                await self.writer.put(NewEvent("task.dispatch_refused", {
+                    "brief": brief, "reason": "matches a prior rule-out", "rule_outs": found},
+                    task_id=task["id"] if task else None, session_id=session, project_id=project))
+                raise ToolError("dispatch refused: the brief matches approaches already ruled out "
+                                f"{found}; change the brief, or pass override_ruled_out with the reason")
+        try:
+            new_id = await dispatch.request_task(
+                self.db.pool, brief=brief, project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
+                parent_task_id=task["id"] if task else None, requested_by=str(session) if session else None)
+        except dispatch.DispatchRefused as exc:
+            raise ToolError(f"dispatch refused: {exc}") from None
+        return {"task_id": str(new_id), "status": "pending",
+                "note": "the harness runs it; its handoff comes back to you when it finishes"}
+
+
+def build(harness: Harness) -> MCPServer:
+    mcp = MCPServer("harness", instructions="petal-dispatch harness: ask the user, read handoffs and the "
+                    "project state, check rule-outs, and request workers.")
+
+    @mcp.tool(structured_output=True)
+    async def ask_user_question(questions: list[Question], ctx: Context) -> dict[str, Any]:
+        """Ask the user 1-4 multiple-choice questions and wait for the answers (the chat stays usable).
+
+        Each question has 2-4 options; headers are at most 12 characters; the user may also type a
+        free-text answer or reply instead of choosing. Returns {questions, answers, response?}: answers
+        maps each question's text to the chosen label (or a list of labels for multiSelect); a typed
+        answer is the text itself; a reply without answers comes back in `response`.
+        """
+        return await harness.ask(questions, ctx)
+
+    @mcp.tool(structured_output=True)
+    async def get_handoffs(scope_id: str, limit: int = 10) -> dict[str, Any]:
+        """The handoffs of a task, session or project, newest first (goal, state, next step, ruled out…)."""
+        scope = _uuid(scope_id, "scope_id")
+        rows = await read_surface.get_handoffs(harness.db.pool, scope, max(1, min(limit, 50)))
+        return {"handoffs": [{"task_id": str(r["task_id"]) if r["task_id"] else None, "seq": r["seq"],
+                              "created_at": r["created_at"].isoformat(), **r["payload"]} for r in rows]}
+
+    @mcp.tool(structured_output=True)
+    async def get_project_state(project_id: str) -> dict[str, Any]:
+        """A short rollup of a project's plan tasks: done, in flight, failed, blocked."""
+        state = await read_surface.get_project_state(harness.db.pool, _uuid(project_id, "project_id"))
+        if state is None:
+            raise ToolError(f"no project {project_id}")
+        state["project"] = {k: str(v) for k, v in state["project"].items()}
+        return state
+
+    @mcp.tool(structured_output=True)
+    async def check_ruled_out(scope_id: str, candidate: str) -> dict[str, Any]:
+        """Prior rule-outs in a scope that look like the candidate approach (check before dispatching)."""
+        rows = await read_surface.check_ruled_out(harness.db.pool, _uuid(scope_id, "scope_id"), candidate)
+        return {"matches": [{"approach": r["approach"], "reason": r["reason"], "overlap": round(r["overlap"], 2)}
+                            for r in rows]}
+
+    @mcp.tool(structured_output=True)
+    async def dispatch_worker(ctx: Context, brief: str, plan_ref: str | None = None, project_id: str | None = None,
+                              allowed_tools: list[str] | None = None,
+                              override_ruled_out: str | None = None) -> dict[str, Any]:
+        """Ask the harness for a headless worker to carry out `brief`; returns its task id at once.
+
+        The harness spawns and supervises it; when it exits, its derived handoff comes back to you.
+        A brief matching a prior rule-out is refused unless override_ruled_out gives the reason.
+        """
+        return await harness.dispatch_worker(ctx, brief, plan_ref, project_id, allowed_tools, override_ruled_out)
+
+    return mcp
+
+
+def _uuid(value: str, name: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ToolError(f"{name} must be a UUID, got {value!r}") from None
+
+
+def asgi_app(mcp: MCPServer, host: str) -> Starlette:
+    # Host/Origin checks on: only loopback names reach the server (no DNS rebinding from a browser).
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+    )
+    return mcp.streamable_http_app(streamable_http_path=PATH, transport_security=security, host=host)

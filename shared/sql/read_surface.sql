@@ -1,0 +1,42 @@
+-- name: handoffs_for_scope --
+-- Newest first, for whatever scope the id names: a task, a session (and the workers it dispatched) or a project.
+SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
+FROM journal
+WHERE event_type = 'handoff'
+  AND (task_id = %(scope)s OR session_id = %(scope)s OR project_id = %(scope)s
+       OR task_id IN (SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+                      WHERE p.session_id = %(scope)s))
+ORDER BY seq DESC
+LIMIT %(limit)s
+
+-- name: project_by_id --
+SELECT id, name, workdir, created_at FROM projects WHERE id = %(id)s
+
+-- name: project_latest_tasks --
+-- The latest task of each plan task id, and what became of it.
+SELECT DISTINCT ON (coalesce(plan_ref, id::text)) coalesce(plan_ref, '') AS plan_ref, id, status, activity,
+       status_reason, ended_at
+FROM tasks
+WHERE project_id = %(id)s AND role = 'worker'
+ORDER BY coalesce(plan_ref, id::text), created_at DESC
+
+-- name: matching_rule_outs --
+-- Prior rule-outs in the scope whose approach's words (English stems) mostly appear in the candidate.
+WITH candidate AS (SELECT tsvector_to_array(to_tsvector('english', %(candidate)s)) AS words),
+rule_outs AS (
+    SELECT j.seq, j.task_id, r ->> 'approach' AS approach, r ->> 'reason' AS reason,
+           tsvector_to_array(to_tsvector('english', coalesce(r ->> 'approach', ''))) AS words
+    FROM journal j, jsonb_array_elements(
+        CASE WHEN jsonb_typeof(j.payload -> 'ruled_out') = 'array' THEN j.payload -> 'ruled_out' ELSE '[]' END) r
+    WHERE j.event_type = 'handoff'
+      AND (j.task_id = %(scope)s OR j.session_id = %(scope)s OR j.project_id = %(scope)s
+           OR j.task_id IN (SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+                            WHERE p.session_id = %(scope)s))
+)
+SELECT r.seq, r.task_id, r.approach, r.reason,
+       (SELECT count(*) FROM unnest(r.words) w WHERE w = ANY (c.words))::float
+           / greatest(cardinality(r.words), 1) AS overlap
+FROM rule_outs r, candidate c
+WHERE cardinality(r.words) > 0
+ORDER BY overlap DESC, r.seq DESC
+LIMIT 20

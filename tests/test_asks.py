@@ -1,0 +1,185 @@
+"""ask_user_question end to end: the real CLI calls the harness MCP, the answer comes through the ingress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from executor.main import serve
+from executor.scripted_model import Scenario, ScriptedModelServer
+from shared.database import Database
+from tests.harness import Harness, config_for, substrate_for
+from tests.pg import DB
+from tests.web import free_port, ingress_server
+
+Q1 = {"question": "Which database?", "header": "DB", "multiSelect": False,
+      "options": [{"label": "Postgres", "description": "the journal's home"},
+                  {"label": "SQLite", "description": "a file"}]}
+Q2 = {"question": "Which extras?", "header": "Extras", "multiSelect": True,
+      "options": [{"label": "Auth", "description": "a"}, {"label": "Cache", "description": "b"},
+                  {"label": "Metrics", "description": "c"}]}
+
+
+def asking(*questions: dict[str, Any]) -> Scenario:
+    return Scenario.single({"tool_use": {"name": "mcp__harness__ask_user_question",
+                                         "input": {"questions": list(questions)}}},
+                           {"text": "thanks, carrying on"}, role="worker")
+
+
+@asynccontextmanager
+async def executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
+                   extra_env: dict[str, str] | None = None) -> AsyncIterator[Harness]:
+    port = free_port()
+    stop = asyncio.Event()
+    sub = substrate_for(model, tmp)
+    if extra_env:
+        sub = replace(sub, base_env={**sub.base_env, **extra_env})
+    config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/",
+                        mcp_timeout_ms=int((ask_timeout_s + 120) * 1000))
+    task = asyncio.create_task(serve(db.executor_dsn, sub, config, stop, mcp_port=port, ask_timeout_s=ask_timeout_s))
+    deadline = time.monotonic() + 30
+    while True:
+        if task.done():
+            task.result()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, "the harness MCP never listened"
+            await asyncio.sleep(0.05)
+    async with Database(db.executor_dsn, name="test-observer", max_size=2) as observer:
+        harness = Harness(observer, None, None, db.admin_dsn)  # type: ignore[arg-type]
+        try:
+            yield harness
+        finally:
+            await harness.close()
+            stop.set()
+            await asyncio.wait_for(task, 60)
+
+
+async def _pending_ask(http: httpx.AsyncClient, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+        if asks:
+            return asks[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError("no question appeared")
+
+
+def _tool_result(events: list) -> dict[str, Any]:  # type: ignore[type-arg]
+    for e in events:
+        if e.event_type == "stream.user":
+            for block in e.payload["message"]["content"]:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    content = block["content"]
+                    text = content if isinstance(content, str) else "".join(c.get("text", "") for c in content)
+                    return {"is_error": block.get("is_error", False), "text": text}
+    raise AssertionError("no tool_result in the stream")
+
+
+async def _round_trip(db: DB, tmp: Path, scenario: Scenario, answer: Any, *, method: str = "post",
+                      ask_timeout_s: float = 60, answer_after_s: float = 0,
+                      extra_env: dict[str, str] | None = None) -> tuple[dict, dict, list, dict]:  # type: ignore[type-arg]
+    with ScriptedModelServer(scenario) as model:
+        async with executor(db, model, tmp, ask_timeout_s=ask_timeout_s, extra_env=extra_env) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            workdir = tmp / "work"
+            task_id = await h.dispatch("ask me", workdir=workdir)
+            ask = await _pending_ask(http)
+            task_row = await h.wait_task(task_id, lambda r: r["activity"] == "awaiting_user", 30)
+            await asyncio.sleep(answer_after_s)
+            if answer is not None:
+                if method == "delete":
+                    reply = await http.delete(f"/api/asks/{ask['tool_use_id']}")
+                else:
+                    reply = await http.post(f"/api/asks/{ask['tool_use_id']}/answer", json=answer)
+                assert reply.status_code == 200, reply.text
+            row = await h.wait_final(task_id, timeout=ask_timeout_s + 90)
+            events = await h.events(task_id)
+    return ask, row, events, task_row
+
+
+async def test_an_answer_posted_to_the_ingress_reaches_claude_as_the_tool_result(db: DB, tmp_path: Path) -> None:
+    ask, row, events, during = await _round_trip(
+        db, tmp_path, asking(Q1, Q2),
+        {"answers": {"Which database?": "Postgres", "Which extras?": ["Auth", {"other": "tracing"}]}})
+
+    assert during["activity"] == "awaiting_user"
+    assert ask["tool_use_id"].startswith("toolu_") and ask["questions"][0]["question"] == "Which database?"
+    uses = [b for e in events if e.event_type == "stream.assistant" for b in e.payload["message"]["content"]
+            if b["type"] == "tool_use"]
+    assert uses[0]["id"] == ask["tool_use_id"]  # _meta's toolUseId is the stream's tool_use id
+    result = _tool_result(events)
+    assert not result["is_error"]
+    payload = json.loads(result["text"])
+    assert payload["answers"] == {"Which database?": "Postgres", "Which extras?": ["Auth", "tracing"]}
+    assert [q["question"] for q in payload["questions"]] == ["Which database?", "Which extras?"]
+    assert row["status"] == "success"
+    types = [e.event_type for e in events]
+    assert types.index("question.asked") < types.index("question.answered") < types.index("task.exited")
+    assert "task.stalled" not in types
+
+
+async def test_a_dismissal_with_a_reply_returns_no_answers_and_the_reply(db: DB, tmp_path: Path) -> None:
+    _, row, events, _ = await _round_trip(db, tmp_path, asking(Q1), {"response": "Use whatever the repo uses"})
+    payload = json.loads(_tool_result(events)["text"])
+    assert payload["answers"] == {} and payload["response"] == "Use whatever the repo uses"
+    assert row["status"] == "success"
+
+
+async def test_a_cancel_returns_no_answers_and_says_the_user_dismissed_it(db: DB, tmp_path: Path) -> None:
+    _, row, events, _ = await _round_trip(db, tmp_path, asking(Q1), {}, method="delete")
+    payload = json.loads(_tool_result(events)["text"])
+    assert payload["answers"] == {} and "cancelled" in payload["response"]
+    assert "question.cancelled" in [e.event_type for e in events]
+
+
+async def test_an_unanswered_question_times_out_and_is_marked_cancelled(db: DB, tmp_path: Path) -> None:
+    ask, row, events, _ = await _round_trip(db, tmp_path, asking(Q1), None, ask_timeout_s=3)
+    payload = json.loads(_tool_result(events)["text"])
+    assert payload == {"questions": [Q1], "answers": {}, "response": "Timed out waiting for user input"}
+    with psycopg.connect(db.admin_dsn) as conn:
+        status = conn.execute("SELECT status FROM questions WHERE id = %s", [ask["id"]]).fetchone()[0]  # type: ignore[index]
+    assert status == "cancelled" and row["status"] == "success"
+
+
+@pytest.mark.parametrize(
+    ("questions", "rule"),
+    [
+        ([], "1-4 questions"),
+        ([Q1, {**Q2, "question": "a?"}, {**Q2, "question": "b?"}, {**Q2, "question": "c?"},
+          {**Q2, "question": "d?"}], "1-4 questions"),
+        ([{**Q1, "options": Q1["options"][:1]}], "2-4 options"),
+        ([{**Q1, "options": Q2["options"] + Q1["options"]}], "2-4 options"),
+        ([{**Q1, "header": "Much too long header"}], "header is 1-12 characters"),
+        ([Q1, Q1], "question texts must be unique"),
+        ([{**Q1, "options": [Q1["options"][0], Q1["options"][0]]}], "labels must be unique"),
+    ],
+    ids=["none", "five", "one-option", "five-options", "long-header", "dup-question", "dup-label"],
+)
+async def test_a_broken_input_rule_is_a_tool_error_naming_it_and_nothing_is_asked(
+    db: DB, tmp_path: Path, questions: list, rule: str  # type: ignore[type-arg]
+) -> None:
+    with ScriptedModelServer(asking(*questions)) as model:
+        async with executor(db, model, tmp_path) as h:
+            task_id = await h.dispatch("ask badly", workdir=tmp_path / "work")
+            row = await h.wait_final(task_id)
+            events = await h.events(task_id)
+    result = _tool_result(events)
+    assert result["is_error"] and rule in result["text"]
+    with psycopg.connect(db.admin_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM questions").fetchone()[0] == 0  # type: ignore[index]
+    assert row["status"] == "success"
