@@ -94,9 +94,15 @@ def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
     return env
 
 
-def mcp_config(url: str, headers: Mapping[str, str], timeout_ms: int) -> dict[str, Any]:
-    """A per-spawn MCP config naming the harness server. Without "type": "http" the CLI skips it."""
-    return {"mcpServers": {"harness": {"type": "http", "url": url, "headers": dict(headers), "timeout": timeout_ms}}}
+def mcp_config(url: str, headers: Mapping[str, str], timeout_ms: int | None) -> dict[str, Any]:
+    """A per-spawn MCP config naming the harness server. Without "type": "http" the CLI skips it.
+
+    `timeout` is the server's hard limit per call and also raises the CLI's idle limit to it.
+    """
+    server: dict[str, Any] = {"type": "http", "url": url, "headers": dict(headers)}
+    if timeout_ms is not None:
+        server["timeout"] = timeout_ms
+    return {"mcpServers": {"harness": server}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ class SupervisorConfig:
     run_dir: Path = Path("./var/run")
     mcp_url: str | None = None
     # the per-spawn MCP server timeout: a human may take a while to answer ask_user_question
-    mcp_timeout_ms: int = 600_000
+    mcp_timeout_ms: int | None = 600_000
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,12 +17,15 @@ import psycopg
 from psycopg.rows import dict_row
 
 from executor import cli_install, dispatch
+from executor.main import serve
 from executor.journal_writer import JournalWriter
 from executor.scripted_model import ScriptedModelServer
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
 from shared.database import Database
 from shared.models import Event
+from tests.pg import DB
+from tests.web import free_port
 
 FINAL = {"success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
          "extraction_failed"}
@@ -66,6 +70,7 @@ class Harness:
     supervisor: Supervisor
     writer: JournalWriter
     admin_dsn: str
+    mcp_url: str | None = None
     _reader: psycopg.AsyncConnection | None = None
 
     async def _conn(self) -> psycopg.AsyncConnection:
@@ -155,3 +160,34 @@ def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
     base = SupervisorConfig(stall_timeout_s=60, stop_grace_s=5, poll_interval_s=0.5, watchdog_interval_s=0.2,
                             default_workdir=workdir, run_dir=tmp / "run")
     return replace(base, **kw)
+
+
+@asynccontextmanager
+async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
+                   extra_env: dict[str, str] | None = None, **config_kw: Any) -> AsyncIterator[Harness]:
+    port = free_port()
+    stop = asyncio.Event()
+    sub = substrate_for(model, tmp)
+    if extra_env:
+        sub = replace(sub, base_env={**sub.base_env, **extra_env})
+    config_kw.setdefault("mcp_timeout_ms", int((ask_timeout_s + 120) * 1000))
+    config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/", **config_kw)
+    task = asyncio.create_task(serve(db.executor_dsn, sub, config, stop, mcp_port=port, ask_timeout_s=ask_timeout_s))
+    deadline = time.monotonic() + 30
+    while True:
+        if task.done():
+            task.result()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, "the harness MCP never listened"
+            await asyncio.sleep(0.05)
+    async with Database(db.executor_dsn, name="test-observer", max_size=2) as observer:
+        harness = Harness(observer, None, None, db.admin_dsn, mcp_url=config.mcp_url)  # type: ignore[arg-type]
+        try:
+            yield harness
+        finally:
+            await harness.close()
+            stop.set()
+            await asyncio.wait_for(task, 60)

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +12,10 @@ import httpx
 import psycopg
 import pytest
 
-from executor.main import serve
 from executor.scripted_model import Scenario, ScriptedModelServer
-from shared.database import Database
-from tests.harness import Harness, config_for, substrate_for
+from tests.harness import running_executor
 from tests.pg import DB
-from tests.web import free_port, ingress_server
+from tests.web import ingress_server
 
 Q1 = {"question": "Which database?", "header": "DB", "multiSelect": False,
       "options": [{"label": "Postgres", "description": "the journal's home"},
@@ -36,37 +29,6 @@ def asking(*questions: dict[str, Any]) -> Scenario:
     return Scenario.single({"tool_use": {"name": "mcp__harness__ask_user_question",
                                          "input": {"questions": list(questions)}}},
                            {"text": "thanks, carrying on"}, role="worker")
-
-
-@asynccontextmanager
-async def executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
-                   extra_env: dict[str, str] | None = None) -> AsyncIterator[Harness]:
-    port = free_port()
-    stop = asyncio.Event()
-    sub = substrate_for(model, tmp)
-    if extra_env:
-        sub = replace(sub, base_env={**sub.base_env, **extra_env})
-    config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/",
-                        mcp_timeout_ms=int((ask_timeout_s + 120) * 1000))
-    task = asyncio.create_task(serve(db.executor_dsn, sub, config, stop, mcp_port=port, ask_timeout_s=ask_timeout_s))
-    deadline = time.monotonic() + 30
-    while True:
-        if task.done():
-            task.result()
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            assert time.monotonic() < deadline, "the harness MCP never listened"
-            await asyncio.sleep(0.05)
-    async with Database(db.executor_dsn, name="test-observer", max_size=2) as observer:
-        harness = Harness(observer, None, None, db.admin_dsn)  # type: ignore[arg-type]
-        try:
-            yield harness
-        finally:
-            await harness.close()
-            stop.set()
-            await asyncio.wait_for(task, 60)
 
 
 async def _pending_ask(http: httpx.AsyncClient, timeout: float = 60) -> dict[str, Any]:
@@ -92,9 +54,10 @@ def _tool_result(events: list) -> dict[str, Any]:  # type: ignore[type-arg]
 
 async def _round_trip(db: DB, tmp: Path, scenario: Scenario, answer: Any, *, method: str = "post",
                       ask_timeout_s: float = 60, answer_after_s: float = 0,
-                      extra_env: dict[str, str] | None = None) -> tuple[dict, dict, list, dict]:  # type: ignore[type-arg]
+                      extra_env: dict[str, str] | None = None, **config_kw: Any) -> tuple[dict, dict, list, dict]:  # type: ignore[type-arg]
     with ScriptedModelServer(scenario) as model:
-        async with executor(db, model, tmp, ask_timeout_s=ask_timeout_s, extra_env=extra_env) as h, \
+        async with running_executor(db, model, tmp, ask_timeout_s=ask_timeout_s, extra_env=extra_env,
+                                    **config_kw) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             workdir = tmp / "work"
             task_id = await h.dispatch("ask me", workdir=workdir)
@@ -174,7 +137,7 @@ async def test_a_broken_input_rule_is_a_tool_error_naming_it_and_nothing_is_aske
     db: DB, tmp_path: Path, questions: list, rule: str  # type: ignore[type-arg]
 ) -> None:
     with ScriptedModelServer(asking(*questions)) as model:
-        async with executor(db, model, tmp_path) as h:
+        async with running_executor(db, model, tmp_path) as h:
             task_id = await h.dispatch("ask badly", workdir=tmp_path / "work")
             row = await h.wait_final(task_id)
             events = await h.events(task_id)
@@ -183,3 +146,55 @@ async def test_a_broken_input_rule_is_a_tool_error_naming_it_and_nothing_is_aske
     with psycopg.connect(db.admin_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM questions").fetchone()[0] == 0  # type: ignore[index]
     assert row["status"] == "success"
+
+
+async def test_concurrent_asks_from_different_workers_do_not_cross(db: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(asking(Q1)) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            ids = [await h.dispatch(f"ask {i}", workdir=tmp_path / "work") for i in range(3)]
+            deadline = time.monotonic() + 60
+            while True:
+                asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+                if len(asks) == 3:
+                    break
+                assert time.monotonic() < deadline, asks
+                await asyncio.sleep(0.1)
+            for ask in asks:  # each answer names the task it was asked from
+                reply = await http.post(f"/api/asks/{ask['tool_use_id']}/answer",
+                                        json={"answers": {"Which database?": {"other": f"for {ask['task_id']}"}}})
+                assert reply.status_code == 200
+            results = {}
+            for task_id in ids:
+                await h.wait_final(task_id)
+                results[task_id] = json.loads(_tool_result(await h.events(task_id))["text"])
+    assert {str(t): r["answers"]["Which database?"] for t, r in results.items()} == {
+        str(t): f"for {t}" for t in ids}
+
+
+async def test_an_answer_after_45_s_still_arrives_with_the_cli_idle_limit_shortened(db: DB, tmp_path: Path) -> None:
+    # The CLI aborts a call silent for ~30 s at this setting. Without the per-server timeout (which
+    # would also raise that limit) only the tool's progress notifications keep the call alive.
+    _, row, events, _ = await _round_trip(
+        db, tmp_path, asking(Q1), {"answers": {"Which database?": "SQLite"}}, answer_after_s=45,
+        extra_env={"CLAUDE_CODE_MCP_TOOL_IDLE_TIMEOUT": "10000"}, mcp_timeout_ms=None)
+    result = _tool_result(events)
+    assert not result["is_error"], result
+    assert json.loads(result["text"])["answers"] == {"Which database?": "SQLite"}
+    assert row["status"] == "success"
+
+
+async def test_a_restart_cancels_questions_whose_process_died(db: DB, tmp_path: Path) -> None:
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        task = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'running') RETURNING id").fetchone()[0]  # type: ignore[index]
+        qid = conn.execute("INSERT INTO questions (tool_use_id, task_id, questions) VALUES ('toolu_dead', %s, '[]') "
+                           "RETURNING id", [task]).fetchone()[0]  # type: ignore[index]
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            events = await h.events()
+            late = await http.post("/api/asks/toolu_dead/answer", json={"response": "too late"})
+    with psycopg.connect(db.admin_dsn) as conn:
+        status = conn.execute("SELECT status FROM questions WHERE id = %s", [qid]).fetchone()[0]  # type: ignore[index]
+    assert status == "cancelled" and late.status_code == 409
+    assert any(e.event_type == "question.cancelled" and e.payload["question_id"] == str(qid) for e in events)

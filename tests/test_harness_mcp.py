@@ -1,0 +1,91 @@
+"""The harness MCP seen from the mcp SDK's own client: tools, reads, dispatch and rule-outs."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg
+from mcp.client import Client
+from psycopg.types.json import Jsonb
+
+from executor.scripted_model import Scenario, ScriptedModelServer
+from tests.harness import running_executor
+from tests.pg import DB
+
+
+def _handoff(db: DB, project: uuid.UUID, ruled_out: list[dict[str, str]]) -> uuid.UUID:
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        task = conn.execute("INSERT INTO tasks (project_id, role, status) VALUES (%s, 'worker', 'success') "
+                            "RETURNING id", [project]).fetchone()[0]  # type: ignore[index]
+        conn.execute("INSERT INTO journal (event_id, seq, project_id, task_id, event_type, tier, payload) "
+                     "VALUES (gen_random_uuid(), 1, %s, %s, 'handoff', 'derived', %s)",
+                     [project, task, Jsonb({"goal": "speed up parsing", "current_state": "done",
+                                            "next_step": "none", "status": "success", "ruled_out": ruled_out})])
+        conn.execute("UPDATE journal_head SET last_seq = 1")
+    return task  # type: ignore[no-any-return]
+
+
+def _project(db: DB, tmp: Path) -> uuid.UUID:
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        return conn.execute("INSERT INTO projects (name, workdir) VALUES ('demo', %s) RETURNING id",
+                            [str(tmp / "work")]).fetchone()[0]  # type: ignore[index]
+
+
+def _structured(result: object) -> dict:  # type: ignore[type-arg]
+    structured = getattr(result, "structured_content", None) or getattr(result, "structuredContent", None)
+    if structured is not None:
+        return structured  # type: ignore[no-any-return]
+    return json.loads(result.content[0].text)  # type: ignore[attr-defined]
+
+
+async def test_the_sdk_client_lists_the_five_tools_and_reads_handoffs_and_project_state(db: DB, tmp_path: Path) -> None:
+    project = _project(db, tmp_path)
+    task = _handoff(db, project, [{"approach": "rewrite the parser in Rust", "reason": "the team knows Python"}])
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp_path) as h, Client(h.mcp_url) as client:  # type: ignore[arg-type]
+            tools = {t.name for t in (await client.list_tools()).tools}
+            handoffs = _structured(await client.call_tool("get_handoffs", {"scope_id": str(task)}))
+            by_project = _structured(await client.call_tool("get_handoffs", {"scope_id": str(project)}))
+            state = _structured(await client.call_tool("get_project_state", {"project_id": str(project)}))
+            bad = await client.call_tool("get_handoffs", {"scope_id": "nope"})
+    assert tools == {"ask_user_question", "get_handoffs", "get_project_state", "check_ruled_out", "dispatch_worker"}
+    assert handoffs["handoffs"][0]["goal"] == "speed up parsing" and by_project == handoffs
+    assert state["counts"]["done"] == 1
+    assert bad.is_error and "UUID" in bad.content[0].text  # type: ignore[attr-defined]
+
+
+async def test_a_brief_matching_a_rule_out_is_refused_and_journaled_unless_overridden(db: DB, tmp_path: Path) -> None:
+    project = _project(db, tmp_path)
+    _handoff(db, project, [{"approach": "rewrite the parser in Rust", "reason": "the team knows Python"}])
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp_path, max_workers=1) as h, Client(h.mcp_url) as client:  # type: ignore[arg-type]
+            check = _structured(await client.call_tool("check_ruled_out", {
+                "scope_id": str(project), "candidate": "Rewrite the parser in Rust for speed"}))
+            unrelated = _structured(await client.call_tool("check_ruled_out", {
+                "scope_id": str(project), "candidate": "add caching to the HTTP client"}))
+            refused = await client.call_tool("dispatch_worker", {
+                "brief": "Rewriting the parser in Rust", "project_id": str(project)})
+            allowed = _structured(await client.call_tool("dispatch_worker", {
+                "brief": "Rewriting the parser in Rust", "project_id": str(project),
+                "override_ruled_out": "the user asked for it explicitly"}))
+            events = await h.events()
+            new_task = await h.task(uuid.UUID(allowed["task_id"]))
+    assert [m["approach"] for m in check["matches"]] == ["rewrite the parser in Rust"]
+    assert unrelated["matches"] == []
+    assert refused.is_error and "ruled out" in refused.content[0].text  # type: ignore[attr-defined]
+    refusals = [e for e in events if e.event_type == "task.dispatch_refused"]
+    assert len(refusals) == 1 and refusals[0].payload["rule_outs"][0]["reason"] == "the team knows Python"
+    assert new_task["project_id"] == project and new_task["brief"] == "Rewriting the parser in Rust"
+
+
+async def test_the_mcp_endpoint_refuses_a_foreign_host_header(db: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp_path) as h, httpx.AsyncClient() as http:
+            response = await http.post(h.mcp_url or "", headers={
+                "Host": "evil.example", "content-type": "application/json",
+                "accept": "application/json, text/event-stream"},
+                content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}')
+    assert response.status_code == 421  # DNS-rebinding protection: only loopback names
