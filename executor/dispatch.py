@@ -9,7 +9,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
@@ -33,6 +35,7 @@ async def request_task(
     workdir: Path | None = None,
     allowed_tools: Sequence[str] | None = None,
     requested_by: str | None = None,
+    json_schema: dict[str, Any] | None = None,
 ) -> uuid.UUID:
     """Record a task for the supervisor to run; returns its id.
 
@@ -53,10 +56,11 @@ async def request_task(
         await conn.execute(queries["insert_task"], {
             "id": task_id, "project_id": project_id, "session_id": session_id, "parent_task_id": parent_task_id,
             "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
-            "allowed_tools": list(allowed_tools) if allowed_tools is not None else None})
+            "allowed_tools": list(allowed_tools) if allowed_tools is not None else None,
+            "json_schema": Jsonb(json_schema) if json_schema is not None else None})
         await journal.append_on(conn, [NewEvent(
             "task.dispatch_requested",
-            {"role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
+            {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
              "requested_by": requested_by, "parent_task_id": str(parent_task_id) if parent_task_id else None},
             task_id=task_id, project_id=project_id)])
     return task_id

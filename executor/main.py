@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import harness_mcp
+from executor import extraction, harness_mcp
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
@@ -52,7 +52,8 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
 
 
 async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event, *,
-                mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0) -> None:
+                mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0,
+                extract: bool = True) -> None:
     async with Database(dsn, name="petal-executor") as db:
         writer = JournalWriter(db.pool)
         await writer.start()
@@ -70,6 +71,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         serving_mcp = asyncio.create_task(
             hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait), name="harness-mcp")  # type: ignore[arg-type]
         supervisor = Supervisor(db, writer, substrate, config)
+        if extract:
+            supervisor.exit_hooks.append(extraction.exit_hook(db.pool, writer))
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
         stopping = asyncio.create_task(stop.wait())
         try:

@@ -72,7 +72,10 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     if spec.allowed_tools:
         cmd += ["--allowedTools", ",".join(spec.allowed_tools)]
     if spec.json_schema is not None:
-        cmd += ["--json-schema", json.dumps(spec.json_schema)]
+        # The CLI refuses a "$schema" naming Draft 2020-12 ("no schema with key or ref"); the keywords we
+        # use mean the same in its default draft, and our own gate validates as 2020-12.
+        cli_schema = {k: v for k, v in spec.json_schema.items() if k != "$schema"}
+        cmd += ["--json-schema", json.dumps(cli_schema)]
     cmd += [*config.extra_args, *spec.extra_args]
     # "--" ends the options, so a prompt that starts with "-" is still the prompt.
     cmd += ["--", spec.prompt]

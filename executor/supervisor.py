@@ -260,6 +260,7 @@ class Supervisor:
             allowed_tools=tuple(row["allowed_tools"] if row["allowed_tools"] is not None else profile["allowed_tools"]),
             system_prompt=profile["system_prompt"],
             mcp_config=mcp_path,
+            json_schema=row.get("json_schema"),
         )
         cmd = substrate.build_command(self.substrate, spec)
         await self._exec("insert_session", {"id": session_id, "project_id": row["project_id"],

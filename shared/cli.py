@@ -96,6 +96,96 @@ def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     return up.run(settings.model_copy(update=overrides), os.environ)
 
 
+def _with_pool(settings: Settings, work):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from shared.database import Database
+
+    info = dbserver.resolve(settings)
+
+    async def run():  # type: ignore[no-untyped-def]
+        async with Database(info.executor_dsn, name="petal-cli", max_size=2) as db:
+            return await work(db.pool)
+
+    return asyncio.run(run())
+
+
+def _cmd_contract_list(args: argparse.Namespace, settings: Settings) -> int:
+    from shared import contract
+
+    version, fields = _with_pool(settings, contract.active)
+    if args.json:
+        print(json.dumps({"version": version, "fields": [f.model_dump(mode="json") for f in fields],
+                          "schema": contract.schema_for(fields)}, indent=2))
+        return 0
+    print(f"contract version {version}")
+    for f in fields:
+        print(f"  {f.field_key:<16} {'required' if f.required else 'optional':<9} {json.dumps(f.shape)}")
+        print(f"  {'':<16} {f.semantics}  (read by {', '.join(f.read_by)})")
+    return 0
+
+
+def _cmd_contract_add(args: argparse.Namespace, settings: Settings) -> int:
+    from shared import contract
+
+    try:
+        shape = json.loads(args.shape)
+    except ValueError as exc:
+        raise contract.ContractError(f"--shape is not JSON: {exc}") from None
+    if not isinstance(shape, dict):
+        raise contract.ContractError("--shape must be a JSON object (a JSON Schema)")
+    read_by = [r.strip() for r in args.read_by.split(",") if r.strip()]
+
+    async def add(pool):  # type: ignore[no-untyped-def]
+        return await contract.add_field(pool, args.field, shape=shape, semantics=args.semantics,
+                                        required=args.required, read_by=read_by, supersede=args.supersede)
+
+    print(f"added contract row {_with_pool(settings, add)} for {args.field}")
+    return 0
+
+
+def _cmd_project_create(args: argparse.Namespace, settings: Settings) -> int:
+    plan = args.plan.read_text(encoding="utf-8") if args.plan else None
+    if args.workdir and not args.workdir.is_dir():
+        raise errors.ConfigError(f"--workdir {args.workdir} is not a directory")
+
+    async def create(pool):  # type: ignore[no-untyped-def]
+        from psycopg import errors as pgerrors
+
+        from shared.read_surface import plan_tasks
+        from shared.sql import queries
+
+        try:
+            async with pool.connection() as conn:
+                row = await (await conn.execute(queries["create_project"], {
+                    "name": args.slug, "workdir": str(args.workdir.resolve()) if args.workdir else None,
+                    "plan": plan})).fetchone()
+        except pgerrors.UniqueViolation:
+            raise errors.ConfigError(f"a project {args.slug!r} exists already") from None
+        return {"project_id": str(row[0]), "slug": args.slug, "plan_tasks": len(plan_tasks(plan))}
+
+    print(json.dumps(_with_pool(settings, create)))
+    return 0
+
+
+def _cmd_reextract(args: argparse.Namespace, settings: Settings) -> int:
+    import uuid
+
+    from executor import extraction
+
+    try:
+        task_id = uuid.UUID(args.task_id)
+    except ValueError:
+        raise errors.ConfigError(f"{args.task_id!r} is not a task id") from None
+
+    async def again(pool):  # type: ignore[no-untyped-def]
+        return await extraction.request(pool, task_id, requested_by="reextract")
+
+    print(json.dumps({"extractor_task_id": str(_with_pool(settings, again)),
+                      "note": "the executor runs it; a new handoff record follows, the old one stays"}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +214,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project", help="project id to file it under")
     p.add_argument("--role", default="worker", help="the role to record (default: worker)")
     p.set_defaults(handler=_cmd_import_transcript)
+
+    contract_cmd = sub.add_parser("contract", help="the handoff contract").add_subparsers(dest="contract_command",
+                                                                                         required=True)
+    p = contract_cmd.add_parser("list", help="the active contract fields and the schema they make")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_contract_list)
+    p = contract_cmd.add_parser("add", help="add a field (an INSERT; rows are never edited)")
+    p.add_argument("field")
+    p.add_argument("--required", action="store_true")
+    p.add_argument("--shape", required=True, help='a JSON Schema for the value, e.g. \'{"type": "string"}\'')
+    p.add_argument("--semantics", required=True, help="what the field means")
+    p.add_argument("--read-by", default="harness,human", help="who reads it (comma-separated)")
+    p.add_argument("--supersede", action="store_true", help="replace the active row of an existing field")
+    p.set_defaults(handler=_cmd_contract_add)
+
+    project_cmd = sub.add_parser("project", help="projects").add_subparsers(dest="project_command", required=True)
+    p = project_cmd.add_parser("create", help="load a project (its plan: markdown with `- [ ] T-001 title` lines)")
+    p.add_argument("--slug", required=True)
+    p.add_argument("--plan", type=Path)
+    p.add_argument("--workdir", type=Path)
+    p.set_defaults(handler=_cmd_project_create)
+
+    p = sub.add_parser("reextract", help="run extraction again for a task (a new handoff; the old one stays)")
+    p.add_argument("task_id")
+    p.set_defaults(handler=_cmd_reextract)
 
     db = sub.add_parser("db", help="database commands").add_subparsers(dest="db_command", required=True)
     p = db.add_parser("status", help="where the server is, each role's DSN, whether migrations are current")

@@ -5,6 +5,8 @@ Readers are shape-tolerant: they return whatever fields a handoff carries.
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from typing import Any
 
@@ -15,6 +17,9 @@ from shared.sql import queries
 
 # A rule-out matches a candidate when this share of its approach's words appear in the candidate.
 RULE_OUT_OVERLAP = 0.6
+# get_project_state's answer stays under this many characters (a few hundred tokens).
+STATE_BUDGET = 1_800
+_PLAN_LINE = re.compile(r"^\s*[-*] \[([ xX])\] ([A-Z][A-Z0-9]*-\d+)\b[:\s]*(.*)$", re.MULTILINE)
 
 
 async def _rows(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -27,24 +32,41 @@ async def get_handoffs(pool: AsyncConnectionPool, scope_id: uuid.UUID, limit: in
     return await _rows(pool, "handoffs_for_scope", {"scope": scope_id, "limit": limit})
 
 
+def plan_tasks(plan: str | None) -> list[tuple[str, str, bool]]:
+    """(id, title, checked) for each `- [ ] T-001 title` line of a markdown plan."""
+    return [(m.group(2), m.group(3).strip(), m.group(1).lower() == "x") for m in _PLAN_LINE.finditer(plan or "")]
+
+
 async def get_project_state(pool: AsyncConnectionPool, project_id: uuid.UUID) -> dict[str, Any] | None:
-    """Plan tasks done / in flight / failed / blocked: a bounded rollup (the latest run of each)."""
+    """Plan tasks done / in flight / failed / blocked / not started — a rollup bounded to about
+    STATE_BUDGET characters however many tasks there are (lists are cut, counts stay exact)."""
     project = await _rows(pool, "project_by_id", {"id": project_id})
     if not project:
         return None
-    buckets: dict[str, list[str]] = {"done": [], "in_flight": [], "failed": [], "blocked": []}
-    for t in await _rows(pool, "project_latest_tasks", {"id": project_id}):
-        ref = t["plan_ref"] or str(t["id"])
+    plan = plan_tasks(project[0]["plan"])
+    latest = {t["plan_ref"] or str(t["id"]): t for t in await _rows(pool, "project_latest_tasks", {"id": project_id})}
+    buckets: dict[str, list[str]] = {"done": [], "in_flight": [], "failed": [], "blocked": [], "not_started": []}
+    for ref, t in latest.items():
         if t["status"] == "success":
             buckets["done"].append(ref)
         elif t["status"] in ("pending", "running"):
             buckets["blocked" if t["activity"] in ("stalled", "awaiting_user") else "in_flight"].append(ref)
         elif t["status"] in ("gated", "skipped"):
-            buckets["blocked"].append(ref)
+            buckets["blocked"].append(f"{ref} ({t['status']})")
         else:
             buckets["failed"].append(f"{ref} ({t['status']})")
-    return {"project": project[0], **{k: v[:50] for k, v in buckets.items()},
-            "counts": {k: len(v) for k, v in buckets.items()}}
+    buckets["not_started"] = [ref for ref, _, checked in plan if ref not in latest and not checked]
+    counts = {k: len(v) for k, v in buckets.items()}
+    state: dict[str, Any] = {"project": {"id": str(project[0]["id"]), "name": project[0]["name"]},
+                             "plan_tasks": len(plan), "counts": counts, **buckets}
+    # keep the rollup small: trim the longest lists until it fits the budget
+    while len(json.dumps(state)) > STATE_BUDGET:
+        longest = max(buckets, key=lambda k: len(state[k]))
+        if not state[longest]:
+            break
+        state[longest] = state[longest][: len(state[longest]) // 2]
+        state["truncated"] = True
+    return state
 
 
 async def check_ruled_out(pool: AsyncConnectionPool, scope_id: uuid.UUID, candidate: str) -> list[dict[str, Any]]:

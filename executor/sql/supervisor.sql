@@ -3,9 +3,10 @@
 SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor'))
 
 -- name: insert_task --
-INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, status)
+INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
+                   json_schema, status)
 VALUES (%(id)s, %(project_id)s, %(session_id)s, %(parent_task_id)s, %(role)s, %(brief)s, %(plan_ref)s,
-        %(workdir)s, %(allowed_tools)s, 'pending')
+        %(workdir)s, %(allowed_tools)s, %(json_schema)s, 'pending')
 
 -- name: project_workdir --
 SELECT workdir FROM projects WHERE id = %(project_id)s
@@ -19,7 +20,7 @@ FROM (
 ) picked
 WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
-          t.allowed_tools, t.attempt
+          t.allowed_tools, t.attempt, t.json_schema
 
 -- name: role_profile --
 SELECT role, system_prompt, allowed_tools, use_mcp FROM role_profiles WHERE role = %(role)s
@@ -127,3 +128,25 @@ RETURNING id
 
 -- name: running_task_scope --
 SELECT id, project_id, session_id FROM tasks WHERE id = %(id)s
+
+-- name: extraction_source --
+SELECT t.id, t.role, t.brief, t.status, t.project_id, t.session_id, t.plan_ref, p.extract_on_exit
+FROM tasks t LEFT JOIN role_profiles p ON p.role = t.role
+WHERE t.id = %(id)s
+
+-- name: worker_texts --
+-- The worker's last assistant lines and its result line, newest first (bounded by the caller's limit).
+SELECT event_type, payload FROM journal
+WHERE task_id = %(id)s AND event_type IN ('stream.assistant', 'stream.result')
+ORDER BY seq DESC LIMIT %(limit)s
+
+-- name: raw_seq_range --
+SELECT min(seq), max(seq) FROM journal WHERE task_id = %(id)s AND tier = 'raw'
+
+-- name: schema_complaints --
+-- What the CLI told the extractor about its StructuredOutput calls (tool results that were errors).
+SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.user' ORDER BY seq
+
+-- name: mark_extraction_failed --
+UPDATE tasks SET status = 'extraction_failed', status_reason = 'validation gate: ' || %(reason)s
+WHERE id = %(id)s AND status = 'success'

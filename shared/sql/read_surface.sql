@@ -10,7 +10,10 @@ ORDER BY seq DESC
 LIMIT %(limit)s
 
 -- name: project_by_id --
-SELECT id, name, workdir, created_at FROM projects WHERE id = %(id)s
+SELECT id, name, workdir, plan, created_at FROM projects WHERE id = %(id)s
+
+-- name: create_project --
+INSERT INTO projects (name, workdir, plan) VALUES (%(name)s, %(workdir)s, %(plan)s) RETURNING id
 
 -- name: project_latest_tasks --
 -- The latest task of each plan task id, and what became of it.
