@@ -28,8 +28,13 @@ async def _rows(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) ->
         return await cur.fetchall()
 
 
-async def get_handoffs(pool: AsyncConnectionPool, scope_id: uuid.UUID, limit: int = 10) -> list[dict[str, Any]]:
-    return await _rows(pool, "handoffs_for_scope", {"scope": scope_id, "limit": limit})
+async def get_handoffs(pool: AsyncConnectionPool, scope_id: uuid.UUID, limit: int = 10,
+                       order: str = "desc") -> list[dict[str, Any]]:
+    """Handoffs of a task, session (with the workers it dispatched) or project; newest first by default."""
+    if order not in ("asc", "desc"):
+        raise ValueError("order is asc or desc")
+    rows = await _rows(pool, "handoffs_for_scope", {"scope": scope_id, "limit": limit})
+    return rows if order == "desc" else list(reversed(rows))
 
 
 def plan_tasks(plan: str | None) -> list[tuple[str, str, bool]]:

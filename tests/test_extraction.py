@@ -75,6 +75,9 @@ async def test_a_valid_extraction_stores_a_handoff_with_the_fields_the_seq_range
                           [handoff.payload["extractor_task_id"]]).fetchone()
     assert ex is not None and ex[1] == "extractor" and ex[2] == worker and ex[3] == "success"
     assert row["status"] == "success"
+    async with AsyncConnectionPool(db.executor_dsn, open=False) as pool:
+        by_session = await read_surface.get_handoffs(pool, row["session_id"])
+    assert [r["event_id"] for r in by_session] == [handoff.event_id]
 
 
 async def test_an_extractor_that_never_returns_structured_output_fails_the_gate_and_keeps_raw_events(
