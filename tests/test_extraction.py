@@ -187,3 +187,27 @@ async def test_project_state_stays_under_its_bound_with_500_tasks(pool: AsyncCon
     assert state is not None and len(json.dumps(state)) <= read_surface.STATE_BUDGET
     assert state["counts"] == {"done": 100, "in_flight": 200, "failed": 200, "blocked": 0, "not_started": 100}
     assert state["plan_tasks"] == 600 and state["truncated"] is True
+
+
+async def test_reextract_runs_extraction_again_and_keeps_the_old_handoff(db: DB, tmp_path: Path) -> None:
+    sc = scenario(structured(HANDOFF), {"text": "done"})
+    with ScriptedModelServer(sc) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h:
+            worker = await h.dispatch("make the parser faster", workdir=tmp_path / "work")
+            await h.wait_final(worker)
+            deadline = time.monotonic() + 60
+            while not [e for e in await h.events(worker) if e.event_type == "handoff"]:
+                assert time.monotonic() < deadline
+                await asyncio_sleep(0.1)
+            env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
+            out = subprocess.run([sys.executable, "-m", "shared.cli", "reextract", str(worker)], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            second = uuid.UUID(json.loads(out.stdout)["extractor_task_id"])
+            while len([e for e in await h.events(worker) if e.event_type == "handoff"]) < 2:
+                assert time.monotonic() < deadline + 60
+                await asyncio_sleep(0.1)
+            handoffs = [e for e in await h.events(worker) if e.event_type == "handoff"]
+    first, again = handoffs
+    assert again.payload["extractor_task_id"] == str(second) != first.payload["extractor_task_id"]
+    assert first.seq < again.seq and first.payload["goal"] == again.payload["goal"] == HANDOFF["goal"]
