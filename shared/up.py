@@ -37,7 +37,8 @@ def find_claude(settings: Settings) -> str:
 def _child_env(base: Mapping[str, str], settings: Settings, claude: str) -> dict[str, str]:
     env = dict(base)
     env.update(PETAL_DATA_DIR=str(settings.data_dir.resolve()), PETAL_CLAUDE_BIN=claude,
-               PETAL_INGRESS_HOST=settings.ingress_host, PETAL_INGRESS_PORT=str(settings.ingress_port))
+               PETAL_INGRESS_HOST=settings.ingress_host, PETAL_INGRESS_PORT=str(settings.ingress_port),
+               PETAL_MCP_HOST=settings.mcp_host, PETAL_MCP_PORT=str(settings.mcp_port))
     return env
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -18,6 +19,7 @@ from executor.scripted_model import Scenario, ScriptedModelServer
 from shared import errors
 from tests.harness import claude_bin, claude_env, config_for, running_supervisor, substrate_for
 from tests.pg import DB
+from tests.web import free_port
 
 
 def _executor_env(db: DB, model: ScriptedModelServer, tmp: Path) -> dict[str, str]:
@@ -35,6 +37,7 @@ def _executor_env(db: DB, model: ScriptedModelServer, tmp: Path) -> dict[str, st
         PETAL_CLAUDE_MAX_RETRIES="0",
         PETAL_STOP_GRACE_S="5",
         PETAL_LOG_FORMAT="json",
+        PETAL_MCP_PORT=str(free_port()),
     )
     return env
 
@@ -43,6 +46,20 @@ def _spawn_executor(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([sys.executable, "-m", "shared.cli", "executor"], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
+
+
+async def _dispatch_until_running(db: DB, tmp: Path, log: Path) -> uuid.UUID:
+    """Dispatch a worker that waits forever and return once its claude process exists."""
+    from executor import dispatch
+    from shared.database import Database
+
+    async with Database(db.executor_dsn, name="test-dispatcher") as d:
+        task_id = await dispatch.request_task(d.pool, brief="wait forever", workdir=tmp / "work")
+    deadline = time.monotonic() + 60
+    while not _task_processes(task_id):
+        assert time.monotonic() < deadline, log.read_text()
+        await asyncio.sleep(0.1)
+    return task_id
 
 
 def _task_processes(task_id: object) -> list[psutil.Process]:
@@ -58,15 +75,7 @@ async def test_after_the_executor_is_killed_mid_task_a_new_one_marks_the_task_cr
     with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
         env = _executor_env(db, model, tmp_path)
         first = _spawn_executor(env, tmp_path / "executor1.log")
-        from executor import dispatch
-        from shared.database import Database
-
-        async with Database(db.executor_dsn, name="test-dispatcher") as d:
-            task_id = await dispatch.request_task(d.pool, brief="wait forever", workdir=tmp_path / "work")
-        deadline = time.monotonic() + 60
-        while not _task_processes(task_id):
-            assert time.monotonic() < deadline, (tmp_path / "executor1.log").read_text()
-            await asyncio.sleep(0.1)
+        task_id = await _dispatch_until_running(db, tmp_path, tmp_path / "executor1.log")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         assert _task_processes(task_id), "the claude process outlives its executor (own session)"
@@ -97,15 +106,7 @@ async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_and
 ) -> None:
     with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
         proc = _spawn_executor(_executor_env(db, model, tmp_path), tmp_path / "executor.log")
-        from executor import dispatch
-        from shared.database import Database
-
-        async with Database(db.executor_dsn, name="test-dispatcher") as d:
-            task_id = await dispatch.request_task(d.pool, brief="wait forever", workdir=tmp_path / "work")
-        deadline = time.monotonic() + 60
-        while not _task_processes(task_id):
-            assert time.monotonic() < deadline, (tmp_path / "executor.log").read_text()
-            await asyncio.sleep(0.1)
+        task_id = await _dispatch_until_running(db, tmp_path, tmp_path / "executor.log")
         proc.send_signal(signal.SIGTERM)
         rc = await asyncio.to_thread(proc.wait, 30)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +22,9 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN")}
     env.update(OPEN_MODE="1", PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
-    cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "var")]
+    mcp_port = free_port()
+    cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
+           "--data-dir", str(tmp_path / "var")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
@@ -29,6 +32,14 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
         family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
             assert json.load(r)["status"] == "ready"
+        deadline = time.monotonic() + 30  # the executor hosts the harness MCP on the port given
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", mcp_port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the harness MCP never listened on --mcp-port"
+                time.sleep(0.1)
         req = urllib.request.Request(f"http://127.0.0.1:{port}/api/chat", data=b'{"text": "hi"}',
                                      headers={"content-type": "application/json"}, method="POST")
         with urllib.request.urlopen(req, timeout=5) as r:
