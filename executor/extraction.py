@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -94,8 +95,11 @@ def _complaints(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+Report = Callable[[uuid.UUID, str, dict[str, Any]], Awaitable[None]]
+
+
 async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict[str, Any],
-               outcome: substrate.Outcome, facts: substrate.TurnFacts) -> bool:
+               outcome: substrate.Outcome, facts: substrate.TurnFacts, report: Report | None = None) -> bool:
     """Validate an extractor's output; store the handoff or the failure. True when a handoff was stored."""
     worker = await _one(pool, "extraction_source", {"id": extractor["parent_task_id"]})
     if worker is None:
@@ -122,6 +126,8 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
         await writer.write([NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived",
                                      **ids)])
         log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])
+        if report is not None:
+            await report(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors})
         return False
     handoff = dict(structured)
     claimed = handoff.get("status")
@@ -129,15 +135,17 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
     if claimed is not None and claimed != worker["status"]:
         handoff["claimed_status"] = claimed
     await writer.write([NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])
+    if report is not None:
+        await report(worker["id"], "handoff", handoff)
     return True
 
 
-def exit_hook(pool: AsyncConnectionPool, writer: JournalWriter) -> Any:
+def exit_hook(pool: AsyncConnectionPool, writer: JournalWriter, report: Report | None = None) -> Any:
     """The supervisor's exit hook: extract finished runs whose role says so; gate finished extractors."""
 
     async def on_exit(row: dict[str, Any], outcome: substrate.Outcome, facts: substrate.TurnFacts) -> None:
         if row.get("json_schema") is not None and row.get("parent_task_id") is not None:
-            await gate(pool, writer, row, outcome, facts)
+            await gate(pool, writer, row, outcome, facts, report)
             return
         source = await _one(pool, "extraction_source", {"id": row["id"]})
         if source and source["extract_on_exit"] and (facts.result_text.strip() or facts.lines):

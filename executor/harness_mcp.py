@@ -153,6 +153,8 @@ class Harness:
         result: dict[str, Any] = {"questions": stored, "answers": answers}
         if response is not None:
             result["response"] = response
+        if final.get("answered_via") == "chat":
+            result["annotation"] = "the user replied in the chat instead of choosing an option"
         return result
 
     async def _set_activity(self, task_id: uuid.UUID, activity: str) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import extraction, harness_mcp
+from executor import extraction, harness_mcp, threads
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
@@ -22,7 +22,7 @@ from shared.settings import Settings
 log = logs.get(__name__)
 
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
-CHANNELS = ["task_pending", "stop_queue", "question_answered"]
+CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue"]
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
 MCP_TIMEOUT_MARGIN_S = 120
 
@@ -71,9 +71,13 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         serving_mcp = asyncio.create_task(
             hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait), name="harness-mcp")  # type: ignore[arg-type]
         supervisor = Supervisor(db, writer, substrate, config)
+        conversations = threads.Threads(db.pool, writer)
         if extract:
-            supervisor.exit_hooks.append(extraction.exit_hook(db.pool, writer))
+            supervisor.exit_hooks.append(extraction.exit_hook(db.pool, writer, conversations.report))
+        supervisor.exit_hooks.append(conversations.on_exit)
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
+        delivering = asyncio.create_task(
+            conversations.run(listener.subscribe(["chat_queue", "thread_control_queue"])), name="threads")
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({supervising, listening, stopping, serving_mcp}, return_when=asyncio.FIRST_COMPLETED)
@@ -82,6 +86,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             if serving_mcp.done():
                 serving_mcp.result()  # e.g. the MCP port is taken
         finally:
+            delivering.cancel()
+            await asyncio.gather(delivering, return_exceptions=True)
             mcp_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving_mcp, 10)

@@ -251,12 +251,17 @@ class Supervisor:
             await self._finish_unspawned(row, "skipped", f"working directory {workdir} does not exist")
             return
         profile = await self._profile(row["role"])
-        session_id = uuid.uuid4()
+        # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
+        # the first turn; any other task is a conversation of its own.
+        session_id = row["session_id"] or uuid.uuid4()
+        prior = await self._rows("session_turns", {"id": session_id}) if row["session_id"] else []
+        resume = bool(prior and prior[0]["turns"] > 0)
         mcp_path = self._write_mcp_config(task_id, session_id) if profile["use_mcp"] else None
         spec = substrate.SpawnSpec(
             role=row["role"],
             prompt=row["brief"],
             session_uuid=str(session_id),
+            resume=resume,
             allowed_tools=tuple(row["allowed_tools"] if row["allowed_tools"] is not None else profile["allowed_tools"]),
             system_prompt=profile["system_prompt"],
             mcp_config=mcp_path,
@@ -265,6 +270,7 @@ class Supervisor:
         cmd = substrate.build_command(self.substrate, spec)
         await self._exec("insert_session", {"id": session_id, "project_id": row["project_id"],
                                             "role": row["role"], "lifecycle": "running"})
+        await self._exec("count_turn", {"id": session_id})
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -383,7 +389,8 @@ class Supervisor:
             "exit_code": rc if rc >= 0 else None, "exit_signal": -rc if rc < 0 else None,
             "last_output_at": r.last_output_at})
         await self._exec("update_session", {
-            "id": r.session_id, "lifecycle": "ended", "substrate_session_id": r.facts.substrate_session_id})
+            "id": r.session_id, "lifecycle": "idle" if row["session_id"] else "ended",
+            "substrate_session_id": r.facts.substrate_session_id})
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)

@@ -119,7 +119,7 @@ RETURNING id
 SELECT id FROM questions WHERE tool_use_id = %(tool_use_id)s
 
 -- name: get_question --
-SELECT id, status, answers, response FROM questions WHERE id = %(id)s
+SELECT id, status, answers, response, answered_via FROM questions WHERE id = %(id)s
 
 -- name: close_question --
 UPDATE questions SET status = 'cancelled', response = %(response)s

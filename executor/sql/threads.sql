@@ -1,0 +1,72 @@
+-- name: claim_thread_controls --
+UPDATE thread_control_queue q SET status = 'claimed', claimed_at = now()
+FROM (SELECT id FROM thread_control_queue WHERE status = 'pending' ORDER BY created_at
+      FOR UPDATE SKIP LOCKED LIMIT 50) picked
+WHERE q.id = picked.id
+RETURNING q.id, q.thread_id, q.action, q.args, q.created_at
+
+-- name: finish_thread_control --
+UPDATE thread_control_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
+
+-- name: create_thread --
+INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%(id)s, 'orchestrator', 'idle', %(title)s, %(mode)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id
+
+-- name: update_thread --
+UPDATE sessions
+SET title = coalesce(%(title)s, title), mode = coalesce(%(mode)s, mode),
+    lifecycle = CASE WHEN %(archive)s THEN 'archived' ELSE lifecycle END, updated_at = now()
+WHERE id = %(id)s AND role = 'orchestrator'
+RETURNING id
+
+-- name: threads_with_pending_chat --
+SELECT DISTINCT thread_id FROM chat_queue WHERE status = 'pending'
+
+-- name: thread_state --
+SELECT s.id, s.lifecycle, s.mode,
+       EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id AND t.status IN ('pending', 'running')) AS turn_open,
+       EXISTS (SELECT 1 FROM thread_control_queue c WHERE c.thread_id = s.id AND c.status IN ('pending', 'claimed'))
+           AS controls_pending
+FROM sessions s WHERE s.id = %(id)s AND s.role = 'orchestrator'
+
+-- name: thread_create_pending --
+SELECT EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
+               AND status IN ('pending', 'claimed'))
+
+-- name: blocked_question --
+-- A question the thread's running turn is waiting on (a chat message answers it as a reply).
+SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
+WHERE q.status = 'pending' AND t.session_id = %(thread_id)s AND t.status = 'running'
+ORDER BY q.created_at LIMIT 1
+
+-- name: take_pending_chat --
+UPDATE chat_queue c SET status = 'delivered', claimed_at = now(), done_at = now()
+FROM (SELECT id FROM chat_queue WHERE thread_id = %(thread_id)s AND status = 'pending' ORDER BY created_at
+      FOR UPDATE SKIP LOCKED LIMIT %(limit)s) picked
+WHERE c.id = picked.id
+RETURNING c.id, c.text, c.origin, c.created_at
+
+-- name: fail_pending_chat --
+UPDATE chat_queue SET status = 'failed', error = %(error)s, done_at = now()
+WHERE thread_id = %(thread_id)s AND status = 'pending'
+
+-- name: answer_in_chat --
+UPDATE questions SET status = 'answered', answers = '{}'::jsonb, response = %(text)s, answered_via = 'chat'
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id
+
+-- name: enqueue_harness_message --
+INSERT INTO chat_queue (thread_id, text, origin) VALUES (%(thread_id)s, %(text)s, 'harness') RETURNING id
+
+-- name: turn_thread --
+-- The thread a task belongs to when it is (or was dispatched by) an orchestrator turn.
+SELECT p.session_id AS thread_id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
+JOIN sessions s ON s.id = p.session_id AND s.role = 'orchestrator'
+WHERE w.id = %(id)s
+
+-- name: session_turns --
+SELECT turns FROM sessions WHERE id = %(id)s
+
+-- name: count_turn --
+UPDATE sessions SET turns = turns + 1, lifecycle = 'running', updated_at = now() WHERE id = %(id)s

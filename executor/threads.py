@@ -1,0 +1,182 @@
+"""Threads: orchestrator conversations that take turns.
+
+Consumes `thread_control_queue` (create, rename, set mode, archive) and `chat_queue`. Each delivered
+message is journaled as `task.user_message` (the echo every client renders; a harness report as
+`thread.harness_message`) and becomes an orchestrator turn — one `claude -p --resume <thread>` run per
+turn, exit = turn boundary. Messages arriving while a turn is open stay pending (visible in
+GET /api/queue) and go together, in order, in the next turn. A message sent while the turn waits in
+ask_user_question answers that question as a reply instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from executor import substrate
+from executor.journal_writer import JournalWriter
+from executor.sql import queries
+from shared import journal, logs, threads
+from shared.listener import Subscription
+from shared.models import NewEvent
+
+log = logs.get(__name__)
+
+POLL_S = 1.0
+# most messages one turn carries; the rest wait for the next boundary
+MAX_MESSAGES_PER_TURN = 50
+REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
+
+
+class Threads:
+    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
+        self.pool = pool
+        self.writer = writer
+        self._wake = asyncio.Event()
+
+    async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries[name], params or {})
+            return await cur.fetchall() if cur.description else []
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, sub: Subscription) -> None:
+        async def forward() -> None:
+            while True:
+                await sub.get()
+                self._wake.set()
+
+        forwarding = asyncio.create_task(forward())
+        try:
+            while True:
+                self._wake.clear()
+                try:
+                    await self.apply_controls()
+                    await self.deliver()
+                except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
+                    log.exception("threads_pass_failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+        finally:
+            forwarding.cancel()
+
+    # ---- thread control ------------------------------------------------------------------------------
+
+    async def apply_controls(self) -> None:
+        for row in await self._rows("claim_thread_controls"):
+            args = row["args"] or {}
+            thread_id = row["thread_id"]
+            status, error = "done", None
+            if row["action"] == "create":
+                made = await self._rows("create_thread", {"id": thread_id, "title": args.get("title"),
+                                                          "mode": args.get("mode") or "interactive"})
+                if made:
+                    await self.writer.put(NewEvent("thread.created", {"title": args.get("title"),
+                                                                      "mode": args.get("mode") or "interactive"},
+                                                   session_id=thread_id))
+            else:
+                changes = {"title": args.get("title") if row["action"] == "rename" else None,
+                           "mode": args.get("mode") if row["action"] == "set_mode" else None,
+                           "archive": row["action"] == "archive"}
+                if await self._rows("update_thread", {"id": thread_id, **changes}):
+                    event = {"rename": "thread.renamed", "set_mode": "thread.mode_changed",
+                             "archive": "thread.archived"}[row["action"]]
+                    await self.writer.put(NewEvent(event, args, session_id=thread_id))
+                else:
+                    status, error = "failed", f"no thread {thread_id}"
+            await self._rows("finish_thread_control", {"id": row["id"], "status": status, "error": error})
+
+    # ---- chat delivery -------------------------------------------------------------------------------
+
+    async def deliver(self) -> None:
+        for row in await self._rows("threads_with_pending_chat"):
+            await self._deliver_thread(row["thread_id"])
+
+    async def _deliver_thread(self, thread_id: uuid.UUID) -> None:
+        state = await self._rows("thread_state", {"id": thread_id})
+        if not state:
+            if thread_id == threads.DEFAULT_THREAD_ID:
+                await self._rows("create_thread", {"id": thread_id, "title": "Default", "mode": "interactive"})
+                await self.writer.put(NewEvent("thread.created", {"title": "Default", "mode": "interactive"},
+                                               session_id=thread_id))
+                return await self._deliver_thread(thread_id)
+            if not (await self._rows("thread_create_pending", {"id": thread_id}))[0]["exists"]:
+                await self._rows("fail_pending_chat", {"thread_id": thread_id, "error": f"no thread {thread_id}"})
+            return None
+        thread = state[0]
+        if thread["lifecycle"] == "archived":
+            await self._rows("fail_pending_chat", {"thread_id": thread_id, "error": "the thread is archived"})
+            return None
+        if thread["controls_pending"]:
+            return None  # a rename or mode change queued before these messages applies first
+        blocked = await self._rows("blocked_question", {"thread_id": thread_id})
+        if blocked:
+            await self._reply_in_chat(thread_id, blocked[0]["id"])
+            return None
+        if thread["turn_open"]:
+            return None  # delivered at the boundary: the exit hook wakes us
+        await self._start_turn(thread_id)
+        return None
+
+    async def _reply_in_chat(self, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
+        async with self.pool.connection() as conn, conn.transaction():
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(queries["take_pending_chat"], {"thread_id": thread_id, "limit": 1})
+                messages = await cur.fetchall()
+                if not messages:
+                    return
+                msg = messages[0]
+                await cur.execute(queries["answer_in_chat"], {"id": question_id, "text": msg["text"]})
+                await journal.append_on(conn, [NewEvent(
+                    "task.user_message", {"text": msg["text"], "thread_id": str(thread_id), "origin": msg["origin"],
+                                          "answered_question": str(question_id)},
+                    session_id=thread_id, message_id=msg["id"])])
+
+    async def _start_turn(self, thread_id: uuid.UUID) -> None:
+        turn_id = uuid.uuid4()
+        async with self.pool.connection() as conn, conn.transaction():
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(queries["take_pending_chat"],
+                                  {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN})
+                messages = await cur.fetchall()
+            if not messages:
+                return
+            brief = "\n\n".join(m["text"] for m in messages)
+            await conn.execute(queries["insert_task"], {
+                "id": turn_id, "project_id": None, "session_id": thread_id, "parent_task_id": None,
+                "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None, "allowed_tools": None,
+                "json_schema": None})
+            events = [NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
+                               {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
+                               session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages]
+            events.append(NewEvent("task.dispatch_requested", {"role": "orchestrator", "messages": len(messages)},
+                                   session_id=thread_id, task_id=turn_id))
+            await journal.append_on(conn, events)
+        log.info("turn_queued", thread=str(thread_id), messages=len(messages))
+
+    # ---- hooks ---------------------------------------------------------------------------------------
+
+    async def on_exit(self, row: dict[str, Any], outcome: substrate.Outcome, facts: substrate.TurnFacts) -> None:
+        """A turn ended: deliver what waited for the boundary."""
+        if row.get("session_id") is not None:
+            self.wake()
+
+    async def report(self, worker_id: uuid.UUID, record_type: str, payload: dict[str, Any]) -> None:
+        """Tell the orchestrator that dispatched a worker what became of it (the loop closes itself)."""
+        rows = await self._rows("turn_thread", {"id": worker_id})
+        if not rows:
+            return
+        summary = {k: v for k, v in payload.items() if k not in ("raw_seq_range", "contract")}
+        text = (f"[harness] Worker {worker_id} finished. Its {'handoff' if record_type == 'handoff' else 'extraction failed'}:"
+                f"\n{json.dumps(summary, indent=2, default=str)[:8000]}")
+        await self._rows("enqueue_harness_message", {"thread_id": rows[0]["thread_id"], "text": text})
+        self.wake()
+

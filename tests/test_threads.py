@@ -1,0 +1,130 @@
+"""Threads end to end: turns with --resume, delivery at boundaries, replies in chat, the loop closing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared import threads
+from tests.harness import Harness, running_executor
+from tests.pg import DB
+from tests.web import ingress_server
+
+
+async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]]:
+    """Wait until n orchestrator turns have ended; return them oldest first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = await h._conn()
+        cur = await conn.execute("SELECT id, brief, status FROM tasks WHERE role = 'orchestrator' ORDER BY created_at")
+        rows = [dict(zip(("id", "brief", "status"), r)) for r in await cur.fetchall()]
+        if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]):
+            return rows
+        assert time.monotonic() < deadline, rows
+        await asyncio.sleep(0.1)
+
+
+async def _argv(h: Harness, task_id: Any) -> list[str]:
+    spawned = [e for e in await h.events(task_id) if e.event_type == "task.spawned"]
+    return spawned[0].payload["argv"]
+
+
+async def test_each_message_is_a_turn_of_one_conversation_resumed_with_its_history(db: DB, tmp_path: Path) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "noted"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            assert (await http.post("/api/chat", json={"text": "first message"})).status_code == 202
+            first = (await _turns(h, 1))[0]
+            assert (await http.post("/api/chat", json={"text": "second message"})).status_code == 202
+            turns = await _turns(h, 2)
+            argv1, argv2 = await _argv(h, first["id"]), await _argv(h, turns[1]["id"])
+            echoes = [e for e in await h.events() if e.event_type == "task.user_message"]
+    thread = str(threads.DEFAULT_THREAD_ID)
+    assert [t["status"] for t in turns] == ["success", "success"]
+    assert argv1[argv1.index("--session-id") + 1] == thread
+    assert argv2[argv2.index("--resume") + 1] == thread
+    last_request = model.requests[-1].body["messages"]
+    texts = json.dumps(last_request)
+    assert "first message" in texts and "second message" in texts  # the resumed turn carried its history
+    assert [e.payload["text"] for e in echoes] == ["first message", "second message"]
+
+
+async def test_messages_sent_during_a_turn_wait_visibly_and_go_together_at_the_boundary(db: DB, tmp_path: Path) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"stall": {"seconds": 4, "text": "slowly"}}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            await http.post("/api/chat", json={"text": "A"})
+            deadline = time.monotonic() + 30
+            while not (await http.get("/api/tasks", params={"running": "true"})).json()["tasks"]:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            await http.post("/api/chat", json={"text": "B"})
+            await http.post("/api/chat", json={"text": "C"})
+            pending = [p["text"] for p in (await http.get("/api/queue")).json()["pending"]]
+            turns = await _turns(h, 2)
+    assert pending == ["B", "C"]
+    assert [t["brief"] for t in turns] == ["A", "B\n\nC"]
+
+
+async def test_a_chat_message_to_a_thread_blocked_in_an_ask_answers_it_as_a_reply(db: DB, tmp_path: Path) -> None:
+    question = {"question": "Which way?", "header": "Way", "multiSelect": False,
+                "options": [{"label": "Left", "description": ""}, {"label": "Right", "description": ""}]}
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
+        {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [question]}}},
+        {"text": "ok, going that way"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            await http.post("/api/chat", json={"text": "start"})
+            deadline = time.monotonic() + 60
+            while not (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            await http.post("/api/chat", json={"text": "neither, go straight"})
+            turns = await _turns(h, 1)
+            events = await h.events(turns[0]["id"])
+            echoes = [e for e in await h.events() if e.event_type == "task.user_message"]
+    results = [b for e in events if e.event_type == "stream.user" for b in e.payload["message"]["content"]
+               if isinstance(b, dict) and b.get("type") == "tool_result"]
+    payload = json.loads(results[0]["content"] if isinstance(results[0]["content"], str)
+                         else results[0]["content"][0]["text"])
+    assert payload["answers"] == {} and payload["response"] == "neither, go straight"
+    assert "chat" in payload["annotation"]
+    assert len(turns) == 1 and turns[0]["status"] == "success"
+    assert [e.payload["text"] for e in echoes] == ["start", "neither, go straight"]
+    with psycopg.connect(db.admin_dsn) as conn:
+        assert conn.execute("SELECT status FROM chat_queue ORDER BY created_at").fetchall() == [("delivered",)] * 2
+
+
+async def test_a_dispatched_workers_handoff_wakes_its_orchestrator_without_user_input(db: DB, tmp_path: Path) -> None:
+    handoff = {"goal": "count the files", "current_state": "counted 3 files", "next_step": "none",
+               "ruled_out": [], "status": "success", "artifacts": []}
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files here"}}},
+            {"text": "dispatched; will report back"}]),
+        Rule(role="worker", replies=[{"text": "there are 3 files"}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": handoff}},
+                                        {"text": "done"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            await http.post("/api/chat", json={"text": "how many files are there?"})
+            turns = await _turns(h, 2, timeout=120)
+            all_events = await h.events()
+    reports = [e for e in all_events if e.event_type == "thread.harness_message"]
+    assert len(reports) == 1 and "counted 3 files" in reports[0].payload["text"]
+    assert turns[1]["brief"].startswith("[harness] Worker") and "counted 3 files" in turns[1]["brief"]
+    assert [e.event_type for e in all_events if e.tier == "derived"] == ["handoff"]
+    user_messages = [e for e in all_events if e.event_type == "task.user_message"]
+    assert [e.payload["text"] for e in user_messages] == ["how many files are there?"]  # no input after the first
