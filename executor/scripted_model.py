@@ -5,7 +5,8 @@ and the demo exercise the real CLI's stream-json, MCP client, retries and exit c
 
 A scenario is a list of rules. For each request the first rule whose `role` matches the caller's role
 (read from a `[petal-role: NAME]` marker in the system prompt; "*" matches any) and whose `match`
-(if any) occurs in the conversation's first user text is chosen; its replies are indexed by the turn,
+(if any) occurs in the conversation's first user text, and whose `match_last` (if any) occurs in
+its latest user text, is chosen; its replies are indexed by the turn,
 the number of tool results the conversation carries (the last reply repeats). A reply is one of:
 
     {"text": "..."}                                   a text answer
@@ -50,6 +51,8 @@ class Rule:
     replies: list[dict[str, Any]]
     role: str = "*"
     match: str | None = None
+    # matched against the conversation's latest user text (a later turn of a resumed conversation)
+    match_last: str | None = None
 
 
 @dataclass
@@ -70,11 +73,13 @@ class Scenario:
     def single(cls, *replies: dict[str, Any], role: str = "*") -> Scenario:
         return cls(rules=[Rule(replies=list(replies), role=role)])
 
-    def choose(self, role: str | None, first_user_text: str, turn: int) -> dict[str, Any]:
+    def choose(self, role: str | None, first_user_text: str, turn: int, last_user_text: str = "") -> dict[str, Any]:
         for rule in self.rules:
             if rule.role not in ("*", role):
                 continue
             if rule.match is not None and rule.match not in first_user_text:
+                continue
+            if rule.match_last is not None and rule.match_last not in last_user_text:
                 continue
             if not rule.replies:
                 break
@@ -97,6 +102,12 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     return ""
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    """The text of the latest user message (empty when it carries only tool results)."""
+    users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+    return _text_of(users[-1].get("content")) if users else ""
 
 
 def analyse(body: dict[str, Any]) -> tuple[str | None, str, int]:
@@ -172,7 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         role, first_user, turn = analyse(body)
         self.server.record(Request(path, {k.lower(): v for k, v in self.headers.items()}, body, role, turn))
-        reply = self.server.scenario.choose(role, first_user, turn)
+        reply = self.server.scenario.choose(role, first_user, turn, last_user_text(body))
         if "error" in reply:
             self._error(reply["error"])
         elif body.get("stream"):

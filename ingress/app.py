@@ -28,12 +28,18 @@ from shared.settings import Settings
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 
+async def info(request: Request) -> Response:
+    settings: Settings = request.app.state.settings
+    return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
+                         "auth": request.app.state.auth.mode})
+
+
 _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
 _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000})
 _TASK = Param("task_id", "path", UUID)
 _THREADQ = Param("thread_id", "query", UUID)
 
-OPS: list[tuple[Op, object]] = [
+OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
     (Op("post", "/api/chat", "queue a chat message for a thread", ChatIn, status=202, errors=(400, 409, 413, 415, 422)),
      actions.post_chat),
     (Op("post", "/api/tasks/{task_id}/stop", "ask the executor to stop a task", StopIn, True, (_TASK,), 202,
@@ -49,6 +55,7 @@ OPS: list[tuple[Op, object]] = [
         params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409)),
      actions.cancel_ask),
     (Op("get", "/api/threads", "threads, including ones still being created"), reads.list_threads),
+    (Op("get", "/api/info", "what this server is: version, demo mode, auth mode"), info),
     (Op("get", "/api/queue", "chat messages not yet delivered", params=(_THREADQ,), errors=(400,)),
      reads.pending_queue),
     (Op("get", "/api/tasks", "running and recent tasks", params=(

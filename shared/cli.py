@@ -93,7 +93,7 @@ def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     overrides = {k: v for k, v in {"ingress_host": args.host, "ingress_port": args.port, "mcp_port": args.mcp_port,
                                    "data_dir": args.data_dir}.items() if v is not None}
-    return up.run(settings.model_copy(update=overrides), os.environ)
+    return up.run(settings.model_copy(update=overrides), os.environ, demo=args.demo)
 
 
 def _with_pool(settings: Settings, work):  # type: ignore[no-untyped-def]
@@ -186,6 +186,99 @@ def _cmd_reextract(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_journal(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+    import uuid
+
+    from psycopg.rows import class_row
+
+    from shared.database import Database
+    from shared.journal_view import line
+    from shared.models import Event
+    from shared.sql import queries
+
+    def as_uuid(value: str | None, name: str) -> uuid.UUID | None:
+        try:
+            return uuid.UUID(value) if value else None
+        except ValueError:
+            raise errors.ConfigError(f"--{name} takes an id (a UUID)") from None
+
+    params = {"task_id": as_uuid(args.task, "task"), "thread_id": as_uuid(args.thread, "thread"), "limit": 500}
+    info = dbserver.resolve(settings)
+
+    async def run() -> None:
+        async with Database(info.ingress_dsn, name="petal-journal", max_size=2) as db:
+            listener = db.listener(["journal"]) if args.follow else None
+            sub = listener.subscribe() if listener else None
+            listening = asyncio.create_task(listener.run()) if listener else None
+            after = 0
+            try:
+                while True:
+                    async with db.pool.connection() as conn, conn.cursor(row_factory=class_row(Event)) as cur:
+                        await cur.execute(queries["journal_filtered"], {**params, "after": after})
+                        events = await cur.fetchall()
+                    for e in events:
+                        print(line(e), flush=True)
+                        after = e.seq
+                    if len(events) == params["limit"]:
+                        continue
+                    if sub is None:
+                        return
+                    await sub.get()
+            finally:
+                if listening:
+                    listening.cancel()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from psycopg.rows import dict_row
+
+    from shared.database import Database
+    from shared.sql import queries
+
+    info = dbserver.resolve(settings)
+
+    async def gather() -> dict[str, list[dict[str, object]]]:
+        out: dict[str, list[dict[str, object]]] = {}
+        async with Database(info.ingress_dsn, name="petal-status", max_size=1) as db:
+            async with db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                for key in ("status_tasks", "status_queue", "status_asks", "status_last_events"):
+                    await cur.execute(queries[key])
+                    out[key.removeprefix("status_")] = await cur.fetchall()
+        return out
+
+    state = asyncio.run(gather())
+    if args.json:
+        print(json.dumps(state, default=str, indent=2))
+        return 0
+    print(f"tasks ({len(state['tasks'])} open)")
+    for t in state["tasks"]:
+        activity = (t["activity"] or t["status"]).upper() if t["activity"] in ("stalled", "awaiting_user") else (
+            t["activity"] or t["status"])
+        last = t["last_output_at"].strftime("%H:%M:%S") if t["last_output_at"] else "-"
+        brief = " ".join(str(t["brief"]).split())[:70]
+        print(f"  {str(t['id'])[:8]} {t['role']:<12} {activity:<14} last output {last}  {brief}")
+    print(f"queued messages ({len(state['queue'])})")
+    for q in state["queue"]:
+        print(f"  {str(q['id'])[:8]} thread {str(q['thread_id'])[:8]} {q['origin']:<8} {q['text']}")
+    print(f"pending asks ({len(state['asks'])})")
+    for a in state["asks"]:
+        questions = " / ".join(str(x.get("question", "")) for x in a["questions"])  # type: ignore[union-attr]
+        print(f"  {a['tool_use_id']} task {str(a['task_id'])[:8]}  {questions}")
+    print("last events")
+    for e in state["last_events"]:
+        print(f"  {e['seq']:>7} {e['created_at']:%H:%M:%S} {e['event_type']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,7 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="ingress port (default 8000)")
     p.add_argument("--mcp-port", type=int, help="harness MCP port (default 8002)")
     p.add_argument("--data-dir", type=Path, help="data directory (default ./var)")
+    p.add_argument("--demo", action="store_true",
+                   help="run the real CLI against a scripted model: see the whole loop with no Anthropic account")
     p.set_defaults(handler=_cmd_up)
+
+    p = sub.add_parser("journal", help="the journal as readable lines")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    p.add_argument("--task", help="only this task's events")
+    p.add_argument("--thread", help="only this thread's events (its turns and the workers they dispatched)")
+    p.set_defaults(handler=_cmd_journal)
+
+    p = sub.add_parser("status", help="open tasks (running / awaiting user / stalled), queued messages, pending asks")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_status)
 
     p = sub.add_parser("migrate", help="apply pending database migrations")
     p.set_defaults(handler=_cmd_migrate)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     claude_api_timeout_ms: int | None = Field(default=None, gt=0)
     claude_stream_idle_timeout_ms: int | None = Field(default=None, gt=0)
 
+    # demo mode: the CLI talks to the scripted model; the page says so
+    demo: bool = False
+
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
 

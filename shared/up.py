@@ -7,6 +7,7 @@ takes a handle on it, and it stops when the last one exits.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 
 from shared import dbserver, errors, logs
 from shared.settings import Settings
@@ -70,13 +72,64 @@ def _stop(children: list[subprocess.Popen[bytes]]) -> None:
             child.wait()
 
 
-def run(settings: Settings, env: Mapping[str, str]) -> int:
+DEMO_MESSAGE = "Show me what you can do with this project."
+
+
+def _demo_claude(settings: Settings) -> str:
+    """The demo runs the real CLI (against the scripted model): the configured one, else the pinned install."""
+    from executor import cli_install
+
+    found = shutil.which(settings.claude_bin) or (str(cli_install.installed_bin() or "") or None)
+    if found is None:
+        raise errors.ConfigError("the demo runs the real Claude Code CLI against a scripted model: install it with "
+                                 "`petal-dispatch install-claude` (or npm install -g @anthropic-ai/claude-code)")
+    return found
+
+
+def _start_demo_model(settings: Settings, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    scenario = Path(__file__).resolve().parent.parent / "executor" / "demo" / "scenario.json"
+    model = subprocess.Popen([sys.executable, "-m", "executor.scripted_model", "--scenario", str(scenario)],
+                             stdout=subprocess.PIPE, text=True)
+    url = (model.stdout.readline() if model.stdout else "").strip()
+    if not url.startswith("http://127.0.0.1:"):
+        model.kill()
+        raise errors.PetalError("the demo's scripted model did not start")
+    project = settings.data_dir.resolve() / "demo-project"
+    (project / "src").mkdir(parents=True, exist_ok=True)
+    (project / "README.md").write_text("# A demo project\n\nSomething for the demo worker to look at.\n")
+    (project / "src" / "app.py").write_text("print('hello')\n")
+    env.update(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY="sk-ant-demo-not-a-real-key", PETAL_DEMO="1",
+               PETAL_CLAUDE_CONFIG_DIR=str(settings.data_dir.resolve() / "demo-claude"),
+               PETAL_CLAUDE_MAX_RETRIES="0", PETAL_WORKDIR=str(project))
+    if is_loopback_bind(settings):
+        env["OPEN_MODE"] = "1"  # the demo is for a browser on this machine
+    return model, url
+
+
+def is_loopback_bind(settings: Settings) -> bool:
+    from ingress.main import is_loopback
+
+    return is_loopback(settings.ingress_host)
+
+
+def _post_demo_message(url: str) -> None:
+    req = urllib.request.Request(f"{url}/api/chat", data=json.dumps({"text": DEMO_MESSAGE}).encode(),
+                                 headers={"content-type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> int:
     from ingress.main import check_bind  # the same refusal the ingress itself makes, before anything starts
 
     check_bind(settings)
-    claude = find_claude(settings)
+    claude = _demo_claude(settings) if demo else find_claude(settings)
     info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
     child_env = _child_env(env, settings, claude)
+    extra: list[subprocess.Popen[str]] = []
+    if demo:
+        model, _ = _start_demo_model(settings, child_env)
+        extra.append(model)
     stop = {"signal": 0}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -92,7 +145,10 @@ def run(settings: Settings, env: Mapping[str, str]) -> int:
         host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host
         url = f"http://{host}:{settings.ingress_port}"
         _wait_ready(url, children)
-        print(f"petal-dispatch is up: {url}/  (database: {info.location}; Ctrl-C stops everything)", flush=True)
+        if demo:
+            _post_demo_message(url)
+        what = "the demo (a scripted model, not Claude)" if demo else "petal-dispatch"
+        print(f"{what} is up: {url}/  (database: {info.location}; Ctrl-C stops everything)", flush=True)
         while not stop["signal"]:
             if any(c.poll() is not None for c in children):
                 log.error("service_exited", codes=[c.returncode for c in children])
@@ -101,3 +157,4 @@ def run(settings: Settings, env: Mapping[str, str]) -> int:
         return 0
     finally:
         _stop(children)
+        _stop(extra)  # type: ignore[arg-type]

@@ -62,3 +62,46 @@ def test_up_without_the_claude_cli_refuses_and_names_the_install_command(tmp_pat
     out = subprocess.run([sys.executable, "-m", "shared.cli", "up", "--data-dir", str(tmp_path / "var")],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "npm install -g @anthropic-ai/claude-code" in out.stderr
+
+
+def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cleanly(tmp_path: Path) -> None:
+    port, mcp_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN",
+                                                            "OPEN_MODE")}
+    env.update(PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
+    cmd = [sys.executable, "-m", "shared.cli", "up", "--demo", "--port", str(port), "--mcp-port", str(mcp_port),
+           "--data-dir", str(tmp_path / "var")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert "demo" in line and f"{base}/" in line, line
+        family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        deadline = time.monotonic() + 120
+        while True:
+            with urllib.request.urlopen(f"{base}/api/asks?status=pending", timeout=5) as r:
+                asks = json.load(r)["asks"]
+            if asks:
+                break
+            assert time.monotonic() < deadline, "the demo loop never reached its question"
+            time.sleep(0.5)
+        with urllib.request.urlopen(f"{base}/api/info", timeout=5) as r:
+            assert json.load(r)["demo"] is True
+        with urllib.request.urlopen(f"{base}/", timeout=5) as r:
+            assert "Demo:" in r.read().decode()
+        with urllib.request.urlopen(f"{base}/api/events?tier=derived", timeout=5) as r:
+            derived = json.load(r)["events"]
+        with urllib.request.urlopen(f"{base}/api/tasks", timeout=5) as r:
+            roles = sorted(t["role"] for t in json.load(r)["tasks"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+        proc.stdout.close()  # type: ignore[union-attr]
+    assert "no tests" in asks[0]["questions"][0]["question"]
+    assert [e["event_type"] for e in derived] == ["handoff"]
+    assert roles == ["extractor", "orchestrator", "orchestrator", "worker"]
+    assert rc == 0
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
+        assert time.monotonic() < deadline, "a child outlived up --demo"
+        time.sleep(0.1)

@@ -43,3 +43,32 @@ FROM rule_outs r, candidate c
 WHERE cardinality(r.words) > 0
 ORDER BY overlap DESC, r.seq DESC
 LIMIT 20
+
+-- name: status_tasks --
+SELECT id, role, status, activity, brief, last_output_at, started_at FROM tasks
+WHERE status IN ('pending', 'running') ORDER BY created_at
+
+-- name: status_queue --
+SELECT id, thread_id, origin, left(text, 120) AS text, created_at FROM chat_queue
+WHERE status IN ('pending', 'claimed') ORDER BY created_at
+
+-- name: status_asks --
+SELECT id, tool_use_id, task_id, questions, created_at FROM questions WHERE status = 'pending' ORDER BY created_at
+
+-- name: journal_filtered --
+SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
+FROM journal
+WHERE seq > %(after)s
+  AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
+  AND (%(thread_id)s::uuid IS NULL OR session_id = %(thread_id)s::uuid
+       OR task_id IN (SELECT id FROM tasks WHERE session_id = %(thread_id)s::uuid
+                      UNION SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+                            WHERE p.session_id = %(thread_id)s::uuid))
+  AND event_type <> 'stream.stream_event'
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: status_last_events --
+SELECT seq, event_type, task_id, created_at FROM (
+    SELECT seq, event_type, task_id, created_at FROM journal ORDER BY seq DESC LIMIT 5) last
+ORDER BY seq

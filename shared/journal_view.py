@@ -1,0 +1,77 @@
+"""The journal as lines a person can read in a terminal (who, what, status, the text that matters)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shared.models import Event
+
+WIDTH = 160
+
+
+def _short(text: str, width: int = WIDTH) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _blocks(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    content = (payload.get("message") or {}).get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def summary(e: Event) -> str:
+    """One line about what this event says."""
+    p: Any = e.payload if isinstance(e.payload, dict) else {}
+    t = e.event_type
+    if t == "task.user_message":
+        return f"user: {_short(p.get('text', ''))}"
+    if t == "thread.harness_message":
+        return f"harness → orchestrator: {_short(p.get('text', ''))}"
+    if t == "task.spawned":
+        return f"spawned {p.get('role', '')} pid {p.get('pid', '?')}" + (" (imported)" if p.get("imported") else "")
+    if t == "task.exited":
+        code = p.get("exit_code") if p.get("signal") is None else p.get("signal")
+        return f"exited {p.get('status', '?').upper()} ({p.get('reason', '')}), exit {code}"
+    if t in ("task.stalled", "task.resumed"):
+        return t.split(".")[1] + (f" after {p.get('silent_s')} s silent" if t == "task.stalled" else "")
+    if t == "task.dispatch_requested":
+        return f"dispatch {p.get('role', '')}: {_short(p.get('brief', '') or '', 120)}"
+    if t == "stream.assistant":
+        parts = []
+        for b in _blocks(p):
+            if b.get("type") == "text":
+                parts.append(_short(b.get("text", ""), 120))
+            elif b.get("type") == "tool_use":
+                parts.append(f"→ {b.get('name')}({_short(json.dumps(b.get('input', {})), 80)})")
+        return "assistant: " + " ".join(parts)
+    if t == "stream.user":
+        parts = []
+        for b in _blocks(p):
+            if b.get("type") == "tool_result":
+                content = b.get("content")
+                text = content if isinstance(content, str) else json.dumps(content)
+                parts.append(("✗ " if b.get("is_error") else "← ") + _short(text, 120))
+        return "tool result: " + " ".join(parts) if parts else "user"
+    if t == "stream.result":
+        failed = "ERROR " if p.get("is_error") else ""
+        return f"result {failed}{p.get('terminal_reason') or p.get('subtype', '')}: {_short(p.get('result', '') or '', 100)}"
+    if t == "stream.system.init":
+        return f"init (claude {p.get('claude_code_version', '?')}, {len(p.get('tools', []))} tools)"
+    if t == "stream.unparsed":
+        return f"unparsed line: {_short(p.get('line', ''), 120)}"
+    if t == "handoff":
+        return (f"HANDOFF {p.get('status', '')}: goal {_short(p.get('goal', ''), 60)} | now "
+                f"{_short(p.get('current_state', ''), 60)} | next {_short(p.get('next_step', ''), 50)}")
+    if t == "handoff.extraction_failed":
+        return f"EXTRACTION FAILED: {_short('; '.join(p.get('errors', [])), 140)}"
+    if t.startswith("question."):
+        qs = [q.get("question", "") for q in p.get("questions", [])] if t == "question.asked" else []
+        detail = " / ".join(qs) if qs else json.dumps(p.get("answers") or p.get("response") or p.get("reason"))
+        return f"{t.split('.')[1]}: {_short(detail, 140)}"
+    return _short(json.dumps(p), 140)
+
+
+def line(e: Event) -> str:
+    who = str(e.task_id)[:8] if e.task_id else (str(e.session_id)[:8] if e.session_id else "--------")
+    return f"{e.seq:>7} {e.created_at:%H:%M:%S} {who} {e.event_type:<26} {summary(e)}"

@@ -1,0 +1,56 @@
+"""`petal-dispatch journal` and `status`: the journal legible in a terminal, the open work at a glance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests.harness import config_for, running_supervisor, substrate_for
+from tests.pg import DB
+
+
+def _cli(db: DB, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
+    return subprocess.run([sys.executable, "-m", "shared.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+async def test_status_shows_a_running_and_a_stalled_task_and_the_journal_reads_as_sentences(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[
+        Rule(
+            role="worker", match="quick", replies=[
+                {"tool_use": {"name": "Bash", "input": {"command": "echo hello-journal"}}},
+                {"text": "Finished: printed hello-journal."}]),
+        Rule(
+            role="worker", replies=[{"stall": {"seconds": None}}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path, stall_timeout_s=1.0, stop_grace_s=2)) as h:
+            quick = await h.dispatch("quick job")
+            await h.wait_final(quick)
+            slow = await h.dispatch("slow job")
+            await h.wait_task(slow, lambda r: r["activity"] == "stalled", 60)
+            running_too = await h.dispatch("another slow job")
+            await h.wait_task(running_too, lambda r: r["status"] == "running" and r["activity"] == "running", 60)
+            status = _cli(db, "status", "--json")
+            text_status = _cli(db, "status")
+            journal = _cli(db, "journal", "--task", str(quick))
+    assert status.returncode == 0, status.stderr
+    state = json.loads(status.stdout)
+    activity = {t["id"]: t["activity"] for t in state["tasks"]}
+    assert activity[str(slow)] == "stalled" and activity[str(running_too)] == "running"
+    assert str(quick) not in activity
+    assert "STALLED" in text_status.stdout
+    lines = journal.stdout.splitlines()
+    assert any("spawned worker" in ln for ln in lines)
+    assert any("→ Bash(" in ln and "hello-journal" in ln for ln in lines)
+    assert any("tool result: ← hello-journal" in ln for ln in lines)
+    assert any("exited SUCCESS" in ln for ln in lines)
+    assert all(len(ln) < 240 for ln in lines)
