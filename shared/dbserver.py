@@ -75,10 +75,11 @@ def resolve(settings: Settings, *, auto_migrate: bool = True) -> ServerInfo:
     if settings.database_url or settings.executor_dsn or settings.ingress_dsn:
         # An external server: a service may be given only its own role's DSN (no admin DSN at all).
         admin = settings.database_url
-        executor = settings.executor_dsn or (role_dsn(admin, EXECUTOR_ROLE) if admin else None)
-        ingress = settings.ingress_dsn or (role_dsn(admin, INGRESS_ROLE) if admin else None)
-        if executor is None or ingress is None:
-            raise errors.ConfigError("set DATABASE_URL, or both PETAL_EXECUTOR_DSN and PETAL_INGRESS_DSN")
+        # A service may know only its own DSN: the other role's is the same server with the other user.
+        base = admin or settings.executor_dsn or settings.ingress_dsn
+        assert base is not None
+        executor = settings.executor_dsn or role_dsn(base, EXECUTOR_ROLE)
+        ingress = settings.ingress_dsn or role_dsn(base, INGRESS_ROLE)
         return ServerInfo(embedded=False, location=describe(admin or executor), admin_dsn=admin,
                           executor_dsn=executor, ingress_dsn=ingress)
     admin = _start_embedded(settings)
