@@ -26,7 +26,10 @@ from shared import migrate
 from shared.database import Database
 from shared.settings import Settings
 
-STATIC = Path(__file__).resolve().parent.parent / "static"
+# the repository's static/ (editable install), or the copy a wheel build packs inside `ingress`
+STATIC = next((p for p in (Path(__file__).resolve().parent.parent / "static",
+                           Path(__file__).resolve().parent / "_static") if p.is_dir()),
+              Path(__file__).resolve().parent / "_static")
 
 async def info(request: Request) -> Response:
     settings: Settings = request.app.state.settings
