@@ -128,3 +128,49 @@ async def test_a_dispatched_workers_handoff_wakes_its_orchestrator_without_user_
     assert [e.event_type for e in all_events if e.tier == "derived"] == ["handoff"]
     user_messages = [e for e in all_events if e.event_type == "task.user_message"]
     assert [e.payload["text"] for e in user_messages] == ["how many files are there?"]  # no input after the first
+
+
+def _step(n: str) -> list[Rule]:
+    done = {"goal": f"step {n}", "current_state": f"step {n} done", "next_step": "the next step", "ruled_out": [],
+            "status": "success", "artifacts": []}
+    return [Rule(role="extractor", match=f"do step {n}", replies=[
+        {"tool_use": {"name": "StructuredOutput", "input": done}}, {"text": "ok"}])]
+
+
+async def test_one_message_drives_three_chained_workers_and_a_final_reply_without_more_input(
+    db: DB, tmp_path: Path
+) -> None:
+    def dispatch(n: str) -> dict[str, Any]:
+        return {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": f"do step {n}"}}}
+
+    scenario = Scenario(rules=[
+        # each handoff report names the finished step; the orchestrator answers it with the next dispatch
+        Rule(role="orchestrator", match_last="step one done", replies=[dispatch("two")]),
+        Rule(role="orchestrator", match_last="step two done", replies=[dispatch("three")]),
+        Rule(role="orchestrator", match_last="step three done", replies=[{"text": "All three steps are done."}]),
+        Rule(role="orchestrator", replies=[dispatch("one"), {"text": "working on it"}]),
+        Rule(role="worker", replies=[{"text": "did my step"}]),
+        *_step("one"), *_step("two"), *_step("three"),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            await http.post("/api/chat", json={"text": "do the three steps"})
+            deadline = time.monotonic() + 240
+            while True:
+                events = await h.events()
+                finals = [e for e in events if e.event_type == "stream.result"
+                          and e.payload.get("result") == "All three steps are done."]
+                if finals:
+                    break
+                assert time.monotonic() < deadline, [e.event_type for e in events][-20:]
+                await asyncio.sleep(0.2)
+            turns = await _turns(h, 4, timeout=60)
+            conn = await h._conn()
+            workers = [r[0] for r in await (await conn.execute(
+                "SELECT brief FROM tasks WHERE role = 'worker' ORDER BY created_at")).fetchall()]
+    handoffs = [e.payload["goal"] for e in events if e.event_type == "handoff"]
+    assert workers == ["do step one", "do step two", "do step three"]
+    assert handoffs == ["step one", "step two", "step three"]
+    assert len(turns) >= 4 and all(t["status"] == "success" for t in turns)
+    assert [e.payload["text"] for e in events if e.event_type == "task.user_message"] == ["do the three steps"]
