@@ -18,7 +18,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from executor import dispatch, substrate
+from executor import dispatch, policy, substrate
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import contract, logs
@@ -134,6 +134,9 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
     handoff["status"] = worker["status"]  # the exit-derived status, never the model's claim
     if claimed is not None and claimed != worker["status"]:
         handoff["claimed_status"] = claimed
+    if worker["status"] == "gated":  # the gate evidence comes from the exit's record, not the model
+        denials = await _one(pool, "exit_denials", {"id": worker["id"]})
+        handoff["gate_decisions"] = policy.gate_decisions((denials or {}).get("denials") or [])
     await writer.write([NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])
     if report is not None:
         await report(worker["id"], "handoff", handoff)
@@ -150,5 +153,7 @@ def exit_hook(pool: AsyncConnectionPool, writer: JournalWriter, report: Report |
         source = await _one(pool, "extraction_source", {"id": row["id"]})
         if source and source["extract_on_exit"] and (facts.result_text.strip() or facts.lines):
             await request(pool, row["id"])
+        elif report is not None:  # nothing to extract: the end itself is what there is to act on
+            await report(row["id"], "task.exited", {"status": outcome.status, "reason": outcome.reason})
 
     return on_exit

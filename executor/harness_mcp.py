@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
-from executor import dispatch
+from executor import briefs, dispatch
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import logs, read_surface
@@ -116,17 +116,29 @@ class Harness:
         meta = raw_meta.model_dump() if hasattr(raw_meta, "model_dump") else dict(raw_meta)
         tool_use_id = meta.get(TOOL_USE_META) or f"mcp-{uuid.uuid4()}"
         stored = [q.model_dump(exclude_none=True) for q in questions]
+        final = await self.ask_user(stored, tool_use_id, session, task, ctx)
+        result: dict[str, Any] = {"questions": stored, "answers": final["answers"]}
+        if final["response"] is not None:
+            result["response"] = final["response"]
+        if final.get("answered_via") == "chat":
+            result["annotation"] = "the user replied in the chat instead of choosing an option"
+        return result
+
+    async def ask_user(self, stored: list[dict[str, Any]], tool_use_id: str, session: uuid.UUID | None,
+                       task: dict[str, Any] | None, ctx: Context, asked_by: str = "model") -> dict[str, Any]:
+        """Put questions in the Asks panel and wait for the answer (journaled both ways); the closed row."""
         task_id = task["id"] if task else None
         # subscribe before the row exists, so an answer can never arrive unseen
         with self.listener.subscribe(["question_answered"]) as sub:
             row = await self._one("insert_question", {"tool_use_id": tool_use_id, "session_id": session,
-                                                      "task_id": task_id, "questions": Jsonb(stored)})
+                                                      "task_id": task_id, "questions": Jsonb(stored),
+                                                      "asked_by": asked_by})
             if row is None:  # the same tool call again (a client retry): wait on the first row
                 row = await self._one("question_by_tool_use_id", {"tool_use_id": tool_use_id})
                 assert row is not None
             qid = row["id"]
             await self.writer.put(NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": tool_use_id,
-                                                              "questions": stored},
+                                                              "questions": stored, "asked_by": asked_by},
                                            task_id=task_id, session_id=task["session_id"] if task else None))
             if task_id:
                 await self._set_activity(task_id, "awaiting_user")
@@ -150,12 +162,7 @@ class Harness:
         await self.writer.put(NewEvent(event, {"question_id": str(qid), "tool_use_id": tool_use_id,
                                                "answers": answers, "response": response},
                                        task_id=task_id, session_id=task["session_id"] if task else None))
-        result: dict[str, Any] = {"questions": stored, "answers": answers}
-        if response is not None:
-            result["response"] = response
-        if final.get("answered_via") == "chat":
-            result["annotation"] = "the user replied in the chat instead of choosing an option"
-        return result
+        return {**final, "answers": answers, "response": response}
 
     async def _set_activity(self, task_id: uuid.UUID, activity: str) -> None:
         async with self.db.pool.connection() as conn:
@@ -201,6 +208,11 @@ class Harness:
                     task_id=task["id"] if task else None, session_id=session, project_id=project))
                 raise ToolError("dispatch refused: the brief matches approaches already ruled out "
                                 f"{found}; change the brief, or pass override_ruled_out with the reason")
+        if scope is not None:
+            brief = await briefs.enrich(self.db.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
+        mode = await self._one("thread_mode", {"id": session}) if session else None
+        if mode is not None and mode["mode"] == "interactive":
+            await self._approve(brief, session, task, ctx)
         try:
             new_id = await dispatch.request_task(
                 self.db.pool, brief=brief, project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
@@ -209,6 +221,20 @@ class Harness:
             raise ToolError(f"dispatch refused: {exc}") from None
         return {"task_id": str(new_id), "status": "pending",
                 "note": "the harness runs it; its handoff comes back to you when it finishes"}
+
+    async def _approve(self, brief: str, session: uuid.UUID | None, task: dict[str, Any] | None,
+                       ctx: Context) -> None:
+        """An interactive thread: the user approves the dispatch in the Asks panel before anything spawns."""
+        question = briefs.approval_question(brief)
+        final = await self.ask_user([question], f"approval-{uuid.uuid4()}", session, task, ctx, asked_by="harness")
+        choice = final["answers"].get(question["question"])
+        if choice == briefs.APPROVE:
+            return
+        said = choice or final["response"] or "no answer"
+        await self.writer.put(NewEvent("task.dispatch_refused", {
+            "brief": brief[:2000], "reason": "not approved by the user", "answer": said},
+            task_id=task["id"] if task else None, session_id=session, project_id=task["project_id"] if task else None))
+        raise ToolError(f"dispatch not approved: the user answered {said!r}; no worker was started")
 
 
 def build(harness: Harness) -> MCPServer:

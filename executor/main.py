@@ -53,7 +53,7 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
 
 async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event, *,
                 mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0,
-                extract: bool = True) -> None:
+                extract: bool = True, backoff_base_s: float = 30.0) -> None:
     async with Database(dsn, name="petal-executor") as db:
         writer = JournalWriter(db.pool)
         await writer.start()
@@ -71,13 +71,13 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         serving_mcp = asyncio.create_task(
             hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait), name="harness-mcp")  # type: ignore[arg-type]
         supervisor = Supervisor(db, writer, substrate, config)
-        conversations = threads.Threads(db.pool, writer)
+        conversations = threads.Threads(db.pool, writer, backoff_base_s)
         if extract:
-            supervisor.exit_hooks.append(extraction.exit_hook(db.pool, writer, conversations.report))
+            supervisor.exit_hooks.append(extraction.exit_hook(db.pool, writer, conversations.settlement.settle))
         supervisor.exit_hooks.append(conversations.on_exit)
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
         delivering = asyncio.create_task(
-            conversations.run(listener.subscribe(["chat_queue", "thread_control_queue"])), name="threads")
+            conversations.run(listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])), name="threads")
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({supervising, listening, stopping, serving_mcp}, return_when=asyncio.FIRST_COMPLETED)
@@ -107,7 +107,8 @@ def main(settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop,
-                    mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s)
+                    mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s,
+                    backoff_base_s=settings.backoff_base_s)
 
     asyncio.run(run())
     log.info("executor_stopped")

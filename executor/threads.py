@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
 from typing import Any
 
@@ -21,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor import substrate
 from executor.journal_writer import JournalWriter
+from executor.settlement import Settlement
 from executor.sql import queries
 from shared import journal, logs, threads
 from shared.listener import Subscription
@@ -35,10 +35,12 @@ REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
 
 
 class Threads:
-    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
+    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter, backoff_base_s: float = 30.0):
         self.pool = pool
         self.writer = writer
         self._wake = asyncio.Event()
+        # what becomes of the workers a thread dispatched (the policy); its harness messages wake us
+        self.settlement = Settlement(pool, backoff_base_s, self.wake)
 
     async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -60,6 +62,7 @@ class Threads:
                 self._wake.clear()
                 try:
                     await self.apply_controls()
+                    await self.settlement.apply_escalations()
                     await self.deliver()
                 except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
                     log.exception("threads_pass_failed")
@@ -168,15 +171,3 @@ class Threads:
         """A turn ended: deliver what waited for the boundary."""
         if row.get("session_id") is not None:
             self.wake()
-
-    async def report(self, worker_id: uuid.UUID, record_type: str, payload: dict[str, Any]) -> None:
-        """Tell the orchestrator that dispatched a worker what became of it (the loop closes itself)."""
-        rows = await self._rows("turn_thread", {"id": worker_id})
-        if not rows:
-            return
-        summary = {k: v for k, v in payload.items() if k not in ("raw_seq_range", "contract")}
-        text = (f"[harness] Worker {worker_id} finished. Its {'handoff' if record_type == 'handoff' else 'extraction failed'}:"
-                f"\n{json.dumps(summary, indent=2, default=str)[:8000]}")
-        await self._rows("enqueue_harness_message", {"thread_id": rows[0]["thread_id"], "text": text})
-        self.wake()
-

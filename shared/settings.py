@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     # A wall-clock cap per task, separate from the stall threshold. Unset: none.
     max_runtime_s: float | None = Field(default=None, gt=0)
     max_workers: int = Field(default=4, ge=1)
+    # The policy's back-off for rate_limited workers: this many seconds, doubling with each retry.
+    backoff_base_s: float = Field(default=30.0, ge=0)
     # Where tasks without a project run.
     workdir: Path = Path(".")
     claude_bin: str = "claude"

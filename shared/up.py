@@ -112,11 +112,17 @@ def is_loopback_bind(settings: Settings) -> bool:
     return is_loopback(settings.ingress_host)
 
 
+def _post(url: str, body: dict[str, object]) -> dict[str, object]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"},
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
 def _post_demo_message(url: str) -> None:
-    req = urllib.request.Request(f"{url}/api/chat", data=json.dumps({"text": DEMO_MESSAGE}).encode(),
-                                 headers={"content-type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=10):
-        pass
+    # an autonomous thread: the demo's worker starts without an approval (interactive threads ask first)
+    thread = _post(f"{url}/api/threads", {"title": "Demo", "mode": "autonomous"})
+    _post(f"{url}/api/chat", {"text": DEMO_MESSAGE, "thread_id": thread["thread_id"]})
 
 
 def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> int:

@@ -78,7 +78,9 @@ async def test_a_brief_matching_a_rule_out_is_refused_and_journaled_unless_overr
     assert refused.is_error and "ruled out" in refused.content[0].text  # type: ignore[attr-defined]
     refusals = [e for e in events if e.event_type == "task.dispatch_refused"]
     assert len(refusals) == 1 and refusals[0].payload["rule_outs"][0]["reason"] == "the team knows Python"
-    assert new_task["project_id"] == project and new_task["brief"] == "Rewriting the parser in Rust"
+    assert new_task["project_id"] == project and new_task["brief"].startswith("Rewriting the parser in Rust\n\n")
+    # the worker's brief carries the scope's rule-outs, so it knows what the override goes against
+    assert "## Already ruled out here" in new_task["brief"] and "the team knows Python" in new_task["brief"]
 
 
 async def test_the_mcp_endpoint_refuses_a_foreign_host_header(db: DB, tmp_path: Path) -> None:

@@ -31,6 +31,13 @@ async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]
         await asyncio.sleep(0.1)
 
 
+async def _autonomous(http: httpx.AsyncClient, title: str = "auto") -> str:
+    """A thread whose dispatches need no approval; its id."""
+    made = await http.post("/api/threads", json={"title": title, "mode": "autonomous"})
+    assert made.status_code == 202, made.text
+    return made.json()["thread_id"]
+
+
 async def _argv(h: Harness, task_id: Any) -> list[str]:
     spawned = [e for e in await h.events(task_id) if e.event_type == "task.spawned"]
     return spawned[0].payload["argv"]
@@ -119,13 +126,15 @@ async def test_a_dispatched_workers_handoff_wakes_its_orchestrator_without_user_
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            await http.post("/api/chat", json={"text": "how many files are there?"})
+            thread = await _autonomous(http)
+            await http.post("/api/chat", json={"text": "how many files are there?", "thread_id": thread})
             turns = await _turns(h, 2, timeout=120)
             all_events = await h.events()
     reports = [e for e in all_events if e.event_type == "thread.harness_message"]
     assert len(reports) == 1 and "counted 3 files" in reports[0].payload["text"]
     assert turns[1]["brief"].startswith("[harness] Worker") and "counted 3 files" in turns[1]["brief"]
-    assert [e.event_type for e in all_events if e.tier == "derived"] == ["handoff"]
+    assert [e.event_type for e in all_events if e.tier == "derived"] == ["handoff", "policy.decision"]
+    assert [e.payload["action"] for e in all_events if e.event_type == "policy.decision"] == ["report"]
     user_messages = [e for e in all_events if e.event_type == "task.user_message"]
     assert [e.payload["text"] for e in user_messages] == ["how many files are there?"]  # no input after the first
 
@@ -155,7 +164,8 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            await http.post("/api/chat", json={"text": "do the three steps"})
+            thread = await _autonomous(http)
+            await http.post("/api/chat", json={"text": "do the three steps", "thread_id": thread})
             deadline = time.monotonic() + 240
             while True:
                 events = await h.events()

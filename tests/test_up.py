@@ -98,7 +98,7 @@ def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cl
         rc = proc.wait(60)
         proc.stdout.close()  # type: ignore[union-attr]
     assert "no tests" in asks[0]["questions"][0]["question"]
-    assert [e["event_type"] for e in derived] == ["handoff"]
+    assert [e["event_type"] for e in derived] == ["handoff", "policy.decision"]
     assert roles == ["extractor", "orchestrator", "orchestrator", "worker"]
     assert rc == 0
     deadline = time.monotonic() + 20

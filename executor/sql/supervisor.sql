@@ -12,11 +12,13 @@ VALUES (%(id)s, %(project_id)s, %(session_id)s, %(parent_task_id)s, %(role)s, %(
 SELECT workdir FROM projects WHERE id = %(project_id)s
 
 -- name: claim_pending_tasks --
--- Oldest first; SKIP LOCKED so a concurrent claimer never blocks or takes the same row.
+-- Oldest first; SKIP LOCKED so a concurrent claimer never blocks or takes the same row. A back-off retry
+-- waits for its not_before (the poll picks it up then).
 UPDATE tasks t
 SET status = 'running', activity = 'running', started_at = now(), last_output_at = now()
 FROM (
-    SELECT id FROM tasks WHERE status = 'pending' ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT %(n)s
+    SELECT id FROM tasks WHERE status = 'pending' AND (not_before IS NULL OR not_before <= now())
+    ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT %(n)s
 ) picked
 WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
@@ -103,6 +105,8 @@ SELECT (SELECT count(*) FROM chat) AS chat, (SELECT count(*) FROM stops) AS stop
 UPDATE questions q SET status = 'cancelled', response = 'the asking process ended (executor restart)'
 WHERE q.status = 'pending'
   AND (q.task_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.status = 'running'))
+  -- an escalation waits on nobody's process: it stays open across restarts
+  AND NOT EXISTS (SELECT 1 FROM escalations e WHERE e.question_id = q.id)
 RETURNING q.id, q.task_id
 
 -- name: insert_imported_task --
@@ -110,8 +114,8 @@ INSERT INTO tasks (id, project_id, session_id, role, brief, status, status_reaso
 VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s, %(reason)s, now(), now())
 
 -- name: insert_question --
-INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions)
-VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s)
+INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by)
+VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s, %(asked_by)s)
 ON CONFLICT (tool_use_id) DO NOTHING
 RETURNING id
 

@@ -1,0 +1,104 @@
+"""The not-clean-return policy: what the harness does when a thread's worker ends other than `success`.
+
+A declared table, status → rule. A rule's action is tried while its budget lasts (the budget counts
+retries of one brief: attempt 1 is the first run); past the budget the end is escalated to the user.
+The decision is code's, from the exit-derived status, never a model's; every one is journaled.
+README.md ("Not-clean-return policy") documents this table; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+RETRY_SAME = "retry_same"  # run the same brief again
+RETRY_MODIFIED = "retry_modified"  # run the brief again with the failed attempt's handoff appended
+BACK_OFF = "back_off"  # run the same brief again after a growing delay
+ESCALATE = "escalate"  # ask the user: Retry / Skip / Stop the plan
+SKIP = "skip"  # give up on this brief; tell the orchestrator
+REPORT = "report"  # a clean end: hand the result to the orchestrator
+
+RETRIES = (RETRY_SAME, RETRY_MODIFIED, BACK_OFF)
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: str
+    budget: int = 0  # retries allowed before escalating
+    delay_factor: float = 0.0  # back-off: base delay × factor × 2^(retry-1)
+
+
+POLICY: dict[str, Rule] = {
+    "crashed": Rule(RETRY_SAME, budget=1),
+    "failed": Rule(RETRY_MODIFIED, budget=1),
+    "partial": Rule(RETRY_MODIFIED, budget=1),
+    "rate_limited": Rule(BACK_OFF, budget=3, delay_factor=1.0),
+    "cancelled": Rule(SKIP),
+    "skipped": Rule(SKIP),
+    "gated": Rule(ESCALATE),
+    "extraction_failed": Rule(ESCALATE),
+}
+
+# The answers an escalation offers, and what each does.
+ESCALATION_RETRY, ESCALATION_SKIP, ESCALATION_STOP = "Retry", "Skip", "Stop the plan"
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: str
+    action: str
+    attempt: int
+    budget: int = 0
+    delay_s: float = 0.0
+    why: str = ""
+
+
+def decide(status: str, attempt: int, backoff_base_s: float) -> Decision:
+    """The action for a worker's end. `attempt` is the ended run's number (1 = first run)."""
+    if status == "success":
+        return Decision(status, REPORT, attempt, why="a clean end")
+    rule = POLICY.get(status, Rule(ESCALATE))
+    retries_used = attempt - 1
+    if rule.action in RETRIES:
+        if retries_used >= rule.budget:
+            return Decision(status, ESCALATE, attempt, rule.budget,
+                            why=f"{status}: the retry budget ({rule.budget}) is spent")
+        delay = backoff_base_s * rule.delay_factor * 2 ** retries_used if rule.action == BACK_OFF else 0.0
+        return Decision(status, rule.action, attempt, rule.budget, delay,
+                        why=f"{status}: retry {retries_used + 1} of {rule.budget}")
+    why = f"{status}: {'not in the table, so ' if status not in POLICY else ''}{rule.action}"
+    return Decision(status, rule.action, attempt, rule.budget, why=why)
+
+
+# ---- gates ---------------------------------------------------------------------------------------------
+# The autonomous-mode gate categories, recognised in what a denied tool call tried to do. The allowed-tools
+# set is what denies; this names the category for the handoff's record (first match wins).
+GATES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
+    ("privilege escalation", r"\b(sudo|su|doas|chmod\s+[0-7]*s|setcap)\b"),
+    ("secrets", r"(\.env\b|secret|password|credential|token|\.pem\b|id_rsa|\.ssh/)"),
+    ("network config", r"\b(iptables|nft|ufw|firewall|resolv\.conf|/etc/hosts|nginx|traefik|caddy|ip\s+route)\b"),
+    ("destructive data op", r"(\brm\s+-[a-z]*[rf]|\bdrop\s+(table|database)|\btruncate\b|\bmkfs|\bdd\s+if=)"),
+    ("git beyond the branch", r"\bgit\s+(push|reset\s+--hard|rebase|checkout\s+-b|branch\s+-[dD]|tag)\b"),
+    ("new dependency", r"\b(pip3?\s+install|npm\s+(i|install|add)|yarn\s+add|uv\s+add|poetry\s+add|apt(-get)?\s+install|cargo\s+add)\b"),
+    ("cross-service change", r"\b(systemctl|service\s+\S+\s+(start|stop|restart)|docker|kubectl)\b"),
+    ("outside the project tree", r"(^|\s|[\"'=])(/|~|\.\./)"),
+))
+
+
+def gate_of(denial: dict[str, Any]) -> str:
+    """The gate category a denied tool call falls in ('tool not allowed' when none is recognised)."""
+    text = json.dumps(denial.get("tool_input") or {}, ensure_ascii=False)
+    for name, pattern in GATES:
+        if pattern.search(text):
+            return name
+    return "tool not allowed"
+
+
+def gate_decisions(denials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The handoff's gate-decision fields, from the permission denials the exit recorded (code, not model)."""
+    return [{"decision_point": f"{d.get('tool_name', '?')}: {json.dumps(d.get('tool_input') or {}, ensure_ascii=False)[:300]}",
+             "options": ["run it", "stay in scope"], "chosen": "stay in scope (denied)",
+             "gate": gate_of(d), "reason": "the worker's allowed-tools set does not permit it"}
+            for d in denials if isinstance(d, dict)]

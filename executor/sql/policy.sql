@@ -1,0 +1,83 @@
+-- name: settled_worker --
+-- A finished task and what the policy needs of it: its thread (when an orchestrator turn dispatched it)
+-- and whether its role follows the policy.
+SELECT w.id, w.status, w.status_reason, w.attempt, w.brief, w.plan_ref, w.project_id, w.workdir, w.allowed_tools,
+       w.parent_task_id, coalesce(w.retry_of, w.id) AS first_attempt, coalesce(p.follows_policy, false) AS follows_policy,
+       s.id AS thread_id
+FROM tasks w
+LEFT JOIN role_profiles p ON p.role = w.role
+LEFT JOIN tasks t ON t.id = w.parent_task_id
+LEFT JOIN sessions s ON s.id = t.session_id AND s.role = 'orchestrator'
+WHERE w.id = %(id)s
+
+-- name: insert_retry --
+-- The next attempt of a brief: a new task, linked to the one it repeats; not claimed before not_before.
+INSERT INTO tasks (id, project_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, json_schema,
+                   status, attempt, retry_of, not_before)
+SELECT %(new_id)s, project_id, parent_task_id, role, %(brief)s, plan_ref, workdir, allowed_tools, json_schema,
+       'pending', attempt + 1, id, now() + make_interval(secs => %(delay_s)s)
+FROM tasks WHERE id = %(id)s
+RETURNING id, attempt, not_before
+
+-- name: insert_harness_question --
+INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by)
+VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s, 'harness')
+RETURNING id
+
+-- name: insert_escalation --
+INSERT INTO escalations (task_id, thread_id, question_id) VALUES (%(task_id)s, %(thread_id)s, %(question_id)s)
+RETURNING id
+
+-- name: answered_escalations --
+-- Escalations whose question is closed and whose decision is still owed; locked so one pass acts once.
+SELECT e.id, e.task_id, e.thread_id, e.question_id, q.status AS question_status, q.answers, q.response
+FROM escalations e JOIN questions q ON q.id = e.question_id
+WHERE e.status = 'open' AND q.status <> 'pending'
+ORDER BY e.created_at
+FOR UPDATE OF e SKIP LOCKED
+LIMIT 20
+
+-- name: resolve_escalation --
+UPDATE escalations SET status = 'resolved', decision = %(decision)s, resolved_at = now()
+WHERE id = %(id)s AND status = 'open'
+
+-- name: cancel_thread_pending_workers --
+-- Stop the plan: the thread's workers not yet started never start.
+UPDATE tasks w SET status = 'cancelled', status_reason = 'the user stopped the plan', ended_at = now()
+FROM tasks p
+WHERE p.id = w.parent_task_id AND p.session_id = %(thread_id)s AND w.status = 'pending'
+RETURNING w.id
+
+-- name: stop_thread_running_workers --
+-- Stop the plan: the thread's running workers get a stop request (the supervisor's usual path).
+INSERT INTO stop_queue (task_id, reason)
+SELECT w.id, 'the user stopped the plan' FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
+WHERE p.session_id = %(thread_id)s AND w.status = 'running'
+RETURNING task_id
+
+-- name: exit_denials --
+-- The permission denials the worker's exit recorded (the gate evidence for a `gated` handoff).
+SELECT payload -> 'permission_denials' AS denials FROM journal
+WHERE task_id = %(id)s AND event_type = 'task.exited'
+ORDER BY seq DESC LIMIT 1
+
+-- name: thread_mode --
+SELECT mode FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
+
+-- name: plan_task_handoffs --
+-- Earlier handoffs of one plan task in a project (oldest first), for a new worker's brief.
+SELECT j.payload FROM journal j JOIN tasks t ON t.id = j.task_id
+WHERE j.event_type = 'handoff' AND t.project_id = %(project_id)s AND t.plan_ref = %(plan_ref)s
+ORDER BY j.seq DESC LIMIT %(limit)s
+
+-- name: scope_rule_outs --
+-- The approaches already ruled out in a scope (project, thread, or the workers a thread dispatched), newest first.
+SELECT r ->> 'approach' AS approach, r ->> 'reason' AS reason
+FROM journal j, jsonb_array_elements(
+    CASE WHEN jsonb_typeof(j.payload -> 'ruled_out') = 'array' THEN j.payload -> 'ruled_out' ELSE '[]' END) r
+WHERE j.event_type = 'handoff'
+  AND (j.session_id = %(scope)s OR j.project_id = %(scope)s
+       OR j.task_id IN (SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+                        WHERE p.session_id = %(scope)s))
+ORDER BY j.seq DESC
+LIMIT %(limit)s
