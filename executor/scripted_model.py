@@ -53,12 +53,17 @@ class Rule:
     match: str | None = None
     # matched against the conversation's latest user text (a later turn of a resumed conversation)
     match_last: str | None = None
+    # serve only the first N conversations (the CLI's session-id header) that reach this rule: e.g. a
+    # worker that fails on its first run and succeeds when retried with the same brief
+    sessions: int | None = None
+    seen: set[str] = field(default_factory=set, repr=False, compare=False)
 
 
 @dataclass
 class Scenario:
     rules: list[Rule] = field(default_factory=list)
     default: dict[str, Any] = field(default_factory=lambda: {"text": "ok"})
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def from_data(cls, data: dict[str, Any] | list[Any]) -> Scenario:
@@ -73,7 +78,13 @@ class Scenario:
     def single(cls, *replies: dict[str, Any], role: str = "*") -> Scenario:
         return cls(rules=[Rule(replies=list(replies), role=role)])
 
-    def choose(self, role: str | None, first_user_text: str, turn: int, last_user_text: str = "") -> dict[str, Any]:
+    def choose(self, role: str | None, first_user_text: str, turn: int, last_user_text: str = "",
+               session: str = "") -> dict[str, Any]:
+        with self._lock:  # the server answers requests on threads; `sessions` counts must not race
+            return self._choose(role, first_user_text, turn, last_user_text, session)
+
+    def _choose(self, role: str | None, first_user_text: str, turn: int, last_user_text: str,
+                session: str) -> dict[str, Any]:
         for rule in self.rules:
             if rule.role not in ("*", role):
                 continue
@@ -81,6 +92,10 @@ class Scenario:
                 continue
             if rule.match_last is not None and rule.match_last not in last_user_text:
                 continue
+            if rule.sessions is not None and session not in rule.seen:
+                if len(rule.seen) >= rule.sessions:
+                    continue
+                rule.seen.add(session)
             if not rule.replies:
                 break
             return rule.replies[min(turn, len(rule.replies) - 1)]
@@ -183,7 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         role, first_user, turn = analyse(body)
         self.server.record(Request(path, {k.lower(): v for k, v in self.headers.items()}, body, role, turn))
-        reply = self.server.scenario.choose(role, first_user, turn, last_user_text(body))
+        reply = self.server.scenario.choose(role, first_user, turn, last_user_text(body),
+                                            self.headers.get("x-claude-code-session-id", ""))
         if "error" in reply:
             self._error(reply["error"])
         elif body.get("stream"):

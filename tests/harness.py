@@ -164,7 +164,7 @@ def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
 
 @asynccontextmanager
 async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
-                   extra_env: dict[str, str] | None = None, extract: bool = False,
+                   extra_env: dict[str, str] | None = None, extract: bool = False, backoff_base_s: float = 30.0,
                    **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
@@ -174,7 +174,7 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
     config_kw.setdefault("mcp_timeout_ms", int((ask_timeout_s + 120) * 1000))
     config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/", **config_kw)
     task = asyncio.create_task(serve(db.executor_dsn, sub, config, stop, mcp_port=port, ask_timeout_s=ask_timeout_s,
-                                     extract=extract))
+                                     extract=extract, backoff_base_s=backoff_base_s))
     deadline = time.monotonic() + 30
     while True:
         if task.done():
