@@ -33,8 +33,11 @@ STATIC = next((p for p in (Path(__file__).resolve().parent.parent / "static",
 
 async def info(request: Request) -> Response:
     settings: Settings = request.app.state.settings
+    async with request.app.state.db.pool.connection() as conn:
+        head = (await (await conn.execute(queries["journal_head"])).fetchone())[0]  # type: ignore[index]
+    # journal_head: a client that loads its views and then streams from here misses nothing in between
     return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
-                         "auth": request.app.state.auth.mode})
+                         "auth": request.app.state.auth.mode, "journal_head": head})
 
 
 _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
@@ -58,6 +61,8 @@ OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
         params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409)),
      actions.cancel_ask),
     (Op("get", "/api/threads", "threads, including ones still being created"), reads.list_threads),
+    (Op("get", "/api/threads/{thread_id}/conversation", "the newest records a thread's chat renders, oldest first",
+        params=(Param("thread_id", "path", UUID), _AFTER, _LIMIT), errors=(400,)), reads.conversation),
     (Op("get", "/api/info", "what this server is: version, demo mode, auth mode"), info),
     (Op("get", "/api/queue", "chat messages not yet delivered", params=(_THREADQ,), errors=(400,)),
      reads.pending_queue),

@@ -71,6 +71,22 @@ async def events(request: Request) -> Response:
     return respond(_page(await _rows(request, "list_events", params), params))
 
 
+# The records a thread's chat renders (see static/app.js); the rest of the journal is in Activity.
+CONVERSATION_TYPES = [
+    "task.user_message", "thread.harness_message", "stream.result", "task.dispatch_requested",
+    "task.dispatch_refused", "task.spawned", "task.exited", "task.stalled", "task.resumed", "handoff",
+    "handoff.extraction_failed", "policy.decision", "escalation.resolved", "question.asked", "question.answered",
+    "question.cancelled", "thread.created", "thread.renamed", "thread.mode_changed", "thread.archived",
+]
+
+
+async def conversation(request: Request) -> Response:
+    params = {"thread_id": path_uuid(request, "thread_id"), "after": query_int(request, "after_seq", 0),
+              "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
+    events = await _rows(request, "thread_conversation", params)
+    return respond({"events": events, "types": CONVERSATION_TYPES})
+
+
 async def handoffs(request: Request) -> Response:
     scope = query_uuid(request, "scope_id")
     if scope is None:

@@ -10,14 +10,14 @@ WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
 ORDER BY created_at DESC
 
 -- name: pending_chat --
-SELECT id, thread_id, text, client_msg_id, status, created_at FROM chat_queue
+SELECT id, thread_id, text, client_msg_id, origin, status, created_at FROM chat_queue
 WHERE status IN ('pending', 'claimed') AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)
 ORDER BY created_at
 
 -- name: list_tasks --
 SELECT t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.status, t.activity,
        t.status_reason, t.exit_code, t.exit_signal, t.pid, t.attempt, t.last_output_at, t.created_at,
-       t.started_at, t.ended_at
+       t.started_at, t.ended_at, t.retry_of, t.not_before
 FROM tasks t
 WHERE (%(status)s::text IS NULL OR t.status = %(status)s::text)
   AND (%(running)s::boolean IS NULL OR (t.status = 'running') = %(running)s::boolean)
@@ -48,7 +48,8 @@ FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: list_asks --
 SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
-       q.created_at, q.answered_at
+       q.asked_by, q.created_at, q.answered_at,
+       coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
 FROM questions q
 LEFT JOIN tasks t ON t.id = q.task_id
 LEFT JOIN tasks p ON p.id = t.parent_task_id
@@ -63,3 +64,17 @@ SELECT last_seq FROM journal_head
 
 -- name: migrations_current --
 SELECT count(*) FROM schema_migrations
+
+-- name: thread_conversation --
+-- What a thread's chat renders: its own records and those of the workers its turns dispatched (and their
+-- retries), the newest `limit` of them, oldest first.
+SELECT * FROM (
+    SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
+    FROM journal
+    WHERE seq > %(after)s AND event_type = ANY(%(types)s)
+      AND (session_id = %(thread_id)s
+           OR task_id IN (SELECT w.id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
+                          WHERE p.session_id = %(thread_id)s))
+    ORDER BY seq DESC
+    LIMIT %(limit)s
+) newest ORDER BY seq
