@@ -420,18 +420,26 @@ async function send(ev) {
 
 function askThread(a) { return a.thread_scope; }
 
+// Cards are kept by ask id across re-renders, so a wake-up never wipes a half-filled answer.
+const cardCache = { list: new Map(), pinned: new Map() };
+
+function cardsFor(asks, cache) {
+  const keep = new Set(asks.map((a) => a.id));
+  for (const id of cache.keys()) if (!keep.has(id)) cache.delete(id);
+  return asks.map((a) => { if (!cache.has(a.id)) cache.set(a.id, askCard(a)); return cache.get(a.id); });
+}
+
 function renderAsks() {
   const count = S.asks.length;
   const badge = $("#ask-count");
   badge.hidden = count === 0;
   badge.textContent = String(count);
   const scoped = $("#asks-scope").checked;
-  const shown = scoped ? S.asks.filter((a) => askThread(a) === S.thread || S.threadTasks.has(a.task_id)) : S.asks;
-  const cards = shown.map(askCard);
+  const mine = S.asks.filter((a) => askThread(a) === S.thread || S.threadTasks.has(a.task_id));
+  const cards = cardsFor(scoped ? mine : S.asks, cardCache.list);
   $("#ask-cards").replaceChildren(...(cards.length ? cards : [h("p", { class: "empty" },
     scoped ? "No questions wait on this thread." : "No questions are waiting. When Claude needs you, they land here.")]));
-  const mine = S.asks.filter((a) => askThread(a) === S.thread || S.threadTasks.has(a.task_id));
-  $("#pinned-asks").replaceChildren(...mine.map(askCard));
+  $("#pinned-asks").replaceChildren(...cardsFor(mine, cardCache.pinned));
 }
 
 function askCard(a) {
@@ -445,10 +453,12 @@ function askCard(a) {
     fieldset.append(h("legend", { class: "header" }, q.header || "Question"), h("p", { class: "q" }, q.question));
     const options = h("div", { class: "options", role: q.multiSelect ? "group" : "radiogroup" });
     for (const o of q.options) {
-      options.append(h("label", { class: "option" },
-        h("input", { type: q.multiSelect ? "checkbox" : "radio", name, value: o.label }),
-        h("span", {}, h("span", { class: "label" }, o.label), o.description ? h("span", { class: "desc" }, o.description) : null,
-          o.preview ? h("details", { class: "preview" }, h("summary", {}, "preview"), md(o.preview)) : null)));
+      // the preview sits beside the label, so opening it never toggles the choice
+      options.append(h("div", { class: "option" },
+        h("label", {},
+          h("input", { type: q.multiSelect ? "checkbox" : "radio", name, value: o.label }),
+          h("span", {}, h("span", { class: "label" }, o.label), o.description ? h("span", { class: "desc" }, o.description) : null)),
+        o.preview ? h("details", { class: "preview" }, h("summary", {}, "preview"), md(o.preview)) : null));
     }
     fieldset.append(options, h("input", { class: "other", name: `${name}-other`, placeholder: "Other (type your own answer)",
       "aria-label": `Other answer to: ${q.question}` }));

@@ -26,7 +26,8 @@ def free_port() -> int:
 @asynccontextmanager
 async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
     settings_kw.setdefault("open_mode", True)
-    settings = Settings(ingress_host="127.0.0.1", ingress_port=free_port(), **settings_kw)
+    settings_kw.setdefault("ingress_port", free_port())
+    settings = Settings(ingress_host="127.0.0.1", **settings_kw)
     app = create_app(settings, dsn)
     config = hypercorn_config(settings)
     config.graceful_timeout = 1.0
