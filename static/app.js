@@ -539,7 +539,7 @@ async function loadDetail(id, fresh) {
   if (!S.detail || S.detail.id !== id) return;
   S.detail.task = task;
   S.detail.events = events.events;
-  S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id) || null;
+  S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
   renderDetail();
 }
 

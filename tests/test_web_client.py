@@ -208,3 +208,50 @@ async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_
                     "SELECT seq FROM journal WHERE seq >= %s AND event_type <> 'stream.stream_event' ORDER BY seq",
                     [min(shown)]).fetchall()]
     assert sorted(shown) == in_db  # every event since the page's first, once, none missing after the restart
+
+
+async def test_a_new_thread_approves_a_worker_from_its_pinned_card_and_the_worker_is_a_card_in_chat(
+    db: DB, tmp_path: Path
+) -> None:
+    handoff = {"goal": "count the files", "current_state": "there are 3 files", "next_step": "none",
+               "ruled_out": [], "status": "success", "artifacts": []}
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "The worker counted 3 files."}]),
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files here"}}},
+            {"text": "A worker is counting."}]),
+        Rule(role="worker", replies=[{"text": "3 files"}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": handoff}}, {"text": "ok"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True), ingress_server(db.ingress_dsn) as url, \
+                browser() as b:
+            async with page_at(b, url, DESKTOP) as page:
+                page.once("dialog", lambda d: asyncio.ensure_future(d.accept("Files")))
+                await page.click("#new-thread")
+                await expect(page.locator("#thread-title")).to_have_text("Files", timeout=20_000)
+                await expect(page.locator("#messages")).to_contain_text("Thread started (interactive)", timeout=20_000)
+                await page.fill("#composer-text", "how many files?")
+                await page.click("#composer button")
+                card = page.locator("#pinned-asks .ask")
+                await expect(card).to_contain_text("start a worker", timeout=60_000)
+                await card.locator("details.preview summary").click()
+                await expect(card.locator("details.preview")).to_contain_text("count the files here")
+                await card.locator(".option label", has_text="Approve").click()
+                await card.locator("button[type='submit']").click()
+                worker = page.locator(".msg.worker", has_text="count the files here")
+                await expect(worker).to_have_count(1, timeout=30_000)
+                await expect(page.locator(".msg.worker", has_text="there are 3 files")).to_have_count(1, timeout=90_000)
+                await expect(page.locator(".msg.assistant").last).to_have_text("The worker counted 3 files.",
+                                                                                timeout=60_000)
+                await expect(worker.locator(".chip")).to_have_text("success")
+                await shot(page, "chat-worker-1280")
+                await worker.locator("a").click()
+                await expect(page.locator("#task-detail h2")).to_contain_text("worker")
+                await expect(page.locator("#task-detail dl").nth(1)).to_contain_text("there are 3 files")
+                await page.click("a[data-tab='context']")
+                await expect(page.locator("#context-body")).to_contain_text("there are 3 files")
+                await page.click("a[data-tab='activity']")
+                await page.fill("#filter-type", "handoff")
+                await expect(page.locator("#feed li")).to_have_count(1)
+                await expect(page.locator("#feed li")).to_contain_text("handoff")
