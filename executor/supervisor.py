@@ -185,7 +185,19 @@ class Supervisor:
         events.append(NewEvent("executor.started", {"reconciled": summary}))
         await self.writer.write(events)
         log.info("executor_reconciled", **summary)
+        # A task that died with the old executor ended like any other: whoever acts on ends (the policy,
+        # the threads) hears of it, or a thread's worker would be crashed with nobody the wiser.
+        for row in orphans:
+            await self._run_exit_hooks(row, substrate.Outcome("crashed", "executor_restart"), substrate.TurnFacts())
         return summary
+
+    async def _run_exit_hooks(self, row: dict[str, Any], outcome: substrate.Outcome,
+                              facts: substrate.TurnFacts) -> None:
+        for hook in self.exit_hooks:
+            try:
+                await hook(row, outcome, facts)
+            except Exception:
+                log.exception("exit_hook_failed", task_id=str(row["id"]))
 
     # ---- claiming ------------------------------------------------------------------------------------
 
@@ -394,11 +406,7 @@ class Supervisor:
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
-        for hook in self.exit_hooks:
-            try:
-                await hook(row, substrate.Outcome(outcome.status, reason), r.facts)
-            except Exception:
-                log.exception("exit_hook_failed", task_id=str(r.task_id))
+        await self._run_exit_hooks(row, substrate.Outcome(outcome.status, reason), r.facts)
 
     # ---- stopping ------------------------------------------------------------------------------------
 

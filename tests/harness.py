@@ -165,10 +165,10 @@ def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
 @asynccontextmanager
 async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
                    extra_env: dict[str, str] | None = None, extract: bool = False, backoff_base_s: float = 30.0,
-                   **config_kw: Any) -> AsyncIterator[Harness]:
+                   substrate_kw: dict[str, Any] | None = None, **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
-    sub = substrate_for(model, tmp)
+    sub = substrate_for(model, tmp, **(substrate_kw or {}))
     if extra_env:
         sub = replace(sub, base_env={**sub.base_env, **extra_env})
     config_kw.setdefault("mcp_timeout_ms", int((ask_timeout_s + 120) * 1000))

@@ -83,7 +83,9 @@ UPDATE stop_queue SET status = %(status)s, error = %(error)s, done_at = now() WH
 SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND task_id = ANY(%(ids)s::uuid[])
 
 -- name: orphaned_running_tasks --
-SELECT id, pid, session_id, project_id FROM tasks WHERE status = 'running'
+SELECT id, pid, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, attempt,
+       json_schema
+FROM tasks WHERE status = 'running'
 
 -- name: crash_task --
 UPDATE tasks SET status = 'crashed', status_reason = %(reason)s, activity = NULL, ended_at = now()

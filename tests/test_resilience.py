@@ -1,0 +1,404 @@
+"""The resilience suite: the real service pair (real PostgreSQL, real claude CLI on the scripted model)
+driven through faults while work is in flight, then checked against the invariants in tests/resilience.py:
+every task ends final (none silently stuck), seq is gap-free, every queue row is delivered exactly once,
+no question is closed twice, and SSE readers that reconnected hold exactly the journal's events.
+
+Run alone with `bash .ci/run -m resilience`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests.harness import config_for, running_executor, running_supervisor, substrate_for
+from tests.pg import DB, Cluster
+from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
+from tests.test_executor_process import _executor_env
+from tests.web import free_port, ingress_server
+
+pytestmark = [pytest.mark.resilience, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OwnServer, Cluster]]:
+    server = OwnServer.start(tmp_path_factory.mktemp("own-pg"))
+    cluster = Cluster(server.root_dsn)
+    yield server, cluster
+    cluster.drop_all()
+    server.stop()
+
+
+@pytest.fixture
+def odb(own: tuple[OwnServer, Cluster]) -> Iterator[DB]:
+    d = own[1].create_migrated()
+    yield d
+    own[1].drop(d)
+
+
+async def post_chat(http: httpx.AsyncClient, text: str, thread: str | None = None, timeout: float = 60) -> None:
+    """Post like a phone does: retry on errors with the same client_msg_id, so a retry never duplicates."""
+    body: dict[str, Any] = {"text": text, "client_msg_id": f"msg-{uuid.uuid4()}"}
+    if thread:
+        body["thread_id"] = thread
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = await http.post("/api/chat", json=body)
+            if r.status_code == 202:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"could not post {text!r}"
+        await asyncio.sleep(0.2)
+
+
+def echoes(admin_dsn: str) -> list[str]:
+    with psycopg.connect(admin_dsn) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT payload ->> 'text' FROM journal WHERE event_type = 'task.user_message' ORDER BY seq").fetchall()]
+
+
+async def running_turn(admin_dsn: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn) as conn:
+            if conn.execute("SELECT count(*) FROM tasks WHERE status = 'running' AND pid IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+                return
+        assert time.monotonic() < deadline, "no turn started"
+        await asyncio.sleep(0.05)
+
+
+SLOW_TURN = Scenario(rules=[Rule(role="orchestrator", replies=[{"stall": {"seconds": 2, "text": "turn done"}}])])
+
+
+# ---- PostgreSQL goes away ------------------------------------------------------------------------------
+
+async def test_postgres_restarted_mid_run_both_services_reconnect_and_nothing_is_lost(
+    own: tuple[OwnServer, Cluster], odb: DB, tmp_path: Path
+) -> None:
+    server = own[0]
+    words = 3000
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", replies=[{"stall": {"seconds": 2, "text": "turn done"}}]),
+        # a worker streaming one line per token while the database goes away under it
+        Rule(role="worker", replies=[{"text": " ".join("w" for _ in range(words)), "delay_s": 0.002}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(odb, model, tmp_path, substrate_kw={"extra_args": ("--include-partial-messages",)}) \
+                as h, ingress_server(odb.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            reader = StreamReader(url, after=0).start()
+            for i in range(3):
+                await post_chat(http, f"before {i}")
+            await running_turn(odb.admin_dsn)
+            worker = await h.dispatch("stream a lot")
+            await asyncio.sleep(2.0)  # mid-stream
+            server.restart()
+            for i in range(3):
+                await post_chat(http, f"after {i}")
+            await settled(odb.admin_dsn)
+            await reader.until(head(odb.admin_dsn))
+            await reader.stop()
+    facts = check_invariants(odb.admin_dsn, [reader])
+    assert echoes(odb.admin_dsn) == [f"before {i}" for i in range(3)] + [f"after {i}" for i in range(3)]
+    assert facts["chat"] == 6  # (the SSE stream itself need not drop: it rides out the restart)
+    with psycopg.connect(odb.admin_dsn) as conn:
+        deltas, lines = conn.execute(
+            "SELECT count(*) FILTER (WHERE payload -> 'event' ->> 'type' = 'content_block_delta'),"
+            " count(*) FILTER (WHERE event_type LIKE 'stream.%%') FROM journal WHERE task_id = %s",
+            [worker]).fetchone()  # type: ignore[misc]
+        exited, status = conn.execute(
+            "SELECT j.payload, t.status FROM journal j JOIN tasks t ON t.id = j.task_id"
+            " WHERE j.task_id = %s AND j.event_type = 'task.exited'", [worker]).fetchone()  # type: ignore[misc]
+    assert status == "success" and deltas == words and lines == exited["lines"]
+
+
+async def test_the_listen_connections_terminated_by_the_server_are_replaced_and_nothing_waits(
+    odb: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(SLOW_TURN) as model:
+        async with running_executor(odb, model, tmp_path), ingress_server(odb.ingress_dsn) as url, \
+                httpx.AsyncClient(base_url=url) as http:
+            reader = StreamReader(url, after=0).start()
+            await post_chat(http, "one")
+            await running_turn(odb.admin_dsn)
+            with psycopg.connect(odb.admin_dsn, autocommit=True) as conn:
+                killed = conn.execute(
+                    "SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name LIKE '%%-listen'").fetchall()
+            await post_chat(http, "two")
+            await post_chat(http, "three")
+            await settled(odb.admin_dsn)
+            await reader.until(head(odb.admin_dsn))
+            await reader.stop()
+    assert sorted(name for name, ok in killed if ok) == ["petal-executor-listen", "petal-ingress-listen"]
+    check_invariants(odb.admin_dsn, [reader])
+    assert echoes(odb.admin_dsn) == ["one", "two", "three"]
+
+
+# ---- a service goes away ---------------------------------------------------------------------------------
+
+def _spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "shared.cli", "executor"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+async def test_the_executor_killed_mid_turn_and_restarted_loses_no_message(odb: DB, tmp_path: Path) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"stall": {"seconds": 3, "text": "turn done"}}])])
+    log = tmp_path / "executor.log"
+    with ScriptedModelServer(scenario) as model:
+        env = _executor_env(odb, model, tmp_path)
+        async with ingress_server(odb.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            reader = StreamReader(url, after=0).start()
+            executor = _spawn(env, log)
+            try:
+                await post_chat(http, "first")
+                await running_turn(odb.admin_dsn)
+                executor.send_signal(signal.SIGKILL)
+                executor.wait(30)
+                await post_chat(http, "while it was down")  # queued; nobody consumes it yet
+                executor = _spawn(env, log)
+                await settled(odb.admin_dsn)
+                await reader.until(head(odb.admin_dsn))
+            finally:
+                executor.send_signal(signal.SIGTERM)
+                executor.wait(60)
+                await reader.stop()
+    check_invariants(odb.admin_dsn, [reader])
+    with psycopg.connect(odb.admin_dsn) as conn:
+        turns = conn.execute("SELECT brief, status, status_reason FROM tasks WHERE role = 'orchestrator'"
+                             " ORDER BY created_at").fetchall()
+    # the killed turn is visibly crashed; the message sent meanwhile got a turn of its own after the restart
+    assert turns == [("first", "crashed", "executor_restart"), ("while it was down", "success", "completed")], \
+        log.read_text()[-3000:]
+
+
+async def test_a_threads_worker_orphaned_by_an_executor_kill_is_retried_by_the_policy_after_restart(
+    odb: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "a long job"}}},
+            {"text": "dispatched"}]),
+        Rule(role="worker", sessions=1, replies=[{"stall": {"seconds": None}}]),  # the first run hangs
+        Rule(role="worker", replies=[{"text": "finished on the retry"}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": {
+            "goal": "a long job", "current_state": "finished", "next_step": "none", "ruled_out": [],
+            "status": "success", "artifacts": []}}}, {"text": "ok"}]),
+    ])
+    log = tmp_path / "executor.log"
+    with ScriptedModelServer(scenario) as model:
+        env = _executor_env(odb, model, tmp_path)
+        async with ingress_server(odb.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            executor = _spawn(env, log)
+            try:
+                thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+                await post_chat(http, "run the long job", thread)
+                deadline = time.monotonic() + 90
+                while True:
+                    with psycopg.connect(odb.admin_dsn) as conn:
+                        if conn.execute("SELECT count(*) FROM tasks WHERE role = 'worker' AND status = 'running'"
+                                        " AND pid IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+                            break
+                    assert time.monotonic() < deadline, log.read_text()[-3000:]
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(0.5)
+                executor.send_signal(signal.SIGKILL)
+                executor.wait(30)
+                executor = _spawn(env, log)
+                await settled(odb.admin_dsn, timeout=120)
+            finally:
+                executor.send_signal(signal.SIGTERM)
+                executor.wait(60)
+    check_invariants(odb.admin_dsn)
+    with psycopg.connect(odb.admin_dsn) as conn:
+        workers = conn.execute("SELECT status, status_reason, attempt FROM tasks WHERE role = 'worker'"
+                               " ORDER BY created_at").fetchall()
+        decisions = [r[0] for r in conn.execute(
+            "SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' ORDER BY seq").fetchall()]
+        reports = conn.execute("SELECT count(*) FROM tasks WHERE role = 'orchestrator'"
+                               " AND brief LIKE '[harness] Worker%%'").fetchone()[0]  # type: ignore[index]
+    assert workers == [("crashed", "executor_restart", 1), ("success", "completed", 2)], log.read_text()[-3000:]
+    assert decisions == ["retry_same", "report"] and reports == 1
+
+
+async def test_the_ingress_restarted_under_50_sse_clients_they_all_resume_with_exactly_the_journal(
+    odb: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="*", replies=[{"text": " ".join(f"w{i}" for i in range(300)),
+                                                         "delay_s": 0.005}])])
+    port = free_port()
+    with ScriptedModelServer(scenario) as model:
+        async with running_supervisor(odb.executor_dsn, odb.admin_dsn, substrate_for(
+                model, tmp_path, extra_args=("--include-partial-messages",)), config_for(tmp_path)) as h:
+            async with ingress_server(odb.ingress_dsn, ingress_port=port) as url:
+                readers = [StreamReader(url, after=0).start() for _ in range(50)]
+                await asyncio.gather(*(r.connected.wait() for r in readers))
+                tasks = [await h.dispatch(f"talk {i}") for i in range(2)]
+                await asyncio.sleep(1.0)  # mid-output
+            await asyncio.sleep(0.5)  # the ingress is down while the workers go on writing
+            async with ingress_server(odb.ingress_dsn, ingress_port=port):
+                for t in tasks:
+                    await h.wait_final(t, timeout=120)
+                end = head(odb.admin_dsn)
+                await asyncio.gather(*(r.until(end) for r in readers))
+                for r in readers:
+                    await r.stop()
+    check_invariants(odb.admin_dsn, readers)
+    assert all(r.connects >= 2 for r in readers)
+
+
+# ---- a worker misbehaves ------------------------------------------------------------------------------
+
+async def test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_no_line(
+    odb: DB, tmp_path: Path
+) -> None:
+    words = 50_000
+    scenario = Scenario(rules=[Rule(role="*", replies=[{"text": " ".join("x" for _ in range(words)),
+                                                         "delay_s": 1e-9}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_supervisor(odb.executor_dsn, odb.admin_dsn, substrate_for(
+                model, tmp_path, extra_args=("--include-partial-messages",)), config_for(tmp_path)) as h, \
+                ingress_server(odb.ingress_dsn, sse_client_buffer=500) as url:
+            slow = StreamReader(url, after=0, slow_s=0.05).start()
+            fast = StreamReader(url, after=0).start()
+            task_id = await h.dispatch("flood")
+            row = await h.wait_final(task_id, timeout=240)
+            slow.slow_s = 0.0  # the phone catches up: it resumes from where it was cut off
+            end = head(odb.admin_dsn)
+            await asyncio.gather(slow.until(end, timeout=180), fast.until(end, timeout=180))
+            await slow.stop()
+            await fast.stop()
+    with psycopg.connect(odb.admin_dsn) as conn:
+        deltas = conn.execute(
+            "SELECT count(*) FROM journal WHERE task_id = %s AND event_type = 'stream.stream_event'"
+            " AND payload -> 'event' ->> 'type' = 'content_block_delta'", [task_id]).fetchone()[0]  # type: ignore[index]
+        lines = conn.execute("SELECT count(*) FROM journal WHERE task_id = %s AND tier = 'raw'"
+                             " AND event_type LIKE 'stream.%%'", [task_id]).fetchone()[0]  # type: ignore[index]
+        exited = conn.execute("SELECT payload FROM journal WHERE task_id = %s AND event_type = 'task.exited'",
+                              [task_id]).fetchone()[0]  # type: ignore[index]
+    assert row["status"] == "success"
+    assert deltas == words  # one line per token the model streamed, each exactly once
+    assert lines == exited["lines"]  # every stdout line the supervisor counted is in the journal
+    check_invariants(odb.admin_dsn, [slow, fast])
+    assert slow.connects >= 2  # it fell off the ring and resumed by Last-Event-ID
+
+
+STAND_IN = r'''#!/usr/bin/env python3
+import sys
+out = sys.stdout.buffer
+out.write(b'{"type":"system","subtype":"init","session_id":"s"}\n')
+out.write(b'not json at all\n')
+out.write(b'\xff\xfe broken utf-8 \xc3\x28\n')
+out.write(b'{"type":"assistant","message":{"content":[{"type":"text","text":"caf\xc3\xa9"}]}}\n')
+out.write(b'{"truncated": \n')
+out.write(b'{"type":"result","subtype":"success","is_error":false,"result":"done"}\n')
+out.flush()
+'''
+
+
+async def test_a_worker_printing_invalid_utf8_and_non_json_is_journaled_line_for_line(
+    odb: DB, tmp_path: Path
+) -> None:
+    # The real CLI never prints these; a stand-in executable plays a worker whose output is damaged.
+    stand_in = tmp_path / "damaged-claude"
+    stand_in.write_text(STAND_IN)
+    stand_in.chmod(0o755)
+    with ScriptedModelServer(Scenario()) as model:
+        sub = substrate_for(model, tmp_path)
+        from dataclasses import replace
+
+        async with running_supervisor(odb.executor_dsn, odb.admin_dsn, replace(sub, claude_bin=str(stand_in)),
+                                      config_for(tmp_path)) as h:
+            task_id = await h.dispatch("print damaged lines")
+            row = await h.wait_final(task_id)
+            events = [e for e in await h.events(task_id) if e.event_type.startswith("stream.")]
+    assert row["status"] == "success"
+    assert len(events) == 6  # six lines printed, six records, in order
+    kinds = [e.event_type for e in events]
+    assert kinds[0] == "stream.system.init" and kinds[3] == "stream.assistant" and kinds[5] == "stream.result"
+    unparsed = [events[i].payload for i in (1, 2, 4)]
+    assert all(e.event_type == kinds[1] for e in (events[2], events[4]))
+    assert "not json at all" in str(unparsed[0]) and "broken utf-8" in str(unparsed[1])
+    assert events[3].payload["message"]["content"][0]["text"] == "café"
+    check_invariants(odb.admin_dsn)
+
+
+# ---- users in a hurry ---------------------------------------------------------------------------------
+
+async def test_twenty_messages_in_one_second_are_each_delivered_once_in_order(odb: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(SLOW_TURN) as model:
+        async with running_executor(odb, model, tmp_path), ingress_server(odb.ingress_dsn) as url, \
+                httpx.AsyncClient(base_url=url) as http:
+            reader = StreamReader(url, after=0).start()
+            sent = [f"message {i:02d}" for i in range(20)]
+            started = time.monotonic()
+            await asyncio.gather(*(post_chat(http, m) for m in sent[:1]))
+            for m in sent[1:]:
+                await post_chat(http, m)
+            posting_took = time.monotonic() - started
+            await settled(odb.admin_dsn)
+            await reader.until(head(odb.admin_dsn))
+            await reader.stop()
+    check_invariants(odb.admin_dsn, [reader])
+    assert echoes(odb.admin_dsn) == sent
+    with psycopg.connect(odb.admin_dsn) as conn:
+        turns = conn.execute("SELECT count(*) FROM tasks WHERE role = 'orchestrator'").fetchone()[0]  # type: ignore[index]
+    assert turns < 20, f"{turns} turns: messages that waited should share a turn"
+    assert posting_took < 20  # sanity only: they went in a burst
+
+
+QUESTION = {"question": "Go ahead?", "header": "Go", "multiSelect": False,
+            "options": [{"label": "Yes", "description": ""}, {"label": "No", "description": ""}]}
+
+
+async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_once(odb: DB, tmp_path: Path) -> None:
+    timeout_s = 2.0
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
+        {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [QUESTION]}}},
+        {"text": "after the question"}])])
+    outcomes = []
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(odb, model, tmp_path, ask_timeout_s=timeout_s), \
+                ingress_server(odb.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            for offset in (-0.2, -0.05, 0.0, 0.05, 0.2):
+                # a thread per round: each is a new conversation, so the scripted model asks again
+                thread = (await http.post("/api/threads", json={"title": str(offset)})).json()["thread_id"]
+                await post_chat(http, f"ask me ({offset})", thread)
+                deadline = time.monotonic() + 60
+                while not (asks := (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.02)
+                ask = asks[0]
+                asked_at = time.monotonic()
+                await asyncio.sleep(max(0.0, timeout_s + offset - 0.05))
+                r = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {"Go ahead?": "Yes"}})
+                outcomes.append(r.status_code)
+                assert r.status_code in (200, 409), r.text
+                await settled(odb.admin_dsn)
+                assert time.monotonic() - asked_at < 60
+    check_invariants(odb.admin_dsn)
+    with psycopg.connect(odb.admin_dsn) as conn:
+        closed = conn.execute(
+            "SELECT q.status, q.response, (SELECT count(*) FROM journal j WHERE j.payload ->> 'question_id' = q.id::text"
+            " AND j.event_type IN ('question.answered', 'question.cancelled')) FROM questions q ORDER BY created_at"
+        ).fetchall()
+    assert len(closed) == 5 and all(n == 1 for _, _, n in closed)
+    # what the user was told matches what happened: 200 = their answer won, 409 = the timeout won
+    for code, (status, response, _) in zip(outcomes, closed, strict=True):
+        assert (code, status) in ((200, "answered"), (409, "cancelled")), (code, status, response)
