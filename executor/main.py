@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import extraction, harness_mcp, threads
+from executor import extraction, harness_mcp, notify, threads
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
@@ -22,7 +22,8 @@ from shared.settings import Settings
 log = logs.get(__name__)
 
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
-CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue"]
+CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
+            "notify_queue"]
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
 MCP_TIMEOUT_MARGIN_S = 120
 
@@ -51,9 +52,17 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
     )
 
 
+def notify_config(settings: Settings) -> notify.NotifyConfig:
+    return notify.NotifyConfig(
+        data_dir=settings.data_dir.resolve(), vapid_private_key=settings.vapid_private_key,
+        vapid_subject=settings.vapid_subject, ntfy_url=settings.ntfy_url, ntfy_token=settings.ntfy_token,
+        public_url=settings.public_url, rate_limit_s=settings.notify_rate_limit_s)
+
+
 async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event, *,
                 mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0,
-                extract: bool = True, backoff_base_s: float = 30.0) -> None:
+                extract: bool = True, backoff_base_s: float = 30.0,
+                notify_config: notify.NotifyConfig | None = None) -> None:
     async with Database(dsn, name="petal-executor") as db:
         writer = JournalWriter(db.pool)
         await writer.start()
@@ -78,6 +87,10 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
         delivering = asyncio.create_task(
             conversations.run(listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])), name="threads")
+        notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig())
+        await notifier.start()
+        notifying = asyncio.create_task(notifier.run(listener.subscribe(["journal", "notify_queue"])),
+                                        name="notifier")
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({supervising, listening, stopping, serving_mcp}, return_when=asyncio.FIRST_COMPLETED)
@@ -87,7 +100,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
                 serving_mcp.result()  # e.g. the MCP port is taken
         finally:
             delivering.cancel()
-            await asyncio.gather(delivering, return_exceptions=True)
+            notifying.cancel()
+            await asyncio.gather(delivering, notifying, return_exceptions=True)
             mcp_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving_mcp, 10)
@@ -108,7 +122,7 @@ def main(settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop,
                     mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s,
-                    backoff_base_s=settings.backoff_base_s)
+                    backoff_base_s=settings.backoff_base_s, notify_config=notify_config(settings))
 
     asyncio.run(run())
     log.info("executor_stopped")

@@ -17,9 +17,9 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ingress import actions, problems, reads, stream
+from ingress import actions, notify, problems, reads, stream
 from ingress.auth import COOKIE, AuthConfig, GuardMiddleware, parse_login
-from ingress.models import AnswerIn, ChatIn, StopIn, ThreadIn, ThreadPatch
+from ingress.models import AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, StopIn, ThreadIn, ThreadPatch
 from ingress.openapi import SEQ, UUID, Op, Param, document
 from ingress.sql import queries
 from shared import migrate
@@ -61,6 +61,15 @@ OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
         params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409)),
      actions.cancel_ask),
     (Op("get", "/api/threads", "threads, including ones still being created"), reads.list_threads),
+    (Op("get", "/api/push", "Web Push: the VAPID public key, and whether an endpoint is subscribed",
+        params=(Param("endpoint", "query", {"type": "string"}),)), notify.push_info),
+    (Op("post", "/api/push/subscriptions", "store a browser's push subscription (PushSubscription.toJSON())",
+        PushSubscriptionIn, status=201, errors=(409, 415, 422)), notify.subscribe),
+    (Op("delete", "/api/push/subscriptions", "remove a push subscription", PushEndpointIn, errors=(404, 415, 422)),
+     notify.unsubscribe),
+    (Op("post", "/api/push/test", "send a test notification on every channel", status=202), notify.test_notification),
+    (Op("post", "/api/presence", "this page is looking at a thread (no notification for its finished turns)",
+        PresenceIn, errors=(415, 422)), notify.presence),
     (Op("get", "/api/threads/{thread_id}/conversation", "the newest records a thread's chat renders, oldest first",
         params=(Param("thread_id", "path", UUID), _AFTER, _LIMIT), errors=(400,)), reads.conversation),
     (Op("get", "/api/info", "what this server is: version, demo mode, auth mode"), info),

@@ -56,3 +56,55 @@ class AnswerIn(_Body):
         if not self.answers and self.response is None:
             raise ValueError("give answers, or a response to dismiss the question with a reply")
         return self
+
+
+def _b64url_bytes(value: str, what: str, size: int) -> str:
+    import base64
+    import binascii
+
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{what} is not base64url") from None
+    if len(raw) != size:
+        raise ValueError(f"{what} must be {size} bytes (got {len(raw)})")
+    return value
+
+
+class PushKeys(_Body):
+    p256dh: str = Field(min_length=1, max_length=200)
+    auth: str = Field(min_length=1, max_length=100)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> PushKeys:
+        _b64url_bytes(self.p256dh, "keys.p256dh (an uncompressed P-256 point)", 65)
+        _b64url_bytes(self.auth, "keys.auth", 16)
+        return self
+
+
+class PushSubscriptionIn(BaseModel):
+    """What PushSubscription.toJSON() gives (expirationTime and unknown keys are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    endpoint: str = Field(min_length=8, max_length=2000)
+    keys: PushKeys
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> PushSubscriptionIn:
+        from urllib.parse import urlparse
+
+        url = urlparse(self.endpoint)
+        loopback = url.hostname in ("127.0.0.1", "localhost", "::1")
+        # push services speak https; plain http only to this machine (a self-hosted relay, tests)
+        if not url.hostname or not (url.scheme == "https" or (url.scheme == "http" and loopback)):
+            raise ValueError("endpoint must be an https URL of a push service")
+        return self
+
+
+class PushEndpointIn(_Body):
+    endpoint: str = Field(min_length=8, max_length=2000)
+
+
+class PresenceIn(_Body):
+    client_id: str = Field(min_length=8, max_length=100)
+    thread_id: uuid.UUID | None = None

@@ -50,6 +50,16 @@ class Settings(BaseSettings):
     max_workers: int = Field(default=4, ge=1)
     # The policy's back-off for rate_limited workers: this many seconds, doubling with each retry.
     backoff_base_s: float = Field(default=30.0, ge=0)
+
+    # Notifications. Web Push needs a VAPID key: generated into the data directory on first run unless
+    # given here (PEM, or base64url DER/raw). ntfy is optional: a topic URL and, if it needs one, a token.
+    vapid_private_key: str | None = None
+    vapid_subject: str = "mailto:admin@localhost"
+    ntfy_url: str | None = None
+    ntfy_token: str | None = None
+    # The page's public address, for absolute links in notifications (ntfy's click-through).
+    public_url: str = ""
+    notify_rate_limit_s: float = Field(default=60.0, ge=0)
     # Where tasks without a project run.
     workdir: Path = Path(".")
     claude_bin: str = "claude"

@@ -137,6 +137,7 @@ async function loadFeed() {
 
 async function focusThread(id) {
   S.thread = id;
+  presence();
   localStorage.setItem("petal.thread", id);
   S.conv = new Map(); S.queue = [];
   renderThreadPicker();
@@ -269,6 +270,11 @@ function currentTab() {
 
 function showTab() {
   const tab = currentTab();
+  const [head, arg] = location.hash.replace(/^#/, "").split("/");
+  if (head === "chat" && arg && arg !== S.thread) { // a notification's link to a thread
+    history.replaceState(null, "", "#chat");
+    focusThread(arg);
+  }
   for (const t of TABS) {
     $(`#view-${t}`).hidden = t !== tab;
     const link = document.querySelector(`.tabs a[data-tab="${t}"]`);
@@ -280,6 +286,7 @@ function showTab() {
   if (tab === "activity") renderFeed();
   if (tab === "context") loadContext();
   if (tab === "chat") scrollChat(true);
+  presence();
 }
 
 // ---- threads -----------------------------------------------------------------------------------------------
@@ -646,6 +653,89 @@ function renderContext(c) {
     ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."));
 }
 
+
+// ---- notifications -----------------------------------------------------------------------------------------
+// Web Push: the service worker registers on load (it only shows notifications); the browser subscribes
+// only after the user presses "Turn on". The page states what is true: off, on, blocked, unsupported.
+
+const pushSupported = () => "serviceWorker" in navigator && "PushManager" in window && "Notification" in window;
+
+function b64urlToBytes(s) {
+  const raw = atob((s + "=".repeat((4 - (s.length % 4)) % 4)).replace(/-/g, "+").replace(/_/g, "/"));
+  return Uint8Array.from(raw, (c) => c.charCodeAt(0));
+}
+
+async function registration() {
+  return navigator.serviceWorker.register("/sw.js", { scope: "/" }).then(() => navigator.serviceWorker.ready);
+}
+
+async function notifyState() {
+  if (!pushSupported()) return { state: "unsupported" };
+  if (Notification.permission === "denied") return { state: "blocked" };
+  const reg = await registration();
+  const sub = await reg.pushManager.getSubscription();
+  if (!sub) return { state: "off", reg };
+  const info = await api(`/api/push?endpoint=${encodeURIComponent(sub.endpoint)}`);
+  return { state: info.subscribed ? "on" : "off", reg, sub, info };
+}
+
+async function renderNotify() {
+  let st;
+  try { st = await notifyState(); } catch (e) { st = { state: "error", error: e.message }; }
+  S.notify = st.state;
+  $("#notify-state").textContent = { on: "on", off: "off", blocked: "blocked", unsupported: "unsupported", error: "error" }[st.state];
+  document.body.dataset.notify = st.state;
+  $("#notify-explain").textContent = {
+    on: "This browser gets a notification when Claude asks you something, a worker stalls or needs a decision, and when a reply lands while you are not looking.",
+    off: "Turn on to be told when Claude needs you, even with this page closed.",
+    blocked: "The browser blocks notifications for this site: allow them in its site settings, then come back.",
+    unsupported: "This browser cannot receive Web Push (on iPhone: add the page to the home screen first).",
+    error: `Could not read the notification state: ${st.error}`,
+  }[st.state];
+  $("#notify-enable").hidden = st.state !== "off";
+  $("#notify-disable").hidden = st.state !== "on";
+  $("#notify-test").hidden = st.state !== "on";
+}
+
+async function enableNotify() {
+  const result = $("#notify-result");
+  const permission = await Notification.requestPermission();
+  if (permission !== "granted") { result.textContent = "Not allowed by the browser."; return renderNotify(); }
+  const info = await api("/api/push");
+  if (!info.public_key) { result.textContent = "The executor has not published its push key yet."; return; }
+  const reg = await registration();
+  const sub = await reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: b64urlToBytes(info.public_key) });
+  await api("/api/push/subscriptions", { method: "POST", body: sub.toJSON() });
+  result.textContent = "Notifications are on.";
+  await renderNotify();
+}
+
+async function disableNotify() {
+  const reg = await registration();
+  const sub = await reg.pushManager.getSubscription();
+  if (sub) {
+    await api("/api/push/subscriptions", { method: "DELETE", body: { endpoint: sub.endpoint } }).catch(() => null);
+    await sub.unsubscribe();
+  }
+  $("#notify-result").textContent = "Notifications are off.";
+  await renderNotify();
+}
+
+async function testNotify() {
+  await api("/api/push/test", { method: "POST", body: {} });
+  $("#notify-result").textContent = "Test sent: it should arrive in a few seconds.";
+}
+
+// Presence: which thread this page is looking at, so a reply you are watching is not also pushed.
+const clientId = localStorage.getItem("petal.client") || (() => {
+  const id = crypto.randomUUID(); localStorage.setItem("petal.client", id); return id;
+})();
+
+function presence() {
+  const watching = document.visibilityState === "visible" && currentTab() === "chat" ? S.thread : null;
+  api("/api/presence", { method: "POST", body: { client_id: clientId, thread_id: watching } }).catch(() => null);
+}
+
 // ---- start -------------------------------------------------------------------------------------------------
 
 async function start() {
@@ -659,6 +749,17 @@ async function start() {
   $("#asks-scope").addEventListener("change", renderAsks);
   $("#feed-filter").addEventListener("input", renderFeed);
   window.addEventListener("hashchange", showTab);
+  $("#notify-button").addEventListener("click", () => {
+    const panel = $("#notify-panel");
+    panel.hidden = !panel.hidden;
+    $("#notify-button").setAttribute("aria-expanded", String(!panel.hidden));
+  });
+  const guard = (fn) => () => fn().catch((e) => { $("#notify-result").textContent = `Failed: ${e.message}`; renderNotify(); });
+  $("#notify-enable").addEventListener("click", guard(enableNotify));
+  $("#notify-disable").addEventListener("click", guard(disableNotify));
+  $("#notify-test").addEventListener("click", guard(testNotify));
+  document.addEventListener("visibilitychange", presence);
+  setInterval(presence, 20_000);
   window.addEventListener("offline", () => setConn("offline"));
   S.info = await api("/api/info");
   $("#demo").hidden = !S.info.demo;
@@ -668,6 +769,7 @@ async function start() {
   showTab();
   document.body.dataset.ready = "1";
   stream();
+  renderNotify();
 }
 
 start().catch((e) => {

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from executor import cli_install, dispatch
 from executor.main import serve
 from executor.journal_writer import JournalWriter
+from executor.notify import NotifyConfig
 from executor.scripted_model import ScriptedModelServer
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
@@ -165,7 +166,8 @@ def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
 @asynccontextmanager
 async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
                    extra_env: dict[str, str] | None = None, extract: bool = False, backoff_base_s: float = 30.0,
-                   substrate_kw: dict[str, Any] | None = None, **config_kw: Any) -> AsyncIterator[Harness]:
+                   substrate_kw: dict[str, Any] | None = None, notify_config: Any = None,
+                   **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
     sub = substrate_for(model, tmp, **(substrate_kw or {}))
@@ -174,7 +176,8 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
     config_kw.setdefault("mcp_timeout_ms", int((ask_timeout_s + 120) * 1000))
     config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/", **config_kw)
     task = asyncio.create_task(serve(db.executor_dsn, sub, config, stop, mcp_port=port, ask_timeout_s=ask_timeout_s,
-                                     extract=extract, backoff_base_s=backoff_base_s))
+                                     extract=extract, backoff_base_s=backoff_base_s,
+                                     notify_config=notify_config or NotifyConfig(data_dir=tmp / "var")))
     deadline = time.monotonic() + 30
     while True:
         if task.done():

@@ -1,0 +1,273 @@
+"""Notifications: reach the user when Claude needs them, a worker stalls, or a turn finishes unwatched.
+
+The notifier reads the journal after its own cursor (kept in the database, so a restart neither
+repeats nor skips one), turns the few record types that need a person into short notifications, holds
+back repeats (one per task per kind per `rate_limit_s`), folds a burst into one digest, and sends them by
+Web Push (VAPID; RFC 8291 encryption by pywebpush) to every subscribed browser and, when configured, to an
+ntfy topic. Payloads are a title, one line and a deep link: never a secret or a transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from cryptography.hazmat.primitives import serialization
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from py_vapid import Vapid
+from pywebpush import WebPushException, webpush_async
+
+from executor.sql import queries
+from shared import logs
+from shared.listener import Subscription
+
+log = logs.get(__name__)
+
+LINE_CHARS = 140
+POLL_S = 2.0
+PAGE = 500
+SEND_TIMEOUT_S = 10.0
+PUSH_TTL_S = 3600
+GONE = (404, 410)
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    data_dir: Path = Path("./var")
+    vapid_private_key: str | None = None  # PEM or base64url DER; generated into data_dir when unset
+    vapid_subject: str = "mailto:admin@localhost"
+    ntfy_url: str | None = None
+    ntfy_token: str | None = None
+    public_url: str = ""  # the page's address, for absolute links (ntfy's Click)
+    rate_limit_s: float = 60.0
+    digest_after: int = 3  # more than this many in one pass become one digest
+    presence_s: float = 60.0  # a page seen this recently is watching its thread
+
+
+@dataclass
+class Note:
+    kind: str
+    title: str
+    body: str
+    url: str
+    task_id: Any = None
+    thread_id: Any = None
+    seq: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> str:
+        return json.dumps({"title": self.title, "body": self.body, "url": self.url,
+                           "tag": f"{self.kind}-{self.task_id or self.thread_id or 'all'}"})
+
+
+def _line(text: Any, n: int = LINE_CHARS) -> str:
+    first = str(text or "").strip().split("\n")[0]
+    return first if len(first) <= n else first[: n - 1] + "…"
+
+
+def load_vapid(config: NotifyConfig) -> Vapid:
+    """The VAPID key: from the setting, else from the data directory, else generated there (0600)."""
+    if config.vapid_private_key:
+        key = config.vapid_private_key.strip()
+        if key.startswith("-----BEGIN"):
+            return Vapid.from_pem(key.encode())
+        return Vapid.from_string(private_key=key)
+    path = config.data_dir / "vapid_private.pem"
+    if path.exists():
+        return Vapid.from_file(str(path))
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    vapid = Vapid()
+    vapid.generate_keys()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(vapid.private_pem())
+    log.info("vapid_key_generated", path=str(path))
+    return vapid
+
+
+def public_key(vapid: Vapid) -> str:
+    raw = vapid.public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def note_for(row: dict[str, Any]) -> Note | None:
+    """The notification a journal record calls for, or None (most records call for none)."""
+    p = row["payload"] or {}
+    if row["event_type"] == "question.asked":
+        questions = p.get("questions") or [{}]
+        by_harness = p.get("asked_by") == "harness"
+        escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
+        kind = "escalation" if escalation else "question"
+        title = ("A worker's end needs your decision" if escalation
+                 else "Approve a worker?" if by_harness else "Claude asks")
+        return Note(kind, title, _line(questions[0].get("question")), "/#asks", row["task_id"],
+                    row["session_id"], row["seq"], {"question_id": p.get("question_id")})
+    if row["event_type"] == "task.stalled":
+        return Note("stalled", f"A {row['role'] or 'task'} stalled",
+                    _line(f"Silent for {round(p.get('silent_s', 0))} s: {_line(row['brief'], 80)}"),
+                    f"/#task/{row['task_id']}", row["task_id"], row["task_session"], row["seq"])
+    if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
+        result = (p.get("result") or {})
+        status = p.get("status")
+        body = "The orchestrator replied." if status == "success" else f"The turn ended {status}."
+        return Note("turn_finished", "Reply ready" if status == "success" else "Turn ended", body,
+                    f"/#chat/{row['task_session']}", row["task_id"], row["task_session"], row["seq"],
+                    {"status": status, "subtype": result.get("subtype")})
+    return None
+
+
+class Notifier:
+    def __init__(self, pool: AsyncConnectionPool, config: NotifyConfig):
+        self.pool = pool
+        self.config = config
+        self.vapid: Vapid | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries[name], params or {})
+            return await cur.fetchall() if cur.description else []
+
+    async def start(self) -> None:
+        self.vapid = await asyncio.to_thread(load_vapid, self.config)
+        await self._rows("store_push_key", {"public_key": public_key(self.vapid),
+                                            "ntfy": bool(self.config.ntfy_url)})
+        await self._rows("init_notify_cursor")  # a first start begins at the journal's head
+
+    async def run(self, sub: Subscription) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)) as session:
+            self.session = session
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(sub.get(), POLL_S)
+                await asyncio.sleep(0.1)  # let a burst land, then take it in one pass
+                while not sub.queue.empty():
+                    sub.queue.get_nowait()
+                try:
+                    await self.pass_once()
+                except Exception:  # noqa: BLE001 - the notifier outlives a failed pass; the poll retries
+                    log.exception("notify_pass_failed")
+
+    async def pass_once(self) -> list[Note]:
+        for req in await self._rows("claim_notify_requests"):
+            note = Note("test", "petal-dispatch", "Notifications work. This is the test you asked for.", "/#chat")
+            outcome, detail = await self.deliver([note])
+            await self._record(note, outcome, detail)
+            await self._rows("finish_notify_request", {"id": req["id"], "status": "done" if outcome == "sent" else "failed",
+                                                       "error": None if outcome == "sent" else outcome})
+        (cursor,) = await self._rows("notify_cursor")
+        rows = await self._rows("notify_candidates", {"after": cursor["last_seq"], "limit": PAGE})
+        if not rows:
+            await self._rows("advance_notify_cursor", {"seq": cursor["head"]})
+            return []
+        notes = [n for n in (note_for(r) for r in rows) if n is not None]
+        due = await self._hold_back(notes)
+        if len(due) > self.config.digest_after:
+            digest = self._digest(due)
+            outcome, detail = await self.deliver([digest])
+            for n in due:
+                await self._record(n, "digested" if outcome == "sent" else outcome, detail)
+            await self._record(digest, outcome, detail)
+        else:
+            for n in due:
+                outcome, detail = await self.deliver([n])
+                await self._record(n, outcome, detail)
+        last = rows[-1]["seq"] if len(rows) == PAGE else max(rows[-1]["seq"], cursor["head"])
+        await self._rows("advance_notify_cursor", {"seq": last})
+        return due
+
+    async def _hold_back(self, notes: list[Note]) -> list[Note]:
+        """Drop what the rate limit holds back, and turns someone is watching."""
+        due: list[Note] = []
+        seen: set[tuple[str, str]] = set()
+        for n in notes:
+            if n.kind == "turn_finished" and n.thread_id is not None:
+                watched = await self._rows("thread_watched", {"thread_id": n.thread_id,
+                                                              "seconds": self.config.presence_s})
+                if watched and watched[0]["watched"]:
+                    continue
+            key = (n.kind, str(n.task_id or n.thread_id))
+            recent = await self._rows("recent_notification", {"kind": n.kind, "task_id": n.task_id,
+                                                              "thread_id": n.thread_id,
+                                                              "seconds": self.config.rate_limit_s})
+            if key in seen or recent[0]["recent"]:
+                await self._record(n, "rate_limited", {})
+                continue
+            seen.add(key)
+            due.append(n)
+        return due
+
+    @staticmethod
+    def _digest(notes: list[Note]) -> Note:
+        kinds: dict[str, int] = {}
+        for n in notes:
+            kinds[n.kind] = kinds.get(n.kind, 0) + 1
+        words = {"question": "question", "escalation": "escalation", "stalled": "stalled task",
+                 "turn_finished": "finished turn"}
+        parts = [f"{c} {words.get(k, k)}{'s' if c > 1 else ''}" for k, c in kinds.items()]
+        url = "/#asks" if kinds.get("question") or kinds.get("escalation") else "/#tasks"
+        return Note("digest", f"{len(notes)} things need you", _line(", ".join(parts)), url)
+
+    async def deliver(self, notes: list[Note]) -> tuple[str, dict[str, Any]]:
+        """Send each note on every channel; ('sent' | 'no_channel' | 'failed', what happened)."""
+        subs = await self._rows("push_subscriptions")
+        if not subs and not self.config.ntfy_url:
+            return "no_channel", {}
+        ok, detail = False, {"push": [], "ntfy": None}
+        for note in notes:
+            for s in subs:
+                result = await self._push(s, note)
+                detail["push"].append(result)
+                ok = ok or result == "sent"
+            if self.config.ntfy_url:
+                detail["ntfy"] = await self._ntfy(note)
+                ok = ok or detail["ntfy"] == "sent"
+        return ("sent" if ok else "failed"), detail
+
+    async def _push(self, s: dict[str, Any], note: Note) -> str:
+        assert self.vapid is not None and self.session is not None
+        info = {"endpoint": s["endpoint"], "keys": {"p256dh": s["p256dh"], "auth": s["auth"]}}
+        try:
+            await webpush_async(info, note.payload(), vapid_private_key=self.vapid,
+                                vapid_claims={"sub": self.config.vapid_subject}, ttl=PUSH_TTL_S,
+                                aiohttp_session=self.session, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
+        except WebPushException as exc:
+            if exc.status_code in GONE:  # the browser unsubscribed or the subscription expired
+                await self._rows("delete_push_subscription", {"id": s["id"]})
+                log.info("push_subscription_removed", status=exc.status_code)
+                return f"gone {exc.status_code}"
+            await self._rows("push_failed", {"id": s["id"], "error": str(exc)[:300]})
+            return f"failed {exc.status_code}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            await self._rows("push_failed", {"id": s["id"], "error": repr(exc)[:300]})
+            return "failed"
+        await self._rows("push_succeeded", {"id": s["id"]})
+        return "sent"
+
+    async def _ntfy(self, note: Note) -> str:
+        assert self.session is not None and self.config.ntfy_url
+        headers = {"Title": note.title, "Tags": note.kind}
+        if self.config.public_url:
+            headers["Click"] = self.config.public_url.rstrip("/") + note.url
+        if self.config.ntfy_token:
+            headers["Authorization"] = f"Bearer {self.config.ntfy_token}"
+        try:
+            async with self.session.post(self.config.ntfy_url, data=note.body.encode(), headers=headers) as r:
+                return "sent" if r.status < 300 else f"failed {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return f"failed {type(exc).__name__}"
+
+    async def _record(self, note: Note, outcome: str, detail: dict[str, Any]) -> None:
+        await self._rows("record_notification", {
+            "kind": note.kind, "task_id": note.task_id, "thread_id": note.thread_id, "seq": note.seq,
+            "title": note.title, "body": note.body, "url": note.url, "outcome": outcome,
+            "detail": Jsonb({**note.detail, **detail})})

@@ -1,0 +1,25 @@
+-- name: push_config --
+SELECT public_key, ntfy, updated_at FROM push_config
+
+-- name: push_subscription_count --
+SELECT count(*) AS subscriptions FROM push_subscriptions
+
+-- name: upsert_push_subscription --
+INSERT INTO push_subscriptions (endpoint, p256dh, auth, user_agent)
+VALUES (%(endpoint)s, %(p256dh)s, %(auth)s, %(user_agent)s)
+ON CONFLICT (endpoint) DO UPDATE SET p256dh = EXCLUDED.p256dh, auth = EXCLUDED.auth, user_agent = EXCLUDED.user_agent
+RETURNING id, endpoint, created_at
+
+-- name: delete_push_subscription_by_endpoint --
+DELETE FROM push_subscriptions WHERE endpoint = %(endpoint)s RETURNING id
+
+-- name: push_subscription_by_endpoint --
+SELECT id, created_at, last_success_at, last_error FROM push_subscriptions WHERE endpoint = %(endpoint)s
+
+-- name: enqueue_notify --
+INSERT INTO notify_queue (kind) VALUES (%(kind)s) RETURNING id, kind, status, created_at
+
+-- name: upsert_presence --
+INSERT INTO client_presence (client_id, thread_id, seen_at) VALUES (%(client_id)s, %(thread_id)s, now())
+ON CONFLICT (client_id) DO UPDATE SET thread_id = EXCLUDED.thread_id, seen_at = now()
+RETURNING client_id, thread_id, seen_at
