@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from executor import briefs, dispatch
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
-from shared import logs, read_surface
+from shared import aio, logs, read_surface
 from shared.database import Database
 from shared.listener import RESYNC, Listener
 from shared.models import NewEvent
@@ -183,7 +183,7 @@ class Harness:
                 return {"status": "cancelled", "answers": {}, "response": TIMED_OUT}
             try:
                 # any notification (ours, another question's, a resync) just means: look again
-                note = await asyncio.wait_for(sub.get(), min(left, self.progress_interval_s))
+                note = await aio.wait_for(sub.get(), min(left, self.progress_interval_s))
                 if note is not RESYNC and note.payload != str(qid):
                     continue
             except TimeoutError:

@@ -27,7 +27,7 @@ from py_vapid import Vapid
 from pywebpush import WebPushException, webpush_async
 
 from executor.sql import queries
-from shared import logs
+from shared import aio, logs
 from shared.listener import Subscription
 
 log = logs.get(__name__)
@@ -148,7 +148,7 @@ class Notifier:
             self.session = session
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(sub.get(), POLL_S)
+                    await aio.wait_for(sub.get(), POLL_S)
                 await asyncio.sleep(0.1)  # let a burst land, then take it in one pass
                 while not sub.queue.empty():
                     sub.queue.get_nowait()

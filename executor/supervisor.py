@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from executor import process, substrate
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
-from shared import errors, logs
+from shared import aio, errors, logs
 from shared.database import Database
 from shared.listener import Subscription
 from shared.models import NewEvent
@@ -130,7 +130,7 @@ class Supervisor:
                 await self._claim_stops()
                 await self._claim_tasks()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_s)
+                    await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
         finally:
             await self._stop_children("executor_shutdown")
             for t in side:

@@ -22,7 +22,7 @@ from executor import substrate
 from executor.journal_writer import JournalWriter
 from executor.settlement import Settlement
 from executor.sql import queries
-from shared import journal, logs, threads
+from shared import aio, journal, logs, threads
 from shared.listener import Subscription
 from shared.models import NewEvent
 
@@ -67,7 +67,7 @@ class Threads:
                 except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
                     log.exception("threads_pass_failed")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+                    await aio.wait_for(self._wake.wait(), POLL_S)
         finally:
             forwarding.cancel()
 

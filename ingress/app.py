@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import psycopg
@@ -137,6 +137,19 @@ async def login(request: Request) -> Response:
     response.set_cookie(COOKIE, config.cookie_value(), httponly=True, samesite="strict",
                         secure=request.url.scheme == "https", max_age=30 * 24 * 3600)
     return response
+
+
+def shutdown_trigger(app: Starlette, stop: asyncio.Event) -> Callable[[], Awaitable[None]]:
+    """Hypercorn's shutdown trigger: when `stop` is set, end every SSE stream at once, so the graceful
+    shutdown does not wait out open streams (their clients resume by Last-Event-ID)."""
+
+    async def trigger() -> None:
+        await stop.wait()
+        broadcaster = getattr(app.state, "broadcaster", None)
+        if broadcaster is not None:
+            broadcaster.closing.set()
+
+    return trigger
 
 
 def auth_config(settings: Settings) -> AuthConfig:

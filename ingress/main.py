@@ -9,7 +9,7 @@ import signal
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from ingress.app import create_app
+from ingress.app import create_app, shutdown_trigger
 from shared import dbserver, errors, logs
 from shared.settings import Settings
 
@@ -53,7 +53,7 @@ def main(settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info("ingress_listening", bind=f"http://{settings.ingress_host}:{settings.ingress_port}/")
-        await serve(app, hypercorn_config(settings), shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_trigger(app, stop))  # type: ignore[arg-type]
 
     asyncio.run(run())
     return 0

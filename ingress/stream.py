@@ -24,7 +24,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
 from ingress.problems import Problem
-from shared import journal, logs
+from shared import aio, journal, logs
 from shared.listener import RESYNC, Subscription
 from shared.models import Event
 
@@ -106,9 +106,9 @@ class Broadcaster:
     async def run(self, sub: Subscription) -> None:
         async with self.pool.connection() as conn:
             self.last_seq = await journal.head(conn)
-        while True:
+        while not self.closing.is_set():
             try:
-                note = await asyncio.wait_for(sub.get(), POLL_S)
+                note = await aio.wait_for(sub.get(), POLL_S)
             except TimeoutError:
                 note = RESYNC
             try:
@@ -132,6 +132,8 @@ class Client:
         Raises Overflow."""
         b = self.b
         while True:
+            if b.closing.is_set():
+                return None  # shutting down: end the stream now, even mid-flood (the client resumes by seq)
             if self.cursor < b.first:
                 raise Overflow()
             if self.cursor < b.published:
@@ -139,8 +141,6 @@ class Client:
                 taken = list(itertools.islice(b.frames, start, start + most))
                 self.cursor += len(taken)
                 return taken
-            if b.closing.is_set():
-                return None
             closing = asyncio.ensure_future(b.closing.wait())
             try:
                 await asyncio.wait([b._tick, closing], return_when=asyncio.FIRST_COMPLETED)

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from shared import logs
+from shared import aio, logs
 
 log = logs.get(__name__)
 
@@ -121,7 +121,7 @@ class Listener:
                 failures += 1
                 log.warning("listener_reconnect", error=str(exc).strip(), delay_s=delay)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                    await aio.wait_for(self._stopping.wait(), delay)
         self.connected.clear()
 
     async def _session(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from hypercorn.asyncio import serve
 
-from ingress.app import create_app
+from ingress.app import create_app, shutdown_trigger
 from ingress.main import hypercorn_config
 from shared.settings import Settings
 
@@ -32,7 +32,7 @@ async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
     config = hypercorn_config(settings)
     config.graceful_timeout = 1.0
     stop = asyncio.Event()
-    task = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    task = asyncio.create_task(serve(app, config, shutdown_trigger=shutdown_trigger(app, stop)))  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{settings.ingress_port}"
     async with httpx.AsyncClient(base_url=url, timeout=5) as probe:
         for _ in range(200):
