@@ -91,3 +91,21 @@ async def test_the_mcp_endpoint_refuses_a_foreign_host_header(db: DB, tmp_path: 
                 "accept": "application/json, text/event-stream"},
                 content=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}')
     assert response.status_code == 421  # DNS-rebinding protection: only loopback names
+
+
+async def test_a_workers_brief_carries_its_plan_tasks_earlier_handoffs(db: DB, tmp_path: Path) -> None:
+    project = _project(db, tmp_path)
+    earlier = _handoff(db, project, [])
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE tasks SET plan_ref = 'T-007' WHERE id = %s", [earlier])
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp_path, max_workers=1) as h, Client(h.mcp_url) as client:  # type: ignore[arg-type]
+            same = _structured(await client.call_tool("dispatch_worker", {
+                "brief": "finish the parser speed-up", "project_id": str(project), "plan_ref": "T-007"}))
+            other = _structured(await client.call_tool("dispatch_worker", {
+                "brief": "write the docs", "project_id": str(project), "plan_ref": "T-008"}))
+            same_task = await h.task(uuid.UUID(same["task_id"]))
+            other_task = await h.task(uuid.UUID(other["task_id"]))
+    assert same_task["brief"].startswith("finish the parser speed-up\n\n## Earlier handoffs for T-007")
+    assert "[success] done (next: none)" in same_task["brief"]
+    assert other_task["brief"] == "write the docs"  # nothing known about T-008, nothing added
