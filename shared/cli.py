@@ -93,7 +93,9 @@ def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     overrides = {k: v for k, v in {"ingress_host": args.host, "ingress_port": args.port, "mcp_port": args.mcp_port,
                                    "data_dir": args.data_dir}.items() if v is not None}
-    return up.run(settings.model_copy(update=overrides), os.environ, demo=args.demo)
+    if args.scenario is not None and not args.demo:
+        raise errors.ConfigError("--scenario goes with --demo (it is what the scripted model plays)")
+    return up.run(settings.model_copy(update=overrides), os.environ, demo=args.demo, scenario=args.scenario)
 
 
 def _with_pool(settings: Settings, work):  # type: ignore[no-untyped-def]
@@ -290,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, help="data directory (default ./var)")
     p.add_argument("--demo", action="store_true",
                    help="run the real CLI against a scripted model: see the whole loop with no Anthropic account")
+    p.add_argument("--scenario", type=Path,
+                   help="with --demo: a scenario JSON file for the scripted model instead of the built-in demo "
+                        "(no first message is sent; you write it)")
     p.set_defaults(handler=_cmd_up)
 
     p = sub.add_parser("journal", help="the journal as readable lines")

@@ -86,8 +86,11 @@ def _demo_claude(settings: Settings) -> str:
     return found
 
 
-def _start_demo_model(settings: Settings, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    scenario = Path(__file__).resolve().parent.parent / "executor" / "demo" / "scenario.json"
+DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "executor" / "demo" / "scenario.json"
+
+
+def _start_demo_model(settings: Settings, env: dict[str, str],
+                      scenario: Path = DEMO_SCENARIO) -> tuple[subprocess.Popen[str], str]:
     model = subprocess.Popen([sys.executable, "-m", "executor.scripted_model", "--scenario", str(scenario)],
                              stdout=subprocess.PIPE, text=True)
     url = (model.stdout.readline() if model.stdout else "").strip()
@@ -125,16 +128,21 @@ def _post_demo_message(url: str) -> None:
     _post(f"{url}/api/chat", {"text": DEMO_MESSAGE, "thread_id": thread["thread_id"]})
 
 
-def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> int:
+def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scenario: Path | None = None) -> int:
+    """Run the pair. `demo`: the real CLI against the scripted model, playing `scenario` (a JSON file as
+    executor/scripted_model.py describes) or, without one, the built-in demo, which also sends its first
+    message."""
     from ingress.main import check_bind  # the same refusal the ingress itself makes, before anything starts
 
     check_bind(settings)
+    if scenario is not None and not scenario.is_file():
+        raise errors.ConfigError(f"no scenario file {scenario}")
     claude = _demo_claude(settings) if demo else find_claude(settings)
     info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
     child_env = _child_env(env, settings, claude)
     extra: list[subprocess.Popen[str]] = []
     if demo:
-        model, _ = _start_demo_model(settings, child_env)
+        model, _ = _start_demo_model(settings, child_env, scenario or DEMO_SCENARIO)
         extra.append(model)
     stop = {"signal": 0}
 
@@ -151,7 +159,7 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> in
         host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host
         url = f"http://{host}:{settings.ingress_port}"
         _wait_ready(url, children)
-        if demo:
+        if demo and scenario is None:
             _post_demo_message(url)
         what = "the demo (a scripted model, not Claude)" if demo else "petal-dispatch"
         print(f"{what} is up: {url}/  (database: {info.location}; Ctrl-C stops everything)", flush=True)

@@ -64,6 +64,18 @@ def test_up_without_the_claude_cli_refuses_and_names_the_install_command(tmp_pat
     assert out.returncode == 2 and "npm install -g @anthropic-ai/claude-code" in out.stderr
 
 
+def test_a_scenario_needs_the_demo_and_a_real_file_and_a_bad_one_starts_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "OPEN_MODE": "1"}
+    base = [sys.executable, "-m", "shared.cli", "up", "--data-dir", str(tmp_path / "var")]
+    alone = subprocess.run([*base, "--scenario", str(tmp_path / "s.json")], env=env, capture_output=True, text=True,
+                           timeout=60)
+    missing = subprocess.run([*base, "--demo", "--scenario", str(tmp_path / "s.json")], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert alone.returncode == 2 and "--scenario goes with --demo" in alone.stderr
+    assert missing.returncode == 2 and "no scenario file" in missing.stderr
+    assert not (tmp_path / "var" / "pgdata").exists()  # refused before the database started
+
+
 def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cleanly(tmp_path: Path) -> None:
     port, mcp_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN",
