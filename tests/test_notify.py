@@ -150,6 +150,32 @@ async def test_one_notification_per_task_and_kind_per_minute_and_a_digest_for_a_
     assert bodies == ["A worker stalled", "5 things need you"]  # two phone buzzes, not seven
 
 
+async def test_a_finished_turn_is_pushed_only_when_no_page_watches_its_thread(db: DB, tmp_path: Path) -> None:
+    watched, unwatched = uuid.uuid4(), uuid.uuid4()
+    turns = {}
+    with psycopg.connect(db.admin_dsn) as conn:
+        for thread in (watched, unwatched):
+            conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'orchestrator', 'idle')", [thread])
+            turns[thread] = conn.execute("INSERT INTO tasks (role, brief, status, session_id) VALUES"
+                                         " ('orchestrator', 'hi', 'success', %s) RETURNING id", [thread]).fetchone()[0]  # type: ignore[index]
+        conn.execute("INSERT INTO client_presence (client_id, thread_id) VALUES ('phone-in-hand', %s)", [watched])
+    with StandIn() as ntfy:
+        config = NotifyConfig(data_dir=tmp_path / "var", ntfy_url=f"{ntfy.url}/t")
+        async with Database(db.executor_dsn, name="test-notifier") as database:
+            notifier = Notifier(database.pool, config)
+            await notifier.start()
+            import aiohttp
+
+            async with aiohttp.ClientSession() as session:
+                notifier.session = session
+                async with database.pool.connection() as conn:
+                    await journal.append_on(conn, [NewEvent("task.exited", {"status": "success"}, task_id=turns[t],
+                                                            session_id=t) for t in (watched, unwatched)])
+                sent = await notifier.pass_once()
+    assert [(n.kind, n.thread_id, n.url) for n in sent] == [("turn_finished", unwatched, f"/#chat/{unwatched}")]
+    assert [r.headers["title"] for r in ntfy.received] == ["Reply ready"]
+
+
 # ---- the page ------------------------------------------------------------------------------------------
 
 STUB_PUSH = """
