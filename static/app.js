@@ -93,7 +93,10 @@ async function loadThreads() {
   if (!S.threads.some((t) => t.id === S.defaultThread)) {
     S.threads.push({ id: S.defaultThread, title: "Default", mode: "interactive", lifecycle: "new" });
   }
-  if (!S.thread || !data.threads.some((t) => t.id === S.thread) && S.thread !== S.defaultThread) S.thread = S.defaultThread;
+  // first visit (or a thread that is gone): the most recent thread (the list is newest first)
+  if (!S.thread || (!data.threads.some((t) => t.id === S.thread) && S.thread !== S.defaultThread)) {
+    S.thread = S.threads[0]?.id || S.defaultThread;
+  }
   renderThreadPicker();
 }
 
