@@ -8,7 +8,6 @@ takes a handle on it, and it stops when the last one exits.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess

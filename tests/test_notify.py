@@ -21,7 +21,7 @@ from shared.models import NewEvent
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
-from tests.test_web_client import browser, chromium  # noqa: F401 - chromium: the same browser check
+from tests.test_web_client import browser
 from tests.web import ingress_server
 
 QUESTION = {"question": "Deploy to staging now?", "header": "Deploy", "multiSelect": False,

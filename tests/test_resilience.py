@@ -9,7 +9,6 @@ Run alone with `bash .ci/run -m resilience`.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys

@@ -5,14 +5,11 @@ var/test-artifacts/ (or $PETAL_TEST_ARTIFACTS)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
@@ -81,7 +78,7 @@ async def test_a_message_shows_pending_then_its_echo_then_the_reply_and_nothing_
     scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
         {"stall": {"seconds": 3, "text": f"Done. **All good** {XSS}"}}])])
     with ScriptedModelServer(scenario) as model:
-        async with running_executor(db, model, tmp_path) as h, ingress_server(db.ingress_dsn) as url, browser() as b:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
             async with page_at(b, url) as page:
                 await expect(page.locator("#messages .empty")).to_be_visible()
                 await page.fill("#composer-text", "first: tidy the repo")
@@ -130,7 +127,7 @@ async def test_an_ask_is_a_card_that_survives_a_reload_and_its_answer_lets_the_r
         {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": QUESTIONS}}},
         {"text": "Going left, with the checks you chose."}])])
     with ScriptedModelServer(scenario) as model:
-        async with running_executor(db, model, tmp_path) as h, ingress_server(db.ingress_dsn) as url, \
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, \
                 browser() as b, httpx.AsyncClient(base_url=url) as http:
             async with page_at(b, url) as page:
                 await page.fill("#composer-text", "refactor the parser")
