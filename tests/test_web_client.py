@@ -100,6 +100,11 @@ async def test_a_message_shows_pending_then_its_echo_then_the_reply_and_nothing_
                 await expect(page.locator("#turn-status")).to_be_hidden(timeout=30_000)
                 await no_script_ran(page)
                 await shot(page, "chat-390")
+                for tab in ("chat", "tasks", "asks", "activity", "context"):  # nothing overflows a 360 px phone
+                    await page.set_viewport_size({"width": 360, "height": 740})
+                    await page.click(f"a[data-tab='{tab}']")
+                    width = await page.evaluate("document.documentElement.scrollWidth")
+                    assert width <= 360, f"the {tab} view is {width} px wide at 360"
             async with page_at(b, url, DESKTOP) as page:  # a fresh load renders the same conversation
                 await expect(page.locator(".msg.user")).to_have_count(2)
                 await expect(page.locator(".msg.user").nth(1)).to_have_text(f"second {XSS}")
