@@ -142,6 +142,8 @@ class Harness:
                 reason = "unknown credential"
             elif row["status"] != "running":
                 reason = f"the credential's task has ended ({row['status']})"
+            elif row["revoked_at"] is not None:
+                reason = "the credential's process has exited"
             else:
                 return Caller(task_id=row["task_id"], session_id=row["session_id"], thread_id=row["thread_id"],
                               project_id=row["project_id"], role=row["role"])

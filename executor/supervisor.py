@@ -272,6 +272,16 @@ class Supervisor:
             f.write(json.dumps(substrate.mcp_config(self.config.mcp_url, token, self.config.mcp_timeout_ms)))
         return path
 
+    async def _revoke_mcp_config(self, r: Running) -> None:
+        """The credential dies with its process, before the task's end is settled (a Bash grandchild that
+        survives the CLI and read the config cannot call as the task meanwhile)."""
+        assert r.mcp_config is not None
+        r.mcp_config.unlink(missing_ok=True)
+        try:
+            await self._exec("revoke_harness_credential", {"task_id": r.task_id})
+        except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
+            log.exception("credential_revoke_failed", task_id=str(r.task_id))
+
     def _sweep_mcp_configs(self) -> None:
         """Configs left by processes of a previous executor (a crash): their credentials are dead anyway."""
         if self._mcp_dir.is_dir():
@@ -376,7 +386,7 @@ class Supervisor:
         try:
             rc = await r.proc.wait()
             if r.mcp_config is not None:
-                r.mcp_config.unlink(missing_ok=True)  # the credential dies with its process
+                await self._revoke_mcp_config(r)
             done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)
             for t in pending:
                 t.cancel()

@@ -1,13 +1,15 @@
 -- Harness MCP caller identity: every spawn gets a random credential, sent by the CLI as a header from
 -- its per-spawn MCP config. Only its SHA-256 is stored, so a reader of the database cannot call as a
--- task. The server resolves task, session and thread from the credential alone; a task that has ended
--- (its status is no longer 'running') is refused even though its row stays, for the record.
+-- task. The server resolves task, session and thread from the credential alone; it is refused once its
+-- process has exited (revoked_at) or its task is no longer 'running', though the row stays, for the record.
 CREATE TABLE harness_credentials (
     token_sha256 bytea PRIMARY KEY CHECK (length(token_sha256) = 32),
     task_id      uuid NOT NULL UNIQUE REFERENCES tasks (id) ON DELETE CASCADE,
     -- the spawn's own conversation (the thread is derived from it and the task's parent)
     session_id   uuid NOT NULL,
-    created_at   timestamptz NOT NULL DEFAULT now()
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    -- set when the spawn's process exits: a surviving grandchild that read the config cannot call as it
+    revoked_at   timestamptz
 );
 
 -- The executor only: the ingress never needs to know who may call the harness.

@@ -28,7 +28,7 @@ class Spawn:
 
 
 def add_spawn(db: DB, *, status: str = "running", role: str = "orchestrator",
-              project: uuid.UUID | None = None) -> Spawn:
+              project: uuid.UUID | None = None, revoked: bool = False) -> Spawn:
     """A task row with a credential, as the supervisor records one when it spawns (only the hash is stored).
 
     Add a running one only after the executor reconciled (`wait_started`), or it is crashed as an orphan.
@@ -40,8 +40,9 @@ def add_spawn(db: DB, *, status: str = "running", role: str = "orchestrator",
         task = conn.execute("INSERT INTO tasks (project_id, session_id, role, status, started_at) "
                             "VALUES (%s, %s, %s, %s, now()) RETURNING id",
                             [project, session, role, status]).fetchone()[0]  # type: ignore[index]
-        conn.execute("INSERT INTO harness_credentials (token_sha256, task_id, session_id) VALUES (%s, %s, %s)",
-                     [hashlib.sha256(token.encode()).digest(), task, session])
+        conn.execute("INSERT INTO harness_credentials (token_sha256, task_id, session_id, revoked_at) "
+                     "VALUES (%s, %s, %s, CASE WHEN %s THEN now() END)",
+                     [hashlib.sha256(token.encode()).digest(), task, session, revoked])
     return Spawn(task, session, token)
 
 

@@ -51,6 +51,7 @@ async def test_calls_without_a_live_credential_are_refused_and_leave_only_a_refu
             await wait_started(h)
             live = add_spawn(db)  # a running orchestrator turn whose identity a forger names
             ended = add_spawn(db, status="success")
+            exited = add_spawn(db, revoked=True)  # its process exited; the task is not settled yet
             tasks_before = _count(db, "SELECT count(*) FROM tasks")
             seq_before = _count(db, "SELECT last_seq FROM journal_head")
             url = h.mcp_url or ""
@@ -60,6 +61,7 @@ async def test_calls_without_a_live_credential_are_refused_and_leave_only_a_refu
                 "forged headers": (None, forged),
                 "random credential": (secrets.token_urlsafe(32), forged),
                 "ended task's credential": (ended.token, {}),
+                "exited process's credential": (exited.token, {}),
                 "not a bearer token": (None, {"Authorization": f"Basic {live.token}"}),
             }
             dispatched = {}
@@ -83,7 +85,7 @@ async def test_calls_without_a_live_credential_are_refused_and_leave_only_a_refu
     assert [e.event_type for e in events] == ["harness.call_refused"] * (len(attempts) + len(others))
     assert [e.payload["reason"] for e in events[:len(attempts)]] == [
         "no credential", "no credential", "unknown credential", "the credential's task has ended (success)",
-        "no credential"]
+        "the credential's process has exited", "no credential"]
     assert [e.payload["tool"] for e in events[len(attempts):]] == [
         "ask_user_question", "get_handoffs", "get_project_state", "check_ruled_out"]
     assert all(e.payload["peer"].startswith("127.0.0.1:") and e.task_id is None for e in events)
@@ -122,12 +124,13 @@ async def test_a_real_spawns_calls_work_and_its_config_is_private_and_gone_after
     with psycopg.connect(db.admin_dsn) as conn:
         child = conn.execute("SELECT parent_task_id FROM tasks WHERE brief = 'child brief'").fetchone()
         question = conn.execute("SELECT task_id, source_session_uuid FROM questions").fetchone()
-        stored = conn.execute("SELECT token_sha256 FROM harness_credentials WHERE task_id = %s",
+        stored = conn.execute("SELECT token_sha256, revoked_at FROM harness_credentials WHERE task_id = %s",
                               [task_id]).fetchone()
         leaked = conn.execute("SELECT count(*) FROM journal WHERE payload::text LIKE %s",
                               [f"%{token}%"]).fetchone()
     assert child == (task_id,) and question == (task_id, parent["session_id"])
     assert stored is not None and bytes(stored[0]) == hashlib.sha256(token.encode()).digest()
+    assert stored[1] is not None  # revoked when the process exited
     assert leaked == (0,)  # only the hash is stored; the argv in task.spawned names the file, not the token
     assert late.is_error and [e.payload["reason"] for e in refusals] == ["the credential's task has ended (success)"]
 

@@ -3,12 +3,15 @@
 INSERT INTO harness_credentials (token_sha256, task_id, session_id)
 VALUES (%(token_sha256)s, %(task_id)s, %(session_id)s)
 ON CONFLICT (task_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, session_id = EXCLUDED.session_id,
-                                    created_at = now()
+                                    created_at = now(), revoked_at = NULL
+
+-- name: revoke_harness_credential --
+UPDATE harness_credentials SET revoked_at = now() WHERE task_id = %(task_id)s AND revoked_at IS NULL
 
 -- name: harness_caller --
 -- Who holds a credential: its task, the spawn's session, and the thread (an orchestrator turn's own
 -- session, or the session of the orchestrator turn that dispatched the task).
-SELECT c.task_id, c.session_id, t.status, t.role, t.project_id,
+SELECT c.task_id, c.session_id, c.revoked_at, t.status, t.role, t.project_id,
        CASE WHEN s.role = 'orchestrator' THEN s.id ELSE ps.id END AS thread_id
 FROM harness_credentials c
 JOIN tasks t ON t.id = c.task_id
