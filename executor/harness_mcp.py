@@ -128,8 +128,8 @@ class Harness:
         """The caller behind the call's credential.
 
         Raises:
-            CallRefused: no credential, an unknown one, or one whose task is no longer running; the
-                only thing written is a `harness.call_refused` record.
+            CallRefused: no credential, an unknown one, or one whose process has exited or whose task
+                is no longer running; the only thing written is a `harness.call_refused` record.
         """
         headers = ctx.headers or {}
         token = bearer(headers)
