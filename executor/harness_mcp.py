@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,8 +33,10 @@ from shared.models import NewEvent
 log = logs.get(__name__)
 
 PATH = "/harness-mcp/"
-SESSION_HEADER = "x-petal-session"
-TASK_HEADER = "x-petal-task"
+# The per-spawn credential arrives as "Authorization: Bearer <token>" (see substrate.mcp_config).
+CREDENTIAL_HEADER = "authorization"
+# Headers older configs used to declare an identity; now ignored, only named in a refusal's record.
+IGNORED_IDENTITY_HEADERS = ("x-petal-session", "x-petal-task")
 TOOL_USE_META = "claudecode/toolUseId"
 # Progress is sent this often while a question waits: the CLI aborts a call silent for 300 s (or for
 # CLAUDE_CODE_MCP_TOOL_IDLE_TIMEOUT), and a progress notification resets that clock.
@@ -78,6 +81,36 @@ def broken_rule(questions: list[Question]) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling, as resolved from the per-spawn credential alone (never from what the call declares)."""
+
+    task_id: uuid.UUID
+    session_id: uuid.UUID
+    # the orchestrator conversation the call belongs to: its own session for a turn, the dispatching
+    # turn's session for a worker; None for a task outside any thread
+    thread_id: uuid.UUID | None
+    project_id: uuid.UUID | None
+    role: str
+
+
+class CallRefused(ToolError):
+    """A call without a valid credential: nothing was done, only the refusal was journaled."""
+
+
+def bearer(headers: Any) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
+    value = (headers or {}).get(CREDENTIAL_HEADER) or ""
+    scheme, _, token = value.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def _peer(ctx: Context) -> str | None:
+    client = getattr(getattr(ctx.request_context, "request", None), "client", None)
+    return f"{client.host}:{client.port}" if client else None
+
+
 @dataclass
 class Harness:
     db: Database
@@ -91,32 +124,51 @@ class Harness:
             await cur.execute(queries[name], params)
             return await cur.fetchone() if cur.description else None
 
-    async def caller(self, ctx: Context) -> tuple[uuid.UUID | None, dict[str, Any] | None]:
-        """(session id, task row) from the per-spawn headers; both None for a client without them."""
+    async def caller(self, ctx: Context, tool: str) -> Caller:
+        """The caller behind the call's credential.
+
+        Raises:
+            CallRefused: no credential, an unknown one, or one whose process has exited or whose task
+                is no longer running; the only thing written is a `harness.call_refused` record.
+        """
         headers = ctx.headers or {}
-
-        def parse(value: str | None) -> uuid.UUID | None:
-            try:
-                return uuid.UUID(value) if value else None
-            except ValueError:
-                return None
-
-        session = parse(headers.get(SESSION_HEADER))
-        task_id = parse(headers.get(TASK_HEADER))
-        task = await self._one("running_task_scope", {"id": task_id}) if task_id else None
-        return session, task
+        token = bearer(headers)
+        row = None
+        if token is None:
+            reason = "no credential"
+        else:
+            row = await self._one("harness_caller", {"token_sha256": hashlib.sha256(token.encode()).digest()})
+            if row is None:
+                reason = "unknown credential"
+            elif row["status"] != "running":
+                reason = f"the credential's task has ended ({row['status']})"
+            elif row["revoked_at"] is not None:
+                reason = "the credential's process has exited"
+            else:
+                return Caller(task_id=row["task_id"], session_id=row["session_id"], thread_id=row["thread_id"],
+                              project_id=row["project_id"], role=row["role"])
+        payload: dict[str, Any] = {"tool": tool, "reason": reason, "peer": _peer(ctx)}
+        declared = [h for h in IGNORED_IDENTITY_HEADERS if h in headers]
+        if declared:
+            payload["ignored_headers"] = declared
+        if row is not None:  # an ended task's own credential: worth knowing whose it was
+            payload["credential_task_id"] = str(row["task_id"])
+        await self.writer.write([NewEvent("harness.call_refused", payload)])
+        log.warning("harness_call_refused", **payload)
+        raise CallRefused(f"{tool} refused: {reason}. The harness answers only the processes it spawned, "
+                          "identified by the credential in their per-spawn MCP config; nothing was done.")
 
     async def ask(self, questions: list[Question], ctx: Context) -> dict[str, Any]:
+        caller = await self.caller(ctx, "ask_user_question")
         rule = broken_rule(questions)
         if rule is not None:
             raise ToolError(f"ask_user_question refused, nothing was asked: {rule}")
-        session, task = await self.caller(ctx)
         raw_meta: Any = ctx.request_context.meta or {}
         # a plain dict in mcp 2.3.x; a model in some builds
         meta = raw_meta.model_dump() if hasattr(raw_meta, "model_dump") else dict(raw_meta)
         tool_use_id = meta.get(TOOL_USE_META) or f"mcp-{uuid.uuid4()}"
         stored = [q.model_dump(exclude_none=True) for q in questions]
-        final = await self.ask_user(stored, tool_use_id, session, task, ctx)
+        final = await self.ask_user(stored, tool_use_id, caller, ctx)
         result: dict[str, Any] = {"questions": stored, "answers": final["answers"]}
         if final["response"] is not None:
             result["response"] = final["response"]
@@ -124,13 +176,13 @@ class Harness:
             result["annotation"] = "the user replied in the chat instead of choosing an option"
         return result
 
-    async def ask_user(self, stored: list[dict[str, Any]], tool_use_id: str, session: uuid.UUID | None,
-                       task: dict[str, Any] | None, ctx: Context, asked_by: str = "model") -> dict[str, Any]:
+    async def ask_user(self, stored: list[dict[str, Any]], tool_use_id: str, caller: Caller, ctx: Context,
+                       asked_by: str = "model") -> dict[str, Any]:
         """Put questions in the Asks panel and wait for the answer (journaled both ways); the closed row."""
-        task_id = task["id"] if task else None
+        task_id = caller.task_id
         # subscribe before the row exists, so an answer can never arrive unseen
         with self.listener.subscribe(["question_answered"]) as sub:
-            row = await self._one("insert_question", {"tool_use_id": tool_use_id, "session_id": session,
+            row = await self._one("insert_question", {"tool_use_id": tool_use_id, "session_id": caller.session_id,
                                                       "task_id": task_id, "questions": Jsonb(stored),
                                                       "asked_by": asked_by})
             if row is None:  # the same tool call again (a client retry): wait on the first row
@@ -139,9 +191,8 @@ class Harness:
             qid = row["id"]
             await self.writer.put(NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": tool_use_id,
                                                               "questions": stored, "asked_by": asked_by},
-                                           task_id=task_id, session_id=task["session_id"] if task else None))
-            if task_id:
-                await self._set_activity(task_id, "awaiting_user")
+                                           task_id=task_id, session_id=caller.session_id))
+            await self._set_activity(task_id, "awaiting_user")
             try:
                 final = await self._wait(qid, sub, ctx)
             except BaseException:
@@ -151,9 +202,8 @@ class Harness:
                                                                       "response": "the asking process went away"}))
                 raise
             finally:
-                if task_id:
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(self._set_activity(task_id, "running"))
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._set_activity(task_id, "running"))
         answers = final["answers"] or {}
         response = final["response"]
         if final["status"] == "cancelled" and response is None:
@@ -161,7 +211,7 @@ class Harness:
         event = "question.answered" if final["status"] == "answered" else "question.cancelled"
         await self.writer.put(NewEvent(event, {"question_id": str(qid), "tool_use_id": tool_use_id,
                                                "answers": answers, "response": response},
-                                       task_id=task_id, session_id=task["session_id"] if task else None))
+                                       task_id=task_id, session_id=caller.session_id))
         return {**final, "answers": answers, "response": response}
 
     async def _set_activity(self, task_id: uuid.UUID, activity: str) -> None:
@@ -193,47 +243,46 @@ class Harness:
 
     async def dispatch_worker(self, ctx: Context, brief: str, plan_ref: str | None, project_id: str | None,
                               allowed_tools: list[str] | None, override_ruled_out: str | None) -> dict[str, Any]:
-        session, task = await self.caller(ctx)
+        caller = await self.caller(ctx, "dispatch_worker")
         try:
-            project = uuid.UUID(project_id) if project_id else (task["project_id"] if task else None)
+            project = uuid.UUID(project_id) if project_id else caller.project_id
         except ValueError:
             raise ToolError(f"project_id {project_id!r} is not a UUID") from None
-        scope = project or session
-        if scope is not None and not override_ruled_out:
+        scope = project or caller.session_id
+        if not override_ruled_out:
             matches = await read_surface.check_ruled_out(self.db.pool, scope, brief)
             if matches:
                 found = [{"approach": m["approach"], "reason": m["reason"]} for m in matches]
                 await self.writer.put(NewEvent("task.dispatch_refused", {
                     "brief": brief, "reason": "matches a prior rule-out", "rule_outs": found},
-                    task_id=task["id"] if task else None, session_id=session, project_id=project))
+                    task_id=caller.task_id, session_id=caller.session_id, project_id=project))
                 raise ToolError("dispatch refused: the brief matches approaches already ruled out "
                                 f"{found}; change the brief, or pass override_ruled_out with the reason")
-        if scope is not None:
-            brief = await briefs.enrich(self.db.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
-        mode = await self._one("thread_mode", {"id": session}) if session else None
+        brief = await briefs.enrich(self.db.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
+        # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
+        mode = await self._one("thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
         if mode is not None and mode["mode"] == "interactive":
-            await self._approve(brief, session, task, ctx)
+            await self._approve(brief, caller, ctx)
         try:
             new_id = await dispatch.request_task(
                 self.db.pool, brief=brief, project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
-                parent_task_id=task["id"] if task else None, requested_by=str(session) if session else None)
+                parent_task_id=caller.task_id, requested_by=str(caller.session_id))
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return {"task_id": str(new_id), "status": "pending",
                 "note": "the harness runs it; its handoff comes back to you when it finishes"}
 
-    async def _approve(self, brief: str, session: uuid.UUID | None, task: dict[str, Any] | None,
-                       ctx: Context) -> None:
+    async def _approve(self, brief: str, caller: Caller, ctx: Context) -> None:
         """An interactive thread: the user approves the dispatch in the Asks panel before anything spawns."""
         question = briefs.approval_question(brief)
-        final = await self.ask_user([question], f"approval-{uuid.uuid4()}", session, task, ctx, asked_by="harness")
+        final = await self.ask_user([question], f"approval-{uuid.uuid4()}", caller, ctx, asked_by="harness")
         choice = final["answers"].get(question["question"])
         if choice == briefs.APPROVE:
             return
         said = choice or final["response"] or "no answer"
         await self.writer.put(NewEvent("task.dispatch_refused", {
             "brief": brief[:2000], "reason": "not approved by the user", "answer": said},
-            task_id=task["id"] if task else None, session_id=session, project_id=task["project_id"] if task else None))
+            task_id=caller.task_id, session_id=caller.session_id, project_id=caller.project_id))
         raise ToolError(f"dispatch not approved: the user answered {said!r}; no worker was started")
 
 
@@ -253,16 +302,18 @@ def build(harness: Harness) -> MCPServer:
         return await harness.ask(questions, ctx)
 
     @mcp.tool(structured_output=True)
-    async def get_handoffs(scope_id: str, limit: int = 10) -> dict[str, Any]:
+    async def get_handoffs(ctx: Context, scope_id: str, limit: int = 10) -> dict[str, Any]:
         """The handoffs of a task, session or project, newest first (goal, state, next step, ruled out…)."""
+        await harness.caller(ctx, "get_handoffs")
         scope = _uuid(scope_id, "scope_id")
         rows = await read_surface.get_handoffs(harness.db.pool, scope, max(1, min(limit, 50)))
         return {"handoffs": [{"task_id": str(r["task_id"]) if r["task_id"] else None, "seq": r["seq"],
                               "created_at": r["created_at"].isoformat(), **r["payload"]} for r in rows]}
 
     @mcp.tool(structured_output=True)
-    async def get_project_state(project_id: str) -> dict[str, Any]:
+    async def get_project_state(ctx: Context, project_id: str) -> dict[str, Any]:
         """A short rollup of a project's plan tasks: done, in flight, failed, blocked."""
+        await harness.caller(ctx, "get_project_state")
         state = await read_surface.get_project_state(harness.db.pool, _uuid(project_id, "project_id"))
         if state is None:
             raise ToolError(f"no project {project_id}")
@@ -270,8 +321,9 @@ def build(harness: Harness) -> MCPServer:
         return state
 
     @mcp.tool(structured_output=True)
-    async def check_ruled_out(scope_id: str, candidate: str) -> dict[str, Any]:
+    async def check_ruled_out(ctx: Context, scope_id: str, candidate: str) -> dict[str, Any]:
         """Prior rule-outs in a scope that look like the candidate approach (check before dispatching)."""
+        await harness.caller(ctx, "check_ruled_out")
         rows = await read_surface.check_ruled_out(harness.db.pool, _uuid(scope_id, "scope_id"), candidate)
         return {"matches": [{"approach": r["approach"], "reason": r["reason"], "overlap": round(r["overlap"], 2)}
                             for r in rows]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import signal
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from executor import extraction, harness_mcp, notify, threads
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
-from shared import dbserver, logs
+from shared import dbserver, errors, logs
 from shared.database import Database
 from shared.settings import Settings
 
@@ -111,7 +112,25 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             await writer.flush_and_stop()
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(settings: Settings) -> None:
+    """The harness MCP lets its caller dispatch workers that run Bash: it stays on loopback unless forced."""
+    if not is_loopback(settings.mcp_host) and not settings.mcp_force_bind:
+        raise errors.ConfigError(
+            f"refusing to serve the harness MCP on PETAL_MCP_HOST={settings.mcp_host}: it must be a loopback "
+            "address (127.0.0.1) unless PETAL_MCP_FORCE_BIND=1 says the network itself is trusted")
+
+
 def main(settings: Settings) -> int:
+    check_bind(settings)
     info = dbserver.resolve(settings)
     dbserver.require_current(info.executor_dsn)
 

@@ -97,12 +97,15 @@ def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
     return env
 
 
-def mcp_config(url: str, headers: Mapping[str, str], timeout_ms: int | None) -> dict[str, Any]:
+def mcp_config(url: str, credential: str, timeout_ms: int | None) -> dict[str, Any]:
     """A per-spawn MCP config naming the harness server. Without "type": "http" the CLI skips it.
 
+    The CLI sends every configured header on every request (docs/claude-cli.md): the credential goes
+    as a bearer token and is the caller's only identity. It is written literally, not as a ${VAR}
+    reference, so it never sits in the process environment where the CLI's children would inherit it.
     `timeout` is the server's hard limit per call and also raises the CLI's idle limit to it.
     """
-    server: dict[str, Any] = {"type": "http", "url": url, "headers": dict(headers)}
+    server: dict[str, Any] = {"type": "http", "url": url, "headers": {"Authorization": f"Bearer {credential}"}}
     if timeout_ms is not None:
         server["timeout"] = timeout_ms
     return {"mcpServers": {"harness": server}}

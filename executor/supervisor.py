@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import os
+import secrets
 import signal
 import time
 import uuid
@@ -120,6 +123,7 @@ class Supervisor:
         lock_conn = await self._acquire_singleton()
         side: list[asyncio.Task[None]] = []
         try:
+            self._sweep_mcp_configs()
             await self.reconcile()
             side.append(asyncio.create_task(self._watchdog(), name="watchdog"))
             if wake_on is not None:
@@ -247,14 +251,42 @@ class Supervisor:
         await self._exec("finish_task", {"id": row["id"], "status": status, "reason": reason,
                                          "exit_code": None, "exit_signal": None, "last_output_at": None})
 
-    def _write_mcp_config(self, task_id: uuid.UUID, session_id: uuid.UUID) -> Path | None:
+    @property
+    def _mcp_dir(self) -> Path:
+        return self.config.run_dir / "mcp"
+
+    async def _write_mcp_config(self, task_id: uuid.UUID, session_id: uuid.UUID) -> Path | None:
+        """The per-spawn MCP config carrying a fresh credential; only its hash reaches the database."""
         if not self.config.mcp_url:
             return None
-        self.config.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.config.run_dir / f"mcp-{task_id}.json"
-        headers = {"X-Petal-Session": str(session_id), "X-Petal-Task": str(task_id)}
-        path.write_text(json.dumps(substrate.mcp_config(self.config.mcp_url, headers, self.config.mcp_timeout_ms)))
+        token = secrets.token_urlsafe(32)
+        await self._exec("grant_harness_credential", {"token_sha256": hashlib.sha256(token.encode()).digest(),
+                                                      "task_id": task_id, "session_id": session_id})
+        # the credential is the caller's identity: readable by this user only, from the first byte
+        self._mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self._mcp_dir, 0o700)  # an older or hand-made directory may be wider
+        path = self._mcp_dir / f"mcp-{task_id}.json"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(substrate.mcp_config(self.config.mcp_url, token, self.config.mcp_timeout_ms)))
         return path
+
+    async def _revoke_mcp_config(self, r: Running) -> None:
+        """The credential dies with its process, before the task's end is settled (a Bash grandchild that
+        survives the CLI and read the config cannot call as the task meanwhile)."""
+        assert r.mcp_config is not None
+        r.mcp_config.unlink(missing_ok=True)
+        try:
+            await self._exec("revoke_harness_credential", {"task_id": r.task_id})
+        except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
+            log.exception("credential_revoke_failed", task_id=str(r.task_id))
+
+    def _sweep_mcp_configs(self) -> None:
+        """Configs left by processes of a previous executor (a crash): their credentials are dead anyway."""
+        if self._mcp_dir.is_dir():
+            for stale in self._mcp_dir.glob("mcp-*.json"):
+                stale.unlink(missing_ok=True)
 
     async def _start(self, row: dict[str, Any]) -> None:
         task_id: uuid.UUID = row["id"]
@@ -268,7 +300,7 @@ class Supervisor:
         session_id = row["session_id"] or uuid.uuid4()
         prior = await self._rows("session_turns", {"id": session_id}) if row["session_id"] else []
         resume = bool(prior and prior[0]["turns"] > 0)
-        mcp_path = self._write_mcp_config(task_id, session_id) if profile["use_mcp"] else None
+        mcp_path = await self._write_mcp_config(task_id, session_id) if profile["use_mcp"] else None
         spec = substrate.SpawnSpec(
             role=row["role"],
             prompt=row["brief"],
@@ -294,6 +326,8 @@ class Supervisor:
                 start_new_session=True,
             )
         except OSError as exc:
+            if mcp_path is not None:
+                mcp_path.unlink(missing_ok=True)
             await self._finish_unspawned(row, "failed", f"could not start {cmd[0]}: {exc}")
             return
         started = time.monotonic()
@@ -351,6 +385,8 @@ class Supervisor:
         readers = [asyncio.create_task(self._read_stdout(r)), asyncio.create_task(self._read_stderr(r))]
         try:
             rc = await r.proc.wait()
+            if r.mcp_config is not None:
+                await self._revoke_mcp_config(r)
             done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)
             for t in pending:
                 t.cancel()

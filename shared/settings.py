@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     ingress_port: int = Field(default=8000, ge=0, le=65535)
     mcp_host: str = "127.0.0.1"
     mcp_port: int = Field(default=8002, ge=0, le=65535)
+    # the harness MCP on a non-loopback address must be asked for explicitly (it drives workers)
+    mcp_force_bind: bool = False
     # ask_user_question waits this long for an answer, then returns "Timed out waiting for user input"
     ask_timeout_s: float = Field(default=300.0, gt=0)
 

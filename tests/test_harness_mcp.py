@@ -8,11 +8,11 @@ from pathlib import Path
 
 import httpx
 import psycopg
-from mcp.client import Client
 from psycopg.types.json import Jsonb
 
 from executor.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
+from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
 
 
@@ -45,12 +45,14 @@ async def test_the_sdk_client_lists_the_five_tools_and_reads_handoffs_and_projec
     project = _project(db, tmp_path)
     task = _handoff(db, project, [{"approach": "rewrite the parser in Rust", "reason": "the team knows Python"}])
     with ScriptedModelServer(Scenario()) as model:
-        async with running_executor(db, model, tmp_path) as h, Client(h.mcp_url) as client:  # type: ignore[arg-type]
-            tools = {t.name for t in (await client.list_tools()).tools}
-            handoffs = _structured(await client.call_tool("get_handoffs", {"scope_id": str(task)}))
-            by_project = _structured(await client.call_tool("get_handoffs", {"scope_id": str(project)}))
-            state = _structured(await client.call_tool("get_project_state", {"project_id": str(project)}))
-            bad = await client.call_tool("get_handoffs", {"scope_id": "nope"})
+        async with running_executor(db, model, tmp_path) as h:
+            await wait_started(h)
+            async with mcp_client(h.mcp_url or "", add_spawn(db, project=project).token) as client:
+                tools = {t.name for t in (await client.list_tools()).tools}
+                handoffs = _structured(await client.call_tool("get_handoffs", {"scope_id": str(task)}))
+                by_project = _structured(await client.call_tool("get_handoffs", {"scope_id": str(project)}))
+                state = _structured(await client.call_tool("get_project_state", {"project_id": str(project)}))
+                bad = await client.call_tool("get_handoffs", {"scope_id": "nope"})
     assert tools == {"ask_user_question", "get_handoffs", "get_project_state", "check_ruled_out", "dispatch_worker"}
     assert handoffs["handoffs"][0]["goal"] == "speed up parsing" and by_project == handoffs
     assert state["counts"]["done"] == 1
@@ -61,16 +63,18 @@ async def test_a_brief_matching_a_rule_out_is_refused_and_journaled_unless_overr
     project = _project(db, tmp_path)
     _handoff(db, project, [{"approach": "rewrite the parser in Rust", "reason": "the team knows Python"}])
     with ScriptedModelServer(Scenario()) as model:
-        async with running_executor(db, model, tmp_path, max_workers=1) as h, Client(h.mcp_url) as client:  # type: ignore[arg-type]
-            check = _structured(await client.call_tool("check_ruled_out", {
-                "scope_id": str(project), "candidate": "Rewrite the parser in Rust for speed"}))
-            unrelated = _structured(await client.call_tool("check_ruled_out", {
-                "scope_id": str(project), "candidate": "add caching to the HTTP client"}))
-            refused = await client.call_tool("dispatch_worker", {
-                "brief": "Rewriting the parser in Rust", "project_id": str(project)})
-            allowed = _structured(await client.call_tool("dispatch_worker", {
-                "brief": "Rewriting the parser in Rust", "project_id": str(project),
-                "override_ruled_out": "the user asked for it explicitly"}))
+        async with running_executor(db, model, tmp_path, max_workers=1) as h:
+            await wait_started(h)
+            async with mcp_client(h.mcp_url or "", add_spawn(db, project=project).token) as client:
+                check = _structured(await client.call_tool("check_ruled_out", {
+                    "scope_id": str(project), "candidate": "Rewrite the parser in Rust for speed"}))
+                unrelated = _structured(await client.call_tool("check_ruled_out", {
+                    "scope_id": str(project), "candidate": "add caching to the HTTP client"}))
+                refused = await client.call_tool("dispatch_worker", {
+                    "brief": "Rewriting the parser in Rust", "project_id": str(project)})
+                allowed = _structured(await client.call_tool("dispatch_worker", {
+                    "brief": "Rewriting the parser in Rust", "project_id": str(project),
+                    "override_ruled_out": "the user asked for it explicitly"}))
             events = await h.events()
             new_task = await h.task(uuid.UUID(allowed["task_id"]))
     assert [m["approach"] for m in check["matches"]] == ["rewrite the parser in Rust"]
@@ -99,11 +103,13 @@ async def test_a_workers_brief_carries_its_plan_tasks_earlier_handoffs(db: DB, t
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         conn.execute("UPDATE tasks SET plan_ref = 'T-007' WHERE id = %s", [earlier])
     with ScriptedModelServer(Scenario()) as model:
-        async with running_executor(db, model, tmp_path, max_workers=1) as h, Client(h.mcp_url) as client:  # type: ignore[arg-type]
-            same = _structured(await client.call_tool("dispatch_worker", {
-                "brief": "finish the parser speed-up", "project_id": str(project), "plan_ref": "T-007"}))
-            other = _structured(await client.call_tool("dispatch_worker", {
-                "brief": "write the docs", "project_id": str(project), "plan_ref": "T-008"}))
+        async with running_executor(db, model, tmp_path, max_workers=1) as h:
+            await wait_started(h)
+            async with mcp_client(h.mcp_url or "", add_spawn(db, project=project).token) as client:
+                same = _structured(await client.call_tool("dispatch_worker", {
+                    "brief": "finish the parser speed-up", "project_id": str(project), "plan_ref": "T-007"}))
+                other = _structured(await client.call_tool("dispatch_worker", {
+                    "brief": "write the docs", "project_id": str(project), "plan_ref": "T-008"}))
             same_task = await h.task(uuid.UUID(same["task_id"]))
             other_task = await h.task(uuid.UUID(other["task_id"]))
     assert same_task["brief"].startswith("finish the parser speed-up\n\n## Earlier handoffs for T-007")
