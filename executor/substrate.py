@@ -27,6 +27,10 @@ QUIET_ENV = {
 }
 # ANTHROPIC_LOG=debug makes the CLI write HTTP logs to stdout, some starting with "{".
 SCRUBBED_ENV = ("ANTHROPIC_LOG",)
+# The harness's own settings and database credentials never reach a child: a worker's Bash holding the
+# executor's DSN (or a push/ntfy secret) could write the store directly and go around every boundary.
+SCRUBBED_ENV_PREFIXES = ("PETAL_", "PG")
+SCRUBBED_ENV_NAMES = ("DATABASE_URL",)
 # Set on every child so the supervisor can find a task's processes, orphans included, by environment.
 TASK_ENV_VAR = "PETAL_TASK_ID"
 ROLE_MARKER = "[petal-role: {role}]"
@@ -83,7 +87,8 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
 
 
 def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
-    env = {k: v for k, v in config.base_env.items() if k not in SCRUBBED_ENV}
+    env = {k: v for k, v in config.base_env.items()
+           if k not in SCRUBBED_ENV and k not in SCRUBBED_ENV_NAMES and not k.startswith(SCRUBBED_ENV_PREFIXES)}
     env.update(QUIET_ENV)
     env[TASK_ENV_VAR] = task_id
     if config.config_dir is not None:

@@ -104,3 +104,15 @@ def test_the_environment_passes_through_but_scrubs_stdout_logging_and_sets_the_k
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:1" and "ANTHROPIC_LOG" not in env
     assert env["CLAUDE_CODE_MAX_RETRIES"] == "2" and env["API_TIMEOUT_MS"] == "5000"
     assert env[substrate.TASK_ENV_VAR] == "task-1"
+
+
+def test_the_harness_secrets_never_reach_a_child() -> None:
+    cfg = substrate.SubstrateConfig(base_env={
+        "PETAL_EXECUTOR_DSN": "postgresql://petal_executor@db/petal", "DATABASE_URL": "postgresql://admin@db/petal",
+        "PGPASSWORD": "secret", "PETAL_NTFY_TOKEN": "tk", "PETAL_VAPID_PRIVATE_KEY": "key", "HOME": "/home/u",
+        "ANTHROPIC_API_KEY": "sk-test"})
+    env = substrate.build_env(cfg, "task-1")
+    assert not [k for k in env if k.startswith(("PETAL_", "PG")) and k != substrate.TASK_ENV_VAR]
+    assert "DATABASE_URL" not in env
+    # what the CLI itself needs passes through
+    assert env["HOME"] == "/home/u" and env["ANTHROPIC_API_KEY"] == "sk-test"
