@@ -1,0 +1,805 @@
+"""Hard gates: which worker tool calls a human must approve (or, in an autonomous thread, are refused).
+
+`classify(tool_name, tool_input, workdir, home)` → a `Verdict`: `allowed` or one of the seed's gate
+categories. It is pure (no I/O besides resolving paths: `..`, `~` and symlinks) and table-driven: the
+tables below are the rules. Shell commands are parsed with bashlex and every simple command is looked at,
+wherever it sits (`&&`, `;`, `|`, subshells, `$(…)`, backticks, functions, loops, heredocs fed to a
+shell) and through wrappers (`sudo`, `env`, `nohup`, `time`, `timeout`, `xargs`, `bash -c`, `eval`,
+`find -exec` …). What cannot be read — a parse failure, a command name or a write target computed at run
+time — is gated as `opaque`. Scripts run by an interpreter (`python x.py`, `./build.sh`, `make`) are not
+read: the gate covers the calls the model makes, not the programs those calls start.
+README.md ("Gates") states these choices; tests/data/gate_corpus.tsv holds the examples.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import bashlex  # type: ignore[import-untyped]
+
+ALLOWED = "allowed"
+OUTSIDE_TREE = "outside_tree"
+PRIVILEGE = "privilege_escalation"
+NETWORK_CONFIG = "network_config"
+SECRETS = "secrets"
+DESTRUCTIVE = "destructive"
+GIT_BEYOND_BRANCH = "git_beyond_branch"
+DEPENDENCY = "dependency"
+CROSS_SERVICE = "cross_service"
+OPAQUE = "opaque"  # not one of the seed's eight: what the gate cannot read is gated, never guessed allowed
+
+# Most severe first: a call that trips several gates is reported under the first.
+SEVERITY = (PRIVILEGE, SECRETS, DESTRUCTIVE, GIT_BEYOND_BRANCH, CROSS_SERVICE, NETWORK_CONFIG, DEPENDENCY,
+            OUTSIDE_TREE, OPAQUE)
+CATEGORIES = frozenset(SEVERITY)
+# The labels the handoff's gate_decisions has always used (policy.gate_of).
+LABELS = {
+    OUTSIDE_TREE: "outside the project tree",
+    PRIVILEGE: "privilege escalation",
+    NETWORK_CONFIG: "network config",
+    SECRETS: "secrets",
+    DESTRUCTIVE: "destructive data op",
+    GIT_BEYOND_BRANCH: "git beyond the branch",
+    DEPENDENCY: "new dependency",
+    CROSS_SERVICE: "cross-service change",
+    OPAQUE: "unreadable command",
+}
+
+# ---- tools ------------------------------------------------------------------------------------------------
+# kind: "read" (read-only, path-bearing: only a secret path gates it), "free" (no effect outside the
+# conversation), "edit" (writes its path), "shell". A tool not listed is opaque.
+TOOLS: dict[str, str] = {
+    "Read": "read", "Glob": "read", "Grep": "read", "LS": "read", "NotebookRead": "read",
+    "WebFetch": "free", "WebSearch": "free", "TodoWrite": "free", "Task": "free", "Agent": "free",
+    "BashOutput": "free", "KillShell": "free", "KillBash": "free", "ExitPlanMode": "free", "ToolSearch": "free",
+    "ListMcpResourcesTool": "free", "ReadMcpResourceTool": "free", "StructuredOutput": "free",
+    "Write": "edit", "Edit": "edit", "MultiEdit": "edit", "NotebookEdit": "edit",
+    "Bash": "shell",
+}
+FREE_TOOL_PREFIXES = ("mcp__harness__",)  # the harness's own tools are its business, not a gate's
+PATH_KEYS = ("file_path", "notebook_path", "path")
+
+# ---- paths ------------------------------------------------------------------------------------------------
+SECRET_NAMES = (  # fnmatch on the file name
+    ".env", ".env.*", "*.env", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key", "*.p12",
+    "*.pfx", "*.jks", "*.keystore", "*.kdbx", ".netrc", ".pgpass", ".git-credentials", ".npmrc", ".pypirc",
+    "credentials", "credentials.json", ".credentials.json", "secrets.*", "*.secret", "*.secrets", ".htpasswd",
+    "shadow", "gshadow", "master.key", "known_hosts", "authorized_keys", "sudoers", "environ",
+)
+NOT_SECRET_NAMES = ("*.pub", ".env.example", ".env.sample", ".env.template", ".env.dist", "*.env.example")
+SECRET_DIRS = (".ssh", ".gnupg", ".aws", ".kube", ".azure", ".password-store", ".docker", "gcloud", "secrets",
+               "private")  # any path component
+SECRET_VARIABLE = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|ACCESS_KEY)", re.I)
+HARMLESS_WRITES = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/fd/*")
+# Writing these, even inside the tree, acts beyond a file edit.
+GIT_INTERNALS = (".git/hooks/*", ".git/config", ".git/refs/*", ".git/HEAD")
+
+
+# ---- commands ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CommandRule:
+    """One gate a command can trip. With no condition, any use trips it."""
+    category: str
+    # only when one of the first positional arguments is one of these
+    subcommands: frozenset[str] | None = None
+    # never when the first positional argument is one of these (read-only uses)
+    except_subcommands: frozenset[str] = frozenset()
+    # only when one of these flags is given (a short flag also counts inside a cluster: -rf has r and f)
+    flags: frozenset[str] | None = None
+    # only when the arguments, joined by spaces, match
+    args_pattern: re.Pattern[str] | None = None
+
+
+def _r(category: str, subs: str | None = None, *, unless: str = "", flags: str | None = None,
+       args: str | None = None) -> CommandRule:
+    return CommandRule(category, frozenset(subs.split()) if subs is not None else None, frozenset(unless.split()),
+                       frozenset(flags.split()) if flags is not None else None,
+                       re.compile(args, re.I) if args is not None else None)
+
+
+_INSTALL = "install i in add isntall ci update upgrade up"
+_LOCAL_URL = r"(?!\S*(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0))"
+_SQL_DESTRUCTIVE = r"\b(drop\s+(table|database|schema|index|view)|truncate|delete\s+from\s+[\w.\"]+\s*(;|$|\"|'))|flushall|flushdb|dropDatabase"
+
+COMMANDS: dict[str, tuple[CommandRule, ...]] = {
+    # privilege escalation
+    **{n: (_r(PRIVILEGE),) for n in "sudo doas pkexec run0 su runuser chroot nsenter setcap capsh visudo passwd "
+                                   "chpasswd useradd usermod userdel groupadd groupmod gpasswd newgrp sg".split()},
+    "chmod": (_r(PRIVILEGE, args=r"(^|\s)([ugoa]*[+=][rwxXt]*s|[0-7]?[4-7][0-7]{3})(\s|$)"),),
+    "chown": (_r(PRIVILEGE, args=r"(^|\s)root([:.]|\s|$)"),),
+    "mount": (_r(PRIVILEGE),), "umount": (_r(PRIVILEGE),), "modprobe": (_r(PRIVILEGE),), "insmod": (_r(PRIVILEGE),),
+    "sysctl": (_r(PRIVILEGE, flags="-w --write -p --load"),),
+    # network-facing config
+    **{n: (_r(NETWORK_CONFIG),) for n in "iptables ip6tables iptables-restore nft ufw firewall-cmd netplan "
+                                        "ngrok cloudflared tailscale wg wg-quick ifup ifdown".split()},
+    "ip": (_r(NETWORK_CONFIG, "add del delete change replace set flush append"),),
+    "ifconfig": (_r(NETWORK_CONFIG, args=r"\S+\s+\S"),),
+    "route": (_r(NETWORK_CONFIG, "add del delete"),),
+    "nmcli": (_r(NETWORK_CONFIG, "modify add delete up down connect disconnect on off"),),
+    "nc": (_r(NETWORK_CONFIG, flags="-l --listen"),), "ncat": (_r(NETWORK_CONFIG, flags="-l --listen"),),
+    "netcat": (_r(NETWORK_CONFIG, flags="-l --listen"),),
+    "socat": (_r(NETWORK_CONFIG, args=r"LISTEN"),),
+    "nginx": (_r(NETWORK_CONFIG, flags="-s"),), "caddy": (_r(NETWORK_CONFIG, "run start reload adapt"),),
+    "python": (_r(NETWORK_CONFIG, args=r"-m\s+http\.server"), _r(DEPENDENCY, args=r"-m\s+pip\s+(install|download)"),
+               _r(OPAQUE, args=r"(^|\s)-c\s.*(system|subprocess|popen|exec|spawn)\b")),
+    "ssh": (_r(CROSS_SERVICE),), "scp": (_r(CROSS_SERVICE),), "sftp": (_r(CROSS_SERVICE),),
+    # secrets
+    "printenv": (_r(SECRETS),), "gpg": (_r(SECRETS, flags="--export-secret-keys --export-secret-subkeys -d --decrypt"),),
+    "security": (_r(SECRETS, "find-generic-password find-internet-password dump-keychain"),),
+    "vault": (_r(SECRETS, "read kv write login token"),), "pass": (_r(SECRETS),),
+    "set": (_r(SECRETS, args=r"^$"),), "export": (_r(SECRETS, args=r"^(-p)?$"),),
+    "declare": (_r(SECRETS, args=r"^-[a-z]*[xp][a-z]*$"),),
+    # destructive data ops
+    "rm": (_r(DESTRUCTIVE, flags="-r -R -f --recursive --force"), _r(DESTRUCTIVE, args=r"(^|\s)(\*|\S*/\*)(\s|$)")),
+    "shred": (_r(DESTRUCTIVE),), "wipefs": (_r(DESTRUCTIVE),), "mkfs": (_r(DESTRUCTIVE),), "fdisk": (_r(DESTRUCTIVE),),
+    "sfdisk": (_r(DESTRUCTIVE),), "parted": (_r(DESTRUCTIVE),), "mkswap": (_r(DESTRUCTIVE),),
+    "dd": (_r(DESTRUCTIVE, args=r"(^|\s)of="),), "truncate": (_r(DESTRUCTIVE),),
+    "dropdb": (_r(DESTRUCTIVE),), "dropuser": (_r(DESTRUCTIVE),),
+    **{n: (_r(DESTRUCTIVE, args=_SQL_DESTRUCTIVE),) for n in "psql mysql mariadb sqlite3 redis-cli mongo mongosh "
+                                                            "clickhouse-client cqlsh".split()},
+    "find": (_r(DESTRUCTIVE, flags="-delete"),),
+    "terraform": (_r(DESTRUCTIVE, "destroy"), _r(CROSS_SERVICE, "apply import taint state")),
+    # dependency additions
+    "pip": (_r(DEPENDENCY, "install download"),), "pipx": (_r(DEPENDENCY, "install run inject"),),
+    "uv": (_r(DEPENDENCY, "add install sync tool"),), "uvx": (_r(DEPENDENCY),),
+    "poetry": (_r(DEPENDENCY, "add install update"),), "pipenv": (_r(DEPENDENCY, "install update"),),
+    "conda": (_r(DEPENDENCY, _INSTALL + " create"),), "mamba": (_r(DEPENDENCY, _INSTALL + " create"),),
+    "npm": (_r(DEPENDENCY, _INSTALL + " exec x"),), "pnpm": (_r(DEPENDENCY, _INSTALL + " dlx"),),
+    "yarn": (_r(DEPENDENCY, _INSTALL + " dlx"), _r(DEPENDENCY, args=r"^$")),
+    "bun": (_r(DEPENDENCY, _INSTALL + " x"),), "bunx": (_r(DEPENDENCY),), "npx": (_r(DEPENDENCY),),
+    "gem": (_r(DEPENDENCY, "install update"),), "bundle": (_r(DEPENDENCY, "add install update"),),
+    "cargo": (_r(DEPENDENCY, "add install"),), "go": (_r(DEPENDENCY, "get install"),),
+    "composer": (_r(DEPENDENCY, "require install update"),),
+    **{n: (_r(DEPENDENCY, "install reinstall add upgrade dist-upgrade full-upgrade"),)
+       for n in "apt apt-get aptitude yum dnf apk zypper pacman brew snap flatpak port nix-env".split()},
+    "dpkg": (_r(DEPENDENCY, flags="-i --install"),), "rpm": (_r(DEPENDENCY, flags="-i -U --install --upgrade"),),
+    # cross-service changes
+    "systemctl": (_r(CROSS_SERVICE, unless="status show list-units list-unit-files list-timers is-active "
+                                           "is-enabled is-failed cat help --version"),),
+    "service": (_r(CROSS_SERVICE, args=r"\S+\s+(start|stop|restart|reload|force-reload|enable|disable)"),),
+    "launchctl": (_r(CROSS_SERVICE),), "supervisorctl": (_r(CROSS_SERVICE, "start stop restart reload update"),),
+    "pm2": (_r(CROSS_SERVICE, unless="list ls status logs describe show"),),
+    **{n: (_r(CROSS_SERVICE, unless="ps images logs inspect version info stats top history search ls config"),)
+       for n in "docker podman docker-compose nerdctl".split()},
+    "kubectl": (_r(SECRETS, args=r"\bget\s+secrets?\b"),
+                _r(CROSS_SERVICE, unless="get describe logs explain version api-resources config top")),
+    "helm": (_r(CROSS_SERVICE, "install upgrade uninstall delete rollback"),),
+    "aws": (_r(CROSS_SERVICE),), "gcloud": (_r(CROSS_SERVICE),), "az": (_r(CROSS_SERVICE),),
+    "kill": (_r(CROSS_SERVICE, args=r"(^|\s)-1(\s|$)"),), "pkill": (_r(CROSS_SERVICE),),
+    "killall": (_r(CROSS_SERVICE),), "crontab": (_r(CROSS_SERVICE, args=r"^(?!-l$)"),), "at": (_r(CROSS_SERVICE),),
+    "curl": (_r(CROSS_SERVICE, args=r"(-X\s*|--request[\s=])(POST|PUT|PATCH|DELETE)\b" + _LOCAL_URL),
+             _r(CROSS_SERVICE, args=r"(^|\s)(-d|--data\S*|-F|--form|-T|--upload-file)\s" + _LOCAL_URL)),
+    "rsync": (_r(CROSS_SERVICE, args=r"(^|\s)[\w.@-]+:\S*"),),
+}
+
+# Writers: which arguments are written. "all" positional arguments, or "last" (cp-like: the destination,
+# or the -t DIR). The written path is checked against the tree; every path-like argument of any command is
+# checked for secrets.
+WRITERS: dict[str, str] = {
+    **{n: "all" for n in "rm rmdir touch mkdir chmod chown chgrp truncate shred mv tee unlink mkfifo".split()},
+    **{n: "last" for n in "cp ln install rsync scp".split()},
+}
+IN_PLACE = {"sed": "-i", "perl": "-i"}  # write their file arguments only with this flag
+OUTPUT_OPTIONS = {"-o", "-O", "--output", "--output-document", "-C", "--directory", "-d", "--target-directory",
+                  "--prefix", "-P", "--directory-prefix"}  # a path value written by curl/wget/tar/unzip/…
+SHELLS = frozenset("bash sh zsh dash ksh ash fish busybox-sh".split())
+# Prefix commands: run their argument vector as a command. The value lists the options that take a value.
+WRAPPERS: dict[str, frozenset[str]] = {
+    "sudo": frozenset("-u -g -h -p -C -D -r -t -U -T --user --group --host --prompt --close-from --chdir".split()),
+    "doas": frozenset("-u -C".split()), "pkexec": frozenset("--user".split()), "run0": frozenset("-u --user".split()),
+    "nohup": frozenset(), "time": frozenset("-f -o --format --output".split()), "command": frozenset(),
+    "builtin": frozenset(), "exec": frozenset("-a".split()), "setsid": frozenset(), "unbuffer": frozenset(),
+    "stdbuf": frozenset("-i -o -e".split()), "nice": frozenset("-n --adjustment".split()),
+    "ionice": frozenset("-c -n -p -t".split()), "chrt": frozenset(), "taskset": frozenset(),
+    "timeout": frozenset("-s -k --signal --kill-after".split()), "strace": frozenset("-e -o -p -s -u".split()),
+    "ltrace": frozenset("-e -o -p -s -u".split()), "xargs": frozenset("-I -i -n -P -L -l -d -E -e -s -a "
+                                                                      "--arg-file --delimiter --max-args "
+                                                                      "--max-procs --replace".split()),
+    "flock": frozenset("-w -E --timeout --conflict-exit-code".split()), "busybox": frozenset(),
+    "caffeinate": frozenset(), "doppler": frozenset(), "chronic": frozenset(), "watch": frozenset("-n -d".split()),
+    "env": frozenset("-u -C -S --unset --chdir --split-string".split()),
+}
+# wrappers whose first positional argument is not the command (timeout DURATION, chrt PRIO, flock FILE …)
+WRAPPER_SKIP_FIRST = frozenset("timeout chrt taskset flock".split())
+WRAPPERS_GATE = {"sudo": PRIVILEGE, "doas": PRIVILEGE, "pkexec": PRIVILEGE, "run0": PRIVILEGE}
+
+MAX_DEPTH = 8  # nested bash -c / eval / $(…) levels read before the rest counts as opaque
+
+
+# ---- verdicts ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Finding:
+    category: str
+    reason: str  # what tripped it, e.g. "sudo", "writes /etc/motd"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    category: str  # ALLOWED or the most severe finding's category
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def gated(self) -> bool:
+        return self.category != ALLOWED
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.category, self.category)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(f.reason for f in self.findings if f.category == self.category)
+
+
+def _verdict(findings: list[Finding]) -> Verdict:
+    if not findings:
+        return Verdict(ALLOWED)
+    seen: dict[tuple[str, str], Finding] = {}
+    for f in findings:
+        seen.setdefault((f.category, f.reason), f)
+    ordered = sorted(seen.values(), key=lambda f: SEVERITY.index(f.category))
+    return Verdict(ordered[0].category, tuple(ordered))
+
+
+def classify(tool_name: str, tool_input: dict[str, Any] | None, workdir: str | os.PathLike[str],
+             home: str | os.PathLike[str]) -> Verdict:
+    """The gate a tool call falls in, or `allowed`. `workdir` is the task's tree; `home` expands `~`."""
+    tool_input = tool_input if isinstance(tool_input, dict) else {}
+    paths = _Paths(os.path.realpath(workdir), os.path.realpath(home))
+    kind = TOOLS.get(tool_name) or ("free" if tool_name.startswith(FREE_TOOL_PREFIXES) else None)
+    if kind is None:
+        return _verdict([Finding(OPAQUE, f"the tool {tool_name} is not known to the gate")])
+    if kind == "free":
+        return Verdict(ALLOWED)
+    if kind == "shell":
+        command = tool_input.get("command")
+        if not isinstance(command, str):
+            return _verdict([Finding(OPAQUE, "a Bash call without a command string")])
+        return classify_command(command, workdir, home)
+    findings: list[Finding] = []
+    for key in PATH_KEYS:
+        value = tool_input.get(key)
+        if isinstance(value, str) and value:
+            resolved = paths.resolve(value, paths.root)
+            if paths.secret(resolved):
+                findings.append(Finding(SECRETS, f"{tool_name} {value}"))
+            elif kind == "edit":
+                findings += paths.write_findings(value, resolved, tool_name)
+    return _verdict(findings)
+
+
+def classify_command(command: str, workdir: str | os.PathLike[str], home: str | os.PathLike[str]) -> Verdict:
+    """The gate a shell command falls in, or `allowed`."""
+    shell = _Shell(_Paths(os.path.realpath(workdir), os.path.realpath(home)))
+    shell.script(command, 0)
+    return _verdict(shell.findings)
+
+
+# ---- paths ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Paths:
+    root: str
+    home: str
+
+    def expand_tilde(self, path: str) -> str:
+        if path == "~" or path.startswith("~/"):
+            return self.home + path[1:]
+        if path.startswith("~"):  # ~user: another account's home, outside the tree either way
+            user, _, rest = path[1:].partition("/")
+            return os.path.join("/root" if user == "root" else f"/home/{user}", rest)
+        return path
+
+    def resolve(self, path: str, cwd: str) -> str:
+        # realpath follows the symlinks that exist and folds "..": a link inside the tree that points out
+        # of it resolves outside.
+        return os.path.realpath(os.path.join(cwd, self.expand_tilde(path)))
+
+    def inside(self, resolved: str) -> bool:
+        return resolved == self.root or resolved.startswith(self.root.rstrip("/") + "/")
+
+    @staticmethod
+    def secret(resolved: str) -> bool:
+        name = os.path.basename(resolved)
+        if any(fnmatch.fnmatchcase(name, p) for p in NOT_SECRET_NAMES):
+            return False
+        if any(fnmatch.fnmatchcase(name, p) for p in SECRET_NAMES):
+            return True
+        parts = resolved.split("/")[:-1]
+        return any(d in parts for d in SECRET_DIRS)
+
+    def write_findings(self, shown: str, resolved: str, what: str) -> list[Finding]:
+        if any(fnmatch.fnmatchcase(resolved, p) for p in HARMLESS_WRITES):
+            return []
+        if not self.inside(resolved):
+            return [Finding(OUTSIDE_TREE, f"{what} writes {shown}")]
+        relative = os.path.relpath(resolved, self.root)
+        if any(fnmatch.fnmatchcase(relative, p) for p in GIT_INTERNALS):
+            return [Finding(GIT_BEYOND_BRANCH, f"{what} writes {relative}")]
+        return []
+
+
+# ---- the shell walker -------------------------------------------------------------------------------------
+_PARAM = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])([^}]*)\}?")
+_PATHLIKE = re.compile(r"^(/|~|\.\.?(/|$))|/")
+UNKNOWN = None  # a word whose value is only known at run time
+
+
+@dataclass
+class _Shell:
+    paths: _Paths
+    findings: list[Finding] = field(default_factory=list)
+    cwd: str | None = None  # None: changed to a place known only at run time
+    env: dict[str, str | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cwd = self.paths.root
+        self.env = {"HOME": self.paths.home, "PWD": self.paths.root}
+
+    def add(self, category: str, reason: str) -> None:
+        self.findings.append(Finding(category, reason))
+
+    def script(self, text: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            self.add(OPAQUE, "commands nested too deep to read")
+            return
+        if not text.strip():
+            return
+        try:
+            trees = bashlex.parse(text)
+        except Exception as exc:  # bashlex raises ParsingError, NotImplementedError (case, $((…)), [[ …]]) …
+            self.add(OPAQUE, f"the shell parser cannot read it ({type(exc).__name__})")
+            return
+        for tree in trees:
+            self.node(tree, depth)
+
+    # -- nodes
+    def node(self, n: Any, depth: int, stdin_from: list[str] | None = None) -> None:
+        kind = n.kind
+        if kind == "command":
+            self.command(n, depth, stdin_from)
+        elif kind == "pipeline":
+            upstream: list[str] = []
+            for part in n.parts:
+                if part.kind in ("pipe", "reservedword"):
+                    continue
+                self.node(part, depth, upstream)
+                if part.kind == "command":
+                    upstream = upstream + [w.word for w in part.parts if w.kind == "word"][:1]
+        elif kind == "list":
+            for part in n.parts:
+                if part.kind != "operator":
+                    self.node(part, depth)
+        elif kind == "compound":
+            subshell = bool(n.list) and getattr(n.list[0], "word", None) == "("
+            saved = (self.cwd, dict(self.env))
+            for part in n.list:
+                self.node(part, depth)
+            if subshell:
+                self.cwd, self.env = saved[0], saved[1]
+            for r in getattr(n, "redirects", []) or []:
+                self.redirect(r, depth)
+        elif kind == "for":
+            self.for_loop(n, depth)
+        elif kind in ("if", "while", "until", "function"):
+            for part in n.parts:
+                if part.kind not in ("reservedword", "word"):
+                    self.node(part, depth)
+                elif part.kind == "word" and kind != "function":
+                    self.word(part, depth)
+        elif kind in ("reservedword", "operator", "pipe"):
+            return
+        else:
+            self.add(OPAQUE, f"an unexpected shell construct ({kind})")
+
+    def for_loop(self, n: Any, depth: int) -> None:
+        parts = list(n.parts)
+        var = parts[1].word if len(parts) > 1 and parts[1].kind == "word" else None
+        items: list[str | None] = []
+        body = [p for p in parts if p.kind not in ("reservedword", "word")]
+        if len(parts) > 2 and getattr(parts[2], "word", None) == "in":
+            for p in parts[3:]:
+                if p.kind == "word":
+                    items.append(self.word(p, depth))
+                elif getattr(p, "word", None) in (";", "do", "\n"):
+                    break
+        for value in (items[:16] or [UNKNOWN]):  # bind the variable to each item in turn
+            if var:
+                self.env[var] = value
+            for b in body:
+                self.node(b, depth)
+
+    def word(self, w: Any, depth: int) -> str | None:
+        """A word's value with the variables we know substituted; walks its $(…) / `…` / <(…) commands."""
+        value: str | None = w.word
+        has_param = False
+        for part in getattr(w, "parts", []) or []:
+            if part.kind in ("commandsubstitution", "processsubstitution"):
+                saved = (self.cwd, dict(self.env))
+                self.node(part.command, depth + 1)
+                self.cwd, self.env = saved
+                value = UNKNOWN
+            elif part.kind == "parameter":
+                has_param = True
+                name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", part.value or "")
+                if name and SECRET_VARIABLE.search(name.group(0)):
+                    self.add(SECRETS, f"reads ${name.group(0)}")
+        if value is not UNKNOWN and has_param:
+            value = self.substitute(value)
+        if value is not UNKNOWN and value.startswith("~"):
+            value = self.paths.expand_tilde(value)
+        return value
+
+    def substitute(self, text: str) -> str | None:
+        unknown = False
+
+        def one(m: re.Match[str]) -> str:
+            nonlocal unknown
+            name, rest = m.group(1), m.group(2)
+            value = self.cwd if name == "PWD" else self.env.get(name)
+            if value is None and rest.startswith((":-", "-")) and m.group(0).startswith("${"):
+                return rest.split("-", 1)[1]
+            if value is None:
+                unknown = True
+                return ""
+            return value
+        result = _PARAM.sub(one, text)
+        return None if unknown else result
+
+    def redirect(self, r: Any, depth: int) -> None:
+        target = r.output if not isinstance(r.output, int) else None
+        heredoc = getattr(r, "heredoc", None)
+        if target is None or r.type in (">&", "<&") and target.word.isdigit():
+            return
+        if r.type in ("<<", "<<-") or heredoc is not None:
+            return
+        value = self.word(target, depth)
+        writes = r.type not in ("<", "<<<")
+        if r.type == "<<<":
+            return
+        self.path(value, target.word, depth, write=writes, what="redirect")
+
+    def path(self, value: str | None, shown: str, depth: int, *, write: bool, what: str) -> None:
+        if value is UNKNOWN or (self.cwd is None and not value.startswith("/")):
+            if write:
+                self.add(OPAQUE, f"{what} writes a path known only at run time ({shown})")
+            return
+        if "://" in value:
+            return
+        resolved = self.paths.resolve(value, self.cwd or "/")
+        if self.paths.secret(resolved):
+            self.add(SECRETS, f"{what} touches {shown}")
+        elif write:
+            self.findings.extend(self.paths.write_findings(shown, resolved, what))
+
+    # -- simple commands
+    def command(self, n: Any, depth: int, upstream: list[str] | None) -> None:
+        words: list[str | None] = []
+        shown: list[str] = []
+        heredoc: str | None = None
+        for part in n.parts:
+            if part.kind == "word":
+                words.append(self.word(part, depth))
+                shown.append(part.word)
+            elif part.kind == "assignment":
+                name, _, raw = part.word.partition("=")
+                val = self.word(part, depth)
+                if not any(p.kind == "word" for p in n.parts):  # X=… alone sets the shell's variable
+                    self.env[name] = None if val is None else val.partition("=")[2]
+            elif part.kind == "redirect":
+                self.redirect(part, depth)
+                if getattr(part, "heredoc", None) is not None:
+                    heredoc = part.heredoc.value.rsplit("\n", 1)[0] if "\n" in part.heredoc.value else ""
+        if words:
+            self.argv(words, shown, depth, upstream or [], heredoc)
+
+    def argv(self, words: list[str | None], shown: list[str], depth: int, upstream: list[str],
+             heredoc: str | None = None) -> None:
+        if not words:
+            return
+        first = words[0]
+        if first is UNKNOWN:
+            self.add(OPAQUE, f"the command name is computed at run time ({shown[0]})")
+            return
+        name = _name(first)
+        args = words[1:]
+        args_shown = shown[1:]
+        joined = " ".join(a if a is not None else "$?" for a in args)
+        reason = " ".join(shown)[:120]
+
+        for rule in COMMANDS.get(name, ()):
+            if _matches(rule, args, joined):
+                self.add(rule.category, reason)
+        if name in WRAPPERS:
+            self.wrapper(name, args, args_shown, depth, upstream, reason)
+            return
+        if name in SHELLS:
+            self.shell(name, args, depth, upstream, heredoc, reason)
+            return
+        if name == "eval":
+            if any(a is UNKNOWN for a in args):
+                self.add(OPAQUE, f"eval of a value known only at run time ({reason})")
+            else:
+                self.script(" ".join(a for a in args if a is not None), depth + 1)
+            return
+        if name == "git":
+            self.git(args, args_shown, depth, reason)
+            return
+        if name == "su" and "-c" in args:  # su USER -c 'command'
+            code = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
+            self.script(code, depth + 1) if code is not UNKNOWN else self.add(OPAQUE, reason)
+        if name in ("cd", "pushd", "popd"):
+            self.cd(name, args, depth)
+            return
+        if name in ("export", "declare", "typeset", "local", "readonly"):
+            for a in args:
+                if a is not None and "=" in a and not a.startswith("-"):
+                    key, _, val = a.partition("=")
+                    self.env[key] = val
+            if name != "export":
+                return
+        if name == "find":
+            self.find(args, args_shown, depth)
+        if name == "env" and not any(a is not None and not a.startswith("-") and "=" not in a for a in args):
+            self.add(SECRETS, "env prints the environment")
+        self.arguments(name, args, args_shown, depth)
+
+    def arguments(self, name: str, args: list[str | None], shown: list[str], depth: int) -> None:
+        mode = WRITERS.get(name)
+        in_place = IN_PLACE.get(name)
+        if in_place and any(a is not None and a.startswith(in_place) for a in args):
+            mode = "all"
+        positional = [(a, s) for a, s in zip(args, shown) if a is None or not a.startswith("-")]
+        written: set[int] = set()
+        if mode == "all":
+            written = set(range(len(positional)))
+        elif mode == "last" and positional:
+            written = {len(positional) - 1}
+        for i, (a, s) in enumerate(positional):
+            if i in written:
+                self.path(a, s, depth, write=True, what=name)
+            elif a is not None and _PATHLIKE.search(a):
+                self.path(a, s, depth, write=False, what=name)
+        # option values: -t DIR for cp-likes, -o FILE, --output=FILE, -C DIR for tar …
+        for i, a in enumerate(args):
+            if a is None:
+                continue
+            opt, eq, val = a.partition("=")
+            if eq and opt.startswith("-"):
+                self.path(val, shown[i], depth, write=opt in OUTPUT_OPTIONS | {"--target-directory", "of"}, what=name)
+            elif a.startswith("of=") and name == "dd":
+                self.path(a[3:], shown[i], depth, write=True, what=name)
+            elif (a in OUTPUT_OPTIONS or (a == "-t" and mode)) and i + 1 < len(args):
+                self.path(args[i + 1], shown[i + 1], depth, write=True, what=name)
+
+    def wrapper(self, name: str, args: list[str | None], shown: list[str], depth: int, upstream: list[str],
+                reason: str) -> None:
+        if name in WRAPPERS_GATE:
+            self.add(WRAPPERS_GATE[name], reason)
+        takes_value = WRAPPERS[name]
+        i = 0
+        skipped_first = name not in WRAPPER_SKIP_FIRST
+        while i < len(args):
+            a = args[i]
+            if a is None:
+                break
+            if a == "--":
+                i += 1
+                break
+            if name == "env" and "=" in a and not a.startswith("-"):
+                i += 1
+                continue
+            if name == "env" and a.startswith(("-S", "--split-string")):
+                rest = a[2:] if a.startswith("-S") and len(a) > 2 else (args[i + 1] if i + 1 < len(args) else "")
+                self.script(rest or "", depth + 1)
+                return
+            if name == "env" and a in ("-C", "--chdir") and i + 1 < len(args):
+                self.cd("cd", args[i + 1:i + 2], depth)
+            if a.startswith("-") and a != "-":
+                i += 2 if a in takes_value else 1
+                continue
+            if not skipped_first:
+                skipped_first = True
+                i += 1
+                continue
+            break
+        rest, rest_shown = args[i:], shown[i:]
+        if name == "watch" and rest:
+            if any(r is UNKNOWN for r in rest):
+                self.add(OPAQUE, f"watch of a command known only at run time ({reason})")
+            else:
+                self.script(" ".join(r for r in rest if r is not None), depth + 1)
+            return
+        if name == "command" and args and args[0] in ("-v", "-V"):
+            return
+        if rest:
+            self.argv(rest, rest_shown, depth, upstream)
+        elif name == "env":
+            self.add(SECRETS, "env prints the environment")
+
+    def shell(self, name: str, args: list[str | None], depth: int, upstream: list[str], heredoc: str | None,
+              reason: str) -> None:
+        for i, a in enumerate(args):
+            if a is None:
+                self.add(OPAQUE, f"a shell runs something known only at run time ({reason})")
+                return
+            if a.startswith("-") and not a.startswith("--") and "c" in a[1:]:
+                code = args[i + 1] if i + 1 < len(args) else ""
+                if code is UNKNOWN:
+                    self.add(OPAQUE, f"a shell runs something known only at run time ({reason})")
+                else:
+                    self.script(code, depth + 1)
+                return
+            if not a.startswith("-"):
+                self.path(a, a, depth, write=False, what=name)  # a script file: not read, only its path
+                return
+        if heredoc is not None:
+            self.script(heredoc, depth + 1)
+        elif any(_name(u) in ("curl", "wget", "fetch") for u in upstream):
+            self.add(DEPENDENCY, f"runs downloaded code ({reason})")
+        elif upstream:
+            self.add(OPAQUE, f"a shell runs what a pipe feeds it ({reason})")
+
+    def git(self, args: list[str | None], shown: list[str], depth: int, reason: str) -> None:
+        i = 0
+        while i < len(args):  # global options before the subcommand
+            a = args[i]
+            if a in ("-C", "--git-dir", "--work-tree") and i + 1 < len(args):
+                self.path(args[i + 1], shown[i + 1], depth, write=True, what="git")
+                i += 2
+            elif a == "-c" and i + 1 < len(args):
+                i += 2
+            elif a is not None and a.startswith(("--git-dir=", "--work-tree=")):
+                self.path(a.partition("=")[2], shown[i], depth, write=True, what="git")
+                i += 1
+            elif a is not None and a.startswith("-"):
+                i += 1
+            else:
+                break
+        if i >= len(args):
+            return
+        sub, rest = args[i], args[i + 1:]
+        if sub is UNKNOWN:
+            self.add(OPAQUE, f"a git subcommand known only at run time ({reason})")
+            return
+        flags = {a for a in rest if a is not None and a.startswith("-")}
+        positional = [a for a in rest if a is None or not a.startswith("-")]
+        category = GIT_RULES.get(sub)
+        if callable(category):
+            category = category(flags, positional)
+        if category:
+            self.add(category, reason)
+        if sub == "clone" and len(positional) >= 2:
+            self.path(positional[1], positional[1] or "?", depth, write=True, what="git clone")
+        elif sub == "config" and flags & {"--global", "--system"}:
+            self.add(OUTSIDE_TREE, reason)
+        else:
+            for a, s in zip(rest, shown[i + 1:]):
+                if a is not None and not a.startswith("-") and _PATHLIKE.search(a) and ":" not in a:
+                    self.path(a, s, depth, write=False, what="git")
+
+    def cd(self, name: str, args: list[str | None], depth: int) -> None:
+        targets = [a for a in args if a is None or not a.startswith("-")]
+        if name == "popd" or (targets and targets[0] in ("-",)):
+            self.cwd = None
+            return
+        target = targets[0] if targets else self.paths.home
+        if target is UNKNOWN:
+            self.cwd = None
+            return
+        if self.cwd is None and not target.startswith("/"):
+            return
+        self.cwd = self.paths.resolve(target, self.cwd or "/")
+        self.env["PWD"] = self.cwd
+
+    def find(self, args: list[str | None], shown: list[str], depth: int) -> None:
+        # {} stands for a file found under the first start path, so `find / -exec rm {} ;` writes outside
+        start = next((a for a in args if a is None or not a.startswith(("-", "(", "!"))), ".")
+        found = UNKNOWN if start is UNKNOWN else os.path.join(start, "found")
+        i = 0
+        while i < len(args):
+            if args[i] in ("-exec", "-execdir", "-ok", "-okdir"):
+                end = next((j for j in range(i + 1, len(args)) if args[j] in (";", "+", "\\;")), len(args))
+                inner = [a if a != "{}" else found for a in args[i + 1:end]]
+                self.argv(inner, [s for s in shown[i + 1:end]], depth + 1, [])
+                i = end + 1
+            else:
+                i += 1
+
+
+def _git_checkout(flags: set[str], positional: list[str | None]) -> str | None:
+    # `git checkout -- paths` restores files; anything else moves to another branch or commit
+    return None if "--" in positional or "--" in flags else GIT_BEYOND_BRANCH
+
+
+def _git_branch(flags: set[str], positional: list[str | None]) -> str | None:
+    listing = {"-a", "-r", "-l", "--list", "-v", "-vv", "--all", "--remotes", "--show-current", "--contains",
+               "--merged", "--no-merged"}
+    return None if not positional or flags & listing else GIT_BEYOND_BRANCH
+
+
+def _git_reset(flags: set[str], positional: list[str | None]) -> str | None:
+    return DESTRUCTIVE if "--hard" in flags or "--merge" in flags or "--keep" in flags else None
+
+
+def _git_listing_or(category: str) -> Any:
+    def rule(flags: set[str], positional: list[str | None]) -> str | None:
+        return category if positional or flags - {"-l", "--list", "-n", "-v", "--verbose"} else None
+    return rule
+
+
+GIT_RULES: dict[str, Any] = {
+    "push": GIT_BEYOND_BRANCH, "pull": GIT_BEYOND_BRANCH, "merge": GIT_BEYOND_BRANCH, "rebase": GIT_BEYOND_BRANCH,
+    "switch": GIT_BEYOND_BRANCH, "checkout": _git_checkout, "branch": _git_branch,
+    "tag": _git_listing_or(GIT_BEYOND_BRANCH), "remote": _git_listing_or(GIT_BEYOND_BRANCH),
+    "worktree": _git_listing_or(GIT_BEYOND_BRANCH), "update-ref": GIT_BEYOND_BRANCH,
+    "filter-branch": GIT_BEYOND_BRANCH, "filter-repo": GIT_BEYOND_BRANCH, "replace": GIT_BEYOND_BRANCH,
+    "symbolic-ref": GIT_BEYOND_BRANCH, "send-email": GIT_BEYOND_BRANCH, "submodule": DEPENDENCY,
+    "reset": _git_reset, "clean": lambda flags, pos: DESTRUCTIVE if any("f" in f for f in flags if not
+                                                                        f.startswith("--")) or "--force" in flags
+    else None,
+    "stash": lambda flags, pos: DESTRUCTIVE if pos and pos[0] in ("drop", "clear") else None,
+    "gc": lambda flags, pos: DESTRUCTIVE if any(f.startswith("--prune") for f in flags) else None,
+    "reflog": lambda flags, pos: DESTRUCTIVE if pos and pos[0] in ("expire", "delete") else None,
+    "credential": SECRETS,
+}
+
+
+def _name(word: str) -> str:
+    """A command's name as the table knows it: /usr/bin/sudo → sudo, python3.11 → python, mkfs.ext4 → mkfs."""
+    name = word.rsplit("/", 1)[-1].lstrip("\\")
+    if name in COMMANDS or name in WRAPPERS or name in SHELLS or name in WRITERS:
+        return name
+    base = re.sub(r"[\d.]+$", "", name)
+    if base and base in COMMANDS:
+        return base
+    head = name.split(".", 1)[0]
+    return head if head in COMMANDS else name
+
+
+def _matches(rule: CommandRule, args: list[str | None], joined: str) -> bool:
+    positional = [a for a in args if a is None or not a.startswith("-")]
+    if rule.subcommands is not None and not any(p in rule.subcommands for p in positional[:3]):
+        return False
+    if rule.except_subcommands and positional and positional[0] in rule.except_subcommands:
+        return False
+    if rule.except_subcommands and not positional and not args:
+        return False
+    if rule.flags is not None and not any(_has_flag(a, rule.flags) for a in args if a is not None):
+        return False
+    if rule.args_pattern is not None and not rule.args_pattern.search(joined):
+        return False
+    return True
+
+
+def _has_flag(arg: str, flags: frozenset[str]) -> bool:
+    if arg in flags or arg.partition("=")[0] in flags:
+        return True
+    if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:  # a cluster: -rf
+        return any(f"-{c}" in flags for c in arg[1:])
+    return False
+
+
+# ---- decisions --------------------------------------------------------------------------------------------
+Mode = Literal["interactive", "autonomous"]
+Decision = Literal["allow", "deny", "ask"]
+
+
+def decide(verdict: Verdict, mode: Mode, *, standing_rule: bool = False) -> Decision:
+    """What the permission path does with a classified call: allowed calls and calls a standing rule covers
+    run; a gated call is asked about in an interactive thread and refused in an autonomous one."""
+    if not verdict.gated or standing_rule:
+        return "allow"
+    return "ask" if mode == "interactive" else "deny"
+
+
+def deny_message(verdict: Verdict, *, why: str | None = None) -> str:
+    """The text the model reads when a gated call is refused."""
+    detail = f" ({verdict.reason})" if verdict.reason else ""
+    reason = why or "this thread runs autonomously, and such calls need a person's approval"
+    return (f"Refused at the hard gate '{verdict.label}'{detail}: {reason}. Stay within the task's scope: do "
+            "not retry this call or work around it; finish what you can and say in your report what needs "
+            "approval.")
