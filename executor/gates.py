@@ -71,12 +71,14 @@ SECRET_NAMES = (  # fnmatch on the file name
     "shadow", "gshadow", "master.key", "known_hosts", "authorized_keys", "sudoers", "environ",
 )
 NOT_SECRET_NAMES = ("*.pub", ".env.example", ".env.sample", ".env.template", ".env.dist", "*.env.example")
-SECRET_DIRS = (".ssh", ".gnupg", ".aws", ".kube", ".azure", ".password-store", ".docker", "gcloud", "secrets",
-               "private")  # any path component
+SECRET_DIRS = (".ssh", ".gnupg", ".aws", ".kube", ".azure", ".password-store")  # any path component
+SECRET_PATHS = ("*/.docker/config.json", "*/.config/gcloud", "*/.config/gcloud/*", "*/.config/gh/hosts.yml",
+                "/etc/ssl/private", "/etc/ssl/private/*", "/proc/*/environ", "/run/secrets", "/run/secrets/*",
+                "/var/run/secrets/*")  # fnmatch on the resolved path
 SECRET_VARIABLE = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|ACCESS_KEY)", re.I)
 HARMLESS_WRITES = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/fd/*")
-# Writing these, even inside the tree, acts beyond a file edit.
-GIT_INTERNALS = (".git/hooks/*", ".git/config", ".git/refs/*", ".git/HEAD")
+# Writing inside a repository's .git directory (hooks, config, refs) acts beyond a file edit.
+GIT_DIR = ".git"
 
 
 # ---- commands ---------------------------------------------------------------------------------------------
@@ -102,7 +104,7 @@ def _r(category: str, subs: str | None = None, *, unless: str = "", flags: str |
 
 
 _INSTALL = "install i in add isntall ci update upgrade up"
-_LOCAL_URL = r"(?!\S*(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0))"
+_NOT_LOCAL = r"^(?!.*://(localhost|127\.0\.0\.1|\[::1\])[:/]).*"  # a call to a loopback service stays local
 _SQL_DESTRUCTIVE = r"\b(drop\s+(table|database|schema|index|view)|truncate|delete\s+from\s+[\w.\"]+\s*(;|$|\"|'))|flushall|flushdb|dropDatabase"
 
 COMMANDS: dict[str, tuple[CommandRule, ...]] = {
@@ -171,8 +173,8 @@ COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     "aws": (_r(CROSS_SERVICE),), "gcloud": (_r(CROSS_SERVICE),), "az": (_r(CROSS_SERVICE),),
     "kill": (_r(CROSS_SERVICE, args=r"(^|\s)-1(\s|$)"),), "pkill": (_r(CROSS_SERVICE),),
     "killall": (_r(CROSS_SERVICE),), "crontab": (_r(CROSS_SERVICE, args=r"^(?!-l$)"),), "at": (_r(CROSS_SERVICE),),
-    "curl": (_r(CROSS_SERVICE, args=r"(-X\s*|--request[\s=])(POST|PUT|PATCH|DELETE)\b" + _LOCAL_URL),
-             _r(CROSS_SERVICE, args=r"(^|\s)(-d|--data\S*|-F|--form|-T|--upload-file)\s" + _LOCAL_URL)),
+    "curl": (_r(CROSS_SERVICE, args=_NOT_LOCAL + r"(-X\s*|--request[\s=])(POST|PUT|PATCH|DELETE)\b"),
+             _r(CROSS_SERVICE, args=_NOT_LOCAL + r"(^|\s)(-d|--data\S*|-F|--form|-T|--upload-file)\s")),
     "rsync": (_r(CROSS_SERVICE, args=r"(^|\s)[\w.@-]+:\S*"),),
 }
 
@@ -308,8 +310,8 @@ class _Paths:
             return False
         if any(fnmatch.fnmatchcase(name, p) for p in SECRET_NAMES):
             return True
-        parts = resolved.split("/")[:-1]
-        return any(d in parts for d in SECRET_DIRS)
+        parts = resolved.split("/")
+        return any(d in parts for d in SECRET_DIRS) or any(fnmatch.fnmatchcase(resolved, p) for p in SECRET_PATHS)
 
     def write_findings(self, shown: str, resolved: str, what: str) -> list[Finding]:
         if any(fnmatch.fnmatchcase(resolved, p) for p in HARMLESS_WRITES):
@@ -317,14 +319,15 @@ class _Paths:
         if not self.inside(resolved):
             return [Finding(OUTSIDE_TREE, f"{what} writes {shown}")]
         relative = os.path.relpath(resolved, self.root)
-        if any(fnmatch.fnmatchcase(relative, p) for p in GIT_INTERNALS):
+        if GIT_DIR in relative.split("/")[:-1]:
             return [Finding(GIT_BEYOND_BRANCH, f"{what} writes {relative}")]
         return []
 
 
 # ---- the shell walker -------------------------------------------------------------------------------------
-_PARAM = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])([^}]*)\}?")
+_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])")
 _PATHLIKE = re.compile(r"^(/|~|\.\.?(/|$))|/")
+_TIME_KEYWORD = re.compile(r"(^|[;&|({!]\s*|\n\s*)time(?=\s)")
 UNKNOWN = None  # a word whose value is only known at run time
 
 
@@ -350,6 +353,17 @@ class _Shell:
             return
         try:
             trees = bashlex.parse(text)
+        except NotImplementedError as exc:
+            if "time command" not in str(exc):
+                self.add(OPAQUE, f"the shell parser cannot read it ({type(exc).__name__})")
+                return
+            # bashlex lacks the `time` keyword; `\time` is the same command as a plain word, which it reads
+            rewritten = _TIME_KEYWORD.sub(r"\1\\time", text)
+            if rewritten == text:
+                self.add(OPAQUE, "the shell parser cannot read a `time` here")
+            else:
+                self.script(rewritten, depth)
+            return
         except Exception as exc:  # bashlex raises ParsingError, NotImplementedError (case, $((…)), [[ …]]) …
             self.add(OPAQUE, f"the shell parser cannot read it ({type(exc).__name__})")
             return
@@ -438,9 +452,9 @@ class _Shell:
 
         def one(m: re.Match[str]) -> str:
             nonlocal unknown
-            name, rest = m.group(1), m.group(2)
+            name, rest = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), "")
             value = self.cwd if name == "PWD" else self.env.get(name)
-            if value is None and rest.startswith((":-", "-")) and m.group(0).startswith("${"):
+            if value is None and rest.startswith((":-", "-")):
                 return rest.split("-", 1)[1]
             if value is None:
                 unknown = True
@@ -561,7 +575,7 @@ class _Shell:
         for i, (a, s) in enumerate(positional):
             if i in written:
                 self.path(a, s, depth, write=True, what=name)
-            elif a is not None and _PATHLIKE.search(a):
+            elif a is not None and (_PATHLIKE.search(a) or _Paths.secret(a)):
                 self.path(a, s, depth, write=False, what=name)
         # option values: -t DIR for cp-likes, -o FILE, --output=FILE, -C DIR for tar …
         for i, a in enumerate(args):
