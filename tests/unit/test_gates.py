@@ -97,3 +97,28 @@ def test_a_gated_command_at_the_end_of_a_pipe_stays_gated(command: str, producer
                                                             "for i in 1; do {}; done", "f() {{ {}; }}; f"]))
 def test_a_gated_command_inside_a_compound_stays_gated(command: str, wrap: str) -> None:
     assert gates.classify_command(wrap.format(command), WORKDIR, HOME).gated
+
+
+def test_a_standing_rule_covers_only_what_it_names() -> None:
+    def covers(pattern: str, command: str) -> bool:
+        return gates.rule_covers(pattern, "Bash", "Bash", {"command": command})
+
+    assert covers("npm test", "npm test") and not covers("npm test", "npm test --watch")
+    assert covers("npm test:*", "npm test --watch") and covers("npm test:*", "npm  test")
+    assert not covers("npm test:*", "npm testing")
+    assert not covers("npm test:*", "npm test && sudo ls")
+    assert not covers("npm test:*", "npm test $(sudo ls)")
+    assert not covers("npm test:*", "npm test > /etc/motd")
+    assert not covers("npm test:*", "npm test; rm -rf /")
+    assert not gates.rule_covers("npm test", "Bash", "Write", {"file_path": "npm test"})
+    assert gates.rule_covers("/etc/motd", "Write", "Write", {"file_path": "/etc/motd", "content": "x"})
+
+
+def test_the_permission_prompt_answer_has_the_shape_the_cli_accepts() -> None:
+    call = {"command": "pip install requests"}
+    assert json.loads(gates.permission_result("allow", call)) == {"behavior": "allow", "updatedInput": call}
+    verdict = gates.classify("Bash", call, WORKDIR, HOME)
+    denied = json.loads(gates.permission_result("deny", call, gates.deny_message(verdict)))
+    assert denied["behavior"] == "deny" and "new dependency" in denied["message"]
+    assert gates.summary("Bash", call) == "Bash: pip install requests"
+    assert gates.summary("Write", {"file_path": "/etc/motd", "content": "x"}) == "Write: /etc/motd"

@@ -1,0 +1,35 @@
+"""Standing gate rules (migration 0017): one scope key per rule, revocable from the page, never made there."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import errors as pgerrors
+
+from tests.pg import DB
+
+INSERT = ("INSERT INTO gate_rules (scope, session_id, project_id, tool_name, pattern, decision, created_by) "
+          "VALUES (%s, %s, %s, 'Bash', 'npm test:*', 'allow', 'user') RETURNING id")
+
+
+def test_a_rule_names_exactly_its_scope_and_the_page_may_only_revoke_it(db: DB) -> None:
+    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+        project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchone()[0]
+        with pytest.raises(pgerrors.CheckViolation):
+            conn.execute(INSERT, ["thread", None, project])  # a thread rule without its session
+        with pytest.raises(pgerrors.CheckViolation):
+            conn.execute(INSERT, ["project", uuid.uuid4(), project])  # two scope keys
+        rule = conn.execute(INSERT, ["project", None, project]).fetchone()[0]
+    with psycopg.connect(db.ingress_dsn, autocommit=True) as conn:
+        with pytest.raises(pgerrors.InsufficientPrivilege):
+            conn.execute(INSERT, ["project", None, project])
+        with pytest.raises(pgerrors.InsufficientPrivilege):
+            conn.execute("UPDATE gate_rules SET pattern = 'sudo:*' WHERE id = %s", [rule])
+        with pytest.raises(pgerrors.CheckViolation):
+            conn.execute("UPDATE gate_rules SET revoked_at = now() WHERE id = %s", [rule])  # by whom?
+        conn.execute("UPDATE gate_rules SET revoked_at = now(), revoked_by = 'user' WHERE id = %s", [rule])
+        assert conn.execute("SELECT count(*) FROM gate_rules WHERE revoked_at IS NULL").fetchone() == (0,)
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT tier FROM event_types WHERE name = 'gate.decided'").fetchone() == ("derived",)
