@@ -104,10 +104,16 @@ def _r(category: str, subs: str | None = None, *, unless: str = "", flags: str |
                        re.compile(args, re.I) if args is not None else None)
 
 
+# inline interpreter code is not read, unless it plainly starts programs
+_RUNS_COMMANDS = r"(system|subprocess|popen|exec|spawn|child_process|`|%x)"
 _INSTALL = "install i in add isntall ci update upgrade up"
 _NOT_LOCAL = r"^(?!.*://(localhost|127\.0\.0\.1|\[::1\])[:/]).*"  # a call to a loopback service stays local
 _SQL_DESTRUCTIVE = r"\b(drop\s+(table|database|schema|index|view)|truncate|delete\s+from\s+[\w.\"]+\s*(;|$|\"|'))|flushall|flushdb|dropDatabase"
 
+# Checked for every command: a server bound to all interfaces is network-facing whatever starts it.
+ANY_COMMAND: tuple[CommandRule, ...] = (
+    _r(NETWORK_CONFIG, args=r"(^|\s)(--host|--bind|--listen|--address|-b|-H|-S)[=\s]?(0\.0\.0\.0|::|\[::\])"),
+)
 COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     # privilege escalation
     **{n: (_r(PRIVILEGE),) for n in "sudo doas pkexec run0 su runuser chroot nsenter setcap capsh visudo passwd "
@@ -128,7 +134,8 @@ COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     "socat": (_r(NETWORK_CONFIG, args=r"LISTEN"),),
     "nginx": (_r(NETWORK_CONFIG, flags="-s"),), "caddy": (_r(NETWORK_CONFIG, "run start reload adapt"),),
     "python": (_r(NETWORK_CONFIG, args=r"-m\s+http\.server"), _r(DEPENDENCY, args=r"-m\s+pip\s+(install|download)"),
-               _r(OPAQUE, args=r"(^|\s)-c\s.*(system|subprocess|popen|exec|spawn)\b")),
+               _r(OPAQUE, args=r"(^|\s)-c\s.*" + _RUNS_COMMANDS)),
+    **{n: (_r(OPAQUE, args=r"(^|\s)(-e|-E|--eval|-p|--print)\s.*" + _RUNS_COMMANDS),) for n in "perl ruby node deno".split()},
     "ssh": (_r(CROSS_SERVICE),), "scp": (_r(CROSS_SERVICE),), "sftp": (_r(CROSS_SERVICE),),
     # secrets
     "printenv": (_r(SECRETS),), "gpg": (_r(SECRETS, flags="--export-secret-keys --export-secret-subkeys -d --decrypt"),),
@@ -329,6 +336,7 @@ class _Paths:
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])")
 _PATHLIKE = re.compile(r"^(/|~|\.\.?(/|$))|/")
 _TIME_KEYWORD = re.compile(r"(^|[;&|({!]\s*|\n\s*)time(?=\s)")
+_EXPANDS = re.compile(r"[*?]|\[[^\]]+\]|\{[^}]*,[^}]*\}")
 UNKNOWN = None  # a word whose value is only known at run time
 
 
@@ -338,6 +346,7 @@ class _Shell:
     findings: list[Finding] = field(default_factory=list)
     cwd: str | None = None  # None: changed to a place known only at run time
     env: dict[str, str | None] = field(default_factory=dict)
+    ifs_changed: bool = False
 
     def __post_init__(self) -> None:
         self.cwd = self.paths.root
@@ -382,8 +391,8 @@ class _Shell:
                 if part.kind in ("pipe", "reservedword"):
                     continue
                 self.node(part, depth, upstream)
-                if part.kind == "command":
-                    upstream = upstream + [w.word for w in part.parts if w.kind == "word"][:1]
+                first = [w.word for w in part.parts if w.kind == "word"][:1] if part.kind == "command" else []
+                upstream = upstream + (first or ["(compound)"])
         elif kind == "list":
             for part in n.parts:
                 if part.kind != "operator":
@@ -443,7 +452,7 @@ class _Shell:
                 if name and SECRET_VARIABLE.search(name.group(0)):
                     self.add(SECRETS, f"reads ${name.group(0)}")
         if value is not UNKNOWN and has_param:
-            value = self.substitute(value)
+            value = None if self.ifs_changed else self.substitute(value)
         if value is not UNKNOWN and value.startswith("~"):
             value = self.paths.expand_tilde(value)
         return value
@@ -469,13 +478,10 @@ class _Shell:
         heredoc = getattr(r, "heredoc", None)
         if target is None or r.type in (">&", "<&") and target.word.isdigit():
             return
-        if r.type in ("<<", "<<-") or heredoc is not None:
+        if r.type in ("<<", "<<-", "<<<") or heredoc is not None:  # data, not a file (a here-string's
+            self.word(target, depth)                                 # $(…) still runs)
             return
-        value = self.word(target, depth)
-        writes = r.type not in ("<", "<<<")
-        if r.type == "<<<":
-            return
-        self.path(value, target.word, depth, write=writes, what="redirect")
+        self.path(self.word(target, depth), target.word, depth, write=r.type != "<", what="redirect")
 
     def path(self, value: str | None, shown: str, depth: int, *, write: bool, what: str) -> None:
         if value is UNKNOWN or (self.cwd is None and not value.startswith("/")):
@@ -497,13 +503,22 @@ class _Shell:
         heredoc: str | None = None
         for part in n.parts:
             if part.kind == "word":
-                words.append(self.word(part, depth))
-                shown.append(part.word)
+                value = self.word(part, depth)
+                if value is not None and any(p.kind == "parameter" for p in getattr(part, "parts", []) or []):
+                    # an unquoted expansion is split into words: C="sudo ls"; $C runs sudo
+                    split = value.split() or [""]
+                    words += split
+                    shown += [part.word] * len(split)
+                else:
+                    words.append(value)
+                    shown.append(part.word)
             elif part.kind == "assignment":
                 name, _, raw = part.word.partition("=")
                 val = self.word(part, depth)
                 if not any(p.kind == "word" for p in n.parts):  # X=… alone sets the shell's variable
                     self.env[name] = None if val is None else val.partition("=")[2]
+                    if name == "IFS":  # word splitting is no longer what we assume: expansions are unknown
+                        self.ifs_changed = True
             elif part.kind == "redirect":
                 self.redirect(part, depth)
                 if getattr(part, "heredoc", None) is not None:
@@ -519,13 +534,16 @@ class _Shell:
         if first is UNKNOWN:
             self.add(OPAQUE, f"the command name is computed at run time ({shown[0]})")
             return
+        if _EXPANDS.search(first):  # {sudo,ls} or /usr/bin/su?o: the name the shell runs is not this word
+            self.add(OPAQUE, f"the command name is expanded at run time ({shown[0]})")
+            return
         name = _name(first)
         args = words[1:]
         args_shown = shown[1:]
         joined = " ".join(a if a is not None else "$?" for a in args)
         reason = " ".join(shown)[:120]
 
-        for rule in COMMANDS.get(name, ()):
+        for rule in (*COMMANDS.get(name, ()), *ANY_COMMAND):
             if _matches(rule, args, joined):
                 self.add(rule.category, reason)
         if name in WRAPPERS:
@@ -548,6 +566,11 @@ class _Shell:
             self.script(code, depth + 1) if code is not UNKNOWN else self.add(OPAQUE, reason)
         if name in ("cd", "pushd", "popd"):
             self.cd(name, args, depth)
+            return
+        if name == "alias":  # the snapshot shell may expand aliases: read what each one would run
+            for a in args:
+                if a is not None and "=" in a:
+                    self.script(a.partition("=")[2], depth + 1)
             return
         if name in ("export", "declare", "typeset", "local", "readonly"):
             for a in args:
@@ -637,10 +660,17 @@ class _Shell:
 
     def shell(self, name: str, args: list[str | None], depth: int, upstream: list[str], heredoc: str | None,
               reason: str) -> None:
+        skip_next = False
         for i, a in enumerate(args):
             if a is None:
                 self.add(OPAQUE, f"a shell runs something known only at run time ({reason})")
                 return
+            if a in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+                skip_next = True
+                continue
+            if skip_next:
+                skip_next = False
+                continue
             if a.startswith("-") and not a.startswith("--") and "c" in a[1:]:
                 code = args[i + 1] if i + 1 < len(args) else ""
                 if code is UNKNOWN:
@@ -666,6 +696,7 @@ class _Shell:
                 self.path(args[i + 1], shown[i + 1], depth, write=True, what="git")
                 i += 2
             elif a == "-c" and i + 1 < len(args):
+                self.git_config(args[i + 1], depth, reason)
                 i += 2
             elif a is not None and a.startswith(("--git-dir=", "--work-tree=")):
                 self.path(a.partition("=")[2], shown[i], depth, write=True, what="git")
@@ -687,6 +718,8 @@ class _Shell:
             category = category(flags, positional)
         if category:
             self.add(category, reason)
+        if sub == "config" and len(positional) >= 2 and positional[0] is not None:
+            self.git_config(f"{positional[0]}={positional[1]}", depth, reason, stored=True)
         if sub == "clone" and len(positional) >= 2:
             self.path(positional[1], positional[1] or "?", depth, write=True, what="git clone")
         elif sub == "config" and flags & {"--global", "--system"}:
@@ -695,6 +728,17 @@ class _Shell:
             for a, s in zip(rest, shown[i + 1:]):
                 if a is not None and not a.startswith("-") and _PATHLIKE.search(a) and ":" not in a:
                     self.path(a, s, depth, write=False, what="git")
+
+    def git_config(self, setting: str | None, depth: int, reason: str, *, stored: bool = False) -> None:
+        """`git -c key=value` (this call) / `git config key value` (stored): some keys make git run commands."""
+        if setting is UNKNOWN:
+            self.add(OPAQUE, f"a git setting known only at run time ({reason})")
+            return
+        key, _, value = setting.partition("=")
+        if key.lower().startswith("alias.") and value.startswith("!"):
+            self.script(value[1:], depth + 1)
+        if GIT_COMMAND_KEYS.match(key):
+            self.add(GIT_BEYOND_BRANCH if stored else OPAQUE, f"git setting {key} ({reason})")
 
     def cd(self, name: str, args: list[str | None], depth: int) -> None:
         targets = [a for a in args if a is None or not a.startswith("-")]
@@ -761,6 +805,12 @@ GIT_RULES: dict[str, Any] = {
     "reflog": lambda flags, pos: DESTRUCTIVE if pos and pos[0] in ("expire", "delete") else None,
     "credential": SECRETS,
 }
+
+
+# git settings that run commands or redirect where git reads and writes
+GIT_COMMAND_KEYS = re.compile(r"(?i)^(alias\.|core\.(hookspath|sshcommand|fsmonitor|pager|editor|askpass|gitproxy)$|"
+                              r"credential\.|url\.|remote\.|include\.|includeif\.|filter\.|"
+                              r"diff\..*\.(textconv|command)$|merge\..*\.driver$|sequence\.editor$|gpg\.program$)")
 
 
 def _name(word: str) -> str:
