@@ -69,7 +69,7 @@ SECRET_NAMES = (  # fnmatch on the file name
     ".env", ".env.*", "*.env", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key", "*.p12",
     "*.pfx", "*.jks", "*.keystore", "*.kdbx", ".netrc", ".pgpass", ".git-credentials", ".npmrc", ".pypirc",
     "credentials", "credentials.json", ".credentials.json", "secrets.*", "*.secret", "*.secrets", ".htpasswd",
-    "shadow", "gshadow", "master.key", "known_hosts", "authorized_keys", "sudoers", "environ",
+    "shadow", "gshadow", "master.key", "known_hosts", "authorized_keys", "sudoers", "environ", ".*_history",
 )
 NOT_SECRET_NAMES = ("*.pub", ".env.example", ".env.sample", ".env.template", ".env.dist", "*.env.example")
 SECRET_DIRS = (".ssh", ".gnupg", ".aws", ".kube", ".azure", ".password-store")  # any path component
@@ -77,6 +77,8 @@ SECRET_PATHS = ("*/.docker/config.json", "*/.config/gcloud", "*/.config/gcloud/*
                 "/etc/ssl/private", "/etc/ssl/private/*", "/proc/*/environ", "/run/secrets", "/run/secrets/*",
                 "/var/run/secrets/*")  # fnmatch on the resolved path
 SECRET_VARIABLE = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL|ACCESS_KEY)", re.I)
+DEVICES = ("/dev/sd*", "/dev/hd*", "/dev/vd*", "/dev/xvd*", "/dev/nvme*", "/dev/mmcblk*", "/dev/disk/*",
+           "/dev/mapper/*", "/dev/loop*", "/dev/mem", "/dev/kmem", "/dev/port")  # writing one destroys data
 HARMLESS_WRITES = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/fd/*")
 # Writing inside a repository's .git directory (hooks, config, refs) acts beyond a file edit.
 GIT_DIR = ".git"
@@ -116,7 +118,7 @@ ANY_COMMAND: tuple[CommandRule, ...] = (
 )
 COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     # privilege escalation
-    **{n: (_r(PRIVILEGE),) for n in "sudo doas pkexec run0 su runuser chroot nsenter setcap capsh visudo passwd "
+    **{n: (_r(PRIVILEGE),) for n in "sudo sudoedit doas pkexec run0 su runuser chroot nsenter setcap capsh visudo passwd "
                                    "chpasswd useradd usermod userdel groupadd groupmod gpasswd newgrp sg".split()},
     "chmod": (_r(PRIVILEGE, args=r"(^|\s)([ugoa]*[+=][rwxXt]*s|[0-7]?[4-7][0-7]{3})(\s|$)"),),
     "chown": (_r(PRIVILEGE, args=r"(^|\s)root([:.]|\s|$)"),),
@@ -173,7 +175,9 @@ COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     "service": (_r(CROSS_SERVICE, args=r"\S+\s+(start|stop|restart|reload|force-reload|enable|disable)"),),
     "launchctl": (_r(CROSS_SERVICE),), "supervisorctl": (_r(CROSS_SERVICE, "start stop restart reload update"),),
     "pm2": (_r(CROSS_SERVICE, unless="list ls status logs describe show"),),
-    **{n: (_r(CROSS_SERVICE, unless="ps images logs inspect version info stats top history search ls config"),)
+    **{n: (_r(CROSS_SERVICE, unless="ps images logs inspect version info stats top history search ls config compose"),
+           _r(CROSS_SERVICE, "up down rm rmi stop restart run exec build pull push create kill start pause unpause "
+                             "scale prune"))
        for n in "docker podman docker-compose nerdctl".split()},
     "kubectl": (_r(SECRETS, args=r"\bget\s+secrets?\b"),
                 _r(CROSS_SERVICE, unless="get describe logs explain version api-resources config top")),
@@ -186,12 +190,26 @@ COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     "rsync": (_r(CROSS_SERVICE, args=r"(^|\s)[\w.@-]+:\S*"),),
 }
 
+# Options that take a value before the subcommand, so the value is not read as the subcommand.
+OPTION_VALUES: dict[str, frozenset[str]] = {
+    "kubectl": frozenset("-n --namespace --context --kubeconfig --cluster --user -s --server -l -o -c".split()),
+    "helm": frozenset("-n --namespace --kube-context --kubeconfig".split()),
+    "docker": frozenset("-H --host -c --context --config -l --log-level -f --file -p --project-name".split()),
+    "podman": frozenset("-H --host -c --context --config -l --log-level".split()),
+    "systemctl": frozenset("-H --host -M --machine -p --property -t --type --state -n --lines -o --output".split()),
+    "npm": frozenset("--prefix -w --workspace".split()), "pip": frozenset("--python".split()),
+    "terraform": frozenset("-chdir".split()), "crontab": frozenset("-u".split()),
+}
+# Commands that take a shell string as an option's value (trap takes it as its first argument).
+SHELL_STRING_OPTION = {"script": "-c", "su": "-c", "flock": "-c", "sg": "-c", "runuser": "-c"}
+
 # Writers: which arguments are written. "all" positional arguments, or "last" (cp-like: the destination,
 # or the -t DIR). The written path is checked against the tree; every path-like argument of any command is
 # checked for secrets.
 WRITERS: dict[str, str] = {
-    **{n: "all" for n in "rm rmdir touch mkdir chmod chown chgrp truncate shred mv tee unlink mkfifo".split()},
-    **{n: "last" for n in "cp ln install rsync scp".split()},
+    # ln: both sides, since a link that points out of the tree is a way out of it
+    **{n: "all" for n in "rm rmdir touch mkdir chmod chown chgrp truncate shred mv tee unlink mkfifo ln".split()},
+    **{n: "last" for n in "cp install rsync scp".split()},
 }
 IN_PLACE = {"sed": "-i", "perl": "-i"}  # write their file arguments only with this flag
 OUTPUT_OPTIONS = {"-o", "-O", "--output", "--output-document", "-C", "--directory", "-d", "--target-directory",
@@ -324,6 +342,8 @@ class _Paths:
     def write_findings(self, shown: str, resolved: str, what: str) -> list[Finding]:
         if any(fnmatch.fnmatchcase(resolved, p) for p in HARMLESS_WRITES):
             return []
+        if any(fnmatch.fnmatchcase(resolved, p) for p in DEVICES):
+            return [Finding(DESTRUCTIVE, f"{what} writes the device {shown}")]
         if not self.inside(resolved):
             return [Finding(OUTSIDE_TREE, f"{what} writes {shown}")]
         relative = os.path.relpath(resolved, self.root)
@@ -544,7 +564,7 @@ class _Shell:
         reason = " ".join(shown)[:120]
 
         for rule in (*COMMANDS.get(name, ()), *ANY_COMMAND):
-            if _matches(rule, args, joined):
+            if _matches(rule, name, args, joined):
                 self.add(rule.category, reason)
         if name in WRAPPERS:
             self.wrapper(name, args, args_shown, depth, upstream, reason)
@@ -561,9 +581,13 @@ class _Shell:
         if name == "git":
             self.git(args, args_shown, depth, reason)
             return
-        if name == "su" and "-c" in args:  # su USER -c 'command'
-            code = args[args.index("-c") + 1] if args.index("-c") + 1 < len(args) else ""
-            self.script(code, depth + 1) if code is not UNKNOWN else self.add(OPAQUE, reason)
+        option = SHELL_STRING_OPTION.get(name)
+        if (option in args and args.index(option) + 1 < len(args)) or (name == "trap" and args):
+            code = args[0] if name == "trap" else args[args.index(option) + 1]  # type: ignore[arg-type]
+            if code is UNKNOWN:
+                self.add(OPAQUE, f"runs a shell string known only at run time ({reason})")
+            else:
+                self.script(code, depth + 1)
         if name in ("cd", "pushd", "popd"):
             self.cd(name, args, depth)
             return
@@ -825,8 +849,23 @@ def _name(word: str) -> str:
     return head if head in COMMANDS else name
 
 
-def _matches(rule: CommandRule, args: list[str | None], joined: str) -> bool:
-    positional = [a for a in args if a is None or not a.startswith("-")]
+def _positional(name: str, args: list[str | None]) -> list[str | None]:
+    """The arguments that are not options nor an option's value (`kubectl -n prod get` → [get])."""
+    takes_value = OPTION_VALUES.get(name, frozenset())
+    positional: list[str | None] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a is not None and a.startswith("-"):
+            skip = a in takes_value
+        else:
+            positional.append(a)
+    return positional
+
+
+def _matches(rule: CommandRule, name: str, args: list[str | None], joined: str) -> bool:
+    positional = _positional(name, args)
     if rule.subcommands is not None and not any(p in rule.subcommands for p in positional[:3]):
         return False
     if rule.except_subcommands and positional and positional[0] in rule.except_subcommands:
