@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from executor import gates
@@ -30,7 +30,7 @@ def test_a_symlink_inside_the_tree_that_points_out_of_it_is_outside(tmp_path: Pa
     (tree / "sub").mkdir()
     assert gates.classify("Write", {"file_path": str(tree / "out" / "x")}, tree, tmp_path).category == "outside_tree"
     assert gates.classify("Bash", {"command": "echo hi > out/x"}, tree, tmp_path).category == "outside_tree"
-    assert gates.classify("Bash", {"command": "cd sub && echo hi > ../out/x"}, tree, tmp_path).category == "outside_tree"
+    assert gates.classify("Bash", {"command": "cd sub && echo > ../out/x"}, tree, tmp_path).category == "outside_tree"
     assert gates.classify("Bash", {"command": "echo hi > sub/x"}, tree, tmp_path).category == "allowed"
 
 
@@ -83,6 +83,8 @@ JOINERS = [" && ", "; ", " || ", "\n", " & "]
 @settings(max_examples=400, deadline=None)
 @given(command=st.sampled_from(GATED), prefix=st.sampled_from(BENIGN), joiner=st.sampled_from(JOINERS))
 def test_a_benign_command_before_a_gated_one_never_makes_it_allowed(command: str, prefix: str, joiner: str) -> None:
+    # `cd src && mv a ../a` really stays in the tree: a cd changes what a relative `..` means, not what hides
+    assume(not (prefix.startswith("cd ") and ".." in command))
     assert gates.classify_command(prefix + joiner + command, WORKDIR, HOME).gated
 
 
@@ -122,3 +124,29 @@ def test_the_permission_prompt_answer_has_the_shape_the_cli_accepts() -> None:
     assert denied["behavior"] == "deny" and "new dependency" in denied["message"]
     assert gates.summary("Bash", call) == "Bash: pip install requests"
     assert gates.summary("Write", {"file_path": "/etc/motd", "content": "x"}) == "Write: /etc/motd"
+
+
+def _obfuscations(word: str) -> list[str]:
+    """Ways to write the same command name that the shell reduces to the word itself."""
+    forms = [f'"{word}"', f"'{word}'", "\\" + word, f"{word[0]}''{word[1:]}", f'{word[:1]}""{word[1:]}']
+    if len(word) > 2:
+        forms.append(f"{word[:2]}\\{word[2:]}")
+    return forms
+
+
+KEYWORDS = {"for", "if", "while", "until", "case", "function", "select", "time"}  # quoted, they are not keywords
+PLAIN_GATED = [(expected, command) for expected, command in CASES
+               if expected not in (gates.ALLOWED, gates.OPAQUE) and command.split(" ", 1)[0].isalpha()
+               and command.split(" ", 1)[0] not in KEYWORDS]
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=st.sampled_from(PLAIN_GATED), form=st.integers(min_value=0, max_value=5),
+       directory=st.sampled_from(["", "/usr/bin/", "/bin/", "/usr/local/bin/../bin/"]))
+def test_quoting_or_a_path_on_the_command_name_does_not_change_its_gate(case: tuple[str, str], form: int,
+                                                                      directory: str) -> None:
+    expected, command = case
+    name, _, rest = command.partition(" ")
+    forms = _obfuscations(name)
+    disguised = f"{directory}{forms[form % len(forms)]} {rest}".rstrip()
+    assert gates.classify_command(disguised, WORKDIR, HOME).category == expected, disguised
