@@ -17,6 +17,9 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 
 from executor import gates
+from shared import logs
+
+log = logs.get(__name__)
 
 TOOL_NAME = "permission_prompt"
 SERVER_NAME = "harness"
@@ -67,9 +70,15 @@ def register(mcp: MCPServer, context: Callable[[Context], Awaitable[GateContext]
     async def permission_prompt(tool_name: str, input: dict[str, Any], ctx: Context,  # noqa: A002 - the CLI's name
                                 tool_use_id: str | None = None) -> str:
         """Decides whether a worker's tool call may run (called by Claude Code, not by the model)."""
-        where = await context(ctx)
-        verdict = gates.classify(tool_name, input, where.workdir, where.home)
-        decision = gates.decide(verdict, where.mode)
+        try:
+            where = await context(ctx)
+            verdict = gates.classify(tool_name, input, where.workdir, where.home)
+            decision = gates.decide(verdict, where.mode)
+        except Exception:
+            # fail closed, and visibly: a deny is listed in the run's permission_denials, an error is not
+            log.exception("permission_prompt_failed", tool=tool_name, tool_use_id=tool_use_id)
+            return gates.permission_result("deny", input, "Refused: the harness could not check this call at its "
+                                                          "hard gates. Do not retry it; say so in your report.")
         if on_decided is not None and verdict.gated:
             await on_decided(Outcome(tool_name, tool_use_id, gates.summary(tool_name, input), verdict, decision))
         if decision == "allow":
