@@ -88,9 +88,9 @@ def gate_of(denial: dict[str, Any], workdir: str | None = None) -> str:
     return verdict.label if verdict.gated else "tool not allowed"
 
 
-def gate_decisions(denials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def gate_decisions(denials: list[dict[str, Any]], workdir: str | None = None) -> list[dict[str, Any]]:
     """The handoff's gate-decision fields, from the permission denials the exit recorded (code, not model)."""
     return [{"decision_point": f"{d.get('tool_name', '?')}: {json.dumps(d.get('tool_input') or {}, ensure_ascii=False)[:300]}",
              "options": ["run it", "stay in scope"], "chosen": "stay in scope (denied)",
-             "gate": gate_of(d), "reason": "the worker's allowed-tools set does not permit it"}
+             "gate": gate_of(d, workdir), "reason": "the worker's allowed-tools set does not permit it"}
             for d in denials if isinstance(d, dict)]
