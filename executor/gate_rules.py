@@ -95,7 +95,8 @@ def _r(category: str, subs: str | None = None, *, unless: str = "", flags: str |
 
 
 # inline interpreter code is not read, unless it plainly starts programs
-_RUNS_COMMANDS = r"(system|subprocess|popen|exec|spawn|child_process|`|%x)"
+RUNS_COMMANDS = r"(system|subprocess|popen|exec|spawn|child_process|`|%x)"
+INTERPRETERS = frozenset("python perl ruby node deno php".split())
 _INSTALL = "install i in add isntall ci update upgrade up"
 _NOT_LOCAL = r"^(?!.*://(localhost|127\.0\.0\.1|\[::1\])[:/]).*"  # a call to a loopback service stays local
 _SQL_DESTRUCTIVE = (r"\b(drop\s+(table|database|schema|index|view)|truncate|delete\s+from\s+[\w.\"]+\s*(;|$|\"|'))"
@@ -126,8 +127,8 @@ COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     "socat": (_r(NETWORK_CONFIG, args=r"LISTEN"),),
     "nginx": (_r(NETWORK_CONFIG, flags="-s"),), "caddy": (_r(NETWORK_CONFIG, "run start reload adapt"),),
     "python": (_r(NETWORK_CONFIG, args=r"-m\s+http\.server"), _r(DEPENDENCY, args=r"-m\s+pip\s+(install|download)"),
-               _r(OPAQUE, args=r"(^|\s)-c\s.*" + _RUNS_COMMANDS)),
-    **{n: (_r(OPAQUE, args=r"(^|\s)(-e|-E|--eval|-p|--print)\s.*" + _RUNS_COMMANDS),)
+               _r(OPAQUE, args=r"(^|\s)-c\s.*" + RUNS_COMMANDS)),
+    **{n: (_r(OPAQUE, args=r"(^|\s)(-e|-E|--eval|-p|--print)\s.*" + RUNS_COMMANDS),)
        for n in "perl ruby node deno".split()},
     "ssh": (_r(CROSS_SERVICE),), "scp": (_r(CROSS_SERVICE),), "sftp": (_r(CROSS_SERVICE),),
     # secrets
@@ -216,7 +217,9 @@ WRAPPERS: dict[str, frozenset[str]] = {
     "stdbuf": frozenset("-i -o -e".split()), "nice": frozenset("-n --adjustment".split()),
     "ionice": frozenset("-c -n -p -t".split()), "chrt": frozenset(), "taskset": frozenset(),
     "timeout": frozenset("-s -k --signal --kill-after".split()), "strace": frozenset("-e -o -p -s -u".split()),
-    "ltrace": frozenset("-e -o -p -s -u".split()), "xargs": frozenset("-I -i -n -P -L -l -d -E -e -s -a "
+    "ltrace": frozenset("-e -o -p -s -u".split()),
+    "parallel": frozenset("-j -S -a --jobs --sshlogin --arg-file".split()),
+    "xargs": frozenset("-I -i -n -P -L -l -d -E -e -s -a "
                                                                       "--arg-file --delimiter --max-args "
                                                                       "--max-procs --replace".split()),
     "flock": frozenset("-w -E --timeout --conflict-exit-code".split()), "busybox": frozenset(),

@@ -26,11 +26,11 @@ import bashlex
 # the categories are re-exported: callers name them as gates.SECRETS, gates.CATEGORIES …
 from executor.gate_rules import CATEGORIES, CROSS_SERVICE, NETWORK_CONFIG, PRIVILEGE  # noqa: F401
 from executor.gate_rules import (
-    ALLOWED, ANY_COMMAND, COMMANDS, CommandRule, DEPENDENCY, DESTRUCTIVE, DEVICES, FREE_TOOL_PREFIXES,
-    GIT_BEYOND_BRANCH, GIT_COMMAND_KEYS, GIT_DIR, GIT_RULES, HARMLESS_WRITES, IN_PLACE, LABELS, NOT_SECRET_NAMES,
-    OPAQUE, OPTION_VALUES, OUTPUT_OPTIONS, OUTSIDE_TREE, PATH_KEYS, SECRETS, SECRET_DIRS, SECRET_NAMES,
-    SECRET_PATHS, SECRET_VARIABLE, SEVERITY, SHELLS, SHELL_STRING_OPTION, TOOLS, WRAPPERS, WRAPPERS_GATE,
-    WRAPPER_SKIP_FIRST, WRITERS,
+    ALLOWED, ANY_COMMAND, CommandRule, COMMANDS, DEPENDENCY, DESTRUCTIVE, DEVICES, FREE_TOOL_PREFIXES,
+    GIT_BEYOND_BRANCH, GIT_COMMAND_KEYS, GIT_DIR, GIT_RULES, HARMLESS_WRITES, IN_PLACE, INTERPRETERS, LABELS,
+    NOT_SECRET_NAMES, OPAQUE, OPTION_VALUES, OUTPUT_OPTIONS, OUTSIDE_TREE, PATH_KEYS, RUNS_COMMANDS, SECRET_DIRS,
+    SECRET_NAMES, SECRET_PATHS, SECRET_VARIABLE, SECRETS, SEVERITY, SHELL_STRING_OPTION, SHELLS, TOOLS,
+    WRAPPER_SKIP_FIRST, WRAPPERS, WRAPPERS_GATE, WRITERS,
 )
 
 MAX_DEPTH = 8  # nested bash -c / eval / $(…) levels read before the rest counts as opaque
@@ -154,6 +154,7 @@ class _Paths:
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])")
 _PATHLIKE = re.compile(r"^(/|~|\.\.?(/|$))|/")
 _TIME_KEYWORD = re.compile(r"(^|[;&|({!]\s*|\n\s*)time(?=\s)")
+_UNREADABLE = "\x00unreadable"  # stdin text (a here-string) known only at run time
 _EXPANDS = re.compile(r"[*?]|\[[^\]]+\]|\{[^}]*,[^}]*\}")
 UNKNOWN = None  # a word whose value is only known at run time
 
@@ -341,6 +342,9 @@ class _Shell:
                 self.redirect(part, depth)
                 if getattr(part, "heredoc", None) is not None:
                     heredoc = part.heredoc.value.rsplit("\n", 1)[0] if "\n" in part.heredoc.value else ""
+                elif part.type == "<<<" and not isinstance(part.output, int):
+                    heredoc = self.word(part.output, depth)
+                    heredoc = _UNREADABLE if heredoc is UNKNOWN else heredoc
         if words:
             self.argv(words, shown, depth, upstream or [], heredoc)
 
@@ -370,6 +374,11 @@ class _Shell:
         if name in SHELLS:
             self.shell(name, args, depth, upstream, heredoc, reason)
             return
+        if name in INTERPRETERS and heredoc is not None and (heredoc == _UNREADABLE
+                                                            or re.search(RUNS_COMMANDS, heredoc)):
+            self.add(OPAQUE, f"{name} code that starts programs ({reason})")
+        if name in ("source", ".") and args and args[0] is UNKNOWN:
+            self.add(OPAQUE, f"runs code known only at run time ({reason})")
         if name == "eval":
             if any(a is UNKNOWN for a in args):
                 self.add(OPAQUE, f"eval of a value known only at run time ({reason})")
@@ -472,6 +481,8 @@ class _Shell:
                 continue
             break
         rest, rest_shown = args[i:], shown[i:]
+        if name in ("xargs", "parallel") and rest:  # the arguments it adds come from stdin
+            rest, rest_shown = [*rest, UNKNOWN], [*rest_shown, "(from stdin)"]
         if name == "watch" and rest:
             if any(r is UNKNOWN for r in rest):
                 self.add(OPAQUE, f"watch of a command known only at run time ({reason})")
@@ -499,7 +510,7 @@ class _Shell:
                 skip_next = False
                 continue
             if a.startswith("-") and not a.startswith("--") and "c" in a[1:]:
-                code = args[i + 1] if i + 1 < len(args) else ""
+                code = args[i + 1] if i + 1 < len(args) else UNKNOWN
                 if code is UNKNOWN:
                     self.add(OPAQUE, f"a shell runs something known only at run time ({reason})")
                 else:
@@ -508,7 +519,9 @@ class _Shell:
             if not a.startswith("-"):
                 self.path(a, a, depth, write=False, what=name)  # a script file: not read, only its path
                 return
-        if heredoc is not None:
+        if heredoc == _UNREADABLE:
+            self.add(OPAQUE, f"a shell runs a here-string known only at run time ({reason})")
+        elif heredoc is not None:
             self.script(heredoc, depth + 1)
         elif any(_name(u) in ("curl", "wget", "fetch") for u in upstream):
             self.add(DEPENDENCY, f"runs downloaded code ({reason})")
