@@ -83,10 +83,12 @@ def classify(tool_name: str, tool_input: dict[str, Any] | None, workdir: str | o
         return Verdict(ALLOWED)
     if kind == "shell":
         command = tool_input.get("command")
-        if not isinstance(command, str):
-            return _verdict([Finding(OPAQUE, "a Bash call without a command string")])
+        if not isinstance(command, str) or "\x00" in command:  # a NUL cuts the string where bash reads it
+            return _verdict([Finding(OPAQUE, "a Bash call without a readable command string")])
         return classify_command(command, workdir, home)
     findings: list[Finding] = []
+    if kind == "edit" and not any(isinstance(tool_input.get(k), str) and tool_input.get(k) for k in PATH_KEYS):
+        findings.append(Finding(OPAQUE, f"{tool_name} without a path"))
     for key in PATH_KEYS:
         value = tool_input.get(key)
         if isinstance(value, str) and value:
