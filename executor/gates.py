@@ -285,7 +285,10 @@ class _Shell:
             nonlocal unknown
             name, rest = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), "")
             value = self.cwd if name == "PWD" else self.env.get(name)
-            if value is None and rest.startswith((":-", "-")):
+            if rest and not rest.startswith((":-", "-")):  # ${X/a/b}, ${X#p}, ${X:=v} …: not followed
+                unknown = True
+                return ""
+            if value is None and rest:
                 return rest.split("-", 1)[1]
             if value is None:
                 unknown = True
