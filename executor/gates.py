@@ -337,7 +337,7 @@ class _Shell:
                     words.append(value)
                     shown.append(part.word)
             elif part.kind == "assignment":
-                name, _, raw = part.word.partition("=")
+                name = part.word.partition("=")[0]
                 val = self.word(part, depth)
                 if not any(p.kind == "word" for p in n.parts):  # X=… alone sets the shell's variable
                     self.env[name] = None if val is None else val.partition("=")[2]
@@ -409,11 +409,20 @@ class _Shell:
                 if a is not None and "=" in a:
                     self.script(a.partition("=")[2], depth + 1)
             return
+        if name in ("read", "mapfile", "readarray", "getopts"):  # they set variables to what they read
+            for a in args:
+                if a is not None and not a.startswith("-") and re.fullmatch(r"[A-Za-z_]\w*", a):
+                    self.env[a] = UNKNOWN
+        if name == "printf" and "-v" in args and args.index("-v") + 1 < len(args):
+            target = args[args.index("-v") + 1]
+            if target is not None:
+                self.env[target] = UNKNOWN
         if name in ("export", "declare", "typeset", "local", "readonly"):
             for a in args:
                 if a is not None and "=" in a and not a.startswith("-"):
                     key, _, val = a.partition("=")
                     self.env[key] = val
+                    self.ifs_changed = self.ifs_changed or key == "IFS"
             if name != "export":
                 return
         if name == "find":
