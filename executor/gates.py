@@ -2,7 +2,7 @@
 
 `classify(tool_name, tool_input, workdir, home)` → a `Verdict`: `allowed` or one of the seed's gate
 categories. It is pure (no I/O besides resolving paths: `..`, `~` and symlinks) and table-driven: the
-tables in executor/gate_rules.py are the rules. Shell commands are parsed with bashlex and every simple
+tables in executor/gate_tables.py are the rules. Shell commands are parsed with bashlex and every simple
 command is looked at wherever it sits (`&&`, `;`, `|`, subshells, `$(…)`, backticks, functions, loops,
 heredocs fed to a shell) and through wrappers (`sudo`, `env`, `nohup`, `time`, `timeout`, `xargs`,
 `bash -c`, `eval`, `find -exec` …). What cannot be read — a parse failure, a command name or a write
@@ -24,8 +24,8 @@ from typing import Any, Literal
 import bashlex
 
 # the categories are re-exported: callers name them as gates.SECRETS, gates.CATEGORIES …
-from executor.gate_rules import CATEGORIES, CROSS_SERVICE, NETWORK_CONFIG, PRIVILEGE  # noqa: F401
-from executor.gate_rules import (
+from executor.gate_tables import CATEGORIES, CROSS_SERVICE, NETWORK_CONFIG, PRIVILEGE  # noqa: F401
+from executor.gate_tables import (
     ALLOWED, ANY_COMMAND, CommandRule, COMMANDS, DEPENDENCY, DESTRUCTIVE, DEVICES, FREE_TOOL_PREFIXES,
     GIT_BEYOND_BRANCH, GIT_COMMAND_KEYS, GIT_DIR, GIT_RULES, HARMLESS_WRITES, IN_PLACE, INTERPRETERS, LABELS,
     NOT_SECRET_NAMES, OPAQUE, OPTION_VALUES, OUTPUT_OPTIONS, OUTSIDE_TREE, PATH_KEYS, RUNS_COMMANDS, SECRET_DIRS,
