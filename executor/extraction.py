@@ -136,7 +136,8 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
         handoff["claimed_status"] = claimed
     if worker["status"] == "gated":  # the gate evidence comes from the exit's record, not the model
         denials = await _one(pool, "exit_denials", {"id": worker["id"]})
-        handoff["gate_decisions"] = policy.gate_decisions((denials or {}).get("denials") or [])
+        handoff["gate_decisions"] = policy.gate_decisions((denials or {}).get("denials") or [],
+                                                          (denials or {}).get("workdir"))
     await writer.write([NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])
     if report is not None:
         await report(worker["id"], "handoff", handoff)

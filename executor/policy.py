@@ -9,9 +9,11 @@ README.md ("Not-clean-return policy") documents this table; a test keeps the two
 from __future__ import annotations
 
 import json
-import re
+import os
 from dataclasses import dataclass
 from typing import Any
+
+from executor import gates
 
 RETRY_SAME = "retry_same"  # run the same brief again
 RETRY_MODIFIED = "retry_modified"  # run the brief again with the failed attempt's handoff appended
@@ -73,32 +75,22 @@ def decide(status: str, attempt: int, backoff_base_s: float) -> Decision:
 
 
 # ---- gates ---------------------------------------------------------------------------------------------
-# The autonomous-mode gate categories, recognised in what a denied tool call tried to do. The allowed-tools
-# set is what denies; this names the category for the handoff's record (first match wins).
-GATES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
-    ("privilege escalation", r"\b(sudo|su|doas|chmod\s+[0-7]*s|setcap)\b"),
-    ("secrets", r"(\.env\b|secret|password|credential|token|\.pem\b|id_rsa|\.ssh/)"),
-    ("network config", r"\b(iptables|nft|ufw|firewall|resolv\.conf|/etc/hosts|nginx|traefik|caddy|ip\s+route)\b"),
-    ("destructive data op", r"(\brm\s+-[a-z]*[rf]|\bdrop\s+(table|database)|\btruncate\b|\bmkfs|\bdd\s+if=)"),
-    ("git beyond the branch", r"\bgit\s+(push|reset\s+--hard|rebase|checkout\s+-b|branch\s+-[dD]|tag)\b"),
-    ("new dependency", r"\b(pip3?\s+install|npm\s+(i|install|add)|yarn\s+add|uv\s+add|poetry\s+add|apt(-get)?\s+install|cargo\s+add)\b"),
-    ("cross-service change", r"\b(systemctl|service\s+\S+\s+(start|stop|restart)|docker|kubectl)\b"),
-    ("outside the project tree", r"(^|\s|[\"'=])(/|~|\.\./)"),
-))
+# What a denied tool call tried to do, named by the gate classifier (executor/gates.py) for the handoff's
+# record. The exit's denial has no workdir: relative paths then count as inside the tree.
+UNKNOWN_WORKDIR = "/nonexistent/petal-workdir"
 
 
-def gate_of(denial: dict[str, Any]) -> str:
-    """The gate category a denied tool call falls in ('tool not allowed' when none is recognised)."""
-    text = json.dumps(denial.get("tool_input") or {}, ensure_ascii=False)
-    for name, pattern in GATES:
-        if pattern.search(text):
-            return name
-    return "tool not allowed"
+def gate_of(denial: dict[str, Any], workdir: str | None = None) -> str:
+    """The gate category a denied tool call falls in ('tool not allowed' when the classifier allows it)."""
+    tool_input = denial.get("tool_input")
+    verdict = gates.classify(str(denial.get("tool_name") or "Bash"), tool_input if isinstance(tool_input, dict) else {},
+                             workdir or UNKNOWN_WORKDIR, os.path.expanduser("~"))
+    return verdict.label if verdict.gated else "tool not allowed"
 
 
-def gate_decisions(denials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def gate_decisions(denials: list[dict[str, Any]], workdir: str | None = None) -> list[dict[str, Any]]:
     """The handoff's gate-decision fields, from the permission denials the exit recorded (code, not model)."""
     return [{"decision_point": f"{d.get('tool_name', '?')}: {json.dumps(d.get('tool_input') or {}, ensure_ascii=False)[:300]}",
              "options": ["run it", "stay in scope"], "chosen": "stay in scope (denied)",
-             "gate": gate_of(d), "reason": "the worker's allowed-tools set does not permit it"}
+             "gate": gate_of(d, workdir), "reason": "the worker's allowed-tools set does not permit it"}
             for d in denials if isinstance(d, dict)]

@@ -56,8 +56,12 @@ WHERE p.session_id = %(thread_id)s AND w.status = 'running'
 RETURNING task_id
 
 -- name: exit_denials --
--- The permission denials the worker's exit recorded (the gate evidence for a `gated` handoff).
-SELECT payload -> 'permission_denials' AS denials FROM journal
+-- The permission denials the worker's exit recorded (the gate evidence for a `gated` handoff), and the
+-- directory it ran in (what "outside the project tree" is measured against).
+SELECT payload -> 'permission_denials' AS denials,
+       (SELECT s.payload ->> 'workdir' FROM journal s
+        WHERE s.task_id = %(id)s AND s.event_type = 'task.spawned' ORDER BY s.seq DESC LIMIT 1) AS workdir
+FROM journal
 WHERE task_id = %(id)s AND event_type = 'task.exited'
 ORDER BY seq DESC LIMIT 1
 

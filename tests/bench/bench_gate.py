@@ -1,0 +1,87 @@
+"""The permission round trip's added latency for an allowed call, next to the same call pre-allowed.
+
+    python -m tests.bench.bench_gate [CALLS]
+One real CLI run per variant against the scripted model, CALLS Bash calls each (`echo N`, allowed by the
+classifier). A call's latency is the time from its `tool_use` line to its `tool_result` line on stdout,
+so both variants include running the command; the difference is the hook plus the MCP round trip plus
+the classifier. Goal (issue 18): p99 overhead ≤ 20 ms. Also prints the classifier alone over the corpus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mcp.server.mcpserver import Context
+
+from executor import gates, permission_prompt
+from executor.scripted_model import Scenario, ScriptedModelServer
+from tests.harness import claude_bin, claude_env
+from tests.test_gates_cli import gate_server
+from tests.unit.test_gates_corpus import CASES, HOME, WORKDIR
+
+
+async def _latencies(tmp: Path, calls: int, gated: bool) -> list[float]:
+    work = tmp / ("gated" if gated else "preallowed")
+    work.mkdir()
+    replies = [{"tool_use": {"name": "Bash", "input": {"command": f"echo {i}"}}} for i in range(calls)]
+
+    async def autonomous(ctx: Context) -> permission_prompt.GateContext:
+        return permission_prompt.GateContext(str(work), str(tmp / "home"), "autonomous")
+
+    with ScriptedModelServer(Scenario.single(*replies, {"text": "done"})) as model:
+        async with gate_server(autonomous) as url:
+            config = tmp / "mcp.json"
+            config.write_text(json.dumps({"mcpServers": {"harness": {"type": "http", "url": url}}}))
+            flags = permission_prompt.cli_args() if gated else ["--allowedTools", "Bash"]
+            cmd = [claude_bin(), "-p", "--output-format", "stream-json", "--verbose", f"--mcp-config={config}",
+                   "--strict-mcp-config", *flags, "--", "go"]
+            env = claude_env(model, tmp / "home") | {"CLAUDE_CONFIG_DIR": str(tmp / f"config-{gated}")}
+            proc = await asyncio.create_subprocess_exec(*cmd, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE, limit=1 << 24)
+            asked: dict[str, float] = {}
+            took: list[float] = []
+            assert proc.stdout is not None
+            async for raw in proc.stdout:
+                now = time.perf_counter()
+                line = json.loads(raw)
+                for block in (line.get("message") or {}).get("content") or []:
+                    if not isinstance(block, dict):
+                        continue
+                    if block.get("type") == "tool_use":
+                        asked[block["id"]] = now
+                    elif block.get("type") == "tool_result" and block.get("tool_use_id") in asked:
+                        assert not block.get("is_error"), block
+                        took.append((now - asked.pop(block["tool_use_id"])) * 1000)
+            await proc.wait()
+    return took
+
+
+def _p(values: list[float], q: float) -> float:
+    return sorted(values)[min(len(values) - 1, int(len(values) * q))]
+
+
+async def main(calls: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
+        gated = await _latencies(Path(tmp), calls, gated=True)
+        preallowed = await _latencies(Path(tmp), calls, gated=False)
+    print(f"{calls} allowed Bash calls per run (tool_use → tool_result on stdout)")
+    for name, values in (("through the gate", gated), ("pre-allowed", preallowed)):
+        print(f"  {name:17} p50 {_p(values, 0.5):7.1f} ms   p99 {_p(values, 0.99):7.1f} ms   (n={len(values)})")
+    print(f"  overhead          p50 {_p(gated, 0.5) - _p(preallowed, 0.5):7.1f} ms   "
+          f"p99 {_p(gated, 0.99) - _p(preallowed, 0.99):7.1f} ms")
+    timings = []
+    for _, command in CASES * 3:
+        start = time.perf_counter()
+        gates.classify("Bash", {"command": command}, WORKDIR, HOME)
+        timings.append((time.perf_counter() - start) * 1000)
+    print(f"classifier alone over the corpus: p50 {statistics.median(timings):.2f} ms   p99 {_p(timings, 0.99):.2f} ms")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 50))

@@ -1,0 +1,53 @@
+"""Gate data in the database: standing rules (migration 0017) and the evidence a gated handoff is built from."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import errors as pgerrors
+from psycopg.types.json import Jsonb
+
+from executor import policy
+from executor.sql import queries
+from tests.pg import DB
+
+INSERT = ("INSERT INTO gate_rules (scope, session_id, project_id, tool_name, pattern, decision, created_by) "
+          "VALUES (%s, %s, %s, 'Bash', 'npm test:*', 'allow', 'user') RETURNING id")
+
+
+def test_a_rule_names_exactly_its_scope_and_the_page_may_only_revoke_it(db: DB) -> None:
+    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+        project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchone()[0]
+        with pytest.raises(pgerrors.CheckViolation):
+            conn.execute(INSERT, ["thread", None, project])  # a thread rule without its session
+        with pytest.raises(pgerrors.CheckViolation):
+            conn.execute(INSERT, ["project", uuid.uuid4(), project])  # two scope keys
+        rule = conn.execute(INSERT, ["project", None, project]).fetchone()[0]
+    with psycopg.connect(db.ingress_dsn, autocommit=True) as conn:
+        with pytest.raises(pgerrors.InsufficientPrivilege):
+            conn.execute(INSERT, ["project", None, project])
+        with pytest.raises(pgerrors.InsufficientPrivilege):
+            conn.execute("UPDATE gate_rules SET pattern = 'sudo:*' WHERE id = %s", [rule])
+        with pytest.raises(pgerrors.CheckViolation):
+            conn.execute("UPDATE gate_rules SET revoked_at = now() WHERE id = %s", [rule])  # by whom?
+        conn.execute("UPDATE gate_rules SET revoked_at = now(), revoked_by = 'user' WHERE id = %s", [rule])
+        assert conn.execute("SELECT count(*) FROM gate_rules WHERE revoked_at IS NULL").fetchone() == (0,)
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT tier FROM event_types WHERE name = 'gate.decided'").fetchone() == ("derived",)
+
+
+def test_a_gated_handoff_measures_the_project_tree_from_the_directory_the_worker_ran_in(db: DB) -> None:
+    denial = {"tool_name": "Write", "tool_input": {"file_path": "/srv/app/notes.txt"}}
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        task = conn.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id").fetchone()[0]
+        for seq, (event_type, payload) in enumerate([("task.spawned", {"workdir": "/srv/app"}),
+                                                     ("task.exited", {"permission_denials": [denial]})], 1):
+            conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "
+                         "VALUES (gen_random_uuid(), %s, %s, %s, 'raw', %s)", [seq, task, event_type, Jsonb(payload)])
+        row = conn.execute(queries["exit_denials"], {"id": task}).fetchone()
+    assert row == ([denial], "/srv/app")
+    # inside the tree it ran in, the denial was the allowed-tools set's, not a gate's
+    assert policy.gate_decisions(row[0], row[1])[0]["gate"] == "tool not allowed"
+    assert policy.gate_decisions(row[0])[0]["gate"] == "outside the project tree"
