@@ -95,12 +95,13 @@ class BoundaryConfig:
         hosts = {(n, bind_port) for n in names} | set(parse_hosts(allowed_hosts))
         return cls(frozenset(hosts), parse_networks(trusted_proxies))
 
-    def host_allowed(self, value: str) -> bool:
+    def host_allowed(self, value: str, default_ports: tuple[int, ...] = (80, 443)) -> bool:
         parsed = _split_host(value)
         if parsed is None:
             return False
         name, port = parsed
-        return (name, port) in self.hosts or (name, None) in self.hosts
+        ports = (port,) if port is not None else default_ports  # no port: the scheme's default
+        return (name, None) in self.hosts or any((name, p) in self.hosts for p in ports)
 
     def origin_allowed(self, value: str) -> bool:
         try:
@@ -109,7 +110,7 @@ class BoundaryConfig:
             return False
         if parts.scheme not in ("http", "https") or not parts.netloc:
             return False  # "null" (sandboxed frames, file:) and anything that is not a web origin
-        return self.host_allowed(parts.netloc)
+        return self.host_allowed(parts.netloc, (80,) if parts.scheme == "http" else (443,))
 
     def trusts(self, peer: str | None) -> bool:
         if not peer:
