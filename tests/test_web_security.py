@@ -62,7 +62,9 @@ async def _context(b: Browser, *, bypass_csp: bool) -> tuple[Any, Page, list[str
     return context, page, dialogs, errors
 
 
-async def _nothing_ran(page: Page) -> None:
+async def _nothing_ran(page: Page, dialogs: list[str]) -> None:
+    await asyncio.sleep(0.5)  # an onerror fires once the broken image has failed to load
+    assert dialogs == []
     assert await page.evaluate("window.__xss") is None
     assert await page.evaluate(f"document.querySelectorAll({json.dumps(DANGEROUS)}).length") == 0
 
@@ -90,13 +92,16 @@ async def test_hostile_text_in_every_rendered_field_runs_nothing_and_the_page_wo
             # a user message
             await page.fill("#composer-text", f"please {PAYLOADS}")
             await page.click("#composer button")
-            await expect(page.locator(".msg.user")).to_contain_text("[x](javascript:alert(1))", timeout=30_000)
+            await expect(page.locator(".msg.user")).to_have_count(1, timeout=30_000)
+            await _nothing_ran(page, dialogs)
+            await expect(page.locator(".msg.user")).to_contain_text("[x](javascript:alert(1))")
             # option previews: markdown stays sanitised markdown, HTML goes into a frame that runs nothing
-            for pg in (page, strict):
+            for pg, seen in ((page, dialogs), (strict, strict_dialogs)):
                 card = pg.locator("#pinned-asks .ask")
                 await expect(card).to_have_count(1, timeout=60_000)
                 for summary in await card.locator("details.preview summary").all():
                     await summary.click()
+                await _nothing_ran(pg, seen)
                 md_preview = card.locator(".option", has_text="Markdown").locator("details.preview")
                 await expect(md_preview.locator("h2")).to_have_text("Plan")
                 await expect(md_preview).to_contain_text("[x](javascript:alert(1))")  # a link shown as text
@@ -120,6 +125,7 @@ async def test_hostile_text_in_every_rendered_field_runs_nothing_and_the_page_wo
             # a reply
             reply = page.locator(".msg.assistant", has_text="Reply:")
             await expect(reply).to_have_count(1, timeout=60_000)
+            await _nothing_ran(page, dialogs)
             await expect(reply.locator("strong")).to_have_text("bold")
             await expect(reply).to_contain_text("[y](javascript:window.__xss='link')")
             await expect(reply).to_contain_text("<img src=x onerror=")
@@ -127,14 +133,15 @@ async def test_hostile_text_in_every_rendered_field_runs_nothing_and_the_page_wo
             # a handoff's fields
             task_id = await h.dispatch("a worker whose handoff is hostile")
             await h.wait_final(task_id, timeout=90)
-            for pg in (page, strict):
+            for pg, seen in ((page, dialogs), (strict, strict_dialogs)):
                 await pg.goto(f"{url}/#task/{task_id}")
                 await expect(pg.locator("body[data-ready='1']")).to_have_count(1, timeout=20_000)
-                await expect(pg.locator("#task-detail dl").nth(1)).to_contain_text("state [x](javascript:alert(1))",
-                                                                                     timeout=30_000)
+                await expect(pg.locator("#task-detail dl").nth(1)).to_contain_text("state", timeout=30_000)
+                await _nothing_ran(pg, seen)
+                await expect(pg.locator("#task-detail dl").nth(1)).to_contain_text("state [x](javascript:alert(1))")
                 await expect(pg.locator("#task-detail dl").nth(1)).to_contain_text("<svg onload=")
-            for pg in (page, strict):
-                await _nothing_ran(pg)
+            for pg, seen in ((page, dialogs), (strict, strict_dialogs)):
+                await _nothing_ran(pg, seen)
             violations = await strict.evaluate("window.__csp || []")
             await bare.close()
             await served.close()
