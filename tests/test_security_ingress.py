@@ -15,6 +15,7 @@ from psycopg import sql
 
 from executor.notify import Note, Notifier, NotifyConfig
 from ingress.app import OPS
+from ingress.auth import FailureLimiter
 from ingress.boundary import BoundaryConfig
 from shared.database import Database
 from tests.pg import DB
@@ -175,6 +176,18 @@ async def test_the_eleventh_wrong_token_in_a_minute_gets_429_and_other_clients_a
     assert right_but_late.status_code == 429 and int(right_but_late.headers["retry-after"]) > 0
     assert bearer.status_code == 429
     assert other.status_code == 303
+
+
+def test_the_failure_window_slides_a_client_may_try_again_once_its_oldest_failure_is_a_minute_old() -> None:
+    limiter = FailureLimiter(limit=10, window_s=60)
+    for i in range(10):
+        assert limiter.retry_after("a", now=100 + i) == 0
+        limiter.fail("a", now=100 + i)
+    assert limiter.retry_after("a", now=110) == 50 and limiter.retry_after("b", now=110) == 0
+    assert limiter.retry_after("a", now=159.5) == 0.5
+    assert limiter.retry_after("a", now=160) == 0  # the oldest failure has aged out: one more try
+    limiter.fail("a", now=160)
+    assert limiter.retry_after("a", now=160) == 1  # ten in the window again, the oldest from 101
 
 
 async def test_wrong_bearer_tokens_are_limited_too(db: DB) -> None:
