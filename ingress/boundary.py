@@ -81,36 +81,46 @@ class BoundaryConfig:
     # (name, port): port None matches any port (a public name behind the proxy, reached on 443)
     hosts: frozenset[tuple[str, int | None]]
     trusted_proxies: tuple[Network, ...]
+    # bound to 0.0.0.0 / ::, reached by any of the machine's addresses: an IP literal cannot be rebound
+    any_ip_port: int | None = None
 
     @classmethod
     def build(cls, bind_host: str, bind_port: int, allowed_hosts: str, trusted_proxies: str) -> BoundaryConfig:
         names = set(LOOPBACK_NAMES)
         bind = bind_host.strip("[]").lower()
+        any_ip = None
         try:
             ip = ipaddress.ip_address(bind)
-            if not ip.is_unspecified:  # a specific address (a tailnet IP): a raw IP cannot be rebound
+            if ip.is_unspecified:
+                any_ip = bind_port
+            else:  # a specific address (a tailnet IP): a raw IP cannot be rebound
                 names.add(f"[{ip}]" if ip.version == 6 else str(ip))
         except ValueError:
             names.add(bind)
         hosts = {(n, bind_port) for n in names} | set(parse_hosts(allowed_hosts))
-        return cls(frozenset(hosts), parse_networks(trusted_proxies))
+        return cls(frozenset(hosts), parse_networks(trusted_proxies), any_ip)
 
-    def host_allowed(self, value: str, default_ports: tuple[int, ...] = (80, 443)) -> bool:
+    def host_allowed(self, value: str, default_ports: tuple[int, ...] = (80, 443), *, any_ip: bool = True) -> bool:
         parsed = _split_host(value)
         if parsed is None:
             return False
         name, port = parsed
         ports = (port,) if port is not None else default_ports  # no port: the scheme's default
+        if any_ip and self.any_ip_port is not None and self.any_ip_port in ports and _is_ip(name):
+            return True
         return (name, None) in self.hosts or any((name, p) in self.hosts for p in ports)
 
-    def origin_allowed(self, value: str) -> bool:
+    def origin_allowed(self, value: str, host: str | None = None) -> bool:
+        """A configured name, or the request's own (already checked) Host: same-origin."""
         try:
             parts = urlsplit(value.strip())
         except ValueError:
             return False
         if parts.scheme not in ("http", "https") or not parts.netloc:
             return False  # "null" (sandboxed frames, file:) and anything that is not a web origin
-        return self.host_allowed(parts.netloc, (80,) if parts.scheme == "http" else (443,))
+        if host is not None and parts.netloc.lower() == host.strip().lower():
+            return True
+        return self.host_allowed(parts.netloc, (80,) if parts.scheme == "http" else (443,), any_ip=False)
 
     def trusts(self, peer: str | None) -> bool:
         if not peer:
@@ -120,6 +130,14 @@ class BoundaryConfig:
         except ValueError:
             return False
         return any(ip in net for net in self.trusted_proxies)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -176,7 +194,7 @@ class BoundaryMiddleware:
             origin = _header(scope, b"origin")
             referer = _header(scope, b"referer") if origin is None else None
             source = origin if origin is not None else referer
-            if source is not None and not self.config.origin_allowed(source):
+            if source is not None and not self.config.origin_allowed(source, host):
                 await problem(403, f"cross-origin request refused (from {source[:200]!r})")(scope, receive,
                                                                                             with_headers)
                 return

@@ -117,6 +117,13 @@ def test_the_allowed_names_are_the_binds_loopback_names_and_address_and_bad_sett
     assert not any(config.host_allowed(h) for h in ("127.0.0.1:8001", "localhost", "evil.localhost:8000",
                                                      "127.0.0.1:8000@evil", "", "a b:8000"))
     assert config.trusts("127.0.0.5") and config.trusts("::1") and not config.trusts("100.64.1.2")
+    anywhere = BoundaryConfig.build("0.0.0.0", 8000, "", "")
+    assert anywhere.host_allowed("0.0.0.0:8000") and anywhere.host_allowed("192.168.1.20:8000")
+    assert anywhere.host_allowed("[fd00::1]:8000")
+    # a write from the address it was reached by is same-origin; from another address, not
+    assert anywhere.origin_allowed("http://192.168.1.20:8000", "192.168.1.20:8000")
+    assert not anywhere.origin_allowed("http://192.168.1.99:8000", "192.168.1.20:8000")
+    assert not anywhere.host_allowed("192.168.1.20:9000") and not anywhere.host_allowed("attacker.example:8000")
     with pytest.raises(ValueError, match="PETAL_ALLOWED_HOSTS"):
         BoundaryConfig.build("127.0.0.1", 8000, "http://x/", "")
     with pytest.raises(ValueError, match="PETAL_TRUSTED_PROXIES"):
