@@ -18,7 +18,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ingress import actions, notify, problems, reads, stream
-from ingress.auth import COOKIE, AuthConfig, BodyTooLarge, FailureLimiter, GuardMiddleware, parse_login, same_secret, too_many
+from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, FailureLimiter, GuardMiddleware, parse_login, same_secret,
+                          too_many)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded
 from ingress.models import AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, StopIn, ThreadIn, ThreadPatch
 from ingress.openapi import SEQ, UUID, Op, Param, document
@@ -136,7 +137,7 @@ async def login(request: Request) -> Response:
     if wait:
         return too_many(wait)
     token = parse_login(await request.body(), request.headers.get("content-type", ""))  # over the limit: 413
-    if not same_secret(token, config.token) or not token:
+    if not token or not same_secret(token, config.token):
         limiter.fail(client)
         return problems.problem(401, "wrong token")
     response = RedirectResponse("/", status_code=303)
