@@ -57,7 +57,8 @@ def notify_config(settings: Settings) -> notify.NotifyConfig:
     return notify.NotifyConfig(
         data_dir=settings.data_dir.resolve(), vapid_private_key=settings.vapid_private_key,
         vapid_subject=settings.vapid_subject, ntfy_url=settings.ntfy_url, ntfy_token=settings.ntfy_token,
-        public_url=settings.public_url, rate_limit_s=settings.notify_rate_limit_s)
+        public_url=settings.public_url, rate_limit_s=settings.notify_rate_limit_s,
+        allow_loopback_push=settings.push_allow_loopback)
 
 
 async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event, *,

@@ -27,7 +27,7 @@ from py_vapid import Vapid
 from pywebpush import WebPushException, webpush_async
 
 from executor.sql import queries
-from shared import aio, logs
+from shared import aio, endpoints, logs
 from shared.listener import Subscription
 
 log = logs.get(__name__)
@@ -51,6 +51,7 @@ class NotifyConfig:
     rate_limit_s: float = 60.0
     digest_after: int = 3  # more than this many in one pass become one digest
     presence_s: float = 60.0  # a page seen this recently is watching its thread
+    allow_loopback_push: bool = False  # test-only: a loopback push stand-in
 
 
 @dataclass
@@ -236,6 +237,12 @@ class Notifier:
     async def _push(self, s: dict[str, Any], note: Note) -> str:
         assert self.vapid is not None and self.session is not None
         info = {"endpoint": s["endpoint"], "keys": {"p256dh": s["p256dh"], "auth": s["auth"]}}
+        # checked again here: a stored row (or a name that now resolves elsewhere) must not reach inside
+        refused = await endpoints.refusal(s["endpoint"], allow_loopback=self.config.allow_loopback_push)
+        if refused:
+            await self._rows("push_failed", {"id": s["id"], "error": refused[:300]})
+            log.warning("push_endpoint_refused", reason=refused)
+            return "refused"
         try:
             await webpush_async(info, note.payload(), vapid_private_key=self.vapid,
                                 vapid_claims={"sub": self.config.vapid_subject}, ttl=PUSH_TTL_S,

@@ -18,7 +18,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ingress import actions, notify, problems, reads, stream
-from ingress.auth import COOKIE, AuthConfig, GuardMiddleware, parse_login
+from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, FailureLimiter, GuardMiddleware, parse_login, same_secret,
+                          too_many)
+from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded
 from ingress.models import AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, StopIn, ThreadIn, ThreadPatch
 from ingress.openapi import SEQ, UUID, Op, Param, document
 from ingress.sql import queries
@@ -116,9 +118,10 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready", "migrations": applied})
 
 
+# no inline style or script: the page is served under the same CSP as the app
 _LOGIN_PAGE = """<!doctype html><meta charset=utf-8><meta name=viewport content="width=device-width">
-<title>petal-dispatch · sign in</title><form method=post action=/login style="max-width:20em;margin:4em auto;font:16px system-ui">
-<h1>petal-dispatch</h1><label>Token <input name=token type=password autofocus required style="width:100%"></label>
+<title>petal-dispatch · sign in</title><form method=post action=/login>
+<h1>petal-dispatch</h1><label>Token <input name=token type=password autofocus required></label>
 <p><button>Sign in</button></p></form>"""
 
 
@@ -128,14 +131,19 @@ async def login(request: Request) -> Response:
         return HTMLResponse(_LOGIN_PAGE)
     if config.mode != "token":
         return problems.problem(404, "sign-in is only used in token mode")
-    token = parse_login(await request.body(), request.headers.get("content-type", ""))
-    from hmac import compare_digest
-
-    if not token or not config.token or not compare_digest(token, config.token):
+    scheme, client = forwarded(request.app.state.boundary, request.scope)
+    limiter: FailureLimiter = request.app.state.limiter
+    wait = limiter.retry_after(client)
+    if wait:
+        return too_many(wait)
+    token = parse_login(await request.body(), request.headers.get("content-type", ""))  # over the limit: 413
+    if not token or not same_secret(token, config.token):
+        limiter.fail(client)
         return problems.problem(401, "wrong token")
     response = RedirectResponse("/", status_code=303)
+    # Secure when the user's browser spoke https (to the trusted proxy, which speaks http to us)
     response.set_cookie(COOKIE, config.cookie_value(), httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https", max_age=30 * 24 * 3600)
+                        secure=scheme == "https", max_age=30 * 24 * 3600)
     return response
 
 
@@ -159,11 +167,17 @@ def auth_config(settings: Settings) -> AuthConfig:
 
 
 def create_app(settings: Settings, dsn: str) -> Starlette:
+    from shared import errors
+
     auth = auth_config(settings)
     if auth.mode == "token" and not auth.token:
-        from shared import errors
-
         raise errors.ConfigError("token mode needs PETAL_AUTH_TOKEN")
+    try:
+        boundary = BoundaryConfig.build(settings.ingress_host, settings.ingress_port, settings.allowed_hosts,
+                                        settings.trusted_proxies)
+    except ValueError as exc:
+        raise errors.ConfigError(str(exc)) from None
+    limiter = FailureLimiter()
     spec = document([op for op, _ in OPS], version="0.1.0")
 
     async def openapi(request: Request) -> Response:
@@ -194,12 +208,17 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
         routes.append(Mount("/", StaticFiles(directory=STATIC, html=True), name="static"))
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(GuardMiddleware, config=auth)],
+        # the boundary (Host, Origin, security headers) first, then identity
+        middleware=[Middleware(BoundaryMiddleware, config=boundary),
+                    Middleware(GuardMiddleware, config=auth, boundary=boundary, limiter=limiter)],
         exception_handlers={problems.Problem: problems.handle_problem, HTTPException: problems.handle_http,
+                            BodyTooLarge: problems.handle_too_large,
                             ValidationError: problems.handle_validation, psycopg.DataError: problems.handle_data_error,
                             Exception: problems.handle_unexpected},
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.auth = auth
+    app.state.boundary = boundary
+    app.state.limiter = limiter
     return app

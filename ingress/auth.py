@@ -1,7 +1,8 @@
 """Authentication and request hygiene as pure ASGI middleware (no BaseHTTPMiddleware around SSE).
 
 Modes: open (trust the network), proxy (X-Authentik-Username set by the fronting proxy, optionally
-limited to an allow-list), token (a shared secret: bearer header, or the cookie /login sets).
+limited to an allow-list; counted only from a trusted proxy's address), token (a shared secret: bearer
+header, or the cookie /login sets; wrong guesses are rate-limited per client).
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ingress.boundary import BoundaryConfig, forwarded, peer
 from ingress.problems import problem
 
 PROXY_HEADER = b"x-authentik-username"
@@ -21,6 +26,10 @@ COOKIE = "petal_session"
 # Reachable without credentials: liveness, readiness, and the way in.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/login", "/openapi.json"})
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Wrong tokens (bearer or /login) a client may send per window before it gets 429.
+FAILURES_PER_WINDOW = 10
+FAILURE_WINDOW_S = 60.0
+_LIMITER_CLIENTS = 10_000  # memory bound: the least recently failing clients are forgotten first
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,45 @@ def _cookie(headers: dict[bytes, bytes], name: str) -> str | None:
     return None
 
 
+def same_secret(given: str, expected: str | None) -> bool:
+    # bytes: compare_digest refuses non-ASCII str (a 500), and bytes compare in constant time
+    return expected is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"),
+                                                          expected.encode("utf-8", "surrogatepass"))
+
+
+class FailureLimiter:
+    """A sliding window of failed attempts per client; pure apart from the clock passed in."""
+
+    def __init__(self, limit: int = FAILURES_PER_WINDOW, window_s: float = FAILURE_WINDOW_S):
+        self.limit = limit
+        self.window_s = window_s
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def retry_after(self, client: str, now: float | None = None) -> float:
+        """Seconds until the client may try again; 0 when it may now."""
+        now = time.monotonic() if now is None else now
+        seen = self._failures.get(client)
+        if not seen:
+            return 0.0
+        while seen and seen[0] <= now - self.window_s:
+            seen.popleft()
+        return seen[0] + self.window_s - now if len(seen) >= self.limit else 0.0
+
+    def fail(self, client: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        seen = self._failures.pop(client, None) or deque(maxlen=self.limit)
+        seen.append(now)
+        self._failures[client] = seen
+        while len(self._failures) > _LIMITER_CLIENTS:
+            self._failures.popitem(last=False)
+
+
+def too_many(wait_s: float) -> JSONResponse:
+    response = problem(429, f"too many wrong tokens from this client: try again in {int(wait_s) + 1} s")
+    response.headers["retry-after"] = str(int(wait_s) + 1)
+    return response
+
+
 def identify(config: AuthConfig, headers: dict[bytes, bytes]) -> tuple[int, str]:
     """(0, user) when allowed, else (status, reason)."""
     if config.mode == "open":
@@ -62,11 +110,11 @@ def identify(config: AuthConfig, headers: dict[bytes, bytes]) -> tuple[int, str]
         return 0, user
     auth = headers.get(b"authorization", b"").decode("latin-1")
     if auth.lower().startswith("bearer "):
-        if config.token and hmac.compare_digest(auth[7:].strip(), config.token):
+        if same_secret(auth[7:].strip(), config.token):
             return 0, "token"
         return 401, "wrong token"
     cookie = _cookie(headers, COOKIE)
-    if cookie and hmac.compare_digest(cookie, config.cookie_value()):
+    if cookie and same_secret(cookie, config.cookie_value()):
         return 0, "token"
     return 401, "a token is required: Authorization: Bearer <token>, or sign in at /login"
 
@@ -74,9 +122,11 @@ def identify(config: AuthConfig, headers: dict[bytes, bytes]) -> tuple[int, str]
 class GuardMiddleware:
     """Auth, JSON-only state changes, and a body size limit, before any route runs."""
 
-    def __init__(self, app: ASGIApp, config: AuthConfig):
+    def __init__(self, app: ASGIApp, config: AuthConfig, boundary: BoundaryConfig, limiter: FailureLimiter):
         self.app = app
         self.config = config
+        self.boundary = boundary
+        self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,6 +139,19 @@ class GuardMiddleware:
             return
         if path not in PUBLIC_PATHS:
             status, reason = identify(self.config, headers)
+            if self.config.mode == "proxy" and not self.boundary.trusts(peer(scope)):
+                # the identity header is only as good as whoever set it: only a trusted proxy may
+                status, reason = 401, (f"{peer(scope)} is not a trusted proxy (PETAL_TRUSTED_PROXIES): requests "
+                                       "must come through the authenticating proxy")
+            bearer = headers.get(b"authorization", b"").lower().startswith(b"bearer ")
+            if self.config.mode == "token" and bearer:
+                client = forwarded(self.boundary, scope)[1]
+                wait = self.limiter.retry_after(client)
+                if wait:
+                    await too_many(wait)(scope, receive, send)
+                    return
+                if status:
+                    self.limiter.fail(client)
             if status:
                 if self.config.mode == "token" and scope["method"] == "GET" and not path.startswith("/api/"):
                     await _redirect(send, "/login")

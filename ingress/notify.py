@@ -15,6 +15,7 @@ from ingress.http import body, respond
 from ingress.models import PresenceIn, PushEndpointIn, PushSubscriptionIn
 from ingress.problems import Problem
 from ingress.sql import queries
+from shared import endpoints
 
 
 async def _one(request: Request, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -36,6 +37,9 @@ async def push_info(request: Request) -> Response:
 
 async def subscribe(request: Request) -> Response:
     sub = await body(request, PushSubscriptionIn)
+    refused = await endpoints.refusal(sub.endpoint, allow_loopback=request.app.state.settings.push_allow_loopback)
+    if refused:  # the executor would POST there: no requests into this machine or its network (SSRF)
+        raise Problem(422, f"endpoint: {refused}")
     if await _one(request, "push_config") is None:
         raise Problem(409, "the executor has not published its VAPID key yet: start it, then try again")
     row = await _one(request, "upsert_push_subscription", {

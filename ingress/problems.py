@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 _TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
            405: "Method not allowed", 409: "Conflict", 413: "Payload too large", 415: "Unsupported media type",
-           422: "Invalid input", 500: "Internal error", 503: "Unavailable"}
+           421: "Misdirected request", 422: "Invalid input", 429: "Too many requests", 500: "Internal error", 503: "Unavailable"}
 
 
 class Problem(Exception):
@@ -43,6 +43,11 @@ async def handle_validation(request: Request, exc: Exception) -> Response:
     first = errors[0] if errors else {"loc": [], "msg": "invalid"}
     where = ".".join(str(p) for p in first["loc"]) or "body"
     return problem(422, f"{where}: {first['msg']}", errors=errors)
+
+
+async def handle_too_large(request: Request, exc: Exception) -> Response:
+    # a body read past the limit (chunked bodies carry no Content-Length to refuse up front)
+    return problem(413, "body too large")
 
 
 async def handle_data_error(request: Request, exc: Exception) -> Response:

@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     auth_token: str | None = None
     # open mode on a non-loopback address must be asked for explicitly
     force_open: bool = False
+    # Host names (name or name:port) the ingress answers to besides its loopback names, comma-separated:
+    # the proxy's public name. Any other Host is refused (DNS rebinding); browsers' cross-origin writes too.
+    allowed_hosts: str = ""
+    # Peers (addresses or CIDRs) whose X-Authentik-Username / X-Forwarded-* headers count.
+    trusted_proxies: str = "127.0.0.0/8,::1"
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     sse_heartbeat_s: float = Field(default=15.0, gt=0)
     # recent SSE frames kept in memory; a client further behind is cut off (it resumes by Last-Event-ID)
@@ -61,6 +66,8 @@ class Settings(BaseSettings):
     ntfy_token: str | None = None
     # The page's public address, for absolute links in notifications (ntfy's click-through).
     public_url: str = ""
+    # Test-only: accept push endpoints on loopback (a local push stand-in). Never in production.
+    push_allow_loopback: bool = False
     notify_rate_limit_s: float = Field(default=60.0, ge=0)
     # Where tasks without a project run.
     workdir: Path = Path(".")

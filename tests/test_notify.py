@@ -28,6 +28,11 @@ QUESTION = {"question": "Deploy to staging now?", "header": "Deploy", "multiSele
             "options": [{"label": "Yes", "description": ""}, {"label": "Later", "description": ""}]}
 
 
+def _loopback_push(tmp_path: Path) -> NotifyConfig:
+    # the push stand-in listens on loopback, which a real deployment refuses (SSRF)
+    return NotifyConfig(data_dir=tmp_path / "var", allow_loopback_push=True)
+
+
 async def _subscribe(http: httpx.AsyncClient, sub: Subscriber) -> None:
     deadline = time.monotonic() + 30
     while True:  # the executor publishes its key as it starts
@@ -49,7 +54,8 @@ async def test_a_question_reaches_a_subscribed_browser_as_an_encrypted_push_nami
         {"text": "ok"}])])
     with StandIn() as push, ScriptedModelServer(scenario) as model:
         phone = Subscriber(f"{push.url}/push/phone-1")
-        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, \
+        async with running_executor(db, model, tmp_path, notify_config=_loopback_push(tmp_path)), \
+                ingress_server(db.ingress_dsn, push_allow_loopback=True) as url, \
                 httpx.AsyncClient(base_url=url) as http:
             await _subscribe(http, phone)
             info = (await http.get("/api/push", params={"endpoint": phone.endpoint})).json()
@@ -69,7 +75,8 @@ async def test_a_question_reaches_a_subscribed_browser_as_an_encrypted_push_nami
 async def test_a_subscription_the_push_service_says_is_gone_is_removed(db: DB, tmp_path: Path) -> None:
     with StandIn(statuses=[410]) as push, ScriptedModelServer(Scenario()) as model:
         phone = Subscriber(f"{push.url}/push/old-phone")
-        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, \
+        async with running_executor(db, model, tmp_path, notify_config=_loopback_push(tmp_path)), \
+                ingress_server(db.ingress_dsn, push_allow_loopback=True) as url, \
                 httpx.AsyncClient(base_url=url) as http:
             await _subscribe(http, phone)
             assert (await http.post("/api/push/test", json={})).status_code == 202
@@ -202,7 +209,8 @@ async def test_the_page_opts_in_by_button_its_service_worker_registers_and_a_tes
 
     with StandIn() as push, ScriptedModelServer(Scenario()) as model:
         phone = Subscriber(f"{push.url}/push/browser")
-        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+        async with running_executor(db, model, tmp_path, notify_config=_loopback_push(tmp_path)), \
+                ingress_server(db.ingress_dsn, push_allow_loopback=True) as url, browser() as b:
             context = await b.new_context(viewport={"width": 390, "height": 844}, permissions=["notifications"])
             await context.add_init_script(STUB_PUSH % json.dumps(phone.json()))
             page = await context.new_page()
