@@ -9,7 +9,6 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,9 +68,6 @@ class Running:
     mcp_config: Path | None = None
 
 
-ExitHook = Callable[[dict[str, Any], substrate.Outcome, substrate.TurnFacts], Awaitable[None]]
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -89,7 +85,6 @@ class Supervisor:
         self.substrate = substrate_config
         self.config = config
         self.running: dict[uuid.UUID, Running] = {}
-        self.exit_hooks: list[ExitHook] = []
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._children: set[asyncio.Task[None]] = set()
@@ -185,19 +180,9 @@ class Supervisor:
         events.append(NewEvent("executor.started", {"reconciled": summary}))
         await self.writer.write(events)
         log.info("executor_reconciled", **summary)
-        # A task that died with the old executor ended like any other: whoever acts on ends (the policy,
-        # the threads) hears of it, or a thread's worker would be crashed with nobody the wiser.
-        for row in orphans:
-            await self._run_exit_hooks(row, substrate.Outcome("crashed", "executor_restart"), substrate.TurnFacts())
+        # A task that died with the old executor ended like any other: its final status is all that is
+        # written here; the settler (executor/settler.py) acts on the end (the policy, the thread).
         return summary
-
-    async def _run_exit_hooks(self, row: dict[str, Any], outcome: substrate.Outcome,
-                              facts: substrate.TurnFacts) -> None:
-        for hook in self.exit_hooks:
-            try:
-                await hook(row, outcome, facts)
-            except Exception:
-                log.exception("exit_hook_failed", task_id=str(row["id"]))
 
     # ---- claiming ------------------------------------------------------------------------------------
 
@@ -405,8 +390,8 @@ class Supervisor:
             "substrate_session_id": r.facts.substrate_session_id})
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
+        # the settler acts on the end from here (woken by the status change), reading the store, not r.facts
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
-        await self._run_exit_hooks(row, substrate.Outcome(outcome.status, reason), r.facts)
 
     # ---- stopping ------------------------------------------------------------------------------------
 
