@@ -161,7 +161,8 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
     schema = extractor["json_schema"]
     result = await _one(conn, "task_result", {"id": extractor["id"]})
     structured = ((result or {}).get("payload") or {}).get("structured_output")
-    complaints = _complaints(await _all(conn, "schema_complaints", {"id": extractor["id"]})) if structured is None else []
+    complaints = [] if structured is not None else _complaints(
+        await _all(conn, "schema_complaints", {"id": extractor["id"]}))
     errors = verdict(schema, structured, f"{extractor['status']}: {extractor['status_reason']}", complaints)
     seqs = await _one(conn, "raw_seq_range", {"id": worker["id"]})
     first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
@@ -173,6 +174,7 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
         log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])
         return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
                      [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
+    assert isinstance(structured, dict)  # the verdict passed it
     denials = await _one(conn, "exit_denials", {"id": worker["id"]}) if worker["status"] == "gated" else None
     handoff = handoff_of(structured, worker["status"], (denials or {}).get("denials") or [])
     return Gated(worker["id"], "handoff", handoff,

@@ -34,6 +34,8 @@ from shared.models import NewEvent
 
 log = logs.get(__name__)
 
+SHUTDOWN = "executor_shutdown"  # the reason the supervisor gives a run its own stop cut off
+
 
 @dataclass(frozen=True)
 class SettlerConfig:
@@ -52,6 +54,7 @@ class Step(enum.StrEnum):
     EXTRACT = "extract"  # a worker with output ended: start its extractor (the policy waits for the handoff)
     POLICY = "policy"  # a thread's worker ended with nothing to extract: apply the policy to the end itself
     TELL_THREAD = "tell_thread"  # an orchestrator turn ended: the thread delivers what waited for the boundary
+    RERUN_TURN = "rerun_turn"  # a turn cut off by the executor's shutdown: run its messages again
     NOTHING = "nothing"  # nobody acts on this end; it stays visible
 
 
@@ -91,7 +94,9 @@ class Ended:
 def route(ended: Ended, *, extract: bool) -> Step:
     """The step an end calls for (pure)."""
     if ended.thread_turn:
-        return Step.TELL_THREAD
+        # a deploy is never the turn's fault, and the messages it carried must not be dropped
+        cut_off = ended.status == "crashed" and ended.status_reason == SHUTDOWN
+        return Step.RERUN_TURN if cut_off else Step.TELL_THREAD
     if not extract:
         return Step.NOTHING
     if ended.is_extractor:
@@ -209,4 +214,11 @@ class Settler:
             return await settlement.apply_policy(
                 conn, ended.id, "task.exited", {"status": ended.status, "reason": ended.status_reason},
                 backoff_base_s=self.config.backoff_base_s, started=ended.started)
+        if step is Step.RERUN_TURN:
+            new_id = uuid.uuid4()
+            cur = await conn.execute(queries["insert_turn_rerun"], {"new_id": new_id, "id": ended.id})
+            thread_id, brief = await cur.fetchone()
+            return [NewEvent("task.dispatch_requested", {
+                "role": "orchestrator", "brief": brief[:2000], "requested_by": "settler", "rerun_of": str(ended.id),
+                "reason": ended.status_reason}, session_id=thread_id, task_id=new_id)]
         return []  # TELL_THREAD: nothing to write; the threads loop reads the boundary from the store

@@ -72,6 +72,23 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+# Stops the harness sends for its own reasons are not the user's cancellation: the executor's shutdown
+# (a deploy) cut the run off like a crash, and the runtime cap is a failure; the policy retries both.
+HARNESS_STOPS = {"executor_shutdown": "crashed", "max_runtime": "failed"}
+USER_STOP = "stop_requested"
+
+
+def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None) -> substrate.Outcome:
+    """A run's status from its exit and why the harness stopped it, if it did (pure)."""
+    if stop_reason is None or stop_reason not in HARNESS_STOPS:
+        outcome = substrate.derive_status(returncode, facts, stop_requested=stop_reason is not None)
+        return substrate.Outcome(outcome.status, stop_reason or outcome.reason)
+    outcome = substrate.derive_status(returncode, facts)
+    if outcome.status == "success":
+        return outcome  # it finished before the stop took effect
+    return substrate.Outcome(HARNESS_STOPS[stop_reason], stop_reason)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -210,7 +227,7 @@ class Supervisor:
                                            task_id=task_id))
             r = self.running.get(task_id)
             if r is not None:
-                await self._request_stop(r, "stop_requested")
+                await self._request_stop(r, USER_STOP)
             elif cancelled_pending:
                 await self.writer.put(NewEvent("task.exited", {"status": "cancelled", "reason": "stop_requested",
                                                                "spawned": False}, task_id=task_id))
@@ -360,8 +377,8 @@ class Supervisor:
             swept = await asyncio.to_thread(
                 lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
             )
-        outcome = substrate.derive_status(rc, r.facts, stop_requested=r.stop_reason is not None)
-        reason = r.stop_reason or outcome.reason
+        outcome = end_outcome(rc, r.facts, r.stop_reason)
+        reason = outcome.reason
         payload = {
             "status": outcome.status,
             "reason": reason,

@@ -78,7 +78,8 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
             executor = _spawn_executor(env, log)
             try:
                 thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
-                assert (await http.post("/api/chat", json={"text": "count them", "thread_id": thread})).status_code == 202
+                sent = await http.post("/api/chat", json={"text": "count them", "thread_id": thread})
+                assert sent.status_code == 202
 
                 async def running_worker() -> uuid.UUID | None:
                     return _one(db.admin_dsn, "SELECT id FROM tasks WHERE role = 'worker' AND status = 'running'")
@@ -118,7 +119,8 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                                 [worker]).fetchone()[0]  # type: ignore[index]
         told = conn.execute("SELECT count(*) FROM chat_queue WHERE origin = 'harness' AND text LIKE %s",
                             [f"[harness] Worker {worker}%"]).fetchone()[0]  # type: ignore[index]
-        unsettled_left = conn.execute("SELECT count(*) FROM tasks WHERE settled_at IS NULL").fetchone()[0]  # type: ignore[index]
+        unsettled_left = conn.execute(
+            "SELECT count(*) FROM tasks WHERE settled_at IS NULL").fetchone()[0]  # type: ignore[index]
     assert extractors == [("success",)] and handoffs == 1
     assert decisions == [("report",)] and told == 1
     assert unsettled_left == 0
@@ -232,6 +234,7 @@ async def test_a_worker_whose_cli_cannot_be_started_escalates_instead_of_being_r
     with psycopg.connect(db.admin_dsn) as conn:
         decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' "
                                  "AND task_id = %s", [worker]).fetchall()
-        retries = conn.execute("SELECT count(*) FROM tasks WHERE retry_of = %s", [worker]).fetchone()[0]  # type: ignore[index]
+        retries = conn.execute("SELECT count(*) FROM tasks WHERE retry_of = %s",
+                               [worker]).fetchone()[0]  # type: ignore[index]
     assert row["status"] == "failed" and row["status_reason"].startswith("could not start")
     assert decisions == [("escalate",)] and retries == 0

@@ -25,3 +25,10 @@ UPDATE tasks SET settled_at = now() WHERE id = %(id)s AND settled_at IS NULL
 -- A run's last `result` line as journaled (an extractor's structured output is in it).
 SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.result' ORDER BY seq DESC LIMIT 1
 
+
+-- name: insert_turn_rerun --
+-- An orchestrator turn cut off by the executor's own shutdown runs again with the same messages (its brief),
+-- resuming the thread's conversation; the thread's next messages wait behind it (a turn is open).
+INSERT INTO tasks (id, session_id, role, brief, status, attempt, retry_of)
+SELECT %(new_id)s, session_id, role, brief, 'pending', attempt + 1, id FROM tasks WHERE id = %(id)s
+RETURNING session_id, brief

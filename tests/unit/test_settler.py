@@ -36,6 +36,13 @@ def test_an_end_is_routed_by_what_it_is_and_what_it_left(end: Ended, step: Step)
     assert route(end, extract=True) is step
 
 
+def test_a_turn_cut_off_by_the_executors_shutdown_runs_again_and_other_turn_ends_only_tell_the_thread() -> None:
+    turn = {"role": "orchestrator", "extract_on_exit": False, "thread_turn": True, "exited": None}
+    assert route(ended(**turn, status="crashed", status_reason="executor_shutdown"), extract=True) is Step.RERUN_TURN
+    assert route(ended(**turn, status="crashed", status_reason="executor_restart"), extract=True) is Step.TELL_THREAD
+    assert route(ended(**turn, status="cancelled", status_reason="stop_requested"), extract=True) is Step.TELL_THREAD
+
+
 def test_without_extraction_only_a_turns_end_is_acted_on() -> None:
     assert route(ended(thread_id=THREAD), extract=False) is Step.NOTHING
     assert route(ended(thread_id=THREAD, exited={"lines": 0}), extract=False) is Step.NOTHING
