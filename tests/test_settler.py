@@ -5,6 +5,7 @@ started (real PostgreSQL; the real CLI and executor process where a run is invol
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import time
 import uuid
@@ -21,6 +22,7 @@ from structlog.testing import capture_logs
 from executor import policy
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from executor.settler import Settler, SettlerConfig
+from shared import migrate
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB
 from tests.resilience import settled
@@ -29,6 +31,7 @@ from tests.web import ingress_server
 
 T = TypeVar("T")
 
+SETTLEMENT_MIGRATION = 13  # migrations/0013_settlement.sql
 HANDOFF = {"goal": "count the files", "current_state": "three files counted", "next_step": "none",
            "ruled_out": [], "status": "success", "artifacts": []}
 
@@ -238,3 +241,24 @@ async def test_a_worker_whose_cli_cannot_be_started_escalates_instead_of_being_r
                                [worker]).fetchone()[0]  # type: ignore[index]
     assert row["status"] == "failed" and row["status_reason"].startswith("could not start")
     assert decisions == [("escalate",)] and retries == 0
+
+
+def test_the_migration_marks_ends_from_before_it_settled_so_none_is_acted_on_twice(
+    empty_db: DB, tmp_path: Path
+) -> None:
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    for m in migrate.discover():
+        if m.version < SETTLEMENT_MIGRATION:
+            shutil.copy(m.path, before / m.path.name)
+    migrate.migrate(empty_db.admin_dsn, before)
+    with psycopg.connect(empty_db.admin_dsn, autocommit=True) as conn:
+        ended = conn.execute("INSERT INTO tasks (role, status, ended_at) VALUES ('worker', 'success', now()) "
+                             "RETURNING id").fetchone()[0]  # type: ignore[index]
+        running = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'running') "
+                               "RETURNING id").fetchone()[0]  # type: ignore[index]
+    shutil.copytree(migrate.migrations_dir(), after)
+    migrate.migrate(empty_db.admin_dsn, after)
+    with psycopg.connect(empty_db.admin_dsn) as conn:
+        settled_at = dict(conn.execute("SELECT id, settled_at IS NOT NULL FROM tasks").fetchall())
+    assert settled_at == {ended: True, running: False}  # the running one ends later and is settled then
