@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor import dispatch, policy, substrate
-from executor.journal_writer import JournalWriter
+from executor import dispatch, policy
 from executor.sql import queries
-from shared import contract, logs
+from shared import contract, journal, logs
 from shared.models import NewEvent
 
 log = logs.get(__name__)
@@ -31,14 +32,14 @@ MAX_MESSAGES = 6
 MAX_MESSAGE_CHARS = 4_000
 
 
-async def _one(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+async def _one(conn: psycopg.AsyncConnection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries[name], params)
         return await cur.fetchone() if cur.description else None
 
 
-async def _all(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+async def _all(conn: psycopg.AsyncConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries[name], params)
         return await cur.fetchall()
 
@@ -72,16 +73,37 @@ def prompt(brief: str, result: str, messages: list[str], fields: list[contract.C
 
 
 async def request(pool: AsyncConnectionPool, worker_id: uuid.UUID, *, requested_by: str = "executor") -> uuid.UUID:
-    """Queue an extractor run for a finished task; returns the extractor's task id."""
-    worker = await _one(pool, "extraction_source", {"id": worker_id})
+    """Queue an extractor run for a finished task; returns the extractor's task id.
+
+    Raises:
+        DispatchRefused: there is no such task.
+    """
+    async with pool.connection() as conn, conn.transaction():
+        extractor_id, events = await request_on(conn, worker_id, requested_by=requested_by)
+        await journal.append_on(conn, events)
+    return extractor_id
+
+
+async def request_on(conn: psycopg.AsyncConnection, worker_id: uuid.UUID, *,
+                     requested_by: str = "executor") -> tuple[uuid.UUID, list[NewEvent]]:
+    """Insert an extractor task for a finished task inside the caller's transaction (the supervisor claims
+    it once that commits); returns its id and the event to journal with it."""
+    worker = await _one(conn, "extraction_source", {"id": worker_id})
     if worker is None:
         raise dispatch.DispatchRefused(f"no task {worker_id}")
-    version, fields = await contract.active(pool)
+    version, fields = await contract.active_on(conn)
     schema = {**contract.schema_for(fields), "$comment": f"petal-dispatch contract version {version}"}
-    result, messages = _texts(await _all(pool, "worker_texts", {"id": worker_id, "limit": 40}))
-    return await dispatch.request_task(
-        pool, role="extractor", brief=prompt(worker["brief"], result, messages, fields), project_id=worker["project_id"],
-        parent_task_id=worker_id, plan_ref=worker["plan_ref"], json_schema=schema, requested_by=requested_by)
+    result, messages = _texts(await _all(conn, "worker_texts", {"id": worker_id, "limit": 40}))
+    brief = prompt(worker["brief"], result, messages, fields)
+    extractor_id = uuid.uuid4()
+    await conn.execute(queries["insert_task"], {
+        "id": extractor_id, "project_id": worker["project_id"], "session_id": None, "parent_task_id": worker_id,
+        "role": "extractor", "brief": brief, "plan_ref": worker["plan_ref"], "workdir": None,
+        "allowed_tools": None, "json_schema": Jsonb(schema)})
+    return extractor_id, [NewEvent("task.dispatch_requested", {
+        "role": "extractor", "brief": brief[:2000], "plan_ref": worker["plan_ref"], "workdir": None,
+        "requested_by": requested_by, "parent_task_id": str(worker_id)},
+        task_id=extractor_id, project_id=worker["project_id"])]
 
 
 def _complaints(rows: list[dict[str, Any]]) -> list[str]:
@@ -95,66 +117,67 @@ def _complaints(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-Report = Callable[[uuid.UUID, str, dict[str, Any]], Awaitable[None]]
+def verdict(schema: dict[str, Any], structured: Any, ended: str, complaints: list[str]) -> list[str]:
+    """Why the extractor's output fails the gate (empty when it passes). `ended` says how its run ended,
+    `complaints` what the CLI told it about its StructuredOutput calls (pure; no I/O)."""
+    if structured is None:
+        return ([f"the extractor returned no structured output (its run ended {ended})"]
+                + [f"the CLI said: {c[:500]}" for c in complaints])
+    if not isinstance(structured, dict):
+        return [f"(root): the output is {type(structured).__name__}, not a JSON object"]
+    return contract.validate(schema, structured)
 
 
-async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict[str, Any],
-               outcome: substrate.Outcome, facts: substrate.TurnFacts, report: Report | None = None) -> bool:
-    """Validate an extractor's output; store the handoff or the failure. True when a handoff was stored."""
-    worker = await _one(pool, "extraction_source", {"id": extractor["parent_task_id"]})
+def handoff_of(structured: dict[str, Any], worker_status: str, denials: list[Any],
+               workdir: str | None = None) -> dict[str, Any]:
+    """The stored handoff: the model's fields, with the status (and gate evidence) from the exit's record."""
+    handoff = dict(structured)
+    claimed = handoff.get("status")
+    handoff["status"] = worker_status  # the exit-derived status, never the model's claim
+    if claimed is not None and claimed != worker_status:
+        handoff["claimed_status"] = claimed
+    if worker_status == "gated":  # the gate evidence comes from the exit's record, not the model
+        handoff["gate_decisions"] = policy.gate_decisions([d for d in denials if isinstance(d, dict)], workdir)
+    return handoff
+
+
+@dataclass(frozen=True)
+class Gated:
+    """What the gate concluded about a worker's run: the record it stored and the events to journal."""
+
+    worker_id: uuid.UUID
+    record_type: str  # handoff or handoff.extraction_failed
+    payload: dict[str, Any]
+    events: list[NewEvent]
+
+
+async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> Gated | None:
+    """Validate an ended extractor's output inside the caller's transaction; mark its worker
+    extraction_failed when it fails. `extractor` is its task row (id, status, status_reason,
+    parent_task_id, json_schema). None when the worker is gone."""
+    worker = await _one(conn, "extraction_source", {"id": extractor["parent_task_id"]})
     if worker is None:
         log.error("extraction_without_worker", extractor=str(extractor["id"]))
-        return False
+        return None
     schema = extractor["json_schema"]
-    structured = (facts.result or {}).get("structured_output")
-    if structured is None:
-        errors = [f"the extractor returned no structured output (its run ended {outcome.status}: {outcome.reason})"]
-        errors += [f"the CLI said: {c[:500]}" for c in _complaints(await _all(pool, "schema_complaints",
-                                                                              {"id": extractor["id"]}))]
-    elif not isinstance(structured, dict):
-        errors = [f"(root): the output is {type(structured).__name__}, not a JSON object"]
-    else:
-        errors = contract.validate(schema, structured)
-    seqs = await _one(pool, "raw_seq_range", {"id": worker["id"]})
+    result = await _one(conn, "task_result", {"id": extractor["id"]})
+    structured = ((result or {}).get("payload") or {}).get("structured_output")
+    complaints = [] if structured is not None else _complaints(
+        await _all(conn, "schema_complaints", {"id": extractor["id"]}))
+    errors = verdict(schema, structured, f"{extractor['status']}: {extractor['status_reason']}", complaints)
+    seqs = await _one(conn, "raw_seq_range", {"id": worker["id"]})
     first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
     common = {"worker_task_id": str(worker["id"]), "extractor_task_id": str(extractor["id"]),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}
     ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"]}
     if errors:
-        async with pool.connection() as conn:
-            await conn.execute(queries["mark_extraction_failed"], {"id": worker["id"], "reason": errors[0][:200]})
-        await writer.write([NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived",
-                                     **ids)])
+        await conn.execute(queries["mark_extraction_failed"], {"id": worker["id"], "reason": errors[0][:200]})
         log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])
-        if report is not None:
-            await report(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors})
-        return False
-    handoff = dict(structured)
-    claimed = handoff.get("status")
-    handoff["status"] = worker["status"]  # the exit-derived status, never the model's claim
-    if claimed is not None and claimed != worker["status"]:
-        handoff["claimed_status"] = claimed
-    if worker["status"] == "gated":  # the gate evidence comes from the exit's record, not the model
-        denials = await _one(pool, "exit_denials", {"id": worker["id"]})
-        handoff["gate_decisions"] = policy.gate_decisions((denials or {}).get("denials") or [],
-                                                          (denials or {}).get("workdir"))
-    await writer.write([NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])
-    if report is not None:
-        await report(worker["id"], "handoff", handoff)
-    return True
-
-
-def exit_hook(pool: AsyncConnectionPool, writer: JournalWriter, report: Report | None = None) -> Any:
-    """The supervisor's exit hook: extract finished runs whose role says so; gate finished extractors."""
-
-    async def on_exit(row: dict[str, Any], outcome: substrate.Outcome, facts: substrate.TurnFacts) -> None:
-        if row.get("json_schema") is not None and row.get("parent_task_id") is not None:
-            await gate(pool, writer, row, outcome, facts, report)
-            return
-        source = await _one(pool, "extraction_source", {"id": row["id"]})
-        if source and source["extract_on_exit"] and (facts.result_text.strip() or facts.lines):
-            await request(pool, row["id"])
-        elif report is not None:  # nothing to extract: the end itself is what there is to act on
-            await report(row["id"], "task.exited", {"status": outcome.status, "reason": outcome.reason})
-
-    return on_exit
+        return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
+                     [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
+    assert isinstance(structured, dict)  # the verdict passed it
+    denials = await _one(conn, "exit_denials", {"id": worker["id"]}) if worker["status"] == "gated" else None
+    handoff = handoff_of(structured, worker["status"], (denials or {}).get("denials") or [],
+                         (denials or {}).get("workdir"))
+    return Gated(worker["id"], "handoff", handoff,
+                 [NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])

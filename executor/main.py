@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import extraction, harness_mcp, notify, threads
+from executor import harness_mcp, notify, threads
 from executor.journal_writer import JournalWriter
+from executor.settler import Settler, SettlerConfig
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
 from shared import dbserver, errors, logs
@@ -24,7 +25,9 @@ log = logs.get(__name__)
 
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
-            "notify_queue"]
+            "notify_queue", "task_changed"]
+# At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
+FINAL_SETTLE_TIMEOUT_S = 10
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
 MCP_TIMEOUT_MARGIN_S = 120
 
@@ -82,10 +85,10 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         serving_mcp = asyncio.create_task(
             hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait), name="harness-mcp")  # type: ignore[arg-type]
         supervisor = Supervisor(db, writer, substrate, config)
-        conversations = threads.Threads(db.pool, writer, backoff_base_s)
-        if extract:
-            supervisor.exit_hooks.append(extraction.exit_hook(db.pool, writer, conversations.settlement.settle))
-        supervisor.exit_hooks.append(conversations.on_exit)
+        conversations = threads.Threads(db.pool, writer)
+        # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
+        settler = Settler(db.pool, SettlerConfig(extract=extract, backoff_base_s=backoff_base_s), conversations.wake)
+        settling = asyncio.create_task(settler.run(listener.subscribe(["task_changed"])), name="settler")
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
         delivering = asyncio.create_task(
             conversations.run(listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])), name="threads")
@@ -95,15 +98,24 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
                                         name="notifier")
         stopping = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait({supervising, listening, stopping, serving_mcp}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({supervising, listening, stopping, serving_mcp, settling},
+                               return_when=asyncio.FIRST_COMPLETED)
             supervisor.stop()
             await supervising  # re-raises a supervisor crash (e.g. another executor holds the lock)
             if serving_mcp.done():
                 serving_mcp.result()  # e.g. the MCP port is taken
+            if settling.done():
+                settling.result()
+            settling.cancel()
+            await asyncio.gather(settling, return_exceptions=True)
+            # the ends the stop itself caused; whatever is left is settled by the next start
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(settler.settle_pending(), FINAL_SETTLE_TIMEOUT_S)
         finally:
+            settling.cancel()
             delivering.cancel()
             notifying.cancel()
-            await asyncio.gather(delivering, notifying, return_exceptions=True)
+            await asyncio.gather(settling, delivering, notifying, return_exceptions=True)
             mcp_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving_mcp, 10)

@@ -57,10 +57,14 @@ class Decision:
     why: str = ""
 
 
-def decide(status: str, attempt: int, backoff_base_s: float) -> Decision:
-    """The action for a worker's end. `attempt` is the ended run's number (1 = first run)."""
+def decide(status: str, attempt: int, backoff_base_s: float, *, started: bool = True) -> Decision:
+    """The action for a worker's end. `attempt` is the ended run's number (1 = first run); `started` is
+    False when its process never ran (missing working directory, CLI missing, spawn error)."""
     if status == "success":
         return Decision(status, REPORT, attempt, why="a clean end")
+    if not started and status != "cancelled":
+        # the cause is the environment, not the run: a retry would meet it again, so the user decides
+        return Decision(status, ESCALATE, attempt, why=f"{status}: the worker never started")
     rule = POLICY.get(status, Rule(ESCALATE))
     retries_used = attempt - 1
     if rule.action in RETRIES:

@@ -1,5 +1,8 @@
 """What becomes of a thread's finished worker: the policy's decision, carried out and journaled.
 
+`apply_policy` runs inside the settler's transaction (executor/settler.py): its rows, its events and
+the task's settled marker commit together, so an end is acted on exactly once, also across a crash.
+
 A clean end is reported to the orchestrator that dispatched the worker (a harness message: its next
 turn). A non-clean end follows executor/policy.py: a retry is a new task linked to the attempt it
 repeats (a back-off retry waits for its `not_before`); an escalation is a question the harness itself
@@ -53,85 +56,87 @@ def escalation_question(worker: dict[str, Any], decision: policy.Decision, summa
     }
 
 
+async def apply_policy(conn: Any, worker_id: uuid.UUID, record_type: str, payload: dict[str, Any], *,
+                       backoff_base_s: float, started: bool = True) -> list[NewEvent]:
+    """Act on a thread's worker's end inside the caller's transaction; returns the events to journal with it.
+
+    `record_type` is what the end left: handoff, handoff.extraction_failed or task.exited. A worker
+    outside a thread's loop gets nothing: its end stays visible and nobody acts on it.
+    """
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["settled_worker"], {"id": worker_id})
+        worker = await cur.fetchone()
+    if worker is None or worker["thread_id"] is None:
+        return []
+    summary = _summary(payload)
+    if not worker["follows_policy"]:
+        decision = policy.Decision(worker["status"], policy.REPORT, worker["attempt"], why="role has no policy")
+    else:
+        decision = policy.decide(worker["status"], worker["attempt"], backoff_base_s, started=started)
+    facts = {"status": decision.status, "action": decision.action, "attempt": decision.attempt,
+             "budget": decision.budget, "why": decision.why, "record": record_type}
+    ids = {"task_id": worker_id, "session_id": worker["thread_id"], "project_id": worker["project_id"]}
+    events: list[NewEvent] = []
+    if decision.action in policy.RETRIES:
+        brief = worker["brief"]
+        if decision.action == policy.RETRY_MODIFIED:
+            brief = (f"{brief}\n\n## The previous attempt\nIt ended {worker['status']} "
+                     f"({worker['status_reason']}). What came back from it:\n{summary}\n"
+                     "Take this into account and do not repeat what failed.")
+        new_id = await _retry(conn, worker, brief, decision.delay_s)
+        facts.update(retry_task_id=str(new_id), delay_s=decision.delay_s)
+        events = [NewEvent("task.dispatch_requested", {
+            "role": "worker", "brief": brief[:2000], "plan_ref": worker["plan_ref"],
+            "requested_by": "policy", "retry_of": str(worker_id), "attempt": worker["attempt"] + 1,
+            "delay_s": decision.delay_s}, task_id=new_id, project_id=worker["project_id"])]
+    elif decision.action == policy.ESCALATE:
+        question = escalation_question(worker, decision, summary)
+        qid = await _ask(conn, worker, question)
+        facts["question_id"] = str(qid)
+        events = [NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": f"escalation-{qid}",
+                                              "questions": [question], "asked_by": "harness"}, **ids)]
+    else:
+        text = _report_text(worker_id, record_type, worker["status"], decision, summary)
+        await conn.execute(queries["enqueue_harness_message"], {"thread_id": worker["thread_id"], "text": text})
+    log.info("policy_decision", worker=str(worker_id), **{k: v for k, v in facts.items() if k != "why"})
+    return [NewEvent("policy.decision", facts, tier="derived", **ids), *events]
+
+
+def _report_text(worker_id: uuid.UUID, record_type: str, status: str, decision: policy.Decision,
+                 summary: str) -> str:
+    what = {"handoff": "Its handoff", "handoff.extraction_failed": "Its handoff failed extraction"}.get(
+        record_type, "It left no output to extract")
+    if decision.action == policy.REPORT:
+        return f"[harness] Worker {worker_id} finished. {what}:\n{summary}"
+    return (f"[harness] Worker {worker_id} ended {status}; the harness skipped it ({decision.why}). "
+            f"{what}:\n{summary}")
+
+
+async def _retry(conn: Any, worker: dict[str, Any], brief: str, delay_s: float) -> uuid.UUID:
+    new_id = uuid.uuid4()
+    await conn.execute(queries["insert_retry"], {"new_id": new_id, "id": worker["id"], "brief": brief,
+                                                 "delay_s": delay_s})
+    return new_id
+
+
+async def _ask(conn: Any, worker: dict[str, Any], question: dict[str, Any]) -> uuid.UUID:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["insert_harness_question"], {
+            "tool_use_id": f"escalation-{uuid.uuid4()}", "session_id": worker["thread_id"],
+            "task_id": worker["id"], "questions": Jsonb([question])})
+        row = await cur.fetchone()
+        assert row is not None
+        await cur.execute(queries["insert_escalation"], {"task_id": worker["id"], "thread_id": worker["thread_id"],
+                                                         "question_id": row["id"]})
+    return row["id"]
+
+
 class Settlement:
-    def __init__(self, pool: AsyncConnectionPool, backoff_base_s: float, wake: Callable[[], None]):
+    """Escalations the user answered, carried out once (the threads loop runs this)."""
+
+    def __init__(self, pool: AsyncConnectionPool, wake: Callable[[], None]):
         self.pool = pool
-        self.backoff_base_s = backoff_base_s
         self.wake = wake  # the threads loop: a harness message waits for it
-
-    async def _row(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries[name], params)
-            return await cur.fetchone()
-
-    # ---- a worker ended ----------------------------------------------------------------------------
-
-    async def settle(self, worker_id: uuid.UUID, record_type: str, payload: dict[str, Any]) -> None:
-        """Act on a worker's end (`record_type`: handoff, handoff.extraction_failed or task.exited)."""
-        worker = await self._row("settled_worker", {"id": worker_id})
-        if worker is None or worker["thread_id"] is None:
-            return  # not part of a thread's loop: its end stays visible, nobody acts on it
-        summary = _summary(payload)
-        if not worker["follows_policy"]:
-            decision = policy.Decision(worker["status"], policy.REPORT, worker["attempt"], why="role has no policy")
-        else:
-            decision = policy.decide(worker["status"], worker["attempt"], self.backoff_base_s)
-        facts = {"status": decision.status, "action": decision.action, "attempt": decision.attempt,
-                 "budget": decision.budget, "why": decision.why, "record": record_type}
-        ids = {"task_id": worker_id, "session_id": worker["thread_id"], "project_id": worker["project_id"]}
-        async with self.pool.connection() as conn, conn.transaction():
-            if decision.action in policy.RETRIES:
-                brief = worker["brief"]
-                if decision.action == policy.RETRY_MODIFIED:
-                    brief = (f"{brief}\n\n## The previous attempt\nIt ended {worker['status']} "
-                             f"({worker['status_reason']}). What came back from it:\n{summary}\n"
-                             "Take this into account and do not repeat what failed.")
-                new_id = await self._retry(conn, worker, brief, decision.delay_s)
-                facts.update(retry_task_id=str(new_id), delay_s=decision.delay_s)
-                events = [NewEvent("task.dispatch_requested", {
-                    "role": "worker", "brief": brief[:2000], "plan_ref": worker["plan_ref"],
-                    "requested_by": "policy", "retry_of": str(worker_id), "attempt": worker["attempt"] + 1,
-                    "delay_s": decision.delay_s}, task_id=new_id, project_id=worker["project_id"])]
-            elif decision.action == policy.ESCALATE:
-                question = escalation_question(worker, decision, summary)
-                qid = await self._ask(conn, worker, question)
-                facts["question_id"] = str(qid)
-                events = [NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": f"escalation-{qid}",
-                                                      "questions": [question], "asked_by": "harness"}, **ids)]
-            else:
-                text = self._report_text(worker_id, record_type, worker["status"], decision, summary)
-                await conn.execute(queries["enqueue_harness_message"], {"thread_id": worker["thread_id"], "text": text})
-                events = []
-            await journal.append_on(conn, [NewEvent("policy.decision", facts, tier="derived", **ids), *events])
-        log.info("policy_decision", worker=str(worker_id), **{k: v for k, v in facts.items() if k != "why"})
-        self.wake()
-
-    @staticmethod
-    def _report_text(worker_id: uuid.UUID, record_type: str, status: str, decision: policy.Decision,
-                     summary: str) -> str:
-        what = {"handoff": "Its handoff", "handoff.extraction_failed": "Its handoff failed extraction"}.get(
-            record_type, "It left no output to extract")
-        if decision.action == policy.REPORT:
-            return f"[harness] Worker {worker_id} finished. {what}:\n{summary}"
-        return (f"[harness] Worker {worker_id} ended {status}; the harness skipped it ({decision.why}). "
-                f"{what}:\n{summary}")
-
-    async def _retry(self, conn: Any, worker: dict[str, Any], brief: str, delay_s: float) -> uuid.UUID:
-        new_id = uuid.uuid4()
-        await conn.execute(queries["insert_retry"], {"new_id": new_id, "id": worker["id"], "brief": brief,
-                                                     "delay_s": delay_s})
-        return new_id
-
-    async def _ask(self, conn: Any, worker: dict[str, Any], question: dict[str, Any]) -> uuid.UUID:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries["insert_harness_question"], {
-                "tool_use_id": f"escalation-{uuid.uuid4()}", "session_id": worker["thread_id"],
-                "task_id": worker["id"], "questions": Jsonb([question])})
-            row = await cur.fetchone()
-            assert row is not None
-            await cur.execute(queries["insert_escalation"], {"task_id": worker["id"], "thread_id": worker["thread_id"],
-                                                             "question_id": row["id"]})
-        return row["id"]
 
     # ---- the user answered an escalation -----------------------------------------------------------
 
@@ -164,7 +169,7 @@ class Settlement:
                                  "answer": choice, "response": esc["response"]}
         events: list[NewEvent] = []
         if choice == policy.ESCALATION_RETRY:
-            new_id = await self._retry(conn, worker, worker["brief"], 0.0)
+            new_id = await _retry(conn, worker, worker["brief"], 0.0)
             decision = "retry"
             facts["retry_task_id"] = str(new_id)
             events.append(NewEvent("task.dispatch_requested", {

@@ -12,7 +12,6 @@ import secrets
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,11 +71,25 @@ class Running:
     mcp_config: Path | None = None
 
 
-ExitHook = Callable[[dict[str, Any], substrate.Outcome, substrate.TurnFacts], Awaitable[None]]
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+# Stops the harness sends for its own reasons are not the user's cancellation: the executor's shutdown
+# (a deploy) cut the run off like a crash, and the runtime cap is a failure; the policy retries both.
+HARNESS_STOPS = {"executor_shutdown": "crashed", "max_runtime": "failed"}
+USER_STOP = "stop_requested"
+
+
+def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None) -> substrate.Outcome:
+    """A run's status from its exit and why the harness stopped it, if it did (pure)."""
+    if stop_reason is None or stop_reason not in HARNESS_STOPS:
+        outcome = substrate.derive_status(returncode, facts, stop_requested=stop_reason is not None)
+        return substrate.Outcome(outcome.status, stop_reason or outcome.reason)
+    outcome = substrate.derive_status(returncode, facts)
+    if outcome.status == "success":
+        return outcome  # it finished before the stop took effect
+    return substrate.Outcome(HARNESS_STOPS[stop_reason], stop_reason)
 
 
 class Supervisor:
@@ -92,7 +105,6 @@ class Supervisor:
         self.substrate = substrate_config
         self.config = config
         self.running: dict[uuid.UUID, Running] = {}
-        self.exit_hooks: list[ExitHook] = []
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._children: set[asyncio.Task[None]] = set()
@@ -189,19 +201,9 @@ class Supervisor:
         events.append(NewEvent("executor.started", {"reconciled": summary}))
         await self.writer.write(events)
         log.info("executor_reconciled", **summary)
-        # A task that died with the old executor ended like any other: whoever acts on ends (the policy,
-        # the threads) hears of it, or a thread's worker would be crashed with nobody the wiser.
-        for row in orphans:
-            await self._run_exit_hooks(row, substrate.Outcome("crashed", "executor_restart"), substrate.TurnFacts())
+        # A task that died with the old executor ended like any other: its final status is all that is
+        # written here; the settler (executor/settler.py) acts on the end (the policy, the thread).
         return summary
-
-    async def _run_exit_hooks(self, row: dict[str, Any], outcome: substrate.Outcome,
-                              facts: substrate.TurnFacts) -> None:
-        for hook in self.exit_hooks:
-            try:
-                await hook(row, outcome, facts)
-            except Exception:
-                log.exception("exit_hook_failed", task_id=str(row["id"]))
 
     # ---- claiming ------------------------------------------------------------------------------------
 
@@ -229,7 +231,7 @@ class Supervisor:
                                            task_id=task_id))
             r = self.running.get(task_id)
             if r is not None:
-                await self._request_stop(r, "stop_requested")
+                await self._request_stop(r, USER_STOP)
             elif cancelled_pending:
                 await self.writer.put(NewEvent("task.exited", {"status": "cancelled", "reason": "stop_requested",
                                                                "spawned": False}, task_id=task_id))
@@ -411,8 +413,8 @@ class Supervisor:
             swept = await asyncio.to_thread(
                 lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
             )
-        outcome = substrate.derive_status(rc, r.facts, stop_requested=r.stop_reason is not None)
-        reason = r.stop_reason or outcome.reason
+        outcome = end_outcome(rc, r.facts, r.stop_reason)
+        reason = outcome.reason
         payload = {
             "status": outcome.status,
             "reason": reason,
@@ -441,8 +443,8 @@ class Supervisor:
             "substrate_session_id": r.facts.substrate_session_id})
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
+        # the settler acts on the end from here (woken by the status change), reading the store, not r.facts
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
-        await self._run_exit_hooks(row, substrate.Outcome(outcome.status, reason), r.facts)
 
     # ---- stopping ------------------------------------------------------------------------------------
 

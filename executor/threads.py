@@ -18,7 +18,6 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from executor import substrate
 from executor.journal_writer import JournalWriter
 from executor.settlement import Settlement
 from executor.sql import queries
@@ -35,12 +34,12 @@ REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
 
 
 class Threads:
-    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter, backoff_base_s: float = 30.0):
+    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
         self.pool = pool
         self.writer = writer
         self._wake = asyncio.Event()
-        # what becomes of the workers a thread dispatched (the policy); its harness messages wake us
-        self.settlement = Settlement(pool, backoff_base_s, self.wake)
+        # escalations the user answered; the settler (executor/settler.py) acts on ends and wakes us
+        self.settlement = Settlement(pool, self.wake)
 
     async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -125,7 +124,7 @@ class Threads:
             await self._reply_in_chat(thread_id, blocked[0]["id"])
             return None
         if thread["turn_open"]:
-            return None  # delivered at the boundary: the exit hook wakes us
+            return None  # delivered at the boundary: the settler wakes us when the turn ends
         await self._start_turn(thread_id)
         return None
 
@@ -164,10 +163,3 @@ class Threads:
                                    session_id=thread_id, task_id=turn_id))
             await journal.append_on(conn, events)
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))
-
-    # ---- hooks ---------------------------------------------------------------------------------------
-
-    async def on_exit(self, row: dict[str, Any], outcome: substrate.Outcome, facts: substrate.TurnFacts) -> None:
-        """A turn ended: deliver what waited for the boundary."""
-        if row.get("session_id") is not None:
-            self.wake()

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import jsonschema
+import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -30,10 +31,15 @@ class ContractError(errors.PetalError):
 async def active(pool: AsyncConnectionPool) -> tuple[int, list[ContractField]]:
     """(version, active fields). The version is the newest row's id: any change makes a new one."""
     async with pool.connection() as conn:
-        version = (await (await conn.execute(queries["contract_version"])).fetchone())[0]  # type: ignore[index]
-        async with conn.cursor(row_factory=class_row(ContractField)) as cur:
-            await cur.execute(queries["active_contract"])
-            return int(version), await cur.fetchall()
+        return await active_on(conn)
+
+
+async def active_on(conn: psycopg.AsyncConnection) -> tuple[int, list[ContractField]]:
+    """`active`, read on the caller's connection (inside its transaction)."""
+    version = (await (await conn.execute(queries["contract_version"])).fetchone())[0]  # type: ignore[index]
+    async with conn.cursor(row_factory=class_row(ContractField)) as cur:
+        await cur.execute(queries["active_contract"])
+        return int(version), await cur.fetchall()
 
 
 def schema_for(fields: list[ContractField]) -> dict[str, Any]:

@@ -130,12 +130,13 @@ def head(admin_dsn: str) -> int:
 
 
 async def settled(admin_dsn: str, timeout: float = 120) -> None:
-    """Wait until no task is pending or running and no queue row waits (the work has drained)."""
+    """Wait until no task is pending, running or ended but unsettled (every end acted on), and no queue row
+    waits: the work has drained. Needs a settler (a whole executor), not the supervisor alone."""
     deadline = time.monotonic() + timeout
     while True:
         with psycopg.connect(admin_dsn) as conn:
             busy = conn.execute(
-                "SELECT (SELECT count(*) FROM tasks WHERE status IN ('pending', 'running'))"
+                "SELECT (SELECT count(*) FROM tasks WHERE status IN ('pending', 'running') OR settled_at IS NULL)"
                 " + (SELECT count(*) FROM chat_queue WHERE status IN ('pending', 'claimed'))"
                 " + (SELECT count(*) FROM stop_queue WHERE status IN ('pending', 'claimed'))").fetchone()[0]  # type: ignore[index]
         if busy == 0:

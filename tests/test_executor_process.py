@@ -101,7 +101,7 @@ async def test_a_second_executor_on_the_same_database_refuses_to_start(db: DB, t
                     pass
 
 
-async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_and_exits_zero(
+async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_as_crashed_and_exits_zero(
     db: DB, tmp_path: Path
 ) -> None:
     with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
@@ -115,7 +115,7 @@ async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_and
             row = await h.task(task_id)
             events = await h.events(task_id)
     assert rc == 0, (tmp_path / "executor.log").read_text()
-    assert row["status"] == "cancelled" and row["status_reason"] == "executor_shutdown"
+    assert row["status"] == "crashed" and row["status_reason"] == "executor_shutdown"  # not the user's cancel
     assert events[-1].event_type == "task.exited"
     assert _task_processes(task_id) == []
 

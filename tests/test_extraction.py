@@ -14,10 +14,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from executor import extraction, substrate
-from executor.journal_writer import JournalWriter
+from executor import extraction
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
-from shared import contract, read_surface
+from shared import contract, journal, read_surface
+from shared.models import NewEvent
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 
@@ -109,18 +109,20 @@ async def test_the_gate_validates_by_itself_whatever_the_cli_let_through(pool: A
         ex = conn.execute("INSERT INTO tasks (role, status, parent_task_id, json_schema) VALUES "
                           "('extractor', 'success', %s, %s) RETURNING id",
                           [worker, json.dumps(schema)]).fetchone()[0]  # type: ignore[index]
-    facts = substrate.TurnFacts(result={"type": "result", "is_error": False,
-                                        "structured_output": {**HANDOFF, "ruled_out": "not a list"}})
-    writer = JournalWriter(pool)
-    await writer.start()
-    stored = await extraction.gate(pool, writer, {"id": ex, "parent_task_id": worker, "json_schema": schema},
-                                   substrate.Outcome("success", "completed"), facts)
-    await writer.flush_and_stop()
+    # what the CLI let through, as the journal holds it: a result line whose structured output breaks the schema
+    await journal.append(pool, [NewEvent("stream.result", {
+        "type": "result", "is_error": False, "structured_output": {**HANDOFF, "ruled_out": "not a list"}},
+        task_id=ex)])
+    async with pool.connection() as conn, conn.transaction():
+        gated = await extraction.gate_on(conn, {"id": ex, "status": "success", "status_reason": "completed",
+                                                "parent_task_id": worker, "json_schema": schema})
+        assert gated is not None
+        await journal.append_on(conn, gated.events)
     with psycopg.connect(db.admin_dsn) as conn:
         status = conn.execute("SELECT status FROM tasks WHERE id = %s", [worker]).fetchone()[0]  # type: ignore[index]
         errors = conn.execute("SELECT payload->'errors' FROM journal WHERE event_type = 'handoff.extraction_failed'"
                               ).fetchone()[0]  # type: ignore[index]
-    assert stored is False and status == "extraction_failed"
+    assert gated.record_type == "handoff.extraction_failed" and status == "extraction_failed"
     assert errors == ["ruled_out: 'not a list' is not of type 'array'"]
 
 
@@ -154,8 +156,6 @@ async def test_rule_outs_are_found_by_meaning_of_words_not_by_a_model(pool: Asyn
         task = conn.execute("INSERT INTO tasks (role, project_id, status) VALUES ('worker', %s, 'success') "
                             "RETURNING id", [project]).fetchone()[0]  # type: ignore[index]
     from psycopg.types.json import Jsonb
-    from shared import journal
-    from shared.models import NewEvent
 
     await journal.append(pool, [NewEvent("handoff", {"ruled_out": [
         {"approach": "SQLite as the journal store", "reason": "no LISTEN/NOTIFY"},

@@ -77,20 +77,6 @@ def _dispatch(brief: str, **extra: Any) -> dict[str, Any]:
 
 # ---- the table ----------------------------------------------------------------------------------------
 
-def test_the_policy_table_retries_within_budget_then_escalates() -> None:
-    assert policy.decide("success", 1, 10).action == policy.REPORT
-    assert [policy.decide("crashed", n, 10).action for n in (1, 2)] == [policy.RETRY_SAME, policy.ESCALATE]
-    assert [policy.decide("failed", n, 10).action for n in (1, 2)] == [policy.RETRY_MODIFIED, policy.ESCALATE]
-    assert [policy.decide("partial", n, 10).action for n in (1, 2)] == [policy.RETRY_MODIFIED, policy.ESCALATE]
-    backoffs = [policy.decide("rate_limited", n, 10) for n in (1, 2, 3, 4)]
-    assert [d.action for d in backoffs] == [policy.BACK_OFF] * 3 + [policy.ESCALATE]
-    assert [d.delay_s for d in backoffs[:3]] == [10, 20, 40]  # the delay grows
-    assert policy.decide("cancelled", 1, 10).action == policy.SKIP
-    assert policy.decide("gated", 1, 10).action == policy.ESCALATE
-    assert policy.decide("extraction_failed", 1, 10).action == policy.ESCALATE
-    assert policy.decide("some_new_status", 1, 10).action == policy.ESCALATE  # unknown: the user decides
-
-
 def test_the_readme_documents_the_policy_table_as_the_code_declares_it() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("### Not-clean-return policy", 1)[1].split("\n## ", 1)[0]

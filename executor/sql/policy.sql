@@ -42,8 +42,10 @@ UPDATE escalations SET status = 'resolved', decision = %(decision)s, resolved_at
 WHERE id = %(id)s AND status = 'open'
 
 -- name: cancel_thread_pending_workers --
--- Stop the plan: the thread's workers not yet started never start.
-UPDATE tasks w SET status = 'cancelled', status_reason = 'the user stopped the plan', ended_at = now()
+-- Stop the plan: the thread's workers not yet started never start. Settled here: the escalation's own
+-- message tells the orchestrator, so no report per cancelled worker follows.
+UPDATE tasks w SET status = 'cancelled', status_reason = 'the user stopped the plan', ended_at = now(),
+                   settled_at = now()
 FROM tasks p
 WHERE p.id = w.parent_task_id AND p.session_id = %(thread_id)s AND w.status = 'pending'
 RETURNING w.id

@@ -112,8 +112,9 @@ WHERE q.status = 'pending'
 RETURNING q.id, q.task_id
 
 -- name: insert_imported_task --
-INSERT INTO tasks (id, project_id, session_id, role, brief, status, status_reason, started_at, ended_at)
-VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s, %(reason)s, now(), now())
+-- An imported transcript's end happened elsewhere: nothing is owed on it (settled on insert).
+INSERT INTO tasks (id, project_id, session_id, role, brief, status, status_reason, started_at, ended_at, settled_at)
+VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s, %(reason)s, now(), now(), now())
 
 -- name: insert_question --
 INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by)

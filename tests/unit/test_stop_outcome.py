@@ -1,0 +1,34 @@
+"""Why the harness stopped a run decides its status (executor/supervisor.py `end_outcome`, pure)."""
+
+from __future__ import annotations
+
+import json
+
+from executor import substrate
+from executor.supervisor import end_outcome
+
+OK = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "terminal_reason": "completed"}
+
+
+def _facts(*objs: dict) -> substrate.TurnFacts:  # type: ignore[type-arg]
+    facts = substrate.TurnFacts()
+    for obj in objs:
+        facts.feed(substrate.classify(json.dumps(obj).encode()))
+    return facts
+
+
+def test_only_the_users_stop_is_a_cancellation() -> None:
+    assert end_outcome(143, _facts(), "stop_requested") == substrate.Outcome("cancelled", "stop_requested")
+    assert end_outcome(143, _facts(), "executor_shutdown") == substrate.Outcome("crashed", "executor_shutdown")
+    assert end_outcome(-9, _facts(), "executor_shutdown") == substrate.Outcome("crashed", "executor_shutdown")
+    assert end_outcome(143, _facts(), "max_runtime") == substrate.Outcome("failed", "max_runtime")
+
+
+def test_a_run_that_finished_cleanly_before_the_harness_stop_took_effect_keeps_its_success() -> None:
+    assert end_outcome(0, _facts(OK), "executor_shutdown").status == "success"
+    assert end_outcome(0, _facts(OK), "stop_requested").status == "cancelled"  # as before: the user's word
+
+
+def test_without_a_stop_the_exit_decides() -> None:
+    assert end_outcome(0, _facts(OK), None) == substrate.Outcome("success", "completed")
+    assert end_outcome(-9, _facts(), None) == substrate.Outcome("crashed", "signal SIGKILL")
