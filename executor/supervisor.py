@@ -266,8 +266,9 @@ class Supervisor:
         # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
         # the first turn; any other task is a conversation of its own.
         session_id = row["session_id"] or uuid.uuid4()
-        prior = await self._rows("session_turns", {"id": session_id}) if row["session_id"] else []
-        resume = bool(prior and prior[0]["turns"] > 0)
+        # resumed only if the CLI stored it: a first turn that failed before that starts it again
+        resume = bool(row["session_id"]) and await asyncio.to_thread(
+            substrate.session_stored, self.substrate, str(session_id))
         mcp_path = self._write_mcp_config(task_id, session_id) if profile["use_mcp"] else None
         spec = substrate.SpawnSpec(
             role=row["role"],
@@ -292,6 +293,8 @@ class Supervisor:
                 cwd=workdir,
                 env=substrate.build_env(self.substrate, str(task_id)),
                 start_new_session=True,
+                # if the executor dies, its workers die with it (SIGTERM: the CLI then ends its Bash children)
+                preexec_fn=process.die_with_parent(),
             )
         except OSError as exc:
             await self._finish_unspawned(row, "failed", f"could not start {cmd[0]}: {exc}")
