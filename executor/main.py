@@ -15,7 +15,7 @@ from executor import extraction, harness_mcp, notify, threads
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
-from shared import dbserver, logs
+from shared import dbserver, logs, ports
 from shared.database import Database
 from shared.settings import Settings
 
@@ -112,6 +112,7 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
 
 
 def main(settings: Settings) -> int:
+    ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
     info = dbserver.resolve(settings)
     dbserver.require_current(info.executor_dsn)
 

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import signal
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import psutil
 
 READ_CHUNK = 1 << 14
-
-# prctl(2) option: the signal the kernel sends a process when the thread that started it dies
-PR_SET_PDEATHSIG = 1
-# Resolved once here: after fork, in the child, nothing may load libraries or take locks.
-_prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl if sys.platform == "linux" else None
 
 
 async def iter_line_chunks(stream: asyncio.StreamReader) -> AsyncIterator[list[bytes]]:
@@ -74,20 +66,3 @@ def kill_all(procs: list[psutil.Process]) -> list[int]:
             proc.send_signal(signal.SIGKILL)
             killed.append(proc.pid)
     return killed
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
-    """A `preexec_fn`: the child gets `sig` when this process dies (even by SIGKILL), so no worker runs
-    on unsupervised. SIGTERM by default, not SIGKILL: the CLI then ends its Bash-tool children (they run
-    in their own session, out of reach of a group signal) itself. The setting survives exec; the child's
-    own children do not inherit it. Call it in the process that spawns (it notes that process's pid)."""
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if _prctl is None:
-            return  # not Linux: the start-up sweep is the only safety net
-        _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died between fork and prctl
-            os.kill(os.getpid(), sig)
-
-    return preexec

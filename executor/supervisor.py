@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from executor import process, substrate
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
-from shared import aio, errors, logs
+from shared import aio, errors, lifeline, logs
 from shared.database import Database
 from shared.listener import Subscription
 from shared.models import NewEvent
@@ -293,8 +293,9 @@ class Supervisor:
                 cwd=workdir,
                 env=substrate.build_env(self.substrate, str(task_id)),
                 start_new_session=True,
-                # if the executor dies, its workers die with it (SIGTERM: the CLI then ends its Bash children)
-                preexec_fn=process.die_with_parent(),
+                # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
+                # Bash-tool children itself (they run in their own session, out of reach of a group signal)
+                preexec_fn=lifeline.die_with_parent(signal.SIGTERM),
             )
         except OSError as exc:
             await self._finish_unspawned(row, "failed", f"could not start {cmd[0]}: {exc}")
