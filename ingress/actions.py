@@ -34,10 +34,10 @@ async def _known_thread(request: Request, thread_id: uuid.UUID) -> None:
 
 async def post_chat(request: Request) -> Response:
     msg = await body(request, ChatIn)
-    params = {"thread_id": msg.thread_id or threads.DEFAULT_THREAD_ID, "text": msg.text,
-              "client_msg_id": msg.client_msg_id}
-    if params["thread_id"] != threads.DEFAULT_THREAD_ID:  # the default thread is made on its first message
-        await _known_thread(request, params["thread_id"])
+    thread_id = msg.thread_id or threads.DEFAULT_THREAD_ID
+    if thread_id != threads.DEFAULT_THREAD_ID:  # the default thread is made on its first message
+        await _known_thread(request, thread_id)
+    params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id}
     row = await _one(request, "enqueue_chat", params)
     if row is None:  # the same client_msg_id was queued before: this is a retry
         row = await _one(request, "chat_by_client_msg_id", params)

@@ -270,7 +270,8 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
         if demo:
             model, _ = _start_demo_model(settings, child_env, scenario or DEMO_SCENARIO)
             extra.append(model)
-        services = [Service(name, [*cmd, name], _service_env(child_env, info, name)) for name in ("executor", "ingress")]
+        services = [Service(name, [*cmd, name], _service_env(child_env, info, name))
+                    for name in ("executor", "ingress")]
         for s in services:
             s.start()
         host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host

@@ -42,7 +42,8 @@ async def _argv(h: Harness, task_id: Any) -> list[str]:
     return next(e.payload["argv"] for e in await h.events(task_id) if e.event_type == "task.spawned")
 
 
-async def test_whitespace_only_text_is_422_and_the_thread_still_answers_the_next_message(db: DB, tmp_path: Path) -> None:
+async def test_whitespace_only_text_is_422_and_the_thread_still_answers_the_next_message(db: DB,
+                                                                                       tmp_path: Path) -> None:
     scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "noted"}])])
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h, \

@@ -195,7 +195,8 @@ def _up_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_the_retry_is_told(tmp_path: Path) -> None:
+def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_the_retry_is_told(
+        tmp_path: Path) -> None:
     port, mcp_port = free_port(), free_port()
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps(INTERRUPTED_SCENARIO))
@@ -218,7 +219,8 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
         first = workers()[0]
         claude, bash = first["pid"], [p for p in _task_procs(first["id"]) if p != first["pid"]]
         assert _alive(claude) and bash, "the worker and its Bash child run"
-        executor = next(p for p in psutil.Process(proc.pid).children() if p.cmdline()[-2:] == ["shared.cli", "executor"])
+        executor = next(p for p in psutil.Process(proc.pid).children()
+                        if p.cmdline()[-2:] == ["shared.cli", "executor"])
         os.kill(executor.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         # the worker's claude and its Bash child go with the executor, before any new executor could sweep them
