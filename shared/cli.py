@@ -368,8 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
         return 2
     except psycopg.OperationalError as exc:
-        print(f"petal-dispatch: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
+        print(f"petal-dispatch: cannot reach the database: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a command set up its own stop: stopping is what was asked
+        return 130
 
 
 if __name__ == "__main__":
