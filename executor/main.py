@@ -113,6 +113,7 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
 
 def main(settings: Settings) -> int:
     ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
+    dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
     info = dbserver.resolve(settings)
     dbserver.require_current(info.executor_dsn)
 

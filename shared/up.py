@@ -185,7 +185,7 @@ DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "executor" / "demo" / "
 def _start_demo_model(settings: Settings, env: dict[str, str],
                       scenario: Path = DEMO_SCENARIO) -> tuple[subprocess.Popen[str], str]:
     model = subprocess.Popen([sys.executable, "-m", "executor.scripted_model", "--scenario", str(scenario)],
-                             stdout=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, text=True, preexec_fn=lifeline.die_with_parent(signal.SIGTERM))
     url = (model.stdout.readline() if model.stdout else "").strip()
     if not url.startswith("http://127.0.0.1:"):
         model.kill()
