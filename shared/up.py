@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared import dbserver, errors, lifeline, logs, ports
@@ -81,7 +81,7 @@ class Service:
     started: float = 0.0
     failures: int = 0
     restart_at: float | None = None
-    restarts: int = field(default=0)
+    restarts: int = 0
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=lifeline.die_with_parent(signal.SIGTERM))
