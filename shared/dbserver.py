@@ -13,9 +13,9 @@ import contextlib
 import os
 import tempfile
 import warnings
-from types import ModuleType
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
