@@ -1,14 +1,18 @@
 """A worker's brief as the harness sends it: the orchestrator's text, plus what the store already knows.
 
 The additions are bounded (a brief is a prompt, not a transcript): the plan task's earlier handoffs,
-newest first, and the approaches already ruled out in the scope.
+newest first, and the approaches already ruled out in the scope. A retry also carries what the attempt
+it repeats had already done (its tool calls, from the journal), so side effects are not silently repeated.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -17,6 +21,12 @@ from executor.sql import queries
 MAX_HANDOFFS = 3
 MAX_RULE_OUTS = 10
 SECTION_CHARS = 1_500
+MAX_TOOL_CALLS = 30
+CALL_CHARS = 160
+# statuses of an attempt cut short from outside, rather than one that ran to its own end
+INTERRUPTED = {"crashed", "cancelled", "rate_limited", "stalled"}
+# the input key that says most about a call, per common tool, before falling back to the whole input
+_CALL_KEYS = ("command", "file_path", "path", "pattern", "url", "query", "brief", "description")
 APPROVE, REJECT = "Approve", "Reject"
 
 
@@ -52,6 +62,36 @@ async def enrich(pool: AsyncConnectionPool, brief: str, *, scope: uuid.UUID, pro
         lines = [f"- {r['approach']} — {r['reason']}" for r in rule_outs]
         sections.append(f"## Already ruled out here (do not retry these)\n{_bounded(lines)}")
     return "\n\n".join([brief, *sections]) if sections else brief
+
+
+def _call_line(name: str, tool_input: Any, finished: bool) -> str:
+    shown: Any = tool_input
+    if isinstance(tool_input, dict):
+        shown = next((tool_input[k] for k in _CALL_KEYS if isinstance(tool_input.get(k), str)), tool_input)
+    text = shown if isinstance(shown, str) else json.dumps(shown, separators=(",", ":"), default=str)
+    text = " ".join(text.split())
+    if len(text) > CALL_CHARS:
+        text = text[:CALL_CHARS] + "…"
+    return f"- {name}: `{text}`" + ("" if finished else " (no result came back: it may or may not have finished)")
+
+
+async def earlier_attempt(conn: AsyncConnection[Any], attempt: Mapping[str, Any]) -> str:
+    """The section a retry's brief gets about the attempt it repeats (`attempt`: that task's row, with
+    id, attempt, status, status_reason): how it ended and the tool calls it had made, bounded. Read on the
+    settler's connection, inside its transaction."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["attempt_tool_calls"], {"task_id": attempt["id"], "limit": MAX_TOOL_CALLS})
+        calls = await cur.fetchall()
+    how = "was interrupted" if attempt["status"] in INTERRUPTED else "ended"
+    head = (f"## An earlier attempt {how}\nAttempt {attempt['attempt']} of this brief {how} "
+            f"({attempt['status']}: {attempt.get('status_reason') or 'no reason recorded'}) before it finished.")
+    if not calls:
+        return f"{head} It had made no tool calls."
+    lines = [_call_line(c["name"] or "?", c["input"], c["finished"]) for c in calls]
+    if calls[0]["total"] > len(calls):
+        lines.append(f"- … and {calls[0]['total'] - len(calls)} later calls")
+    return (f"{head} It had already made these tool calls (oldest first); their effects may already be in "
+            f"place, so check before doing any of them again:\n{_bounded(lines)}")
 
 
 def approval_question(brief: str) -> dict[str, Any]:

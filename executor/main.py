@@ -17,7 +17,7 @@ from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
-from shared import dbserver, errors, logs
+from shared import dbserver, errors, logs, ports
 from shared.database import Database
 from shared.settings import Settings
 
@@ -144,6 +144,8 @@ def check_bind(settings: Settings) -> None:
 
 def main(settings: Settings) -> int:
     check_bind(settings)
+    ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
+    dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
     info = dbserver.resolve(settings)
     dbserver.require_current(info.executor_dsn)
 

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor import policy
+from executor import briefs, policy
 from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
@@ -83,6 +83,7 @@ async def apply_policy(conn: Any, worker_id: uuid.UUID, record_type: str, payloa
             brief = (f"{brief}\n\n## The previous attempt\nIt ended {worker['status']} "
                      f"({worker['status_reason']}). What came back from it:\n{summary}\n"
                      "Take this into account and do not repeat what failed.")
+        brief = f"{brief}\n\n{await briefs.earlier_attempt(conn, worker)}"
         new_id = await _retry(conn, worker, brief, decision.delay_s)
         facts.update(retry_task_id=str(new_id), delay_s=decision.delay_s)
         events = [NewEvent("task.dispatch_requested", {

@@ -102,6 +102,25 @@ def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
     return env
 
 
+def config_home(config: SubstrateConfig) -> Path:
+    """The CLI's config directory: CLAUDE_CONFIG_DIR, else ~/.claude of the HOME it runs with."""
+    if config.config_dir is not None:
+        return Path(config.config_dir)
+    if config.base_env.get("CLAUDE_CONFIG_DIR"):
+        return Path(config.base_env["CLAUDE_CONFIG_DIR"])
+    return Path(config.base_env.get("HOME") or Path.home()) / ".claude"
+
+
+def session_stored(config: SubstrateConfig, session_uuid: str) -> bool:
+    """Whether the CLI keeps a transcript of this conversation, i.e. whether `--resume` can find it.
+
+    The CLI stores it as projects/<cwd slug>/<id>.jsonl once it has taken the first prompt; a run refused
+    before that (a whitespace-only prompt) or killed right after its init line stored nothing, and
+    `--resume` of it fails with "No conversation found" while `--session-id` starts it afresh.
+    """
+    return any((config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl"))
+
+
 def mcp_config(url: str, credential: str, timeout_ms: int | None) -> dict[str, Any]:
     """A per-spawn MCP config naming the harness server. Without "type": "http" the CLI skips it.
 

@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from executor import process, substrate
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
-from shared import aio, errors, logs
+from shared import aio, errors, lifeline, logs
 from shared.database import Database
 from shared.listener import Subscription
 from shared.models import NewEvent
@@ -300,8 +300,9 @@ class Supervisor:
         # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
         # the first turn; any other task is a conversation of its own.
         session_id = row["session_id"] or uuid.uuid4()
-        prior = await self._rows("session_turns", {"id": session_id}) if row["session_id"] else []
-        resume = bool(prior and prior[0]["turns"] > 0)
+        # resumed only if the CLI stored it: a first turn that failed before that starts it again
+        resume = bool(row["session_id"]) and await asyncio.to_thread(
+            substrate.session_stored, self.substrate, str(session_id))
         mcp_path = await self._write_mcp_config(task_id, session_id) if profile["use_mcp"] else None
         spec = substrate.SpawnSpec(
             role=row["role"],
@@ -326,6 +327,9 @@ class Supervisor:
                 cwd=workdir,
                 env=substrate.build_env(self.substrate, str(task_id)),
                 start_new_session=True,
+                # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
+                # Bash-tool children itself (they run in their own session, out of reach of a group signal)
+                preexec_fn=lifeline.die_with_parent(signal.SIGTERM),
             )
         except OSError as exc:
             if mcp_path is not None:

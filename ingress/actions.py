@@ -26,10 +26,18 @@ async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str,
         return await cur.fetchone()
 
 
+async def _known_thread(request: Request, thread_id: uuid.UUID) -> None:
+    known = await _one(request, "thread_known", {"id": thread_id})
+    if not known or not next(iter(known.values())):
+        raise Problem(404, f"no thread {thread_id}")
+
+
 async def post_chat(request: Request) -> Response:
     msg = await body(request, ChatIn)
-    params = {"thread_id": msg.thread_id or threads.DEFAULT_THREAD_ID, "text": msg.text,
-              "client_msg_id": msg.client_msg_id}
+    thread_id = msg.thread_id or threads.DEFAULT_THREAD_ID
+    if thread_id != threads.DEFAULT_THREAD_ID:  # the default thread is made on its first message
+        await _known_thread(request, thread_id)
+    params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id}
     row = await _one(request, "enqueue_chat", params)
     if row is None:  # the same client_msg_id was queued before: this is a retry
         row = await _one(request, "chat_by_client_msg_id", params)
@@ -64,9 +72,7 @@ async def create_thread(request: Request) -> Response:
 async def patch_thread(request: Request) -> Response:
     thread_id = path_uuid(request, "thread_id")
     patch = await body(request, ThreadPatch)
-    known = await _one(request, "thread_known", {"id": thread_id})
-    if not known or not next(iter(known.values())):
-        raise Problem(404, f"no thread {thread_id}")
+    await _known_thread(request, thread_id)
     queued = []
     for action, args in (("rename", {"title": patch.title} if patch.title is not None else None),
                          ("set_mode", {"mode": patch.mode} if patch.mode is not None else None),

@@ -204,7 +204,7 @@ def parse_login(body: bytes, content_type: str) -> str:
     if content_type.startswith("application/json"):
         try:
             data: Any = json.loads(body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             return ""
         return str(data.get("token", "")) if isinstance(data, dict) else ""
     from urllib.parse import parse_qs

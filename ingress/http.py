@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any, TypeVar
 
@@ -14,6 +15,25 @@ from ingress.auth import BodyTooLarge
 from ingress.problems import Problem
 
 M = TypeVar("M", bound=BaseModel)
+
+# No request body needs more nesting than this; a deeper one is refused before parsing (json's parser
+# recurses, and 100,000 levels would exhaust the stack).
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text nests arrays/objects deeper than `limit` (strings skipped; no recursion)."""
+    depth = 0
+    for m in _BRACKET.finditer(_JSON_STRING.sub(b"", raw)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
 
 
 def dumps(value: Any) -> bytes:
@@ -42,6 +62,8 @@ async def body(request: Request, model: type[M], *, optional: bool = False) -> M
         if optional:
             return model()
         raise Problem(400, "a JSON body is required")
+    if json_depth_exceeds(raw):
+        raise Problem(400, f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         data = json.loads(raw)
     except ValueError as exc:

@@ -10,7 +10,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from ingress.app import create_app, shutdown_trigger
-from shared import dbserver, errors, logs
+from shared import dbserver, errors, logs, ports
 from shared.settings import Settings
 
 log = logs.get(__name__)
@@ -43,6 +43,7 @@ def hypercorn_config(settings: Settings) -> Config:
 
 def main(settings: Settings) -> int:
     check_bind(settings)
+    ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
     info = dbserver.resolve(settings)
     dbserver.require_current(info.ingress_dsn)
     app = create_app(settings, info.ingress_dsn)

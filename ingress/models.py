@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Mode = Literal["interactive", "autonomous"]
 
@@ -18,6 +18,14 @@ class ChatIn(_Body):
     text: str = Field(min_length=1, max_length=100_000)
     thread_id: uuid.UUID | None = None
     client_msg_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, text: str) -> str:
+        # the CLI refuses a prompt that is only whitespace, and the thread's turn would fail
+        if not text.strip():
+            raise ValueError("text is empty (only whitespace)")
+        return text
 
 
 class ThreadIn(_Body):

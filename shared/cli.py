@@ -28,7 +28,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
-    info = dbserver.resolve(settings, auto_migrate=False)
+    info = dbserver.resolve(settings, auto_migrate=False, start=False)  # read-only: never starts a server
     state = migrate.status(info.admin_dsn or info.executor_dsn)
     report = {
         "server": info.location,
@@ -206,7 +206,7 @@ def _cmd_journal(args: argparse.Namespace, settings: Settings) -> int:
             raise errors.ConfigError(f"--{name} takes an id (a UUID)") from None
 
     params = {"task_id": as_uuid(args.task, "task"), "thread_id": as_uuid(args.thread, "thread"), "limit": 500}
-    info = dbserver.resolve(settings)
+    info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
     async def run() -> None:
         async with Database(info.ingress_dsn, name="petal-journal", max_size=2) as db:
@@ -246,7 +246,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from shared.database import Database
     from shared.sql import queries
 
-    info = dbserver.resolve(settings)
+    info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
     async def gather() -> dict[str, list[dict[str, object]]]:
         out: dict[str, list[dict[str, object]]] = {}
@@ -368,8 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
         return 2
     except psycopg.OperationalError as exc:
-        print(f"petal-dispatch: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
+        print(f"petal-dispatch: cannot reach the database: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a command set up its own stop: stopping is what was asked
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """`petal-dispatch up`: database → migrate → executor → ingress, as one supervised group.
 
-The two services stay separate processes (they never share memory or talk over HTTP); this only
-starts them, prints where to go, and stops them together. The embedded server is shared: each child
-takes a handle on it, and it stops when the last one exits.
+The two services stay separate processes (they never share memory or talk over HTTP). `up` starts them,
+prints where to go, and supervises them: a service that dies is started again after a back-off (a log
+line says so), and so is the embedded PostgreSQL. Only `up` holds a handle on the embedded server — the
+services get their role's DSN — so a clean stop (Ctrl-C, SIGTERM) always stops the server, whatever
+died before; and the services die with `up` if it is killed outright (a parent-death signal).
 """
 
 from __future__ import annotations
@@ -15,15 +17,23 @@ import sys
 import time
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from shared import dbserver, errors, logs
+from shared import dbserver, errors, lifeline, logs, ports
 from shared.settings import Settings
 
 log = logs.get(__name__)
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+# how often the loop looks at its children and the database
+WATCH_INTERVAL_S = 0.2
+# a dead service (or database) is started again after this, doubling per quick death up to the cap
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+# a service that ran this long before dying starts again at the shortest back-off
+STABLE_AFTER_S = 60.0
 INSTALL_HINT = ("npm install -g @anthropic-ai/claude-code  (or: petal-dispatch install-claude, then set "
                 "PETAL_CLAUDE_BIN to the path it prints)")
 
@@ -43,11 +53,95 @@ def _child_env(base: Mapping[str, str], settings: Settings, claude: str) -> dict
     return env
 
 
-def _wait_ready(url: str, children: list[subprocess.Popen[bytes]]) -> None:
+def _service_env(env: Mapping[str, str], info: dbserver.ServerInfo, service: str) -> dict[str, str]:
+    """A service's environment: its own role's DSN only (no admin DSN, and no handle on the embedded
+    server, which `up` alone owns)."""
+    out = {k: v for k, v in env.items()
+           if k not in ("DATABASE_URL", "PETAL_DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN")}
+    if service == "executor":
+        out["PETAL_EXECUTOR_DSN"] = info.executor_dsn
+    else:
+        out["PETAL_INGRESS_DSN"] = info.ingress_dsn
+    return out
+
+
+def backoff_s(failures: int) -> float:
+    """The wait before the next start after `failures` quick deaths in a row."""
+    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** max(0, failures))
+
+
+@dataclass
+class Service:
+    """One supervised service process, started again after a back-off when it dies."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=lifeline.die_with_parent(signal.SIGTERM))
+        self.started = time.monotonic()
+        self.restart_at = None
+
+    def watch(self, now: float) -> None:
+        if self.proc is None:
+            return
+        if self.restart_at is None:
+            if self.proc.poll() is None:
+                return
+            if now - self.started >= STABLE_AFTER_S:
+                self.failures = 0
+            delay = backoff_s(self.failures)
+            self.failures += 1
+            self.restart_at = now + delay
+            log.warning("service_died", service=self.name, exit_code=self.proc.returncode, restart_in_s=delay)
+        elif now >= self.restart_at:
+            self.start()
+            self.restarts += 1
+            log.warning("service_restarted", service=self.name, pid=self.proc.pid, restarts=self.restarts)
+
+
+@dataclass
+class DatabaseWatch:
+    """The embedded server, started again after a back-off when it dies."""
+
+    server: dbserver.EmbeddedServer
+    failures: int = 0
+    restart_at: float | None = None
+
+    def watch(self, now: float) -> None:
+        if self.restart_at is None:
+            if self.server.pid() is not None:
+                return
+            delay = backoff_s(self.failures)
+            self.restart_at = now + delay
+            log.warning("database_died", pgdata=str(self.server.pgdata), restart_in_s=delay)
+        elif now >= self.restart_at:
+            try:
+                self.server.restart()
+            except Exception as exc:  # noqa: BLE001 - e.g. its old backends still hold the shared memory
+                self.failures += 1
+                delay = backoff_s(self.failures)
+                self.restart_at = now + delay
+                log.warning("database_restart_failed", error=f"{type(exc).__name__}: {exc}"[:300],
+                            retry_in_s=delay)
+                return
+            self.failures, self.restart_at = 0, None
+            log.warning("database_restarted", pid=self.server.pid())
+
+
+def _wait_ready(url: str, services: list[Service]) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        if any(c.poll() is not None for c in children):
-            raise errors.PetalError("a service exited during start-up (see its log above)")
+        for s in services:
+            if s.proc is not None and s.proc.poll() is not None:
+                raise errors.PetalError(f"the {s.name} exited during start-up (exit {s.proc.returncode}; "
+                                        "its error is above)")
         try:
             with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
                 if response.status == 200:
@@ -58,7 +152,7 @@ def _wait_ready(url: str, children: list[subprocess.Popen[bytes]]) -> None:
     raise errors.PetalError(f"the ingress was not ready within {READY_TIMEOUT_S:.0f} s")
 
 
-def _stop(children: list[subprocess.Popen[bytes]]) -> None:
+def _stop(children: list[subprocess.Popen[bytes]] | list[subprocess.Popen[str]]) -> None:
     for child in children:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
@@ -91,7 +185,7 @@ DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "executor" / "demo" / "
 def _start_demo_model(settings: Settings, env: dict[str, str],
                       scenario: Path = DEMO_SCENARIO) -> tuple[subprocess.Popen[str], str]:
     model = subprocess.Popen([sys.executable, "-m", "executor.scripted_model", "--scenario", str(scenario)],
-                             stdout=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, text=True, preexec_fn=lifeline.die_with_parent(signal.SIGTERM))
     url = (model.stdout.readline() if model.stdout else "").strip()
     if not url.startswith("http://127.0.0.1:"):
         model.kill()
@@ -127,22 +221,41 @@ def _post_demo_message(url: str) -> None:
     _post(f"{url}/api/chat", {"text": DEMO_MESSAGE, "thread_id": thread["thread_id"]})
 
 
+def preflight(settings: Settings) -> None:
+    """The refusals `up` makes before it starts anything, each one line naming what is wrong."""
+    from ingress.main import check_bind  # the same refusal the ingress itself makes
+
+    check_bind(settings)
+    ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
+    ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
+    dbserver.check_data_dir(settings)
+
+
 def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scenario: Path | None = None) -> int:
     """Run the pair. `demo`: the real CLI against the scripted model, playing `scenario` (a JSON file as
     executor/scripted_model.py describes) or, without one, the built-in demo, which also sends its first
     message."""
-    from ingress.main import check_bind  # the same refusal the ingress itself makes, before anything starts
-
-    check_bind(settings)
     if scenario is not None and not scenario.is_file():
         raise errors.ConfigError(f"no scenario file {scenario}")
     claude = _demo_claude(settings) if demo else find_claude(settings)
-    info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
+    preflight(settings)
+    embedded = None if _external(settings) else dbserver.embedded(settings)
+    try:
+        info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
+        return _supervise(settings, env, info, embedded, claude, demo=demo, scenario=scenario)
+    finally:
+        if embedded is not None:
+            embedded.release()  # stops the server: no live process holds another handle
+
+
+def _external(settings: Settings) -> bool:
+    return bool(settings.database_url or settings.executor_dsn or settings.ingress_dsn)
+
+
+def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.ServerInfo,
+               embedded: dbserver.EmbeddedServer | None, claude: str, *, demo: bool, scenario: Path | None) -> int:
     child_env = _child_env(env, settings, claude)
     extra: list[subprocess.Popen[str]] = []
-    if demo:
-        model, _ = _start_demo_model(settings, child_env, scenario or DEMO_SCENARIO)
-        extra.append(model)
     stop = {"signal": 0}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -151,23 +264,30 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scena
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     cmd = [sys.executable, "-m", "shared.cli"]
-    children: list[subprocess.Popen[bytes]] = []
+    services: list[Service] = []
+    database = DatabaseWatch(embedded) if embedded is not None else None
     try:
-        children.append(subprocess.Popen([*cmd, "executor"], env=child_env))
-        children.append(subprocess.Popen([*cmd, "ingress"], env=child_env))
+        if demo:
+            model, _ = _start_demo_model(settings, child_env, scenario or DEMO_SCENARIO)
+            extra.append(model)
+        services = [Service(name, [*cmd, name], _service_env(child_env, info, name))
+                    for name in ("executor", "ingress")]
+        for s in services:
+            s.start()
         host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host
         url = f"http://{host}:{settings.ingress_port}"
-        _wait_ready(url, children)
+        _wait_ready(url, services)
         if demo and scenario is None:
             _post_demo_message(url)
         what = "the demo (a scripted model, not Claude)" if demo else "petal-dispatch"
         print(f"{what} is up: {url}/  (database: {info.location}; Ctrl-C stops everything)", flush=True)
         while not stop["signal"]:
-            if any(c.poll() is not None for c in children):
-                log.error("service_exited", codes=[c.returncode for c in children])
-                return 1
-            time.sleep(0.2)
+            if database is not None:
+                database.watch(time.monotonic())
+            for s in services:
+                s.watch(time.monotonic())  # not one `now`: restarting the database can take seconds
+            time.sleep(WATCH_INTERVAL_S)
         return 0
     finally:
-        _stop(children)
-        _stop(extra)  # type: ignore[arg-type]
+        _stop([s.proc for s in services if s.proc is not None])
+        _stop(extra)

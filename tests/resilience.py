@@ -129,19 +129,28 @@ def head(admin_dsn: str) -> int:
         return conn.execute("SELECT last_seq FROM journal_head").fetchone()[0]  # type: ignore[index]
 
 
+# how long the store must stay idle to count as drained
+SETTLED_QUIET_S = 1.5
+
+
 async def settled(admin_dsn: str, timeout: float = 120) -> None:
     """Wait until no task is pending, running or ended but unsettled (every end acted on), and no queue row
     waits: the work has drained. Needs a settler (a whole executor), not the supervisor alone."""
     deadline = time.monotonic() + timeout
+    idle_since: float | None = None
     while True:
         with psycopg.connect(admin_dsn) as conn:
             busy = conn.execute(
                 "SELECT (SELECT count(*) FROM tasks WHERE status IN ('pending', 'running') OR settled_at IS NULL)"
                 " + (SELECT count(*) FROM chat_queue WHERE status IN ('pending', 'claimed'))"
                 " + (SELECT count(*) FROM stop_queue WHERE status IN ('pending', 'claimed'))").fetchone()[0]  # type: ignore[index]
-        if busy == 0:
+        # idle for a while, not for an instant: a task's end and the follow-up it causes (an extractor,
+        # a retry, a harness message) are separate commits, with nothing pending between them
+        now = time.monotonic()
+        idle_since = (idle_since or now) if busy == 0 else None
+        if idle_since is not None and now - idle_since >= SETTLED_QUIET_S:
             return
-        assert time.monotonic() < deadline, "work never drained: something is silently stuck"
+        assert now < deadline, "work never drained: something is silently stuck"
         await asyncio.sleep(0.2)
 
 

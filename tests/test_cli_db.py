@@ -24,7 +24,15 @@ def test_migrate_twice_on_the_embedded_server_then_status_reports_it_current(tmp
 
     first = _run(["migrate"], data_dir)
     second = _run(["migrate"], data_dir)
-    status = _run(["db", "status", "--json"], data_dir)
+    # `db status` never starts a server (tests/test_startup_refusals.py): ask while one runs
+    script = ("import subprocess, sys\n"
+              "from shared import dbserver, settings\n"
+              "dbserver.resolve(settings.load())\n"
+              "print(subprocess.run([sys.executable, '-m', 'shared.cli', 'db', 'status', '--json'], "
+              "capture_output=True, text=True).stdout)\n")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json")
+    status = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
 
     assert first.returncode == 0, first.stderr
     assert "applied 0001_journal.sql" in first.stdout
@@ -40,8 +48,7 @@ def test_migrate_twice_on_the_embedded_server_then_status_reports_it_current(tmp
 def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
     data_dir = tmp_path / "var"
     assert _run(["migrate"], data_dir).returncode == 0
-    # each command stops the server when it exits; read the DSN, start it again, write, stop, read
-    report = json.loads(_run(["db", "status", "--json"], data_dir).stdout)
+    # each command stops the server when it exits: start it again, write, stop, read
     script = (
         "import sys, psycopg\n"
         "from shared import dbserver, settings\n"
@@ -57,7 +64,6 @@ def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
     read = subprocess.run([sys.executable, "-c", script, "read"], env=env, capture_output=True, text=True, timeout=120)
     assert wrote.returncode == 0, wrote.stderr
     assert read.stdout.strip() == "[('kept',)]"
-    assert report["embedded"] is True
 
 
 def test_with_database_url_the_given_server_is_used_and_none_is_started(tmp_path: Path, empty_db) -> None:  # type: ignore[no-untyped-def]

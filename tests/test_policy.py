@@ -134,7 +134,9 @@ async def test_a_crashed_worker_is_retried_once_then_escalated_and_skip_is_carri
         ("crashed", "retry_same", 1), ("crashed", "escalate", 2)]
     assert [w["status"] for w in workers_at_ask] == ["crashed", "crashed"]
     assert workers_at_ask[1]["retry_of"] == workers_at_ask[0]["id"] and workers_at_ask[1]["attempt"] == 2
-    assert workers_at_ask[1]["brief"] == workers_at_ask[0]["brief"]  # retry_same: the same brief
+    # retry_same: the same brief, told that an earlier attempt was interrupted
+    assert workers_at_ask[1]["brief"].startswith(
+        workers_at_ask[0]["brief"] + "\n\n## An earlier attempt was interrupted")
     question = ask["questions"][0]
     assert [o["label"] for o in question["options"]] == ["Retry", "Skip", "Stop the plan"]
     assert "crashed again" in question["question"] and ask["task_id"] == str(workers_at_ask[1]["id"])

@@ -216,7 +216,11 @@ async def test_a_threads_worker_orphaned_by_an_executor_kill_is_retried_by_the_p
                             break
                     assert time.monotonic() < deadline, log.read_text()[-3000:]
                     await asyncio.sleep(0.1)
-                await asyncio.sleep(0.5)
+                # the first run is in its hanging request (its claude dies with the executor: it must have
+                # reached the model first, or the retry would be the run the scenario hangs)
+                while not any(r.role == "worker" for r in model.requests):
+                    assert time.monotonic() < deadline, log.read_text()[-3000:]
+                    await asyncio.sleep(0.1)
                 executor.send_signal(signal.SIGKILL)
                 executor.wait(30)
                 executor = _spawn(env, log)

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -117,3 +119,201 @@ def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cl
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
         assert time.monotonic() < deadline, "a child outlived up --demo"
         time.sleep(0.1)
+
+
+# ---- up as a supervisor ------------------------------------------------------------------------------
+
+INTERRUPTED_SCENARIO = {
+    "rules": [
+        {"role": "orchestrator", "match_last": "[harness]", "replies": [{"text": "heard"}]},
+        {"role": "orchestrator", "replies": [
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "do the two-step job"}}},
+            {"text": "dispatched"}]},
+        # the first attempt does step one, then blocks in a long Bash call: it is running when the executor dies
+        {"role": "worker", "sessions": 1, "replies": [
+            {"tool_use": {"name": "Bash", "input": {"command": "echo one > step-one.txt && sleep 300"}}},
+            {"text": "done"}]},
+        {"role": "worker", "replies": [{"text": "step one was done already; finished the job"}]},
+        {"role": "extractor", "replies": [
+            {"tool_use": {"name": "StructuredOutput", "input": {
+                "goal": "the two-step job", "current_state": "done", "next_step": "none", "ruled_out": [],
+                "status": "success", "artifacts": []}}},
+            {"text": "Handoff provided."}]},
+    ],
+    "default": {"text": "ok"},
+}
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"},
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.load(r)
+
+
+def _until(what: str, probe: Callable[[], Any], timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _task_procs(task_id: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("PETAL_TASK_ID") == task_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _log_events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def _up_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN",
+                                                            "OPEN_MODE")}
+    env.update(PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
+    return env
+
+
+def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_the_retry_is_told(
+        tmp_path: Path) -> None:
+    port, mcp_port = free_port(), free_port()
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps(INTERRUPTED_SCENARIO))
+    data = tmp_path / "var"
+    cmd = [sys.executable, "-m", "shared.cli", "up", "--demo", "--scenario", str(scenario), "--port", str(port),
+           "--mcp-port", str(mcp_port), "--data-dir", str(data)]
+    with (tmp_path / "up.log").open("w") as log:
+        proc = subprocess.Popen(cmd, env=_up_env(tmp_path), stdout=subprocess.PIPE, stderr=log, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert f"{base}/" in proc.stdout.readline()  # type: ignore[union-attr]
+        thread = _post(f"{base}/api/threads", {"title": "t", "mode": "autonomous"})["thread_id"]
+        _post(f"{base}/api/chat", {"text": "start the job", "thread_id": thread})
+
+        def workers() -> list[dict[str, Any]]:
+            return sorted((t for t in _get(f"{base}/api/tasks?thread_id={thread}")["tasks"] if t["role"] == "worker"),
+                          key=lambda t: t["attempt"])
+
+        _until("the worker's Bash call", lambda: (data / "demo-project" / "step-one.txt").exists())
+        first = workers()[0]
+        claude, bash = first["pid"], [p for p in _task_procs(first["id"]) if p != first["pid"]]
+        assert _alive(claude) and bash, "the worker and its Bash child run"
+        executor = next(p for p in psutil.Process(proc.pid).children()
+                        if p.cmdline()[-2:] == ["shared.cli", "executor"])
+        os.kill(executor.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        # the worker's claude and its Bash child go with the executor, before any new executor could sweep them
+        try:
+            _until("the worker to die with the executor", lambda: not any(_alive(p) for p in [claude, *bash]),
+                   timeout=5)
+        except AssertionError:
+            left = [(p, psutil.Process(p).status(), psutil.Process(p).cmdline()) for p in [claude, *bash] if _alive(p)]
+            raise AssertionError(f"still running: {left}") from None
+        gone_after = time.monotonic() - killed_at
+        retry = _until("the retry", lambda: len(workers()) > 1 and workers()[1])
+        crashed = _get(f"{base}/api/tasks/{first['id']}/events")["events"]
+        postmaster = int((data / "pgdata" / "postmaster.pid").read_text().split()[0])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(60)
+        proc.stdout.close()  # type: ignore[union-attr]
+    events = _log_events(tmp_path / "up.log")
+    assert any(e["event"] == "service_died" and e["service"] == "executor" for e in events)
+    assert any(e["event"] == "service_restarted" and e["service"] == "executor" for e in events)
+    assert gone_after < 5
+    # the new executor's sweep found nothing of the dead worker left to kill
+    reconciled = [e["payload"] for e in crashed if e["event_type"] == "task.crashed"]
+    assert reconciled and reconciled[0]["killed_pids"] == []
+    assert retry["attempt"] == 2 and retry["retry_of"] == first["id"]
+    assert "An earlier attempt was interrupted" in retry["brief"]
+    assert "echo one > step-one.txt && sleep 300" in retry["brief"]
+    assert rc == 0
+    _until("the embedded PostgreSQL to stop", lambda: not _alive(postmaster), timeout=20)
+
+
+def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> None:
+    port, mcp_port = free_port(), free_port()
+    data = tmp_path / "var"
+    env = {**_up_env(tmp_path), "OPEN_MODE": "1"}
+    cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
+           "--data-dir", str(data)]
+    with (tmp_path / "up.log").open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    pidfile = data / "pgdata" / "postmaster.pid"
+    try:
+        assert f"http://127.0.0.1:{port}/" in proc.stdout.readline()  # type: ignore[union-attr]
+        first = int(pidfile.read_text().split()[0])
+        os.kill(first, signal.SIGKILL)
+
+        def restarted() -> int | None:
+            try:
+                pid = int(pidfile.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                return None
+            return pid if pid != first and _alive(pid) else None
+
+        second = _until("PostgreSQL to be started again", restarted, timeout=60)
+
+        def ready() -> bool:
+            try:
+                return _get(f"http://127.0.0.1:{port}/readyz")["status"] == "ready"
+            except OSError:
+                return False
+
+        _until("the ingress to be ready again", ready, timeout=60)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(60)
+        proc.stdout.close()  # type: ignore[union-attr]
+    assert any(e["event"] == "database_restarted" for e in _log_events(tmp_path / "up.log"))
+    assert rc == 0
+    _until("the restarted PostgreSQL to stop", lambda: not _alive(second), timeout=20)
+
+
+def test_a_clean_stop_stops_postgresql_even_after_an_earlier_up_was_killed(tmp_path: Path) -> None:
+    data = tmp_path / "var"
+    env = {**_up_env(tmp_path), "OPEN_MODE": "1"}
+
+    def start() -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(free_port()), "--mcp-port", str(free_port()),
+               "--data-dir", str(data)]
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert "is up" in p.stdout.readline()  # type: ignore[union-attr]
+        return p
+
+    first = start()
+    services = [c.pid for c in psutil.Process(first.pid).children()]
+    first.kill()  # SIGKILL: no clean-up at all; its pid stays in the server's handle list
+    first.wait()
+    first.stdout.close()  # type: ignore[union-attr]
+    _until("its services to die with it", lambda: not any(_alive(p) for p in services), timeout=10)
+    postmaster = int((data / "pgdata" / "postmaster.pid").read_text().split()[0])
+    assert _alive(postmaster)  # left running by the killed up
+    second = start()
+    assert int((data / "pgdata" / "postmaster.pid").read_text().split()[0]) == postmaster  # reused
+    second.send_signal(signal.SIGINT)
+    assert second.wait(60) == 0
+    second.stdout.close()  # type: ignore[union-attr]
+    _until("PostgreSQL to stop", lambda: not _alive(postmaster), timeout=20)

@@ -65,8 +65,5 @@ SELECT p.session_id AS thread_id FROM tasks w JOIN tasks p ON p.id = w.parent_ta
 JOIN sessions s ON s.id = p.session_id AND s.role = 'orchestrator'
 WHERE w.id = %(id)s
 
--- name: session_turns --
-SELECT turns FROM sessions WHERE id = %(id)s
-
 -- name: count_turn --
 UPDATE sessions SET turns = turns + 1, lifecycle = 'running', updated_at = now() WHERE id = %(id)s

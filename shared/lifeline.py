@@ -1,0 +1,31 @@
+"""Children that die with their parent: a parent-death signal set between fork and exec (Linux prctl)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+# prctl(2) option: the signal the kernel sends a process when the thread that started it dies
+PR_SET_PDEATHSIG = 1
+# Resolved once here: after fork, in the child, nothing may load libraries or take locks.
+_prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets `sig` when this process dies, even by SIGKILL, so nothing it started
+    runs on unsupervised. The setting survives exec; the child's own children do not inherit it. Call
+    it in the thread that spawns (the signal fires when that thread ends; asyncio spawns from its loop's)."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _prctl is None:
+            return  # not Linux: whoever starts next must sweep
+        _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os.kill(os.getpid(), sig)
+
+    return preexec

@@ -1,0 +1,101 @@
+"""Expected start-up conditions end in one line naming what is wrong, never a traceback; read-only
+commands never start a database server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import claude_bin
+
+
+def _env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN")}
+    # port 0: no fixed port another run may hold (a test that wants a taken port sets it)
+    env.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json", PETAL_CLAUDE_BIN=claude_bin(), OPEN_MODE="1",
+               PETAL_INGRESS_PORT="0", PETAL_MCP_PORT="0")
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str], prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "shared.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _one_line_error(out: subprocess.CompletedProcess[str], *names: str) -> str:
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("petal-dispatch:")]
+    assert len(lines) == 1, out.stderr
+    for name in names:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def taken_port() -> int:  # type: ignore[misc]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("service", ["ingress", "executor", "up"])
+def test_a_taken_port_is_one_line_naming_the_service_and_the_port(service: str, taken_port: int,
+                                                                   tmp_path: Path) -> None:
+    data = tmp_path / "var"
+    var = "PETAL_MCP_PORT" if service == "executor" else "PETAL_INGRESS_PORT"
+    out = _run([service], _env(data, **{var: str(taken_port)}))
+    line = _one_line_error(out, f"127.0.0.1:{taken_port}", "in use")
+    assert ("harness MCP" if service == "executor" else "ingress") in line
+    assert not (data / "pgdata").exists()  # refused before any database was started
+
+
+def test_up_refuses_a_taken_mcp_port_before_starting_anything(taken_port: int, tmp_path: Path) -> None:
+    out = _run(["up", "--mcp-port", str(taken_port), "--port", "0"], _env(tmp_path / "var"))
+    _one_line_error(out, f"127.0.0.1:{taken_port}", "harness MCP")
+    assert not (tmp_path / "var" / "pgdata").exists()
+
+
+def test_a_read_only_data_directory_is_one_line_naming_it(tmp_path: Path) -> None:
+    data = tmp_path / "var"
+    data.mkdir()
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        # root writes through permission bits: make it a read-only mount in a mount namespace of its own
+        if shutil.which("unshare") is None:
+            pytest.skip("needs unshare to make a read-only mount as root")
+        probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+        if probe.returncode != 0:
+            pytest.skip("cannot create a mount namespace here")
+        prefix = ["unshare", "-m", "sh", "-c", f'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"',
+                  str(data)]
+    else:
+        data.chmod(0o555)
+    for command in (["up", "--port", "0", "--mcp-port", "0"], ["migrate"], ["executor"]):
+        out = _run(command, _env(data), prefix)
+        _one_line_error(out, str(data.resolve()), "data directory")
+    assert list(data.iterdir()) == []
+
+
+def test_read_only_commands_say_the_database_is_down_and_start_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "var"
+    assert _run(["migrate"], _env(data)).returncode == 0  # a database exists, and the command stopped it
+    pidfile = data / "pgdata" / "postmaster.pid"
+    assert not pidfile.exists()
+    for command in (["status"], ["status", "--json"], ["journal"], ["db", "status"], ["db", "status", "--json"]):
+        out = _run(command, _env(data))
+        assert out.returncode == 2, (command, out.stderr)
+        _one_line_error(out, "database is down", str(data.resolve()))
+        assert not pidfile.exists(), f"{command} started a server"
+    # nothing there at all: still down, still nothing started
+    empty = _run(["status"], _env(tmp_path / "none"))
+    _one_line_error(empty, "database is down")
+    assert not (tmp_path / "none" / "pgdata").exists()
