@@ -184,3 +184,64 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
     assert handoffs == ["step one", "step two", "step three"]
     assert len(turns) >= 4 and all(t["status"] == "success" for t in turns)
     assert [e.payload["text"] for e in events if e.event_type == "task.user_message"] == ["do the three steps"]
+
+
+async def _pending_asks(http: httpx.AsyncClient, timeout: float = 60) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while not (asks := (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    return asks
+
+
+async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waiting_on(db: DB, tmp_path: Path) -> None:
+    question = {"question": "Which way?", "header": "Way", "multiSelect": False,
+                "options": [{"label": "Left", "description": ""}, {"label": "Right", "description": ""}]}
+    handoff = {"goal": "count the files", "current_state": "counted 3 files", "next_step": "none",
+               "ruled_out": [], "status": "success", "artifacts": []}
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted the report"}]),
+        # dispatch (returns at once in an autonomous thread), then ask while the worker runs
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files here"}}},
+            {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [question]}}},
+            {"text": "going that way"}]),
+        Rule(role="worker", replies=[{"text": "there are 3 files"}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": handoff}},
+                                        {"text": "done"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = await _autonomous(http)
+            await http.post("/api/chat", json={"text": "start", "thread_id": thread})
+            conn = await h._conn()
+            asks = await _pending_asks(http)
+            deadline = time.monotonic() + 120
+            # the worker's report is queued for the thread while the question is still open
+            while not (await (await conn.execute(
+                    "SELECT 1 FROM chat_queue WHERE origin = 'harness'")).fetchall()):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            # several delivery passes (the report wakes the loop at once; it polls every second)
+            settle_until = time.monotonic() + 3
+            while time.monotonic() < settle_until:
+                pending = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+                assert [a["id"] for a in pending] == [asks[0]["id"]], "the report closed the user's question"
+                await asyncio.sleep(0.2)
+            await http.post("/api/chat", json={"text": "left, please", "thread_id": thread})
+            turns = await _turns(h, 2, timeout=120)
+            first = await h.events(turns[0]["id"])
+            all_events = await h.events()
+            answered = (await (await conn.execute(
+                "SELECT response, answered_via FROM questions WHERE asked_by = 'model'")).fetchall())
+    results = [b for e in first if e.event_type == "stream.user" for b in e.payload["message"]["content"]
+               if isinstance(b, dict) and b.get("type") == "tool_result"]
+    ask_result = json.loads(results[-1]["content"] if isinstance(results[-1]["content"], str)
+                            else results[-1]["content"][0]["text"])
+    assert ask_result["response"] == "left, please" and ask_result["answers"] == {}
+    assert answered == [("left, please", "chat")]
+    assert [e.payload["text"] for e in all_events if e.event_type == "task.user_message"] == ["start", "left, please"]
+    reports = [e for e in all_events if e.event_type == "thread.harness_message"]
+    assert len(reports) == 1 and reports[0].task_id == turns[1]["id"]  # delivered at the turn boundary
+    assert turns[1]["brief"].startswith("[harness] Worker") and "counted 3 files" in turns[1]["brief"]
