@@ -167,16 +167,34 @@ async def test_the_listen_connections_terminated_by_the_server_are_replaced_and_
             await running_turn(odb.admin_dsn)
             with psycopg.connect(odb.admin_dsn, autocommit=True) as conn:
                 killed = conn.execute(
-                    "SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity"
+                    "SELECT application_name, pg_terminate_backend(pid), pid FROM pg_stat_activity"
                     " WHERE datname = current_database() AND application_name LIKE '%%-listen'").fetchall()
+            # the polling backstops would deliver everything without LISTEN: prove it came back
+            relistening = await _listening_again(odb.admin_dsn, [pid for _, _, pid in killed])
             await post_chat(http, "two")
             await post_chat(http, "three")
             await settled(odb.admin_dsn)
             await reader.until(head(odb.admin_dsn))
             await reader.stop()
-    assert sorted(name for name, ok in killed if ok) == ["petal-executor-listen", "petal-ingress-listen"]
+    assert sorted(name for name, ok, _ in killed if ok) == ["petal-executor-listen", "petal-ingress-listen"]
+    assert relistening == {"petal-executor-listen", "petal-ingress-listen"}
     check_invariants(odb.admin_dsn, [reader])
     assert echoes(odb.admin_dsn) == ["one", "two", "three"]
+
+
+async def _listening_again(admin_dsn: str, killed: list[int], timeout: float = 30) -> set[str]:
+    """The listeners that have a new connection that LISTENed: its last statement is a LISTEN, or the
+    probe it only sends after its LISTENs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            back = {name for (name,) in conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE '%%-listen' AND pid <> ALL(%s)"
+                " AND (query ILIKE 'LISTEN %%' OR query ILIKE 'SELECT pg_notify(%%')", [killed]).fetchall()}
+        if len(back) == 2 or time.monotonic() > deadline:
+            return back
+        await asyncio.sleep(0.1)
 
 
 # ---- a service goes away ---------------------------------------------------------------------------------
