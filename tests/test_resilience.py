@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB, Cluster
+from tests.test_asks import Q1, _round_trip, asking
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
 from tests.test_executor_process import _executor_env
 from tests.web import free_port, ingress_server
@@ -449,3 +451,67 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
     # what the user was told matches what happened: 200 = their answer won, 409 = the timeout won
     for code, (status, response, _) in zip(outcomes, closed, strict=True):
         assert (code, status) in ((200, "answered"), (409, "cancelled")), (code, status, response)
+
+
+# ---- time and signals ------------------------------------------------------------------------------------
+
+async def test_a_task_waiting_on_a_question_longer_than_the_stall_threshold_is_not_stalled(
+    db: DB, tmp_path: Path
+) -> None:
+    stall_s = 1.5
+    _, row, events, during = await _round_trip(
+        db, tmp_path, asking(Q1), {"answers": {"Which database?": "Postgres"}},
+        answer_after_s=stall_s * 3, stall_timeout_s=stall_s)
+    types = [e.event_type for e in events]
+    asked, answered = (next(e for e in events if e.event_type == t) for t in ("question.asked", "question.answered"))
+    assert (answered.created_at - asked.created_at).total_seconds() > stall_s * 2  # silent well past the threshold
+    assert during["activity"] == "awaiting_user"
+    assert "task.stalled" not in types and row["status"] == "success"
+
+
+async def test_a_stop_the_cli_does_not_obey_is_followed_by_sigkill_after_the_grace(db: DB, tmp_path: Path) -> None:
+    grace_s = 2.0
+    with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path, stop_grace_s=grace_s)) as h:
+            task_id = await h.dispatch("wait forever")
+            await h.wait_event(task_id, "stream.system.init")
+            pid = (await h.task(task_id))["pid"]
+            os.kill(pid, signal.SIGSTOP)  # the real CLI, frozen: SIGTERM stays pending, only SIGKILL acts
+            async with await psycopg.AsyncConnection.connect(db.ingress_dsn, autocommit=True) as ingress:
+                await ingress.execute("INSERT INTO stop_queue (task_id, reason) VALUES (%s, 'user')", [task_id])
+            row = await h.wait_final(task_id, timeout=30)
+            events = await h.events(task_id)
+    sent = [e for e in events if e.event_type == "task.signal_sent"]
+    assert [e.payload["signal"] for e in sent] == ["SIGTERM", "SIGKILL"]
+    assert (sent[1].created_at - sent[0].created_at).total_seconds() >= grace_s * 0.95
+    assert row["status"] == "cancelled" and row["status_reason"] == "stop_requested"
+    assert row["exit_signal"] == signal.SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
+# ---- restarts ----------------------------------------------------------------------------------------------
+
+async def test_queue_rows_a_dead_executor_had_claimed_go_back_to_pending_and_are_applied(
+    db: DB, tmp_path: Path
+) -> None:
+    thread = uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        # what an executor killed between claiming and finishing leaves behind
+        conn.execute("INSERT INTO thread_control_queue (thread_id, action, args, status, claimed_at)"
+                     " VALUES (%s, 'create', '{\"title\": \"left claimed\"}', 'claimed', now())", [thread])
+        conn.execute("INSERT INTO chat_queue (thread_id, text, status, claimed_at)"
+                     " VALUES (%s, 'claimed before the crash', 'claimed', now())", [thread])
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "got it"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h:
+            await settled(db.admin_dsn, timeout=90)
+            events = await h.events()
+    with psycopg.connect(db.admin_dsn) as conn:
+        queues = conn.execute("SELECT (SELECT status FROM thread_control_queue), (SELECT status FROM chat_queue),"
+                              " (SELECT title FROM sessions WHERE id = %s)", [thread]).fetchone()
+    started = [e.payload["reconciled"]["requeued"] for e in events if e.event_type == "executor.started"]
+    assert started == [{"chat": 1, "stop": 0, "thread_control": 1}]
+    assert queues == ("done", "delivered", "left claimed")
+    assert [e.payload["text"] for e in events if e.event_type == "task.user_message"] == ["claimed before the crash"]
