@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import httpx
 import psycopg
 import pytest
 
+from executor.harness_mcp import TIMED_OUT
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB, Cluster
@@ -422,12 +424,16 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
         {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [QUESTION]}}},
         {"text": "after the question"}])])
     outcomes = []
+    threads = []
+    # the far offsets make sure both outcomes happen on a loaded machine; the near ones race for real
+    offsets = (-1.0, -0.2, -0.05, 0.0, 0.05, 0.2, 1.0)
     with ScriptedModelServer(scenario) as model:
         async with running_executor(odb, model, tmp_path, ask_timeout_s=timeout_s), \
                 ingress_server(odb.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            for offset in (-0.2, -0.05, 0.0, 0.05, 0.2):
+            for offset in offsets:
                 # a thread per round: each is a new conversation, so the scripted model asks again
                 thread = (await http.post("/api/threads", json={"title": str(offset)})).json()["thread_id"]
+                threads.append(thread)
                 await post_chat(http, f"ask me ({offset})", thread)
                 deadline = time.monotonic() + 60
                 while not (asks := (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]):
@@ -447,10 +453,29 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
             "SELECT q.status, q.response, (SELECT count(*) FROM journal j WHERE j.payload ->> 'question_id' = q.id::text"
             " AND j.event_type IN ('question.answered', 'question.cancelled')) FROM questions q ORDER BY created_at"
         ).fetchall()
-    assert len(closed) == 5 and all(n == 1 for _, _, n in closed)
-    # what the user was told matches what happened: 200 = their answer won, 409 = the timeout won
-    for code, (status, response, _) in zip(outcomes, closed, strict=True):
+        received = [_ask_tool_result(conn, thread) for thread in threads]
+    assert len(closed) == len(offsets) and all(n == 1 for _, _, n in closed)
+    assert set(outcomes) == {200, 409}, outcomes  # both sides of the race were exercised
+    # what the user was told matches what happened and what Claude got: 200 = their answer won and is the
+    # tool result; 409 = the timeout won and the tool result says so
+    for code, (status, response, _), result in zip(outcomes, closed, received, strict=True):
         assert (code, status) in ((200, "answered"), (409, "cancelled")), (code, status, response)
+        if code == 200:
+            assert result["answers"] == {"Go ahead?": "Yes"}, result
+        else:
+            assert result["answers"] == {} and result["response"] == TIMED_OUT, result
+
+
+def _ask_tool_result(conn: psycopg.Connection[Any], thread: str) -> dict[str, Any]:
+    """The ask_user_question result the CLI received in a thread's turn, as journaled from its stdout."""
+    rows = conn.execute("SELECT payload FROM journal WHERE session_id = %s AND event_type = 'stream.user'"
+                        " ORDER BY seq", [thread]).fetchall()
+    for (payload,) in rows:
+        for block in payload["message"]["content"]:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                content = block["content"]
+                return json.loads(content if isinstance(content, str) else content[0]["text"])
+    raise AssertionError(f"no tool result in thread {thread}")
 
 
 # ---- time and signals ------------------------------------------------------------------------------------
