@@ -245,3 +245,38 @@ async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waitin
     reports = [e for e in all_events if e.event_type == "thread.harness_message"]
     assert len(reports) == 1 and reports[0].task_id == turns[1]["id"]  # delivered at the turn boundary
     assert turns[1]["brief"].startswith("[harness] Worker") and "counted 3 files" in turns[1]["brief"]
+
+
+async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archived_thread_takes_no_message(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "hi"}])])) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = await _autonomous(http, "Plan")
+            await http.post("/api/chat", json={"text": "hello", "thread_id": thread})
+            await _turns(h, 1)
+            patched = await http.patch(f"/api/threads/{thread}", json={"title": "Renamed", "archived": True})
+            conn = await h._conn()
+            deadline = time.monotonic() + 30
+            while (await (await conn.execute("SELECT count(*) FROM thread_control_queue WHERE status <> 'done'"))
+                   .fetchone())[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            late = await http.post("/api/chat", json={"text": "too late", "thread_id": thread})
+            while (await (await conn.execute("SELECT count(*) FROM chat_queue WHERE status = 'pending'"))
+                   .fetchone())[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            session = await (await conn.execute("SELECT title, lifecycle FROM sessions WHERE id = %s",
+                                                [thread])).fetchone()
+            refused = await (await conn.execute("SELECT status, error FROM chat_queue WHERE text = 'too late'"))\
+                .fetchone()
+            events = [e for e in await h.events() if e.session_id is not None and str(e.session_id) == thread]
+            turns = await _turns(h, 1)
+    assert patched.status_code == 202
+    assert session == ("Renamed", "archived")
+    changes = [(e.event_type, e.payload) for e in events if e.event_type in ("thread.renamed", "thread.archived")]
+    assert [t for t, _ in changes] == ["thread.renamed", "thread.archived"] and changes[0][1]["title"] == "Renamed"
+    assert late.status_code == 202 and refused == ("failed", "the thread is archived")
+    assert len(turns) == 1  # no turn for the archived thread
