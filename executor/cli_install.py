@@ -26,8 +26,8 @@ def resolve(version: str) -> str:
     npm = shutil.which("npm")
     if npm is None:
         raise errors.ConfigError(f"npm is needed to resolve the Claude Code version {version!r}")
-    out = subprocess.run([npm, "view", f"{PACKAGE}@{version}", "version"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([npm, "view", f"{PACKAGE}@{version}", "version"], check=False, capture_output=True,
+                         text=True, timeout=120)
     # a tag npm does not know prints nothing and exits 0; a range may print several "pkg@x 'x'" lines
     found = out.stdout.strip().splitlines()
     if out.returncode != 0 or not found:

@@ -29,8 +29,8 @@ from executor.harness_mcp import TIMED_OUT
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB, Cluster
-from tests.test_asks import Q1, _round_trip, asking
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
+from tests.test_asks import Q1, _round_trip, asking
 from tests.test_executor_process import _executor_env
 from tests.web import free_port, ingress_server
 

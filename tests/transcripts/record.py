@@ -86,7 +86,7 @@ def _runs() -> dict[str, Case]:
 
 
 def _version(binary: str) -> str:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run([binary, "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
     return out.split()[0]
 
 
