@@ -115,8 +115,14 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
             await running_turn(odb.admin_dsn)
             worker = await h.dispatch("stream a lot")
             await _journaled(odb.admin_dsn, worker, "stream.stream_event")
+            # hold the writer's next append mid-transaction, so the outage certainly cuts a write off
+            locker = await psycopg.AsyncConnection.connect(odb.admin_dsn)
+            await locker.execute("LOCK TABLE journal IN SHARE MODE")  # readers go on; INSERTs wait
+            await _writer_waiting_on_a_lock(odb.admin_dsn)
             # stopped and started in a thread: this event loop, which runs both services, goes on meanwhile
             await asyncio.to_thread(server.down)
+            with contextlib.suppress(psycopg.Error):
+                await locker.close()
             during = asyncio.create_task(post_chat(http, "during"))  # the phone retries until accepted
             answered: list[int] = []
             down_until = time.monotonic() + DOWN_S
@@ -147,6 +153,17 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
             "SELECT j.payload, t.status FROM journal j JOIN tasks t ON t.id = j.task_id"
             " WHERE j.task_id = %s AND j.event_type = 'task.exited'", [worker]).fetchone()  # type: ignore[misc]
     assert status == "success" and deltas == words and lines == exited["lines"]
+
+
+async def _writer_waiting_on_a_lock(admin_dsn: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND application_name LIKE 'petal-executor%%' AND wait_event_type = 'Lock'").fetchone():
+                return
+        assert time.monotonic() < deadline, "the journal writer never waited on the lock"
+        await asyncio.sleep(0.05)
 
 
 async def _journaled(admin_dsn: str, task_id: uuid.UUID, event_type: str, timeout: float = 60) -> None:
