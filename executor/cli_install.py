@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,29 @@ from shared import errors
 # The version whose behaviour the supervisor is tested against (docs/claude-cli.md).
 CLAUDE_CODE_VERSION = "2.1.328"
 PACKAGE = "@anthropic-ai/claude-code"
+
+
+_EXACT = re.compile(r"^\d+\.\d+\.\d+$")
+
+
+def resolve(version: str) -> str:
+    """An exact version for a tag such as "latest" (asked of the npm registry), so installs stay keyed by
+    the version that actually ran; an exact version is returned as is."""
+    if _EXACT.match(version):
+        return version
+    npm = shutil.which("npm")
+    if npm is None:
+        raise errors.ConfigError(f"npm is needed to resolve the Claude Code version {version!r}")
+    out = subprocess.run([npm, "view", f"{PACKAGE}@{version}", "version"], check=False, capture_output=True,
+                         text=True, timeout=120)
+    # a tag npm does not know prints nothing and exits 0; a range may print several "pkg@x 'x'" lines
+    found = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not found:
+        raise errors.ConfigError(f"no Claude Code version {version!r} on the registry: {out.stderr.strip()[:300]}")
+    last = found[-1].strip().split()[-1].strip("'\"")
+    if not _EXACT.match(last):
+        raise errors.ConfigError(f"npm answered {last!r} for Claude Code version {version!r}")
+    return last
 
 
 def default_prefix(version: str = CLAUDE_CODE_VERSION) -> Path:

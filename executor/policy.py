@@ -35,10 +35,11 @@ class Rule:
 POLICY: dict[str, Rule] = {
     "crashed": Rule(RETRY_SAME, budget=1),
     "failed": Rule(RETRY_MODIFIED, budget=1),
+    # a budget (--max-turns, --max-budget-usd) stopped the run after a tool call completed (substrate)
     "partial": Rule(RETRY_MODIFIED, budget=1),
     "rate_limited": Rule(BACK_OFF, budget=3, delay_factor=1.0),
     "cancelled": Rule(SKIP),
-    "skipped": Rule(SKIP),
+    "skipped": Rule(SKIP),  # never started: its working directory is missing
     "gated": Rule(ESCALATE),
     "extraction_failed": Rule(ESCALATE),
 }

@@ -1,8 +1,9 @@
 """The only code that knows the `claude` CLI: command lines, environment, stream-json lines, status.
 
 Ground truth is what the CLI was observed to do (docs/claude-cli.md and the tests against the real
-binary): stdout is JSON lines but must be parsed tolerantly; failure is decided by `is_error` and
-`terminal_reason`, never by `subtype`; SIGTERM exits 143 with no result line.
+binary): stdout is JSON lines but must be parsed tolerantly; a result's `is_error` changed meaning
+between 2.1.x versions, so an `error_*` subtype is a failure whatever `is_error` says, and `subtype:
+"success"` is not success when `is_error` is set; SIGTERM exits 143 with no result line.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ TASK_ENV_VAR = "PETAL_TASK_ID"
 ROLE_MARKER = "[petal-role: {role}]"
 
 _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+_API_ERROR_TEXT = re.compile(r"\bAPI Error: (\d{3})\b")
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,10 @@ class TurnFacts:
     lines: int = 0
     unparsed: int = 0
     last_text: str = ""
+    # the CLI's "[Request interrupted by user…]" line: SIGINT or a control-protocol interrupt
+    interrupted: bool = False
+    # completed tool calls: what tells a budget stop with work done (partial) from one without
+    tool_results: int = 0
 
     def feed(self, line: Line) -> None:
         self.lines += 1
@@ -214,6 +220,16 @@ class TurnFacts:
                      if isinstance(b, dict) and b.get("type") == "text"]
             if texts and not obj.get("is_api_error_message"):
                 self.last_text = "\n".join(texts)
+        elif kind == "user":
+            content = (obj.get("message") or {}).get("content")
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+            for b in blocks:
+                if not isinstance(b, dict):
+                    continue
+                if b.get("type") == "tool_result":
+                    self.tool_results += 1
+                elif b.get("type") == "text" and str(b.get("text", "")).startswith(INTERRUPTED_MARK):
+                    self.interrupted = True
         elif kind == "rate_limit_event":
             if ((obj.get("rate_limit_info") or {}).get("status")) == "rejected":
                 self.rate_limited = True
@@ -222,6 +238,12 @@ class TurnFacts:
             if obj.get("api_error_status") == 429 or obj.get("api_error_type") == "rate_limit_error":
                 self.rate_limited = True
             if obj.get("api_error_status") == 401:
+                self.auth_failed = True
+            # older CLIs (2.1.29) give no api_error_status and no api_retry line without retries: only the text
+            said = _API_ERROR_TEXT.search(str(obj.get("result") or "")) if obj.get("is_error") else None
+            if said and said.group(1) == "429":
+                self.rate_limited = True
+            elif said and said.group(1) == "401":
                 self.auth_failed = True
 
     @property
@@ -259,6 +281,10 @@ def signal_name(sig: int) -> str:
 _CANCEL_CODES = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 _CANCEL_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _ABORTED = {"aborted_streaming", "aborted_tools"}
+# the text of the synthetic user line an interrupt leaves ("… for tool use" during a tool)
+INTERRUPTED_MARK = "[Request interrupted by user"
+# a run the CLI stopped on a budget; with work done it is `partial`, else `failed`
+_BUDGET_STOPS = {"error_max_turns": "max_turns", "error_max_budget_usd": "max_budget_usd"}
 
 
 def derive_status(
@@ -267,7 +293,8 @@ def derive_status(
     """Exit → status (design.md, D-11). `returncode` < 0 means death by signal -N (asyncio's form);
     None means unknown (an imported transcript)."""
     result = facts.result
-    failed_run = result is None or bool(result.get("is_error")) or (returncode not in (0, None))
+    failed_run = (result is None or bool(result.get("is_error")) or returncode not in (0, None)
+                  or str(result.get("subtype")).startswith("error_"))
     if stop_requested:
         return Outcome("cancelled", "stop_requested")
     if failed_run and facts.rate_limited:
@@ -282,16 +309,20 @@ def derive_status(
     if returncode is not None and returncode > 128:
         return Outcome("crashed", f"exit {returncode}")
     if result is None:
+        if facts.interrupted:  # the CLI sometimes exits after an interrupt without its result line
+            return Outcome("cancelled", "interrupted")
         return Outcome("crashed" if imported else "failed", "no_result")
     terminal = result.get("terminal_reason")
+    subtype = result.get("subtype")
+    # is_error of an interrupt or a max-turns stop was false in 2.1.29 and is true since: read the subtype
+    if terminal in _ABORTED or (subtype == "error_during_execution" and facts.interrupted):
+        return Outcome("cancelled", str(terminal or "interrupted"))
+    if subtype in _BUDGET_STOPS:
+        return Outcome("partial" if facts.tool_results else "failed", _BUDGET_STOPS[subtype])
+    if isinstance(subtype, str) and subtype.startswith("error_"):
+        return Outcome("failed", str(terminal or subtype))
     if result.get("is_error") or returncode not in (0, None):
-        if terminal in _ABORTED:
-            return Outcome("cancelled", str(terminal))
-        if result.get("subtype") == "error_max_turns":
-            return Outcome("failed", "max_turns")
-        return Outcome("failed", str(terminal or result.get("subtype") or f"exit {returncode}"))
-    if result.get("subtype") == "error_max_turns":
-        return Outcome("failed", "max_turns")
+        return Outcome("failed", str(terminal or subtype or f"exit {returncode}"))
     if facts.permission_denials:
         return Outcome("gated", "permission_denials")
     return Outcome("success", str(terminal or "completed"))

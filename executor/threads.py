@@ -5,7 +5,8 @@ message is journaled as `task.user_message` (the echo every client renders; a ha
 `thread.harness_message`) and becomes an orchestrator turn — one `claude -p --resume <thread>` run per
 turn, exit = turn boundary. Messages arriving while a turn is open stay pending (visible in
 GET /api/queue) and go together, in order, in the next turn. A message sent while the turn waits in
-ask_user_question answers that question as a reply instead.
+ask_user_question answers that question as a reply instead; a harness report never does (it waits for
+the boundary).
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class Threads:
     async def _reply_in_chat(self, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
         async with self.pool.connection() as conn, conn.transaction():
             async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries["take_pending_chat"], {"thread_id": thread_id, "limit": 1})
+                # only the user answers the user's question; a harness report waits for the turn boundary
+                await cur.execute(queries["take_pending_chat"], {"thread_id": thread_id, "limit": 1, "origin": "user"})
                 messages = await cur.fetchall()
                 if not messages:
                     return
@@ -147,7 +149,7 @@ class Threads:
         async with self.pool.connection() as conn, conn.transaction():
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(queries["take_pending_chat"],
-                                  {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN})
+                                  {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN, "origin": None})
                 messages = await cur.fetchall()
             if not messages:
                 return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from collections.abc import Callable, Sequence
@@ -56,7 +57,10 @@ def _cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_install_claude(args: argparse.Namespace, settings: Settings) -> int:
     from executor import cli_install
 
-    print(cli_install.install())
+    # PETAL_CLAUDE_VERSION (an exact version or a tag such as "latest") runs the suite against another CLI
+    version = cli_install.resolve(args.version or os.environ.get("PETAL_CLAUDE_VERSION")
+                                  or cli_install.CLAUDE_CODE_VERSION)
+    print(cli_install.install(version=version))
     return 0
 
 
@@ -317,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_ingress)
 
     p = sub.add_parser("install-claude", help="install the pinned Claude Code CLI into a local cache (needs npm)")
+    p.add_argument("--version", help="another version or npm tag (default: PETAL_CLAUDE_VERSION, else the pinned)")
     p.set_defaults(handler=_cmd_install_claude)
 
     p = sub.add_parser("import-transcript", help="journal a recorded stream-json file as one finished task")

@@ -6,14 +6,21 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from shared.database import Database
-from tests.pg import Cluster, DB
+from tests.pg import DB, Cluster, PgUnavailable
+
+# pytest's exit code when the PostgreSQL asked for (PETAL_TEST_PG_IMAGE) cannot be had
+PG_UNAVAILABLE_EXIT = 4
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster.start(tmp_path_factory.mktemp("cluster"))
+    try:
+        c = Cluster.start(tmp_path_factory.mktemp("cluster"))
+    except PgUnavailable as exc:  # a configuration problem: say so once, not as a traceback per test
+        pytest.exit(str(exc), returncode=PG_UNAVAILABLE_EXIT)
     yield c
     c.drop_all()
+    c.close()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import time
@@ -36,9 +37,17 @@ def claude_bin() -> str:
     configured = os.environ.get("PETAL_CLAUDE_BIN")
     if configured:
         return configured
-    found = cli_install.installed_bin()
+    return _installed(os.environ.get("PETAL_CLAUDE_VERSION") or cli_install.CLAUDE_CODE_VERSION)
+
+
+@functools.cache
+def _installed(version: str) -> str:
+    """The cached CLI of a version or tag (PETAL_CLAUDE_VERSION=latest asks npm once per session)."""
+    exact = cli_install.resolve(version)
+    found = cli_install.installed_bin(cli_install.default_prefix(exact))
     if found is None:
-        raise RuntimeError("the pinned claude CLI is missing: run `petal-dispatch install-claude` (or bash .ci/run)")
+        raise RuntimeError(f"the claude CLI {exact} is missing: run `petal-dispatch install-claude` "
+                           "(or bash .ci/run) with the same PETAL_CLAUDE_VERSION")
     return str(found)
 
 

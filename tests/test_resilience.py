@@ -9,6 +9,9 @@ Run alone with `bash .ci/run -m resilience`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,10 +25,12 @@ import httpx
 import psycopg
 import pytest
 
+from executor.harness_mcp import TIMED_OUT
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB, Cluster
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
+from tests.test_asks import Q1, _round_trip, asking
 from tests.test_executor_process import _executor_env
 from tests.web import free_port, ingress_server
 
@@ -81,16 +86,21 @@ async def running_turn(admin_dsn: str, timeout: float = 60) -> None:
         await asyncio.sleep(0.05)
 
 
+# how long the database stays down: well inside the pools' 30 s wait for a connection
+DOWN_S = 5.0
+# what the journal writer's retry path logs: a batch cut off mid-write retried by journal.append, or the
+# writer retrying (holding) a batch the database refused
+WRITER_RETRIED = ("journal_append_retry", "journal_writer_retry", "journal_holding")
 SLOW_TURN = Scenario(rules=[Rule(role="orchestrator", replies=[{"stall": {"seconds": 2, "text": "turn done"}}])])
 
 
 # ---- PostgreSQL goes away ------------------------------------------------------------------------------
 
-async def test_postgres_restarted_mid_run_both_services_reconnect_and_nothing_is_lost(
-    own: tuple[OwnServer, Cluster], odb: DB, tmp_path: Path
+async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_nothing_is_lost(
+    own: tuple[OwnServer, Cluster], odb: DB, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     server = own[0]
-    words = 3000
+    words = 5000
     scenario = Scenario(rules=[
         Rule(role="orchestrator", replies=[{"stall": {"seconds": 2, "text": "turn done"}}]),
         # a worker streaming one line per token while the database goes away under it
@@ -104,16 +114,36 @@ async def test_postgres_restarted_mid_run_both_services_reconnect_and_nothing_is
                 await post_chat(http, f"before {i}")
             await running_turn(odb.admin_dsn)
             worker = await h.dispatch("stream a lot")
-            await asyncio.sleep(2.0)  # mid-stream
-            server.restart()
+            await _journaled(odb.admin_dsn, worker, "stream.stream_event")
+            # hold the writer's next append mid-transaction, so the outage certainly cuts a write off
+            locker = await psycopg.AsyncConnection.connect(odb.admin_dsn)
+            await locker.execute("LOCK TABLE journal IN SHARE MODE")  # readers go on; INSERTs wait
+            await _writer_waiting_on_a_lock(odb.admin_dsn)
+            # stopped and started in a thread: this event loop, which runs both services, goes on meanwhile
+            await asyncio.to_thread(server.down)
+            with contextlib.suppress(psycopg.Error):
+                await locker.close()
+            during = asyncio.create_task(post_chat(http, "during"))  # the phone retries until accepted
+            answered: list[int] = []
+            down_until = time.monotonic() + DOWN_S
+            while time.monotonic() < down_until:
+                with contextlib.suppress(httpx.HTTPError):
+                    answered.append((await http.get("/healthz", timeout=1)).status_code)
+                await asyncio.sleep(0.2)
+            await asyncio.to_thread(server.up)
+            await during
             for i in range(3):
                 await post_chat(http, f"after {i}")
             await settled(odb.admin_dsn)
             await reader.until(head(odb.admin_dsn))
             await reader.stop()
+    logged = capfd.readouterr().out
+    assert answered and set(answered) == {200}, "the ingress must keep answering while the database is down"
+    # the journal writer met the outage mid-write and retried (the names its retry path logs)
+    assert any(name in logged for name in WRITER_RETRIED), logged[-3000:]
     facts = check_invariants(odb.admin_dsn, [reader])
-    assert echoes(odb.admin_dsn) == [f"before {i}" for i in range(3)] + [f"after {i}" for i in range(3)]
-    assert facts["chat"] == 6  # (the SSE stream itself need not drop: it rides out the restart)
+    assert echoes(odb.admin_dsn) == [f"before {i}" for i in range(3)] + ["during"] + [f"after {i}" for i in range(3)]
+    assert facts["chat"] == 7
     with psycopg.connect(odb.admin_dsn) as conn:
         deltas, lines = conn.execute(
             "SELECT count(*) FILTER (WHERE payload -> 'event' ->> 'type' = 'content_block_delta'),"
@@ -123,6 +153,28 @@ async def test_postgres_restarted_mid_run_both_services_reconnect_and_nothing_is
             "SELECT j.payload, t.status FROM journal j JOIN tasks t ON t.id = j.task_id"
             " WHERE j.task_id = %s AND j.event_type = 'task.exited'", [worker]).fetchone()  # type: ignore[misc]
     assert status == "success" and deltas == words and lines == exited["lines"]
+
+
+async def _writer_waiting_on_a_lock(admin_dsn: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND application_name LIKE 'petal-executor%%' AND wait_event_type = 'Lock'").fetchone():
+                return
+        assert time.monotonic() < deadline, "the journal writer never waited on the lock"
+        await asyncio.sleep(0.05)
+
+
+async def _journaled(admin_dsn: str, task_id: uuid.UUID, event_type: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn) as conn:
+            if conn.execute("SELECT 1 FROM journal WHERE task_id = %s AND event_type = %s",
+                            [task_id, event_type]).fetchone():
+                return
+        assert time.monotonic() < deadline, f"no {event_type} for {task_id}"
+        await asyncio.sleep(0.05)
 
 
 async def test_the_listen_connections_terminated_by_the_server_are_replaced_and_nothing_waits(
@@ -136,16 +188,34 @@ async def test_the_listen_connections_terminated_by_the_server_are_replaced_and_
             await running_turn(odb.admin_dsn)
             with psycopg.connect(odb.admin_dsn, autocommit=True) as conn:
                 killed = conn.execute(
-                    "SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity"
+                    "SELECT application_name, pg_terminate_backend(pid), pid FROM pg_stat_activity"
                     " WHERE datname = current_database() AND application_name LIKE '%%-listen'").fetchall()
+            # the polling backstops would deliver everything without LISTEN: prove it came back
+            relistening = await _listening_again(odb.admin_dsn, [pid for _, _, pid in killed])
             await post_chat(http, "two")
             await post_chat(http, "three")
             await settled(odb.admin_dsn)
             await reader.until(head(odb.admin_dsn))
             await reader.stop()
-    assert sorted(name for name, ok in killed if ok) == ["petal-executor-listen", "petal-ingress-listen"]
+    assert sorted(name for name, ok, _ in killed if ok) == ["petal-executor-listen", "petal-ingress-listen"]
+    assert relistening == {"petal-executor-listen", "petal-ingress-listen"}
     check_invariants(odb.admin_dsn, [reader])
     assert echoes(odb.admin_dsn) == ["one", "two", "three"]
+
+
+async def _listening_again(admin_dsn: str, killed: list[int], timeout: float = 30) -> set[str]:
+    """The listeners that have a new connection that LISTENed: its last statement is a LISTEN, or the
+    probe it only sends after its LISTENs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            back = {name for (name,) in conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE '%%-listen' AND pid <> ALL(%s)"
+                " AND (query ILIKE 'LISTEN %%' OR query ILIKE 'SELECT pg_notify(%%')", [killed]).fetchall()}
+        if len(back) == 2 or time.monotonic() > deadline:
+            return back
+        await asyncio.sleep(0.1)
 
 
 # ---- a service goes away ---------------------------------------------------------------------------------
@@ -375,12 +445,16 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
         {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [QUESTION]}}},
         {"text": "after the question"}])])
     outcomes = []
+    threads = []
+    # the far offsets make sure both outcomes happen on a loaded machine; the near ones race for real
+    offsets = (-1.0, -0.2, -0.05, 0.0, 0.05, 0.2, 1.0)
     with ScriptedModelServer(scenario) as model:
         async with running_executor(odb, model, tmp_path, ask_timeout_s=timeout_s), \
                 ingress_server(odb.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            for offset in (-0.2, -0.05, 0.0, 0.05, 0.2):
+            for offset in offsets:
                 # a thread per round: each is a new conversation, so the scripted model asks again
                 thread = (await http.post("/api/threads", json={"title": str(offset)})).json()["thread_id"]
+                threads.append(thread)
                 await post_chat(http, f"ask me ({offset})", thread)
                 deadline = time.monotonic() + 60
                 while not (asks := (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]):
@@ -400,7 +474,90 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
             "SELECT q.status, q.response, (SELECT count(*) FROM journal j WHERE j.payload ->> 'question_id' = q.id::text"
             " AND j.event_type IN ('question.answered', 'question.cancelled')) FROM questions q ORDER BY created_at"
         ).fetchall()
-    assert len(closed) == 5 and all(n == 1 for _, _, n in closed)
-    # what the user was told matches what happened: 200 = their answer won, 409 = the timeout won
-    for code, (status, response, _) in zip(outcomes, closed, strict=True):
+        received = [_ask_tool_result(conn, thread) for thread in threads]
+    assert len(closed) == len(offsets) and all(n == 1 for _, _, n in closed)
+    assert set(outcomes) == {200, 409}, outcomes  # both sides of the race were exercised
+    # what the user was told matches what happened and what Claude got: 200 = their answer won and is the
+    # tool result; 409 = the timeout won and the tool result says so
+    for code, (status, response, _), result in zip(outcomes, closed, received, strict=True):
         assert (code, status) in ((200, "answered"), (409, "cancelled")), (code, status, response)
+        if code == 200:
+            assert result["answers"] == {"Go ahead?": "Yes"}, result
+        else:
+            assert result["answers"] == {} and result["response"] == TIMED_OUT, result
+
+
+def _ask_tool_result(conn: psycopg.Connection[Any], thread: str) -> dict[str, Any]:
+    """The ask_user_question result the CLI received in a thread's turn, as journaled from its stdout."""
+    rows = conn.execute("SELECT payload FROM journal WHERE session_id = %s AND event_type = 'stream.user'"
+                        " ORDER BY seq", [thread]).fetchall()
+    for (payload,) in rows:
+        for block in payload["message"]["content"]:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                content = block["content"]
+                return json.loads(content if isinstance(content, str) else content[0]["text"])
+    raise AssertionError(f"no tool result in thread {thread}")
+
+
+# ---- time and signals ------------------------------------------------------------------------------------
+
+async def test_a_task_waiting_on_a_question_longer_than_the_stall_threshold_is_not_stalled(
+    db: DB, tmp_path: Path
+) -> None:
+    stall_s = 1.5
+    _, row, events, during = await _round_trip(
+        db, tmp_path, asking(Q1), {"answers": {"Which database?": "Postgres"}},
+        answer_after_s=stall_s * 3, stall_timeout_s=stall_s)
+    types = [e.event_type for e in events]
+    asked, answered = (next(e for e in events if e.event_type == t) for t in ("question.asked", "question.answered"))
+    assert (answered.created_at - asked.created_at).total_seconds() > stall_s * 2  # silent well past the threshold
+    assert during["activity"] == "awaiting_user"
+    assert "task.stalled" not in types and row["status"] == "success"
+
+
+async def test_a_stop_the_cli_does_not_obey_is_followed_by_sigkill_after_the_grace(db: DB, tmp_path: Path) -> None:
+    grace_s = 2.0
+    with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path, stop_grace_s=grace_s)) as h:
+            task_id = await h.dispatch("wait forever")
+            await h.wait_event(task_id, "stream.system.init")
+            pid = (await h.task(task_id))["pid"]
+            os.kill(pid, signal.SIGSTOP)  # the real CLI, frozen: SIGTERM stays pending, only SIGKILL acts
+            async with await psycopg.AsyncConnection.connect(db.ingress_dsn, autocommit=True) as ingress:
+                await ingress.execute("INSERT INTO stop_queue (task_id, reason) VALUES (%s, 'user')", [task_id])
+            row = await h.wait_final(task_id, timeout=30)
+            events = await h.events(task_id)
+    sent = [e for e in events if e.event_type == "task.signal_sent"]
+    assert [e.payload["signal"] for e in sent] == ["SIGTERM", "SIGKILL"]
+    assert (sent[1].created_at - sent[0].created_at).total_seconds() >= grace_s * 0.95
+    assert row["status"] == "cancelled" and row["status_reason"] == "stop_requested"
+    assert row["exit_signal"] == signal.SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
+# ---- restarts ----------------------------------------------------------------------------------------------
+
+async def test_queue_rows_a_dead_executor_had_claimed_go_back_to_pending_and_are_applied(
+    db: DB, tmp_path: Path
+) -> None:
+    thread = uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        # what an executor killed between claiming and finishing leaves behind
+        conn.execute("INSERT INTO thread_control_queue (thread_id, action, args, status, claimed_at)"
+                     " VALUES (%s, 'create', '{\"title\": \"left claimed\"}', 'claimed', now())", [thread])
+        conn.execute("INSERT INTO chat_queue (thread_id, text, status, claimed_at)"
+                     " VALUES (%s, 'claimed before the crash', 'claimed', now())", [thread])
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "got it"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h:
+            await settled(db.admin_dsn, timeout=90)
+            events = await h.events()
+    with psycopg.connect(db.admin_dsn) as conn:
+        queues = conn.execute("SELECT (SELECT status FROM thread_control_queue), (SELECT status FROM chat_queue),"
+                              " (SELECT title FROM sessions WHERE id = %s)", [thread]).fetchone()
+    started = [e.payload["reconciled"]["requeued"] for e in events if e.event_type == "executor.started"]
+    assert started == [{"chat": 1, "stop": 0, "thread_control": 1}]
+    assert queues == ("done", "delivered", "left claimed")
+    assert [e.payload["text"] for e in events if e.event_type == "task.user_message"] == ["claimed before the crash"]

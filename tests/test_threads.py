@@ -184,3 +184,99 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
     assert handoffs == ["step one", "step two", "step three"]
     assert len(turns) >= 4 and all(t["status"] == "success" for t in turns)
     assert [e.payload["text"] for e in events if e.event_type == "task.user_message"] == ["do the three steps"]
+
+
+async def _pending_asks(http: httpx.AsyncClient, timeout: float = 60) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while not (asks := (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    return asks
+
+
+async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waiting_on(db: DB, tmp_path: Path) -> None:
+    question = {"question": "Which way?", "header": "Way", "multiSelect": False,
+                "options": [{"label": "Left", "description": ""}, {"label": "Right", "description": ""}]}
+    handoff = {"goal": "count the files", "current_state": "counted 3 files", "next_step": "none",
+               "ruled_out": [], "status": "success", "artifacts": []}
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted the report"}]),
+        # dispatch (returns at once in an autonomous thread), then ask while the worker runs
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files here"}}},
+            {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [question]}}},
+            {"text": "going that way"}]),
+        Rule(role="worker", replies=[{"text": "there are 3 files"}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": handoff}},
+                                        {"text": "done"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = await _autonomous(http)
+            await http.post("/api/chat", json={"text": "start", "thread_id": thread})
+            conn = await h._conn()
+            asks = await _pending_asks(http)
+            deadline = time.monotonic() + 120
+            # the worker's report is queued for the thread while the question is still open
+            while not (await (await conn.execute(
+                    "SELECT 1 FROM chat_queue WHERE origin = 'harness'")).fetchall()):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            # several delivery passes (the report wakes the loop at once; it polls every second)
+            settle_until = time.monotonic() + 3
+            while time.monotonic() < settle_until:
+                pending = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+                assert [a["id"] for a in pending] == [asks[0]["id"]], "the report closed the user's question"
+                await asyncio.sleep(0.2)
+            await http.post("/api/chat", json={"text": "left, please", "thread_id": thread})
+            turns = await _turns(h, 2, timeout=120)
+            first = await h.events(turns[0]["id"])
+            all_events = await h.events()
+            answered = (await (await conn.execute(
+                "SELECT response, answered_via FROM questions WHERE asked_by = 'model'")).fetchall())
+    results = [b for e in first if e.event_type == "stream.user" for b in e.payload["message"]["content"]
+               if isinstance(b, dict) and b.get("type") == "tool_result"]
+    ask_result = json.loads(results[-1]["content"] if isinstance(results[-1]["content"], str)
+                            else results[-1]["content"][0]["text"])
+    assert ask_result["response"] == "left, please" and ask_result["answers"] == {}
+    assert answered == [("left, please", "chat")]
+    assert [e.payload["text"] for e in all_events if e.event_type == "task.user_message"] == ["start", "left, please"]
+    reports = [e for e in all_events if e.event_type == "thread.harness_message"]
+    assert len(reports) == 1 and reports[0].task_id == turns[1]["id"]  # delivered at the turn boundary
+    assert turns[1]["brief"].startswith("[harness] Worker") and "counted 3 files" in turns[1]["brief"]
+
+
+async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archived_thread_takes_no_message(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "hi"}])])) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = await _autonomous(http, "Plan")
+            await http.post("/api/chat", json={"text": "hello", "thread_id": thread})
+            await _turns(h, 1)
+            patched = await http.patch(f"/api/threads/{thread}", json={"title": "Renamed", "archived": True})
+            conn = await h._conn()
+            deadline = time.monotonic() + 30
+            while (await (await conn.execute("SELECT count(*) FROM thread_control_queue WHERE status <> 'done'"))
+                   .fetchone())[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            late = await http.post("/api/chat", json={"text": "too late", "thread_id": thread})
+            while (await (await conn.execute("SELECT count(*) FROM chat_queue WHERE status = 'pending'"))
+                   .fetchone())[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            session = await (await conn.execute("SELECT title, lifecycle FROM sessions WHERE id = %s",
+                                                [thread])).fetchone()
+            refused = await (await conn.execute("SELECT status, error FROM chat_queue WHERE text = 'too late'"))\
+                .fetchone()
+            events = [e for e in await h.events() if e.session_id is not None and str(e.session_id) == thread]
+            turns = await _turns(h, 1)
+    assert patched.status_code == 202
+    assert session == ("Renamed", "archived")
+    changes = [(e.event_type, e.payload) for e in events if e.event_type in ("thread.renamed", "thread.archived")]
+    assert [t for t, _ in changes] == ["thread.renamed", "thread.archived"] and changes[0][1]["title"] == "Renamed"
+    assert late.status_code == 202 and refused == ("failed", "the thread is archived")
+    assert len(turns) == 1  # no turn for the archived thread

@@ -41,8 +41,12 @@ WHERE q.status = 'pending' AND t.session_id = %(thread_id)s AND t.status = 'runn
 ORDER BY q.created_at LIMIT 1
 
 -- name: take_pending_chat --
+-- origin NULL takes every message (a turn boundary); 'user' only the user's own (a reply in chat that
+-- answers a pending question: a harness report must never answer for the user, it waits for the boundary).
 UPDATE chat_queue c SET status = 'delivered', claimed_at = now(), done_at = now()
-FROM (SELECT id FROM chat_queue WHERE thread_id = %(thread_id)s AND status = 'pending' ORDER BY created_at
+FROM (SELECT id FROM chat_queue
+      WHERE thread_id = %(thread_id)s AND status = 'pending' AND (%(origin)s::text IS NULL OR origin = %(origin)s)
+      ORDER BY created_at
       FOR UPDATE SKIP LOCKED LIMIT %(limit)s) picked
 WHERE c.id = picked.id
 RETURNING c.id, c.text, c.origin, c.created_at

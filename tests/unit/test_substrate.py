@@ -25,6 +25,11 @@ AUTH = {"type": "system", "subtype": "api_retry", "attempt": 1, "error_status": 
 ABORTED = {"type": "result", "subtype": "error_during_execution", "is_error": True,
            "terminal_reason": "aborted_streaming", "errors": []}
 
+INTERRUPTED = {"type": "user", "message": {"role": "user", "content": [
+    {"type": "text", "text": "[Request interrupted by user for tool use]"}]}}
+TOOL_DONE = {"type": "user", "message": {"role": "user", "content": [
+    {"type": "tool_result", "tool_use_id": "t", "content": "one"}]}}
+
 
 @pytest.mark.parametrize(
     ("rc", "objs", "stop", "expected"),
@@ -47,6 +52,20 @@ ABORTED = {"type": "result", "subtype": "error_during_execution", "is_error": Tr
         (1, [{"type": "result", "subtype": "error_max_turns", "is_error": False, "errors": []}], False, "failed"),
         (0, [{**OK, "permission_denials": [{"tool_name": "Write", "tool_use_id": "t", "tool_input": {}}]}], False,
          "gated"),
+        # an error_ subtype is never success, whatever is_error says (it was false in 2.1.29)
+        (0, [{"type": "result", "subtype": "error_during_execution", "is_error": False, "errors": []}], False, "failed"),
+        (0, [{"type": "result", "subtype": "error_brand_new", "is_error": False}], False, "failed"),
+        (0, [{"type": "result", "subtype": "error_max_budget_usd", "is_error": False, "errors": []}], False, "failed"),
+        # a budget stop after a tool call completed: partial
+        (0, [TOOL_DONE, {"type": "result", "subtype": "error_max_turns", "is_error": False, "errors": []}], False,
+         "partial"),
+        (1, [TOOL_DONE, {"type": "result", "subtype": "error_max_budget_usd", "is_error": True,
+                         "terminal_reason": "budget_exhausted", "errors": []}], False, "partial"),
+        # interrupted: the CLI's marker line, with or without (a race) its result line
+        (0, [INTERRUPTED, {"type": "result", "subtype": "error_during_execution", "is_error": False}], False,
+         "cancelled"),
+        (0, [INTERRUPTED], False, "cancelled"),
+        (0, [{**ABORTED, "is_error": False}], False, "cancelled"),
     ],
 )
 def test_status_follows_the_exit_and_what_the_stream_showed(rc: int, objs: list, stop: bool, expected: str) -> None:  # type: ignore[type-arg]
@@ -65,6 +84,8 @@ def test_an_imported_transcript_without_a_result_line_is_crashed() -> None:
         (b'{"type":"assistant","message":{}}', "stream.assistant"),
         (b'{"type":"brand_new_kind"}', "stream.brand_new_kind"),
         (b'{"type":"Weird Type!"}', "stream.other"),
+        (b'{"type":"control_request","request_id":"r","request":{"subtype":"can_use_tool"}}', "stream.control_request"),
+        (b'{"type":"control_response","response":{"subtype":"success","request_id":"r"}}', "stream.control_response"),
         (b'{"no_type": 1}', "stream.other"),
         (b"[1, 2]", "stream.unparsed"),
         (b"[SandboxDebug] hello", "stream.unparsed"),
