@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
-from executor import briefs, dispatch
+from executor import briefs, dispatch, projects
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, logs, read_surface
@@ -249,6 +249,13 @@ class Harness:
         except ValueError:
             raise ToolError(f"project_id {project_id!r} is not a UUID") from None
         scope = project or caller.session_id
+        if plan_ref and project is not None:
+            # a worker of a plan task knows which one it is (its earlier handoffs follow, from enrich)
+            try:
+                title = await projects.plan_task_title(self.db.pool, project, plan_ref)
+            except projects.Refused as exc:
+                raise ToolError(f"dispatch refused: {exc}") from None
+            brief = f"Plan task {plan_ref}: {title}\n\n{brief}" if title else f"Plan task {plan_ref}\n\n{brief}"
         if not override_ruled_out:
             matches = await read_surface.check_ruled_out(self.db.pool, scope, brief)
             if matches:

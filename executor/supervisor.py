@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from executor import process, substrate
+from executor import process, projects, substrate, worktrees
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, errors, logs
@@ -50,6 +50,13 @@ class SupervisorConfig:
     mcp_url: str | None = None
     # the per-spawn MCP server timeout: a human may take a while to answer ask_user_question
     mcp_timeout_ms: int | None = 600_000
+    # where workers of a project get their git worktrees (None: beside run_dir), and whether they stay
+    worktree_dir: Path | None = None
+    keep_worktrees: bool = False
+
+    @property
+    def worktree_root(self) -> Path:
+        return (self.worktree_dir or self.run_dir.parent / "worktrees").resolve()
 
 
 @dataclass
@@ -290,7 +297,13 @@ class Supervisor:
 
     async def _start(self, row: dict[str, Any]) -> None:
         task_id: uuid.UUID = row["id"]
-        workdir = Path(row["workdir"] or self.config.default_workdir)
+        # a worker of a project runs in a git worktree of its own, never in the project's checkout
+        try:
+            isolated = await projects.prepare_worktree(self.db.pool, self.writer, row, self.config.worktree_root)
+        except (worktrees.GitError, OSError) as exc:
+            await self._finish_unspawned(row, "failed", f"could not make the worker's git worktree: {exc}")
+            return
+        workdir = isolated or Path(row["workdir"] or self.config.default_workdir)
         if not workdir.is_dir():
             await self._finish_unspawned(row, "skipped", f"working directory {workdir} does not exist")
             return
@@ -436,6 +449,13 @@ class Supervisor:
             "id": r.task_id, "status": outcome.status, "reason": reason,
             "exit_code": rc if rc >= 0 else None, "exit_signal": -rc if rc < 0 else None,
             "last_output_at": r.last_output_at})
+        # Record what a project worker changed, then remove its worktree (the branch stays for review).
+        # Runs right after the final status is written; it belongs in the settlement loop once there is one.
+        try:
+            await worktrees.record_changes(self.db.pool, self.writer, r.task_id,
+                                           keep_worktree=self.config.keep_worktrees)
+        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
+            log.exception("record_changes_failed", task_id=str(r.task_id))
         await self._exec("update_session", {
             "id": r.session_id, "lifecycle": "idle" if row["session_id"] else "ended",
             "substrate_session_id": r.facts.substrate_session_id})
