@@ -179,6 +179,7 @@ async def test_parallel_workers_get_their_own_worktrees_and_branches_and_each_is
                    for brief in ("write alpha", "write beta", "change shared")]
             tasks = [await h.wait_task(t, lambda r: r["changes_recorded_at"] is not None, 120) for t in ids]
             main_status = _git(repo, "status", "--porcelain", "--untracked-files=all")
+            main_files = sorted(p.name for p in repo.iterdir())
             diffs = [(await http.get(f"/api/tasks/{t}/diff")).json() for t in ids]
             alpha, beta, shared = ids
 
@@ -198,7 +199,7 @@ async def test_parallel_workers_get_their_own_worktrees_and_branches_and_each_is
     assert len({t["branch"] for t in tasks}) == 3 and all(t["branch"].startswith("petal/") for t in tasks)
     assert len({t["worktree"] for t in tasks}) == 3
     assert all(not Path(t["worktree"]).exists() and repo not in Path(t["worktree"]).parents for t in tasks)
-    assert main_status == "" and not (repo / "alpha.txt").exists()
+    assert main_status == "" and main_files == [".git", "shared.txt"]  # no worker wrote the checkout
     assert [[f["path"] for f in d["files"]] for d in diffs] == [["alpha.txt"], ["beta.txt"], ["shared.txt"]]
     assert "+alpha" in diffs[0]["diff"] and "beta" not in diffs[0]["diff"] and diffs[0]["diff_truncated"] is False
     assert diffs[2]["base_branch"] == "main" and diffs[2]["commits"]
