@@ -31,6 +31,8 @@ log = logs.get(__name__)
 POLL_S = 2.0
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 MAX_PLAN_CHARS = 200_000
+# an ended worker's changes are the supervisor's to record for this long; after it, the sweep records them
+RECORD_GRACE_S = 60.0
 
 
 class Refused(Exception):
@@ -102,6 +104,7 @@ class Projects:
                 wake.clear()
                 try:
                     await self.apply()
+                    await self.sweep()
                 except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
                     log.exception("projects_pass_failed")
                 with contextlib.suppress(TimeoutError):
@@ -124,6 +127,11 @@ class Projects:
                 await self._refusal(row, error)
             await self._rows("finish_project_request", {"id": row["id"], "status": status, "error": error,
                                                         "result": Jsonb(result) if result is not None else None})
+
+    async def sweep(self) -> None:
+        """Record the changes of ended workers nobody recorded (e.g. a worker crashed by a restart)."""
+        for row in await self._rows("unrecorded_changes", {"grace_s": RECORD_GRACE_S}):
+            await worktrees.record_changes(self.pool, self.writer, row["id"], keep_worktree=self.config.keep_worktrees)
 
     async def _refusal(self, row: dict[str, Any], reason: str) -> None:
         if row["action"] == "create":

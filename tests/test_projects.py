@@ -225,7 +225,7 @@ async def test_parallel_workers_get_their_own_worktrees_and_branches_and_each_is
 def _done(ref: str) -> Rule:
     handoff = {"goal": f"do {ref}", "current_state": f"{ref} done", "next_step": "the next plan task",
                "ruled_out": [], "status": "success", "artifacts": []}
-    return Rule(role="extractor", match=f"Plan task {ref}", replies=[
+    return Rule(role="extractor", match=f"## Plan task {ref}", replies=[
         {"tool_use": {"name": "StructuredOutput", "input": handoff}}, {"text": "ok"}])
 
 
@@ -266,6 +266,7 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
             await _until(finished, "the orchestrator's last turn", 300)
             await _until(lambda: _settled(h), "every task to end", 60)
             project = (await http.get(f"/api/projects/{project_id}")).json()
+            checkout = (_git(repo, "status", "--porcelain", "--untracked-files=all"), sorted(p.name for p in repo.iterdir()))
             unknown = await http.post("/api/threads", json={"mode": "autonomous", "project_id": str(uuid.uuid4())})
             usage = {by: (await http.get("/api/usage", params={"by": by})).json()
                      for by in ("task", "thread", "project", "day")}
@@ -278,13 +279,15 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
     workers = [r for r in rows if r[0] == "worker"]
     assert "[project plan · project_id" in turns[0][1] and "Not started: T-001 write one; T-002 write two" in turns[0][1]
     assert all(str(r[2]) == project_id for r in turns + workers)  # the dispatches named no project
-    assert [w[1].split("\n")[0] for w in workers] == ["Plan task T-001: write one", "Plan task T-002: write two"]
+    assert [w[1].split("\n")[0] for w in workers] == ["write one.txt", "write two.txt"]
+    assert "## Plan task T-001: write one" in workers[0][1] and "## Plan task T-002: write two" in workers[1][1]
     plan = {p["ref"]: p for p in project["plan_tasks"]}
     assert [plan[r]["latest"]["status"] for r in ("T-001", "T-002")] == ["success", "success"]
     assert [plan[r]["handoffs"][0]["current_state"] for r in ("T-001", "T-002")] == ["T-001 done", "T-002 done"]
     assert sorted(project["state"]["done"]) == ["T-001", "T-002"]
     assert sorted(b["plan_ref"] for b in project["branches_waiting"]) == ["T-001", "T-002"]
     assert unknown.status_code == 404
+    assert checkout == ("", [".git", "PLAN.md"])  # the workers' files are on their branches only
 
     results = [e for e in events if e.event_type == "stream.result"]
     expected = {"runs": len(results),

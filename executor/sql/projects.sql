@@ -54,3 +54,11 @@ SELECT EXISTS (SELECT 1 FROM projects WHERE id = %(id)s)
 
 -- name: project_plan --
 SELECT name, plan FROM projects WHERE id = %(id)s
+
+-- name: unrecorded_changes --
+-- Ended workers whose changes were never recorded (the executor died between the end and the record, or
+-- the record failed). The grace keeps this sweep from racing the supervisor's own record of a fresh end.
+SELECT id FROM tasks
+WHERE branch IS NOT NULL AND changes_recorded_at IS NULL AND status NOT IN ('pending', 'running')
+  AND coalesce(ended_at, created_at) < now() - make_interval(secs => %(grace_s)s)
+ORDER BY ended_at LIMIT 20
