@@ -266,7 +266,8 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
             await _until(finished, "the orchestrator's last turn", 300)
             await _until(lambda: _settled(h), "every task to end", 60)
             project = (await http.get(f"/api/projects/{project_id}")).json()
-            checkout = (_git(repo, "status", "--porcelain", "--untracked-files=all"), sorted(p.name for p in repo.iterdir()))
+            checkout = (_git(repo, "status", "--porcelain", "--untracked-files=all"),
+                        sorted(p.name for p in repo.iterdir()))
             unknown = await http.post("/api/threads", json={"mode": "autonomous", "project_id": str(uuid.uuid4())})
             usage = {by: (await http.get("/api/usage", params={"by": by})).json()
                      for by in ("task", "thread", "project", "day")}
@@ -277,7 +278,8 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
             events = await h.events()
     turns = [r for r in rows if r[0] == "orchestrator"]
     workers = [r for r in rows if r[0] == "worker"]
-    assert "[project plan · project_id" in turns[0][1] and "Not started: T-001 write one; T-002 write two" in turns[0][1]
+    assert "[project plan · project_id" in turns[0][1]
+    assert "Not started: T-001 write one; T-002 write two" in turns[0][1]
     assert all(str(r[2]) == project_id for r in turns + workers)  # the dispatches named no project
     assert [w[1].split("\n")[0] for w in workers] == ["write one.txt", "write two.txt"]
     assert "## Plan task T-001: write one" in workers[0][1] and "## Plan task T-002: write two" in workers[1][1]
