@@ -546,7 +546,12 @@ async function loadDetail(id, fresh) {
   }
   const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
     api(`/api/handoffs?scope_id=${id}&limit=1`)]);
+  // a project worker's recorded changes (404: not a project worker; 409: not recorded yet) and its usage
+  const [changes, usage] = await Promise.all([api(`/api/tasks/${id}/diff`).catch(() => null),
+    api(`/api/usage?by=task&task_id=${id}`).catch(() => null)]);
   if (!S.detail || S.detail.id !== id) return;
+  S.detail.changes = changes;
+  S.detail.usage = usage?.total || null;
   S.detail.task = task;
   S.detail.events = events.events;
   S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
@@ -608,9 +613,60 @@ function renderDetail() {
       h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
       h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
     live ? h("button", { type: "button", class: "danger", onclick: () => stopTask(t.id) }, "Stop") : null,
+    d.usage?.runs ? h("p", { class: "usage" }, `${d.usage.input_tokens + d.usage.output_tokens} tokens · $${d.usage.cost_usd.toFixed(4)}`) : "",
     h("h3", {}, "Handoff"), renderHandoff(d.handoff),
+    d.changes ? renderChanges(t, d.changes) : "",
     h("h3", {}, `Events (${d.events.length})`),
     h("ol", { class: "events" }, d.events.flatMap((e) => renderEvent(e))));
+}
+
+// ---- a project worker's changes: files, the diff, Merge / Discard -----------------------------------------
+
+const DIFF_LINES_SHOWN = 4000;
+
+function renderDiff(text) {
+  const lines = String(text || "").split("\n");
+  const cls = (l) => (l.startsWith("+++") || l.startsWith("---") || l.startsWith("diff ") ? "file"
+    : l.startsWith("@@") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : l.startsWith("…") ? "cut" : "");
+  const shown = lines.slice(0, DIFF_LINES_SHOWN).map((l) => h("span", { class: cls(l) }, l + "\n"));
+  if (lines.length > DIFF_LINES_SHOWN) shown.push(h("span", { class: "cut" }, `… ${lines.length - DIFF_LINES_SHOWN} more lines on the branch`));
+  return h("pre", { class: "diff" }, shown);
+}
+
+function renderChanges(t, c) {
+  const files = c.files || [];
+  const open = !c.review && !c.error;
+  const into = c.base_branch || "the project's branch";
+  return h("section", { class: "changes" },
+    h("h3", {}, `Changes on ${c.branch}`, c.review ? [" ", chip(c.review)] : null),
+    c.error ? h("p", { class: "error" }, c.error) : null,
+    h("ul", { class: "files" }, files.length ? files.map((f) => h("li", {}, h("code", {}, f.path),
+      ` +${f.added ?? "bin"} −${f.deleted ?? "bin"}`)) : h("li", { class: "empty" }, "no changes")),
+    open ? h("div", { class: "actions" },
+      h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
+      h("button", { type: "button", class: "danger", onclick: () => reviewTask(t.id, "discard", `Discard ${c.branch}? The branch is deleted.`) }, "Discard")) : null,
+    h("p", { class: "review-result", id: "review-result" }),
+    c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, "diff"), renderDiff(c.diff)) : null);
+}
+
+async function reviewTask(id, action, question) {
+  if (!confirm(question)) return;
+  const out = $("#review-result");
+  try {
+    const queued = await api(`/api/tasks/${id}/${action}`, { method: "POST", body: {} });
+    out.textContent = `${action} queued…`;
+    for (let i = 0; i < 120; i++) {  // the executor carries it out; its outcome is on the request row
+      const r = await api(`/api/project-requests/${queued.id}`);
+      if (r.status === "done" || r.status === "failed") {
+        if (r.status === "done") await loadDetail(id, false);  // re-renders: the branch is merged or gone
+        const now = $("#review-result");
+        now.textContent = r.status === "done" ? `${action} done` : `${action} failed: ${r.error}`;
+        now.className = r.status === "done" ? "review-result" : "review-result error";
+        return;
+      }
+      await sleep(500);
+    }
+  } catch (e) { out.textContent = e.message; out.className = "review-result error"; }
 }
 
 async function stopTask(id) {

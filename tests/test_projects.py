@@ -313,3 +313,43 @@ async def _settled(h: Harness) -> bool:
     conn = await h._conn()
     row = await (await conn.execute("SELECT count(*) FROM tasks WHERE status IN ('pending', 'running')")).fetchone()
     return row is not None and row[0] == 0
+
+
+# ---- the page ---------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(240)
+async def test_the_task_view_shows_a_workers_files_and_diff_at_phone_width_and_merges_it(
+    db: DB, tmp_path: Path
+) -> None:
+    from playwright.async_api import expect
+
+    from tests.test_web_client import browser, no_script_ran, page_at, shot
+
+    roots = tmp_path / "roots"
+    repo = _repo(roots / "repo", {"README.md": "hello\n"})
+    xss = '<img src=x onerror="window.__xss=1">'
+    scenario = Scenario(rules=[Rule(role="worker", replies=[
+        _bash(f"printf '%s\\n' '{xss}' > alpha.txt; printf 'x%.0s' $(seq 300) > long.txt"),
+        {"text": "wrote alpha.txt"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, project_roots=(roots,)) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http, browser() as b:
+            made = await _request(http, "/api/projects", {"slug": "page", "workdir": str(repo)})
+            task_id = await h.dispatch("write alpha", project_id=uuid.UUID(made["result"]["project_id"]))
+            await h.wait_task(task_id, lambda r: r["changes_recorded_at"] is not None, 120)
+            async with page_at(b, url, {"width": 360, "height": 740}) as page:
+                page.on("dialog", lambda d: asyncio.ensure_future(d.accept()))
+                await page.goto(f"{url}/#task/{task_id}")
+                files = page.locator("#task-detail .files")
+                await expect(files).to_contain_text("alpha.txt", timeout=20_000)
+                await expect(page.locator("#task-detail .diff .add").first).to_be_visible()
+                await expect(page.locator("#task-detail .diff")).to_contain_text(xss)
+                wide = await page.evaluate("document.scrollingElement.scrollWidth")
+                await shot(page, "task-diff-360")
+                await page.get_by_role("button", name="Merge into main").click()
+                await expect(page.locator("#review-result")).to_have_text("merge done", timeout=30_000)
+                await expect(page.locator("#task-detail .changes h3 .chip")).to_have_text("merged")
+                await expect(page.get_by_role("button", name="Discard")).to_have_count(0)
+                await no_script_ran(page)
+    assert wide <= 360  # the diff scrolls inside its box; the page does not
+    assert _git(repo, "show", "main:alpha.txt").strip() == xss
