@@ -128,7 +128,9 @@ async function loadAsks() {
 
 async function loadContext() {
   if (currentTab() !== "context") return;
-  renderContext(await api(`/api/context?thread_id=${S.thread}`));
+  const c = await api(`/api/context?thread_id=${S.thread}`);
+  const project = c.thread?.project_id ? await api(`/api/projects/${c.thread.project_id}`).catch(() => null) : null;
+  renderContext(c, project);
 }
 
 async function loadFeed() {
@@ -645,28 +647,27 @@ function renderChanges(t, c) {
     open ? h("div", { class: "actions" },
       h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
       h("button", { type: "button", class: "danger", onclick: () => reviewTask(t.id, "discard", `Discard ${c.branch}? The branch is deleted.`) }, "Discard")) : null,
-    h("p", { class: "review-result", id: "review-result" }),
+    h("p", { class: `review-result${S.detail?.note?.error ? " error" : ""}`, id: "review-result" }, S.detail?.note?.text || ""),
     c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, "diff"), renderDiff(c.diff)) : null);
 }
 
 async function reviewTask(id, action, question) {
   if (!confirm(question)) return;
-  const out = $("#review-result");
+  // the note lives with the task shown, so a live re-render (its events arrive meanwhile) keeps it
+  const note = (text, error = false) => { if (S.detail?.id === id) { S.detail.note = { text, error }; renderDetail(); } };
   try {
     const queued = await api(`/api/tasks/${id}/${action}`, { method: "POST", body: {} });
-    out.textContent = `${action} queued…`;
+    note(`${action} queued…`);
     for (let i = 0; i < 120; i++) {  // the executor carries it out; its outcome is on the request row
       const r = await api(`/api/project-requests/${queued.id}`);
       if (r.status === "done" || r.status === "failed") {
-        if (r.status === "done") await loadDetail(id, false);  // re-renders: the branch is merged or gone
-        const now = $("#review-result");
-        now.textContent = r.status === "done" ? `${action} done` : `${action} failed: ${r.error}`;
-        now.className = r.status === "done" ? "review-result" : "review-result error";
+        if (r.status === "done") await loadDetail(id, false);  // the branch is merged or gone now
+        note(r.status === "done" ? `${action} done` : `${action} failed: ${r.error}`, r.status !== "done");
         return;
       }
       await sleep(500);
     }
-  } catch (e) { out.textContent = e.message; out.className = "review-result error"; }
+  } catch (e) { note(e.message, true); }
 }
 
 async function stopTask(id) {
@@ -698,7 +699,25 @@ function appendFeed(e) { if (feedMatches(e)) { $("#feed").prepend(feedItem(e)); 
 
 // ---- context -----------------------------------------------------------------------------------------------
 
-function renderContext(c) {
+function renderProject(p) {
+  if (!p) return [];
+  const u = p.usage || {};
+  const run = (t) => t.latest ? [chip(t.latest.status), " ", h("a", { href: `#task/${t.latest.task_id}` }, short(t.latest.task_id))]
+    : [h("span", { class: "chip" }, t.checked ? "checked" : "not started")];
+  return [
+    h("h3", {}, `Project ${p.slug}`),
+    h("p", {}, h("code", {}, p.workdir), ` · ${(u.input_tokens || 0) + (u.output_tokens || 0)} tokens · $${(u.cost_usd || 0).toFixed(4)}`),
+    h("ul", { class: "plan" }, p.plan_tasks.length ? p.plan_tasks.map((t) => h("li", {}, h("b", {}, t.ref), " ", t.title || "", " ", ...run(t),
+      t.handoffs[0] ? h("div", { class: "handoff-line" }, t.handoffs[0].current_state || "") : null))
+      : h("li", { class: "empty" }, "No plan.")),
+    h("h3", {}, "Branches waiting for review"),
+    p.branches_waiting.length ? h("ul", {}, p.branches_waiting.map((b) => h("li", {},
+      h("a", { href: `#task/${b.task_id}` }, b.branch), ` ${b.plan_ref || ""} · ${b.files_changed ?? 0} files`)))
+      : h("p", { class: "empty" }, "None."),
+  ];
+}
+
+function renderContext(c, project) {
   const section = (title, items, fmt, empty) => [h("h3", {}, title),
     items?.length ? h("ul", {}, items.map((i) => h("li", {}, fmt(i)))) : h("p", { class: "empty" }, empty)];
   const turn = c.current_turn;
@@ -709,7 +728,8 @@ function renderContext(c) {
     ...section("Pending messages", c.pending_messages, (m) => firstLine(m.text), "None waiting."),
     ...section("Running workers", c.running_workers, (w) => [chip(taskState(w)), " ", h("a", { href: `#task/${w.id}` }, firstLine(w.brief))], "None running."),
     ...section("Recent handoffs", c.recent_handoffs, (x) => [chip(x.payload.status || "success"), " ", x.payload.current_state || x.payload.goal || ""], "No handoffs yet."),
-    ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."));
+    ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."),
+    ...renderProject(project));
 }
 
 

@@ -337,8 +337,22 @@ async def test_the_task_view_shows_a_workers_files_and_diff_at_phone_width_and_m
             made = await _request(http, "/api/projects", {"slug": "page", "workdir": str(repo)})
             task_id = await h.dispatch("write alpha", project_id=uuid.UUID(made["result"]["project_id"]))
             await h.wait_task(task_id, lambda r: r["changes_recorded_at"] is not None, 120)
+            thread = (await http.post("/api/threads", json={"title": "on page", "project_id": made["result"]["project_id"]})).json()
+
+            async def made_thread() -> bool:
+                threads = (await http.get("/api/threads")).json()["threads"]
+                return any(t["id"] == thread["thread_id"] and not t["pending"] for t in threads)
+
+            await _until(made_thread, "the thread", 30)
             async with page_at(b, url, {"width": 360, "height": 740}) as page:
                 page.on("dialog", lambda d: asyncio.ensure_future(d.accept()))
+                await page.evaluate("id => localStorage.setItem('petal.thread', id)", thread["thread_id"])
+                await page.goto(f"{url}/#context")
+                await page.reload()
+                context = page.locator("#context-body")
+                await expect(context).to_contain_text("Project page", timeout=20_000)
+                await expect(context.get_by_role("link", name=f"petal/{task_id.hex[:8]}")).to_be_visible()
+                await shot(page, "project-360")
                 await page.goto(f"{url}/#task/{task_id}")
                 files = page.locator("#task-detail .files")
                 await expect(files).to_contain_text("alpha.txt", timeout=20_000)
