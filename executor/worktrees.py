@@ -52,8 +52,16 @@ def repo_lock(repo: Path) -> asyncio.Lock:
     return _locks.setdefault(key, asyncio.Lock())
 
 
+def _env() -> dict[str, str]:
+    """The environment git (and the repository's hooks) run with: never the harness's own settings or
+    database credentials."""
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith(("PETAL_", "PG")) or k in ("DATABASE_URL", "OPEN_MODE"))}
+    return {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
 async def git(repo: Path, *args: str, check: bool = True) -> Result:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    env = _env()
     proc = await asyncio.create_subprocess_exec(
         "git", "-C", str(repo), *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env)

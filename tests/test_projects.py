@@ -102,6 +102,16 @@ async def test_a_branch_merges_fast_forward_else_with_a_merge_commit_and_a_confl
     assert not (repo / ".git" / "MERGE_HEAD").exists() and (repo / "shared.txt").read_text() == "ours\n"
 
 
+def test_git_and_the_repositorys_hooks_never_see_the_harness_settings_or_database_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PETAL_AUTH_TOKEN", "secret")
+    monkeypatch.setenv("PGPASSWORD", "secret")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://u:secret@h/db")
+    env = worktrees._env()
+    assert not {"PETAL_AUTH_TOKEN", "PGPASSWORD", "DATABASE_URL"} & set(env) and env["GIT_TERMINAL_PROMPT"] == "0"
+
+
 def test_a_large_diff_is_cut_with_a_visible_marker() -> None:
     diff, cut = worktrees._bounded("x" * 1000, 100)
     assert cut and diff.startswith("x" * 100) and "diff cut here: 900 of 1000 characters left out" in diff
@@ -118,6 +128,8 @@ async def test_a_workdir_outside_the_roots_missing_or_with_dotdot_is_refused_and
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (roots / "link").symlink_to(outside)
+    (inside / "sub").mkdir()
+    (roots / "fresh").mkdir()
     with ScriptedModelServer(Scenario()) as model:
         async with running_executor(db, model, tmp_path, project_roots=(roots,)), \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
@@ -131,6 +143,8 @@ async def test_a_workdir_outside_the_roots_missing_or_with_dotdot_is_refused_and
                 "symlink": await _request(http, "/api/projects", {"slug": "link", "workdir": str(roots / "link"),
                                                                  "init": True}),
                 "not_a_repo": await _request(http, "/api/projects", {"slug": "plain", "workdir": str(roots)}),
+                "inside_a_repo": await _request(http, "/api/projects", {"slug": "sub", "workdir": str(inside / "sub"),
+                                                                       "init": True}),
                 "bad_plan": await _request(http, "/api/projects", {"slug": "noplan", "workdir": str(inside),
                                                                   "plan": "just prose, no tasks"}),
             }
@@ -138,6 +152,9 @@ async def test_a_workdir_outside_the_roots_missing_or_with_dotdot_is_refused_and
             listed = (await http.get("/api/projects")).json()
             made = await _request(http, "/api/projects", {"slug": "ok", "workdir": str(inside),
                                                           "plan": "- [ ] T-001 first\n- [x] T-002 second"})
+            fresh = await _request(http, "/api/projects", {"slug": "fresh", "workdir": str(roots / "fresh"),
+                                                           "init": True})
+            taken = await http.post("/api/projects", json={"slug": "ok", "workdir": str(roots / "fresh")})
     assert {k: v["status"] for k, v in refused.items()} == dict.fromkeys(refused, "failed")
     assert "outside the allowed project roots" in refused["outside"]["error"]
     assert "does not exist" in refused["missing"]["error"]
@@ -145,16 +162,20 @@ async def test_a_workdir_outside_the_roots_missing_or_with_dotdot_is_refused_and
     assert "outside the allowed project roots" in refused["symlink"]["error"]  # resolved before the check
     assert "not a git repository" in refused["not_a_repo"]["error"]
     assert "no task lines" in refused["bad_plan"]["error"]
+    assert "inside the git repository" in refused["inside_a_repo"]["error"]
+    assert fresh["status"] == "done" and fresh["result"]["initialised"] is True
+    assert _git(roots / "fresh", "log", "--format=%s") == "petal-dispatch: start\n"
+    assert taken.status_code == 409
     assert bad_slug.status_code == 422
     assert listed["projects"] == [] and len(listed["requests"]) == len(refused)
     assert not (outside / ".git").exists() and not (roots / "nope").exists() and not (roots / ".git").exists()
     assert made["status"] == "done" and made["result"]["branch"] == "main" and made["result"]["plan_tasks"] == 2
     with psycopg.connect(db.admin_dsn) as conn:
-        names = [r[0] for r in conn.execute("SELECT name FROM projects").fetchall()]
+        names = [r[0] for r in conn.execute("SELECT name FROM projects ORDER BY created_at").fetchall()]
         journal = [r[0] for r in conn.execute(
             "SELECT event_type FROM journal WHERE event_type LIKE 'project.%' ORDER BY seq").fetchall()]
-    assert names == ["ok"]
-    assert journal == ["project.refused"] * len(refused) + ["project.created"]
+    assert names == ["ok", "fresh"]
+    assert journal == ["project.refused"] * len(refused) + ["project.created"] * 2
 
 
 async def test_parallel_workers_get_their_own_worktrees_and_branches_and_each_is_merged_discarded_or_conflicts(
