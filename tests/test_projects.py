@@ -14,8 +14,10 @@ from typing import Any, TypeVar
 import httpx
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
-from executor import worktrees
+from executor import projects, worktrees
+from executor.journal_writer import JournalWriter
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
@@ -116,6 +118,36 @@ def test_a_large_diff_is_cut_with_a_visible_marker() -> None:
     diff, cut = worktrees._bounded("x" * 1000, 100)
     assert cut and diff.startswith("x" * 100) and "diff cut here: 900 of 1000 characters left out" in diff
     assert worktrees._bounded("small", 100) == ("small", False)
+
+
+async def test_a_worker_that_ended_without_its_changes_recorded_is_swept_and_its_worktree_removed(
+    db: DB, pool: AsyncConnectionPool, tmp_path: Path
+) -> None:
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    task_id = uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        project = conn.execute("INSERT INTO projects (name, workdir) VALUES ('swept', %s) RETURNING id",
+                               [str(repo)]).fetchone()[0]  # type: ignore[index]
+        # crashed by an executor restart a while ago, before anyone recorded what it changed
+        conn.execute("INSERT INTO tasks (id, project_id, role, brief, status, ended_at) "
+                     "VALUES (%s, %s, 'worker', 'b', 'crashed', now() - interval '5 minutes')", [task_id, project])
+    wt = await worktrees.create(repo, task_id, tmp_path / "wt", "swept")
+    (wt.path / "b.txt").write_text("b\n")
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE tasks SET worktree = %s, branch = %s, base_commit = %s WHERE id = %s",
+                     [str(wt.path), wt.branch, wt.base_commit, task_id])
+    writer = JournalWriter(pool)
+    await writer.start()
+    sweeper = projects.Projects(pool, writer)
+    await sweeper.sweep()
+    await sweeper.sweep()  # idempotent: recorded once
+    await writer.flush_and_stop()
+    with psycopg.connect(db.admin_dsn) as conn:
+        changes = conn.execute("SELECT payload FROM journal WHERE event_type = 'task.changes'").fetchall()
+        recorded = conn.execute("SELECT changes_recorded_at FROM tasks WHERE id = %s", [task_id]).fetchone()
+    assert [[f["path"] for f in c[0]["files"]] for c in changes] == [["b.txt"]]
+    assert recorded is not None and recorded[0] is not None
+    assert not wt.path.exists() and _git(repo, "branch", "--list", wt.branch).strip()
 
 
 # ---- projects from the API --------------------------------------------------------------------------------
