@@ -18,7 +18,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from executor import dispatch, policy, substrate
+from executor import dispatch, policy, substrate, worktrees
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import contract, logs
@@ -134,6 +134,9 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
     handoff["status"] = worker["status"]  # the exit-derived status, never the model's claim
     if claimed is not None and claimed != worker["status"]:
         handoff["claimed_status"] = claimed
+    recorded = await worktrees.artifacts(pool, worker["id"])  # a project worker's changes, as code recorded them
+    if recorded:
+        handoff["artifacts"] = [*(handoff.get("artifacts") or []), *recorded]
     if worker["status"] == "gated":  # the gate evidence comes from the exit's record, not the model
         denials = await _one(pool, "exit_denials", {"id": worker["id"]})
         handoff["gate_decisions"] = policy.gate_decisions((denials or {}).get("denials") or [])

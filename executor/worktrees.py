@@ -263,3 +263,15 @@ async def delete_branch(repo: Path, branch: str, worktree: Path | None) -> None:
         await remove(repo, worktree)
     async with repo_lock(repo):
         await git(repo, "branch", "-D", branch)
+
+
+async def artifacts(pool: AsyncConnectionPool, task_id: uuid.UUID) -> list[str]:
+    """A worker's recorded changes as handoff artifacts (its branch, commits and files); [] when none."""
+    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["latest_task_changes"], {"id": task_id})
+        row = await cur.fetchone()
+    c = row["payload"] if row else None
+    if not c or "error" in c:
+        return []
+    return ([f"branch {c['branch']}"] + [f"commit {x['sha'][:12]} {x.get('subject', '')}" for x in c["commits"]]
+            + [f"file {f['path']}" for f in c["files"]])

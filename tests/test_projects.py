@@ -339,6 +339,9 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
     plan = {p["ref"]: p for p in project["plan_tasks"]}
     assert [plan[r]["latest"]["status"] for r in ("T-001", "T-002")] == ["success", "success"]
     assert [plan[r]["handoffs"][0]["current_state"] for r in ("T-001", "T-002")] == ["T-001 done", "T-002 done"]
+    # what each worker changed reaches its handoff's artifacts, from the recorded changes
+    assert "file one.txt" in plan["T-001"]["handoffs"][0]["artifacts"]
+    assert "file two.txt" in plan["T-002"]["handoffs"][0]["artifacts"]
     assert sorted(project["state"]["done"]) == ["T-001", "T-002"]
     assert sorted(b["plan_ref"] for b in project["branches_waiting"]) == ["T-001", "T-002"]
     assert unknown.status_code == 404

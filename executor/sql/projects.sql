@@ -62,3 +62,6 @@ SELECT id FROM tasks
 WHERE branch IS NOT NULL AND changes_recorded_at IS NULL AND status NOT IN ('pending', 'running')
   AND coalesce(ended_at, created_at) < now() - make_interval(secs => %(grace_s)s)
 ORDER BY ended_at LIMIT 20
+
+-- name: latest_task_changes --
+SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1
