@@ -122,8 +122,12 @@ class Projects:
                     result = await self._merge(row)
                 else:
                     result = await self._discard(row)
-            except (Refused, worktrees.GitError) as exc:
+            except (Refused, worktrees.GitError, OSError) as exc:
                 status, error = "failed", str(exc)
+                await self._refusal(row, error)
+            except Exception as exc:  # noqa: BLE001 - a request is never left claimed: it fails visibly
+                log.exception("project_request_failed", request_id=str(row["id"]))
+                status, error = "failed", f"internal error: {exc!r}"[:500]
                 await self._refusal(row, error)
             await self._rows("finish_project_request", {"id": row["id"], "status": status, "error": error,
                                                         "result": Jsonb(result) if result is not None else None})
@@ -131,7 +135,8 @@ class Projects:
     async def sweep(self) -> None:
         """Record the changes of ended workers nobody recorded (e.g. a worker crashed by a restart)."""
         for row in await self._rows("unrecorded_changes", {"grace_s": RECORD_GRACE_S}):
-            await worktrees.record_changes(self.pool, self.writer, row["id"], keep_worktree=self.config.keep_worktrees)
+            await worktrees.record_changes(self.pool, self.writer, row["id"],
+                                           keep_worktree=self.config.keep_worktrees)
 
     async def _refusal(self, row: dict[str, Any], reason: str) -> None:
         if row["action"] == "create":
@@ -200,9 +205,14 @@ class Projects:
         task = await self._reviewable(row)
         repo = Path(task["project_workdir"])
         merged = await worktrees.merge(repo, task["branch"], f"Merge {task['branch']} (task {task['id']})")
-        # the branch is in the project's branch now: it and any kept worktree go
-        await worktrees.delete_branch(repo, task["branch"], Path(task["worktree"]) if task["worktree"] else None)
+        # merged is merged: record it even if tidying up the branch fails
         await self._rows("set_task_review", {"id": task["id"], "review": "merged"})
+        try:  # the branch is in the project's branch now: it and any kept worktree go
+            await worktrees.delete_branch(repo, task["branch"], Path(task["worktree"]) if task["worktree"] else None)
+            merged["branch_deleted"] = True
+        except worktrees.GitError as exc:
+            merged["branch_deleted"] = False
+            merged["branch_delete_error"] = str(exc)
         payload = {"request_id": str(row["id"]), "branch": task["branch"], **merged}
         await self.writer.write([NewEvent("task.merged", payload, task_id=task["id"], project_id=task["project_id"])])
         return payload
@@ -217,8 +227,8 @@ class Projects:
                                           project_id=task["project_id"])])
         return payload
 
-    # ---- supervisor side -----------------------------------------------------------------------------
 
+# ---- the supervisor's side ----------------------------------------------------------------------------
 
 async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, row: dict[str, Any],
                            root: Path) -> Path | None:
