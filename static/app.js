@@ -87,7 +87,8 @@ function soon(name, fn, ms = 150) {
 // ---- loading ---------------------------------------------------------------------------------------------
 
 async function loadThreads() {
-  const data = await api("/api/threads");
+  const [data, projects] = await Promise.all([api("/api/threads"), api("/api/projects").catch(() => null)]);
+  S.projects = projects?.projects || [];
   S.defaultThread = data.default_thread_id;
   S.threads = data.threads.filter((t) => t.lifecycle !== "archived");
   if (!S.threads.some((t) => t.id === S.defaultThread)) {
@@ -303,14 +304,23 @@ function renderThreadPicker() {
   sel.replaceChildren(...S.threads.map((t) => h("option", { value: t.id, selected: t.id === S.thread },
     threadName(t) + (t.pending ? " (creating…)" : ""))));
   const t = S.threads.find((x) => x.id === S.thread);
-  $("#thread-title").textContent = t ? threadName(t) : "";
+  const project = t?.project_id ? (S.projects || []).find((p) => p.id === t.project_id) : null;
+  $("#thread-title").textContent = t ? threadName(t) + (project ? ` · ${project.slug}` : "") : "";
   $("#thread-mode").value = t?.mode || "interactive";
 }
 
 async function newThread() {
   const title = prompt("Name the new thread", "");
   if (title === null) return;
-  const made = await api("/api/threads", { method: "POST", body: { title: title || null, mode: "interactive" } });
+  let project = null;  // a project thread's turns know the project; its workers run in its repository
+  if (S.projects?.length) {
+    const slug = prompt(`Project of this thread (${S.projects.map((p) => p.slug).join(", ")}; empty for none)`, "");
+    if (slug === null) return;
+    project = S.projects.find((p) => p.slug === slug.trim()) || null;
+    if (slug.trim() && !project) { alert(`No project ${slug.trim()}`); return; }
+  }
+  const made = await api("/api/threads", { method: "POST", body: { title: title || null, mode: "interactive",
+    ...(project ? { project_id: project.id } : {}) } });
   await loadThreads();
   await focusThread(made.thread_id);
   location.hash = "#chat";

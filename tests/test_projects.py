@@ -407,6 +407,7 @@ async def test_the_task_view_shows_a_workers_files_and_diff_at_phone_width_and_m
                 await page.reload()
                 context = page.locator("#context-body")
                 await expect(context).to_contain_text("Project page", timeout=20_000)
+                await expect(page.locator("#thread-title")).to_have_text("on page · page")
                 await expect(context.get_by_role("link", name=f"petal/{task_id.hex[:8]}")).to_be_visible()
                 await shot(page, "project-360")
                 await page.goto(f"{url}/#task/{task_id}")
