@@ -130,7 +130,10 @@ async function loadAsks() {
 async function loadContext() {
   if (currentTab() !== "context") return;
   const c = await api(`/api/context?thread_id=${S.thread}`);
-  const project = c.thread?.project_id ? await api(`/api/projects/${c.thread.project_id}`).catch(() => null) : null;
+  const [project, usage] = await Promise.all([
+    c.thread?.project_id ? api(`/api/projects/${c.thread.project_id}`).catch(() => null) : null,
+    api(`/api/usage?by=thread&thread_id=${S.thread}`).catch(() => null)]);
+  c.usage = usage?.total;
   renderContext(c, project);
 }
 
@@ -732,7 +735,8 @@ function renderContext(c, project) {
     items?.length ? h("ul", {}, items.map((i) => h("li", {}, fmt(i)))) : h("p", { class: "empty" }, empty)];
   const turn = c.current_turn;
   $("#context-body").replaceChildren(
-    h("p", {}, "Thread: ", c.thread ? threadName(c.thread) : "(not started)", " · mode ", c.mode || "interactive"),
+    h("p", {}, "Thread: ", c.thread ? threadName(c.thread) : "(not started)", " · mode ", c.mode || "interactive",
+      c.usage?.runs ? ` · ${c.usage.input_tokens + c.usage.output_tokens} tokens · $${c.usage.cost_usd.toFixed(4)}` : ""),
     h("h3", {}, "Current turn"),
     turn ? h("p", {}, chip(taskState(turn)), " ", firstLine(turn.brief)) : h("p", { class: "empty" }, "No turn is running."),
     ...section("Pending messages", c.pending_messages, (m) => firstLine(m.text), "None waiting."),
