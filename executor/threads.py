@@ -91,7 +91,8 @@ class Threads:
                     await self.writer.put(NewEvent("thread.created", {"title": args.get("title"),
                                                                       "mode": args.get("mode") or "interactive",
                                                                       "project_id": project_id},
-                                                   session_id=thread_id, project_id=project_id))
+                                                   session_id=thread_id,
+                                                   project_id=uuid.UUID(project_id) if project_id else None))
             else:
                 changes = {"title": args.get("title") if row["action"] == "rename" else None,
                            "mode": args.get("mode") if row["action"] == "set_mode" else None,
