@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor import dispatch, policy
+from executor import dispatch, policy, worktrees
 from executor.sql import queries
 from shared import contract, journal, logs
 from shared.models import NewEvent
@@ -179,5 +179,8 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
     denials = await _one(conn, "exit_denials", {"id": worker["id"]}) if worker["status"] == "gated" else None
     handoff = handoff_of(structured, worker["status"], (denials or {}).get("denials") or [],
                          (denials or {}).get("workdir"))
+    recorded = await worktrees.artifacts(conn, worker["id"])  # a project worker's changes, as code recorded them
+    if recorded:
+        handoff["artifacts"] = [*(handoff.get("artifacts") or []), *recorded]
     return Gated(worker["id"], "handoff", handoff,
                  [NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])

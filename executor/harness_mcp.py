@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
-from executor import briefs, dispatch
+from executor import briefs, dispatch, projects
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, logs, read_surface
@@ -249,6 +249,12 @@ class Harness:
         except ValueError:
             raise ToolError(f"project_id {project_id!r} is not a UUID") from None
         scope = project or caller.session_id
+        title = None
+        if plan_ref and project is not None:
+            try:  # a plan_ref the project's plan does not list is a mistake worth telling the model
+                title = await projects.plan_task_title(self.db.pool, project, plan_ref)
+            except projects.Refused as exc:
+                raise ToolError(f"dispatch refused: {exc}") from None
         if not override_ruled_out:
             matches = await read_surface.check_ruled_out(self.db.pool, scope, brief)
             if matches:
@@ -259,6 +265,8 @@ class Harness:
                 raise ToolError("dispatch refused: the brief matches approaches already ruled out "
                                 f"{found}; change the brief, or pass override_ruled_out with the reason")
         brief = await briefs.enrich(self.db.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
+        if title:  # the worker knows which plan task it is doing
+            brief = f"{brief}\n\n## Plan task {plan_ref}: {title}"
         # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
         mode = await self._one("thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
         if mode is not None and mode["mode"] == "interactive":

@@ -8,11 +8,12 @@ import ipaddress
 import os
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import harness_mcp, notify, threads
+from executor import harness_mcp, notify, projects, threads
 from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
 from executor.substrate import SubstrateConfig
@@ -25,7 +26,7 @@ log = logs.get(__name__)
 
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
-            "notify_queue", "task_changed"]
+            "notify_queue", "task_changed", "project_queue"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
@@ -53,6 +54,8 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
         max_runtime_s=settings.max_runtime_s,
         default_workdir=settings.workdir,
         run_dir=settings.data_dir.resolve() / "run",
+        worktree_dir=settings.worktree_dir,
+        keep_worktrees=settings.keep_worktrees,
     )
 
 
@@ -67,7 +70,8 @@ def notify_config(settings: Settings) -> notify.NotifyConfig:
 async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event, *,
                 mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0,
                 extract: bool = True, backoff_base_s: float = 30.0,
-                notify_config: notify.NotifyConfig | None = None) -> None:
+                notify_config: notify.NotifyConfig | None = None,
+                project_roots: tuple[Path, ...] = ()) -> None:
     async with Database(dsn, name="petal-executor") as db:
         writer = JournalWriter(db.pool)
         await writer.start()
@@ -92,6 +96,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
         delivering = asyncio.create_task(
             conversations.run(listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])), name="threads")
+        repos = projects.Projects(db.pool, writer, projects.ProjectsConfig(project_roots, config.keep_worktrees))
+        managing = asyncio.create_task(repos.run(listener.subscribe(["project_queue"])), name="projects")
         notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig())
         await notifier.start()
         notifying = asyncio.create_task(notifier.run(listener.subscribe(["journal", "notify_queue"])),
@@ -115,7 +121,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             settling.cancel()
             delivering.cancel()
             notifying.cancel()
-            await asyncio.gather(settling, delivering, notifying, return_exceptions=True)
+            managing.cancel()
+            await asyncio.gather(settling, delivering, notifying, managing, return_exceptions=True)
             mcp_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving_mcp, 10)
@@ -156,7 +163,8 @@ def main(settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop,
                     mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s,
-                    backoff_base_s=settings.backoff_base_s, notify_config=notify_config(settings))
+                    backoff_base_s=settings.backoff_base_s, notify_config=notify_config(settings),
+                    project_roots=settings.project_root_paths)
 
     asyncio.run(run())
     log.info("executor_stopped")

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from executor import process, substrate
+from executor import process, projects, substrate, worktrees
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, errors, lifeline, logs
@@ -49,6 +49,13 @@ class SupervisorConfig:
     mcp_url: str | None = None
     # the per-spawn MCP server timeout: a human may take a while to answer ask_user_question
     mcp_timeout_ms: int | None = 600_000
+    # where workers of a project get their git worktrees (None: beside run_dir), and whether they stay
+    worktree_dir: Path | None = None
+    keep_worktrees: bool = False
+
+    @property
+    def worktree_root(self) -> Path:
+        return (self.worktree_dir or self.run_dir.parent / "worktrees").resolve()
 
 
 @dataclass
@@ -250,6 +257,14 @@ class Supervisor:
     async def _finish_unspawned(self, row: dict[str, Any], status: str, reason: str) -> None:
         await self.writer.write([NewEvent("task.exited", {"status": status, "reason": reason, "spawned": False},
                                           task_id=row["id"], project_id=row["project_id"])])
+        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
+        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
+        # An executor that dies here leaves it to the project loop's sweep.
+        try:
+            await worktrees.record_changes(self.db.pool, self.writer, r.task_id,
+                                           keep_worktree=self.config.keep_worktrees)
+        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
+            log.exception("record_changes_failed", task_id=str(r.task_id))
         await self._exec("finish_task", {"id": row["id"], "status": status, "reason": reason,
                                          "exit_code": None, "exit_signal": None, "last_output_at": None})
 
@@ -292,7 +307,13 @@ class Supervisor:
 
     async def _start(self, row: dict[str, Any]) -> None:
         task_id: uuid.UUID = row["id"]
-        workdir = Path(row["workdir"] or self.config.default_workdir)
+        # a worker of a project runs in a git worktree of its own, never in the project's checkout
+        try:
+            isolated = await projects.prepare_worktree(self.db.pool, self.writer, row, self.config.worktree_root)
+        except (worktrees.GitError, OSError) as exc:
+            await self._finish_unspawned(row, "failed", f"could not make the worker's git worktree: {exc}")
+            return
+        workdir = isolated or Path(row["workdir"] or self.config.default_workdir)
         if not workdir.is_dir():
             await self._finish_unspawned(row, "skipped", f"working directory {workdir} does not exist")
             return

@@ -19,6 +19,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from executor import projects
 from executor.journal_writer import JournalWriter
 from executor.settlement import Settlement
 from executor.sql import queries
@@ -79,12 +80,20 @@ class Threads:
             thread_id = row["thread_id"]
             status, error = "done", None
             if row["action"] == "create":
+                project_id = args.get("project_id")
+                if project_id and not (await self._rows("project_exists", {"id": project_id}))[0]["exists"]:
+                    await self._rows("finish_thread_control", {"id": row["id"], "status": "failed",
+                                                               "error": f"no project {project_id}"})
+                    continue
                 made = await self._rows("create_thread", {"id": thread_id, "title": args.get("title"),
-                                                          "mode": args.get("mode") or "interactive"})
+                                                          "mode": args.get("mode") or "interactive",
+                                                          "project_id": project_id})
                 if made:
                     await self.writer.put(NewEvent("thread.created", {"title": args.get("title"),
-                                                                      "mode": args.get("mode") or "interactive"},
-                                                   session_id=thread_id))
+                                                                      "mode": args.get("mode") or "interactive",
+                                                                      "project_id": project_id},
+                                                   session_id=thread_id,
+                                                   project_id=uuid.UUID(project_id) if project_id else None))
             else:
                 changes = {"title": args.get("title") if row["action"] == "rename" else None,
                            "mode": args.get("mode") if row["action"] == "set_mode" else None,
@@ -107,7 +116,8 @@ class Threads:
         state = await self._rows("thread_state", {"id": thread_id})
         if not state:
             if thread_id == threads.DEFAULT_THREAD_ID:
-                await self._rows("create_thread", {"id": thread_id, "title": "Default", "mode": "interactive"})
+                await self._rows("create_thread", {"id": thread_id, "title": "Default", "mode": "interactive",
+                                                   "project_id": None})
                 await self.writer.put(NewEvent("thread.created", {"title": "Default", "mode": "interactive"},
                                                session_id=thread_id))
                 return await self._deliver_thread(thread_id)
@@ -146,6 +156,9 @@ class Threads:
 
     async def _start_turn(self, thread_id: uuid.UUID) -> None:
         turn_id = uuid.uuid4()
+        # a project thread's turn knows its project: it runs as the project's, with the plan's state
+        project = await self._rows("thread_project", {"id": thread_id})
+        context = await projects.turn_context(self.pool, project[0]) if project else None
         async with self.pool.connection() as conn, conn.transaction():
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(queries["take_pending_chat"],
@@ -154,8 +167,10 @@ class Threads:
             if not messages:
                 return
             brief = "\n\n".join(m["text"] for m in messages)
+            if context:
+                brief = f"{brief}\n\n{context}"
             await conn.execute(queries["insert_task"], {
-                "id": turn_id, "project_id": None, "session_id": thread_id, "parent_task_id": None,
+                "id": turn_id, "project_id": project[0]["id"] if project else None, "session_id": thread_id, "parent_task_id": None,
                 "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None, "allowed_tools": None,
                 "json_schema": None})
             events = [NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",

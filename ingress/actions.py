@@ -64,6 +64,11 @@ async def create_thread(request: Request) -> Response:
     spec = await body(request, ThreadIn, optional=True)
     thread_id = uuid.uuid4()  # the ingress names the thread, so the client can use it at once
     args = {"title": spec.title, "mode": spec.mode or "interactive"}
+    if spec.project_id is not None:
+        known = await _one(request, "project_known", {"id": spec.project_id})
+        if not known or not known["exists"]:
+            raise Problem(404, f"no project {spec.project_id}")
+        args["project_id"] = str(spec.project_id)
     queued = await _one(request, "enqueue_thread_control",
                         {"thread_id": thread_id, "action": "create", "args": Jsonb(args)})
     return respond({**(queued or {}), "thread_id": thread_id}, 202)

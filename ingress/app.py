@@ -22,6 +22,8 @@ from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, FailureLimiter, Guar
                           too_many)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded
 from ingress.models import AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, StopIn, ThreadIn, ThreadPatch
+from ingress import projects as project_routes
+from ingress.models import ProjectIn, ReviewIn
 from ingress.openapi import SEQ, UUID, Op, Param, document
 from ingress.sql import queries
 from shared import migrate
@@ -46,6 +48,7 @@ _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
 _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000})
 _TASK = Param("task_id", "path", UUID)
 _THREADQ = Param("thread_id", "query", UUID)
+_TASK_Q = Param("task_id", "query", UUID)
 
 OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
     (Op("post", "/api/chat", "queue a chat message for a thread", ChatIn, status=202, errors=(400, 409, 413, 415, 422)),
@@ -99,6 +102,24 @@ OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
         _LIMIT), errors=(400,)), reads.list_asks),
     (Op("get", "/api/stream", "the live journal as Server-Sent Events (resume with Last-Event-ID)", params=(
         _AFTER, Param("Last-Event-ID", "header", SEQ)), errors=(400,)), stream.stream),
+    (Op("post", "/api/projects", "register a project on a git repository (the executor checks the workdir)",
+        ProjectIn, status=202, errors=(400, 409, 415, 422)), project_routes.create_project),
+    (Op("get", "/api/projects", "projects, and the recent project requests with their outcome"),
+     project_routes.list_projects),
+    (Op("get", "/api/projects/{project_id}", "a project: plan tasks with their latest run and handoffs, "
+        "branches waiting for review, usage", params=(Param("project_id", "path", UUID),), errors=(404,)),
+     project_routes.get_project),
+    (Op("get", "/api/project-requests/{request_id}", "a project request (create, merge, discard) and its outcome",
+        params=(Param("request_id", "path", UUID),), errors=(404,)), project_routes.get_request),
+    (Op("get", "/api/tasks/{task_id}/diff", "what a project worker changed: commits, files, diffstat, the diff",
+        params=(_TASK,), errors=(404, 409)), project_routes.task_diff),
+    (Op("post", "/api/tasks/{task_id}/merge", "merge a worker's branch into the project's branch", ReviewIn, True,
+        (_TASK,), 202, (404, 409, 415, 422)), project_routes.merge_task),
+    (Op("post", "/api/tasks/{task_id}/discard", "discard a worker's branch", ReviewIn, True, (_TASK,), 202,
+        (404, 409, 415, 422)), project_routes.discard_task),
+    (Op("get", "/api/usage", "tokens and cost from the runs' result lines, by task, thread, project or day",
+        params=(Param("by", "query", {"type": "string", "enum": ["task", "thread", "project", "day"]}), _TASK_Q,
+                _THREADQ, Param("project_id", "query", UUID)), errors=(400,)), project_routes.usage),
 ]
 
 

@@ -31,6 +31,8 @@ class ChatIn(_Body):
 class ThreadIn(_Body):
     title: str | None = Field(default=None, max_length=200)
     mode: Mode | None = None
+    # the project the thread works on: its turns know the project, its workers run in its repository
+    project_id: uuid.UUID | None = None
 
 
 class ThreadPatch(_Body):
@@ -116,3 +118,26 @@ class PushEndpointIn(_Body):
 class PresenceIn(_Body):
     client_id: str = Field(min_length=8, max_length=100)
     thread_id: uuid.UUID | None = None
+
+
+class ProjectIn(_Body):
+    """A project on a git repository: the executor checks the workdir (under PETAL_PROJECT_ROOTS, a
+    repository's top level, or initialised when `init` is true) and refuses with the reason otherwise."""
+
+    slug: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$", description="short unique name")
+    workdir: str = Field(min_length=1, max_length=4096, description="absolute path of the repository")
+    plan: str | None = Field(default=None, min_length=1, max_length=200_000,
+                             description="markdown with `- [ ] T-001 title` lines")
+    plan_path: str | None = Field(default=None, min_length=1, max_length=1000,
+                                  description="a plan file in the repository, relative to workdir")
+    init: bool = False
+
+    @model_validator(mode="after")
+    def _one_plan(self) -> ProjectIn:
+        if self.plan is not None and self.plan_path is not None:
+            raise ValueError("give plan or plan_path, not both")
+        return self
+
+
+class ReviewIn(_Body):
+    reason: str | None = Field(default=None, max_length=500)

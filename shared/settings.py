@@ -71,6 +71,12 @@ class Settings(BaseSettings):
     notify_rate_limit_s: float = Field(default=60.0, ge=0)
     # Where tasks without a project run.
     workdir: Path = Path(".")
+    # Directories a project's repository must lie in (separated by ":"); empty: the service user's home.
+    project_roots: str = ""
+    # Where workers of a project get their git worktrees (unset: <data_dir>/worktrees), and whether a
+    # worktree stays after its changes are recorded (its branch stays until merged or discarded anyway).
+    worktree_dir: Path | None = None
+    keep_worktrees: bool = False
     claude_bin: str = "claude"
     claude_config_dir: Path | None = None
     # The CLI's retry and timeout knobs (unset: the CLI's defaults, which hold a dead API for minutes).
@@ -83,6 +89,10 @@ class Settings(BaseSettings):
 
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
+
+    @property
+    def project_root_paths(self) -> tuple[Path, ...]:
+        return tuple(Path(p) for p in self.project_roots.split(":") if p.strip())
 
     @property
     def pgdata(self) -> Path:

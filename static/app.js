@@ -117,7 +117,8 @@ function soon(name, fn, ms = 150) {
 // ---- loading ---------------------------------------------------------------------------------------------
 
 async function loadThreads() {
-  const data = await api("/api/threads");
+  const [data, projects] = await Promise.all([api("/api/threads"), api("/api/projects").catch(() => null)]);
+  S.projects = projects?.projects || [];
   S.defaultThread = data.default_thread_id;
   S.threads = data.threads.filter((t) => t.lifecycle !== "archived");
   if (!S.threads.some((t) => t.id === S.defaultThread)) {
@@ -158,7 +159,12 @@ async function loadAsks() {
 
 async function loadContext() {
   if (currentTab() !== "context") return;
-  renderContext(await api(`/api/context?thread_id=${S.thread}`));
+  const c = await api(`/api/context?thread_id=${S.thread}`);
+  const [project, usage] = await Promise.all([
+    c.thread?.project_id ? api(`/api/projects/${c.thread.project_id}`).catch(() => null) : null,
+    api(`/api/usage?by=thread&thread_id=${S.thread}`).catch(() => null)]);
+  c.usage = usage?.total;
+  renderContext(c, project);
 }
 
 async function loadFeed() {
@@ -331,14 +337,23 @@ function renderThreadPicker() {
   sel.replaceChildren(...S.threads.map((t) => h("option", { value: t.id, selected: t.id === S.thread },
     threadName(t) + (t.pending ? " (creating…)" : ""))));
   const t = S.threads.find((x) => x.id === S.thread);
-  $("#thread-title").textContent = t ? threadName(t) : "";
+  const project = t?.project_id ? (S.projects || []).find((p) => p.id === t.project_id) : null;
+  $("#thread-title").textContent = t ? threadName(t) + (project ? ` · ${project.slug}` : "") : "";
   $("#thread-mode").value = t?.mode || "interactive";
 }
 
 async function newThread() {
   const title = prompt("Name the new thread", "");
   if (title === null) return;
-  const made = await api("/api/threads", { method: "POST", body: { title: title || null, mode: "interactive" } });
+  let project = null;  // a project thread's turns know the project; its workers run in its repository
+  if (S.projects?.length) {
+    const slug = prompt(`Project of this thread (${S.projects.map((p) => p.slug).join(", ")}; empty for none)`, "");
+    if (slug === null) return;
+    project = S.projects.find((p) => p.slug === slug.trim()) || null;
+    if (slug.trim() && !project) { alert(`No project ${slug.trim()}`); return; }
+  }
+  const made = await api("/api/threads", { method: "POST", body: { title: title || null, mode: "interactive",
+    ...(project ? { project_id: project.id } : {}) } });
   await loadThreads();
   await focusThread(made.thread_id);
   location.hash = "#chat";
@@ -576,7 +591,12 @@ async function loadDetail(id, fresh) {
   }
   const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
     api(`/api/handoffs?scope_id=${id}&limit=1`)]);
+  // a project worker's recorded changes (404: not a project worker; 409: not recorded yet) and its usage
+  const [changes, usage] = await Promise.all([api(`/api/tasks/${id}/diff`).catch(() => null),
+    api(`/api/usage?by=task&task_id=${id}`).catch(() => null)]);
   if (!S.detail || S.detail.id !== id) return;
+  S.detail.changes = changes;
+  S.detail.usage = usage?.total || null;
   S.detail.task = task;
   S.detail.events = events.events;
   S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
@@ -638,9 +658,59 @@ function renderDetail() {
       h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
       h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
     live ? h("button", { type: "button", class: "danger", onclick: () => stopTask(t.id) }, "Stop") : null,
+    d.usage?.runs ? h("p", { class: "usage" }, `${d.usage.input_tokens + d.usage.output_tokens} tokens · $${d.usage.cost_usd.toFixed(4)}`) : "",
     h("h3", {}, "Handoff"), renderHandoff(d.handoff),
+    d.changes ? renderChanges(t, d.changes) : "",
     h("h3", {}, `Events (${d.events.length})`),
     h("ol", { class: "events" }, d.events.flatMap((e) => renderEvent(e))));
+}
+
+// ---- a project worker's changes: files, the diff, Merge / Discard -----------------------------------------
+
+const DIFF_LINES_SHOWN = 4000;
+
+function renderDiff(text) {
+  const lines = String(text || "").split("\n");
+  const cls = (l) => (l.startsWith("+++") || l.startsWith("---") || l.startsWith("diff ") ? "file"
+    : l.startsWith("@@") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : l.startsWith("…") ? "cut" : "");
+  const shown = lines.slice(0, DIFF_LINES_SHOWN).map((l) => h("span", { class: cls(l) }, l + "\n"));
+  if (lines.length > DIFF_LINES_SHOWN) shown.push(h("span", { class: "cut" }, `… ${lines.length - DIFF_LINES_SHOWN} more lines on the branch`));
+  return h("pre", { class: "diff" }, shown);
+}
+
+function renderChanges(t, c) {
+  const files = c.files || [];
+  const open = !c.review && !c.error;
+  const into = c.base_branch || "the project's branch";
+  return h("section", { class: "changes" },
+    h("h3", {}, `Changes on ${c.branch}`, c.review ? [" ", chip(c.review)] : null),
+    c.error ? h("p", { class: "error" }, c.error) : null,
+    h("ul", { class: "files" }, files.length ? files.map((f) => h("li", {}, h("code", {}, f.path),
+      ` +${f.added ?? "bin"} −${f.deleted ?? "bin"}`)) : h("li", { class: "empty" }, "no changes")),
+    open ? h("div", { class: "actions" },
+      h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
+      h("button", { type: "button", class: "danger", onclick: () => reviewTask(t.id, "discard", `Discard ${c.branch}? The branch is deleted.`) }, "Discard")) : null,
+    h("p", { class: `review-result${S.detail?.note?.error ? " error" : ""}`, id: "review-result" }, S.detail?.note?.text || ""),
+    c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, "diff"), renderDiff(c.diff)) : null);
+}
+
+async function reviewTask(id, action, question) {
+  if (!confirm(question)) return;
+  // the note lives with the task shown, so a live re-render (its events arrive meanwhile) keeps it
+  const note = (text, error = false) => { if (S.detail?.id === id) { S.detail.note = { text, error }; renderDetail(); } };
+  try {
+    const queued = await api(`/api/tasks/${id}/${action}`, { method: "POST", body: {} });
+    note(`${action} queued…`);
+    for (let i = 0; i < 120; i++) {  // the executor carries it out; its outcome is on the request row
+      const r = await api(`/api/project-requests/${queued.id}`);
+      if (r.status === "done" || r.status === "failed") {
+        if (r.status === "done") await loadDetail(id, false);  // the branch is merged or gone now
+        note(r.status === "done" ? `${action} done` : `${action} failed: ${r.error}`, r.status !== "done");
+        return;
+      }
+      await sleep(500);
+    }
+  } catch (e) { note(e.message, true); }
 }
 
 async function stopTask(id) {
@@ -672,18 +742,38 @@ function appendFeed(e) { if (feedMatches(e)) { $("#feed").prepend(feedItem(e)); 
 
 // ---- context -----------------------------------------------------------------------------------------------
 
-function renderContext(c) {
+function renderProject(p) {
+  if (!p) return [];
+  const u = p.usage || {};
+  const run = (t) => t.latest ? [chip(t.latest.status), " ", h("a", { href: `#task/${t.latest.task_id}` }, short(t.latest.task_id))]
+    : [h("span", { class: "chip" }, t.checked ? "checked" : "not started")];
+  return [
+    h("h3", {}, `Project ${p.slug}`),
+    h("p", {}, h("code", {}, p.workdir), ` · ${(u.input_tokens || 0) + (u.output_tokens || 0)} tokens · $${(u.cost_usd || 0).toFixed(4)}`),
+    h("ul", { class: "plan" }, p.plan_tasks.length ? p.plan_tasks.map((t) => h("li", {}, h("b", {}, t.ref), " ", t.title || "", " ", ...run(t),
+      t.handoffs[0] ? h("div", { class: "handoff-line" }, t.handoffs[0].current_state || "") : null))
+      : h("li", { class: "empty" }, "No plan.")),
+    h("h3", {}, "Branches waiting for review"),
+    p.branches_waiting.length ? h("ul", {}, p.branches_waiting.map((b) => h("li", {},
+      h("a", { href: `#task/${b.task_id}` }, b.branch), ` ${b.plan_ref || ""} · ${b.files_changed ?? 0} files`)))
+      : h("p", { class: "empty" }, "None."),
+  ];
+}
+
+function renderContext(c, project) {
   const section = (title, items, fmt, empty) => [h("h3", {}, title),
     items?.length ? h("ul", {}, items.map((i) => h("li", {}, fmt(i)))) : h("p", { class: "empty" }, empty)];
   const turn = c.current_turn;
   $("#context-body").replaceChildren(
-    h("p", {}, "Thread: ", c.thread ? threadName(c.thread) : "(not started)", " · mode ", c.mode || "interactive"),
+    h("p", {}, "Thread: ", c.thread ? threadName(c.thread) : "(not started)", " · mode ", c.mode || "interactive",
+      c.usage?.runs ? ` · ${c.usage.input_tokens + c.usage.output_tokens} tokens · $${c.usage.cost_usd.toFixed(4)}` : ""),
     h("h3", {}, "Current turn"),
     turn ? h("p", {}, chip(taskState(turn)), " ", firstLine(turn.brief)) : h("p", { class: "empty" }, "No turn is running."),
     ...section("Pending messages", c.pending_messages, (m) => firstLine(m.text), "None waiting."),
     ...section("Running workers", c.running_workers, (w) => [chip(taskState(w)), " ", h("a", { href: `#task/${w.id}` }, firstLine(w.brief))], "None running."),
     ...section("Recent handoffs", c.recent_handoffs, (x) => [chip(x.payload.status || "success"), " ", x.payload.current_state || x.payload.goal || ""], "No handoffs yet."),
-    ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."));
+    ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."),
+    ...renderProject(project));
 }
 
 

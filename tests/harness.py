@@ -176,7 +176,7 @@ def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
 async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
                    extra_env: dict[str, str] | None = None, extract: bool = False, backoff_base_s: float = 30.0,
                    substrate_kw: dict[str, Any] | None = None, notify_config: Any = None,
-                   **config_kw: Any) -> AsyncIterator[Harness]:
+                   project_roots: tuple[Path, ...] = (), **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
     sub = substrate_for(model, tmp, **(substrate_kw or {}))
@@ -186,7 +186,8 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
     config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/", **config_kw)
     task = asyncio.create_task(serve(db.executor_dsn, sub, config, stop, mcp_port=port, ask_timeout_s=ask_timeout_s,
                                      extract=extract, backoff_base_s=backoff_base_s,
-                                     notify_config=notify_config or NotifyConfig(data_dir=tmp / "var")))
+                                     notify_config=notify_config or NotifyConfig(data_dir=tmp / "var"),
+                                     project_roots=project_roots))
     deadline = time.monotonic() + 30
     while True:
         if task.done():

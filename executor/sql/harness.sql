@@ -11,7 +11,8 @@ UPDATE harness_credentials SET revoked_at = now() WHERE task_id = %(task_id)s AN
 -- name: harness_caller --
 -- Who holds a credential: its task, the spawn's session, and the thread (an orchestrator turn's own
 -- session, or the session of the orchestrator turn that dispatched the task).
-SELECT c.task_id, c.session_id, c.revoked_at, t.status, t.role, t.project_id,
+SELECT c.task_id, c.session_id, c.revoked_at, t.status, t.role,
+       coalesce(t.project_id, s.project_id, ps.project_id) AS project_id,
        CASE WHEN s.role = 'orchestrator' THEN s.id ELSE ps.id END AS thread_id
 FROM harness_credentials c
 JOIN tasks t ON t.id = c.task_id

@@ -9,7 +9,8 @@ RETURNING q.id, q.thread_id, q.action, q.args, q.created_at
 UPDATE thread_control_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
 
 -- name: create_thread --
-INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%(id)s, 'orchestrator', 'idle', %(title)s, %(mode)s)
+INSERT INTO sessions (id, role, lifecycle, title, mode, project_id)
+VALUES (%(id)s, 'orchestrator', 'idle', %(title)s, %(mode)s, %(project_id)s)
 ON CONFLICT (id) DO NOTHING
 RETURNING id
 

@@ -1,9 +1,9 @@
 -- name: list_threads --
-SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending
+SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending, s.project_id
 FROM sessions s WHERE s.role = 'orchestrator'
 UNION ALL
 SELECT q.thread_id, q.args ->> 'title', coalesce(q.args ->> 'mode', 'interactive'), 'creating', q.created_at,
-       q.created_at, true
+       q.created_at, true, (q.args ->> 'project_id')::uuid
 FROM thread_control_queue q
 WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = q.thread_id)
@@ -43,7 +43,7 @@ ORDER BY seq
 LIMIT %(limit)s
 
 -- name: get_thread --
-SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at
+SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at, project_id
 FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: list_asks --

@@ -1,0 +1,67 @@
+-- name: claim_project_requests --
+UPDATE project_queue q SET status = 'claimed', claimed_at = now()
+FROM (SELECT id FROM project_queue WHERE status = 'pending' ORDER BY created_at
+      FOR UPDATE SKIP LOCKED LIMIT 20) picked
+WHERE q.id = picked.id
+RETURNING q.id, q.action, q.task_id, q.args, q.created_at
+
+-- name: requeue_claimed_project_requests --
+-- The executor is a singleton: a row claimed by a previous one that died goes back to pending.
+UPDATE project_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed'
+
+-- name: finish_project_request --
+UPDATE project_queue SET status = %(status)s, error = %(error)s, result = %(result)s, done_at = now()
+WHERE id = %(id)s
+
+-- name: insert_project --
+INSERT INTO projects (name, workdir, plan, plan_path) VALUES (%(name)s, %(workdir)s, %(plan)s, %(plan_path)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING id
+
+-- name: project_with_workdir --
+SELECT id FROM projects WHERE workdir = %(workdir)s
+
+-- name: worktree_source --
+-- Whether a claimed task runs in a worktree of its own: a task of a project whose role asks for one.
+SELECT p.id AS project_id, p.name, p.workdir FROM tasks t
+JOIN projects p ON p.id = t.project_id
+JOIN role_profiles r ON r.role = t.role AND r.isolated_worktree
+WHERE t.id = %(id)s AND p.workdir IS NOT NULL
+
+-- name: set_task_worktree --
+UPDATE tasks SET workdir = %(worktree)s, worktree = %(worktree)s, branch = %(branch)s,
+    base_branch = %(base_branch)s, base_commit = %(base_commit)s
+WHERE id = %(id)s
+
+-- name: task_worktree --
+SELECT t.id, t.project_id, t.session_id, t.status, t.worktree, t.branch, t.base_branch, t.base_commit,
+       t.changes_recorded_at, t.review, p.workdir AS project_workdir
+FROM tasks t JOIN projects p ON p.id = t.project_id
+WHERE t.id = %(id)s
+
+-- name: mark_changes_recorded --
+UPDATE tasks SET changes_recorded_at = now() WHERE id = %(id)s AND changes_recorded_at IS NULL
+
+-- name: set_task_review --
+UPDATE tasks SET review = %(review)s WHERE id = %(id)s AND review IS NULL
+RETURNING id
+
+-- name: thread_project --
+SELECT p.id, p.name, p.workdir, p.plan FROM sessions s JOIN projects p ON p.id = s.project_id WHERE s.id = %(id)s
+
+-- name: project_exists --
+SELECT EXISTS (SELECT 1 FROM projects WHERE id = %(id)s)
+
+-- name: project_plan --
+SELECT name, plan FROM projects WHERE id = %(id)s
+
+-- name: unrecorded_changes --
+-- Ended workers whose changes were never recorded (the executor died between the end and the record, or
+-- the record failed). The grace keeps this sweep from racing the supervisor's own record of a fresh end.
+SELECT id FROM tasks
+WHERE branch IS NOT NULL AND changes_recorded_at IS NULL AND status NOT IN ('pending', 'running')
+  AND coalesce(ended_at, created_at) < now() - make_interval(secs => %(grace_s)s)
+ORDER BY ended_at LIMIT 20
+
+-- name: latest_task_changes --
+SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1

@@ -1,0 +1,104 @@
+"""Projects, workers' changes, merge / discard, and usage. Actions only write `project_queue` rows; the
+executor carries them out and journals them (GET /api/project-requests/{id} shows the outcome)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ingress.http import body, path_uuid, query_choice, query_uuid, respond
+from ingress.models import ProjectIn, ReviewIn
+from ingress.problems import Problem
+from ingress.sql import queries
+from shared import projects
+
+
+async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries[name], params)
+        return await cur.fetchone()
+
+
+async def create_project(request: Request) -> Response:
+    spec = await body(request, ProjectIn)
+    taken = await _one(request, "slug_taken", {"slug": spec.slug})
+    if taken and taken["exists"]:
+        raise Problem(409, f"slug {spec.slug!r} is taken")
+    queued = await _one(request, "enqueue_project_request", {
+        "action": "create", "task_id": None, "args": Jsonb(spec.model_dump(exclude_none=True))})
+    return respond(queued, 202)
+
+
+async def list_projects(request: Request) -> Response:
+    pool = request.app.state.db.pool
+    return respond({"projects": await projects.list_projects(pool), "requests": await projects.requests(pool)})
+
+
+async def get_project(request: Request) -> Response:
+    project_id = path_uuid(request, "project_id")
+    found = await projects.get_project(request.app.state.db.pool, project_id)
+    if found is None:
+        raise Problem(404, f"no project {project_id}")
+    return respond(found)
+
+
+async def get_request(request: Request) -> Response:
+    request_id = path_uuid(request, "request_id")
+    found = await projects.request(request.app.state.db.pool, request_id)
+    if found is None:
+        raise Problem(404, f"no project request {request_id}")
+    return respond(found)
+
+
+async def task_diff(request: Request) -> Response:
+    task_id = path_uuid(request, "task_id")
+    found = await projects.task_changes(request.app.state.db.pool, task_id)
+    if found is None:
+        raise Problem(404, f"no task {task_id}")
+    if found["branch"] is None:
+        raise Problem(404, f"task {task_id} is not a worker of a project: it has no branch and no diff")
+    if found["payload"] is None:
+        raise Problem(409, f"task {task_id}'s changes are not recorded yet ({found['status']})")
+    payload = found.pop("payload")
+    return respond({**found, **payload, "branch": found["branch"]})
+
+
+async def _review(request: Request, action: str) -> Response:
+    task_id = path_uuid(request, "task_id")
+    await body(request, ReviewIn, optional=True)
+    task = await _one(request, "task_review_state", {"id": task_id})
+    if task is None:
+        raise Problem(404, f"no task {task_id}")
+    if task["branch"] is None:
+        raise Problem(409, f"task {task_id} has no branch to {action} (not a worker of a project)")
+    if task["status"] in ("pending", "running"):
+        raise Problem(409, f"task {task_id} is still {task['status']}")
+    if task["review"] is not None:
+        raise Problem(409, f"task {task_id}'s branch was already {task['review']}")
+    if task["changes_recorded_at"] is None:
+        raise Problem(409, f"task {task_id}'s changes are not recorded yet")
+    if task["review_pending"]:
+        raise Problem(409, f"a merge or discard of task {task_id} is already queued")
+    queued = await _one(request, "enqueue_project_request", {"action": action, "task_id": task_id,
+                                                             "args": Jsonb({})})
+    return respond(queued, 202)
+
+
+async def merge_task(request: Request) -> Response:
+    return await _review(request, "merge")
+
+
+async def discard_task(request: Request) -> Response:
+    return await _review(request, "discard")
+
+
+async def usage(request: Request) -> Response:
+    by = query_choice(request, "by", projects.USAGE_GROUPS) or "day"
+    rows = await projects.usage(request.app.state.db.pool, by, task_id=query_uuid(request, "task_id"),
+                                thread_id=query_uuid(request, "thread_id"),
+                                project_id=query_uuid(request, "project_id"))
+    return respond({"by": by, "rows": rows, "total": projects.total(rows)})

@@ -1,0 +1,86 @@
+-- name: list_projects --
+SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.created_at,
+       (SELECT count(*) FROM tasks t WHERE t.project_id = p.id AND t.branch IS NOT NULL AND t.review IS NULL
+            AND t.changes_recorded_at IS NOT NULL) AS branches_waiting
+FROM projects p ORDER BY p.created_at DESC
+
+-- name: project_detail --
+SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.created_at FROM projects p WHERE p.id = %(id)s
+
+-- name: project_plan_runs --
+-- The latest worker run of each plan task, and what became of its branch.
+SELECT DISTINCT ON (t.plan_ref) t.plan_ref, t.id AS task_id, t.status, t.activity, t.status_reason, t.attempt,
+       t.branch, t.review, t.changes_recorded_at, t.started_at, t.ended_at
+FROM tasks t
+WHERE t.project_id = %(id)s AND t.role = 'worker' AND t.plan_ref IS NOT NULL
+ORDER BY t.plan_ref, t.created_at DESC
+
+-- name: project_plan_handoffs --
+-- The handoffs of a project's plan tasks, newest first (the caller groups them by plan task).
+SELECT t.plan_ref, j.task_id, j.seq, j.created_at, j.payload
+FROM journal j JOIN tasks t ON t.id = j.task_id
+WHERE j.event_type = 'handoff' AND t.project_id = %(id)s AND t.plan_ref IS NOT NULL
+ORDER BY j.seq DESC
+LIMIT %(limit)s
+
+-- name: project_branches_waiting --
+-- Workers' branches with recorded changes that nobody merged or discarded yet.
+SELECT t.id AS task_id, t.plan_ref, t.status, t.branch, t.base_branch, t.ended_at,
+       (SELECT jsonb_array_length(coalesce(j.payload -> 'files', '[]')) FROM journal j
+        WHERE j.task_id = t.id AND j.event_type = 'task.changes' ORDER BY j.seq DESC LIMIT 1) AS files_changed
+FROM tasks t
+WHERE t.project_id = %(id)s AND t.branch IS NOT NULL AND t.review IS NULL AND t.changes_recorded_at IS NOT NULL
+ORDER BY t.ended_at DESC
+
+-- name: project_requests --
+SELECT id, action, task_id, args - 'plan' AS args, status, error, result, created_at, done_at
+FROM project_queue ORDER BY created_at DESC LIMIT %(limit)s
+
+-- name: project_request --
+SELECT id, action, task_id, args - 'plan' AS args, status, error, result, created_at, done_at
+FROM project_queue WHERE id = %(id)s
+
+-- name: task_changes --
+SELECT t.id AS task_id, t.project_id, t.status, t.branch, t.base_branch, t.worktree, t.review,
+       t.changes_recorded_at, j.seq, j.payload
+FROM tasks t
+LEFT JOIN LATERAL (SELECT seq, payload FROM journal
+                   WHERE task_id = t.id AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1) j ON true
+WHERE t.id = %(id)s
+
+-- name: usage_by --
+-- Tokens and cost from each run's result line, summed by task, thread, project or UTC day. A run belongs
+-- to a thread through its own session (a turn), its parent (a worker) or its grandparent (an extractor).
+WITH runs AS (
+    SELECT j.task_id, j.created_at, j.payload, t.project_id AS task_project,
+           coalesce(CASE WHEN s.role = 'orchestrator' THEN s.id END,
+                    CASE WHEN ps.role = 'orchestrator' THEN ps.id END,
+                    CASE WHEN pps.role = 'orchestrator' THEN pps.id END) AS thread_id
+    FROM journal j
+    JOIN tasks t ON t.id = j.task_id
+    LEFT JOIN sessions s ON s.id = t.session_id
+    LEFT JOIN tasks p ON p.id = t.parent_task_id
+    LEFT JOIN sessions ps ON ps.id = p.session_id
+    LEFT JOIN tasks pp ON pp.id = p.parent_task_id
+    LEFT JOIN sessions pps ON pps.id = pp.session_id
+    WHERE j.event_type = 'stream.result'
+), scoped AS (
+    SELECT r.*, coalesce(r.task_project, ts.project_id) AS project_id
+    FROM runs r LEFT JOIN sessions ts ON ts.id = r.thread_id
+)
+SELECT CASE %(by)s WHEN 'task' THEN task_id::text WHEN 'thread' THEN thread_id::text
+                   WHEN 'project' THEN project_id::text
+                   ELSE to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') END AS key,
+       count(*) AS runs,
+       sum(coalesce((payload -> 'usage' ->> 'input_tokens')::bigint, 0))::bigint AS input_tokens,
+       sum(coalesce((payload -> 'usage' ->> 'output_tokens')::bigint, 0))::bigint AS output_tokens,
+       sum(coalesce((payload -> 'usage' ->> 'cache_creation_input_tokens')::bigint, 0))::bigint
+           AS cache_creation_input_tokens,
+       sum(coalesce((payload -> 'usage' ->> 'cache_read_input_tokens')::bigint, 0))::bigint AS cache_read_input_tokens,
+       sum(coalesce((payload ->> 'total_cost_usd')::numeric, 0))::float8 AS cost_usd
+FROM scoped
+WHERE (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
+  AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)
+  AND (%(project_id)s::uuid IS NULL OR project_id = %(project_id)s::uuid)
+GROUP BY 1
+ORDER BY 1
