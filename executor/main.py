@@ -6,17 +6,19 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
 from executor import extraction, harness_mcp, notify, threads
+from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
 from shared import dbserver, logs
-from shared.database import Database
+from shared.database import OUTAGE_ERRORS, Availability, Database
 from shared.settings import Settings
 
 log = logs.get(__name__)
@@ -26,6 +28,8 @@ CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "th
             "notify_queue"]
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
 MCP_TIMEOUT_MARGIN_S = 120
+# The executor's loops wait this long for a pooled connection before counting the database as away.
+ACQUIRE_TIMEOUT_S = 5.0
 
 
 def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:
@@ -62,14 +66,17 @@ def notify_config(settings: Settings) -> notify.NotifyConfig:
 async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, stop: asyncio.Event, *,
                 mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0,
                 extract: bool = True, backoff_base_s: float = 30.0,
-                notify_config: notify.NotifyConfig | None = None) -> None:
-    async with Database(dsn, name="petal-executor") as db:
-        writer = JournalWriter(db.pool)
+                notify_config: notify.NotifyConfig | None = None,
+                journal_hold_bytes: int = JOURNAL_HOLD_BYTES) -> None:
+    # started during an outage, it waits for the database instead of exiting
+    async with Database(dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait") as db:
+        writer = JournalWriter(db.pool, spill_dir=config.run_dir, hold_bytes=journal_hold_bytes)
         await writer.start()
         listener = db.listener(CHANNELS)
         wake = listener.subscribe(["task_pending", "stop_queue"])
         listening = asyncio.create_task(listener.run(), name="listener")
-        await asyncio.wait_for(listener.connected.wait(), 30)
+        with contextlib.suppress(TimeoutError):  # an outage right now: the listener goes on trying
+            await asyncio.wait_for(listener.connected.wait(), 30)
         harness = harness_mcp.Harness(db, writer, listener, ask_timeout_s)
         mcp_stop = asyncio.Event()
         mcp_config = Config()
@@ -85,11 +92,17 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             supervisor.exit_hooks.append(extraction.exit_hook(db.pool, writer, conversations.settlement.settle))
         supervisor.exit_hooks.append(conversations.on_exit)
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
+        thread_sub = listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])
         delivering = asyncio.create_task(
-            conversations.run(listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])), name="threads")
+            _outliving_outages("threads", lambda: conversations.run(thread_sub), db.availability), name="threads")
         notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig())
-        await notifier.start()
-        notifying = asyncio.create_task(notifier.run(listener.subscribe(["journal", "notify_queue"])),
+        notify_sub = listener.subscribe(["journal", "notify_queue"])
+
+        async def notifications() -> None:
+            await notifier.start()
+            await notifier.run(notify_sub)
+
+        notifying = asyncio.create_task(_outliving_outages("notifier", notifications, db.availability),
                                         name="notifier")
         stopping = asyncio.create_task(stop.wait())
         try:
@@ -111,9 +124,32 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             await writer.flush_and_stop()
 
 
+async def _outliving_outages(name: str, run: Callable[[], Awaitable[None]], availability: Availability) -> None:
+    """Run a loop; a database error that escapes it restarts it after the outage back-off instead of
+    ending it (each loop catches its own, this is the backstop)."""
+    while True:
+        try:
+            return await run()
+        except OUTAGE_ERRORS as exc:
+            await availability.pause(exc, name)
+
+
+def _wait_for_schema(dsn: str) -> None:
+    """The schema check at start, waiting out an outage (with back-off) rather than exiting."""
+    availability = Availability("petal-executor")
+    while True:
+        try:
+            dbserver.require_current(dsn)
+        except OUTAGE_ERRORS as exc:
+            time.sleep(availability.failed(exc, "start"))
+            continue
+        availability.succeeded()
+        return
+
+
 def main(settings: Settings) -> int:
     info = dbserver.resolve(settings)
-    dbserver.require_current(info.executor_dsn)
+    _wait_for_schema(info.executor_dsn)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -122,7 +158,8 @@ def main(settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop,
                     mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s,
-                    backoff_base_s=settings.backoff_base_s, notify_config=notify_config(settings))
+                    backoff_base_s=settings.backoff_base_s, notify_config=notify_config(settings),
+                    journal_hold_bytes=settings.journal_hold_bytes)
 
     asyncio.run(run())
     log.info("executor_stopped")

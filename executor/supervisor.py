@@ -22,11 +22,14 @@ from executor import process, substrate
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, errors, logs
-from shared.database import Database
+from shared.database import CONNECT_TIMEOUT_S, KEEPALIVE_KWARGS, OUTAGE_ERRORS, Database
 from shared.listener import Subscription
 from shared.models import NewEvent
 
 log = logs.get(__name__)
+
+# How often the claim loop makes sure the session holding the singleton lock is still alive.
+LOCK_CHECK_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Running:
     kill_timer: asyncio.TimerHandle | None = None
     killed: bool = False
     mcp_config: Path | None = None
+    activity_unsaved: str | None = None
 
 
 ExitHook = Callable[[dict[str, Any], substrate.Outcome, substrate.TurnFacts], Awaitable[None]]
@@ -94,6 +98,8 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._children: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
+        self._lock_conn: psycopg.AsyncConnection | None = None
+        self._lock_checked = 0.0
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -116,19 +122,27 @@ class Supervisor:
         self._wake.set()
 
     async def run(self, wake_on: Subscription | None = None) -> None:
-        """Supervise until stop(); then stop children, journal their ends, and return."""
-        lock_conn = await self._acquire_singleton()
+        """Supervise until stop(); then stop children, journal their ends, and return. A database outage
+        of any length only pauses claiming: running tasks go on, and the loop resumes when it returns."""
+        availability = self.db.availability
+        self._lock_conn = await availability.retry(self._acquire_singleton, "singleton_lock")
         side: list[asyncio.Task[None]] = []
         try:
-            await self.reconcile()
+            await availability.retry(self.reconcile, "reconcile")
             side.append(asyncio.create_task(self._watchdog(), name="watchdog"))
             if wake_on is not None:
                 side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
             self.ready.set()
             while not self._stopping.is_set():
                 self._wake.clear()
-                await self._claim_stops()
-                await self._claim_tasks()
+                try:
+                    await self._keep_singleton()
+                    await self._claim_stops()
+                    await self._claim_tasks()
+                except OUTAGE_ERRORS as exc:
+                    await availability.pause(exc, "supervisor", self._stopping)
+                    continue
+                availability.succeeded()
                 with contextlib.suppress(TimeoutError):
                     await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
         finally:
@@ -136,10 +150,29 @@ class Supervisor:
             for t in side:
                 t.cancel()
             await asyncio.gather(*side, return_exceptions=True)
-            await lock_conn.close()
+            if self._lock_conn is not None:
+                await self._lock_conn.close()
+
+    async def _keep_singleton(self) -> None:
+        """The singleton lock lives on a session: an outage ends it, so take it again when the database
+        returns (an executor that started meanwhile holds it: then this one must not go on)."""
+        conn = self._lock_conn
+        if conn is not None and not conn.closed and not conn.broken:
+            if time.monotonic() - self._lock_checked < LOCK_CHECK_INTERVAL_S:
+                return
+            try:
+                await conn.execute("")  # an idle session does not know it was cut until it is used
+                self._lock_checked = time.monotonic()
+                return
+            except OUTAGE_ERRORS:
+                await conn.close()
+        self._lock_conn = await self._acquire_singleton()
+        self._lock_checked = time.monotonic()
+        log.info("singleton_lock_retaken")
 
     async def _acquire_singleton(self) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(self.db.dsn, autocommit=True, application_name="petal-executor-lock")
+        conn = await psycopg.AsyncConnection.connect(self.db.dsn, autocommit=True, application_name="petal-executor-lock",
+                                                     **KEEPALIVE_KWARGS, connect_timeout=CONNECT_TIMEOUT_S)
         cur = await conn.execute(queries["try_singleton_lock"])
         row = await cur.fetchone()
         if not (row and row[0]):
@@ -414,7 +447,11 @@ class Supervisor:
         if r.stop_reason is not None or r.proc.returncode is not None:
             return
         r.stop_reason = reason
-        await self._exec("mark_stop_requested", {"id": r.task_id})
+        try:
+            await self._exec("mark_stop_requested", {"id": r.task_id})
+        except OUTAGE_ERRORS as exc:
+            # the stop must happen whether or not the row can say so (the journal will)
+            self.db.availability.failed(exc, "stop")
         sent = process.signal_group(r.proc.pid, signal.SIGTERM)
         await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGTERM", "reason": reason,
                                                                   "delivered": sent}))
@@ -432,18 +469,30 @@ class Supervisor:
     # ---- watchdog ------------------------------------------------------------------------------------
 
     async def _set_activity(self, r: Running, activity: str) -> None:
-        await self._exec("set_task_activity", {"id": r.task_id, "activity": activity})
+        try:
+            await self._exec("set_task_activity", {"id": r.task_id, "activity": activity})
+        except OUTAGE_ERRORS as exc:
+            # a projection (the journal has the event): the watchdog sets it again once the database is back
+            r.activity_unsaved = activity
+            self.db.availability.failed(exc, "task_activity")
+        else:
+            r.activity_unsaved = None
 
     async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(self.config.watchdog_interval_s)
             try:
                 await self._watch_once()
+            except OUTAGE_ERRORS as exc:
+                # silence is still watched from memory; the rows catch up when the database is back
+                await self.db.availability.pause(exc, "watchdog")
             except Exception:  # noqa: BLE001 - the watchdog outlives a failed tick
                 log.exception("watchdog_tick_failed")
 
     async def _watch_once(self) -> None:
         now = time.monotonic()
+        for r in [r for r in self.running.values() if r.activity_unsaved is not None]:
+            await self._set_activity(r, r.activity_unsaved)  # type: ignore[arg-type]
         dirty = [r for r in self.running.values() if r.output_dirty and r.last_output_at is not None]
         if dirty:
             for r in dirty:
