@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import uuid
 from collections import deque
@@ -127,7 +128,7 @@ class Spill:
         items: list[_Item] = []
         n = 0
         offset = self._offset
-        with self.path.open("r", encoding="utf-8") as f:
+        with self.path.open("rb") as f:
             f.seek(offset)
             index = self.read
             while index < self.written and (not items or n < max_events):
@@ -135,7 +136,7 @@ class Spill:
                 offset = f.tell()
                 if not line.strip():
                     continue
-                events = _decode(line)
+                events = _decode(line.decode("utf-8"))
                 items.append((events, self._futures.pop(index, None)))
                 n += len(events)
                 index += 1
@@ -151,6 +152,32 @@ class Spill:
                 self._out = None
             self.path.unlink(missing_ok=True)
             self.read = self.written = self._offset = 0
+
+    def keep_first(self, items: list[_Item]) -> None:
+        """Put `items` (older than anything spilled) before the unread rest of the file, for the next start."""
+        self.close()
+        rest = b""
+        if self.active:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                rest = f.read()
+        tmp = self.path.with_suffix(".tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC)
+        with tmp.open("wb") as out:
+            for events, _ in items:
+                out.write((_encode(events, stamp) + "\n").encode())
+            out.write(rest)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(self.path)
+        self.written = len(items) + rest.count(b"\n")
+        self.read = self._offset = 0
+
+    def abandon_futures(self) -> list[_Item]:
+        found: list[_Item] = [((), fut) for fut in self._futures.values()]
+        self._futures.clear()
+        return found
 
     def close(self) -> None:
         if self._out is not None:
@@ -188,6 +215,7 @@ class JournalWriter:
         self._known_types: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
         self._in_flight: list[_Item] = []
+        self._in_flight_from_mem = False
         self._append_started: float | None = None
         # True while the database is away: producers never wait then
         self.holding = False
@@ -271,24 +299,24 @@ class JournalWriter:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
-        left = list(self._mem)
-        if self._in_flight:
-            left = self._in_flight + left  # the batch the writer was retrying when cancelled
-        if left and self._spill is not None:
+        # what the writer was retrying when stopped (unless it came from the spill, which still has it)
+        left = (self._in_flight if self._in_flight_from_mem else []) + list(self._mem)
+        self._mem.clear()
+        if self._spill is not None:
+            failed = [*left, *self._spill.abandon_futures()]
+            if left:
+                self._spill.keep_first(left)
             if self._spill.active:
-                log.error("journal_unwritten", events=sum(len(e) for e, _ in left),
-                          note="the spill holds older items; these newer ones cannot go after them in order")
-            else:
-                for events, _ in left:
-                    self._spill.append(events, None)
-                log.warning("journal_left_in_spill", path=str(self._spill.path), items=len(left))
-        elif left:
-            log.error("journal_unwritten", events=sum(len(e) for e, _ in left))
-        for _, fut in left:
+                log.warning("journal_left_in_spill", path=str(self._spill.path), items=self._spill.written,
+                            note="the database did not return in time; the next start journals these first")
+            self._spill.close()
+        else:
+            failed = left
+            if left:
+                log.error("journal_unwritten", events=sum(len(e) for e, _ in left))
+        for _, fut in failed:
             if fut is not None and not fut.done():
                 fut.set_exception(errors.JournalWriteError("the executor stopped before the database returned"))
-        if self._spill is not None:
-            self._spill.close()
 
     # ---- the writer task -----------------------------------------------------------------------------
 
@@ -314,7 +342,7 @@ class JournalWriter:
                 self._work.clear()
                 await self._work.wait()
                 continue
-            self._in_flight = items
+            self._in_flight, self._in_flight_from_mem = items, spill_offset is None
             await self._write_items(items)
             self._in_flight = []
             if spill_offset is not None:

@@ -69,7 +69,10 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
                 notify_config: notify.NotifyConfig | None = None,
                 journal_hold_bytes: int = JOURNAL_HOLD_BYTES) -> None:
     # started during an outage, it waits for the database instead of exiting
-    async with Database(dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait") as db:
+    async with Database(dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait",
+                        stop=stop) as db:
+        if stop.is_set():  # stopped while waiting for the database
+            return
         writer = JournalWriter(db.pool, spill_dir=config.run_dir, hold_bytes=journal_hold_bytes)
         await writer.start()
         listener = db.listener(CHANNELS)

@@ -70,7 +70,8 @@ class Running:
     kill_timer: asyncio.TimerHandle | None = None
     killed: bool = False
     mcp_config: Path | None = None
-    activity_unsaved: str | None = None
+    # row updates an outage held back, applied in order once the database is back
+    unsaved: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 ExitHook = Callable[[dict[str, Any], substrate.Outcome, substrate.TurnFacts], Awaitable[None]]
@@ -100,6 +101,7 @@ class Supervisor:
         self.ready = asyncio.Event()
         self._lock_conn: psycopg.AsyncConnection | None = None
         self._lock_checked = 0.0
+        self._claimed: list[dict[str, Any]] = []
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -235,11 +237,18 @@ class Supervisor:
     # ---- claiming ------------------------------------------------------------------------------------
 
     async def _claim_tasks(self) -> None:
+        # A claimed task whose start an outage cut short is still ours: start it before claiming more.
+        await self._start_claimed()
         free = self.config.max_workers - len(self.running)
         if free <= 0 or self._stopping.is_set():
             return
-        for row in await self._rows("claim_pending_tasks", {"n": free}):
-            await self._start(row)
+        self._claimed += await self._rows("claim_pending_tasks", {"n": free})
+        await self._start_claimed()
+
+    async def _start_claimed(self) -> None:
+        while self._claimed and not self._stopping.is_set():
+            await self._start(self._claimed[0])  # an outage error leaves it first in line
+            self._claimed.pop(0)
 
     async def _claim_stops(self) -> None:
         for row in await self._rows("claim_stop_requests"):
@@ -299,8 +308,10 @@ class Supervisor:
         # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
         # the first turn; any other task is a conversation of its own.
         session_id = row["session_id"] or uuid.uuid4()
-        prior = await self._rows("session_turns", {"id": session_id}) if row["session_id"] else []
-        resume = bool(prior and prior[0]["turns"] > 0)
+        if "_resume" not in row:  # decided once: a start retried after an outage must not count its own turn
+            prior = await self._rows("session_turns", {"id": session_id}) if row["session_id"] else []
+            row["_resume"] = bool(prior and prior[0]["turns"] > 0)
+        resume = row["_resume"]
         mcp_path = self._write_mcp_config(task_id, session_id) if profile["use_mcp"] else None
         spec = substrate.SpawnSpec(
             role=row["role"],
@@ -333,7 +344,8 @@ class Supervisor:
         r = Running(task_id=task_id, session_id=session_id, project_id=row["project_id"], role=row["role"],
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path)
         self.running[task_id] = r
-        await self._exec("set_task_process", {"id": task_id, "pid": proc.pid, "session_id": session_id})
+        # the process runs from here on, database or not: the row learns its pid now or once it is back
+        await self._save(r, "set_task_process", {"id": task_id, "pid": proc.pid, "session_id": session_id})
         # queued before any line of the task: the single writer keeps that order in the journal
         await self.writer.put(self._event(r, "task.spawned", {
             "pid": proc.pid, "role": row["role"], "argv": cmd, "workdir": str(workdir),
@@ -469,14 +481,22 @@ class Supervisor:
     # ---- watchdog ------------------------------------------------------------------------------------
 
     async def _set_activity(self, r: Running, activity: str) -> None:
-        try:
-            await self._exec("set_task_activity", {"id": r.task_id, "activity": activity})
-        except OUTAGE_ERRORS as exc:
-            # a projection (the journal has the event): the watchdog sets it again once the database is back
-            r.activity_unsaved = activity
-            self.db.availability.failed(exc, "task_activity")
-        else:
-            r.activity_unsaved = None
+        await self._save(r, "set_task_activity", {"id": r.task_id, "activity": activity})
+
+    async def _save(self, r: Running, name: str, params: dict[str, Any]) -> None:
+        """A running task's row update that must not stop the task when the database is away: kept, in
+        order, and applied by the watchdog once it is back (the journal has the events meanwhile)."""
+        r.unsaved.append((name, params))
+        await self._apply_unsaved(r)
+
+    async def _apply_unsaved(self, r: Running) -> None:
+        while r.unsaved:
+            try:
+                await self._exec(*r.unsaved[0])
+            except OUTAGE_ERRORS as exc:
+                self.db.availability.failed(exc, "task_row")
+                return
+            r.unsaved.pop(0)
 
     async def _watchdog(self) -> None:
         while True:
@@ -491,8 +511,8 @@ class Supervisor:
 
     async def _watch_once(self) -> None:
         now = time.monotonic()
-        for r in [r for r in self.running.values() if r.activity_unsaved is not None]:
-            await self._set_activity(r, r.activity_unsaved)  # type: ignore[arg-type]
+        for r in [r for r in self.running.values() if r.unsaved]:
+            await self._apply_unsaved(r)
         dirty = [r for r in self.running.values() if r.output_dirty and r.last_output_at is not None]
         if dirty:
             for r in dirty:

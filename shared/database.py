@@ -123,12 +123,14 @@ class Database:
     """Owns the pool and the listener of one process; everything else receives it as an argument."""
 
     def __init__(self, dsn: str, *, name: str, min_size: int = 1, max_size: int = 8,
-                 acquire_timeout_s: float = ACQUIRE_TIMEOUT_S, at_start: StartMode = "fail"):
+                 acquire_timeout_s: float = ACQUIRE_TIMEOUT_S, at_start: StartMode = "fail",
+                 stop: asyncio.Event | None = None):
         """`at_start`, when the database is away as the pool opens: "fail" after POOL_OPEN_TIMEOUT_S (a
         command), "wait" for it as long as it takes (the executor), or "serve" at once and connect when
-        asked (the ingress, whose requests answer 503 meanwhile)."""
+        asked (the ingress, whose requests answer 503 meanwhile). `stop` ends that wait early."""
         self.dsn = dsn
         self.at_start = at_start
+        self._stop = stop
         self.name = name
         self.availability = Availability(name)
         self.pool = Pool(
@@ -186,7 +188,7 @@ class Database:
 
     async def __aenter__(self) -> Database:
         if self.at_start == "wait":
-            await self.wait_available()
+            await self.wait_available(self._stop)
         await self.open(wait=self.at_start == "fail")
         return self
 

@@ -24,8 +24,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from executor.journal_writer import SPILL_NAME
+from executor.journal_writer import SPILL_NAME, JournalWriter
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared.database import Database
+from shared.models import NewEvent
 from tests.pg import DB, Cluster
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
 from tests.test_executor_process import _executor_env
@@ -244,3 +246,69 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
         assert len(_events(log, "database_unavailable")) == 1, [e for e in _events(log, "database_unavailable")]
         assert len(_events(log, "database_available")) == 1
         assert "Traceback" not in log.read_text(errors="replace"), log.read_text()[-3000:]
+
+
+# ---- the journal writer alone, across a stop and start of its server -----------------------------------
+
+def _line(i: int) -> NewEvent:
+    return NewEvent("task.stderr", {"line": f"line {i}"})
+
+
+def _journaled_lines(admin_dsn: str) -> list[int]:
+    with psycopg.connect(admin_dsn) as conn:
+        seqs_and_lines = conn.execute("SELECT seq, payload ->> 'line' FROM journal WHERE event_type = 'task.stderr'"
+                                      " ORDER BY seq").fetchall()
+        assert conn.execute("SELECT count(*) = max(seq) FROM journal").fetchone()[0]  # type: ignore[index]
+    return [int(line.removeprefix("line ")) for _, line in seqs_and_lines]
+
+
+async def test_while_the_database_is_away_the_writer_never_blocks_a_producer_and_journals_all_in_order(
+    own: tuple[OwnServer, Cluster], odb: DB, tmp_path: Path
+) -> None:
+    server = own[0]
+    async with Database(odb.executor_dsn, name="test-writer", acquire_timeout_s=1, at_start="serve") as db:
+        writer = JournalWriter(db.pool, spill_dir=tmp_path, hold_bytes=4096)
+        await writer.start()
+        await writer.write([_line(i) for i in range(10)])
+        await asyncio.to_thread(server.stop)
+        try:
+            started = time.monotonic()
+            for i in range(10, 1010):
+                # a worker's reader: it must never wait long, or the worker's pipe fills and it blocks
+                await asyncio.wait_for(writer.put(_line(i)), 5)
+            putting_took = time.monotonic() - started
+            exited = asyncio.ensure_future(writer.write([_line(1010)]))  # the supervisor's durable task.exited
+            await asyncio.sleep(1)
+            stats = writer.stats()
+            assert stats.holding and stats.spilled_events > 0 and (tmp_path / SPILL_NAME).exists()
+            assert not exited.done()  # durable means durable: it waits for the database
+        finally:
+            await asyncio.to_thread(_start_postgres, server)
+        await asyncio.wait_for(exited, 60)
+        await writer.flush_and_stop(timeout_s=60)
+    assert putting_took < 10
+    assert _journaled_lines(odb.admin_dsn) == list(range(1011))
+    assert not (tmp_path / SPILL_NAME).exists() and not writer.holding
+
+
+async def test_what_the_writer_holds_when_stopped_during_an_outage_is_journaled_first_at_the_next_start(
+    own: tuple[OwnServer, Cluster], odb: DB, tmp_path: Path
+) -> None:
+    server = own[0]
+    async with Database(odb.executor_dsn, name="test-writer", acquire_timeout_s=1, at_start="serve") as db:
+        writer = JournalWriter(db.pool, spill_dir=tmp_path, hold_bytes=2048)
+        await writer.start()
+        await asyncio.to_thread(server.stop)
+        try:
+            for i in range(200):
+                await writer.put(_line(i))
+            await writer.flush_and_stop(timeout_s=3)  # the executor stops; the database is still away
+            assert (tmp_path / SPILL_NAME).exists()
+        finally:
+            await asyncio.to_thread(_start_postgres, server)
+        again = JournalWriter(db.pool, spill_dir=tmp_path, hold_bytes=2048)
+        await again.start()
+        await again.put(_line(200))  # written after what the earlier writer held
+        await again.flush_and_stop(timeout_s=60)
+    assert _journaled_lines(odb.admin_dsn) == list(range(201))
+    assert not (tmp_path / SPILL_NAME).exists()
