@@ -95,6 +95,7 @@ class Spill:
         self.read = 0  # lines taken by the writer
         self.events = 0  # events appended over the writer's life (the negative control of the tests)
         self._offset = 0
+        self.size = 0  # bytes in the file
         self._futures: dict[int, asyncio.Future[Appended]] = {}
         self._out: Any = None
 
@@ -102,12 +103,17 @@ class Spill:
     def active(self) -> bool:
         return self.read < self.written
 
+    @property
+    def backlog_bytes(self) -> int:
+        return self.size - self._offset
+
     def recover(self) -> int:
         """Adopt a spill left by an earlier executor; returns its number of items."""
         if not self.path.exists():
             return 0
         with self.path.open("rb") as f:
             self.written = sum(1 for line in f if line.strip())
+        self.size = self.path.stat().st_size
         if not self.written:
             self.path.unlink()
         return self.written
@@ -115,9 +121,11 @@ class Spill:
     def append(self, events: Sequence[NewEvent], fut: asyncio.Future[Appended] | None) -> None:
         if self._out is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._out = self.path.open("a", encoding="utf-8")
-        self._out.write(_encode(events, datetime.now(UTC)) + "\n")
+            self._out = self.path.open("ab")
+        data = (_encode(events, datetime.now(UTC)) + "\n").encode()
+        self._out.write(data)
         self._out.flush()  # in the OS's hands: a crash of this process loses none of it
+        self.size += len(data)
         if fut is not None:
             self._futures[self.written] = fut
         self.written += 1
@@ -151,7 +159,7 @@ class Spill:
                 self._out.close()
                 self._out = None
             self.path.unlink(missing_ok=True)
-            self.read = self.written = self._offset = 0
+            self.read = self.written = self._offset = self.size = 0
 
     def keep_first(self, items: list[_Item]) -> None:
         """Put `items` (older than anything spilled) before the unread rest of the file, for the next start."""
@@ -171,6 +179,7 @@ class Spill:
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(self.path)
+        self.size = self.path.stat().st_size
         self.written = len(items) + rest.count(b"\n")
         self.read = self._offset = 0
 
@@ -239,8 +248,8 @@ class JournalWriter:
     async def _put(self, events: Sequence[NewEvent], fut: asyncio.Future[Appended] | None) -> None:
         # Waiting for room is back-pressure, for a database that is there but slower than the producers;
         # while it is away, or once anything was spilled (order), the item goes to the spill instead.
-        while self._mem_bytes >= self._hold_bytes and (
-                self._spill is None or not (self._away() or self._spill.active)):
+        # A spill still draining after an outage is bounded the same way while the database is there.
+        while not self._has_room():
             self._room.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), ROOM_RECHECK_S)
@@ -257,11 +266,17 @@ class JournalWriter:
         self._idle.clear()
         self._work.set()
 
+    def _has_room(self) -> bool:
+        spill = self._spill
+        if spill is not None and spill.active:
+            return self._away() or spill.backlog_bytes < self._hold_bytes
+        return self._mem_bytes < self._hold_bytes or (spill is not None and self._away())
+
     def _away(self) -> bool:
-        """Whether the database is away: said by any part of the process, or shown by an append that
-        is taking far longer than an append takes."""
-        if not self.holding and (self._availability.down or (
-                self._append_started is not None and time.monotonic() - self._append_started > STUCK_AFTER_S)):
+        """Whether the database is away: an append failed, or is taking far longer than an append takes.
+        (Until the next append succeeds: the writer's own evidence, not another loop's passing error.)"""
+        if not self.holding and self._append_started is not None and (
+                time.monotonic() - self._append_started > STUCK_AFTER_S):
             self._hold(self._availability.cause or "an append is taking too long")
         return self.holding
 
@@ -348,6 +363,7 @@ class JournalWriter:
             if spill_offset is not None:
                 assert self._spill is not None
                 self._spill.consumed(len(items), spill_offset)
+                self._room.set()
             else:
                 for events, _ in items:
                     self._mem_bytes -= _size(events)

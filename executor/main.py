@@ -99,14 +99,10 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         delivering = asyncio.create_task(
             _outliving_outages("threads", lambda: conversations.run(thread_sub), db.availability), name="threads")
         notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig())
+        await db.availability.retry(notifier.start, "notifier")
         notify_sub = listener.subscribe(["journal", "notify_queue"])
-
-        async def notifications() -> None:
-            await notifier.start()
-            await notifier.run(notify_sub)
-
-        notifying = asyncio.create_task(_outliving_outages("notifier", notifications, db.availability),
-                                        name="notifier")
+        notifying = asyncio.create_task(
+            _outliving_outages("notifier", lambda: notifier.run(notify_sub), db.availability), name="notifier")
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({supervising, listening, stopping, serving_mcp}, return_when=asyncio.FIRST_COMPLETED)

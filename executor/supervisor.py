@@ -72,6 +72,7 @@ class Running:
     mcp_config: Path | None = None
     # row updates an outage held back, applied in order once the database is back
     unsaved: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    saving: bool = False
 
 
 ExitHook = Callable[[dict[str, Any], substrate.Outcome, substrate.TurnFacts], Awaitable[None]]
@@ -246,7 +247,7 @@ class Supervisor:
         await self._start_claimed()
 
     async def _start_claimed(self) -> None:
-        while self._claimed and not self._stopping.is_set():
+        while self._claimed:
             await self._start(self._claimed[0])  # an outage error leaves it first in line
             self._claimed.pop(0)
 
@@ -490,13 +491,19 @@ class Supervisor:
         await self._apply_unsaved(r)
 
     async def _apply_unsaved(self, r: Running) -> None:
-        while r.unsaved:
-            try:
-                await self._exec(*r.unsaved[0])
-            except OUTAGE_ERRORS as exc:
-                self.db.availability.failed(exc, "task_row")
-                return
-            r.unsaved.pop(0)
+        if r.saving:  # the reader and the watchdog may both get here: one applies, in order
+            return
+        r.saving = True
+        try:
+            while r.unsaved:
+                try:
+                    await self._exec(*r.unsaved[0])
+                except OUTAGE_ERRORS as exc:
+                    self.db.availability.failed(exc, "task_row")
+                    return
+                r.unsaved.pop(0)
+        finally:
+            r.saving = False
 
     async def _watchdog(self) -> None:
         while True:

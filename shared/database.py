@@ -38,6 +38,8 @@ RECONNECT_TIMEOUT_S = 5.0
 # Waits between attempts while the database is away, growing to the last value and staying there.
 OUTAGE_DELAYS_S = (0.5, 1.0, 2.0, 3.0, 5.0)
 POOL_OPEN_TIMEOUT_S = 30.0
+# A success this soon after a failure does not end an outage (connections die one by one at its start).
+SETTLE_S = 1.0
 
 # What "the database is away" looks like: a lost or refused connection, a server shutting down or
 # starting up, a pool that found no connection in time (PoolTimeout is an OperationalError).
@@ -57,6 +59,7 @@ class Availability:
         self.cause: str | None = None
         self.failures = 0
         self.outages = 0
+        self._last_failure = 0.0
 
     @property
     def down(self) -> bool:
@@ -65,6 +68,7 @@ class Availability:
     def failed(self, exc: BaseException, where: str) -> float:
         """Record a failure; returns how long to wait before the next attempt."""
         self.cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        self._last_failure = time.monotonic()
         if self.down_since is None:
             self.down_since = time.time()
             self.outages += 1
@@ -76,6 +80,8 @@ class Availability:
 
     def succeeded(self) -> None:
         if self.down_since is not None:
+            if time.monotonic() - self._last_failure < SETTLE_S:
+                return  # at an outage's edge one connection still works while the next fails: not back yet
             log.warning("database_available", service=self.name, down_s=round(time.time() - self.down_since, 1))
         self.down_since = None
         self.cause = None

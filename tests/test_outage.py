@@ -219,6 +219,7 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
     assert not spill.exists()  # and drained them once it was back
     assert worker_exited_during_outage, "the worker outlived the outage: the test did not cover its exit"
     check_invariants(odb.admin_dsn, [reader])  # seq gap-free, all final, each message delivered once
+    assert reader.connects == 1, reader.errors  # the open stream rode out the outage on its heartbeats
     with psycopg.connect(odb.admin_dsn) as conn:
         workers = conn.execute("SELECT id, status, status_reason, attempt FROM tasks WHERE role = 'worker'").fetchall()
         # the worker ended with its true status, recorded after the database returned, and ran once
