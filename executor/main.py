@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from hypercorn.asyncio import serve as hypercorn_serve
@@ -17,7 +16,7 @@ from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
-from shared import dbserver, logs
+from shared import database, dbserver, logs
 from shared.database import OUTAGE_ERRORS, Availability, Database
 from shared.settings import Settings
 
@@ -133,22 +132,9 @@ async def _outliving_outages(name: str, run: Callable[[], Awaitable[None]], avai
             await availability.pause(exc, name)
 
 
-def _wait_for_schema(dsn: str) -> None:
-    """The schema check at start, waiting out an outage (with back-off) rather than exiting."""
-    availability = Availability("petal-executor")
-    while True:
-        try:
-            dbserver.require_current(dsn)
-        except OUTAGE_ERRORS as exc:
-            time.sleep(availability.failed(exc, "start"))
-            continue
-        availability.succeeded()
-        return
-
-
 def main(settings: Settings) -> int:
     info = dbserver.resolve(settings)
-    _wait_for_schema(info.executor_dsn)
+    database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from shared import aio, logs
+from shared import aio, dbserver, logs
 from shared.listener import Listener
 
 log = logs.get(__name__)
@@ -208,3 +208,21 @@ async def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> psycop
     """A single connection outside the pool (CLI commands, tests)."""
     kwargs = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVE_KWARGS, **kwargs}
     return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **kwargs)
+
+
+def wait_for_schema(dsn: str, name: str) -> None:
+    """A service's start-up check that the schema is current, waiting out an outage (with back-off)
+    instead of exiting. Blocking: call it before the event loop starts.
+
+    Raises:
+        MigrationError: migrations are pending.
+    """
+    waiting = Availability(name)
+    while True:
+        try:
+            dbserver.require_current(dsn)
+        except OUTAGE_ERRORS as exc:
+            time.sleep(waiting.failed(exc, "start"))
+            continue
+        waiting.succeeded()
+        return

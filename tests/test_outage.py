@@ -249,6 +249,53 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
         assert "Traceback" not in log.read_text(errors="replace"), log.read_text()[-3000:]
 
 
+async def test_services_started_while_postgres_is_down_wait_for_it_and_then_work(
+    own: tuple[OwnServer, Cluster], odb: DB, tmp_path: Path
+) -> None:
+    server = own[0]
+    executor_log, ingress_log = tmp_path / "executor.log", tmp_path / "ingress.log"
+    port = free_port()
+    with ScriptedModelServer(Scenario.single({"text": "hello"})) as model:
+        env = _executor_env(odb, model, tmp_path)
+        await asyncio.to_thread(server.stop)
+        executor = ingress = None
+        try:
+            try:
+                executor = _spawn("executor", env, executor_log)
+                ingress = _spawn("ingress", {**env, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port)}, ingress_log)
+                await asyncio.sleep(8)
+                assert executor.poll() is None, executor_log.read_text()[-3000:]
+                assert ingress.poll() is None, ingress_log.read_text()[-3000:]
+            finally:
+                await asyncio.to_thread(_start_postgres, server)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        if (await http.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    assert time.monotonic() < deadline, ingress_log.read_text()[-3000:]
+                    await asyncio.sleep(0.3)
+                r = await http.post("/api/chat", json={"text": "are you there"})
+                assert r.status_code == 202, r.text
+                await settled(odb.admin_dsn, timeout=90)
+        finally:
+            for p in (ingress, executor):
+                if p is not None and p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in (ingress, executor):
+                if p is not None:
+                    p.wait(60)
+    check_invariants(odb.admin_dsn)
+    turn = _one(odb.admin_dsn, "SELECT status FROM tasks WHERE role = 'orchestrator'")
+    assert turn == ("success",)
+    for log in (executor_log, ingress_log):
+        assert len(_events(log, "database_unavailable")) == 1 and len(_events(log, "database_available")) == 1, \
+            log.read_text()[-3000:]
+
+
 # ---- the journal writer alone, across a stop and start of its server -----------------------------------
 
 def _line(i: int) -> NewEvent:
