@@ -34,12 +34,14 @@ CONNECT_TIMEOUT_S = 3
 ACQUIRE_TIMEOUT_S = 30.0
 # The pool gives up one reconnection series after this long and starts a fresh one on the next request,
 # so after a long outage it reconnects at once instead of sleeping out a back-off grown to minutes.
-RECONNECT_TIMEOUT_S = 5.0
+RECONNECT_TIMEOUT_S = 2.0
 # Waits between attempts while the database is away, growing to the last value and staying there.
 OUTAGE_DELAYS_S = (0.5, 1.0, 2.0, 3.0, 5.0)
 POOL_OPEN_TIMEOUT_S = 30.0
 # A success this soon after a failure does not end an outage (connections die one by one at its start).
 SETTLE_S = 1.0
+# A failure this soon after the database came back is the outage's tail (a request that began before).
+TAIL_S = 5.0
 
 # What "the database is away" looks like: a lost or refused connection, a server shutting down or
 # starting up, a pool that found no connection in time (PoolTimeout is an OperationalError).
@@ -60,6 +62,7 @@ class Availability:
         self.failures = 0
         self.outages = 0
         self._last_failure = 0.0
+        self._recovered_at = -TAIL_S
 
     @property
     def down(self) -> bool:
@@ -69,6 +72,12 @@ class Availability:
         """Record a failure; returns how long to wait before the next attempt."""
         self.cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         self._last_failure = time.monotonic()
+        if self.down_since is None and self._last_failure - self._recovered_at < TAIL_S:
+            # a request that began before the database returned (the pool reconnects a moment later
+            # than the listener): the same outage's tail, already reported; a real new one persists
+            delay = OUTAGE_DELAYS_S[min(self.failures, len(OUTAGE_DELAYS_S) - 1)]
+            self.failures += 1
+            return delay
         if self.down_since is None:
             self.down_since = time.time()
             self.outages += 1
@@ -83,6 +92,7 @@ class Availability:
             if time.monotonic() - self._last_failure < SETTLE_S:
                 return  # at an outage's edge one connection still works while the next fails: not back yet
             log.warning("database_available", service=self.name, down_s=round(time.time() - self.down_since, 1))
+            self._recovered_at = time.monotonic()
         self.down_since = None
         self.cause = None
         self.failures = 0

