@@ -271,7 +271,12 @@ async def test_services_started_while_postgres_is_down_wait_for_it_and_then_work
             try:
                 executor = _spawn("executor", env, executor_log)
                 ingress = _spawn("ingress", {**env, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port)}, ingress_log)
-                await asyncio.sleep(8)
+                # each has met the outage (a loaded machine may take seconds to import it) and waits on
+                deadline = time.monotonic() + 60
+                while not (_events(executor_log, "database_unavailable") and _events(ingress_log, "database_unavailable")):
+                    assert time.monotonic() < deadline, executor_log.read_text()[-2000:] + ingress_log.read_text()[-2000:]
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(5)
                 assert executor.poll() is None, executor_log.read_text()[-3000:]
                 assert ingress.poll() is None, ingress_log.read_text()[-3000:]
             finally:
