@@ -174,8 +174,9 @@ class Supervisor:
         log.info("singleton_lock_retaken")
 
     async def _acquire_singleton(self) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(self.db.dsn, autocommit=True, application_name="petal-executor-lock",
-                                                     **KEEPALIVE_KWARGS, connect_timeout=CONNECT_TIMEOUT_S)
+        conn = await psycopg.AsyncConnection.connect(
+            self.db.dsn, autocommit=True, application_name="petal-executor-lock", **KEEPALIVE_KWARGS,
+            connect_timeout=CONNECT_TIMEOUT_S)
         cur = await conn.execute(queries["try_singleton_lock"])
         row = await cur.fetchone()
         if not (row and row[0]):

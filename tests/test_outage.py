@@ -206,8 +206,8 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
                 await settled(odb.admin_dsn, timeout=120)
 
                 def orchestrator_told() -> Any:
-                    return _one(odb.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'thread.harness_message'"
-                                " AND session_id = %s", [thread])[0]
+                    return _one(odb.admin_dsn, "SELECT count(*) FROM journal"
+                                " WHERE event_type = 'thread.harness_message' AND session_id = %s", [thread])[0]
 
                 await _until(orchestrator_told, "the orchestrator was never told of the worker", 60, logs)
                 await settled(odb.admin_dsn, timeout=120)
@@ -273,8 +273,8 @@ async def test_services_started_while_postgres_is_down_wait_for_it_and_then_work
                 ingress = _spawn("ingress", {**env, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port)}, ingress_log)
                 # each has met the outage (a loaded machine may take seconds to import it) and waits on
                 deadline = time.monotonic() + 60
-                while not (_events(executor_log, "database_unavailable") and _events(ingress_log, "database_unavailable")):
-                    assert time.monotonic() < deadline, executor_log.read_text()[-2000:] + ingress_log.read_text()[-2000:]
+                while not all(_events(log, "database_unavailable") for log in (executor_log, ingress_log)):
+                    assert time.monotonic() < deadline, [log.read_text()[-2000:] for log in (executor_log, ingress_log)]
                     await asyncio.sleep(0.2)
                 await asyncio.sleep(5)
                 assert executor.poll() is None, executor_log.read_text()[-3000:]
