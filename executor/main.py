@@ -7,19 +7,20 @@ import contextlib
 import ipaddress
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
 from executor import harness_mcp, notify, projects, threads
+from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
-from shared import dbserver, errors, logs, ports
-from shared.database import Database
+from shared import database, dbserver, errors, logs, ports
+from shared.database import OUTAGE_ERRORS, Availability, Database
 from shared.settings import Settings
 
 log = logs.get(__name__)
@@ -31,6 +32,8 @@ CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "th
 FINAL_SETTLE_TIMEOUT_S = 10
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
 MCP_TIMEOUT_MARGIN_S = 120
+# The executor's loops wait this long for a pooled connection before counting the database as away.
+ACQUIRE_TIMEOUT_S = 5.0
 
 
 def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:
@@ -71,14 +74,20 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
                 mcp_host: str = "127.0.0.1", mcp_port: int = 8002, ask_timeout_s: float = 300.0,
                 extract: bool = True, backoff_base_s: float = 30.0,
                 notify_config: notify.NotifyConfig | None = None,
-                project_roots: tuple[Path, ...] = ()) -> None:
-    async with Database(dsn, name="petal-executor") as db:
-        writer = JournalWriter(db.pool)
+                project_roots: tuple[Path, ...] = (),
+                journal_hold_bytes: int = JOURNAL_HOLD_BYTES) -> None:
+    # started during an outage, it waits for the database instead of exiting
+    async with Database(dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait",
+                        stop=stop) as db:
+        if stop.is_set():  # stopped while waiting for the database
+            return
+        writer = JournalWriter(db.pool, spill_dir=config.run_dir, hold_bytes=journal_hold_bytes)
         await writer.start()
         listener = db.listener(CHANNELS)
         wake = listener.subscribe(["task_pending", "stop_queue"])
         listening = asyncio.create_task(listener.run(), name="listener")
-        await asyncio.wait_for(listener.connected.wait(), 30)
+        with contextlib.suppress(TimeoutError):  # an outage right now: the listener goes on trying
+            await asyncio.wait_for(listener.connected.wait(), 30)
         harness = harness_mcp.Harness(db, writer, listener, ask_timeout_s)
         mcp_stop = asyncio.Event()
         mcp_config = Config()
@@ -92,16 +101,22 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         conversations = threads.Threads(db.pool, writer)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, SettlerConfig(extract=extract, backoff_base_s=backoff_base_s), conversations.wake)
-        settling = asyncio.create_task(settler.run(listener.subscribe(["task_changed"])), name="settler")
+        settle_sub = listener.subscribe(["task_changed"])
+        settling = asyncio.create_task(
+            _outliving_outages("settler", lambda: settler.run(settle_sub), db.availability), name="settler")
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
+        thread_sub = listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])
         delivering = asyncio.create_task(
-            conversations.run(listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])), name="threads")
+            _outliving_outages("threads", lambda: conversations.run(thread_sub), db.availability), name="threads")
         repos = projects.Projects(db.pool, writer, projects.ProjectsConfig(project_roots, config.keep_worktrees))
-        managing = asyncio.create_task(repos.run(listener.subscribe(["project_queue"])), name="projects")
+        project_sub = listener.subscribe(["project_queue"])
+        managing = asyncio.create_task(
+            _outliving_outages("projects", lambda: repos.run(project_sub), db.availability), name="projects")
         notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig())
-        await notifier.start()
-        notifying = asyncio.create_task(notifier.run(listener.subscribe(["journal", "notify_queue"])),
-                                        name="notifier")
+        await db.availability.retry(notifier.start, "notifier")
+        notify_sub = listener.subscribe(["journal", "notify_queue"])
+        notifying = asyncio.create_task(
+            _outliving_outages("notifier", lambda: notifier.run(notify_sub), db.availability), name="notifier")
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({supervising, listening, stopping, serving_mcp, settling},
@@ -149,12 +164,22 @@ def check_bind(settings: Settings) -> None:
             "address (127.0.0.1) unless PETAL_MCP_FORCE_BIND=1 says the network itself is trusted")
 
 
+async def _outliving_outages(name: str, run: Callable[[], Awaitable[None]], availability: Availability) -> None:
+    """Run a loop; a database error that escapes it restarts it after the outage back-off instead of
+    ending it (each loop catches its own, this is the backstop)."""
+    while True:
+        try:
+            return await run()
+        except OUTAGE_ERRORS as exc:
+            await availability.pause(exc, name)
+
+
 def main(settings: Settings) -> int:
     check_bind(settings)
     ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
     dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
     info = dbserver.resolve(settings)
-    dbserver.require_current(info.executor_dsn)
+    database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -164,7 +189,7 @@ def main(settings: Settings) -> int:
         await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop,
                     mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s,
                     backoff_base_s=settings.backoff_base_s, notify_config=notify_config(settings),
-                    project_roots=settings.project_root_paths)
+                    project_roots=settings.project_root_paths, journal_hold_bytes=settings.journal_hold_bytes)
 
     asyncio.run(run())
     log.info("executor_stopped")

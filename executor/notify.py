@@ -27,7 +27,7 @@ from py_vapid import Vapid
 from pywebpush import WebPushException, webpush_async
 
 from executor.sql import queries
-from shared import aio, endpoints, logs
+from shared import aio, database, endpoints, logs
 from shared.listener import Subscription
 
 log = logs.get(__name__)
@@ -155,6 +155,8 @@ class Notifier:
                     sub.queue.get_nowait()
                 try:
                     await self.pass_once()
+                except database.OUTAGE_ERRORS as exc:
+                    await database.pause(self.pool, exc, "notifier")  # said once; the next pass retries
                 except Exception:  # noqa: BLE001 - the notifier outlives a failed pass; the poll retries
                     log.exception("notify_pass_failed")
 

@@ -24,11 +24,14 @@ from executor import process, projects, substrate, worktrees
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, errors, lifeline, logs
-from shared.database import Database
+from shared.database import CONNECT_TIMEOUT_S, KEEPALIVE_KWARGS, OUTAGE_ERRORS, Database
 from shared.listener import Subscription
 from shared.models import NewEvent
 
 log = logs.get(__name__)
+
+# How often the claim loop makes sure the session holding the singleton lock is still alive.
+LOCK_CHECK_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,9 @@ class Running:
     kill_timer: asyncio.TimerHandle | None = None
     killed: bool = False
     mcp_config: Path | None = None
+    # row updates an outage held back, applied in order once the database is back
+    unsaved: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    saving: bool = False
 
 
 def _now() -> datetime:
@@ -116,6 +122,9 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._children: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
+        self._lock_conn: psycopg.AsyncConnection | None = None
+        self._lock_checked = 0.0
+        self._claimed: list[dict[str, Any]] = []
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -138,20 +147,28 @@ class Supervisor:
         self._wake.set()
 
     async def run(self, wake_on: Subscription | None = None) -> None:
-        """Supervise until stop(); then stop children, journal their ends, and return."""
-        lock_conn = await self._acquire_singleton()
+        """Supervise until stop(); then stop children, journal their ends, and return. A database outage
+        of any length only pauses claiming: running tasks go on, and the loop resumes when it returns."""
+        availability = self.db.availability
+        self._lock_conn = await availability.retry(self._acquire_singleton, "singleton_lock")
         side: list[asyncio.Task[None]] = []
         try:
             self._sweep_mcp_configs()
-            await self.reconcile()
+            await availability.retry(self.reconcile, "reconcile")
             side.append(asyncio.create_task(self._watchdog(), name="watchdog"))
             if wake_on is not None:
                 side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
             self.ready.set()
             while not self._stopping.is_set():
                 self._wake.clear()
-                await self._claim_stops()
-                await self._claim_tasks()
+                try:
+                    await self._keep_singleton()
+                    await self._claim_stops()
+                    await self._claim_tasks()
+                except OUTAGE_ERRORS as exc:
+                    await availability.pause(exc, "supervisor", self._stopping)
+                    continue
+                availability.succeeded()
                 with contextlib.suppress(TimeoutError):
                     await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
         finally:
@@ -159,10 +176,30 @@ class Supervisor:
             for t in side:
                 t.cancel()
             await asyncio.gather(*side, return_exceptions=True)
-            await lock_conn.close()
+            if self._lock_conn is not None:
+                await self._lock_conn.close()
+
+    async def _keep_singleton(self) -> None:
+        """The singleton lock lives on a session: an outage ends it, so take it again when the database
+        returns (an executor that started meanwhile holds it: then this one must not go on)."""
+        conn = self._lock_conn
+        if conn is not None and not conn.closed and not conn.broken:
+            if time.monotonic() - self._lock_checked < LOCK_CHECK_INTERVAL_S:
+                return
+            try:
+                await conn.execute("")  # an idle session does not know it was cut until it is used
+                self._lock_checked = time.monotonic()
+                return
+            except OUTAGE_ERRORS:
+                await conn.close()
+        self._lock_conn = await self._acquire_singleton()
+        self._lock_checked = time.monotonic()
+        log.info("singleton_lock_retaken")
 
     async def _acquire_singleton(self) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(self.db.dsn, autocommit=True, application_name="petal-executor-lock")
+        conn = await psycopg.AsyncConnection.connect(
+            self.db.dsn, autocommit=True, application_name="petal-executor-lock", **KEEPALIVE_KWARGS,
+            connect_timeout=CONNECT_TIMEOUT_S)
         cur = await conn.execute(queries["try_singleton_lock"])
         row = await cur.fetchone()
         if not (row and row[0]):
@@ -215,11 +252,18 @@ class Supervisor:
     # ---- claiming ------------------------------------------------------------------------------------
 
     async def _claim_tasks(self) -> None:
+        # A claimed task whose start an outage cut short is still ours: start it before claiming more.
+        await self._start_claimed()
         free = self.config.max_workers - len(self.running)
         if free <= 0 or self._stopping.is_set():
             return
-        for row in await self._rows("claim_pending_tasks", {"n": free}):
-            await self._start(row)
+        self._claimed += await self._rows("claim_pending_tasks", {"n": free})
+        await self._start_claimed()
+
+    async def _start_claimed(self) -> None:
+        while self._claimed:
+            await self._start(self._claimed[0])  # an outage error leaves it first in line
+            self._claimed.pop(0)
 
     async def _claim_stops(self) -> None:
         for row in await self._rows("claim_stop_requests"):
@@ -361,7 +405,8 @@ class Supervisor:
         r = Running(task_id=task_id, session_id=session_id, project_id=row["project_id"], role=row["role"],
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path)
         self.running[task_id] = r
-        await self._exec("set_task_process", {"id": task_id, "pid": proc.pid, "session_id": session_id})
+        # the process runs from here on, database or not: the row learns its pid now or once it is back
+        await self._save(r, "set_task_process", {"id": task_id, "pid": proc.pid, "session_id": session_id})
         # queued before any line of the task: the single writer keeps that order in the journal
         await self.writer.put(self._event(r, "task.spawned", {
             "pid": proc.pid, "role": row["role"], "argv": cmd, "workdir": str(workdir),
@@ -477,7 +522,11 @@ class Supervisor:
         if r.stop_reason is not None or r.proc.returncode is not None:
             return
         r.stop_reason = reason
-        await self._exec("mark_stop_requested", {"id": r.task_id})
+        try:
+            await self._exec("mark_stop_requested", {"id": r.task_id})
+        except OUTAGE_ERRORS as exc:
+            # the stop must happen whether or not the row can say so (the journal will)
+            self.db.availability.failed(exc, "stop")
         sent = process.signal_group(r.proc.pid, signal.SIGTERM)
         await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGTERM", "reason": reason,
                                                                   "delivered": sent}))
@@ -495,18 +544,44 @@ class Supervisor:
     # ---- watchdog ------------------------------------------------------------------------------------
 
     async def _set_activity(self, r: Running, activity: str) -> None:
-        await self._exec("set_task_activity", {"id": r.task_id, "activity": activity})
+        await self._save(r, "set_task_activity", {"id": r.task_id, "activity": activity})
+
+    async def _save(self, r: Running, name: str, params: dict[str, Any]) -> None:
+        """A running task's row update that must not stop the task when the database is away: kept, in
+        order, and applied by the watchdog once it is back (the journal has the events meanwhile)."""
+        r.unsaved.append((name, params))
+        await self._apply_unsaved(r)
+
+    async def _apply_unsaved(self, r: Running) -> None:
+        if r.saving:  # the reader and the watchdog may both get here: one applies, in order
+            return
+        r.saving = True
+        try:
+            while r.unsaved:
+                try:
+                    await self._exec(*r.unsaved[0])
+                except OUTAGE_ERRORS as exc:
+                    self.db.availability.failed(exc, "task_row")
+                    return
+                r.unsaved.pop(0)
+        finally:
+            r.saving = False
 
     async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(self.config.watchdog_interval_s)
             try:
                 await self._watch_once()
+            except OUTAGE_ERRORS as exc:
+                # silence is still watched from memory; the rows catch up when the database is back
+                await self.db.availability.pause(exc, "watchdog")
             except Exception:  # noqa: BLE001 - the watchdog outlives a failed tick
                 log.exception("watchdog_tick_failed")
 
     async def _watch_once(self) -> None:
         now = time.monotonic()
+        for r in [r for r in self.running.values() if r.unsaved]:
+            await self._apply_unsaved(r)
         dirty = [r for r in self.running.values() if r.output_dirty and r.last_output_at is not None]
         if dirty:
             for r in dirty:

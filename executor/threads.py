@@ -23,7 +23,7 @@ from executor import projects
 from executor.journal_writer import JournalWriter
 from executor.settlement import Settlement
 from executor.sql import queries
-from shared import aio, journal, logs, threads
+from shared import aio, database, journal, logs, threads
 from shared.listener import Subscription
 from shared.models import NewEvent
 
@@ -65,6 +65,8 @@ class Threads:
                     await self.apply_controls()
                     await self.settlement.apply_escalations()
                     await self.deliver()
+                except database.OUTAGE_ERRORS as exc:
+                    await database.pause(self.pool, exc, "threads")  # said once; the next pass retries
                 except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
                     log.exception("threads_pass_failed")
                 with contextlib.suppress(TimeoutError):

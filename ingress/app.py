@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import UTC, datetime
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -31,6 +32,13 @@ from shared.database import Database
 from shared.settings import Settings
 
 # the repository's static/ (editable install), or the copy a wheel build packs inside `ingress`
+# A request waits at most this long for a database connection, so an outage answers 503 in seconds.
+ACQUIRE_TIMEOUT_S = 3.0
+READYZ_TIMEOUT_S = 2.0
+# How long start-up waits for the LISTEN connection before serving anyway (during an outage it goes on
+# trying; /readyz says why meanwhile).
+LISTEN_WAIT_S = 10.0
+
 STATIC = next((p for p in (Path(__file__).resolve().parent.parent / "static",
                            Path(__file__).resolve().parent / "_static") if p.is_dir()),
               Path(__file__).resolve().parent / "_static")
@@ -128,14 +136,22 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    db: Database = request.app.state.db
     try:
-        async with request.app.state.db.pool.connection(timeout=2) as conn:
+        async with db.pool.connection(timeout=READYZ_TIMEOUT_S) as conn:
             applied = (await (await conn.execute(queries["migrations_current"])).fetchone())[0]  # type: ignore[index]
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
-        return problems.problem(503, f"database unreachable: {str(exc).strip()[:200]}")
+        availability = db.availability
+        cause = availability.cause or str(exc).strip()[:200] or type(exc).__name__
+        since = (datetime.fromtimestamp(availability.down_since, UTC).isoformat()
+                 if availability.down_since is not None else None)
+        response = problems.problem(503, f"database unreachable: {cause}", cause="database", since=since)
+        response.headers["Retry-After"] = str(problems.RETRY_AFTER_S)
+        return response
+    db.availability.succeeded()
     expected = len(migrate.discover())
     if applied < expected:
-        return problems.problem(503, f"migrations pending ({applied} of {expected} applied)")
+        return problems.problem(503, f"migrations pending ({applied} of {expected} applied)", cause="migrations")
     return JSONResponse({"status": "ready", "migrations": applied})
 
 
@@ -206,7 +222,9 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with Database(dsn, name="petal-ingress", max_size=10) as db:
+        # during an outage it serves anyway: 503s, and a /readyz that says why
+        async with Database(dsn, name="petal-ingress", max_size=10, acquire_timeout_s=ACQUIRE_TIMEOUT_S,
+                            at_start="serve") as db:
             app.state.db = db
             listener = db.listener(stream.CHANNELS)
             sub = listener.subscribe()
@@ -215,7 +233,8 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
             listening = asyncio.create_task(listener.run(), name="ingress-listener")
             try:
                 async with stream.running(broadcaster, sub):
-                    await asyncio.wait_for(listener.connected.wait(), 30)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(listener.connected.wait(), LISTEN_WAIT_S)
                     yield
             finally:
                 listening.cancel()
@@ -235,6 +254,8 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
         exception_handlers={problems.Problem: problems.handle_problem, HTTPException: problems.handle_http,
                             BodyTooLarge: problems.handle_too_large,
                             ValidationError: problems.handle_validation, psycopg.DataError: problems.handle_data_error,
+                            # one place for "the database is away": refused, cut, or no connection in time
+                            psycopg.OperationalError: problems.handle_unavailable,
                             Exception: problems.handle_unexpected},
         lifespan=lifespan,
     )

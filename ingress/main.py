@@ -10,7 +10,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from ingress.app import create_app, shutdown_trigger
-from shared import dbserver, errors, logs, ports
+from shared import database, dbserver, errors, logs, ports
 from shared.settings import Settings
 
 log = logs.get(__name__)
@@ -45,7 +45,7 @@ def main(settings: Settings) -> int:
     check_bind(settings)
     ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
     info = dbserver.resolve(settings)
-    dbserver.require_current(info.ingress_dsn)
+    database.wait_for_schema(info.ingress_dsn, "petal-ingress")  # started during an outage: it waits
     app = create_app(settings, info.ingress_dsn)
 
     async def run() -> None:

@@ -50,7 +50,7 @@ def document(ops: list[Op], *, version: str) -> dict[str, Any]:
             entry["responses"] = {"200": {"description": "text/event-stream; see docs/api.md",
                                           "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
         entry["responses"].update(op.responses)
-        for code in (*op.errors, 401, 403):
+        for code in (*op.errors, 401, 403, 503):  # 503: the database is away (with Retry-After)
             entry["responses"][str(code)] = PROBLEM
         if op.params:
             entry["parameters"] = [{"name": p.name, "in": p.where, "required": p.where == "path",

@@ -55,5 +55,18 @@ async def handle_data_error(request: Request, exc: Exception) -> Response:
     return problem(422, f"a value cannot be stored: {str(exc).splitlines()[0]}")
 
 
+# How soon a client should try again while the database is away (the ingress reconnects by itself).
+RETRY_AFTER_S = 5
+
+
+async def handle_unavailable(request: Request, exc: Exception) -> Response:
+    # the database is away (refused, cut, or no pooled connection within the acquire timeout): nothing was
+    # written; a retry with the same client_msg_id is safe
+    response = problem(503, "the database is unavailable; nothing was written; retry shortly",
+                       retry_after_s=RETRY_AFTER_S)
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     return problem(500, "internal error; nothing was written")

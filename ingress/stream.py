@@ -24,7 +24,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
 from ingress.problems import Problem
-from shared import aio, journal, logs
+from shared import aio, database, journal, logs
 from shared.listener import RESYNC, Subscription
 from shared.models import Event
 
@@ -42,6 +42,8 @@ PAGE = 500
 POLL_S = 2.0
 # A send blocked this long (a dead or stalled client) ends that stream.
 SEND_TIMEOUT_S = 30.0
+# While the database is away, a client whose stream had to end comes back after this long.
+RECONNECT_MS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +106,14 @@ class Broadcaster:
                 return
 
     async def run(self, sub: Subscription) -> None:
-        async with self.pool.connection() as conn:
-            self.last_seq = await journal.head(conn)
+        availability = database.availability(self.pool)
+        while not self.closing.is_set():  # started during an outage: wait for the head
+            try:
+                async with self.pool.connection() as conn:
+                    self.last_seq = await journal.head(conn)
+                break
+            except database.OUTAGE_ERRORS as exc:
+                await availability.pause(exc, "sse_broadcaster", self.closing)
         while not self.closing.is_set():
             try:
                 note = await aio.wait_for(sub.get(), POLL_S)
@@ -118,6 +126,9 @@ class Broadcaster:
                 elif note.channel in _SIGNALS:
                     name, kind = _SIGNALS[note.channel]
                     self._publish([frame(None, name, json.dumps({"kind": kind, "id": note.payload}))])
+            except database.OUTAGE_ERRORS as exc:
+                # streams stay open on their heartbeats; the poll catches up once the database is back
+                availability.failed(exc, "sse_broadcaster")
             except Exception:  # noqa: BLE001 - the fan-out outlives a failed read; the poll retries
                 log.exception("broadcast_failed")
 
@@ -192,6 +203,9 @@ async def stream(request: Request) -> EventSourceResponse:
                     yield b"".join(out)  # everything pending in one write
         except Overflow:
             log.info("sse_client_overflow", last_seq=last)
+        except database.OUTAGE_ERRORS:
+            # the replay needs the database: end this stream and say when to come back (Last-Event-ID)
+            yield ServerSentEvent(comment="database unavailable; reconnect", retry=RECONNECT_MS).encode()
         finally:
             client.close()
 

@@ -1,48 +1,201 @@
-"""The one object per process that owns the connection pool and the LISTEN connection."""
+"""The one object per process that owns the connection pool and the LISTEN connection, and knows whether
+the database is there.
+
+An outage of any length is a state, not an error: every loop that meets one reports it to the pool's
+`Availability` and waits (with back-off) instead of ending; the process says once that the database went
+away and once that it came back, and `/readyz` names the cause meanwhile.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
 import types
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from shared import aio, dbserver, logs
 from shared.listener import Listener
+
+log = logs.get(__name__)
+T = TypeVar("T")
+StartMode = Literal["fail", "wait", "serve"]
 
 # Detect half-open TCP connections (a phone-network style drop) instead of waiting on them forever.
 KEEPALIVE_KWARGS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+# A connection attempt to a server that is away gives up after this long (libpq's minimum is 2 s).
+CONNECT_TIMEOUT_S = 3
+# Waiting for a pooled connection: a request handler must answer 503 within a few seconds, not hang.
+ACQUIRE_TIMEOUT_S = 30.0
+# The pool gives up one reconnection series after this long and starts a fresh one on the next request,
+# so after a long outage it reconnects at once instead of sleeping out a back-off grown to minutes.
+RECONNECT_TIMEOUT_S = 2.0
+# Waits between attempts while the database is away, growing to the last value and staying there.
+OUTAGE_DELAYS_S = (0.5, 1.0, 2.0, 3.0, 5.0)
 POOL_OPEN_TIMEOUT_S = 30.0
+# A success this soon after a failure does not end an outage (connections die one by one at its start).
+SETTLE_S = 1.0
+# A failure this soon after the database came back is the outage's tail (a request that began before).
+TAIL_S = 5.0
+
+# What "the database is away" looks like: a lost or refused connection, a server shutting down or
+# starting up, a pool that found no connection in time (PoolTimeout is an OperationalError).
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (psycopg.OperationalError, OSError)
+
+# The pool logs every failed attempt; Availability says it once per outage instead.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
+
+class Availability:
+    """Whether this process can reach the database: said once when it goes away and once when it
+    returns, whoever notices; the cause is kept for /readyz."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.down_since: float | None = None  # time.time() of the first failure of this outage
+        self.cause: str | None = None
+        self.failures = 0
+        self.outages = 0
+        self._last_failure = 0.0
+        self._recovered_at = -TAIL_S
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+    def failed(self, exc: BaseException, where: str) -> float:
+        """Record a failure; returns how long to wait before the next attempt."""
+        self.cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        self._last_failure = time.monotonic()
+        if self.down_since is None and self._last_failure - self._recovered_at < TAIL_S:
+            # a request that began before the database returned (the pool reconnects a moment later
+            # than the listener): the same outage's tail, already reported; a real new one persists
+            delay = OUTAGE_DELAYS_S[min(self.failures, len(OUTAGE_DELAYS_S) - 1)]
+            self.failures += 1
+            return delay
+        if self.down_since is None:
+            self.down_since = time.time()
+            self.outages += 1
+            log.warning("database_unavailable", service=self.name, where=where, error=self.cause,
+                        note="waiting for it with back-off")
+        delay = OUTAGE_DELAYS_S[min(self.failures, len(OUTAGE_DELAYS_S) - 1)]
+        self.failures += 1
+        return delay
+
+    def succeeded(self) -> None:
+        if self.down_since is not None:
+            if time.monotonic() - self._last_failure < SETTLE_S:
+                return  # at an outage's edge one connection still works while the next fails: not back yet
+            log.warning("database_available", service=self.name, down_s=round(time.time() - self.down_since, 1))
+            self._recovered_at = time.monotonic()
+        self.down_since = None
+        self.cause = None
+        self.failures = 0
+
+    async def pause(self, exc: BaseException, where: str, stop: asyncio.Event | None = None) -> None:
+        """Record a failure and wait out the back-off (shorter if `stop` is set meanwhile)."""
+        delay = self.failed(exc, where)
+        if stop is None:
+            await asyncio.sleep(delay)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await aio.wait_for(stop.wait(), delay)
+
+    async def retry(self, fn: Callable[[], Awaitable[T]], where: str) -> T:
+        """`fn()` until it gets through; an outage only delays it."""
+        while True:
+            try:
+                result = await fn()
+            except OUTAGE_ERRORS as exc:
+                await self.pause(exc, where)
+                continue
+            self.succeeded()
+            return result
+
+
+class Pool(AsyncConnectionPool):
+    """The process's pool, carrying its view of the database's availability to whoever holds the pool."""
+
+    availability: Availability
+
+
+def availability(pool: AsyncConnectionPool) -> Availability:
+    """The availability tracker of a pool made by `Database` (a throwaway one for any other pool)."""
+    found = getattr(pool, "availability", None)
+    return found if isinstance(found, Availability) else Availability(pool.name)
+
+
+async def pause(pool: AsyncConnectionPool, exc: BaseException, where: str) -> None:
+    """For loops that hold only the pool: report an outage error and wait out the back-off."""
+    await availability(pool).pause(exc, where)
 
 
 class Database:
     """Owns the pool and the listener of one process; everything else receives it as an argument."""
 
-    def __init__(self, dsn: str, *, name: str, min_size: int = 1, max_size: int = 8):
+    def __init__(self, dsn: str, *, name: str, min_size: int = 1, max_size: int = 8,
+                 acquire_timeout_s: float = ACQUIRE_TIMEOUT_S, at_start: StartMode = "fail",
+                 stop: asyncio.Event | None = None):
+        """`at_start`, when the database is away as the pool opens: "fail" after POOL_OPEN_TIMEOUT_S (a
+        command), "wait" for it as long as it takes (the executor), or "serve" at once and connect when
+        asked (the ingress, whose requests answer 503 meanwhile). `stop` ends that wait early."""
         self.dsn = dsn
+        self.at_start = at_start
+        self._stop = stop
         self.name = name
-        self.pool = AsyncConnectionPool(
+        self.availability = Availability(name)
+        self.pool = Pool(
             dsn,
             min_size=min_size,
             max_size=max_size,
             open=False,
             name=name,
+            timeout=acquire_timeout_s,
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
             check=AsyncConnectionPool.check_connection,
             # autocommit: a single statement commits by itself; multi-statement work says
             # `async with conn.transaction()`, so no connection sits idle in a transaction
-            kwargs={"application_name": name, "autocommit": True, **KEEPALIVE_KWARGS},
+            kwargs={"application_name": name, "autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S,
+                    **KEEPALIVE_KWARGS},
         )
+        self.pool.availability = self.availability
         self._listener: Listener | None = None
 
     def listener(self, channels: list[str]) -> Listener:
         """The process's LISTEN connection (created once; run it with `await listener.run()`)."""
         if self._listener is None:
             self._listener = Listener(
-                self.dsn, channels, application_name=f"{self.name}-listen", connect_kwargs=KEEPALIVE_KWARGS
+                self.dsn, channels, application_name=f"{self.name}-listen",
+                connect_kwargs={"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVE_KWARGS},
+                availability=self.availability,
             )
         return self._listener
 
-    async def open(self) -> None:
-        await self.pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT_S)
+    async def open(self, *, wait: bool = True) -> None:
+        """Open the pool. `wait`: fail unless the database answers within POOL_OPEN_TIMEOUT_S (commands);
+        without it the pool opens at once and connects when asked (services, which wait out an outage)."""
+        if wait:
+            await self.pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT_S)
+        else:
+            await self.pool.open(wait=False)
+
+    async def wait_available(self, stop: asyncio.Event | None = None) -> bool:
+        """Wait until a connection succeeds; False if `stop` was set first."""
+        while stop is None or not stop.is_set():
+            try:
+                conn = await connect(self.dsn)
+            except OUTAGE_ERRORS as exc:
+                await self.availability.pause(exc, "connect", stop)
+                continue
+            await conn.close()
+            self.availability.succeeded()
+            return True
+        return False
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -50,7 +203,9 @@ class Database:
         await self.pool.close()
 
     async def __aenter__(self) -> Database:
-        await self.open()
+        if self.at_start == "wait":
+            await self.wait_available(self._stop)
+        await self.open(wait=self.at_start == "fail")
         return self
 
     async def __aexit__(
@@ -59,6 +214,25 @@ class Database:
         await self.close()
 
 
-async def connect(dsn: str, *, autocommit: bool = True) -> psycopg.AsyncConnection:
+async def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.AsyncConnection:
     """A single connection outside the pool (CLI commands, tests)."""
-    return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **KEEPALIVE_KWARGS)
+    kwargs = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVE_KWARGS, **kwargs}
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **kwargs)
+
+
+def wait_for_schema(dsn: str, name: str) -> None:
+    """A service's start-up check that the schema is current, waiting out an outage (with back-off)
+    instead of exiting. Blocking: call it before the event loop starts.
+
+    Raises:
+        MigrationError: migrations are pending.
+    """
+    waiting = Availability(name)
+    while True:
+        try:
+            dbserver.require_current(dsn)
+        except OUTAGE_ERRORS as exc:
+            time.sleep(waiting.failed(exc, "start"))
+            continue
+        waiting.succeeded()
+        return

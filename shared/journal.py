@@ -157,12 +157,13 @@ async def _unknown_type_error(
     return errors.UnknownEventType([(n, t) for n, t in await cur.fetchall()])
 
 
-async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent]) -> Appended:
+async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retried: bool = False) -> Appended:
     """Append `events` in one transaction, in the given order, and NOTIFY `journal` with the last seq.
 
     Either the whole batch is written or none of it. If the connection drops, the batch is retried on
     a new connection; when the drop happened after the commit, the retry finds the batch and returns
     its seqs instead of writing it twice (event_ids are the caller's, so the batch is recognisable).
+    `retried`: the caller tried this batch before (its first attempt looks for it too).
 
     Raises:
         UnknownEventType: an (event_type, tier) pair is not registered; nothing was written.
@@ -174,7 +175,7 @@ async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent]) -> Appen
     for attempt in range(1, APPEND_ATTEMPTS + 1):
         try:
             async with pool.connection() as conn:
-                if attempt > 1:
+                if attempt > 1 or retried:
                     found = await _already_written(conn, events)
                     if found is not None:
                         return found
@@ -190,7 +191,7 @@ async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent]) -> Appen
                     raise errors.JournalRefused(f"journal refused the batch: {exc}") from exc
         except psycopg.OperationalError as exc:
             last_exc = exc
-            log.warning("journal_append_retry", attempt=attempt, error=str(exc))
+            log.debug("journal_append_retry", attempt=attempt, error=str(exc))
             await asyncio.sleep(APPEND_RETRY_DELAY_S * attempt)
     raise errors.JournalWriteError(f"journal unreachable after {APPEND_ATTEMPTS} attempts") from last_exc
 

@@ -13,12 +13,15 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
 from shared import aio, logs
+
+if TYPE_CHECKING:
+    from shared.database import Availability
 
 log = logs.get(__name__)
 
@@ -82,6 +85,7 @@ class Listener:
         connect_kwargs: Mapping[str, Any] | None = None,
         probe_interval_s: float = PROBE_INTERVAL_S,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        availability: Availability | None = None,
     ):
         self.dsn = dsn
         self.channels = list(channels)
@@ -89,6 +93,7 @@ class Listener:
         self.connect_kwargs = dict(connect_kwargs or {})
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
+        self.availability = availability
         self._probe_channel = f"petal_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self._subscribers: set[Subscription] = set()
         self._stopping = asyncio.Event()
@@ -118,8 +123,11 @@ class Listener:
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 self.connected.clear()
                 delay = RECONNECT_DELAYS_S[min(failures, len(RECONNECT_DELAYS_S) - 1)]
+                if failures == 0:  # once per loss: an outage's every attempt would flood the log
+                    log.warning("listener_reconnect", error=str(exc).strip(), delay_s=delay)
+                if self.availability is not None and not isinstance(exc, TimeoutError):
+                    self.availability.failed(exc, "listener")
                 failures += 1
-                log.warning("listener_reconnect", error=str(exc).strip(), delay_s=delay)
                 with contextlib.suppress(TimeoutError):
                     await aio.wait_for(self._stopping.wait(), delay)
         self.connected.clear()
@@ -134,6 +142,8 @@ class Listener:
             self.backend_pid = conn.info.backend_pid
             self.connects += 1
             self.connected.set()
+            if self.availability is not None:
+                self.availability.succeeded()
             # LISTEN is in place before anyone catches up, so nothing falls between the two.
             self._publish(RESYNC)
             probe_token: str | None = None

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     # A wall-clock cap per task, separate from the stall threshold. Unset: none.
     max_runtime_s: float | None = Field(default=None, gt=0)
     max_workers: int = Field(default=4, ge=1)
+    # While the database is away, the executor holds this much of the workers' output in memory, then
+    # spills the rest to a file in the data directory (journaled in order when the database returns).
+    journal_hold_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # The policy's back-off for rate_limited workers: this many seconds, doubling with each retry.
     backoff_base_s: float = Field(default=30.0, ge=0)
 
