@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import types
 
 import psycopg
@@ -26,7 +27,7 @@ class Database:
             max_size=max_size,
             open=False,
             name=name,
-            check=AsyncConnectionPool.check_connection,
+            check=check_connection,
             # autocommit: a single statement commits by itself; multi-statement work says
             # `async with conn.transaction()`, so no connection sits idle in a transaction
             kwargs={"application_name": name, "autocommit": True, **KEEPALIVE_KWARGS},
@@ -62,3 +63,17 @@ class Database:
 async def connect(dsn: str, *, autocommit: bool = True) -> psycopg.AsyncConnection:
     """A single connection outside the pool (CLI commands, tests)."""
     return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **KEEPALIVE_KWARGS)
+
+
+async def check_connection(conn: psycopg.AsyncConnection) -> None:
+    """The pool's check at each checkout, with a round trip only when there is something to suspect.
+
+    A server that went away (a restart, a terminated backend) leaves the idle connection's socket
+    readable with its FATAL message or EOF; a healthy idle connection has nothing to read. Probing
+    every checkout instead (psycopg_pool's `check_connection`) doubled the round trips of short queries.
+    """
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
