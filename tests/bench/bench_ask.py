@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -23,11 +25,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
+import httpx2
+import psutil
 import psycopg
 from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from tests.bench import stats
 from tests.bench.bench_sse import wait_up
@@ -73,14 +77,16 @@ class Asker:
     """One MCP session asking one question at a time, in its own task (anyio wants a session entered and
     left in the same task)."""
 
-    def __init__(self, mcp_url: str, i: int):
+    def __init__(self, mcp_url: str, i: int, headers: dict[str, str]):
         self.text = f"Go on with {i}?"
         self._url = mcp_url
+        self._headers = headers
         self._asks: asyncio.Queue[asyncio.Future[float] | None] = asyncio.Queue()
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        async with Client(self._url) as client:
+        async with httpx2.AsyncClient(headers=self._headers, timeout=httpx2.Timeout(30, read=300)) as http, \
+                Client(streamable_http_client(self._url, http_client=http)) as client:
             while (returned := await self._asks.get()) is not None:
                 result = await client.call_tool("ask_user_question", {"questions": [{**QUESTION, "question": self.text}]})
                 if result.is_error:
@@ -111,10 +117,31 @@ async def bare_rtt(lis: psycopg.AsyncConnection, snd: psycopg.AsyncConnection, n
         await gen.aclose()
 
 
+def as_spawn(admin_dsn: str) -> dict[str, str]:
+    """The MCP headers of a running task the harness spawned: the session and task it names and, where the
+    harness identifies callers by a per-spawn credential, that credential (only its hash is stored)."""
+    token = secrets.token_urlsafe(32)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for _ in range(300):  # a running task added before the executor reconciled would be crashed
+            if conn.execute("SELECT 1 FROM journal WHERE event_type = 'executor.started'").fetchone():
+                break
+            time.sleep(0.1)
+        session = conn.execute("INSERT INTO sessions (role, lifecycle) VALUES ('worker', 'running') "
+                               "RETURNING id").fetchone()[0]  # type: ignore[index]
+        task = conn.execute("INSERT INTO tasks (session_id, role, status, started_at) "
+                            "VALUES (%s, 'worker', 'running', now()) RETURNING id", [session]).fetchone()[0]  # type: ignore[index]
+        headers = {"X-Petal-Session": str(session), "X-Petal-Task": str(task)}
+        if conn.execute("SELECT to_regclass('harness_credentials')").fetchone()[0]:  # type: ignore[index]
+            conn.execute("INSERT INTO harness_credentials (token_sha256, task_id, session_id) VALUES (%s, %s, %s)",
+                         [hashlib.sha256(token.encode()).digest(), task, session])
+            headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
 async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str, pending: int,
-                   asks: int) -> dict[str, list[float]]:
+                   asks: int, headers: dict[str, str]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"total": [], "post": [], "to_notify": [], "notify_to_return": [], "bare": []}
-    askers = [Asker(mcp_url, i) for i in range(pending)]
+    askers = [Asker(mcp_url, i, headers) for i in range(pending)]
     waiting = [await a.ask(notes) for a in askers]  # one at a time, so each stored id is known to be its
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as lis, \
             await psycopg.AsyncConnection.connect(dsn, autocommit=True) as snd:
@@ -145,8 +172,19 @@ async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str
     return out
 
 
-def report(label: str, r: dict[str, list[float]], goal: float) -> None:
+def cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        t = psutil.Process(pid).cpu_times()
+        out[name] = t.user + t.system
+    return out
+
+
+def report(label: str, r: dict[str, list[float]], goal: float, cpu: dict[str, float]) -> None:
     print(f"{label}")
+    n = len(r["total"])
+    print("    CPU per answer (robust to load; includes each side's share of asking): "
+          + "  ".join(f"{k} {v / n * 1000:.2f} ms" for k, v in cpu.items()))
     print(f"    answer POST -> tool return:       {stats.summary(r['total'])}")
     print(f"    bare NOTIFY round trip:           {stats.summary(r['bare'], digits=3)}")
     print(f"    p99 ratio: {stats.fmt_ratio(stats.ratio(r['total'], r['bare'], 99), f'goal <= {goal:g}x')}")
@@ -177,13 +215,17 @@ async def main(asks: int, pending: int) -> None:
                 except OSError:
                     await asyncio.sleep(0.1)
             notes = Notes(db.executor_dsn, asyncio.get_running_loop())
+            headers = as_spawn(db.admin_dsn)
             print(f"before: {stats.machine_load()}")
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                await scenario(mcp_url, http, notes, db.executor_dsn, 1, 20)  # warm-up, not counted
-                one = await scenario(mcp_url, http, notes, db.executor_dsn, 1, asks)
-                report(f"one question pending ({asks} answers)", one, 20)
-                many = await scenario(mcp_url, http, notes, db.executor_dsn, pending, asks)
-                report(f"{pending} questions pending ({asks} answers)", many, 40)
+                await scenario(mcp_url, http, notes, db.executor_dsn, 1, 20, headers)  # warm-up, not counted
+                pids = {"ingress": services[1].pid, "executor": services[0].pid, "bench": os.getpid()}
+                for label, n, goal in ((f"one question pending ({asks} answers)", 1, 20),
+                                       (f"{pending} questions pending ({asks} answers)", pending, 40)):
+                    before = cpu_s(pids)
+                    result = await scenario(mcp_url, http, notes, db.executor_dsn, n, asks, headers)
+                    after = cpu_s(pids)
+                    report(label, result, goal, {k: after[k] - before[k] for k in pids})
             print(f"after: {stats.machine_load()}")
         finally:
             if notes is not None:
