@@ -119,7 +119,6 @@ async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]
         last = row[0]
         async with conn.cursor().copy(queries["copy_journal"]) as copy:
             await copy.write(_copy_rows(events, last - len(events) + 1, now))
-        await conn.execute(queries["notify_journal"], {"seq": str(last)})
     return Appended(first_seq=last - len(events) + 1, last_seq=last)
 
 
