@@ -16,6 +16,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 listeners: set[asyncio.Queue[bytes]] = set()
+publishing: set[asyncio.Task[None]] = set()
 
 
 async def app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -36,13 +37,20 @@ async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         await send({"type": "http.response.body", "body": b": hi\n\n", "more_body": True})
         try:
             while True:
-                await send({"type": "http.response.body", "body": await queue.get(), "more_body": True})
+                frames = [await queue.get()]
+                while not queue.empty():  # what piled up goes in one write, as the ingress does
+                    frames.append(queue.get_nowait())
+                await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
         finally:
             listeners.discard(queue)
     elif path == "/publish":
         q = dict(p.split("=") for p in scope["query_string"].decode().split("&"))
         rate, count = float(q["rate"]), int(q["count"])
-        asyncio.create_task(_publish(rate, count))
+        for old in publishing:  # a trial that fell behind must not leak frames into the next one
+            old.cancel()
+        task = asyncio.create_task(_publish(rate, count))
+        publishing.add(task)
+        task.add_done_callback(publishing.discard)
         await send({"type": "http.response.start", "status": 202, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
