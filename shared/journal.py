@@ -49,6 +49,8 @@ def _clean(value: Any) -> Any:
 
 def storable_json(text: str) -> bool:
     """Whether JSON text (known to parse) can go into jsonb as it is."""
+    if "\\u" not in text:  # the usual line: one scan instead of three
+        return True
     return "\\u0000" not in text and "\\ud" not in text and "\\uD" not in text
 
 

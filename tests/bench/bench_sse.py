@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared import journal
 from shared.models import NewEvent
 from tests.bench import stats
-from tests.bench.sse_load import HEADROOM, PROCESSES, Generators, posts
+from tests.bench.sse_load import HEADROOM, PROCESSES, STARVED, Generators, posts
 from tests.pg import Cluster
 from tests.web import free_port
 
@@ -91,7 +91,8 @@ async def bare_notify_rtt(dsn: str, n: int = 2000) -> list[float]:
 
 
 def _cpu(res: dict[str, Any]) -> str:
-    return "generators' CPU " + "/".join(f"{c:.2f}" for c in res["cpu"])
+    return ("generators' CPU " + "/".join(f"{c:.2f}" for c in res["cpu"])
+            + " (run-queue wait " + "/".join(f"{w:.2f}" for w in res["starved"]) + ")")
 
 
 async def capacity(stream_url: str, path: str, n: int, start_for: Any) -> tuple[float, bool]:
@@ -144,7 +145,8 @@ async def main(n: int) -> None:
         try:
             await wait_up(url)
             await wait_up(bare_url, "/")
-            print(f"before: {stats.machine_load()}; {PROCESSES} load generator processes, headroom < {HEADROOM} core")
+            print(f"before: {stats.machine_load()}; {PROCESSES} load generator processes; a trial counts when each "
+                  f"used < {HEADROOM} of a core and waited for a CPU < {STARVED} of the time")
             async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=2, open=False) as pool:
                 # (a) latency
                 r = await clients_trial(url, "/api/stream", 10, 1000, lambda: append_at(pool, 200, 1000))

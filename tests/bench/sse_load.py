@@ -22,8 +22,10 @@ import httpx
 from tests.bench.stats import CpuClock
 from tests.web import sse_events
 
-# A generator process busier than this share of a core may itself have capped the rate it reports.
+# A generator process busier than this share of a core, or waiting for a CPU more than STARVED of the
+# time, may itself have capped the rate it reports.
 HEADROOM = 0.7
+STARVED = 0.2
 # Load generator processes per trial; each takes its share of the clients.
 PROCESSES = max(2, min(8, (os.cpu_count() or 2) * 2))
 
@@ -60,12 +62,12 @@ async def clients(url: str, path: str, n: int, expect: int, timeout: float) -> d
         print(json.dumps({"ready": True, "connected": counter[0]}), flush=True)
         clock = CpuClock()
         _, pending = await asyncio.wait(tasks, timeout=timeout)
-        cpu = clock.busy()
+        cpu, starved = clock.busy(), clock.starved()
         for t in pending:
             t.cancel()
     complete = sum(1 for s in seqs if len(s) >= expect and s == sorted(s) and len(set(s)) == len(s))
     return {"complete": complete, "clients": n, "latencies": [x for lat in lats for x in lat],
-            "max_latency": max((max(lat) for lat in lats if lat), default=None), "cpu": cpu}
+            "max_latency": max((max(lat) for lat in lats if lat), default=None), "cpu": cpu, "starved": starved}
 
 
 async def post(url: str, path: str, seconds: float, concurrency: int) -> dict[str, object]:
@@ -84,7 +86,7 @@ async def post(url: str, path: str, seconds: float, concurrency: int) -> dict[st
         clock = CpuClock()
         start = time.monotonic()
         await asyncio.gather(*(worker(http, w) for w in range(concurrency)))
-        return {"ok": ok, "rps": ok / (time.monotonic() - start), "cpu": clock.busy()}
+        return {"ok": ok, "rps": ok / (time.monotonic() - start), "cpu": clock.busy(), "starved": clock.starved()}
 
 
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
@@ -123,7 +125,7 @@ class Generators:
         lats = [x for r in out for x in r["latencies"]]
         return {"complete": sum(r["complete"] for r in out), "clients": sum(r["clients"] for r in out),
                 "latencies": lats, "max_latency": max(lats) if lats else None,
-                "cpu": [r["cpu"] for r in out], "headroom": all(r["cpu"] < HEADROOM for r in out)}
+                "cpu": [r["cpu"] for r in out], "starved": [r["starved"] for r in out], "headroom": _headroom(out)}
 
     async def __aexit__(self, *exc: object) -> None:
         for p in self.procs:
@@ -143,7 +145,11 @@ async def posts(url: str, path: str, seconds: float, concurrency: int,
         out.append(json.loads(await asyncio.wait_for(p.stdout.readline(), seconds + 120)))
         await p.wait()
     return {"rps": sum(r["rps"] for r in out), "cpu": [r["cpu"] for r in out],
-            "headroom": all(r["cpu"] < HEADROOM for r in out)}
+            "starved": [r["starved"] for r in out], "headroom": _headroom(out)}
+
+
+def _headroom(results: list[dict[str, Any]]) -> bool:
+    return all(r["cpu"] < HEADROOM and r["starved"] < STARVED for r in results)
 
 
 def main() -> None:

@@ -77,19 +77,37 @@ def machine_load() -> Load:
     return Load(os.getloadavg()[0], os.cpu_count() or 1)
 
 
+def _run_queue_wait_s() -> float:
+    """Seconds this thread spent runnable but waiting for a CPU (Linux schedstat; 0 where unavailable)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class CpuClock:
-    """This process's CPU time (user + system) against wall time, to show a load generator had headroom."""
+    """This process's CPU time against wall time, and the time it waited for a CPU: a load generator had
+    headroom only if it neither used most of a core nor sat in the run queue (a starved generator
+    uses little CPU and still cannot keep up)."""
 
     def __init__(self) -> None:
         self.wall0 = time.monotonic()
         self.cpu0 = self._cpu()
+        self.wait0 = _run_queue_wait_s()
 
     @staticmethod
     def _cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
 
+    def _wall(self) -> float:
+        return max(time.monotonic() - self.wall0, 1e-9)
+
     def busy(self) -> float:
         """Fraction of one CPU used since the clock started (1.0 = a full core)."""
-        wall = time.monotonic() - self.wall0
-        return (self._cpu() - self.cpu0) / wall if wall > 0 else 0.0
+        return (self._cpu() - self.cpu0) / self._wall()
+
+    def starved(self) -> float:
+        """Fraction of the wall time spent runnable but waiting for a CPU."""
+        return (_run_queue_wait_s() - self.wait0) / self._wall()
