@@ -232,10 +232,7 @@ class Harness:
                     continue  # answered in the same instant: the answer wins
                 return {"status": "cancelled", "answers": {}, "response": TIMED_OUT}
             try:
-                # any notification (ours, another question's, a resync) just means: look again
-                note = await aio.wait_for(sub.get(), min(left, self.progress_interval_s))
-                if note is not RESYNC and note.payload != str(qid):
-                    continue
+                await aio.wait_for(_news_of(sub, str(qid)), min(left, self.progress_interval_s))
             except TimeoutError:
                 progress += 1
                 with contextlib.suppress(Exception):
@@ -292,6 +289,13 @@ class Harness:
             "brief": brief[:2000], "reason": "not approved by the user", "answer": said},
             task_id=caller.task_id, session_id=caller.session_id, project_id=caller.project_id))
         raise ToolError(f"dispatch not approved: the user answered {said!r}; no worker was started")
+
+
+async def _news_of(sub: Any, qid: str) -> None:
+    """Until a notification says this question changed, or a resync says anything may have. Another
+    question's answer is no news: re-reading the row for it cost every waiter a query per answer."""
+    while (note := await sub.get()) is not RESYNC and note.payload != qid:
+        pass
 
 
 def build(harness: Harness) -> MCPServer:

@@ -49,6 +49,8 @@ def _clean(value: Any) -> Any:
 
 def storable_json(text: str) -> bool:
     """Whether JSON text (known to parse) can go into jsonb as it is."""
+    if "\\u" not in text:  # the usual line: one scan instead of three
+        return True
     return "\\u0000" not in text and "\\ud" not in text and "\\uD" not in text
 
 
@@ -119,7 +121,6 @@ async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]
         last = row[0]
         async with conn.cursor().copy(queries["copy_journal"]) as copy:
             await copy.write(_copy_rows(events, last - len(events) + 1, now))
-        await conn.execute(queries["notify_journal"], {"seq": str(last)})
     return Appended(first_seq=last - len(events) + 1, last_seq=last)
 
 

@@ -16,6 +16,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 listeners: set[asyncio.Queue[bytes]] = set()
+publishing: set[asyncio.Task[None]] = set()
 
 
 async def app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -34,17 +35,38 @@ async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         await send({"type": "http.response.body", "body": b": hi\n\n", "more_body": True})
+        # hypercorn drops sends to a closed connection silently: without watching for the disconnect, a
+        # gone client's handler would live on and cost every later trial its share of the fan-out
+        gone = asyncio.ensure_future(_disconnected(receive))
         try:
-            while True:
-                await send({"type": "http.response.body", "body": await queue.get(), "more_body": True})
+            while not gone.done():
+                got = asyncio.ensure_future(queue.get())
+                await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
+                    break
+                frames = [got.result()]
+                while not queue.empty():  # what piled up goes in one write, as the ingress does
+                    frames.append(queue.get_nowait())
+                await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
         finally:
+            gone.cancel()
             listeners.discard(queue)
     elif path == "/publish":
         q = dict(p.split("=") for p in scope["query_string"].decode().split("&"))
         rate, count = float(q["rate"]), int(q["count"])
-        asyncio.create_task(_publish(rate, count))
+        for old in publishing:  # a trial that fell behind must not leak frames into the next one
+            old.cancel()
+        task = asyncio.create_task(_publish(rate, count))
+        publishing.add(task)
+        task.add_done_callback(publishing.discard)
         await send({"type": "http.response.start", "status": 202, "headers": []})
         await send({"type": "http.response.body", "body": b""})
+
+
+async def _disconnected(receive) -> None:  # type: ignore[no-untyped-def]
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _publish(rate: float, count: int) -> None:

@@ -3,7 +3,8 @@
     python -m tests.bench.bench_journal [--events 200000] [--batch 1000]
 
 Uses PETAL_TEST_DSN when set, else an embedded server in a temporary directory. Prints events/s for
-each and the ratio (target: append >= 0.5 x raw COPY). Rounds alternate to spread machine noise.
+each round of each, their medians and the ratio of the medians (target: append >= 0.5 x raw COPY).
+Rounds alternate so a burst of load elsewhere lands on both.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared import journal
 from shared.models import NewEvent
 from shared.sql import queries
+from tests.bench import stats
 from tests.pg import Cluster
 
 
@@ -67,9 +69,8 @@ async def _bench_copy(dsn: str, events: list[NewEvent], batch: int, first_seq: i
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         start = time.perf_counter()
         for chunk in chunks:
-            async with conn.transaction():
-                async with conn.cursor().copy(queries["copy_journal"]) as copy:
-                    await copy.write(chunk)
+            async with conn.transaction(), conn.cursor().copy(queries["copy_journal"]) as copy:
+                await copy.write(chunk)
         return time.perf_counter() - start
 
 
@@ -90,10 +91,12 @@ async def main(n: int, batch: int, rounds: int) -> None:
                     copy_t.append(await _bench_copy(db.admin_dsn, _events(n), batch, copy_seq))
                     append_t.append(await _bench_append(db.executor_dsn, evs, batch))
                 copy_seq += n
-            a, c = n / min(append_t), n / min(copy_t)
-            print(f"events={n} batch={batch} rounds={rounds} (best of each)")
-            print(f"journal.append: {a:,.0f} events/s")
-            print(f"raw COPY:       {c:,.0f} events/s (rows pre-encoded, same batches)")
+            a, c = n / stats.median(append_t), n / stats.median(copy_t)
+            print(f"events={n} batch={batch} rounds={rounds}; {stats.machine_load()}")
+            print(f"journal.append: {a:,.0f} events/s (median; rounds: "
+                  + ", ".join(f"{n / t:,.0f}" for t in append_t) + ")")
+            print(f"raw COPY:       {c:,.0f} events/s (median; rounds: " + ", ".join(f"{n / t:,.0f}" for t in copy_t)
+                  + "; rows pre-encoded, same batches)")
             print(f"ratio append/COPY: {a / c:.2f}  (target >= 0.5)")
         finally:
             cluster.drop_all()
@@ -103,6 +106,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     asyncio.run(main(args.events, args.batch, args.rounds))

@@ -1,19 +1,33 @@
-"""Load generator for bench_sse, run as its own process. Prints one JSON object on stdout.
+"""Load generator for the benchmarks, run as several processes so it measures the server, not itself.
 
     python -m tests.bench.sse_load clients URL PATH N EXPECT TIMEOUT
     python -m tests.bench.sse_load post URL PATH SECONDS CONCURRENCY
+
+Each process prints JSON lines on stdout: {"ready": true} once its clients are connected (clients mode),
+then one result that includes `cpu`, the share of one core the process used while it measured. A
+result is only worth as much as that share leaves headroom (see HEADROOM).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
+from typing import Any
 
 import httpx
 
+from tests.bench.stats import CpuClock
 from tests.web import sse_events
+
+# A generator process busier than this share of a core, or waiting for a CPU more than STARVED of the
+# time, may itself have capped the rate it reports.
+HEADROOM = 0.7
+STARVED = 0.2
+# Load generator processes per trial; each takes its share of the clients.
+PROCESSES = max(2, min(8, (os.cpu_count() or 2) * 2))
 
 
 async def one_client(http: httpx.AsyncClient, path: str, expect: int, ready: asyncio.Event, counter: list[int],
@@ -27,8 +41,9 @@ async def one_client(http: httpx.AsyncClient, path: str, expect: int, ready: asy
                 continue
             now = time.time()
             data = json.loads(ev.data)
-            sent = (data.get("payload") or data)["t"]
-            lat.append(now - sent)
+            sent = (data.get("payload") or data).get("t")
+            if sent is not None:
+                lat.append(now - sent)
             seqs.append(int(ev.id))
             if len(seqs) >= expect:
                 return
@@ -44,13 +59,15 @@ async def clients(url: str, path: str, n: int, expect: int, timeout: float) -> d
         tasks = [asyncio.create_task(one_client(http, path, expect, ready, counter, lats[i], seqs[i]))
                  for i in range(n)]
         await asyncio.wait_for(ready.wait(), 60)
-        print(json.dumps({"ready": True}), flush=True)
-        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        print(json.dumps({"ready": True, "connected": counter[0]}), flush=True)
+        clock = CpuClock()
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        cpu, starved = clock.busy(), clock.starved()
         for t in pending:
             t.cancel()
     complete = sum(1 for s in seqs if len(s) >= expect and s == sorted(s) and len(set(s)) == len(s))
     return {"complete": complete, "clients": n, "latencies": [x for lat in lats for x in lat],
-            "max_latency": max((max(lat) for lat in lats if lat), default=None)}
+            "max_latency": max((max(lat) for lat in lats if lat), default=None), "cpu": cpu, "starved": starved}
 
 
 async def post(url: str, path: str, seconds: float, concurrency: int) -> dict[str, object]:
@@ -62,13 +79,77 @@ async def post(url: str, path: str, seconds: float, concurrency: int) -> dict[st
         i = 0
         while time.monotonic() < stop:
             i += 1
-            r = await http.post(path, json={"text": f"bench {w}-{i}"})
+            r = await http.post(path, json={"text": f"bench {os.getpid()} {w}-{i}"})
             ok += r.status_code == 202
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as http:
+        clock = CpuClock()
         start = time.monotonic()
         await asyncio.gather(*(worker(http, w) for w in range(concurrency)))
-        return {"ok": ok, "rps": ok / (time.monotonic() - start)}
+        return {"ok": ok, "rps": ok / (time.monotonic() - start), "cpu": clock.busy(), "starved": clock.starved()}
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.bench.sse_load", *args,
+                                                stdout=asyncio.subprocess.PIPE, limit=1 << 28)
+
+
+class Generators:
+    """`n` SSE clients spread over PROCESSES load generator processes, connected on entry.
+
+    `results()` waits for every process's result; `headroom` says whether each stayed under HEADROOM.
+    """
+
+    def __init__(self, url: str, path: str, n: int, *, expect: int, timeout: float, processes: int = PROCESSES):
+        self.args = (url, path, n, expect, timeout)
+        self.processes = max(1, min(processes, n))
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.connected = 0
+
+    async def __aenter__(self) -> Generators:
+        url, path, n, expect, timeout = self.args
+        shares = [n // self.processes + (i < n % self.processes) for i in range(self.processes)]
+        self.procs = [await _spawn("clients", url, path, str(k), str(expect), str(timeout)) for k in shares]
+        for p in self.procs:
+            assert p.stdout is not None
+            line = json.loads(await asyncio.wait_for(p.stdout.readline(), 120))
+            self.connected += line["connected"]
+        return self
+
+    async def results(self) -> dict[str, Any]:
+        out: list[dict[str, Any]] = []
+        for p in self.procs:
+            assert p.stdout is not None
+            out.append(json.loads(await asyncio.wait_for(p.stdout.readline(), 600)))
+            await p.wait()
+        lats = [x for r in out for x in r["latencies"]]
+        return {"complete": sum(r["complete"] for r in out), "clients": sum(r["clients"] for r in out),
+                "latencies": lats, "max_latency": max(lats) if lats else None,
+                "cpu": [r["cpu"] for r in out], "starved": [r["starved"] for r in out], "headroom": _headroom(out)}
+
+    async def __aexit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+
+async def posts(url: str, path: str, seconds: float, concurrency: int,
+                processes: int = PROCESSES) -> dict[str, Any]:
+    """POST requests from several processes at once; their summed rate and each one's CPU share."""
+    per = max(1, concurrency // processes)
+    procs = [await _spawn("post", url, path, str(seconds), str(per)) for _ in range(processes)]
+    out = []
+    for p in procs:
+        assert p.stdout is not None
+        out.append(json.loads(await asyncio.wait_for(p.stdout.readline(), seconds + 120)))
+        await p.wait()
+    return {"rps": sum(r["rps"] for r in out), "cpu": [r["cpu"] for r in out],
+            "starved": [r["starved"] for r in out], "headroom": _headroom(out)}
+
+
+def _headroom(results: list[dict[str, Any]]) -> bool:
+    return all(r["cpu"] < HEADROOM and r["starved"] < STARVED for r in results)
 
 
 def main() -> None:

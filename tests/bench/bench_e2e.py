@@ -1,0 +1,214 @@
+"""What the harness adds to a turn, and what its services weigh, each next to a baseline from the same run.
+
+    python -m tests.bench.bench_e2e [--turns 25] [--clients 200] [--workers 8]
+
+The ingress and the executor run as their own processes, the real CLI against the scripted model.
+(a) POST /api/chat -> the turn's first stream line at an SSE client, next to the CLI's own
+    spawn -> first stdout line for the very command line the executor ran (read from its
+    task.spawned event), spawned directly between the turns (goal: the harness adds <= 10%).
+(b) resident memory of the ingress and the executor at rest, then with 200 SSE clients connected
+    (load generator processes) and 8 workers streaming (the executor restarted with a replayer as
+    its `claude`, printing a recorded stream-json transcript line by line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psutil
+import psycopg
+
+from executor import dispatch, substrate
+from executor.scripted_model import Scenario, ScriptedModelServer
+from shared.database import Database
+from tests.bench import stats
+from tests.bench.bench_sse import wait_up
+from tests.bench.sse_load import Generators
+from tests.harness import claude_bin, claude_env
+from tests.pg import Cluster
+from tests.web import SSEEvent, free_port, sse_events
+
+TRANSCRIPT = Path(__file__).parent.parent / "transcripts" / "partial_messages.jsonl"
+
+
+class Stream:
+    """One SSE client reading /api/stream in the background; events land in a queue with their arrival time."""
+
+    def __init__(self, http: httpx.AsyncClient):
+        self.queue: asyncio.Queue[tuple[float, SSEEvent]] = asyncio.Queue()
+        self._http = http
+        self.connected = asyncio.Event()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async with self._http.stream("GET", "/api/stream") as response:
+            self.connected.set()
+            async for ev in sse_events(response):
+                self.queue.put_nowait((time.perf_counter(), ev))
+
+    async def until(self, test: Callable[[SSEEvent], bool], timeout: float = 120) -> tuple[float, SSEEvent]:
+        async with asyncio.timeout(timeout):
+            while True:
+                at, ev = await self.queue.get()
+                if test(ev):
+                    return at, ev
+
+
+async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str) -> float:
+    start = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.DEVNULL, env=env, cwd=cwd,
+                                                start_new_session=True, limit=1 << 26)
+    assert proc.stdout is not None
+    await proc.stdout.readline()
+    first = time.perf_counter() - start
+    await proc.stdout.read()
+    await proc.wait()
+    return first
+
+
+def start(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "shared.cli", name], env=env)
+
+
+def stop(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(30)
+
+
+async def executor_started(admin_dsn: str, count: int) -> None:
+    """Until `count` executors have reconciled on this database (a restart is the second)."""
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        for _ in range(600):
+            cur = await conn.execute("SELECT count(*) FROM journal WHERE event_type = 'executor.started'")
+            row = await cur.fetchone()
+            if row and row[0] >= count:
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the executor never started")
+
+
+async def bench_overhead(url: str, turns: int, cli_env: dict[str, str], config_dir: Path, mcp_url: str,
+                         tmp: Path) -> None:
+    harness, direct = [], []
+    mcp_file = tmp / "direct-mcp.json"
+    mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, {}, None)))
+    env = substrate.build_env(substrate.SubstrateConfig(config_dir=config_dir, base_env=cli_env), "bench-direct")
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=None)) as http:
+        stream = Stream(http)
+        await asyncio.wait_for(stream.connected.wait(), 30)
+        for i in range(turns + 1):  # the first turn of each kind warms caches and is not counted
+            t0 = time.perf_counter()
+            (await http.post("/api/chat", json={"text": f"turn {i}"})).raise_for_status()
+            _, spawned = await stream.until(lambda ev: ev.event == "task.spawned")
+            first, _ = await stream.until(lambda ev: ev.event.startswith("stream."))
+            await stream.until(lambda ev: ev.event == "task.exited")
+            payload = json.loads(spawned.data)["payload"]
+            argv = [f"--mcp-config={mcp_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]]
+            alone = await spawn_to_first_line(argv, env, payload["workdir"])
+            if i:
+                harness.append(first - t0)
+                direct.append(alone)
+        stream.task.cancel()
+    print(f"(a) {turns} turns, each next to a direct spawn of its own command line")
+    print(f"    POST /api/chat -> first stream line at an SSE client: {stats.summary(harness)}")
+    print(f"    CLI alone, spawn -> first stdout line:                {stats.summary(direct)}")
+    h50, d50 = stats.percentile(harness, 50), stats.percentile(direct, 50)
+    if h50 is not None and d50 is not None:
+        print(f"    the harness adds {100 * (h50 - d50) / d50:+.1f}% at p50 ({(h50 - d50) * 1000:+.1f} ms)"
+              "  (goal <= 10%)")
+
+
+def replayer(tmp: Path, pace_s: float, repeats: int) -> Path:
+    lines = [ln for ln in TRANSCRIPT.read_bytes().split(b"\n") if ln.strip()]
+    body = tmp / "replay-slow.jsonl"
+    body.write_bytes(b"\n".join(lines * repeats) + b"\n")
+    script = tmp / "replay-slow-claude"
+    script.write_text(f"#!/bin/sh\nwhile IFS= read -r line; do printf '%s\\n' \"$line\"; sleep {pace_s}; done < {body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+async def bench_memory(url: str, admin_dsn: str, executor_dsn: str, ingress_pid: int, executor_pid: int,
+                       clients: int, workers: int, workdir: Path) -> None:
+    rest = {"ingress": rss_mb(ingress_pid), "executor": rss_mb(executor_pid)}
+    peak = dict(rest)
+    async with Generators(url, "/api/stream", clients, expect=10**9, timeout=60) as gens:
+        async with Database(executor_dsn, name="bench-dispatch", max_size=1) as db:
+            for i in range(workers):
+                await dispatch.request_task(db.pool, brief=f"stream {i}", workdir=workdir)
+        async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+            running = 0
+            for _ in range(200):  # while the workers stream, sample both processes
+                cur = await conn.execute("SELECT count(*) FROM tasks WHERE role = 'worker' AND status = 'running'")
+                row = await cur.fetchone()
+                running = max(running, row[0] if row else 0)
+                for name, pid in (("ingress", ingress_pid), ("executor", executor_pid)):
+                    peak[name] = max(peak[name], rss_mb(pid))
+                await asyncio.sleep(0.1)
+        connected = gens.connected
+    print(f"(b) resident memory: at rest, then with {connected}/{clients} SSE clients connected and "
+          f"{running}/{workers} workers streaming (peak of 200 samples over 20 s)")
+    for name in ("ingress", "executor"):
+        print(f"    {name:9s} {rest[name]:7.1f} MiB at rest   {peak[name]:7.1f} MiB under load")
+
+
+async def main(turns: int, clients: int, workers: int) -> None:
+    with tempfile.TemporaryDirectory() as tmpdir, ScriptedModelServer(Scenario()) as model:
+        tmp = Path(tmpdir)
+        cluster = Cluster.start(tmp / "pg")
+        db = cluster.create_migrated()
+        port, mcp_port = free_port(), free_port()
+        workdir = tmp / "work"
+        workdir.mkdir()
+        config_dir = tmp / "claude-config"
+        cli_env = claude_env(model, tmp / "home")
+        url, mcp_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mcp_port}/harness-mcp/"
+        env = {**os.environ, **cli_env, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port),
+               "PETAL_MCP_PORT": str(mcp_port), "PETAL_EXECUTOR_DSN": db.executor_dsn,
+               "PETAL_INGRESS_DSN": db.ingress_dsn, "PETAL_DATA_DIR": str(tmp / "var"),
+               "PETAL_LOG_LEVEL": "warning", "PETAL_CLAUDE_BIN": claude_bin(),
+               "PETAL_CLAUDE_CONFIG_DIR": str(config_dir), "PETAL_WORKDIR": str(workdir),
+               "PETAL_CLAUDE_MAX_RETRIES": "0", "PETAL_MAX_WORKERS": str(max(workers, 1))}
+        ingress = start("ingress", env)
+        executor = start("executor", env)
+        try:
+            await wait_up(url)
+            await executor_started(db.admin_dsn, 1)
+            print(f"before: {stats.machine_load()}")
+            await bench_overhead(url, turns, cli_env, config_dir, mcp_url, tmp)
+            stop(executor)
+            executor = start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
+            await executor_started(db.admin_dsn, 2)
+            await asyncio.sleep(1)
+            await bench_memory(url, db.admin_dsn, db.executor_dsn, ingress.pid, executor.pid, clients, workers,
+                               workdir)
+            print(f"after: {stats.machine_load()}")
+        finally:
+            stop(ingress, executor)
+            cluster.drop_all()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=25, help="measured turns (a p50 needs 20)")
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=8)
+    args = parser.parse_args()
+    asyncio.run(main(args.turns, args.clients, args.workers))

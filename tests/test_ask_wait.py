@@ -1,0 +1,66 @@
+"""A question waiting for its answer, among others being answered: no news for it is not a reason to
+re-read it, and its progress notifications keep coming."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from executor import harness_mcp
+from executor.journal_writer import JournalWriter
+from shared.database import Database
+from tests.pg import DB
+
+QUESTIONS = [{"question": "Go on?", "header": "Go", "multiSelect": False,
+              "options": [{"label": "Yes", "description": ""}, {"label": "No", "description": ""}]}]
+
+
+class _Progress:
+    """Stands in for the MCP request context: only what _wait uses of it."""
+
+    def __init__(self) -> None:
+        self.reports = 0
+
+    async def report_progress(self, progress: float, total: float | None, message: str) -> None:
+        self.reports += 1
+
+
+async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answered(db: DB) -> None:
+    async with Database(db.executor_dsn, name="wait-test", max_size=4) as database:
+        listener = database.listener(["question_answered"])
+        listening = asyncio.create_task(listener.run())
+        await asyncio.wait_for(listener.connected.wait(), 30)
+        writer = JournalWriter(database.pool)
+        await writer.start()
+        harness = harness_mcp.Harness(database, writer, listener, ask_timeout_s=60, progress_interval_s=0.3)
+        ctx = _Progress()
+        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
+            cur = await admin.execute("INSERT INTO questions (tool_use_id, questions) VALUES ('tool-mine', %s) "
+                                      "RETURNING id", [Jsonb(QUESTIONS)])
+            mine = await cur.fetchone()
+        assert mine is not None
+        sub = listener.subscribe(["question_answered"])
+        waiting = asyncio.create_task(harness._wait(mine[0], sub, ctx))  # type: ignore[arg-type]
+        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
+            # another question answered every 0.1 s for 1.5 s: never a quiet 0.3 s for this waiter
+            for _ in range(15):
+                cur = await admin.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
+                                          [f"other-{uuid.uuid4()}", Jsonb(QUESTIONS)])
+                row = await cur.fetchone()
+                assert row is not None
+                await admin.execute("UPDATE questions SET status = 'answered', answers = %s WHERE id = %s",
+                                    [Jsonb({"Go on?": "No"}), row[0]])
+                await asyncio.sleep(0.1)
+            assert not waiting.done()
+            await admin.execute("UPDATE questions SET status = 'answered', answers = %s WHERE tool_use_id = 'tool-mine'",
+                                [Jsonb({"Go on?": "Yes"})])
+        final = await asyncio.wait_for(waiting, 10)
+        sub.close()
+        await writer.flush_and_stop()
+        await listener.stop()
+        listening.cancel()
+    assert final["answers"] == {"Go on?": "Yes"}
+    assert ctx.reports >= 3  # about one per 0.3 s of the 1.5 s

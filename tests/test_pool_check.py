@@ -1,0 +1,42 @@
+"""The pool's checkout check: no round trip on a healthy connection, a dead one still replaced."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+from shared.database import Database
+from tests.pg import DB
+
+
+async def _last_query(admin_dsn: str, pid: int) -> str:
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as admin:
+        cur = await admin.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = await cur.fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+async def test_checking_out_a_healthy_connection_sends_nothing_to_the_server(db: DB) -> None:
+    async with Database(db.executor_dsn, name="check-test", min_size=1, max_size=1) as database:
+        async with database.pool.connection() as conn:
+            pid = conn.info.backend_pid
+            await conn.execute("SELECT 1 AS marker")
+        async with database.pool.connection() as conn:
+            assert conn.info.backend_pid == pid
+            # the server's record of this backend's last statement is still ours, not a probe's ""
+            assert await _last_query(db.admin_dsn, pid) == "SELECT 1 AS marker"
+
+
+async def test_a_connection_whose_backend_was_terminated_is_replaced_at_checkout(db: DB) -> None:
+    async with Database(db.executor_dsn, name="check-test", min_size=1, max_size=1) as database:
+        async with database.pool.connection() as conn:
+            pid = conn.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        await asyncio.sleep(0.2)  # the FATAL message and EOF reach the idle socket
+        async with database.pool.connection() as conn:
+            cur = await conn.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+        assert row is not None and row[0] != pid
