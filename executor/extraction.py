@@ -137,7 +137,7 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
     if worker["status"] == "gated":  # the gate evidence comes from the exit's record, not the model
         denials = await _one(pool, "exit_denials", {"id": worker["id"]})
         handoff["gate_decisions"] = policy.gate_decisions((denials or {}).get("denials") or [],
-                                                          (denials or {}).get("workdir"))
+                                                          (denials or {}).get("workdir"), (denials or {}).get("decided"))
     await writer.write([NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])
     if report is not None:
         await report(worker["id"], "handoff", handoff)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import extraction, harness_mcp, notify, threads
+from executor import extraction, harness_mcp, notify, permission_prompt, threads
 from executor.journal_writer import JournalWriter
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
@@ -24,7 +24,7 @@ log = logs.get(__name__)
 
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
-            "notify_queue"]
+            "notify_queue", "gate_rule_queue"]
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
 MCP_TIMEOUT_MARGIN_S = 120
 
@@ -92,6 +92,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         await notifier.start()
         notifying = asyncio.create_task(notifier.run(listener.subscribe(["journal", "notify_queue"])),
                                         name="notifier")
+        ruling = asyncio.create_task(permission_prompt.run_rule_queue(
+            db.pool, writer, listener.subscribe(["gate_rule_queue"])), name="gate-rules")
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({supervising, listening, stopping, serving_mcp}, return_when=asyncio.FIRST_COMPLETED)
@@ -102,7 +104,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         finally:
             delivering.cancel()
             notifying.cancel()
-            await asyncio.gather(delivering, notifying, return_exceptions=True)
+            ruling.cancel()
+            await asyncio.gather(delivering, notifying, ruling, return_exceptions=True)
             mcp_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving_mcp, 10)

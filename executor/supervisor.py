@@ -411,7 +411,9 @@ class Supervisor:
             swept = await asyncio.to_thread(
                 lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
             )
-        outcome = substrate.derive_status(rc, r.facts, stop_requested=r.stop_reason is not None)
+        [gated] = await self._rows("task_gate_denials", {"id": r.task_id})
+        outcome = substrate.derive_status(rc, r.facts, stop_requested=r.stop_reason is not None,
+                                          gate_denials=gated["denied"])
         reason = r.stop_reason or outcome.reason
         payload = {
             "status": outcome.status,

@@ -129,6 +129,7 @@ async function loadAsks() {
 async function loadContext() {
   if (currentTab() !== "context") return;
   renderContext(await api(`/api/context?thread_id=${S.thread}`));
+  renderGateRules(await api(`/api/gate-rules?thread_id=${S.thread}`));
 }
 
 async function loadFeed() {
@@ -656,6 +657,24 @@ function renderContext(c) {
     ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."));
 }
 
+
+// Standing gate rules ("always allow `npm test` in this thread"): listed with their uses, revocable; a
+// command typed here becomes a queued rule for this thread (the executor makes it).
+function renderGateRules(g) {
+  const revoke = (r) => h("button", { class: "small", onclick: async () => {
+    await api(`/api/gate-rules/${r.id}`, { method: "DELETE" }); loadContext(); } }, "Revoke");
+  const rule = (r) => [h("code", {}, `${r.tool_name}: ${r.pattern}`), ` · ${r.scope}, used ${r.uses}× · `, revoke(r)];
+  const input = h("input", { type: "text", placeholder: "npm test  (or a prefix: npm test:*)", "aria-label": "command to always allow" });
+  const add = h("form", { class: "gate-rule-add", onsubmit: async (ev) => {
+    ev.preventDefault();
+    if (!input.value.trim()) return;
+    await api("/api/gate-rules", { method: "POST", body: { thread_id: S.thread, pattern: input.value.trim() } });
+    input.value = ""; setTimeout(loadContext, 500);
+  } }, input, h("button", { type: "submit" }, "Always allow in this thread"));
+  $("#context-body").append(h("h3", {}, "Gate rules"),
+    g.rules.length ? h("ul", {}, g.rules.map((r) => h("li", {}, rule(r)))) : h("p", { class: "empty" }, "No standing rules."),
+    ...g.requests.map((q) => h("p", { class: "empty" }, `${q.status}: ${q.pattern}${q.error ? ` (${q.error})` : ""}`)), add);
+}
 
 // ---- notifications -----------------------------------------------------------------------------------------
 // Web Push: the service worker registers on load (it only shows notifications); the browser subscribes
