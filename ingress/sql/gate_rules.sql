@@ -4,7 +4,7 @@
 SELECT r.id, r.scope, r.session_id AS thread_id, r.project_id, r.task_id, r.tool_name, r.pattern, r.decision,
        r.category, r.created_by, r.created_at, r.revoked_at, r.revoked_by,
        (SELECT count(*) FROM journal j WHERE j.event_type = 'gate.decided'
-          AND j.payload ->> 'rule_id' = r.id::text) AS uses
+          AND j.payload ->> 'decided_by' = 'rule' AND j.payload ->> 'rule_id' = r.id::text) AS uses
 FROM gate_rules r
 WHERE (%(thread_id)s::uuid IS NULL
        OR r.session_id = %(thread_id)s
