@@ -80,11 +80,15 @@ def decide(status: str, attempt: int, backoff_base_s: float) -> Decision:
 UNKNOWN_WORKDIR = "/nonexistent/petal-workdir"
 
 
+def _verdict(denial: dict[str, Any], workdir: str | None) -> gates.Verdict:
+    tool_input = denial.get("tool_input")
+    return gates.classify(str(denial.get("tool_name") or "Bash"), tool_input if isinstance(tool_input, dict) else {},
+                          workdir or UNKNOWN_WORKDIR, os.path.expanduser("~"))
+
+
 def gate_of(denial: dict[str, Any], workdir: str | None = None) -> str:
     """The gate category a denied tool call falls in ('tool not allowed' when the classifier allows it)."""
-    tool_input = denial.get("tool_input")
-    verdict = gates.classify(str(denial.get("tool_name") or "Bash"), tool_input if isinstance(tool_input, dict) else {},
-                             workdir or UNKNOWN_WORKDIR, os.path.expanduser("~"))
+    verdict = _verdict(denial, workdir)
     return verdict.label if verdict.gated else "tool not allowed"
 
 
@@ -98,10 +102,12 @@ def gate_decisions(denials: list[dict[str, Any]], workdir: str | None = None,
         if not isinstance(d, dict) or (d.get("tool_use_id") and d.get("tool_use_id") in seen):
             continue
         summary = f"{d.get('tool_name', '?')}: {json.dumps(d.get('tool_input') or {}, ensure_ascii=False)[:300]}"
+        verdict = _verdict(d, workdir)
         out.append({"decision_point": summary, "options": ["run it", "stay in scope"],
-                    "chosen": "stay in scope (denied)", "gate": gate_of(d, workdir),
+                    "chosen": "stay in scope (denied)", "gate": verdict.label if verdict.gated else "tool not allowed",
                     "reason": "the worker's allowed-tools set does not permit it", "tool": d.get("tool_name"),
-                    "summary": summary, "decision": "deny", "decided_by": "cli"})
+                    "category": verdict.category if verdict.gated else None, "summary": summary,
+                    "decision": "deny", "decided_by": "cli"})
     return out
 
 
