@@ -264,3 +264,57 @@ async def test_a_card_nobody_answers_times_out_as_a_refusal_saying_so(db: DB, tm
     assert (decided["decision"], decided["decided_by"]) == ("deny", "timeout")
     [(tool_use_id, _)] = _commands(events)
     assert "approval timed out" in _tool_results(events)[tool_use_id]
+
+
+async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_thread_until_revoked(
+        db: DB, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        # replies are indexed by the tool results the conversation carries: the first turn's dispatch is one
+        Rule(role="orchestrator", match_last="second",
+             replies=[{"text": "-"}, _dispatch("rule run 2"), {"text": "dispatched"}]),
+        Rule(role="orchestrator", replies=[_dispatch("rule run 1"), {"text": "dispatched"}]),
+        Rule(role="worker", match="rule run", replies=[_bash("echo ran >> ../rule.log"), {"text": "done"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = await _thread(http, "autonomous")
+            # bad input is refused and queues nothing
+            for bad in ({"pattern": "x"}, {"pattern": " ", "thread_id": thread},
+                        {"pattern": "x", "thread_id": thread, "tool_name": "Nope"},
+                        {"pattern": "x", "thread_id": thread, "project_id": thread}):
+                refused = await http.post("/api/gate-rules", json=bad)
+                assert refused.status_code == 422, (bad, refused.text)
+            queued = await http.post("/api/gate-rules", json={"pattern": "echo ran >> ../rule.log",
+                                                               "thread_id": thread})
+            assert queued.status_code == 202, queued.text
+
+            async def made() -> list[dict[str, Any]] | None:
+                return (await http.get("/api/gate-rules", params={"thread_id": thread})).json()["rules"] or None
+            [rule] = await _until(made, "the executor to make the rule")
+            assert (rule["scope"], rule["tool_name"], rule["decision"]) == ("thread", "Bash", "allow")
+            await http.post("/api/chat", json={"text": "first", "thread_id": thread})
+            first = await _until(lambda: _worker(h), "the first worker")
+            assert (await h.wait_final(first["id"]))["status"] == "success"
+
+            revoked = await http.delete(f"/api/gate-rules/{rule['id']}")
+            assert revoked.status_code == 200 and revoked.json()["revoked_at"]
+            assert (await http.delete(f"/api/gate-rules/{rule['id']}")).status_code == 409
+            assert (await http.delete(f"/api/gate-rules/{thread}")).status_code == 404
+            await http.post("/api/chat", json={"text": "second", "thread_id": thread})
+
+            async def second() -> dict[str, Any] | None:
+                cur = await (await h._conn()).execute(
+                    "SELECT id FROM tasks WHERE role = 'worker' AND brief LIKE 'rule run 2%%'")
+                row = await cur.fetchone()
+                return await h.task(row[0]) if row else None
+            later = await _until(second, "the second worker")
+            assert (await h.wait_final(later["id"]))["status"] == "gated"
+            listed = (await http.get("/api/gate-rules", params={"thread_id": thread, "revoked": "true"})).json()
+            decided = [e.payload for e in await h.events() if e.event_type == "gate.decided"]
+    assert (tmp_path / "rule.log").read_text() == "ran\n"  # only while the rule was live
+    assert [(d["decision"], d["decided_by"]) for d in decided] == [("allow", "rule"), ("deny", "autonomous_policy")]
+    assert listed["rules"][0]["uses"] == 1 and listed["rules"][0]["revoked_at"]
