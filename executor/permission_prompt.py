@@ -153,7 +153,10 @@ def approval_question(tool_name: str, tool_input: dict[str, Any], verdict: gates
     options.append({"label": DENY, "description": "refuse it; or type a reason instead, and the model reads it"})
     return {"question": f"A {role} wants to run {gates.summary(tool_name, tool_input, 200)!r} — hard gate "
                         f"'{verdict.label}'{detail}. Allow it?",
-            "header": "Gate", "multiSelect": False, "options": options}
+            "header": "Gate", "multiSelect": False, "options": options,
+            # what the gate saw, kept with the card (a restart that orphans it still knows what was refused)
+            "gate": {"category": verdict.category, "label": verdict.label, "reason": verdict.reason,
+                     "tool": tool_name, "summary": gates.summary(tool_name, tool_input)}}
 
 
 # ---- the harness's gatekeeper -----------------------------------------------------------------------------
@@ -310,13 +313,31 @@ async def apply_rule_requests(pool: Any, writer: Any) -> int:
     return len(claimed)
 
 
+async def record_orphaned_cards(pool: Any, writer: Any) -> int:
+    """Journal the refusal of calls whose approval card died with a killed executor (the restart closed the
+    card and crashed the task; the CLI's call failed, which it treats as a refusal)."""
+    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["orphaned_gate_cards"])
+        cards = await cur.fetchall()
+    for card in cards:
+        gate = ((card["questions"] or [{}])[0]).get("gate") or {}
+        await writer.write([NewEvent("gate.decided", {
+            **{k: gate.get(k) for k in ("category", "label", "reason", "tool", "summary")},
+            "tool_use_id": card["tool_use_id"].removeprefix(CARD_PREFIX), "question_id": str(card["id"]),
+            "decision": "deny", "decided_by": "executor_restart"}, tier="derived", task_id=card["task_id"],
+            session_id=card["session_id"], project_id=card["project_id"])])
+    return len(cards)
+
+
 async def run_rule_queue(pool: Any, writer: Any, sub: Any) -> None:
-    """Apply rule requests as they are queued (woken by the gate_rule_queue channel)."""
+    """Apply rule requests as they are queued (woken by the gate_rule_queue channel); record the refusal of
+    calls whose card a previous executor left open."""
     async with pool.connection() as conn:
         await conn.execute(queries["requeue_gate_rule_requests"])
     while True:
         try:
             await apply_rule_requests(pool, writer)
+            await record_orphaned_cards(pool, writer)
         except Exception:  # noqa: BLE001 - the loop outlives a failed pass; the rows stay claimed for a restart
             log.exception("gate_rule_requests_failed")
         with contextlib.suppress(TimeoutError):

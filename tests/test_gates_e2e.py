@@ -318,3 +318,43 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
     assert (tmp_path / "rule.log").read_text() == "ran\n"  # only while the rule was live
     assert [(d["decision"], d["decided_by"]) for d in decided] == [("allow", "rule"), ("deny", "autonomous_policy")]
     assert listed["rules"][0]["uses"] == 1 and listed["rules"][0]["revoked_at"]
+
+
+async def test_an_executor_killed_while_a_card_waits_leaves_the_call_refused_and_the_refusal_recorded(
+        db: DB, tmp_path: Path) -> None:
+    import signal
+
+    from tests.test_executor_process import _executor_env, _spawn_executor
+
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    (work / "sentinel").write_text("keep")
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        Rule(role="orchestrator", replies=[_dispatch("killed run"), {"text": "dispatched"}]),
+        Rule(role="worker", match="killed run", replies=[_bash("rm -f sentinel"), {"text": "done"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            first = _spawn_executor(_executor_env(db, model, tmp_path), tmp_path / "executor1.log")
+            try:
+                thread = await _thread(http, "interactive")
+                await http.post("/api/chat", json={"text": "go", "thread_id": thread})
+                await _answer(http, await _until(lambda: _card(http, "start a worker"), "the dispatch card"),
+                              briefs.APPROVE)
+                card = await _until(lambda: _card(http, "rm -f sentinel"), "the gate card")
+            finally:
+                first.send_signal(signal.SIGKILL)
+                first.wait(10)
+            async with running_executor(db, model, tmp_path) as h:
+                async def recorded() -> list[dict[str, Any]] | None:
+                    return [e.payload for e in await h.events() if e.event_type == "gate.decided"] or None
+                [decided] = await _until(recorded, "the refusal to be recorded")
+                worker = await _worker(h)
+                late = await http.post(f"/api/asks/{card['id']}/answer", json={
+                    "answers": {card["questions"][0]["question"]: permission_prompt.ALLOW_ONCE}})
+    assert (work / "sentinel").exists()
+    assert worker is not None and (worker["status"], worker["status_reason"]) == ("crashed", "executor_restart")
+    assert (decided["decision"], decided["decided_by"], decided["category"], decided["summary"]) == (
+        "deny", "executor_restart", "destructive", "Bash: rm -f sentinel")
+    assert late.status_code == 409

@@ -48,3 +48,13 @@ WHERE id = %(id)s
 -- name: requeue_gate_rule_requests --
 -- After a restart: requests a dead executor claimed are taken again.
 UPDATE gate_rule_queue SET status = 'pending' WHERE status = 'claimed'
+
+-- name: orphaned_gate_cards --
+-- Approval cards whose executor died while they waited: the restart crashed the task and closed the card,
+-- but no gate.decided says the call was refused (the dying harness could not write it).
+SELECT q.id, q.tool_use_id, q.task_id, t.session_id, t.project_id, q.questions
+FROM questions q JOIN tasks t ON t.id = q.task_id
+WHERE q.tool_use_id LIKE 'gate-%%' AND q.status = 'cancelled'
+  AND t.status = 'crashed' AND t.status_reason = 'executor_restart'
+  AND NOT EXISTS (SELECT 1 FROM journal j WHERE j.task_id = q.task_id AND j.event_type = 'gate.decided'
+                  AND j.payload ->> 'question_id' = q.id::text)
