@@ -159,6 +159,18 @@ def approval_question(tool_name: str, tool_input: dict[str, Any], verdict: gates
                      "tool": tool_name, "summary": gates.summary(tool_name, tool_input)}}
 
 
+NOT_FOR_THE_MODEL = "permission_prompt is the harness's check of your tool calls; it is not a tool to call."
+
+
+def _from_the_cli(ctx: Context, tool_use_id: str | None) -> bool:
+    """The CLI asks about a call with that call's id both as the argument and as the request's
+    `claudecode/toolUseId` (docs/claude-cli.md); a model calling the tool directly gets its own call's id
+    in the meta, which it cannot know in advance to pass as the argument."""
+    raw: Any = ctx.request_context.meta or {}
+    meta = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
+    return bool(tool_use_id) and meta.get(harness_mcp.TOOL_USE_META) == tool_use_id
+
+
 # ---- the harness's gatekeeper -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Ruling:
@@ -180,6 +192,9 @@ class Gatekeeper:
             return await cur.fetchall() if cur.description else []
 
     async def decide(self, ctx: Context, tool_name: str, tool_input: dict[str, Any], tool_use_id: str | None) -> str:
+        if not _from_the_cli(ctx, tool_use_id):
+            # the model calling the tool itself: its answer would run nothing, but a card or a rule would
+            return gates.permission_result("deny", tool_input, NOT_FOR_THE_MODEL)
         try:
             caller = await self.harness.caller(ctx, TOOL_NAME)
             [where] = await self._rows("gate_context", {"task_id": caller.task_id, "thread_id": caller.thread_id})

@@ -110,7 +110,10 @@ async def test_an_autonomous_worker_runs_the_benign_calls_and_every_gated_one_is
     work = tmp_path / "work"
     (work / "sentinel-dir").mkdir(parents=True)
     (work / "sentinel-dir" / "keep").write_text("keep")
-    replies = [_bash("ls"), _bash("touch made-here.txt"), *[_bash(c) for c, _ in GATED], {"text": "done"}]
+    # the model cannot use the gate tool itself to make a card or a refusal of its own
+    direct = {"tool_use": {"name": "mcp__harness__permission_prompt", "input": {
+        "tool_name": "Bash", "input": {"command": "sudo true"}, "tool_use_id": "toolu_made_up"}}}
+    replies = [_bash("ls"), _bash("touch made-here.txt"), *[_bash(c) for c, _ in GATED], direct, {"text": "done"}]
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
         Rule(role="orchestrator", replies=[_dispatch("gate run"), {"text": "dispatched"}]),
@@ -138,6 +141,11 @@ async def test_an_autonomous_worker_runs_the_benign_calls_and_every_gated_one_is
     for tool_use_id, command in calls[2:]:
         assert "Refused at the hard gate" in results[tool_use_id] and "stay within the task's scope" in \
             results[tool_use_id].lower(), command
+    [direct_id] = [b["id"] for e in events if e.event_type == "stream.assistant"
+                   for b in e.payload["message"]["content"] if b.get("name") == "mcp__harness__permission_prompt"]
+    # the CLI hides its permission prompt tool from the model (the tool also refuses a call whose request
+    # id is not the call it asks about)
+    assert "No such tool available" in results[direct_id] or permission_prompt.NOT_FOR_THE_MODEL in results[direct_id]
     decided = [e.payload for e in events if e.event_type == "gate.decided"]
     assert [(d["summary"], d["category"], d["decision"], d["decided_by"]) for d in decided] == [
         (f"Bash: {c}", cat, "deny", "autonomous_policy") for c, cat in GATED]
