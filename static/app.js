@@ -258,6 +258,7 @@ function onEvent(e) {
   if (e.event_type.startsWith("task.") || e.event_type === "handoff" || e.event_type === "policy.decision") soon("tasks", loadTasks, 300);
   if (e.event_type.startsWith("question.")) soon("asks", loadAsks);
   if (e.event_type.startsWith("thread.")) soon("threads", loadThreads);
+  if (e.event_type.startsWith("gate.")) soon("context", loadContext, 300);
   if (S.detail && e.task_id === S.detail.id) { S.detail.events.push(e); soon("detail", renderDetail, 50); }
 }
 
@@ -669,7 +670,7 @@ function renderGateRules(g) {
     ev.preventDefault();
     if (!input.value.trim()) return;
     await api("/api/gate-rules", { method: "POST", body: { thread_id: S.thread, pattern: input.value.trim() } });
-    input.value = ""; setTimeout(loadContext, 500);
+    input.value = ""; loadContext(); // the rule shows once the executor makes it (gate.rule_added)
   } }, input, h("button", { type: "submit" }, "Always allow in this thread"));
   $("#context-body").append(h("h3", {}, "Gate rules"),
     g.rules.length ? h("ul", {}, g.rules.map((r) => h("li", {}, rule(r)))) : h("p", { class: "empty" }, "No standing rules."),

@@ -366,3 +366,34 @@ async def test_an_executor_killed_while_a_card_waits_leaves_the_call_refused_and
     assert (decided["decision"], decided["decided_by"], decided["category"], decided["summary"]) == (
         "deny", "executor_restart", "destructive", "Bash: rm -f sentinel")
     assert late.status_code == 409
+
+
+async def test_the_context_view_lists_the_thread_s_standing_rules_adds_one_and_revokes_it(
+        db: DB, tmp_path: Path) -> None:
+    from playwright.async_api import expect
+
+    from shared import threads
+    from tests.test_web_client import browser, page_at
+
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "hello"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, ingress_server(db.ingress_dsn) as url, \
+                httpx.AsyncClient(base_url=url) as http, browser() as b:
+            await http.post("/api/chat", json={"text": "make the default thread"})
+
+            async def default_thread() -> bool:
+                listed = (await http.get("/api/threads")).json()["threads"]
+                return any(t["id"] == str(threads.DEFAULT_THREAD_ID) for t in listed)
+            await _until(default_thread, "the default thread")
+            async with page_at(b, url) as page:
+                await page.click("a[data-tab='context']")
+                await expect(page.locator("#context-body")).to_contain_text("No standing rules.")
+                await page.fill(".gate-rule-add input", "npm test:*")
+                await page.click(".gate-rule-add button")
+                rule = page.locator("#context-body li", has_text="Bash: npm test:*")
+                await expect(rule).to_contain_text("thread, used 0×", timeout=20_000)
+                await rule.locator("button", has_text="Revoke").click()
+                await expect(page.locator("#context-body")).to_contain_text("No standing rules.", timeout=20_000)
+            cur = await (await h._conn()).execute("SELECT pattern, scope, revoked_at IS NOT NULL FROM gate_rules")
+            rows = await cur.fetchall()
+    assert rows == [("npm test:*", "thread", True)]
