@@ -47,6 +47,7 @@ ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD, DENY = ("Allow once", "Allow for this task
                                               "Deny")
 CARD_PREFIX = "gate-"  # an approval card's tool_use_id (the notifier names such cards)
 PREVIEW_CHARS = 3_500
+WORKDIR_CACHE = 1_000  # tasks whose directory is kept (far more than ever run at once)
 CANNOT_CHECK = ("Refused: the harness could not check this call at its hard gates. Do not retry it; say so in "
                 "your report.")
 
@@ -185,6 +186,24 @@ class Gatekeeper:
         self.harness = harness
         # `~` as the CLI's children see it: they inherit the executor's environment
         self.home = home or os.path.expanduser("~")
+        self._workdirs: dict[uuid.UUID, str] = {}
+
+    async def _workdir(self, task_id: uuid.UUID) -> str:
+        """The task's real directory; fixed once its process started, so kept (an allowed call then costs
+        one query: the caller's credential)."""
+        found = self._workdirs.get(task_id)
+        if found is not None:
+            return found
+        [row] = await self._rows("gate_workdir", {"task_id": task_id})
+        if row["spawned_in"] is None:
+            if row["workdir"] is None:  # the spawn's record not yet written: never guess a directory
+                raise LookupError(f"the directory of task {task_id} is not known yet")
+            return os.path.realpath(row["workdir"])
+        found = os.path.realpath(row["spawned_in"])
+        if len(self._workdirs) >= WORKDIR_CACHE:
+            self._workdirs.pop(next(iter(self._workdirs)))
+        self._workdirs[task_id] = found
+        return found
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         async with self.harness.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -197,9 +216,10 @@ class Gatekeeper:
             return gates.permission_result("deny", tool_input, NOT_FOR_THE_MODEL)
         try:
             caller = await self.harness.caller(ctx, TOOL_NAME)
-            [where] = await self._rows("gate_context", {"task_id": caller.task_id, "thread_id": caller.thread_id})
-            workdir = os.path.realpath(where["workdir"] or ".")
-            verdict = gates.classify(tool_name, tool_input, workdir, self.home)
+            verdict = gates.classify(tool_name, tool_input, await self._workdir(caller.task_id), self.home)
+            if verdict.gated:
+                rows = await self._rows("gate_thread_mode", {"thread_id": caller.thread_id})
+                mode: gates.Mode = "interactive" if rows and rows[0]["mode"] == "interactive" else "autonomous"
         except Exception:
             # fail closed, and visibly: a deny is listed in the run's permission_denials, an error is not
             log.exception("permission_prompt_failed", tool=tool_name, tool_use_id=tool_use_id)
@@ -207,7 +227,6 @@ class Gatekeeper:
         if not verdict.gated:
             return gates.permission_result("allow", tool_input)
         started = time.monotonic()
-        mode: gates.Mode = "interactive" if where["mode"] == "interactive" else "autonomous"
         try:
             ruling = await self._rule(caller, tool_name, tool_input, verdict, mode, tool_use_id, ctx)
         except asyncio.CancelledError:

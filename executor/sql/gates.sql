@@ -1,11 +1,13 @@
--- name: gate_context --
--- What the permission tool measures a call against: the directory the task's process was started in (as
--- the supervisor journaled it; the task row's own directory before that) and its thread's mode.
-SELECT coalesce((SELECT s.payload ->> 'workdir' FROM journal s
-                 WHERE s.task_id = t.id AND s.event_type = 'task.spawned' ORDER BY s.seq DESC LIMIT 1),
-                t.workdir) AS workdir,
-       (SELECT o.mode FROM sessions o WHERE o.id = %(thread_id)s AND o.role = 'orchestrator') AS mode
+-- name: gate_workdir --
+-- The directory a task's process was started in, as the supervisor journaled it (and the task row's own
+-- directory, set when it was dispatched with one): what the permission tool measures paths against.
+SELECT (SELECT s.payload ->> 'workdir' FROM journal s
+        WHERE s.task_id = t.id AND s.event_type = 'task.spawned' ORDER BY s.seq DESC LIMIT 1) AS spawned_in,
+       t.workdir
 FROM tasks t WHERE t.id = %(task_id)s
+
+-- name: gate_thread_mode --
+SELECT mode FROM sessions WHERE id = %(thread_id)s AND role = 'orchestrator'
 
 -- name: live_gate_rules --
 -- The standing rules that may cover a call of this task: its own, its thread's, its project's; newest first.
