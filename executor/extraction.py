@@ -134,10 +134,12 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
     handoff["status"] = worker["status"]  # the exit-derived status, never the model's claim
     if claimed is not None and claimed != worker["status"]:
         handoff["claimed_status"] = claimed
-    if worker["status"] == "gated":  # the gate evidence comes from the exit's record, not the model
-        denials = await _one(pool, "exit_denials", {"id": worker["id"]})
-        handoff["gate_decisions"] = policy.gate_decisions((denials or {}).get("denials") or [],
-                                                          (denials or {}).get("workdir"), (denials or {}).get("decided"))
+    # the gate evidence comes from the harness's and the exit's records, not the model: every gated run, and
+    # any run whose calls were approved at a gate
+    denials = await _one(pool, "exit_denials", {"id": worker["id"]}) or {}
+    if worker["status"] == "gated" or denials.get("decided"):
+        handoff["gate_decisions"] = policy.gate_decisions(denials.get("denials") or [], denials.get("workdir"),
+                                                          denials.get("decided"))
     await writer.write([NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])
     if report is not None:
         await report(worker["id"], "handoff", handoff)

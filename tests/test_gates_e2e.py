@@ -285,9 +285,10 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
              replies=[{"text": "-"}, _dispatch("rule run 2"), {"text": "dispatched"}]),
         Rule(role="orchestrator", replies=[_dispatch("rule run 1"), {"text": "dispatched"}]),
         Rule(role="worker", match="rule run", replies=[_bash("echo ran >> ../rule.log"), {"text": "done"}]),
+        _handoff(),
     ])
     with ScriptedModelServer(scenario) as model:
-        async with running_executor(db, model, tmp_path) as h, \
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "autonomous")
             # bad input is refused and queues nothing
@@ -307,6 +308,10 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
             await http.post("/api/chat", json={"text": "first", "thread_id": thread})
             first = await _until(lambda: _worker(h), "the first worker")
             assert (await h.wait_final(first["id"]))["status"] == "success"
+            # a clean run's handoff still lists the gate its call passed, and by what
+            handoff = (await h.wait_event(first["id"], "handoff")).payload
+            assert [(g["summary"], g["decision"], g["decided_by"]) for g in handoff["gate_decisions"]] == [
+                ("Bash: echo ran >> ../rule.log", "allow", "rule")]
 
             revoked = await http.delete(f"/api/gate-rules/{rule['id']}")
             assert revoked.status_code == 200 and revoked.json()["revoked_at"]
