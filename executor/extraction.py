@@ -129,15 +129,19 @@ def verdict(schema: dict[str, Any], structured: Any, ended: str, complaints: lis
 
 
 def handoff_of(structured: dict[str, Any], worker_status: str, denials: list[Any],
-               workdir: str | None = None) -> dict[str, Any]:
-    """The stored handoff: the model's fields, with the status (and gate evidence) from the exit's record."""
+               workdir: str | None = None, decided: list[Any] | None = None) -> dict[str, Any]:
+    """The stored handoff: the model's fields, with the status (and gate evidence) from the exit's record.
+
+    Gate evidence goes on every gated run, and on any run whose calls were decided at a gate (`decided`:
+    the harness's own `gate.decided` records)."""
     handoff = dict(structured)
     claimed = handoff.get("status")
     handoff["status"] = worker_status  # the exit-derived status, never the model's claim
     if claimed is not None and claimed != worker_status:
         handoff["claimed_status"] = claimed
-    if worker_status == "gated":  # the gate evidence comes from the exit's record, not the model
-        handoff["gate_decisions"] = policy.gate_decisions([d for d in denials if isinstance(d, dict)], workdir)
+    if worker_status == "gated" or decided:
+        handoff["gate_decisions"] = policy.gate_decisions([d for d in denials if isinstance(d, dict)], workdir,
+                                                          decided)
     return handoff
 
 
@@ -176,9 +180,10 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
         return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
                      [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
     assert isinstance(structured, dict)  # the verdict passed it
-    denials = await _one(conn, "exit_denials", {"id": worker["id"]}) if worker["status"] == "gated" else None
-    handoff = handoff_of(structured, worker["status"], (denials or {}).get("denials") or [],
-                         (denials or {}).get("workdir"))
+    # the gate evidence comes from the harness's and the exit's records, not the model
+    denials = await _one(conn, "exit_denials", {"id": worker["id"]}) or {}
+    handoff = handoff_of(structured, worker["status"], denials.get("denials") or [], denials.get("workdir"),
+                         denials.get("decided"))
     recorded = await worktrees.artifacts(conn, worker["id"])  # a project worker's changes, as code recorded them
     if recorded:
         handoff["artifacts"] = [*(handoff.get("artifacts") or []), *recorded]

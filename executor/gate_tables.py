@@ -70,6 +70,10 @@ DEVICES = ("/dev/sd*", "/dev/hd*", "/dev/vd*", "/dev/xvd*", "/dev/nvme*", "/dev/
 HARMLESS_WRITES = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/fd/*")
 # Writing inside a repository's .git directory (hooks, config, refs) acts beyond a file edit.
 GIT_DIR = ".git"
+# The CLI reads its project settings from the tree's .claude directory: a permission list there pre-allows
+# calls, and a hook there runs any command the next time a tool is called. Writing it is granting oneself
+# rights.
+AGENT_CONFIG_DIR = ".claude"
 
 
 # ---- commands ---------------------------------------------------------------------------------------------

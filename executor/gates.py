@@ -26,8 +26,8 @@ import bashlex
 # the categories are re-exported: callers name them as gates.SECRETS, gates.CATEGORIES …
 from executor.gate_tables import CATEGORIES, CROSS_SERVICE, NETWORK_CONFIG, PRIVILEGE  # noqa: F401
 from executor.gate_tables import (
-    ALLOWED, ANY_COMMAND, CommandRule, COMMANDS, DEPENDENCY, DESTRUCTIVE, DEVICES, FREE_TOOL_PREFIXES,
-    GIT_BEYOND_BRANCH, GIT_COMMAND_KEYS, GIT_DIR, GIT_RULES, HARMLESS_WRITES, IN_PLACE, INTERPRETERS, LABELS,
+    AGENT_CONFIG_DIR, ALLOWED, ANY_COMMAND, CommandRule, COMMANDS, DEPENDENCY, DESTRUCTIVE, DEVICES,
+    FREE_TOOL_PREFIXES, GIT_BEYOND_BRANCH, GIT_COMMAND_KEYS, GIT_DIR, GIT_RULES, HARMLESS_WRITES, IN_PLACE, INTERPRETERS, LABELS,
     NOT_SECRET_NAMES, OPAQUE, OPTION_VALUES, OUTPUT_OPTIONS, OUTSIDE_TREE, PATH_KEYS, RUNS_COMMANDS, SECRET_DIRS,
     SECRET_NAMES, SECRET_PATHS, SECRET_VARIABLE, SECRETS, SEVERITY, SHELL_STRING_OPTION, SHELLS, TOOLS,
     WRAPPER_SKIP_FIRST, WRAPPERS, WRAPPERS_GATE, WRITERS,
@@ -149,6 +149,8 @@ class _Paths:
         relative = os.path.relpath(resolved, self.root)
         if GIT_DIR in relative.split("/")[:-1]:
             return [Finding(GIT_BEYOND_BRANCH, f"{what} writes {relative}")]
+        if AGENT_CONFIG_DIR in relative.split("/")[:-1]:
+            return [Finding(PRIVILEGE, f"{what} writes {relative} (the CLI's own permissions and hooks)")]
         return []
 
 

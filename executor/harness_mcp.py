@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
-from executor import briefs, dispatch, projects
+from executor import briefs, dispatch, permission_prompt, projects
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, logs, read_surface
@@ -351,6 +351,8 @@ def build(harness: Harness) -> MCPServer:
         """
         return await harness.dispatch_worker(ctx, brief, plan_ref, project_id, allowed_tools, override_ruled_out)
 
+    # the CLI's --permission-prompt-tool (every worker's Bash/edit calls): executor/permission_prompt.py
+    permission_prompt.register_harness(mcp, harness)
     return mcp
 
 

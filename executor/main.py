@@ -13,7 +13,7 @@ from pathlib import Path
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import harness_mcp, notify, projects, threads
+from executor import harness_mcp, notify, permission_prompt, projects, threads
 from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
@@ -27,7 +27,8 @@ log = logs.get(__name__)
 
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
-            "notify_queue", "task_changed", "project_queue"]
+            "notify_queue", "task_changed", "project_queue",
+            "gate_rule_queue"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
@@ -117,6 +118,10 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         notify_sub = listener.subscribe(["journal", "notify_queue"])
         notifying = asyncio.create_task(
             _outliving_outages("notifier", lambda: notifier.run(notify_sub), db.availability), name="notifier")
+        rule_sub = listener.subscribe(["gate_rule_queue"])
+        ruling = asyncio.create_task(_outliving_outages(
+            "gate-rules", lambda: permission_prompt.run_rule_queue(db.pool, writer, rule_sub), db.availability),
+            name="gate-rules")
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({supervising, listening, stopping, serving_mcp, settling},
@@ -137,7 +142,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             delivering.cancel()
             notifying.cancel()
             managing.cancel()
-            await asyncio.gather(settling, delivering, notifying, managing, return_exceptions=True)
+            ruling.cancel()
+            await asyncio.gather(settling, delivering, notifying, managing, ruling, return_exceptions=True)
             mcp_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving_mcp, 10)

@@ -108,7 +108,8 @@ def note_for(row: dict[str, Any]) -> Note | None:
         by_harness = p.get("asked_by") == "harness"
         escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
         kind = "escalation" if escalation else "question"
-        title = ("A worker's end needs your decision" if escalation
+        gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
+        title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
                  else "Approve a worker?" if by_harness else "Claude asks")
         return Note(kind, title, _line(questions[0].get("question")), "/#asks", row["task_id"],
                     row["session_id"], row["seq"], {"question_id": p.get("question_id")})

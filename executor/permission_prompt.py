@@ -1,33 +1,61 @@
-"""The permission path's CLI side: the `permission_prompt` MCP tool and the spawn flags that route calls to it.
+"""The permission path's harness side: the `permission_prompt` MCP tool that decides every Bash/edit call.
 
-Not wired into spawns yet: the harness MCP's caller identity (which task, which thread mode) lands
-separately. `register()` adds the tool to an `MCPServer` given a resolver from the call's context to a
-`GateContext`; `cli_args()` are the flags a worker spawn adds. What the CLI does with them is recorded in
-docs/claude-cli.md ("Permission path"): a constant PreToolUse hook answers `ask`, so every Bash/edit call
-— pre-allowed ones too — reaches the tool, and the tool fails closed (an error or timeout runs nothing).
+Every spawn with the harness MCP runs with `substrate.permission_args()`: a constant PreToolUse hook answers
+`ask`, so every Bash/edit call — pre-allowed ones too — reaches this tool, and the CLI fails closed (an
+error or timeout runs nothing). What the CLI does with it is recorded in docs/claude-cli.md ("Permission
+path"). The tool:
+- knows its caller by the spawn's credential (`Harness.caller`), and measures paths against the directory
+  the task's process was really started in;
+- allows at once what the classifier (executor/gates.py) allows — read-only calls, edits inside the tree;
+- for a gated call: a standing rule (gate_rules) decides if one covers it; else an autonomous thread is
+  refused at once, and an interactive one gets an approval card in the Asks panel (Allow once / Allow for
+  this task / Always allow in this thread / Deny, or a typed reason that goes back to the model);
+- journals every gated decision as `gate.decided` before it answers, so the worker's end can be derived
+  from the harness's own record.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import difflib
 import json
+import os
+import re
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from psycopg.rows import dict_row
 
-from executor import gates
-from shared import logs
+from executor import gates, harness_mcp, substrate  # harness_mcp registers this module's tool: import cycle
+from executor.sql import queries
+from shared import aio, logs
+from shared.models import NewEvent
+
+if TYPE_CHECKING:
+    from executor.harness_mcp import Caller, Harness
 
 log = logs.get(__name__)
 
-TOOL_NAME = "permission_prompt"
+TOOL_NAME = substrate.PERMISSION_TOOL.rsplit("__", 1)[-1]
 SERVER_NAME = "harness"
-# The calls the hook sends to the tool. Read-only tools stay out: no round trip for them (the CLI itself
-# still asks about a Read outside the working directory).
-HOOK_MATCHER = "Bash|Write|Edit|MultiEdit|NotebookEdit"
-_ASK = {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "ask",
-                               "permissionDecisionReason": "petal-dispatch checks this call at its hard gates"}}
+ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD, DENY = ("Allow once", "Allow for this task", "Always allow in this thread",
+                                              "Deny")
+CARD_PREFIX = "gate-"  # an approval card's tool_use_id (the notifier names such cards)
+PREVIEW_CHARS = 3_500
+WORKDIR_CACHE = 1_000  # tasks whose directory is kept (far more than ever run at once)
+CANNOT_CHECK = ("Refused: the harness could not check this call at its hard gates. Do not retry it; say so in "
+                "your report.")
+
+
+def cli_args() -> list[str]:
+    """The flags that send every non-read-only call through the tool (substrate.build_command adds them to
+    every spawn that has the harness MCP)."""
+    return substrate.permission_args()
 
 
 @dataclass(frozen=True)
@@ -45,43 +73,306 @@ class Outcome:
     summary: str
     verdict: gates.Verdict
     decision: gates.Decision
+    decided_by: str = "autonomous_policy"
+    waited_s: float = 0.0
 
 
-def cli_args() -> list[str]:
-    """The flags that send every non-read-only call through the tool (the worker must not pre-allow a way
-    around it: the hook covers pre-allowed Bash/edits, the default permission mode covers a failing hook)."""
-    hook = {"type": "command", "command": "printf '%s' " + _shell_quote(json.dumps(_ASK))}
-    settings = {"hooks": {"PreToolUse": [{"matcher": HOOK_MATCHER, "hooks": [hook]}]}}
-    return ["--permission-prompt-tool", f"mcp__{SERVER_NAME}__{TOOL_NAME}", "--permission-mode", "default",
-            "--settings", json.dumps(settings)]
+Decide = Callable[[Context, str, dict[str, Any], str | None], Awaitable[str]]
 
 
-def _shell_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
-
-
-def register(mcp: MCPServer, context: Callable[[Context], Awaitable[GateContext]],
-             on_decided: Callable[[Outcome], Awaitable[None]] | None = None) -> None:
-    """Add the permission prompt tool. An interactive thread's `ask` is denied for now, saying so: the
-    approval card comes with the settlement wiring."""
-
+def _register(mcp: MCPServer, decide: Decide) -> None:
     # One text block, not structured output: the CLI refuses a result with structuredContent.
     @mcp.tool(name=TOOL_NAME, structured_output=False)
     async def permission_prompt(tool_name: str, input: dict[str, Any], ctx: Context,  # noqa: A002 - the CLI's name
                                 tool_use_id: str | None = None) -> str:
         """Decides whether a worker's tool call may run (called by Claude Code, not by the model)."""
+        return await decide(ctx, tool_name, input, tool_use_id)
+
+
+def register(mcp: MCPServer, context: Callable[[Context], Awaitable[GateContext]],
+             on_decided: Callable[[Outcome], Awaitable[None]] | None = None) -> None:
+    """The tool without a database: `context` says where the call runs; a gated call is refused even in an
+    interactive thread (no one to ask). For probing the CLI and for the benchmark."""
+
+    async def decide(ctx: Context, tool_name: str, tool_input: dict[str, Any], tool_use_id: str | None) -> str:
         try:
             where = await context(ctx)
-            verdict = gates.classify(tool_name, input, where.workdir, where.home)
-            decision = gates.decide(verdict, where.mode)
+            verdict = gates.classify(tool_name, tool_input, where.workdir, where.home)
+        except Exception:
+            log.exception("permission_prompt_failed", tool=tool_name, tool_use_id=tool_use_id)
+            return gates.permission_result("deny", tool_input, CANNOT_CHECK)
+        if not verdict.gated:
+            return gates.permission_result("allow", tool_input)
+        if on_decided is not None:
+            await on_decided(Outcome(tool_name, tool_use_id, gates.summary(tool_name, tool_input), verdict, "deny"))
+        return gates.permission_result("deny", tool_input, gates.deny_message(verdict))
+
+    _register(mcp, decide)
+
+
+def register_harness(mcp: MCPServer, harness: Harness) -> None:
+    """The tool as the harness serves it: caller by credential, rules and cards from the store."""
+    _register(mcp, Gatekeeper(harness).decide)
+
+
+# ---- the approval card ------------------------------------------------------------------------------------
+def _fence(text: str, lang: str = "") -> str:
+    ticks = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    return f"{ticks}{lang}\n{text}\n{ticks}"
+
+
+def preview(tool_name: str, tool_input: dict[str, Any]) -> str:
+    """The exact command, path or diff, as markdown (the card renders it sanitized)."""
+    path = next((v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str)), None)
+    if isinstance(tool_input.get("command"), str):
+        text = _fence(tool_input["command"], "sh")
+    elif tool_name in ("Edit", "MultiEdit") and path:
+        edits = tool_input.get("edits") if tool_name == "MultiEdit" else [tool_input]
+        diff: list[str] = []
+        for e in edits if isinstance(edits, list) else []:
+            if isinstance(e, dict):
+                diff += difflib.unified_diff(str(e.get("old_string", "")).splitlines(),
+                                             str(e.get("new_string", "")).splitlines(), path, path, lineterm="")
+        text = f"`{path}`\n\n" + _fence("\n".join(diff), "diff")
+    elif path and isinstance(tool_input.get("content"), str):
+        text = f"`{path}` (whole file)\n\n" + _fence(tool_input["content"])
+    else:
+        text = _fence(json.dumps(tool_input, ensure_ascii=False, indent=1, sort_keys=True), "json")
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "\n… (cut; the card shows the start)"
+
+
+def approval_question(tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict, role: str,
+                      in_thread: bool) -> dict[str, Any]:
+    detail = f" ({verdict.reason})" if verdict.reason else ""
+    options = [
+        {"label": ALLOW_ONCE, "description": "run this call now", "preview": preview(tool_name, tool_input)},
+        {"label": ALLOW_TASK, "description": "run it, and the same call again in this task without asking"},
+    ]
+    if in_thread:
+        options.append({"label": ALLOW_THREAD,
+                        "description": "a standing rule for this thread (listed in Context, revocable there)"})
+    options.append({"label": DENY, "description": "refuse it; or type a reason instead, and the model reads it"})
+    return {"question": f"A {role} wants to run {gates.summary(tool_name, tool_input, 200)!r} — hard gate "
+                        f"'{verdict.label}'{detail}. Allow it?",
+            "header": "Gate", "multiSelect": False, "options": options,
+            # what the gate saw, kept with the card (a restart that orphans it still knows what was refused)
+            "gate": {"category": verdict.category, "label": verdict.label, "reason": verdict.reason,
+                     "tool": tool_name, "summary": gates.summary(tool_name, tool_input)}}
+
+
+NOT_FOR_THE_MODEL = "permission_prompt is the harness's check of your tool calls; it is not a tool to call."
+
+
+def _from_the_cli(ctx: Context, tool_use_id: str | None) -> bool:
+    """The CLI asks about a call with that call's id both as the argument and as the request's
+    `claudecode/toolUseId` (docs/claude-cli.md); a model calling the tool directly gets its own call's id
+    in the meta, which it cannot know in advance to pass as the argument."""
+    raw: Any = ctx.request_context.meta or {}
+    meta = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
+    return bool(tool_use_id) and meta.get(harness_mcp.TOOL_USE_META) == tool_use_id
+
+
+# ---- the harness's gatekeeper -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Ruling:
+    decision: gates.Decision  # allow | deny
+    decided_by: str
+    message: str = ""
+    extra: dict[str, Any] | None = None
+
+
+class Gatekeeper:
+    def __init__(self, harness: Harness, home: str | None = None):
+        self.harness = harness
+        # `~` as the CLI's children see it: they inherit the executor's environment
+        self.home = home or os.path.expanduser("~")
+        self._workdirs: dict[uuid.UUID, str] = {}
+
+    async def _workdir(self, task_id: uuid.UUID) -> str:
+        """The task's real directory; fixed once its process started, so kept (an allowed call then costs
+        one query: the caller's credential)."""
+        found = self._workdirs.get(task_id)
+        if found is not None:
+            return found
+        [row] = await self._rows("gate_workdir", {"task_id": task_id})
+        if row["spawned_in"] is None:
+            if row["workdir"] is None:  # the spawn's record not yet written: never guess a directory
+                raise LookupError(f"the directory of task {task_id} is not known yet")
+            return os.path.realpath(row["workdir"])
+        found = os.path.realpath(row["spawned_in"])
+        if len(self._workdirs) >= WORKDIR_CACHE:
+            self._workdirs.pop(next(iter(self._workdirs)))
+        self._workdirs[task_id] = found
+        return found
+
+    async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with self.harness.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries[name], params)
+            return await cur.fetchall() if cur.description else []
+
+    async def decide(self, ctx: Context, tool_name: str, tool_input: dict[str, Any], tool_use_id: str | None) -> str:
+        if not _from_the_cli(ctx, tool_use_id):
+            # the model calling the tool itself: its answer would run nothing, but a card or a rule would
+            return gates.permission_result("deny", tool_input, NOT_FOR_THE_MODEL)
+        try:
+            caller = await self.harness.caller(ctx, TOOL_NAME)
+            verdict = gates.classify(tool_name, tool_input, await self._workdir(caller.task_id), self.home)
+            if verdict.gated:
+                rows = await self._rows("gate_thread_mode", {"thread_id": caller.thread_id})
+                mode: gates.Mode = "interactive" if rows and rows[0]["mode"] == "interactive" else "autonomous"
         except Exception:
             # fail closed, and visibly: a deny is listed in the run's permission_denials, an error is not
             log.exception("permission_prompt_failed", tool=tool_name, tool_use_id=tool_use_id)
-            return gates.permission_result("deny", input, "Refused: the harness could not check this call at its "
-                                                          "hard gates. Do not retry it; say so in your report.")
-        if on_decided is not None and verdict.gated:
-            await on_decided(Outcome(tool_name, tool_use_id, gates.summary(tool_name, input), verdict, decision))
-        if decision == "allow":
-            return gates.permission_result("allow", input)
-        why = None if decision == "deny" else "approvals from the phone are not available yet"
-        return gates.permission_result("deny", input, gates.deny_message(verdict, why=why))
+            return gates.permission_result("deny", tool_input, CANNOT_CHECK)
+        if not verdict.gated:
+            return gates.permission_result("allow", tool_input)
+        started = time.monotonic()
+        try:
+            ruling = await self._rule(caller, tool_name, tool_input, verdict, mode, tool_use_id, ctx)
+        except asyncio.CancelledError:
+            # the harness is stopping (or the CLI went away) while a card waits: the call never runs, and
+            # the record says so
+            await self._journal(caller, tool_name, tool_input, tool_use_id, verdict, mode,
+                                _Ruling("deny", "harness_stopped"), time.monotonic() - started, durable=False)
+            raise
+        except Exception:
+            log.exception("permission_prompt_failed", tool=tool_name, tool_use_id=tool_use_id)
+            ruling = _Ruling("deny", "gate_error", CANNOT_CHECK)
+        await self._journal(caller, tool_name, tool_input, tool_use_id, verdict, mode, ruling,
+                            time.monotonic() - started)
+        if ruling.decision == "allow":
+            return gates.permission_result("allow", tool_input)
+        return gates.permission_result("deny", tool_input, ruling.message)
+
+    async def _rule(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
+                    mode: gates.Mode, tool_use_id: str | None, ctx: Context) -> _Ruling:
+        rules = await self._rows("live_gate_rules", {"tool_name": tool_name, "task_id": caller.task_id,
+                                                     "thread_id": caller.thread_id, "project_id": caller.project_id})
+        for rule in rules:
+            if gates.rule_covers(rule["pattern"], rule["tool_name"], tool_name, tool_input):
+                why = f"a standing rule ({rule['scope']}) refuses it"
+                return _Ruling(rule["decision"], "rule",
+                               gates.deny_message(verdict, why=why) if rule["decision"] == "deny" else "",
+                               {"rule_id": str(rule["id"]), "rule_scope": rule["scope"]})
+        if gates.decide(verdict, mode) == "deny":
+            return _Ruling("deny", "autonomous_policy", gates.deny_message(verdict))
+        return await self._ask(caller, tool_name, tool_input, verdict, tool_use_id, ctx)
+
+    async def _ask(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
+                   tool_use_id: str | None, ctx: Context) -> _Ruling:
+        question = approval_question(tool_name, tool_input, verdict, caller.role, caller.thread_id is not None)
+        card_id = f"{CARD_PREFIX}{tool_use_id or uuid.uuid4()}"
+        final = await self.harness.ask_user([question], card_id, caller, ctx, asked_by="harness")
+        extra = {"question_id": str(final["id"])} if final.get("id") else {}
+        choice = final["answers"].get(question["question"])
+        if choice in (ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD):
+            if choice != ALLOW_ONCE:
+                extra |= await self._add_rule(caller, tool_name, tool_input, verdict,
+                                              "task" if choice == ALLOW_TASK else "thread")
+            return _Ruling("allow", "user", extra={**extra, "answer": choice})
+        if final["response"] == harness_mcp.TIMED_OUT and not choice:
+            return _Ruling("deny", "timeout", gates.deny_message(
+                verdict, why=f"nobody approved it within {round(self.harness.ask_timeout_s)} s, so the approval "
+                             "timed out and the call was refused"), extra)
+        reason = choice if isinstance(choice, str) and choice != DENY else final["response"]
+        said = f"the user refused it, saying: {reason!r}" if reason else "the user refused it"
+        return _Ruling("deny", "user", gates.deny_message(verdict, why=said), {**extra, "answer": choice or reason})
+
+    async def _add_rule(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
+                        scope: str) -> dict[str, Any]:
+        """A standing allow for exactly this call (the command, or the path), in the task or its thread."""
+        pattern = tool_input.get("command") if tool_name == "Bash" else next(
+            (v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
+        if not isinstance(pattern, str) or not pattern:
+            return {}
+        [row] = await self._rows("insert_gate_rule", {
+            "scope": scope, "task_id": caller.task_id if scope == "task" else None,
+            "session_id": caller.thread_id if scope == "thread" else None, "project_id": None,
+            "tool_name": tool_name, "pattern": pattern, "decision": "allow", "category": verdict.category,
+            "created_by": "user (approval card)"})
+        await self.harness.writer.put(NewEvent("gate.rule_added", {
+            "rule_id": str(row["id"]), "scope": scope, "tool": tool_name, "pattern": pattern[:4000],
+            "decision": "allow", "category": verdict.category}, tier="derived", task_id=caller.task_id,
+            session_id=caller.session_id, project_id=caller.project_id))
+        return {"rule_id": str(row["id"]), "rule_scope": scope}
+
+    async def _journal(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], tool_use_id: str | None,
+                       verdict: gates.Verdict, mode: gates.Mode, ruling: _Ruling, waited_s: float, *,
+                       durable: bool = True) -> None:
+        payload = {"category": verdict.category, "label": verdict.label, "reason": verdict.reason,
+                   "tool": tool_name, "tool_use_id": tool_use_id, "summary": gates.summary(tool_name, tool_input),
+                   "decision": ruling.decision, "decided_by": ruling.decided_by, "mode": mode,
+                   "wait_s": round(waited_s, 3), **(ruling.extra or {})}
+        event = NewEvent("gate.decided", payload, tier="derived", task_id=caller.task_id,
+                         session_id=caller.session_id, project_id=caller.project_id)
+        log.info("gate_decided", **{k: v for k, v in payload.items() if k != "summary"})
+        if durable:
+            # durable before the CLI hears the answer: the worker's end reads this record
+            await self.harness.writer.write([event])
+        else:
+            await self.harness.writer.put(event)
+
+
+# ---- standing rules asked for from the page or the API (gate_rule_queue) ----------------------------------
+RULE_QUEUE_POLL_S = 5.0  # backstop for notifications lost while the LISTEN connection was down
+
+
+async def apply_rule_requests(pool: Any, writer: Any) -> int:
+    """Turn queued rule requests into gate_rules rows (journaled `gate.rule_added`); a request naming an
+    unknown thread or project fails with the reason. The number handled."""
+    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["claim_gate_rule_requests"])
+        claimed = await cur.fetchall()
+    for req in claimed:
+        params = {"id": req["id"], "status": "failed", "rule_id": None, "error": None}
+        async with pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries["gate_rule_scope_exists"], req)
+            if not (await cur.fetchone() or {}).get("found"):
+                params["error"] = f"no {req['scope']} {req['thread_id'] or req['project_id']}"
+            else:
+                await cur.execute(queries["insert_gate_rule"], {
+                    "scope": req["scope"], "session_id": req["thread_id"], "project_id": req["project_id"],
+                    "task_id": None, "tool_name": req["tool_name"], "pattern": req["pattern"], "decision": "allow",
+                    "category": None, "created_by": req["requested_by"]})
+                rule = await cur.fetchone()
+                assert rule is not None
+                params |= {"status": "done", "rule_id": rule["id"]}
+            await cur.execute(queries["finish_gate_rule_request"], params)
+        if params["status"] == "done":
+            await writer.put(NewEvent("gate.rule_added", {
+                "rule_id": str(params["rule_id"]), "scope": req["scope"], "tool": req["tool_name"],
+                "pattern": req["pattern"], "decision": "allow", "requested_by": req["requested_by"],
+                "request_id": str(req["id"])}, tier="derived", session_id=req["thread_id"],
+                project_id=req["project_id"]))
+    return len(claimed)
+
+
+async def record_orphaned_cards(pool: Any, writer: Any) -> int:
+    """Journal the refusal of calls whose approval card died with a killed executor (the restart closed the
+    card and crashed the task; the CLI's call failed, which it treats as a refusal)."""
+    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["orphaned_gate_cards"])
+        cards = await cur.fetchall()
+    for card in cards:
+        gate = ((card["questions"] or [{}])[0]).get("gate") or {}
+        await writer.write([NewEvent("gate.decided", {
+            **{k: gate.get(k) for k in ("category", "label", "reason", "tool", "summary")},
+            "tool_use_id": card["tool_use_id"].removeprefix(CARD_PREFIX), "question_id": str(card["id"]),
+            "decision": "deny", "decided_by": "executor_restart"}, tier="derived", task_id=card["task_id"],
+            session_id=card["session_id"], project_id=card["project_id"])])
+    return len(cards)
+
+
+async def run_rule_queue(pool: Any, writer: Any, sub: Any) -> None:
+    """Apply rule requests as they are queued (woken by the gate_rule_queue channel); record the refusal of
+    calls whose card a previous executor left open."""
+    async with pool.connection() as conn:
+        await conn.execute(queries["requeue_gate_rule_requests"])
+    while True:
+        try:
+            await apply_rule_requests(pool, writer)
+            await record_orphaned_cards(pool, writer)
+        except Exception:  # noqa: BLE001 - the loop outlives a failed pass; the rows stay claimed for a restart
+            log.exception("gate_rule_requests_failed")
+        with contextlib.suppress(TimeoutError):
+            await aio.wait_for(sub.get(), RULE_QUEUE_POLL_S)

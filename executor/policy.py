@@ -85,17 +85,42 @@ def decide(status: str, attempt: int, backoff_base_s: float, *, started: bool = 
 UNKNOWN_WORKDIR = "/nonexistent/petal-workdir"
 
 
+def _verdict(denial: dict[str, Any], workdir: str | None) -> gates.Verdict:
+    tool_input = denial.get("tool_input")
+    return gates.classify(str(denial.get("tool_name") or "Bash"), tool_input if isinstance(tool_input, dict) else {},
+                          workdir or UNKNOWN_WORKDIR, os.path.expanduser("~"))
+
+
 def gate_of(denial: dict[str, Any], workdir: str | None = None) -> str:
     """The gate category a denied tool call falls in ('tool not allowed' when the classifier allows it)."""
-    tool_input = denial.get("tool_input")
-    verdict = gates.classify(str(denial.get("tool_name") or "Bash"), tool_input if isinstance(tool_input, dict) else {},
-                             workdir or UNKNOWN_WORKDIR, os.path.expanduser("~"))
+    verdict = _verdict(denial, workdir)
     return verdict.label if verdict.gated else "tool not allowed"
 
 
-def gate_decisions(denials: list[dict[str, Any]], workdir: str | None = None) -> list[dict[str, Any]]:
-    """The handoff's gate-decision fields, from the permission denials the exit recorded (code, not model)."""
-    return [{"decision_point": f"{d.get('tool_name', '?')}: {json.dumps(d.get('tool_input') or {}, ensure_ascii=False)[:300]}",
-             "options": ["run it", "stay in scope"], "chosen": "stay in scope (denied)",
-             "gate": gate_of(d, workdir), "reason": "the worker's allowed-tools set does not permit it"}
-            for d in denials if isinstance(d, dict)]
+def gate_decisions(denials: list[dict[str, Any]], workdir: str | None = None,
+                   decided: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The handoff's gate-decision fields (code, not model): every gate the harness decided (gate.decided,
+    allowed ones too), then the exit's permission denials the harness did not decide (the CLI's own)."""
+    out = [_from_decided(g) for g in decided or [] if isinstance(g, dict)]
+    seen = {g.get("tool_use_id") for g in decided or [] if isinstance(g, dict) and g.get("tool_use_id")}
+    for d in denials:
+        if not isinstance(d, dict) or (d.get("tool_use_id") and d.get("tool_use_id") in seen):
+            continue
+        summary = f"{d.get('tool_name', '?')}: {json.dumps(d.get('tool_input') or {}, ensure_ascii=False)[:300]}"
+        verdict = _verdict(d, workdir)
+        out.append({"decision_point": summary, "options": ["run it", "stay in scope"],
+                    "chosen": "stay in scope (denied)", "gate": verdict.label if verdict.gated else "tool not allowed",
+                    "reason": "the worker's allowed-tools set does not permit it", "tool": d.get("tool_name"),
+                    "category": verdict.category if verdict.gated else None, "summary": summary,
+                    "decision": "deny", "decided_by": "cli"})
+    return out
+
+
+def _from_decided(g: dict[str, Any]) -> dict[str, Any]:
+    allowed = g.get("decision") == "allow"
+    return {"decision_point": str(g.get("summary") or "?"), "options": ["run it", "stay in scope"],
+            "chosen": f"run it (allowed by {g.get('decided_by')})" if allowed
+            else f"stay in scope (denied by {g.get('decided_by')})",
+            "gate": str(g.get("label") or g.get("category") or "?"), "reason": str(g.get("reason") or ""),
+            "category": g.get("category"), "tool": g.get("tool"), "summary": g.get("summary"),
+            "decision": g.get("decision"), "decided_by": g.get("decided_by")}

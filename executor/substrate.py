@@ -35,6 +35,13 @@ SCRUBBED_ENV_NAMES = ("DATABASE_URL",)
 # Set on every child so the supervisor can find a task's processes, orphans included, by environment.
 TASK_ENV_VAR = "PETAL_TASK_ID"
 ROLE_MARKER = "[petal-role: {role}]"
+# The permission path (docs/claude-cli.md "Permission path"): the harness MCP's tool decides every call the
+# hook sends it. The hook answers a constant "ask" (no I/O, so it cannot time out and fail open); edits are
+# matched too, since acceptEdits would let a write to the tree's .env or .git/hooks through unchecked.
+PERMISSION_TOOL = "mcp__harness__permission_prompt"
+GATED_TOOLS = ("Bash", "Write", "Edit", "MultiEdit", "NotebookEdit")
+_ASK = {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "ask",
+                               "permissionDecisionReason": "petal-dispatch checks this call at its hard gates"}}
 
 _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 _API_ERROR_TEXT = re.compile(r"\bAPI Error: (\d{3})\b")
@@ -75,8 +82,14 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     if spec.mcp_config is not None:
         # --mcp-config is variadic: the "=" form keeps it from swallowing the next argument.
         cmd += [f"--mcp-config={spec.mcp_config}", "--strict-mcp-config"]
-    if spec.allowed_tools:
-        cmd += ["--allowedTools", ",".join(spec.allowed_tools)]
+    allowed = spec.allowed_tools
+    if spec.mcp_config is not None:
+        # the harness is there to answer: every non-read-only call goes through its gate, and no
+        # allowed-tools entry (a profile's or a dispatch's) pre-allows a way around it
+        cmd += permission_args()
+        allowed = tuple(t for t in allowed if t.split("(", 1)[0].strip() not in GATED_TOOLS)
+    if allowed:
+        cmd += ["--allowedTools", ",".join(allowed)]
     if spec.json_schema is not None:
         # The CLI refuses a "$schema" naming Draft 2020-12 ("no schema with key or ref"); the keywords we
         # use mean the same in its default draft, and our own gate validates as 2020-12.
@@ -86,6 +99,19 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     # "--" ends the options, so a prompt that starts with "-" is still the prompt.
     cmd += ["--", spec.prompt]
     return cmd
+
+
+def permission_args() -> list[str]:
+    """The flags that send every Bash/edit call to the harness's permission tool. The default mode: neither
+    acceptEdits nor bypassPermissions, which would let calls past the tool if the hook ever failed."""
+    hook = {"type": "command", "command": "printf '%s' " + _shell_quote(json.dumps(_ASK))}
+    settings = {"hooks": {"PreToolUse": [{"matcher": "|".join(GATED_TOOLS), "hooks": [hook]}]}}
+    return ["--permission-prompt-tool", PERMISSION_TOOL, "--permission-mode", "default",
+            "--settings", json.dumps(settings)]
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
@@ -288,10 +314,12 @@ _BUDGET_STOPS = {"error_max_turns": "max_turns", "error_max_budget_usd": "max_bu
 
 
 def derive_status(
-    returncode: int | None, facts: TurnFacts, *, stop_requested: bool = False, imported: bool = False
+    returncode: int | None, facts: TurnFacts, *, stop_requested: bool = False, imported: bool = False,
+    gate_denials: int = 0,
 ) -> Outcome:
     """Exit → status (design.md, D-11). `returncode` < 0 means death by signal -N (asyncio's form);
-    None means unknown (an imported transcript)."""
+    None means unknown (an imported transcript). `gate_denials` counts the harness's own `gate.decided`
+    refusals: a gate that failed or timed out is missing from the CLI's permission_denials."""
     result = facts.result
     failed_run = (result is None or bool(result.get("is_error")) or returncode not in (0, None)
                   or str(result.get("subtype")).startswith("error_"))
@@ -323,6 +351,8 @@ def derive_status(
         return Outcome("failed", str(terminal or subtype))
     if result.get("is_error") or returncode not in (0, None):
         return Outcome("failed", str(terminal or subtype or f"exit {returncode}"))
+    if gate_denials:
+        return Outcome("gated", "gate_decisions")
     if facts.permission_denials:
         return Outcome("gated", "permission_denials")
     return Outcome("success", str(terminal or "completed"))

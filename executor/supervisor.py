@@ -94,12 +94,15 @@ HARNESS_STOPS = {"executor_shutdown": "crashed", "max_runtime": "failed"}
 USER_STOP = "stop_requested"
 
 
-def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None) -> substrate.Outcome:
-    """A run's status from its exit and why the harness stopped it, if it did (pure)."""
+def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None,
+                gate_denials: int = 0) -> substrate.Outcome:
+    """A run's status from its exit, why the harness stopped it (if it did) and how many of its calls the
+    harness refused at a gate (pure)."""
     if stop_reason is None or stop_reason not in HARNESS_STOPS:
-        outcome = substrate.derive_status(returncode, facts, stop_requested=stop_reason is not None)
+        outcome = substrate.derive_status(returncode, facts, stop_requested=stop_reason is not None,
+                                          gate_denials=gate_denials)
         return substrate.Outcome(outcome.status, stop_reason or outcome.reason)
-    outcome = substrate.derive_status(returncode, facts)
+    outcome = substrate.derive_status(returncode, facts, gate_denials=gate_denials)
     if outcome.status == "success":
         return outcome  # it finished before the stop took effect
     return substrate.Outcome(HARNESS_STOPS[stop_reason], stop_reason)
@@ -483,7 +486,10 @@ class Supervisor:
             swept = await asyncio.to_thread(
                 lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
             )
-        outcome = end_outcome(rc, r.facts, r.stop_reason)
+        # the harness's own gate refusals (a gate that failed or timed out is missing from permission_denials)
+        [gated] = await self.db.availability.retry(
+            lambda: self._rows("task_gate_denials", {"id": r.task_id}), "gate_denials")
+        outcome = end_outcome(rc, r.facts, r.stop_reason, gated["denied"])
         reason = outcome.reason
         payload = {
             "status": outcome.status,

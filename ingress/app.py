@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ingress import actions, notify, problems, reads, stream
+from ingress import actions, gate_rules, notify, problems, reads, stream
 from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, FailureLimiter, GuardMiddleware, parse_login, same_secret,
                           too_many)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded
@@ -108,6 +108,12 @@ OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
     (Op("get", "/api/asks", "questions, pending first", params=(
         Param("status", "query", {"type": "string", "enum": ["pending", "answered", "cancelled"]}), _THREADQ,
         _LIMIT), errors=(400,)), reads.list_asks),
+    (Op("get", "/api/gate-rules", "standing gate rules (live first), for one thread or all; and queued requests",
+        params=(_THREADQ, Param("revoked", "query", {"type": "boolean"}), _LIMIT), errors=(400,)), gate_rules.list_rules),
+    (Op("post", "/api/gate-rules", "queue a standing allow rule for a thread or a project", gate_rules.GateRuleIn,
+        status=202, errors=(415, 422)), gate_rules.request_rule),
+    (Op("delete", "/api/gate-rules/{rule_id}", "revoke a standing gate rule", params=(Param("rule_id", "path", UUID),),
+        errors=(404, 409)), gate_rules.revoke_rule),
     (Op("get", "/api/stream", "the live journal as Server-Sent Events (resume with Last-Event-ID)", params=(
         _AFTER, Param("Last-Event-ID", "header", SEQ)), errors=(400,)), stream.stream),
     (Op("post", "/api/projects", "register a project on a git repository (the executor checks the workdir)",

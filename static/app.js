@@ -165,6 +165,7 @@ async function loadContext() {
     api(`/api/usage?by=thread&thread_id=${S.thread}`).catch(() => null)]);
   c.usage = usage?.total;
   renderContext(c, project);
+  renderGateRules(await api(`/api/gate-rules?thread_id=${S.thread}`));
 }
 
 async function loadFeed() {
@@ -293,6 +294,7 @@ function onEvent(e) {
   if (e.event_type.startsWith("task.") || e.event_type === "handoff" || e.event_type === "policy.decision") soon("tasks", loadTasks, 300);
   if (e.event_type.startsWith("question.")) soon("asks", loadAsks);
   if (e.event_type.startsWith("thread.")) soon("threads", loadThreads);
+  if (e.event_type.startsWith("gate.")) soon("context", loadContext, 300);
   if (S.detail && e.task_id === S.detail.id) { S.detail.events.push(e); soon("detail", renderDetail, 50); }
 }
 
@@ -776,6 +778,24 @@ function renderContext(c, project) {
     ...renderProject(project));
 }
 
+
+// Standing gate rules ("always allow `npm test` in this thread"): listed with their uses, revocable; a
+// command typed here becomes a queued rule for this thread (the executor makes it).
+function renderGateRules(g) {
+  const revoke = (r) => h("button", { class: "small", onclick: async () => {
+    await api(`/api/gate-rules/${r.id}`, { method: "DELETE" }); loadContext(); } }, "Revoke");
+  const rule = (r) => [h("code", {}, `${r.tool_name}: ${r.pattern}`), ` · ${r.scope}, used ${r.uses}× · `, revoke(r)];
+  const input = h("input", { type: "text", placeholder: "npm test  (or a prefix: npm test:*)", "aria-label": "command to always allow" });
+  const add = h("form", { class: "gate-rule-add", onsubmit: async (ev) => {
+    ev.preventDefault();
+    if (!input.value.trim()) return;
+    await api("/api/gate-rules", { method: "POST", body: { thread_id: S.thread, pattern: input.value.trim() } });
+    input.value = ""; loadContext(); // the rule shows once the executor makes it (gate.rule_added)
+  } }, input, h("button", { type: "submit" }, "Always allow in this thread"));
+  $("#context-body").append(h("h3", {}, "Gate rules"),
+    g.rules.length ? h("ul", {}, g.rules.map((r) => h("li", {}, rule(r)))) : h("p", { class: "empty" }, "No standing rules."),
+    ...g.requests.map((q) => h("p", { class: "empty" }, `${q.status}: ${q.pattern}${q.error ? ` (${q.error})` : ""}`)), add);
+}
 
 // ---- notifications -----------------------------------------------------------------------------------------
 // Web Push: the service worker registers on load (it only shows notifications); the browser subscribes

@@ -134,7 +134,8 @@ async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(
     with ScriptedModelServer(scenario) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
                                       config_for(tmp_path)) as h:
-            task_id = await h.dispatch("sleep a while")
+            # no harness MCP here, so no permission path: the task pre-allows Bash itself
+            task_id = await h.dispatch("sleep a while", allowed_tools=["Bash"])
             row = await h.wait_task(task_id, lambda r: r["pid"] is not None)
             deadline = time.monotonic() + 60
             while not any("tail" in " ".join(p.cmdline()) for p in _task_processes(task_id) if p.pid != row["pid"]):

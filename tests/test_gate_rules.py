@@ -47,7 +47,7 @@ def test_a_gated_handoff_measures_the_project_tree_from_the_directory_the_worker
             conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "
                          "VALUES (gen_random_uuid(), %s, %s, %s, 'raw', %s)", [seq, task, event_type, Jsonb(payload)])
         row = conn.execute(queries["exit_denials"], {"id": task}).fetchone()
-    assert row == ([denial], "/srv/app")
+    assert row == ([denial], "/srv/app", [])
     # inside the tree it ran in, the denial was the allowed-tools set's, not a gate's
     assert policy.gate_decisions(row[0], row[1])[0]["gate"] == "tool not allowed"
     assert policy.gate_decisions(row[0])[0]["gate"] == "outside the project tree"

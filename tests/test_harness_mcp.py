@@ -41,7 +41,7 @@ def _structured(result: object) -> dict:  # type: ignore[type-arg]
     return json.loads(result.content[0].text)  # type: ignore[attr-defined]
 
 
-async def test_the_sdk_client_lists_the_five_tools_and_reads_handoffs_and_project_state(db: DB, tmp_path: Path) -> None:
+async def test_the_sdk_client_lists_the_tools_and_reads_handoffs_and_project_state(db: DB, tmp_path: Path) -> None:
     project = _project(db, tmp_path)
     task = _handoff(db, project, [{"approach": "rewrite the parser in Rust", "reason": "the team knows Python"}])
     with ScriptedModelServer(Scenario()) as model:
@@ -53,7 +53,8 @@ async def test_the_sdk_client_lists_the_five_tools_and_reads_handoffs_and_projec
                 by_project = _structured(await client.call_tool("get_handoffs", {"scope_id": str(project)}))
                 state = _structured(await client.call_tool("get_project_state", {"project_id": str(project)}))
                 bad = await client.call_tool("get_handoffs", {"scope_id": "nope"})
-    assert tools == {"ask_user_question", "get_handoffs", "get_project_state", "check_ruled_out", "dispatch_worker"}
+    assert tools == {"ask_user_question", "get_handoffs", "get_project_state", "check_ruled_out", "dispatch_worker",
+                     "permission_prompt"}
     assert handoffs["handoffs"][0]["goal"] == "speed up parsing" and by_project == handoffs
     assert state["counts"]["done"] == 1
     assert bad.is_error and "UUID" in bad.content[0].text  # type: ignore[attr-defined]

@@ -58,14 +58,15 @@ WHERE p.session_id = %(thread_id)s AND w.status = 'running'
 RETURNING task_id
 
 -- name: exit_denials --
--- The permission denials the worker's exit recorded (the gate evidence for a `gated` handoff), and the
--- directory it ran in (what "outside the project tree" is measured against).
-SELECT payload -> 'permission_denials' AS denials,
+-- The gate evidence for a `gated` handoff: the harness's own gate decisions (gate.decided, in order), the
+-- permission denials the worker's exit recorded, and the directory it ran in (what "outside the project
+-- tree" is measured against).
+SELECT (SELECT e.payload -> 'permission_denials' FROM journal e
+        WHERE e.task_id = %(id)s AND e.event_type = 'task.exited' ORDER BY e.seq DESC LIMIT 1) AS denials,
        (SELECT s.payload ->> 'workdir' FROM journal s
-        WHERE s.task_id = %(id)s AND s.event_type = 'task.spawned' ORDER BY s.seq DESC LIMIT 1) AS workdir
-FROM journal
-WHERE task_id = %(id)s AND event_type = 'task.exited'
-ORDER BY seq DESC LIMIT 1
+        WHERE s.task_id = %(id)s AND s.event_type = 'task.spawned' ORDER BY s.seq DESC LIMIT 1) AS workdir,
+       coalesce((SELECT jsonb_agg(g.payload ORDER BY g.seq) FROM journal g
+                 WHERE g.task_id = %(id)s AND g.event_type = 'gate.decided'), '[]') AS decided
 
 -- name: thread_mode --
 SELECT mode FROM sessions WHERE id = %(id)s AND role = 'orchestrator'

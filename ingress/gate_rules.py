@@ -1,0 +1,77 @@
+"""Standing gate rules ("always allow `npm test` in this thread"): list, ask for one, revoke.
+
+Asking for a rule only queues it (gate_rule_queue): the executor checks the scope, makes the rule and
+journals it. Revoking is the one direct write (the revoked_* columns), as answering a question is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from psycopg.rows import dict_row
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ingress.http import body, path_uuid, query_bool, query_int, query_uuid, respond
+from ingress.problems import Problem
+from ingress.sql import queries
+
+# the tools the gate sees; a rule for any other name could never match a call
+TOOLS = ("Bash", "Write", "Edit", "MultiEdit", "NotebookEdit", "Read")
+
+
+class GateRuleIn(BaseModel):
+    """A standing allow: `pattern` is the exact command (or path), or a command prefix ending in ':*' that
+    covers one simple command only (`npm test:*` never covers `npm test && …`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tool_name: Literal[TOOLS] = "Bash"  # type: ignore[valid-type]
+    pattern: str = Field(min_length=1, max_length=4000)
+    thread_id: uuid.UUID | None = None
+    project_id: uuid.UUID | None = None
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> GateRuleIn:
+        if (self.thread_id is None) == (self.project_id is None):
+            raise ValueError("give exactly one of thread_id, project_id")
+        if not self.pattern.strip() or self.pattern.strip() == ":*":
+            raise ValueError("pattern may not be blank")
+        return self
+
+
+async def _all(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries[name], params)
+        return await cur.fetchall()
+
+
+def _user(request: Request) -> str:
+    return str(getattr(request.state, "user", None) or "user")[:200]
+
+
+async def list_rules(request: Request) -> Response:
+    params = {"thread_id": query_uuid(request, "thread_id"), "revoked": bool(query_bool(request, "revoked")),
+              "limit": query_int(request, "limit", 100, lo=1, hi=500)}
+    return respond({"rules": await _all(request, "list_gate_rules", params),
+                    "requests": await _all(request, "pending_gate_rule_requests", params)})
+
+
+async def request_rule(request: Request) -> Response:
+    rule = await body(request, GateRuleIn)
+    [row] = await _all(request, "enqueue_gate_rule", {
+        "scope": "thread" if rule.thread_id else "project", "thread_id": rule.thread_id,
+        "project_id": rule.project_id, "tool_name": rule.tool_name, "pattern": rule.pattern.strip(),
+        "requested_by": _user(request)})
+    return respond(row, 202)
+
+
+async def revoke_rule(request: Request) -> Response:
+    rule_id = path_uuid(request, "rule_id")
+    found = await _all(request, "revoke_gate_rule", {"id": rule_id, "revoked_by": _user(request)})
+    if found:
+        return respond(found[0])
+    if await _all(request, "gate_rule_exists", {"id": rule_id}):
+        raise Problem(409, "the rule is already revoked")
+    raise Problem(404, f"no gate rule {rule_id}")
