@@ -1,0 +1,125 @@
+// Chat: the focused thread's conversation, its undelivered messages, the turn status and the composer.
+import { api } from "./api.js";
+import { $, chip, firstLine, h, short } from "./dom.js";
+import { md } from "./markdown.js";
+import { S, taskState } from "./state.js";
+
+export async function loadConversation() {
+  const data = await api(`/api/threads/${S.thread}/conversation?limit=300`);
+  S.convTypes = new Set(data.types);
+  S.conv = new Map(data.events.map((e) => [e.event_id, e]));
+  renderConversation();
+}
+
+export async function loadQueue() {
+  S.queue = (await api(`/api/queue?thread_id=${S.thread}`)).pending;
+  renderConversation();
+}
+
+export function belongs(e) {
+  if (e.session_id === S.thread) return true;
+  if (e.task_id && S.threadTasks.has(e.task_id)) return true;
+  if (e.event_type === "task.dispatch_requested") {
+    const p = e.payload || {};
+    if (S.threadTasks.has(p.parent_task_id) || S.threadTasks.has(p.retry_of)) { S.threadTasks.add(e.task_id); return true; }
+  }
+  return false;
+}
+
+function renderRecord(e) {
+  const p = e.payload || {};
+  const key = { "data-event-id": e.event_id };
+  switch (e.event_type) {
+    case "task.user_message":
+      return h("li", { class: "msg user", ...key }, p.text);
+    case "thread.harness_message":
+      return h("li", { class: "msg note", ...key }, h("details", {}, h("summary", {}, "the harness told the orchestrator"),
+        h("pre", {}, p.text)));
+    case "stream.result": {
+      if (e.session_id !== S.thread) return null; // a worker's final text belongs to its task
+      const text = typeof p.result === "string" ? p.result : (p.errors || []).join("\n") || p.subtype;
+      return h("li", { class: `msg assistant${p.is_error ? " error" : ""}`, ...key }, md(text));
+    }
+    case "task.dispatch_requested": {
+      if (p.role && p.role !== "worker") return null;
+      const t = S.tasks.get(e.task_id);
+      return h("li", { class: "msg worker", ...key },
+        h("div", {}, h("span", { class: "title" }, p.retry_of ? `Worker retried (attempt ${p.attempt})` : "Worker dispatched"), " ",
+          chip(taskState(t))),
+        h("div", {}, firstLine(p.brief, 200)),
+        h("a", { href: `#task/${e.task_id}` }, "open the task"));
+    }
+    case "handoff":
+      return h("li", { class: "msg worker", ...key },
+        h("div", {}, h("span", { class: "title" }, "Handoff"), " ", chip(p.status || "success")),
+        h("div", {}, p.current_state || p.goal || ""),
+        p.next_step ? h("div", { class: "meta" }, "next: ", p.next_step) : null,
+        h("a", { href: `#task/${e.task_id}` }, "details"));
+    case "handoff.extraction_failed":
+      return h("li", { class: "msg note error", ...key }, "The handoff failed the validation gate: ", firstLine((p.errors || [])[0]));
+    case "task.dispatch_refused":
+      return h("li", { class: "msg note", ...key }, `Dispatch refused (${p.reason}): `, firstLine(p.brief));
+    case "policy.decision":
+      if (p.action === "report") return null;
+      return h("li", { class: "msg note", ...key }, `Policy: ${p.status} → ${p.action.replace("_", " ")} (${p.why})`);
+    case "escalation.resolved":
+      return h("li", { class: "msg note", ...key }, `Escalation answered: ${p.decision}`);
+    case "task.stalled":
+      return h("li", { class: "msg note error", ...key }, `A task went silent (${Math.round(p.silent_s)} s): `,
+        h("a", { href: `#task/${e.task_id}` }, short(e.task_id)));
+    case "thread.created":
+      return h("li", { class: "msg note", ...key }, `Thread started (${p.mode || "interactive"})`);
+    case "thread.mode_changed":
+      return h("li", { class: "msg note", ...key }, `Mode: ${p.mode}`);
+    default:
+      return null;
+  }
+}
+
+function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
+export function scrollChat(force) { if (force || S.stick) window.scrollTo(0, document.body.scrollHeight); }
+
+export function renderConversation() {
+  S.stick = atBottom();
+  const items = [...S.conv.values()].sort((a, b) => a.seq - b.seq).map(renderRecord).filter(Boolean);
+  for (const q of S.queue) {
+    items.push(h("li", { class: "msg user pending", "data-queue-id": q.id },
+      q.origin === "harness" ? "(harness report) " + firstLine(q.text) : q.text,
+      h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…")));
+  }
+  if (!items.length) items.push(h("li", { class: "empty" }, "Nothing here yet. Say what you want done; the orchestrator plans it and dispatches workers."));
+  $("#messages").replaceChildren(...items);
+  renderTurnStatus();
+  scrollChat(false);
+}
+
+export function renderTurnStatus() {
+  const turn = [...S.tasks.values()].find((t) => t.session_id === S.thread && t.role === "orchestrator"
+    && (t.status === "running" || t.status === "pending"));
+  const el = $("#turn-status");
+  el.hidden = !turn;
+  if (turn) el.textContent = turn.activity === "awaiting_user" ? "The orchestrator is waiting for your answer"
+    : turn.activity === "stalled" ? "The orchestrator's turn is stalled" : "The orchestrator is working…";
+}
+
+export async function send(ev) {
+  ev.preventDefault();
+  const box = $("#composer-text");
+  const text = box.value.trim();
+  if (!text) return;
+  const button = ev.target.querySelector("button");
+  button.disabled = true;
+  try {
+    const queued = await api("/api/chat", { method: "POST", body: { text, thread_id: S.thread, client_msg_id: crypto.randomUUID() } });
+    box.value = "";
+    if (!S.queue.some((q) => q.id === queued.id) && ![...S.conv.values()].some((e) => e.message_id === queued.id)) {
+      S.queue.push({ ...queued, text, status: queued.status || "pending" });
+    }
+    renderConversation();
+    scrollChat(true);
+  } catch (e) {
+    alert(`Not sent: ${e.message}`);
+  } finally {
+    button.disabled = false;
+  }
+}

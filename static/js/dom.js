@@ -1,0 +1,30 @@
+// Small DOM helpers shared by every view. User-supplied text only ever goes in as text nodes here.
+
+export const $ = (sel) => document.querySelector(sel);
+export const short = (id) => String(id ?? "").slice(0, 8);
+export const firstLine = (s, n = 120) => { const l = String(s ?? "").split("\n")[0]; return l.length > n ? l.slice(0, n) + "…" : l; };
+export const when = (t) => (t ? new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) : "");
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+export function escapeHtml(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+export function chip(status) { return h("span", { class: `chip ${status}` }, status.replace("_", " ")); }

@@ -1,0 +1,110 @@
+// Tasks: the list (stalls unmissable), and one task's detail with its events and handoff.
+import { api } from "./api.js";
+import { renderConversation, renderTurnStatus } from "./chat.js";
+import { $, chip, firstLine, h, short, when } from "./dom.js";
+import { md } from "./markdown.js";
+import { S, taskState } from "./state.js";
+
+export async function loadTasks() {
+  const [all, mine] = await Promise.all([api("/api/tasks?limit=200"), api(`/api/tasks?limit=500&thread_id=${S.thread}`)]);
+  S.tasks = new Map(all.tasks.map((t) => [t.id, t]));
+  for (const t of mine.tasks) S.tasks.set(t.id, t);
+  S.threadTasks = new Set(mine.tasks.map((t) => t.id));
+  renderTasks(); renderTurnStatus(); renderConversation();
+  if (S.detail) loadDetail(S.detail.id, false);
+}
+
+export function renderTasks() {
+  const tasks = [...S.tasks.values()].sort((a, b) => String(b.created_at).localeCompare(String(a.created_at)));
+  const stalled = tasks.filter((t) => t.status === "running" && t.activity === "stalled");
+  const badge = $("#stalled-count");
+  badge.hidden = !stalled.length;
+  badge.textContent = String(stalled.length);
+  const banner = $("#stalled-banner");
+  banner.hidden = !stalled.length;
+  banner.replaceChildren(...(stalled.length ? [`${stalled.length} task${stalled.length > 1 ? "s are" : " is"} stalled: `,
+    ...stalled.map((t) => h("a", { href: `#task/${t.id}` }, `${t.role} ${short(t.id)}`)), " — silent past the threshold."] : []));
+  const items = tasks.map((t) => h("li", { class: taskState(t) },
+    h("a", { href: `#task/${t.id}` }, chip(taskState(t)), h("span", { class: "role" }, t.role),
+      h("span", { class: "brief" }, firstLine(t.brief)), h("span", { class: "role" }, when(t.created_at)))));
+  $("#task-list").replaceChildren(...(items.length ? items : [h("li", { class: "empty" }, "No tasks yet. Workers appear here the moment they are dispatched.")]));
+}
+
+export async function loadDetail(id, fresh) {
+  if (fresh || !S.detail || S.detail.id !== id) {
+    S.detail = { id, task: null, events: [], handoff: null };
+  }
+  const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
+    api(`/api/handoffs?scope_id=${id}&limit=1`)]);
+  if (!S.detail || S.detail.id !== id) return;
+  S.detail.task = task;
+  S.detail.events = events.events;
+  S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
+  renderDetail();
+}
+
+function blocksOf(e) {
+  const content = e.payload?.message?.content;
+  return Array.isArray(content) ? content : typeof content === "string" ? [{ type: "text", text: content }] : [];
+}
+
+function renderEvent(e) {
+  const p = e.payload || {};
+  const kind = h("span", { class: "kind" }, `#${e.seq} ${e.event_type}`);
+  if (e.event_type === "stream.assistant" || e.event_type === "stream.user") {
+    return blocksOf(e).map((b) => {
+      if (b.type === "text") return h("li", {}, kind, md(b.text));
+      if (b.type === "tool_use") return h("li", {}, h("details", {}, h("summary", {}, kind, `tool call: ${b.name}`),
+        h("pre", {}, JSON.stringify(b.input, null, 2))));
+      if (b.type === "tool_result") {
+        const text = typeof b.content === "string" ? b.content : JSON.stringify(b.content, null, 2);
+        return h("li", {}, h("details", {}, h("summary", {}, kind, b.is_error ? "tool result (error)" : "tool result"), h("pre", {}, text)));
+      }
+      return h("li", {}, h("details", {}, h("summary", {}, kind, b.type), h("pre", {}, JSON.stringify(b, null, 2))));
+    });
+  }
+  if (e.event_type === "stream.result") return h("li", {}, kind, `result: ${p.subtype}${p.is_error ? " (error)" : ""}`, p.result ? md(p.result) : null);
+  if (e.event_type === "task.stderr") return h("li", {}, kind, h("pre", {}, p.line));
+  return h("li", {}, h("details", {}, h("summary", {}, kind, firstLine(p.status || p.reason || p.text || "", 80)),
+    h("pre", {}, JSON.stringify(p, null, 2))));
+}
+
+function renderHandoff(x) {
+  if (!x) return h("p", { class: "empty" }, "No handoff (yet). It is derived when the worker exits.");
+  const list = (items, fmt) => (items?.length ? h("ul", {}, items.map((i) => h("li", {}, fmt(i)))) : h("span", {}, "none"));
+  return h("dl", {},
+    h("dt", {}, "goal"), h("dd", {}, x.goal ?? ""),
+    h("dt", {}, "state"), h("dd", {}, x.current_state ?? ""),
+    h("dt", {}, "next step"), h("dd", {}, x.next_step ?? ""),
+    h("dt", {}, "status"), h("dd", {}, chip(x.status || "success")),
+    h("dt", {}, "ruled out"), h("dd", {}, list(x.ruled_out, (r) => `${r.approach} — ${r.reason}`)),
+    h("dt", {}, "artifacts"), h("dd", {}, list(x.artifacts, (a) => (typeof a === "string" ? a : JSON.stringify(a)))),
+    x.gate_decisions ? [h("dt", {}, "gates"), h("dd", {}, list(x.gate_decisions, (g) => `${g.gate}: ${g.decision_point}`))] : null);
+}
+
+export function renderDetail() {
+  const d = S.detail;
+  const box = $("#task-detail");
+  if (!d || !d.task) { box.hidden = true; return; }
+  const t = d.task;
+  const live = t.status === "running" || t.status === "pending";
+  box.hidden = false;
+  box.replaceChildren(
+    h("a", { href: "#tasks" }, "← all tasks"),
+    h("h2", {}, `${t.role} ${short(t.id)} `, chip(taskState(t))),
+    h("dl", {},
+      h("dt", {}, "brief"), h("dd", {}, h("details", {}, h("summary", {}, firstLine(t.brief)), h("pre", {}, t.brief))),
+      h("dt", {}, "reason"), h("dd", {}, t.status_reason || "—"),
+      h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
+      h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
+    live ? h("button", { type: "button", class: "danger", onclick: () => stopTask(t.id) }, "Stop") : null,
+    h("h3", {}, "Handoff"), renderHandoff(d.handoff),
+    h("h3", {}, `Events (${d.events.length})`),
+    h("ol", { class: "events" }, d.events.flatMap((e) => renderEvent(e))));
+}
+
+async function stopTask(id) {
+  if (!confirm("Stop this task? Its process gets SIGTERM, then SIGKILL after the grace period.")) return;
+  try { await api(`/api/tasks/${id}/stop`, { method: "POST", body: { reason: "stopped from the web client" } }); }
+  catch (e) { alert(e.message); }
+}

@@ -1,0 +1,56 @@
+// Threads: the picker, a new thread, the mode, and focusing a thread (which re-reads its views).
+import { api } from "./api.js";
+import { renderAsks } from "./asks.js";
+import { loadConversation, loadQueue } from "./chat.js";
+import { loadContext } from "./context.js";
+import { $, h } from "./dom.js";
+import { presence } from "./notify.js";
+import { S, threadName } from "./state.js";
+import { loadTasks } from "./tasks.js";
+
+export async function loadThreads() {
+  const data = await api("/api/threads");
+  S.defaultThread = data.default_thread_id;
+  S.threads = data.threads.filter((t) => t.lifecycle !== "archived");
+  if (!S.threads.some((t) => t.id === S.defaultThread)) {
+    S.threads.push({ id: S.defaultThread, title: "Default", mode: "interactive", lifecycle: "new" });
+  }
+  // first visit (or a thread that is gone): the most recent thread (the list is newest first)
+  if (!S.thread || (!data.threads.some((t) => t.id === S.thread) && S.thread !== S.defaultThread)) {
+    S.thread = S.threads[0]?.id || S.defaultThread;
+  }
+  renderThreadPicker();
+}
+
+export function renderThreadPicker() {
+  const sel = $("#thread-picker");
+  sel.replaceChildren(...S.threads.map((t) => h("option", { value: t.id, selected: t.id === S.thread },
+    threadName(t) + (t.pending ? " (creating…)" : ""))));
+  const t = S.threads.find((x) => x.id === S.thread);
+  $("#thread-title").textContent = t ? threadName(t) : "";
+  $("#thread-mode").value = t?.mode || "interactive";
+}
+
+export async function focusThread(id) {
+  S.thread = id;
+  presence();
+  localStorage.setItem("petal.thread", id);
+  S.conv = new Map(); S.queue = [];
+  renderThreadPicker();
+  await Promise.all([loadTasks(), loadConversation(), loadQueue()]);
+  renderAsks();
+  loadContext();
+}
+
+export async function newThread() {
+  const title = prompt("Name the new thread", "");
+  if (title === null) return;
+  const made = await api("/api/threads", { method: "POST", body: { title: title || null, mode: "interactive" } });
+  await loadThreads();
+  await focusThread(made.thread_id);
+  location.hash = "#chat";
+}
+
+export async function changeMode(mode) {
+  await api(`/api/threads/${S.thread}`, { method: "PATCH", body: { mode } });
+}
