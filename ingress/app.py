@@ -39,7 +39,9 @@ async def info(request: Request) -> Response:
         head = (await (await conn.execute(queries["journal_head"])).fetchone())[0]  # type: ignore[index]
     # journal_head: a client that loads its views and then streams from here misses nothing in between
     return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
-                         "auth": request.app.state.auth.mode, "journal_head": head})
+                         "auth": request.app.state.auth.mode, "journal_head": head,
+                         # the SSE heartbeat: a client that hears nothing for two of these reconnects
+                         "heartbeat_s": settings.sse_heartbeat_s})
 
 
 _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")

@@ -5,13 +5,13 @@
 import { loadFeed, feedEvent, renderFeed } from "./js/activity.js";
 import { api, soon } from "./js/api.js";
 import { loadAsks, renderAsks } from "./js/asks.js";
-import { belongs, loadConversation, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
+import { belongs, liveEvent, loadConversation, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
 import { loadContext } from "./js/context.js";
 import { $, h } from "./js/dom.js";
 import { disableNotify, enableNotify, presence, renderNotify, testNotify } from "./js/notify.js";
 import { S, TABS, currentTab } from "./js/state.js";
 import { setConn, stream } from "./js/stream.js";
-import { loadDetail, loadTasks, renderDetail } from "./js/tasks.js";
+import { detailEvent, loadDetail, loadTasks } from "./js/tasks.js";
 import { changeMode, focusThread, loadThreads, newThread } from "./js/threads.js";
 
 function onWake(kind) {
@@ -30,13 +30,15 @@ function onEvent(e) {
       S.queue = S.queue.filter((q) => q.id !== e.message_id);
     }
     soon("render-conv", renderConversation, 30);
+  } else if (liveEvent(e)) {
+    soon("render-conv", renderConversation, 30);
   } else if (e.task_id && !S.tasks.has(e.task_id) && e.event_type.startsWith("task.")) {
     soon("tasks", loadTasks, 300); // a task we have not seen: maybe this thread's
   }
   if (e.event_type.startsWith("task.") || e.event_type === "handoff" || e.event_type === "policy.decision") soon("tasks", loadTasks, 300);
   if (e.event_type.startsWith("question.")) soon("asks", loadAsks);
   if (e.event_type.startsWith("thread.")) soon("threads", loadThreads);
-  if (S.detail && e.task_id === S.detail.id) { S.detail.events.push(e); soon("detail", renderDetail, 50); }
+  detailEvent(e);
 }
 
 async function refreshAll() {
@@ -86,7 +88,6 @@ async function start() {
   $("#notify-test").addEventListener("click", guard(testNotify));
   document.addEventListener("visibilitychange", presence);
   setInterval(presence, 20_000);
-  window.addEventListener("offline", () => setConn("offline"));
   S.info = await api("/api/info");
   $("#demo").hidden = !S.info.demo;
   S.lastSeq = S.info.journal_head; // views load next; the stream replays anything after this point
@@ -94,7 +95,7 @@ async function start() {
   await Promise.all([loadTasks(), loadConversation(), loadQueue(), loadAsks(), loadFeed()]);
   showTab();
   document.body.dataset.ready = "1";
-  stream({ onEvent, onWake, onResume: refreshAll });
+  stream({ onEvent, onWake, onResume: refreshAll }, S.info.heartbeat_s);
   renderNotify();
 }
 

@@ -1,8 +1,11 @@
 // Chat: the focused thread's conversation, its undelivered messages, the turn status and the composer.
 import { api } from "./api.js";
-import { $, chip, firstLine, h, short } from "./dom.js";
+import { $, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
+import { Progress, isLive } from "./live.js";
 import { md } from "./markdown.js";
-import { S, taskState } from "./state.js";
+import { FINAL, S, taskState } from "./state.js";
+
+const rendered = new Keyed();
 
 export async function loadConversation() {
   const data = await api(`/api/threads/${S.thread}/conversation?limit=300`);
@@ -76,19 +79,57 @@ function renderRecord(e) {
   }
 }
 
+// A running turn of the focused thread: its assistant text and tool calls as they are journaled.
+export function liveEvent(e) {
+  if (!isLive(e) || e.session_id !== S.thread || !e.task_id || hasResult(e.task_id)) return false;
+  if (!S.live.has(e.task_id)) S.live.set(e.task_id, new Progress(e.task_id));
+  return S.live.get(e.task_id).add(e);
+}
+
+function hasResult(taskId) {
+  for (const e of S.conv.values()) if (e.event_type === "stream.result" && e.task_id === taskId) return true;
+  return false;
+}
+
+// A page opened (or a stream resumed) mid-turn reads back what the running turn already printed.
+export async function loadLiveTurns() {
+  const thread = S.thread;
+  const running = [...S.tasks.values()].filter((t) => t.session_id === thread && t.role === "orchestrator"
+    && t.status === "running" && !S.liveLoaded.has(t.id));
+  await Promise.all(running.map(async (t) => {
+    S.liveLoaded.add(t.id);
+    const data = await api(`/api/tasks/${t.id}/events?limit=1000`);
+    if (S.thread !== thread) return;
+    for (const e of data.events) liveEvent(e);
+  }));
+  if (running.length) renderConversation();
+}
+
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
 export function scrollChat(force) { if (force || S.stick) window.scrollTo(0, document.body.scrollHeight); }
 
+function recordSig(e) {
+  return e.event_type === "task.dispatch_requested" ? taskState(S.tasks.get(e.task_id)) : "";
+}
+
 export function renderConversation() {
   S.stick = atBottom();
-  const items = [...S.conv.values()].sort((a, b) => a.seq - b.seq).map(renderRecord).filter(Boolean);
-  for (const q of S.queue) {
-    items.push(h("li", { class: "msg user pending", "data-queue-id": q.id },
-      q.origin === "harness" ? "(harness report) " + firstLine(q.text) : q.text,
-      h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…")));
+  // a turn's progress gives way to its final reply; a turn that ended without one leaves nothing behind
+  for (const [id, progress] of S.live) {
+    if (hasResult(id) || FINAL.has(S.tasks.get(id)?.status)) S.live.delete(id);
+    else progress.node.hidden = progress.count === 0;
   }
-  if (!items.length) items.push(h("li", { class: "empty" }, "Nothing here yet. Say what you want done; the orchestrator plans it and dispatches workers."));
-  $("#messages").replaceChildren(...items);
+  const entries = [...S.conv.values()].map((e) => ({ seq: e.seq, node: rendered.get(e.event_id, recordSig(e), () => renderRecord(e)) }));
+  for (const progress of S.live.values()) entries.push({ seq: progress.firstSeq, node: progress.node });
+  const items = entries.filter((x) => x.node).sort((a, b) => a.seq - b.seq).map((x) => x.node);
+  for (const q of S.queue) {
+    items.push(rendered.get(`queue:${q.id}`, `${q.status}`, () => h("li", { class: "msg user pending", "data-queue-id": q.id },
+      q.origin === "harness" ? "(harness report) " + firstLine(q.text) : q.text,
+      h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…"))));
+  }
+  if (!items.length) items.push(rendered.get("empty", "", () => h("li", { class: "empty" }, "Nothing here yet. Say what you want done; the orchestrator plans it and dispatches workers.")));
+  rendered.prune();
+  reconcile($("#messages"), items);
   renderTurnStatus();
   scrollChat(false);
 }

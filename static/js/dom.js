@@ -28,3 +28,29 @@ export function h(tag, attrs = {}, ...children) {
 }
 
 export function chip(status) { return h("span", { class: `chip ${status}` }, status.replace("_", " ")); }
+
+// Puts exactly `nodes` into `parent`, in order, moving only what is out of place: nodes that stay are
+// never re-created or detached, so focus, open <details> and scroll survive a re-render (no flicker).
+export function reconcile(parent, nodes) {
+  let i = 0;
+  for (const n of nodes) {
+    const at = parent.childNodes[i];
+    if (at !== n) parent.insertBefore(n, at || null);
+    i += 1;
+  }
+  while (parent.childNodes.length > nodes.length) parent.lastChild.remove();
+}
+
+// A cache of rendered nodes by key and signature: the same key with the same signature is the same node.
+export class Keyed {
+  constructor() { this.nodes = new Map(); this.used = new Set(); }
+  get(key, sig, make) {
+    this.used.add(key);
+    const c = this.nodes.get(key);
+    if (c && c.sig === sig) return c.node;
+    const node = make();
+    if (node) this.nodes.set(key, { node, sig });
+    return node;
+  }
+  prune() { for (const k of this.nodes.keys()) if (!this.used.has(k)) this.nodes.delete(k); this.used = new Set(); }
+}

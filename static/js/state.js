@@ -20,6 +20,8 @@ export const S = {
   lastSeq: 0,
   conn: "connecting",
   detail: null,              // the task shown in Tasks, with its events
+  live: new Map(),           // task id → Progress of the focused thread's running turns (js/live.js)
+  liveLoaded: new Set(),     // running turns whose earlier events were read back
 };
 
 export function currentTab() {

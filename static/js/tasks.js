@@ -1,7 +1,8 @@
 // Tasks: the list (stalls unmissable), and one task's detail with its events and handoff.
 import { api } from "./api.js";
-import { renderConversation, renderTurnStatus } from "./chat.js";
-import { $, chip, firstLine, h, short, when } from "./dom.js";
+import { loadLiveTurns, renderConversation, renderTurnStatus } from "./chat.js";
+import { $, Keyed, chip, firstLine, h, reconcile, short, when } from "./dom.js";
+import { toolLabel } from "./live.js";
 import { md } from "./markdown.js";
 import { S, taskState } from "./state.js";
 
@@ -11,6 +12,7 @@ export async function loadTasks() {
   for (const t of mine.tasks) S.tasks.set(t.id, t);
   S.threadTasks = new Set(mine.tasks.map((t) => t.id));
   renderTasks(); renderTurnStatus(); renderConversation();
+  loadLiveTurns().catch((e) => console.warn("live", e));
   if (S.detail) loadDetail(S.detail.id, false);
 }
 
@@ -32,13 +34,13 @@ export function renderTasks() {
 
 export async function loadDetail(id, fresh) {
   if (fresh || !S.detail || S.detail.id !== id) {
-    S.detail = { id, task: null, events: [], handoff: null };
+    S.detail = { id, task: null, events: new Map(), handoff: null };
   }
   const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
     api(`/api/handoffs?scope_id=${id}&limit=1`)]);
   if (!S.detail || S.detail.id !== id) return;
   S.detail.task = task;
-  S.detail.events = events.events;
+  for (const e of events.events) detailEvent(e, false);
   S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
   renderDetail();
 }
@@ -54,7 +56,7 @@ function renderEvent(e) {
   if (e.event_type === "stream.assistant" || e.event_type === "stream.user") {
     return blocksOf(e).map((b) => {
       if (b.type === "text") return h("li", {}, kind, md(b.text));
-      if (b.type === "tool_use") return h("li", {}, h("details", {}, h("summary", {}, kind, `tool call: ${b.name}`),
+      if (b.type === "tool_use") return h("li", {}, h("details", {}, h("summary", {}, kind, toolLabel(b.name, b.input)),
         h("pre", {}, JSON.stringify(b.input, null, 2))));
       if (b.type === "tool_result") {
         const text = typeof b.content === "string" ? b.content : JSON.stringify(b.content, null, 2);
@@ -82,6 +84,27 @@ function renderHandoff(x) {
     x.gate_decisions ? [h("dt", {}, "gates"), h("dd", {}, list(x.gate_decisions, (g) => `${g.gate}: ${g.decision_point}`))] : null);
 }
 
+// A running task's events are tailed in place: each arrives once (keyed by event id), in seq order.
+export function detailEvent(e, render = true) {
+  if (!S.detail || e.task_id !== S.detail.id || S.detail.events.has(e.event_id)) return;
+  S.detail.events.set(e.event_id, e);
+  if (render) renderDetailEvents();
+}
+
+const eventNodes = new Keyed();
+
+function renderDetailEvents() {
+  const list = $("#task-detail ol.events");
+  if (!list || !S.detail) return;
+  const follow = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+  const events = [...S.detail.events.values()].sort((a, b) => a.seq - b.seq);
+  const nodes = events.flatMap((e) => eventNodes.get(e.event_id, "", () => renderEvent(e)));
+  eventNodes.prune();
+  reconcile(list, nodes);
+  $("#task-detail .events-count").textContent = `Events (${events.length})`;
+  if (follow && S.detail.task?.status === "running") window.scrollTo(0, document.body.scrollHeight);
+}
+
 export function renderDetail() {
   const d = S.detail;
   const box = $("#task-detail");
@@ -89,18 +112,22 @@ export function renderDetail() {
   const t = d.task;
   const live = t.status === "running" || t.status === "pending";
   box.hidden = false;
-  box.replaceChildren(
+  if (box.dataset.taskId !== t.id) {
+    box.dataset.taskId = t.id;
+    box.replaceChildren(h("div", { class: "detail-head" }), h("h3", { class: "events-count" }), h("ol", { class: "events" }));
+  }
+  const open = box.querySelector(".detail-head details.brief")?.open;
+  box.querySelector(".detail-head").replaceChildren(
     h("a", { href: "#tasks" }, "← all tasks"),
     h("h2", {}, `${t.role} ${short(t.id)} `, chip(taskState(t))),
     h("dl", {},
-      h("dt", {}, "brief"), h("dd", {}, h("details", {}, h("summary", {}, firstLine(t.brief)), h("pre", {}, t.brief))),
+      h("dt", {}, "brief"), h("dd", {}, h("details", { class: "brief", open }, h("summary", {}, firstLine(t.brief)), h("pre", {}, t.brief))),
       h("dt", {}, "reason"), h("dd", {}, t.status_reason || "—"),
       h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
       h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
     live ? h("button", { type: "button", class: "danger", onclick: () => stopTask(t.id) }, "Stop") : null,
-    h("h3", {}, "Handoff"), renderHandoff(d.handoff),
-    h("h3", {}, `Events (${d.events.length})`),
-    h("ol", { class: "events" }, d.events.flatMap((e) => renderEvent(e))));
+    h("h3", {}, "Handoff"), renderHandoff(d.handoff));
+  renderDetailEvents();
 }
 
 async function stopTask(id) {
