@@ -1,0 +1,122 @@
+"""Live feel in a real Chromium against the real ingress, executor, PostgreSQL and claude CLI on the
+scripted model: a running turn is watched as it happens, and a page that went offline or to sleep catches
+up with exactly the journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from playwright.async_api import Page, expect
+
+from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared.threads import DEFAULT_THREAD_ID
+from tests.harness import running_executor
+from tests.pg import DB
+from tests.test_web_client import DESKTOP, browser, page_at, shot
+from tests.web import ingress_server
+
+pytestmark = pytest.mark.timeout(300)
+
+FINAL_TEXT = "Nothing has been handed off yet, so there is nothing to build on and I will start fresh."
+
+
+def _count(dsn: str, sql: str, params: list[object]) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute(sql, params).fetchone()[0])  # type: ignore[index]
+
+
+async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_then_exactly_one_reply(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
+        {"text": "Let me look at the handoffs first.",
+         "tool_use": {"name": "mcp__harness__get_handoffs", "input": {"scope_id": str(DEFAULT_THREAD_ID)}}},
+        {"text": FINAL_TEXT, "delay_s": 0.4}])])  # slow tokens: the reply takes ~7 s to arrive
+    results = "SELECT count(*) FROM journal WHERE event_type = 'stream.result'"
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url) as page:
+                await page.fill("#composer-text", "what is new?")
+                await page.click("#composer button")
+                live = page.locator("#messages .msg.live")
+                await expect(live.locator(".step.text")).to_have_text("Let me look at the handoffs first.", timeout=60_000)
+                # on screen while the turn has no result in the journal yet
+                assert _count(db.admin_dsn, results, []) == 0
+                await expect(live.locator(".step.tool")).to_have_text("reading handoffs")
+                await expect(live.locator(".step.tool.done")).to_have_count(1, timeout=30_000)
+                await shot(page, "chat-live-390")
+                # a page opened mid-turn reads back what the turn already printed, once
+                async with page_at(b, url, DESKTOP) as second:
+                    await expect(second.locator("#messages .msg.live .step.text")).to_have_count(1)
+                    assert _count(db.admin_dsn, results, []) == 0
+                    await shot(second, "chat-live-1280")
+                    await _one_final_reply(second)
+                await _one_final_reply(page)
+
+
+async def _one_final_reply(page: Page) -> None:
+    await expect(page.locator("#messages .msg.assistant")).to_have_text(FINAL_TEXT, timeout=60_000)
+    await expect(page.locator("#messages .msg.live")).to_have_count(0)
+    await expect(page.locator("#turn-status")).to_be_hidden(timeout=30_000)
+    await page.wait_for_timeout(500)  # a late duplicate would show up here
+    await expect(page.locator("#messages .msg.assistant")).to_have_count(1)
+    await expect(page.locator("#messages .msg.user")).to_have_count(1)
+
+
+async def _feed_equals_journal(page: Page, admin_dsn: str, first_seq: int) -> None:
+    await page.click("a[data-tab='activity']")
+    in_db = []
+    for _ in range(100):
+        with psycopg.connect(admin_dsn) as conn:
+            in_db = [r[0] for r in conn.execute(
+                "SELECT seq FROM journal WHERE seq >= %s AND event_type <> 'stream.stream_event' ORDER BY seq",
+                [first_seq]).fetchall()]
+        shown = [int(s.split()[0].lstrip("#")) for s in await page.locator("#feed .seq").all_inner_texts()]
+        shown = [s for s in shown if s >= first_seq]
+        if sorted(shown) == in_db:
+            break
+        await page.wait_for_timeout(200)
+    assert len(shown) == len(set(shown)), "an event is shown twice"
+    assert sorted(shown) == in_db  # none missing
+
+
+async def test_offline_then_online_and_a_sleeping_page_woken_end_with_the_journal_no_gap_no_duplicate(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="worker", replies=[{"text": "done", "delay_s": 0.05}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url) as page:
+                streams: list[str] = []
+                page.on("request", lambda r: streams.append(r.url) if r.url.endswith("/api/stream") else None)
+                await expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+                async with httpx.AsyncClient(base_url=url) as http:
+                    head = (await http.get("/api/info")).json()["journal_head"]
+                # offline: the page says so; events keep being journaled meanwhile
+                await page.context.set_offline(True)
+                await expect(page.locator("#conn")).to_have_attribute("data-state", "offline")
+                first = await h.dispatch("one while offline")
+                await h.wait_final(first)
+                await page.context.set_offline(False)
+                await expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=10_000)
+                await _feed_equals_journal(page, db.admin_dsn, head + 1)
+                # asleep (a frozen, hidden page), then woken: it reconnects at once and catches up
+                cdp = await page.context.new_cdp_session(page)
+                before = len(streams)
+                await cdp.send("Page.setWebLifecycleState", {"state": "frozen"})
+                second = await h.dispatch("one while asleep")
+                await h.wait_final(second)
+                await cdp.send("Page.setWebLifecycleState", {"state": "active"})
+                await page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+                for _ in range(50):
+                    if len(streams) > before:
+                        break
+                    await page.wait_for_timeout(100)
+                assert len(streams) > before, "waking the page did not reconnect the stream"
+                await expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=10_000)
+                await _feed_equals_journal(page, db.admin_dsn, head + 1)
+                await page.click("a[data-tab='tasks']")
+                await expect(page.locator("#task-list .chip.success")).to_have_count(2)
