@@ -59,7 +59,7 @@ function askCard(a) {
   form.append(h("div", { class: "actions" },
     h("button", { type: "submit" }, "Submit"),
     h("input", { class: "reply", name: "reply", placeholder: "…or dismiss with a reply", "aria-label": "Reply instead" }),
-    h("button", { type: "button", class: "secondary", onclick: () => dismiss(a, form, error) }, "Dismiss")), error);
+    h("button", { type: "button", class: "secondary", onclick: () => dismiss(a, form, error) }, "Dismiss"), error));
   form.addEventListener("submit", (ev) => { ev.preventDefault(); answer(a, form, error); });
   return form;
 }
