@@ -18,7 +18,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from executor import dispatch, policy, substrate
+from executor import dispatch, lineage, policy, substrate
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import contract, logs
@@ -119,7 +119,9 @@ async def gate(pool: AsyncConnectionPool, writer: JournalWriter, extractor: dict
     first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
     common = {"worker_task_id": str(worker["id"]), "extractor_task_id": str(extractor["id"]),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}
-    ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"]}
+    ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"],
+           # under the extraction run that produced it (see executor/lineage.py)
+           "parent_id": await lineage.task_exit_event(pool, extractor["id"])}
     if errors:
         async with pool.connection() as conn:
             await conn.execute(queries["mark_extraction_failed"], {"id": worker["id"], "reason": errors[0][:200]})

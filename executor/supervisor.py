@@ -13,7 +13,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from executor import process, substrate
+from executor import lineage, process, substrate
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, errors, logs
@@ -70,6 +70,8 @@ class Running:
     kill_timer: asyncio.TimerHandle | None = None
     killed: bool = False
     mcp_config: Path | None = None
+    spawned_id: uuid.UUID | None = None  # its task.spawned event: the parent of its task.exited
+    tool_calls: dict[str, uuid.UUID] = field(default_factory=dict)  # tool_use_id → the line that made the call
 
 
 ExitHook = Callable[[dict[str, Any], substrate.Outcome, substrate.TurnFacts], Awaitable[None]]
@@ -295,6 +297,7 @@ class Supervisor:
             await self._finish_unspawned(row, "skipped", f"working directory {workdir} does not exist")
             return
         profile = await self._profile(row["role"])
+        parent_id = await lineage.spawn_parent(self.db.pool, row)
         # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
         # the first turn; any other task is a conversation of its own.
         session_id = row["session_id"] or uuid.uuid4()
@@ -336,17 +339,19 @@ class Supervisor:
         self.running[task_id] = r
         await self._exec("set_task_process", {"id": task_id, "pid": proc.pid, "session_id": session_id})
         # queued before any line of the task: the single writer keeps that order in the journal
-        await self.writer.put(self._event(r, "task.spawned", {
+        spawned = self._event(r, "task.spawned", {
             "pid": proc.pid, "role": row["role"], "argv": cmd, "workdir": str(workdir),
-            "attempt": row["attempt"], "plan_ref": row["plan_ref"]}))
+            "attempt": row["attempt"], "plan_ref": row["plan_ref"]}, parent_id=parent_id)
+        r.spawned_id = spawned.event_id
+        await self.writer.put(spawned)
         child = asyncio.create_task(self._supervise(r, row), name=f"task-{task_id}")
         self._children.add(child)
         child.add_done_callback(self._children.discard)
 
     def _event(self, r: Running, event_type: str, payload: Any, created_at: datetime | None = None,
-               payload_json: str | None = None) -> NewEvent:
+               payload_json: str | None = None, parent_id: uuid.UUID | None = None) -> NewEvent:
         return NewEvent(event_type, payload, task_id=r.task_id, session_id=r.session_id, project_id=r.project_id,
-                        created_at=created_at, payload_json=payload_json)
+                        created_at=created_at, payload_json=payload_json, parent_id=parent_id)
 
     # ---- running ---------------------------------------------------------------------------------------
 
@@ -370,7 +375,9 @@ class Supervisor:
                     continue
                 line = substrate.classify(raw)
                 r.facts.feed(line)
-                events.append(self._event(r, line.event_type, line.payload, read_at, line.payload_json))
+                event = self._event(r, line.event_type, line.payload, read_at, line.payload_json)
+                parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event.event_id)
+                events.append(event if parent is None else replace(event, parent_id=parent))
             if events:
                 await self._mark_output(r)
                 await self.writer.put_many(events)
@@ -431,7 +438,7 @@ class Supervisor:
         if not drained:
             payload["pipes_left_open"] = True
         # durable in the journal before the task row says so: the journal is the record
-        await self.writer.write([self._event(r, "task.exited", payload)])
+        await self.writer.write([self._event(r, "task.exited", payload, parent_id=r.spawned_id)])
         await self._exec("finish_task", {
             "id": r.task_id, "status": outcome.status, "reason": reason,
             "exit_code": rc if rc >= 0 else None, "exit_signal": -rc if rc < 0 else None,
