@@ -120,3 +120,65 @@ async def test_offline_then_online_and_a_sleeping_page_woken_end_with_the_journa
                 await _feed_equals_journal(page, db.admin_dsn, head + 1)
                 await page.click("a[data-tab='tasks']")
                 await expect(page.locator("#task-list .chip.success")).to_have_count(2)
+
+
+# ---- optimistic actions ---------------------------------------------------------------------------------
+
+QUESTION = {"question": "Go ahead?", "header": "Go", "multiSelect": False,
+            "options": [{"label": "Yes", "description": ""}, {"label": "No", "description": ""}]}
+
+
+async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_ones_revert_with_the_reason(
+    db: DB, tmp_path: Path
+) -> None:
+    import asyncio
+    import json
+
+    with psycopg.connect(db.admin_dsn) as conn:
+        qid = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions) VALUES"
+                           " ('toolu_optimistic', %s, %s) RETURNING id",
+                           [DEFAULT_THREAD_ID, json.dumps([QUESTION])]).fetchone()[0]  # type: ignore[index]
+    async with ingress_server(db.ingress_dsn) as url, browser() as b:
+        async with page_at(b, url) as page:
+            # a message shows at once, before the server has answered
+            release = asyncio.Event()
+
+            async def slow(route):  # type: ignore[no-untyped-def]
+                await release.wait()
+                await route.continue_()
+
+            await page.route("**/api/chat", slow)
+            await page.fill("#composer-text", "hello there")
+            await page.click("#composer button")
+            bubble = page.locator(".msg.user.pending")
+            await expect(bubble).to_contain_text("sending…", timeout=1_000)
+            await expect(page.locator("#composer-text")).to_have_value("")
+            release.set()
+            await expect(bubble).to_contain_text("delivered at the next turn boundary")
+            await page.unroute("**/api/chat")
+            # refused by the server: back in the composer with the server's reason, nothing left pending
+            await page.fill("#composer-text", "x" * 100_001)
+            await page.click("#composer button")
+            await expect(page.locator("#composer-error")).to_contain_text("Not sent:")
+            await expect(page.locator("#composer-text")).to_have_value("x" * 100_001)
+            await expect(bubble).to_have_count(1)
+            await page.fill("#composer-text", "")
+            # an answer that gets no confirmation says so and offers Retry; the retry lands
+            hung: list[object] = []
+            await page.route("**/api/asks/*/answer", lambda route: hung.append(route))
+            card = page.locator(f"#pinned-asks .ask[data-ask-id='{qid}']")
+            await card.locator(".option label", has_text="Yes").click()
+            await card.locator("button[type='submit']").click()
+            await expect(card.locator(".status")).to_have_text("Sending your answer…", timeout=1_000)
+            await expect(card.locator(".status")).to_contain_text("No confirmation yet", timeout=15_000)
+            await shot(page, "ask-unconfirmed-390")
+            await hung[0].abort()  # type: ignore[attr-defined]
+            await expect(card.locator(".error")).to_contain_text("Not sent")
+            await page.unroute("**/api/asks/*/answer")
+            await card.locator("button.retry").click()
+            await expect(card).to_have_count(0)
+    with psycopg.connect(db.admin_dsn) as conn:
+        row = conn.execute("SELECT status, answers FROM questions WHERE id = %s", [qid]).fetchone()
+        queued = conn.execute("SELECT count(*) FROM chat_queue").fetchone()
+    assert row == ("answered", {"Go ahead?": "Yes"})
+    assert queued == (1,)  # the refused message wrote nothing

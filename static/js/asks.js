@@ -1,6 +1,6 @@
 // Asks: the question cards, in the Asks view and docked above the composer in Chat.
-import { api, soon } from "./api.js";
-import { $, h, short } from "./dom.js";
+import { api, confirmed, refused, soon } from "./api.js";
+import { $, h, reconcile, short } from "./dom.js";
 import { preview } from "./markdown.js";
 import { S, threadName } from "./state.js";
 
@@ -28,9 +28,10 @@ export function renderAsks() {
   const scoped = $("#asks-scope").checked;
   const mine = S.asks.filter((a) => askThread(a) === S.thread || S.threadTasks.has(a.task_id));
   const cards = cardsFor(scoped ? mine : S.asks, cardCache.list);
-  $("#ask-cards").replaceChildren(...(cards.length ? cards : [h("p", { class: "empty" },
-    scoped ? "No questions wait on this thread." : "No questions are waiting. When Claude needs you, they land here.")]));
-  $("#pinned-asks").replaceChildren(...cardsFor(mine, cardCache.pinned));
+  // reconciled, not replaced: a card being filled in keeps its focus and its place
+  reconcile($("#ask-cards"), cards.length ? cards : [h("p", { class: "empty" },
+    scoped ? "No questions wait on this thread." : "No questions are waiting. When Claude needs you, they land here.")]);
+  reconcile($("#pinned-asks"), cardsFor(mine, cardCache.pinned));
 }
 
 function askCard(a) {
@@ -59,7 +60,9 @@ function askCard(a) {
   form.append(h("div", { class: "actions" },
     h("button", { type: "submit" }, "Submit"),
     h("input", { class: "reply", name: "reply", placeholder: "…or dismiss with a reply", "aria-label": "Reply instead" }),
-    h("button", { type: "button", class: "secondary", onclick: () => dismiss(a, form, error) }, "Dismiss"), error));
+    h("button", { type: "button", class: "secondary", onclick: () => dismiss(a, form, error) }, "Dismiss"),
+    h("button", { type: "button", class: "secondary retry", hidden: true }, "Retry"),
+    h("p", { class: "status", role: "status" }), error));
   form.addEventListener("submit", (ev) => { ev.preventDefault(); answer(a, form, error); });
   return form;
 }
@@ -89,15 +92,39 @@ async function dismiss(a, form, error) {
   }
 }
 
+// Optimistic answer: the card shows at once that the answer is on its way and leaves when the store has
+// it; unconfirmed in time it says so and offers Retry; refused, it comes back with the server's message.
 async function submitAnswer(a, body, form, error) {
+  const status = form.querySelector(".status");
+  const retry = form.querySelector(".retry");
   for (const b of form.querySelectorAll("button")) b.disabled = true;
+  form.classList.add("pending");
+  form.setAttribute("aria-busy", "true");
+  error.textContent = "";
+  status.textContent = "Sending your answer…";
+  retry.hidden = true;
   try {
-    await api(`/api/asks/${a.id}/answer`, { method: "POST", body });
+    await confirmed(api(`/api/asks/${a.id}/answer`, { method: "POST", body }), () => {
+      status.textContent = "No confirmation yet: the answer may not have arrived.";
+      retry.hidden = false;
+      retry.disabled = false;
+      retry.onclick = () => submitAnswer(a, body, form, error);
+    });
     removeAsk(a.id);
   } catch (e) {
-    error.textContent = e.message;
+    form.classList.remove("pending");
+    form.removeAttribute("aria-busy");
+    status.textContent = "";
     for (const b of form.querySelectorAll("button")) b.disabled = false;
-    soon("asks", loadAsks);
+    if (refused(e)) {
+      retry.hidden = true;
+      error.textContent = e.message;
+      soon("asks", loadAsks);
+    } else {
+      error.textContent = `Not sent: ${e.message}`;
+      retry.hidden = false;
+      retry.onclick = () => submitAnswer(a, body, form, error);
+    }
   }
 }
 

@@ -1,5 +1,5 @@
 // Chat: the focused thread's conversation, its undelivered messages, the turn status and the composer.
-import { api } from "./api.js";
+import { api, confirmed, refused } from "./api.js";
 import { $, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
 import { Progress, isLive } from "./live.js";
 import { md } from "./markdown.js";
@@ -127,6 +127,9 @@ export function renderConversation() {
       q.origin === "harness" ? "(harness report) " + firstLine(q.text) : q.text,
       h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…"))));
   }
+  for (const item of S.outbox.values()) {
+    if (item.thread === S.thread) items.push(rendered.get(`out:${item.id}`, item.state, () => outboxItem(item)));
+  }
   if (!items.length) items.push(rendered.get("empty", "", () => h("li", { class: "empty" }, "Nothing here yet. Say what you want done; the orchestrator plans it and dispatches workers.")));
   rendered.prune();
   reconcile($("#messages"), items);
@@ -143,24 +146,54 @@ export function renderTurnStatus() {
     : turn.activity === "stalled" ? "The orchestrator's turn is stalled" : "The orchestrator is working…";
 }
 
+// Optimistic send: the message shows at once as pending, becomes the queue's row when the store takes
+// it (and the echo when the turn boundary delivers it); unconfirmed in time it says so and offers Retry;
+// refused, it goes back into the composer with the server's message. Retries reuse the client_msg_id,
+// which the server deduplicates.
 export async function send(ev) {
   ev.preventDefault();
   const box = $("#composer-text");
   const text = box.value.trim();
   if (!text) return;
-  const button = ev.target.querySelector("button");
-  button.disabled = true;
+  const item = { id: crypto.randomUUID(), text, thread: S.thread, state: "sending", error: null };
+  S.outbox.set(item.id, item);
+  box.value = "";
+  $("#composer-error").textContent = "";
+  renderConversation();
+  scrollChat(true);
+  await deliver(item);
+}
+
+async function deliver(item) {
+  item.state = "sending";
+  renderConversation();
   try {
-    const queued = await api("/api/chat", { method: "POST", body: { text, thread_id: S.thread, client_msg_id: crypto.randomUUID() } });
-    box.value = "";
-    if (!S.queue.some((q) => q.id === queued.id) && ![...S.conv.values()].some((e) => e.message_id === queued.id)) {
-      S.queue.push({ ...queued, text, status: queued.status || "pending" });
+    const queued = await confirmed(
+      api("/api/chat", { method: "POST", body: { text: item.text, thread_id: item.thread, client_msg_id: item.id } }),
+      () => { if (S.outbox.has(item.id)) { item.state = "late"; renderConversation(); } });
+    S.outbox.delete(item.id);
+    if (item.thread === S.thread && !S.queue.some((q) => q.id === queued.id)
+        && ![...S.conv.values()].some((e) => e.message_id === queued.id)) {
+      S.queue.push({ ...queued, text: item.text, status: queued.status || "pending" });
     }
-    renderConversation();
-    scrollChat(true);
   } catch (e) {
-    alert(`Not sent: ${e.message}`);
-  } finally {
-    button.disabled = false;
+    if (refused(e)) {
+      S.outbox.delete(item.id);
+      const box = $("#composer-text");
+      if (!box.value) box.value = item.text;
+      $("#composer-error").textContent = `Not sent: ${e.message}`;
+    } else {
+      item.state = "failed";
+      item.error = e.message;
+    }
   }
+  renderConversation();
+}
+
+function outboxItem(item) {
+  const retry = h("button", { type: "button", class: "secondary retry", onclick: () => deliver(item) }, "Retry");
+  const meta = { sending: ["sending…"], late: ["not confirmed yet — ", retry],
+    failed: [`not sent (${item.error}) — `, retry] }[item.state];
+  return h("li", { class: `msg user pending ${item.state}`, "data-client-msg-id": item.id }, item.text,
+    h("span", { class: "meta" }, ...meta));
 }

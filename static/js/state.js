@@ -15,6 +15,7 @@ export const S = {
   conv: new Map(),           // event_id → event, the focused thread's chat records
   convTypes: new Set(),
   queue: [],                 // the focused thread's undelivered messages
+  outbox: new Map(),         // client_msg_id → a message sent here that the store has not taken yet
   asks: [],                  // pending questions, all threads
   feed: [],                  // the Activity feed (newest last, bounded)
   lastSeq: 0,

@@ -1,5 +1,5 @@
 // Tasks: the list (stalls unmissable), and one task's detail with its events and handoff.
-import { api } from "./api.js";
+import { api, confirmed, refused } from "./api.js";
 import { loadLiveTurns, renderConversation, renderTurnStatus } from "./chat.js";
 import { $, Keyed, chip, firstLine, h, reconcile, short, when } from "./dom.js";
 import { toolLabel } from "./live.js";
@@ -125,13 +125,31 @@ export function renderDetail() {
       h("dt", {}, "reason"), h("dd", {}, t.status_reason || "—"),
       h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
       h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
-    live ? h("button", { type: "button", class: "danger", onclick: () => stopTask(t.id) }, "Stop") : null,
+    live ? stopControl(t) : null,
     h("h3", {}, "Handoff"), renderHandoff(d.handoff));
   renderDetailEvents();
 }
 
+// Optimistic stop: "stopping…" at once; the task's own end makes it final. Unconfirmed in time it offers
+// Retry; refused (e.g. the task already ended) it reverts with the server's message.
 async function stopTask(id) {
   if (!confirm("Stop this task? Its process gets SIGTERM, then SIGKILL after the grace period.")) return;
-  try { await api(`/api/tasks/${id}/stop`, { method: "POST", body: { reason: "stopped from the web client" } }); }
-  catch (e) { alert(e.message); }
+  const set = (state, message = "") => { if (S.detail?.id === id) { S.detail.stop = { state, message }; renderDetail(); } };
+  set("sending");
+  try {
+    await confirmed(api(`/api/tasks/${id}/stop`, { method: "POST", body: { reason: "stopped from the web client" } }),
+      () => set("late", "No confirmation yet: the stop may not have arrived."));
+    set("requested");
+  } catch (e) {
+    set(refused(e) ? "refused" : "late", refused(e) ? e.message : `Not sent: ${e.message}`);
+  }
+}
+
+function stopControl(t) {
+  const st = S.detail.stop || { state: "idle", message: "" };
+  const label = { sending: "Stopping…", requested: "Stop requested" }[st.state] || (st.state === "late" ? "Retry stop" : "Stop");
+  return h("div", { class: "stop" },
+    h("button", { type: "button", class: `danger ${st.state}`, disabled: st.state === "sending" || st.state === "requested",
+      onclick: () => stopTask(t.id) }, label),
+    h("span", { class: "status", role: "status" }, st.message));
 }
