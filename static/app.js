@@ -21,6 +21,17 @@ function onWake(kind) {
   soon("context", loadContext, 500);
 }
 
+// what a screen reader hears: a new reply of the focused thread, a question for the user
+function announce(e) {
+  const p = e.payload || {};
+  if (e.event_type === "stream.result" && e.session_id === S.thread) {
+    const text = typeof p.result === "string" ? p.result : (p.errors || []).join(" ") || p.subtype;
+    $("#announce").textContent = `Reply: ${text.replace(/[*_`#>]/g, "").slice(0, 300)}`;
+  } else if (e.event_type === "question.asked") {
+    $("#announce").textContent = "A question is waiting for your answer.";
+  }
+}
+
 function onEvent(e) {
   if (e.event_type === "stream.stream_event") return;
   feedEvent(e);
@@ -30,6 +41,7 @@ function onEvent(e) {
       S.queue = S.queue.filter((q) => q.id !== e.message_id);
     }
     soon("render-conv", renderConversation, 30);
+    announce(e);
   } else if (liveEvent(e)) {
     soon("render-conv", renderConversation, 30);
   } else if (e.task_id && !S.tasks.has(e.task_id) && e.event_type.startsWith("task.")) {

@@ -14,10 +14,10 @@ function askThread(a) { return a.thread_scope; }
 // Cards are kept by ask id across re-renders, so a wake-up never wipes a half-filled answer.
 const cardCache = { list: new Map(), pinned: new Map() };
 
-function cardsFor(asks, cache) {
+function cardsFor(asks, cache, where) {
   const keep = new Set(asks.map((a) => a.id));
   for (const id of cache.keys()) if (!keep.has(id)) cache.delete(id);
-  return asks.map((a) => { if (!cache.has(a.id)) cache.set(a.id, askCard(a)); return cache.get(a.id); });
+  return asks.map((a) => { if (!cache.has(a.id)) cache.set(a.id, askCard(a, where)); return cache.get(a.id); });
 }
 
 export function renderAsks() {
@@ -27,17 +27,33 @@ export function renderAsks() {
   badge.textContent = String(count);
   const scoped = $("#asks-scope").checked;
   const mine = S.asks.filter((a) => askThread(a) === S.thread || S.threadTasks.has(a.task_id));
-  const cards = cardsFor(scoped ? mine : S.asks, cardCache.list);
+  const cards = cardsFor(scoped ? mine : S.asks, cardCache.list, "list");
   // reconciled, not replaced: a card being filled in keeps its focus and its place
-  reconcile($("#ask-cards"), cards.length ? cards : [h("p", { class: "empty" },
+  placeCards($("#ask-cards"), cards, cards.length ? cards : [h("p", { class: "empty", tabindex: "-1" },
     scoped ? "No questions wait on this thread." : "No questions are waiting. When Claude needs you, they land here.")]);
-  reconcile($("#pinned-asks"), cardsFor(mine, cardCache.pinned));
+  const pinned = cardsFor(mine, cardCache.pinned, "pinned");
+  placeCards($("#pinned-asks"), pinned, pinned);
 }
 
-function askCard(a) {
-  const form = h("form", { class: "ask", "data-ask-id": a.id });
+// Focus follows the cards: a card that leaves with the focus in it hands it to the next card (or the
+// composer); a card that arrives while nothing has focus takes it, so a keyboard or screen-reader user
+// lands on the question.
+function placeCards(container, cards, nodes) {
+  const active = document.activeElement;
+  const leaving = [...container.children].find((c) => c.matches?.(".ask") && !cards.includes(c)
+    && (c.contains(active) || c.dataset.hadFocus === "1"));
+  const arriving = cards.find((c) => !c.isConnected);
+  reconcile(container, nodes);
+  if (container.closest("[hidden]")) return;
+  if (leaving) (cards[0] || (container.id === "pinned-asks" ? $("#composer-text") : container.querySelector(".empty"))).focus();
+  else if (arriving && (!document.activeElement || document.activeElement === document.body)) arriving.focus();
+}
+
+function askCard(a, where) {
+  const label = `${where}-ask-${a.id}`;
+  const form = h("form", { class: "ask", "data-ask-id": a.id, tabindex: "-1", "aria-labelledby": label });
   const thread = S.threads.find((t) => t.id === askThread(a));
-  form.append(h("div", { class: "from" }, a.asked_by === "harness" ? "The harness asks" : "Claude asks",
+  form.append(h("div", { class: "from", id: label }, a.asked_by === "harness" ? "The harness asks" : "Claude asks",
     thread ? ` · ${threadName(thread)}` : "", a.task_id ? [" · ", h("a", { href: `#task/${a.task_id}` }, `task ${short(a.task_id)}`)] : null));
   a.questions.forEach((q, qi) => {
     const name = `${a.id}-${qi}`;
@@ -97,6 +113,7 @@ async function dismiss(a, form, error) {
 async function submitAnswer(a, body, form, error) {
   const status = form.querySelector(".status");
   const retry = form.querySelector(".retry");
+  if (form.contains(document.activeElement)) form.dataset.hadFocus = "1"; // disabling a button drops focus
   for (const b of form.querySelectorAll("button")) b.disabled = true;
   form.classList.add("pending");
   form.setAttribute("aria-busy", "true");
