@@ -182,3 +182,43 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
         queued = conn.execute("SELECT count(*) FROM chat_queue").fetchone()
     assert row == ("answered", {"Go ahead?": "Yes"})
     assert queued == (1,)  # the refused message wrote nothing
+
+
+async def test_a_workers_activity_folds_under_its_dispatch_in_chat_and_in_the_turns_task_view(
+    db: DB, tmp_path: Path
+) -> None:
+    import asyncio
+
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "The worker counted 3 files."}]),
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files here"}}},
+            {"text": "A worker is counting."}]),
+        Rule(role="worker", replies=[{"text": "Counting now: there are 3 files.", "delay_s": 0.2}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b, \
+                httpx.AsyncClient(base_url=url) as http:
+            made = (await http.post("/api/threads", json={"title": "Files", "mode": "autonomous"})).json()
+            for _ in range(100):
+                if any(t["id"] == made["thread_id"] for t in (await http.get("/api/threads")).json()["threads"]):
+                    break
+                await asyncio.sleep(0.1)
+            async with page_at(b, url, DESKTOP) as page:
+                await expect(page.locator("#thread-title")).to_have_text("Files")
+                await page.fill("#composer-text", "how many files?")
+                await page.click("#composer button")
+                worker = page.locator(".msg.worker", has_text="count the files here")
+                await expect(worker).to_have_count(1, timeout=60_000)
+                await worker.locator("details.activity summary").click()
+                await expect(worker.locator("details.activity .step.text")).to_contain_text("there are 3 files",
+                                                                                         timeout=60_000)
+                await expect(worker.locator(".chip")).to_have_text("success", timeout=60_000)
+                await shot(page, "chat-worker-folded-1280")
+                tasks = (await http.get("/api/tasks", params={"thread_id": made["thread_id"]})).json()["tasks"]
+                turn = next(t for t in reversed(tasks) if t["role"] == "orchestrator")
+                await page.evaluate(f"location.hash = '#task/{turn['id']}'")
+                child = page.locator("#task-detail .events .children a")
+                await expect(child).to_have_count(1, timeout=20_000)
+                await expect(child).to_contain_text("worker")
+                await shot(page, "task-turn-folded-1280")

@@ -50,6 +50,7 @@ function renderRecord(e) {
         h("div", {}, h("span", { class: "title" }, p.retry_of ? `Worker retried (attempt ${p.attempt})` : "Worker dispatched"), " ",
           chip(taskState(t))),
         h("div", {}, firstLine(p.brief, 200)),
+        workerActivity(e.task_id),
         h("a", { href: `#task/${e.task_id}` }, "open the task"));
     }
     case "handoff":
@@ -79,11 +80,34 @@ function renderRecord(e) {
   }
 }
 
-// A running turn of the focused thread: its assistant text and tool calls as they are journaled.
+// A running turn of the focused thread: its assistant text and tool calls as they are journaled. A
+// worker's lines fold under the card of the dispatch that started it.
 export function liveEvent(e) {
-  if (!isLive(e) || e.session_id !== S.thread || !e.task_id || hasResult(e.task_id)) return false;
+  if (!isLive(e) || !e.task_id) return false;
+  if (e.session_id !== S.thread) {
+    if (!S.threadTasks.has(e.task_id) || S.tasks.get(e.task_id)?.role !== "worker") return false;
+    workerProgress(e.task_id).add(e);
+    return false; // updated in place: nothing to re-render
+  }
+  if (hasResult(e.task_id)) return false;
   if (!S.live.has(e.task_id)) S.live.set(e.task_id, new Progress(e.task_id));
   return S.live.get(e.task_id).add(e);
+}
+
+function workerProgress(taskId) {
+  if (!S.workers.has(taskId)) S.workers.set(taskId, new Progress(taskId));
+  return S.workers.get(taskId);
+}
+
+// the folded activity is read back when first opened; the stream keeps it current from then on
+async function openWorker(taskId, open) {
+  const progress = workerProgress(taskId);
+  progress.open = open;
+  if (!open || S.liveLoaded.has(taskId)) return;
+  S.liveLoaded.add(taskId);
+  const data = await api(`/api/tasks/${taskId}/events?limit=1000`);
+  for (const e of data.events) if (isLive(e)) progress.add(e);
+  if (!progress.count) progress.list.replaceChildren(h("li", { class: "step tool" }, "nothing printed yet"));
 }
 
 function hasResult(taskId) {
@@ -103,6 +127,13 @@ export async function loadLiveTurns() {
     for (const e of data.events) liveEvent(e);
   }));
   if (running.length) renderConversation();
+}
+
+function workerActivity(taskId) {
+  const progress = workerProgress(taskId);
+  return h("details", { class: "activity", open: progress.open,
+    ontoggle: (ev) => openWorker(taskId, ev.target.open).catch((err) => console.warn("worker", err)) },
+  h("summary", {}, "what it is doing ", progress.counter), progress.list);
 }
 
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }

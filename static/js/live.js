@@ -44,6 +44,8 @@ export class Progress {
     this.node = h("li", { class: "msg live", "aria-busy": "true", "data-live-task": taskId, ...attrs },
       h("span", { class: "sr" }, "working: "), this.list);
     this.count = 0;
+    this.counter = h("span", { class: "count" });
+    this.open = false;
   }
 
   add(e) {
@@ -69,6 +71,7 @@ export class Progress {
         this.steps.get(b.tool_use_id)?.classList.add(mark);
       }
     }
+    this.counter.textContent = this.count ? `(${this.count})` : "";
     return true;
   }
 

@@ -22,7 +22,8 @@ export const S = {
   conn: "connecting",
   detail: null,              // the task shown in Tasks, with its events
   live: new Map(),           // task id → Progress of the focused thread's running turns (js/live.js)
-  liveLoaded: new Set(),     // running turns whose earlier events were read back
+  workers: new Map(),        // task id → Progress of the focused thread's workers (folded under their dispatch)
+  liveLoaded: new Set(),     // tasks whose earlier events were read back
 };
 
 export function currentTab() {

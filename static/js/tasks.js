@@ -34,15 +34,36 @@ export function renderTasks() {
 
 export async function loadDetail(id, fresh) {
   if (fresh || !S.detail || S.detail.id !== id) {
-    S.detail = { id, task: null, events: new Map(), handoff: null };
+    S.detail = { id, task: null, events: new Map(), handoff: null, children: new Map() };
   }
   const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
     api(`/api/handoffs?scope_id=${id}&limit=1`)]);
+  if (!S.detail || S.detail.id !== id) return;
+  S.detail.children = await childrenByParent(id);
   if (!S.detail || S.detail.id !== id) return;
   S.detail.task = task;
   for (const e of events.events) detailEvent(e, false);
   S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
   renderDetail();
+}
+
+// The tasks this one dispatched, by the event they hang under (their task.spawned's parent_id: the
+// tool call that asked for them), so the detail folds each worker under its dispatch call.
+async function childrenByParent(id) {
+  const byParent = new Map();
+  const kids = [...S.tasks.values()].filter((t) => t.parent_task_id === id);
+  await Promise.all(kids.map(async (kid) => {
+    const first = await api(`/api/tasks/${kid.id}/events?limit=5`);
+    const spawned = first.events.find((e) => e.event_type === "task.spawned");
+    if (spawned?.parent_id) byParent.set(spawned.parent_id, [...(byParent.get(spawned.parent_id) || []), kid]);
+  }));
+  return byParent;
+}
+
+function childList(e) {
+  const kids = S.detail?.children?.get(e.event_id);
+  return kids ? h("ul", { class: "children" }, kids.map((k) => h("li", {},
+    h("a", { href: `#task/${k.id}` }, `${k.role} ${short(k.id)}`), " ", chip(taskState(k)), " ", firstLine(k.brief, 80)))) : null;
 }
 
 function blocksOf(e) {
@@ -57,7 +78,7 @@ function renderEvent(e) {
     return blocksOf(e).map((b) => {
       if (b.type === "text") return h("li", {}, kind, md(b.text));
       if (b.type === "tool_use") return h("li", {}, h("details", {}, h("summary", {}, kind, toolLabel(b.name, b.input)),
-        h("pre", {}, JSON.stringify(b.input, null, 2))));
+        h("pre", {}, JSON.stringify(b.input, null, 2))), childList(e));
       if (b.type === "tool_result") {
         const text = typeof b.content === "string" ? b.content : JSON.stringify(b.content, null, 2);
         return h("li", {}, h("details", {}, h("summary", {}, kind, b.is_error ? "tool result (error)" : "tool result"), h("pre", {}, text)));
@@ -98,7 +119,8 @@ function renderDetailEvents() {
   if (!list || !S.detail) return;
   const follow = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
   const events = [...S.detail.events.values()].sort((a, b) => a.seq - b.seq);
-  const nodes = events.flatMap((e) => eventNodes.get(e.event_id, "", () => renderEvent(e)));
+  const sig = (e) => (S.detail.children?.get(e.event_id) || []).map((k) => `${k.id}:${taskState(k)}`).join();
+  const nodes = events.flatMap((e) => eventNodes.get(e.event_id, sig(e), () => renderEvent(e)));
   eventNodes.prune();
   reconcile(list, nodes);
   $("#task-detail .events-count").textContent = `Events (${events.length})`;

@@ -35,7 +35,7 @@ export async function focusThread(id) {
   S.thread = id;
   presence();
   localStorage.setItem("petal.thread", id);
-  S.conv = new Map(); S.queue = []; S.live = new Map(); S.liveLoaded = new Set();
+  S.conv = new Map(); S.queue = []; S.live = new Map(); S.workers = new Map(); S.liveLoaded = new Set();
   renderThreadPicker();
   await Promise.all([loadTasks(), loadConversation(), loadQueue()]);
   renderAsks();
