@@ -5,14 +5,14 @@
 import { loadFeed, feedEvent, renderFeed } from "./js/activity.js";
 import { api, soon } from "./js/api.js";
 import { loadAsks, renderAsks } from "./js/asks.js";
-import { belongs, liveEvent, loadConversation, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
+import { belongs, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
 import { loadContext } from "./js/context.js";
 import { $, h } from "./js/dom.js";
 import { disableNotify, enableNotify, presence, renderNotify, testNotify } from "./js/notify.js";
 import { S, TABS, currentTab } from "./js/state.js";
 import { setConn, stream } from "./js/stream.js";
 import { detailEvent, loadDetail, loadTasks } from "./js/tasks.js";
-import { changeMode, focusThread, loadThreads, newThread } from "./js/threads.js";
+import { archiveThread, changeMode, findThread, focusThread, loadThreads, newThread, renameThread } from "./js/threads.js";
 
 function onWake(kind) {
   if (kind === "queue") { soon("queue", loadQueue); soon("threads", loadThreads, 300); }
@@ -87,6 +87,10 @@ async function start() {
   $("#thread-mode").addEventListener("change", (ev) => changeMode(ev.target.value).catch((e) => alert(e.message)));
   $("#new-thread").addEventListener("click", () => newThread().catch((e) => alert(e.message)));
   $("#asks-scope").addEventListener("change", renderAsks);
+  $("#thread-rename").addEventListener("click", () => renameThread());
+  $("#thread-archive").addEventListener("click", () => archiveThread());
+  $("#thread-search").addEventListener("change", (ev) => findThread(ev.target.value));
+  $("#load-older").addEventListener("click", () => loadOlder().catch((e) => { $("#thread-status").textContent = e.message; }));
   $("#feed-filter").addEventListener("input", renderFeed);
   window.addEventListener("hashchange", showTab);
   $("#notify-button").addEventListener("click", () => {

@@ -60,7 +60,7 @@ async def test_a_docked_question_keeps_its_buttons_and_the_composer_on_screen(db
                 card = page.locator(f"#pinned-asks .ask[data-ask-id='{ask}']")
                 await expect(card.locator("fieldset")).to_have_count(n)
                 for selector in (f"#pinned-asks .ask[data-ask-id='{ask}'] button[type='submit']",
-                                 f"#pinned-asks .ask[data-ask-id='{ask}'] .actions button.secondary",
+                                 f"#pinned-asks .ask[data-ask-id='{ask}'] .actions button.dismiss",
                                  "#composer-text", "#composer button"):
                     await _reachable(page, selector)
                 await shot(page, f"ask-docked-{n}q-{viewport['width']}")

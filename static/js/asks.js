@@ -76,7 +76,7 @@ function askCard(a, where) {
   form.append(h("div", { class: "actions" },
     h("button", { type: "submit" }, "Submit"),
     h("input", { class: "reply", name: "reply", placeholder: "…or dismiss with a reply", "aria-label": "Reply instead" }),
-    h("button", { type: "button", class: "secondary", onclick: () => dismiss(a, form, error) }, "Dismiss"),
+    h("button", { type: "button", class: "secondary dismiss", onclick: () => dismiss(a, form, error) }, "Dismiss"),
     h("button", { type: "button", class: "secondary retry", hidden: true }, "Retry"),
     h("p", { class: "status", role: "status" }), error));
   form.addEventListener("submit", (ev) => { ev.preventDefault(); answer(a, form, error); });

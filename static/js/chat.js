@@ -7,11 +7,30 @@ import { FINAL, S, taskState } from "./state.js";
 
 const rendered = new Keyed();
 
+// The newest page of the thread, merged into what is shown (pages read back with "load older" stay).
 export async function loadConversation() {
-  const data = await api(`/api/threads/${S.thread}/conversation?limit=300`);
+  const thread = S.thread;
+  const data = await api(`/api/threads/${thread}/conversation?limit=100`);
+  if (thread !== S.thread) return;
   S.convTypes = new Set(data.types);
-  S.conv = new Map(data.events.map((e) => [e.event_id, e]));
+  if (!S.conv.size) S.convMore = data.more;
+  for (const e of data.events) S.conv.set(e.event_id, e);
   renderConversation();
+}
+
+// Pages the thread's history back by seq, keeping the reader's place on screen.
+export async function loadOlder() {
+  const thread = S.thread;
+  const oldest = Math.min(...[...S.conv.values()].map((e) => e.seq));
+  if (!Number.isFinite(oldest)) return;
+  const data = await api(`/api/threads/${thread}/conversation?before_seq=${oldest}&limit=100`);
+  if (thread !== S.thread) return;
+  S.convMore = data.more;
+  const height = document.body.scrollHeight;
+  for (const e of data.events) S.conv.set(e.event_id, e);
+  S.keepPlace = true;
+  renderConversation();
+  window.scrollBy(0, document.body.scrollHeight - height);
 }
 
 export async function loadQueue() {
@@ -144,7 +163,9 @@ function recordSig(e) {
 }
 
 export function renderConversation() {
-  S.stick = atBottom();
+  S.stick = !S.keepPlace && atBottom();
+  S.keepPlace = false;
+  $("#load-older").hidden = !S.convMore;
   // a turn's progress gives way to its final reply; a turn that ended without one leaves nothing behind
   for (const [id, progress] of S.live) {
     if (hasResult(id) || FINAL.has(S.tasks.get(id)?.status)) S.live.delete(id);

@@ -14,6 +14,7 @@ export const S = {
   threadTasks: new Set(),    // ids of the focused thread's turns and workers
   conv: new Map(),           // event_id → event, the focused thread's chat records
   convTypes: new Set(),
+  convMore: false,           // older records exist than the oldest one read
   queue: [],                 // the focused thread's undelivered messages
   outbox: new Map(),         // client_msg_id → a message sent here that the store has not taken yet
   asks: [],                  // pending questions, all threads

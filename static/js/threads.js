@@ -26,6 +26,7 @@ export function renderThreadPicker() {
   const sel = $("#thread-picker");
   sel.replaceChildren(...S.threads.map((t) => h("option", { value: t.id, selected: t.id === S.thread },
     threadName(t) + (t.pending ? " (creating…)" : ""))));
+  $("#thread-names").replaceChildren(...S.threads.map((t) => h("option", { value: threadName(t) })));
   const t = S.threads.find((x) => x.id === S.thread);
   $("#thread-title").textContent = t ? threadName(t) : "";
   $("#thread-mode").value = t?.mode || "interactive";
@@ -35,7 +36,7 @@ export async function focusThread(id) {
   S.thread = id;
   presence();
   localStorage.setItem("petal.thread", id);
-  S.conv = new Map(); S.queue = []; S.live = new Map(); S.workers = new Map(); S.liveLoaded = new Set();
+  S.conv = new Map(); S.convMore = false; S.queue = []; S.live = new Map(); S.workers = new Map(); S.liveLoaded = new Set();
   renderThreadPicker();
   await Promise.all([loadTasks(), loadConversation(), loadQueue()]);
   renderAsks();
@@ -53,4 +54,54 @@ export async function newThread() {
 
 export async function changeMode(mode) {
   await api(`/api/threads/${S.thread}`, { method: "PATCH", body: { mode } });
+}
+
+// Search: the datalist suggests thread names; a name (or the first thread whose name contains the text)
+// is focused.
+export async function findThread(text) {
+  const q = text.trim().toLowerCase();
+  if (!q) return;
+  const t = S.threads.find((x) => threadName(x).toLowerCase() === q)
+    || S.threads.find((x) => threadName(x).toLowerCase().includes(q));
+  $("#thread-status").textContent = t ? "" : `No thread matches “${text.trim()}”.`;
+  if (t) { $("#thread-search").value = ""; await focusThread(t.id); }
+}
+
+// Rename and archive are optimistic: shown at once, confirmed by the thread's own record (the list is
+// re-read on thread.* events); refused, reverted with the server's message.
+export async function renameThread() {
+  const t = S.threads.find((x) => x.id === S.thread);
+  if (!t) return;
+  const title = prompt("Rename the thread", threadName(t));
+  if (title === null || !title.trim() || title.trim() === threadName(t)) return;
+  const before = t.title;
+  t.title = title.trim();
+  renderThreadPicker();
+  $("#thread-status").textContent = "Renaming…";
+  try {
+    await api(`/api/threads/${t.id}`, { method: "PATCH", body: { title: t.title } });
+    $("#thread-status").textContent = "";
+  } catch (e) {
+    t.title = before;
+    renderThreadPicker();
+    $("#thread-status").textContent = `Not renamed: ${e.message}`;
+  }
+}
+
+export async function archiveThread() {
+  const t = S.threads.find((x) => x.id === S.thread);
+  if (!t || !confirm(`Archive “${threadName(t)}”? It leaves the list; its history stays in the journal.`)) return;
+  const at = S.threads.indexOf(t);
+  S.threads.splice(at, 1);
+  const next = S.threads[0]?.id || S.defaultThread;
+  try {
+    const done = api(`/api/threads/${t.id}`, { method: "PATCH", body: { archived: true } });
+    await focusThread(next);
+    await done;
+    $("#thread-status").textContent = `Archived “${threadName(t)}”.`;
+  } catch (e) {
+    S.threads.splice(at, 0, t);
+    await focusThread(t.id);
+    $("#thread-status").textContent = `Not archived: ${e.message}`;
+  }
 }
