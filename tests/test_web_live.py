@@ -222,3 +222,32 @@ async def test_a_workers_activity_folds_under_its_dispatch_in_chat_and_in_the_tu
                 await expect(child).to_have_count(1, timeout=20_000)
                 await expect(child).to_contain_text("worker")
                 await shot(page, "task-turn-folded-1280")
+
+
+async def test_a_stream_gone_silent_without_closing_is_dropped_by_the_watchdog_and_resumed(db: DB) -> None:
+    from shared import journal
+    from shared.models import NewEvent
+    from tests.proxy import FreezableProxy
+    from tests.web import free_port
+
+    port = free_port()
+    # a TCP proxy that can freeze its connections: the page's stream goes silent but stays open
+    async with FreezableProxy(f"host=127.0.0.1 port={port} dbname=unused") as proxy:
+        async with ingress_server(db.ingress_dsn, ingress_port=port, sse_heartbeat_s=1.0,
+                                  allowed_hosts=f"127.0.0.1:{proxy.port}"), browser() as b:
+            async with page_at(b, f"http://127.0.0.1:{proxy.port}") as page:
+                await page.click("a[data-tab='activity']")
+                info = await page.evaluate("fetch('/api/info').then((r) => r.json())")
+                assert info["heartbeat_s"] == 1.0
+                streams: list[str] = []
+                page.on("request", lambda r: streams.append(r.url) if r.url.endswith("/api/stream") else None)
+                await expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+                proxy.freeze_existing()
+                async with await psycopg.AsyncConnection.connect(db.executor_dsn) as conn:
+                    await journal.append_on(conn, [NewEvent("executor.started", {"probe": i}) for i in range(3)])
+                    await conn.commit()
+                # two silent heartbeat intervals later the page reconnects by itself and catches up (a
+                # reconnect the browser puts on another frozen keep-alive socket is dropped the same way)
+                await expect(page.locator("#feed")).to_contain_text('"probe":2', timeout=30_000)
+                assert streams, "the watchdog never opened a new stream"
+                await expect(page.locator("#conn")).to_have_attribute("data-state", "live")

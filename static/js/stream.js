@@ -45,8 +45,9 @@ function pause(ms) {
 // handlers: { onEvent(envelope), onWake(kind, payload), onResume() }
 export async function stream(handlers, heartbeatS = 15) {
   const silenceMs = 2 * heartbeatS * 1000;
+  // lastByte is also set when a connection attempt starts: an attempt that gets no answer is dropped too
   setInterval(() => {
-    if (current && S.conn === "live" && Date.now() - lastByte > silenceMs) reconnectNow("no heartbeat");
+    if (current && Date.now() - lastByte > silenceMs) reconnectNow(S.conn === "live" ? "no heartbeat" : "no answer");
   }, Math.min(5000, silenceMs / 4));
   document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") reconnectNow("visible"); });
   window.addEventListener("online", () => reconnectNow("online"));
@@ -58,14 +59,13 @@ export async function stream(handlers, heartbeatS = 15) {
     setConn(navigator.onLine === false ? "offline" : dropped ? "reconnecting" : "connecting");
     const controller = new AbortController();
     current = controller;
-    let opened = false;
+    lastByte = Date.now();
     try {
       const r = await fetch("/api/stream", {
         headers: { accept: "text/event-stream", "Last-Event-ID": String(S.lastSeq) }, cache: "no-store",
         signal: controller.signal,
       });
       if (!r.ok || !r.body) throw new Error(`stream ${r.status}`);
-      opened = true;
       lastByte = Date.now();
       setConn("live");
       attempt = 0;
@@ -77,8 +77,10 @@ export async function stream(handlers, heartbeatS = 15) {
     current = null;
     dropped = true;
     setConn(navigator.onLine === false ? "offline" : "reconnecting");
-    // an abort asked for a fresh connection now; a failure backs off (an online/visible wake cuts it short)
-    if (!(opened && controller.signal.aborted)) await pause(backoff(attempt++));
+    // our own abort (a wake, back online, silence) asks for a fresh connection now: the silence that
+    // caused it already spaced the attempts, and a dead socket the browser reused is not the server's
+    // fault. A failure backs off (an online/visible wake cuts the wait short).
+    if (!controller.signal.aborted) await pause(backoff(attempt++));
   }
 }
 
