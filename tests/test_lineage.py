@@ -24,7 +24,8 @@ HANDOFF = {"goal": "count the files", "current_state": "there are 3 files", "nex
 
 def _journal(admin_dsn: str) -> dict[uuid.UUID, dict[str, Any]]:
     with psycopg.connect(admin_dsn, row_factory=dict_row) as conn:
-        rows = conn.execute("SELECT j.*, t.role FROM journal j LEFT JOIN tasks t ON t.id = j.task_id ORDER BY seq").fetchall()
+        rows = conn.execute("SELECT j.*, t.role FROM journal j LEFT JOIN tasks t ON t.id = j.task_id"
+                            " ORDER BY seq").fetchall()
     return {r["event_id"]: r for r in rows}
 
 

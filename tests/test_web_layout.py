@@ -40,7 +40,8 @@ UNCOVERED = """(el) => {
   const r = el.getBoundingClientRect();
   const x = r.left + r.width / 2, y = r.top + r.height / 2;
   const top = document.elementFromPoint(x, y);
-  return r.top >= 0 && r.bottom <= innerHeight && r.left >= 0 && r.right <= innerWidth && (top === el || el.contains(top));
+  const inside = r.top >= 0 && r.bottom <= innerHeight && r.left >= 0 && r.right <= innerWidth;
+  return inside && (top === el || el.contains(top));
 }"""
 
 

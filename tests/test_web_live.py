@@ -4,6 +4,8 @@ up with exactly the journal."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -12,11 +14,14 @@ import pytest
 from playwright.async_api import Page, expect
 
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared import journal
+from shared.models import NewEvent
 from shared.threads import DEFAULT_THREAD_ID
 from tests.harness import running_executor
 from tests.pg import DB
+from tests.proxy import FreezableProxy
 from tests.test_web_client import DESKTOP, browser, page_at, shot
-from tests.web import ingress_server
+from tests.web import free_port, ingress_server
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,7 +47,8 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                 await page.fill("#composer-text", "what is new?")
                 await page.click("#composer button")
                 live = page.locator("#messages .msg.live")
-                await expect(live.locator(".step.text")).to_have_text("Let me look at the handoffs first.", timeout=60_000)
+                await expect(live.locator(".step.text")).to_have_text("Let me look at the handoffs first.",
+                                                                      timeout=60_000)
                 # on screen while the turn has no result in the journal yet
                 assert _count(db.admin_dsn, results, []) == 0
                 await expect(live.locator(".step.tool")).to_have_text("reading handoffs")
@@ -131,9 +137,6 @@ QUESTION = {"question": "Go ahead?", "header": "Go", "multiSelect": False,
 async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_ones_revert_with_the_reason(
     db: DB, tmp_path: Path
 ) -> None:
-    import asyncio
-    import json
-
     with psycopg.connect(db.admin_dsn) as conn:
         qid = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions) VALUES"
                            " ('toolu_optimistic', %s, %s) RETURNING id",
@@ -187,8 +190,6 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
 async def test_a_workers_activity_folds_under_its_dispatch_in_chat_and_in_the_turns_task_view(
     db: DB, tmp_path: Path
 ) -> None:
-    import asyncio
-
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "The worker counted 3 files."}]),
         Rule(role="orchestrator", replies=[
@@ -225,11 +226,6 @@ async def test_a_workers_activity_folds_under_its_dispatch_in_chat_and_in_the_tu
 
 
 async def test_a_stream_gone_silent_without_closing_is_dropped_by_the_watchdog_and_resumed(db: DB) -> None:
-    from shared import journal
-    from shared.models import NewEvent
-    from tests.proxy import FreezableProxy
-    from tests.web import free_port
-
     port = free_port()
     # a TCP proxy that can freeze its connections: the page's stream goes silent but stays open
     async with FreezableProxy(f"host=127.0.0.1 port={port} dbname=unused") as proxy:
