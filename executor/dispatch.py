@@ -36,6 +36,7 @@ async def request_task(
     allowed_tools: Sequence[str] | None = None,
     requested_by: str | None = None,
     json_schema: dict[str, Any] | None = None,
+    tool_use_id: str | None = None,
 ) -> uuid.UUID:
     """Record a task for the supervisor to run; returns its id.
 
@@ -61,6 +62,8 @@ async def request_task(
         await journal.append_on(conn, [NewEvent(
             "task.dispatch_requested",
             {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
-             "requested_by": requested_by, "parent_task_id": str(parent_task_id) if parent_task_id else None},
+             "requested_by": requested_by, "parent_task_id": str(parent_task_id) if parent_task_id else None,
+             # the dispatching tool call: the spawned worker hangs under it in the journal's tree
+             **({"tool_use_id": tool_use_id} if tool_use_id else {})},
             task_id=task_id, project_id=project_id)])
     return task_id

@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor import dispatch, policy, worktrees
+from executor import dispatch, lineage, policy, worktrees
 from executor.sql import queries
 from shared import contract, journal, logs
 from shared.models import NewEvent
@@ -173,7 +173,9 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
     first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
     common = {"worker_task_id": str(worker["id"]), "extractor_task_id": str(extractor["id"]),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}
-    ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"]}
+    ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"],
+           # under the extraction run that produced it (see executor/lineage.py)
+           "parent_id": await lineage.task_exit_event(pool, extractor["id"])}
     if errors:
         await conn.execute(queries["mark_extraction_failed"], {"id": worker["id"], "reason": errors[0][:200]})
         log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])

@@ -271,7 +271,7 @@ class Harness:
         try:
             new_id = await dispatch.request_task(
                 self.db.pool, brief=brief, project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
-                parent_task_id=caller.task_id, requested_by=str(caller.session_id))
+                parent_task_id=caller.task_id, requested_by=str(caller.session_id), tool_use_id=_tool_use_id(ctx))
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return {"task_id": str(new_id), "status": "pending",
@@ -296,6 +296,15 @@ async def _news_of(sub: Any, qid: str) -> None:
     question's answer is no news: re-reading the row for it cost every waiter a query per answer."""
     while (note := await sub.get()) is not RESYNC and note.payload != qid:
         pass
+
+
+def _tool_use_id(ctx: Context) -> str | None:
+    """The CLI's id of the tool call being served (from the request's `_meta`), if it sent one."""
+    raw_meta: Any = ctx.request_context.meta or {}
+    # a plain dict in mcp 2.3.x; a model in some builds
+    meta = raw_meta.model_dump() if hasattr(raw_meta, "model_dump") else dict(raw_meta)
+    found = meta.get(TOOL_USE_META)
+    return found if isinstance(found, str) else None
 
 
 def build(harness: Harness) -> MCPServer:

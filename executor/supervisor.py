@@ -12,7 +12,7 @@ import secrets
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from executor import process, projects, substrate, worktrees
+from executor import lineage, process, projects, substrate, worktrees
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, errors, lifeline, logs
@@ -82,6 +82,9 @@ class Running:
     # row updates an outage held back, applied in order once the database is back
     unsaved: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     saving: bool = False
+    spawned_id: uuid.UUID | None = None  # its task.spawned event: the parent of its task.exited
+    tool_calls: dict[str, uuid.UUID] = field(default_factory=dict)  # tool_use_id → the line that made the call
+
 
 
 def _now() -> datetime:
@@ -365,6 +368,7 @@ class Supervisor:
             await self._finish_unspawned(row, "skipped", f"working directory {workdir} does not exist")
             return
         profile = await self._profile(row["role"])
+        parent_id = await lineage.spawn_parent(self.db.pool, row)
         # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
         # the first turn; any other task is a conversation of its own.
         session_id = row["session_id"] or uuid.uuid4()
@@ -411,17 +415,19 @@ class Supervisor:
         # the process runs from here on, database or not: the row learns its pid now or once it is back
         await self._save(r, "set_task_process", {"id": task_id, "pid": proc.pid, "session_id": session_id})
         # queued before any line of the task: the single writer keeps that order in the journal
-        await self.writer.put(self._event(r, "task.spawned", {
+        spawned = self._event(r, "task.spawned", {
             "pid": proc.pid, "role": row["role"], "argv": cmd, "workdir": str(workdir),
-            "attempt": row["attempt"], "plan_ref": row["plan_ref"]}))
+            "attempt": row["attempt"], "plan_ref": row["plan_ref"]}, parent_id=parent_id)
+        r.spawned_id = spawned.event_id
+        await self.writer.put(spawned)
         child = asyncio.create_task(self._supervise(r, row), name=f"task-{task_id}")
         self._children.add(child)
         child.add_done_callback(self._children.discard)
 
     def _event(self, r: Running, event_type: str, payload: Any, created_at: datetime | None = None,
-               payload_json: str | None = None) -> NewEvent:
+               payload_json: str | None = None, parent_id: uuid.UUID | None = None) -> NewEvent:
         return NewEvent(event_type, payload, task_id=r.task_id, session_id=r.session_id, project_id=r.project_id,
-                        created_at=created_at, payload_json=payload_json)
+                        created_at=created_at, payload_json=payload_json, parent_id=parent_id)
 
     # ---- running ---------------------------------------------------------------------------------------
 
@@ -445,7 +451,9 @@ class Supervisor:
                     continue
                 line = substrate.classify(raw)
                 r.facts.feed(line)
-                events.append(self._event(r, line.event_type, line.payload, read_at, line.payload_json))
+                event = self._event(r, line.event_type, line.payload, read_at, line.payload_json)
+                parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event.event_id)
+                events.append(event if parent is None else replace(event, parent_id=parent))
             if events:
                 await self._mark_output(r)
                 await self.writer.put_many(events)
@@ -509,7 +517,7 @@ class Supervisor:
         if not drained:
             payload["pipes_left_open"] = True
         # durable in the journal before the task row says so: the journal is the record
-        await self.writer.write([self._event(r, "task.exited", payload)])
+        await self.writer.write([self._event(r, "task.exited", payload, parent_id=r.spawned_id)])
         await self._exec("finish_task", {
             "id": r.task_id, "status": outcome.status, "reason": reason,
             "exit_code": rc if rc >= 0 else None, "exit_signal": -rc if rc < 0 else None,

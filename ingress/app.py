@@ -49,7 +49,9 @@ async def info(request: Request) -> Response:
         head = (await (await conn.execute(queries["journal_head"])).fetchone())[0]  # type: ignore[index]
     # journal_head: a client that loads its views and then streams from here misses nothing in between
     return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
-                         "auth": request.app.state.auth.mode, "journal_head": head})
+                         "auth": request.app.state.auth.mode, "journal_head": head,
+                         # the SSE heartbeat: a client that hears nothing for two of these reconnects
+                         "heartbeat_s": settings.sse_heartbeat_s})
 
 
 _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
@@ -84,7 +86,9 @@ OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
     (Op("post", "/api/presence", "this page is looking at a thread (no notification for its finished turns)",
         PresenceIn, errors=(415, 422)), notify.presence),
     (Op("get", "/api/threads/{thread_id}/conversation", "the newest records a thread's chat renders, oldest first",
-        params=(Param("thread_id", "path", UUID), _AFTER, _LIMIT), errors=(400,)), reads.conversation),
+        params=(Param("thread_id", "path", UUID), _AFTER,
+                Param("before_seq", "query", SEQ, "page back: only records with a smaller seq"), _LIMIT),
+        errors=(400,)), reads.conversation),
     (Op("get", "/api/info", "what this server is: version, demo mode, auth mode"), info),
     (Op("get", "/api/queue", "chat messages not yet delivered", params=(_THREADQ,), errors=(400,)),
      reads.pending_queue),

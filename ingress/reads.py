@@ -81,10 +81,12 @@ CONVERSATION_TYPES = [
 
 
 async def conversation(request: Request) -> Response:
+    before = query_int(request, "before_seq", 0, lo=1) if request.query_params.get("before_seq") else None
     params = {"thread_id": path_uuid(request, "thread_id"), "after": query_int(request, "after_seq", 0),
-              "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
+              "before": before, "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
     events = await _rows(request, "thread_conversation", params)
-    return respond({"events": events, "types": CONVERSATION_TYPES})
+    # more: older records exist before the first one returned (page back with before_seq = its seq)
+    return respond({"events": events, "types": CONVERSATION_TYPES, "more": len(events) == params["limit"]})
 
 
 async def handoffs(request: Request) -> Response:

@@ -67,11 +67,11 @@ SELECT count(*) FROM schema_migrations
 
 -- name: thread_conversation --
 -- What a thread's chat renders: its own records and those of the workers its turns dispatched (and their
--- retries), the newest `limit` of them, oldest first.
+-- retries), the newest `limit` of them (before `before`, when paging back), oldest first.
 SELECT * FROM (
     SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
     FROM journal
-    WHERE seq > %(after)s AND event_type = ANY(%(types)s)
+    WHERE seq > %(after)s AND (%(before)s::bigint IS NULL OR seq < %(before)s::bigint) AND event_type = ANY(%(types)s)
       AND (session_id = %(thread_id)s
            OR task_id IN (SELECT w.id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
                           WHERE p.session_id = %(thread_id)s))

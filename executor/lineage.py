@@ -1,0 +1,73 @@
+"""The journal's execution tree (`parent_id`), written where an event is built. See docs/api.md.
+
+- a worker's `task.spawned` → the orchestrator's `stream.assistant` event holding the dispatch tool call
+  (the harness records the call's tool_use_id with the dispatch);
+- an extractor's `task.spawned` → its worker's `task.exited`;
+- a task's `task.exited` → its own `task.spawned`;
+- a `stream.user` line carrying tool results → the `stream.assistant` line holding the tool call;
+- a `handoff` / `handoff.extraction_failed` → the extractor's `task.exited`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from executor.sql import queries
+
+# The dispatching tool call's line and the MCP call race to the journal (the CLI prints the line, then
+# calls the tool); at spawn the line is nearly always there already, else wait this long for it.
+CALL_WAIT_S = 2.0
+CALL_POLL_S = 0.1
+
+
+async def _one(source: AsyncConnectionPool | AsyncConnection[Any], name: str, params: dict[str, Any]) -> Any:
+    """The first column of the first row, on a pooled connection or on the caller's (inside its transaction)."""
+    if isinstance(source, AsyncConnectionPool):
+        async with source.connection() as conn:
+            row = await (await conn.execute(queries[name], params)).fetchone()
+    else:
+        row = await (await source.execute(queries[name], params)).fetchone()
+    return row[0] if row else None
+
+
+async def spawn_parent(pool: AsyncConnectionPool, row: dict[str, Any]) -> uuid.UUID | None:
+    """The event a task's `task.spawned` hangs under (None for a root: a turn, a plain dispatch)."""
+    if row.get("parent_task_id") is None:
+        return None
+    if row.get("json_schema") is not None:  # an extractor: under the run it distils
+        return await task_exit_event(pool, row["parent_task_id"])
+    if not await _one(pool, "dispatch_tool_use", {"id": row["id"]}):
+        return None
+    for _ in range(int(CALL_WAIT_S / CALL_POLL_S)):
+        found = await _one(pool, "dispatching_call", {"id": row["id"]})
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        await asyncio.sleep(CALL_POLL_S)
+    return None
+
+
+async def task_exit_event(source: AsyncConnectionPool | AsyncConnection[Any], task_id: uuid.UUID) -> uuid.UUID | None:
+    return await _one(source, "task_exit_event", {"id": task_id})  # type: ignore[no-any-return]
+
+
+def tool_parent(calls: dict[str, uuid.UUID], event_type: str, payload: Any, event_id: uuid.UUID) -> uuid.UUID | None:
+    """Remember an assistant line's tool calls; answer a tool-result line's parent (its call's line)."""
+    content = (payload.get("message") or {}).get("content") if isinstance(payload, dict) else None
+    if not isinstance(content, list):
+        return None
+    blocks = [b for b in content if isinstance(b, dict)]
+    if event_type == "stream.assistant":
+        for b in blocks:
+            if b.get("type") == "tool_use" and isinstance(b.get("id"), str):
+                calls[b["id"]] = event_id
+        return None
+    if event_type == "stream.user":
+        for b in blocks:
+            if b.get("type") == "tool_result" and b.get("tool_use_id") in calls:
+                return calls[b["tool_use_id"]]
+    return None

@@ -1,0 +1,148 @@
+// Asks: the question cards, in the Asks view and docked above the composer in Chat.
+import { api, confirmed, refused, soon } from "./api.js";
+import { $, h, reconcile, short } from "./dom.js";
+import { preview } from "./markdown.js";
+import { S, threadName } from "./state.js";
+
+export async function loadAsks() {
+  S.asks = (await api("/api/asks?status=pending&limit=100")).asks;
+  renderAsks();
+}
+
+function askThread(a) { return a.thread_scope; }
+
+// Cards are kept by ask id across re-renders, so a wake-up never wipes a half-filled answer.
+const cardCache = { list: new Map(), pinned: new Map() };
+
+function cardsFor(asks, cache, where) {
+  const keep = new Set(asks.map((a) => a.id));
+  for (const id of cache.keys()) if (!keep.has(id)) cache.delete(id);
+  return asks.map((a) => { if (!cache.has(a.id)) cache.set(a.id, askCard(a, where)); return cache.get(a.id); });
+}
+
+export function renderAsks() {
+  const count = S.asks.length;
+  const badge = $("#ask-count");
+  badge.hidden = count === 0;
+  badge.textContent = String(count);
+  const scoped = $("#asks-scope").checked;
+  const mine = S.asks.filter((a) => askThread(a) === S.thread || S.threadTasks.has(a.task_id));
+  const cards = cardsFor(scoped ? mine : S.asks, cardCache.list, "list");
+  // reconciled, not replaced: a card being filled in keeps its focus and its place
+  placeCards($("#ask-cards"), cards, cards.length ? cards : [h("p", { class: "empty", tabindex: "-1" },
+    scoped ? "No questions wait on this thread." : "No questions are waiting. When Claude needs you, they land here.")]);
+  const pinned = cardsFor(mine, cardCache.pinned, "pinned");
+  placeCards($("#pinned-asks"), pinned, pinned);
+}
+
+// Focus follows the cards: a card that leaves with the focus in it hands it to the next card (or the
+// composer); a card that arrives while nothing has focus takes it, so a keyboard or screen-reader user
+// lands on the question.
+function placeCards(container, cards, nodes) {
+  const active = document.activeElement;
+  const leaving = [...container.children].find((c) => c.matches?.(".ask") && !cards.includes(c)
+    && (c.contains(active) || c.dataset.hadFocus === "1"));
+  const arriving = cards.find((c) => !c.isConnected);
+  reconcile(container, nodes);
+  if (container.closest("[hidden]")) return;
+  if (leaving) (cards[0] || (container.id === "pinned-asks" ? $("#composer-text") : container.querySelector(".empty"))).focus();
+  else if (arriving && (!document.activeElement || document.activeElement === document.body)) arriving.focus();
+}
+
+function askCard(a, where) {
+  const label = `${where}-ask-${a.id}`;
+  const form = h("form", { class: "ask", "data-ask-id": a.id, tabindex: "-1", "aria-labelledby": label });
+  const thread = S.threads.find((t) => t.id === askThread(a));
+  form.append(h("div", { class: "from", id: label }, a.asked_by === "harness" ? "The harness asks" : "Claude asks",
+    thread ? ` · ${threadName(thread)}` : "", a.task_id ? [" · ", h("a", { href: `#task/${a.task_id}` }, `task ${short(a.task_id)}`)] : null));
+  a.questions.forEach((q, qi) => {
+    const name = `${a.id}-${qi}`;
+    const fieldset = h("fieldset", { class: "question", "data-question": q.question });
+    fieldset.append(h("legend", { class: "header" }, q.header || "Question"), h("p", { class: "q" }, q.question));
+    const options = h("div", { class: "options", role: q.multiSelect ? "group" : "radiogroup" });
+    for (const o of q.options) {
+      // the preview sits beside the label, so opening it never toggles the choice
+      options.append(h("div", { class: "option" },
+        h("label", {},
+          h("input", { type: q.multiSelect ? "checkbox" : "radio", name, value: o.label }),
+          h("span", {}, h("span", { class: "label" }, o.label), o.description ? h("span", { class: "desc" }, o.description) : null)),
+        o.preview ? h("details", { class: "preview" }, h("summary", {}, "preview"), preview(o.preview)) : null));
+    }
+    fieldset.append(options, h("input", { class: "other", name: `${name}-other`, placeholder: "Other (type your own answer)",
+      "aria-label": `Other answer to: ${q.question}` }));
+    form.append(fieldset);
+  });
+  const error = h("p", { class: "error", role: "alert" });
+  form.append(h("div", { class: "actions" },
+    h("button", { type: "submit" }, "Submit"),
+    h("input", { class: "reply", name: "reply", placeholder: "…or dismiss with a reply", "aria-label": "Reply instead" }),
+    h("button", { type: "button", class: "secondary dismiss", onclick: () => dismiss(a, form, error) }, "Dismiss"),
+    h("button", { type: "button", class: "secondary retry", hidden: true }, "Retry"),
+    h("p", { class: "status", role: "status" }), error));
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); answer(a, form, error); });
+  return form;
+}
+
+async function answer(a, form, error) {
+  const answers = {};
+  a.questions.forEach((q, qi) => {
+    const name = `${a.id}-${qi}`;
+    const other = form.querySelector(`[name="${name}-other"]`).value.trim();
+    const picked = [...form.querySelectorAll(`input[name="${name}"]:checked`)].map((i) => i.value);
+    if (q.multiSelect) {
+      const values = [...picked, ...(other ? [{ other }] : [])];
+      if (values.length) answers[q.question] = values;
+    } else if (other) answers[q.question] = { other };
+    else if (picked.length) answers[q.question] = picked[0];
+  });
+  if (!Object.keys(answers).length) { error.textContent = "Choose an option or type an answer."; return; }
+  const reply = form.querySelector('[name="reply"]').value.trim();
+  await submitAnswer(a, { answers, ...(reply ? { response: reply } : {}) }, form, error);
+}
+
+async function dismiss(a, form, error) {
+  const reply = form.querySelector('[name="reply"]').value.trim();
+  if (reply) await submitAnswer(a, { response: reply }, form, error);
+  else {
+    try { await api(`/api/asks/${a.id}`, { method: "DELETE" }); removeAsk(a.id); } catch (e) { error.textContent = e.message; }
+  }
+}
+
+// Optimistic answer: the card shows at once that the answer is on its way and leaves when the store has
+// it; unconfirmed in time it says so and offers Retry; refused, it comes back with the server's message.
+async function submitAnswer(a, body, form, error) {
+  const status = form.querySelector(".status");
+  const retry = form.querySelector(".retry");
+  if (form.contains(document.activeElement)) form.dataset.hadFocus = "1"; // disabling a button drops focus
+  for (const b of form.querySelectorAll("button")) b.disabled = true;
+  form.classList.add("pending");
+  form.setAttribute("aria-busy", "true");
+  error.textContent = "";
+  status.textContent = "Sending your answer…";
+  retry.hidden = true;
+  try {
+    await confirmed(api(`/api/asks/${a.id}/answer`, { method: "POST", body }), () => {
+      status.textContent = "No confirmation yet: the answer may not have arrived.";
+      retry.hidden = false;
+      retry.disabled = false;
+      retry.onclick = () => submitAnswer(a, body, form, error);
+    });
+    removeAsk(a.id);
+  } catch (e) {
+    form.classList.remove("pending");
+    form.removeAttribute("aria-busy");
+    status.textContent = "";
+    for (const b of form.querySelectorAll("button")) b.disabled = false;
+    if (refused(e)) {
+      retry.hidden = true;
+      error.textContent = e.message;
+      soon("asks", loadAsks);
+    } else {
+      error.textContent = `Not sent: ${e.message}`;
+      retry.hidden = false;
+      retry.onclick = () => submitAnswer(a, body, form, error);
+    }
+  }
+}
+
+function removeAsk(id) { S.asks = S.asks.filter((x) => x.id !== id); renderAsks(); }

@@ -1,0 +1,251 @@
+// Chat: the focused thread's conversation, its undelivered messages, the turn status and the composer.
+import { api, confirmed, refused } from "./api.js";
+import { $, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
+import { Progress, isLive } from "./live.js";
+import { md } from "./markdown.js";
+import { FINAL, S, taskState } from "./state.js";
+
+const rendered = new Keyed();
+
+// The newest page of the thread, merged into what is shown (pages read back with "load older" stay).
+export async function loadConversation() {
+  const thread = S.thread;
+  const data = await api(`/api/threads/${thread}/conversation?limit=100`);
+  if (thread !== S.thread) return;
+  S.convTypes = new Set(data.types);
+  if (!S.conv.size) S.convMore = data.more;
+  for (const e of data.events) S.conv.set(e.event_id, e);
+  renderConversation();
+}
+
+// Pages the thread's history back by seq, keeping the reader's place on screen.
+export async function loadOlder() {
+  const thread = S.thread;
+  const oldest = Math.min(...[...S.conv.values()].map((e) => e.seq));
+  if (!Number.isFinite(oldest)) return;
+  const data = await api(`/api/threads/${thread}/conversation?before_seq=${oldest}&limit=100`);
+  if (thread !== S.thread) return;
+  S.convMore = data.more;
+  const height = document.body.scrollHeight;
+  for (const e of data.events) S.conv.set(e.event_id, e);
+  S.keepPlace = true;
+  renderConversation();
+  window.scrollBy(0, document.body.scrollHeight - height);
+}
+
+export async function loadQueue() {
+  S.queue = (await api(`/api/queue?thread_id=${S.thread}`)).pending;
+  renderConversation();
+}
+
+export function belongs(e) {
+  if (e.session_id === S.thread) return true;
+  if (e.task_id && S.threadTasks.has(e.task_id)) return true;
+  if (e.event_type === "task.dispatch_requested") {
+    const p = e.payload || {};
+    if (S.threadTasks.has(p.parent_task_id) || S.threadTasks.has(p.retry_of)) { S.threadTasks.add(e.task_id); return true; }
+  }
+  return false;
+}
+
+function renderRecord(e) {
+  const p = e.payload || {};
+  const key = { "data-event-id": e.event_id };
+  switch (e.event_type) {
+    case "task.user_message":
+      return h("li", { class: "msg user", ...key }, p.text);
+    case "thread.harness_message":
+      return h("li", { class: "msg note", ...key }, h("details", {}, h("summary", {}, "the harness told the orchestrator"),
+        h("pre", {}, p.text)));
+    case "stream.result": {
+      if (e.session_id !== S.thread) return null; // a worker's final text belongs to its task
+      const text = typeof p.result === "string" ? p.result : (p.errors || []).join("\n") || p.subtype;
+      return h("li", { class: `msg assistant${p.is_error ? " error" : ""}`, ...key }, md(text));
+    }
+    case "task.dispatch_requested": {
+      if (p.role && p.role !== "worker") return null;
+      const t = S.tasks.get(e.task_id);
+      return h("li", { class: "msg worker", ...key },
+        h("div", {}, h("span", { class: "title" }, p.retry_of ? `Worker retried (attempt ${p.attempt})` : "Worker dispatched"), " ",
+          chip(taskState(t))),
+        h("div", {}, firstLine(p.brief, 200)),
+        workerActivity(e.task_id),
+        h("a", { href: `#task/${e.task_id}` }, "open the task"));
+    }
+    case "handoff":
+      return h("li", { class: "msg worker", ...key },
+        h("div", {}, h("span", { class: "title" }, "Handoff"), " ", chip(p.status || "success")),
+        h("div", {}, p.current_state || p.goal || ""),
+        p.next_step ? h("div", { class: "meta" }, "next: ", p.next_step) : null,
+        h("a", { href: `#task/${e.task_id}` }, "details"));
+    case "handoff.extraction_failed":
+      return h("li", { class: "msg note error", ...key }, "The handoff failed the validation gate: ", firstLine((p.errors || [])[0]));
+    case "task.dispatch_refused":
+      return h("li", { class: "msg note", ...key }, `Dispatch refused (${p.reason}): `, firstLine(p.brief));
+    case "policy.decision":
+      if (p.action === "report") return null;
+      return h("li", { class: "msg note", ...key }, `Policy: ${p.status} → ${p.action.replace("_", " ")} (${p.why})`);
+    case "escalation.resolved":
+      return h("li", { class: "msg note", ...key }, `Escalation answered: ${p.decision}`);
+    case "task.stalled":
+      return h("li", { class: "msg note error", ...key }, `A task went silent (${Math.round(p.silent_s)} s): `,
+        h("a", { href: `#task/${e.task_id}` }, short(e.task_id)));
+    case "thread.created":
+      return h("li", { class: "msg note", ...key }, `Thread started (${p.mode || "interactive"})`);
+    case "thread.mode_changed":
+      return h("li", { class: "msg note", ...key }, `Mode: ${p.mode}`);
+    default:
+      return null;
+  }
+}
+
+// A running turn of the focused thread: its assistant text and tool calls as they are journaled. A
+// worker's lines fold under the card of the dispatch that started it.
+export function liveEvent(e) {
+  if (!isLive(e) || !e.task_id) return false;
+  if (e.session_id !== S.thread) {
+    if (!S.threadTasks.has(e.task_id) || S.tasks.get(e.task_id)?.role !== "worker") return false;
+    workerProgress(e.task_id).add(e);
+    return false; // updated in place: nothing to re-render
+  }
+  if (hasResult(e.task_id)) return false;
+  if (!S.live.has(e.task_id)) S.live.set(e.task_id, new Progress(e.task_id));
+  return S.live.get(e.task_id).add(e);
+}
+
+function workerProgress(taskId) {
+  if (!S.workers.has(taskId)) S.workers.set(taskId, new Progress(taskId));
+  return S.workers.get(taskId);
+}
+
+// the folded activity is read back when first opened; the stream keeps it current from then on
+async function openWorker(taskId, open) {
+  const progress = workerProgress(taskId);
+  progress.open = open;
+  if (!open || S.liveLoaded.has(taskId)) return;
+  S.liveLoaded.add(taskId);
+  const data = await api(`/api/tasks/${taskId}/events?limit=1000`);
+  for (const e of data.events) if (isLive(e)) progress.add(e);
+  if (!progress.count) progress.list.replaceChildren(h("li", { class: "step tool" }, "nothing printed yet"));
+}
+
+function hasResult(taskId) {
+  for (const e of S.conv.values()) if (e.event_type === "stream.result" && e.task_id === taskId) return true;
+  return false;
+}
+
+// A page opened (or a stream resumed) mid-turn reads back what the running turn already printed.
+export async function loadLiveTurns() {
+  const thread = S.thread;
+  const running = [...S.tasks.values()].filter((t) => t.session_id === thread && t.role === "orchestrator"
+    && t.status === "running" && !S.liveLoaded.has(t.id));
+  await Promise.all(running.map(async (t) => {
+    S.liveLoaded.add(t.id);
+    const data = await api(`/api/tasks/${t.id}/events?limit=1000`);
+    if (S.thread !== thread) return;
+    for (const e of data.events) liveEvent(e);
+  }));
+  if (running.length) renderConversation();
+}
+
+function workerActivity(taskId) {
+  const progress = workerProgress(taskId);
+  return h("details", { class: "activity", open: progress.open,
+    ontoggle: (ev) => openWorker(taskId, ev.target.open).catch((err) => console.warn("worker", err)) },
+  h("summary", {}, "what it is doing ", progress.counter), progress.list);
+}
+
+function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
+export function scrollChat(force) { if (force || S.stick) window.scrollTo(0, document.body.scrollHeight); }
+
+function recordSig(e) {
+  return e.event_type === "task.dispatch_requested" ? taskState(S.tasks.get(e.task_id)) : "";
+}
+
+export function renderConversation() {
+  S.stick = !S.keepPlace && atBottom();
+  S.keepPlace = false;
+  $("#load-older").hidden = !S.convMore;
+  // a turn's progress gives way to its final reply; a turn that ended without one leaves nothing behind
+  for (const [id, progress] of S.live) {
+    if (hasResult(id) || FINAL.has(S.tasks.get(id)?.status)) S.live.delete(id);
+    else progress.node.hidden = progress.count === 0;
+  }
+  const entries = [...S.conv.values()].map((e) => ({ seq: e.seq, node: rendered.get(e.event_id, recordSig(e), () => renderRecord(e)) }));
+  for (const progress of S.live.values()) entries.push({ seq: progress.firstSeq, node: progress.node });
+  const items = entries.filter((x) => x.node).sort((a, b) => a.seq - b.seq).map((x) => x.node);
+  for (const q of S.queue) {
+    items.push(rendered.get(`queue:${q.id}`, `${q.status}`, () => h("li", { class: "msg user pending", "data-queue-id": q.id },
+      q.origin === "harness" ? "(harness report) " + firstLine(q.text) : q.text,
+      h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…"))));
+  }
+  for (const item of S.outbox.values()) {
+    if (item.thread === S.thread) items.push(rendered.get(`out:${item.id}`, item.state, () => outboxItem(item)));
+  }
+  if (!items.length) items.push(rendered.get("empty", "", () => h("li", { class: "empty" }, "Nothing here yet. Say what you want done; the orchestrator plans it and dispatches workers.")));
+  rendered.prune();
+  reconcile($("#messages"), items);
+  renderTurnStatus();
+  scrollChat(false);
+}
+
+export function renderTurnStatus() {
+  const turn = [...S.tasks.values()].find((t) => t.session_id === S.thread && t.role === "orchestrator"
+    && (t.status === "running" || t.status === "pending"));
+  const el = $("#turn-status");
+  el.hidden = !turn;
+  if (turn) el.textContent = turn.activity === "awaiting_user" ? "The orchestrator is waiting for your answer"
+    : turn.activity === "stalled" ? "The orchestrator's turn is stalled" : "The orchestrator is working…";
+}
+
+// Optimistic send: the message shows at once as pending, becomes the queue's row when the store takes
+// it (and the echo when the turn boundary delivers it); unconfirmed in time it says so and offers Retry;
+// refused, it goes back into the composer with the server's message. Retries reuse the client_msg_id,
+// which the server deduplicates.
+export async function send(ev) {
+  ev.preventDefault();
+  const box = $("#composer-text");
+  const text = box.value.trim();
+  if (!text) return;
+  const item = { id: crypto.randomUUID(), text, thread: S.thread, state: "sending", error: null };
+  S.outbox.set(item.id, item);
+  box.value = "";
+  $("#composer-error").textContent = "";
+  renderConversation();
+  scrollChat(true);
+  await deliver(item);
+}
+
+async function deliver(item) {
+  item.state = "sending";
+  renderConversation();
+  try {
+    const queued = await confirmed(
+      api("/api/chat", { method: "POST", body: { text: item.text, thread_id: item.thread, client_msg_id: item.id } }),
+      () => { if (S.outbox.has(item.id)) { item.state = "late"; renderConversation(); } });
+    S.outbox.delete(item.id);
+    if (item.thread === S.thread && !S.queue.some((q) => q.id === queued.id)
+        && ![...S.conv.values()].some((e) => e.message_id === queued.id)) {
+      S.queue.push({ ...queued, text: item.text, status: queued.status || "pending" });
+    }
+  } catch (e) {
+    if (refused(e)) {
+      S.outbox.delete(item.id);
+      const box = $("#composer-text");
+      if (!box.value) box.value = item.text;
+      $("#composer-error").textContent = `Not sent: ${e.message}`;
+    } else {
+      item.state = "failed";
+      item.error = e.message;
+    }
+  }
+  renderConversation();
+}
+
+function outboxItem(item) {
+  const retry = h("button", { type: "button", class: "secondary retry", onclick: () => deliver(item) }, "Retry");
+  const meta = { sending: ["sending…"], late: ["not confirmed yet — ", retry],
+    failed: [`not sent (${item.error}) — `, retry] }[item.state];
+  return h("li", { class: `msg user pending ${item.state}`, "data-client-msg-id": item.id }, item.text,
+    h("span", { class: "meta" }, ...meta));
+}

@@ -1,0 +1,56 @@
+// Small DOM helpers shared by every view. User-supplied text only ever goes in as text nodes here.
+
+export const $ = (sel) => document.querySelector(sel);
+export const short = (id) => String(id ?? "").slice(0, 8);
+export const firstLine = (s, n = 120) => { const l = String(s ?? "").split("\n")[0]; return l.length > n ? l.slice(0, n) + "…" : l; };
+export const when = (t) => (t ? new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) : "");
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+export function escapeHtml(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+export function chip(status) { return h("span", { class: `chip ${status}` }, status.replace("_", " ")); }
+
+// Puts exactly `nodes` into `parent`, in order, moving only what is out of place: nodes that stay are
+// never re-created or detached, so focus, open <details> and scroll survive a re-render (no flicker).
+export function reconcile(parent, nodes) {
+  let i = 0;
+  for (const n of nodes) {
+    const at = parent.childNodes[i];
+    if (at !== n) parent.insertBefore(n, at || null);
+    i += 1;
+  }
+  while (parent.childNodes.length > nodes.length) parent.lastChild.remove();
+}
+
+// A cache of rendered nodes by key and signature: the same key with the same signature is the same node.
+export class Keyed {
+  constructor() { this.nodes = new Map(); this.used = new Set(); }
+  get(key, sig, make) {
+    this.used.add(key);
+    const c = this.nodes.get(key);
+    if (c && c.sig === sig) return c.node;
+    const node = make();
+    if (node) this.nodes.set(key, { node, sig });
+    return node;
+  }
+  prune() { for (const k of this.nodes.keys()) if (!this.used.has(k)) this.nodes.delete(k); this.used = new Set(); }
+}

@@ -1,0 +1,232 @@
+// Tasks: the list (stalls unmissable), and one task's detail with its events and handoff.
+import { api, confirmed, refused } from "./api.js";
+import { loadLiveTurns, renderConversation, renderTurnStatus } from "./chat.js";
+import { $, Keyed, chip, firstLine, h, reconcile, short, sleep, when } from "./dom.js";
+import { toolLabel } from "./live.js";
+import { md } from "./markdown.js";
+import { S, taskState } from "./state.js";
+
+export async function loadTasks() {
+  const [all, mine] = await Promise.all([api("/api/tasks?limit=200"), api(`/api/tasks?limit=500&thread_id=${S.thread}`)]);
+  S.tasks = new Map(all.tasks.map((t) => [t.id, t]));
+  for (const t of mine.tasks) S.tasks.set(t.id, t);
+  S.threadTasks = new Set(mine.tasks.map((t) => t.id));
+  renderTasks(); renderTurnStatus(); renderConversation();
+  loadLiveTurns().catch((e) => console.warn("live", e));
+  if (S.detail) loadDetail(S.detail.id, false);
+}
+
+export function renderTasks() {
+  const tasks = [...S.tasks.values()].sort((a, b) => String(b.created_at).localeCompare(String(a.created_at)));
+  const stalled = tasks.filter((t) => t.status === "running" && t.activity === "stalled");
+  const badge = $("#stalled-count");
+  badge.hidden = !stalled.length;
+  badge.textContent = String(stalled.length);
+  const banner = $("#stalled-banner");
+  banner.hidden = !stalled.length;
+  banner.replaceChildren(...(stalled.length ? [`${stalled.length} task${stalled.length > 1 ? "s are" : " is"} stalled: `,
+    ...stalled.map((t) => h("a", { href: `#task/${t.id}` }, `${t.role} ${short(t.id)}`)), " — silent past the threshold."] : []));
+  const items = tasks.map((t) => h("li", { class: taskState(t) },
+    h("a", { href: `#task/${t.id}` }, chip(taskState(t)), h("span", { class: "role" }, t.role),
+      h("span", { class: "brief" }, firstLine(t.brief)), h("span", { class: "role" }, when(t.created_at)))));
+  $("#task-list").replaceChildren(...(items.length ? items : [h("li", { class: "empty" }, "No tasks yet. Workers appear here the moment they are dispatched.")]));
+}
+
+export async function loadDetail(id, fresh) {
+  if (fresh || !S.detail || S.detail.id !== id) {
+    S.detail = { id, task: null, events: new Map(), handoff: null, children: new Map() };
+  }
+  const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
+    api(`/api/handoffs?scope_id=${id}&limit=1`)]);
+  // a project worker's recorded changes (404: not a project worker; 409: not recorded yet) and its usage
+  const [changes, usage] = await Promise.all([api(`/api/tasks/${id}/diff`).catch(() => null),
+    api(`/api/usage?by=task&task_id=${id}`).catch(() => null)]);
+  if (!S.detail || S.detail.id !== id) return;
+  S.detail.changes = changes;
+  S.detail.usage = usage?.total || null;
+  S.detail.children = await childrenByParent(id);
+  if (!S.detail || S.detail.id !== id) return;
+  S.detail.task = task;
+  for (const e of events.events) detailEvent(e, false);
+  S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
+  renderDetail();
+}
+
+// The tasks this one dispatched, by the event they hang under (their task.spawned's parent_id: the
+// tool call that asked for them), so the detail folds each worker under its dispatch call.
+async function childrenByParent(id) {
+  const byParent = new Map();
+  const kids = [...S.tasks.values()].filter((t) => t.parent_task_id === id);
+  await Promise.all(kids.map(async (kid) => {
+    const first = await api(`/api/tasks/${kid.id}/events?limit=5`);
+    const spawned = first.events.find((e) => e.event_type === "task.spawned");
+    if (spawned?.parent_id) byParent.set(spawned.parent_id, [...(byParent.get(spawned.parent_id) || []), kid]);
+  }));
+  return byParent;
+}
+
+function childList(e) {
+  const kids = S.detail?.children?.get(e.event_id);
+  return kids ? h("ul", { class: "children" }, kids.map((k) => h("li", {},
+    h("a", { href: `#task/${k.id}` }, `${k.role} ${short(k.id)}`), " ", chip(taskState(k)), " ", firstLine(k.brief, 80)))) : null;
+}
+
+function blocksOf(e) {
+  const content = e.payload?.message?.content;
+  return Array.isArray(content) ? content : typeof content === "string" ? [{ type: "text", text: content }] : [];
+}
+
+function renderEvent(e) {
+  const p = e.payload || {};
+  const kind = h("span", { class: "kind" }, `#${e.seq} ${e.event_type}`);
+  if (e.event_type === "stream.assistant" || e.event_type === "stream.user") {
+    return blocksOf(e).map((b) => {
+      if (b.type === "text") return h("li", {}, kind, md(b.text));
+      if (b.type === "tool_use") return h("li", {}, h("details", {}, h("summary", {}, kind, toolLabel(b.name, b.input)),
+        h("pre", {}, JSON.stringify(b.input, null, 2))), childList(e));
+      if (b.type === "tool_result") {
+        const text = typeof b.content === "string" ? b.content : JSON.stringify(b.content, null, 2);
+        return h("li", {}, h("details", {}, h("summary", {}, kind, b.is_error ? "tool result (error)" : "tool result"), h("pre", {}, text)));
+      }
+      return h("li", {}, h("details", {}, h("summary", {}, kind, b.type), h("pre", {}, JSON.stringify(b, null, 2))));
+    });
+  }
+  if (e.event_type === "stream.result") return h("li", {}, kind, `result: ${p.subtype}${p.is_error ? " (error)" : ""}`, p.result ? md(p.result) : null);
+  if (e.event_type === "task.stderr") return h("li", {}, kind, h("pre", {}, p.line));
+  return h("li", {}, h("details", {}, h("summary", {}, kind, firstLine(p.status || p.reason || p.text || "", 80)),
+    h("pre", {}, JSON.stringify(p, null, 2))));
+}
+
+function renderHandoff(x) {
+  if (!x) return h("p", { class: "empty" }, "No handoff (yet). It is derived when the worker exits.");
+  const list = (items, fmt) => (items?.length ? h("ul", {}, items.map((i) => h("li", {}, fmt(i)))) : h("span", {}, "none"));
+  return h("dl", {},
+    h("dt", {}, "goal"), h("dd", {}, x.goal ?? ""),
+    h("dt", {}, "state"), h("dd", {}, x.current_state ?? ""),
+    h("dt", {}, "next step"), h("dd", {}, x.next_step ?? ""),
+    h("dt", {}, "status"), h("dd", {}, chip(x.status || "success")),
+    h("dt", {}, "ruled out"), h("dd", {}, list(x.ruled_out, (r) => `${r.approach} — ${r.reason}`)),
+    h("dt", {}, "artifacts"), h("dd", {}, list(x.artifacts, (a) => (typeof a === "string" ? a : JSON.stringify(a)))),
+    x.gate_decisions ? [h("dt", {}, "gates"), h("dd", {}, list(x.gate_decisions, (g) => `${g.gate}: ${g.decision_point}`))] : null);
+}
+
+// A running task's events are tailed in place: each arrives once (keyed by event id), in seq order.
+export function detailEvent(e, render = true) {
+  if (!S.detail || e.task_id !== S.detail.id || S.detail.events.has(e.event_id)) return;
+  S.detail.events.set(e.event_id, e);
+  if (render) renderDetailEvents();
+}
+
+const eventNodes = new Keyed();
+
+function renderDetailEvents() {
+  const list = $("#task-detail ol.events");
+  if (!list || !S.detail) return;
+  const follow = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+  const events = [...S.detail.events.values()].sort((a, b) => a.seq - b.seq);
+  const sig = (e) => (S.detail.children?.get(e.event_id) || []).map((k) => `${k.id}:${taskState(k)}`).join();
+  const nodes = events.flatMap((e) => eventNodes.get(e.event_id, sig(e), () => renderEvent(e)));
+  eventNodes.prune();
+  reconcile(list, nodes);
+  $("#task-detail .events-count").textContent = `Events (${events.length})`;
+  if (follow && S.detail.task?.status === "running") window.scrollTo(0, document.body.scrollHeight);
+}
+
+export function renderDetail() {
+  const d = S.detail;
+  const box = $("#task-detail");
+  if (!d || !d.task) { box.hidden = true; return; }
+  const t = d.task;
+  const live = t.status === "running" || t.status === "pending";
+  box.hidden = false;
+  if (box.dataset.taskId !== t.id) {
+    box.dataset.taskId = t.id;
+    box.replaceChildren(h("div", { class: "detail-head" }), h("h3", { class: "events-count" }), h("ol", { class: "events" }));
+  }
+  const open = box.querySelector(".detail-head details.brief")?.open;
+  box.querySelector(".detail-head").replaceChildren(
+    h("a", { href: "#tasks" }, "← all tasks"),
+    h("h2", {}, `${t.role} ${short(t.id)} `, chip(taskState(t))),
+    h("dl", {},
+      h("dt", {}, "brief"), h("dd", {}, h("details", { class: "brief", open }, h("summary", {}, firstLine(t.brief)), h("pre", {}, t.brief))),
+      h("dt", {}, "reason"), h("dd", {}, t.status_reason || "—"),
+      h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
+      h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
+    live ? stopControl(t) : "",
+    d.usage?.runs ? h("p", { class: "usage" }, `${d.usage.input_tokens + d.usage.output_tokens} tokens · $${d.usage.cost_usd.toFixed(4)}`) : "",
+    h("h3", {}, "Handoff"), renderHandoff(d.handoff),
+    d.changes ? renderChanges(t, d.changes) : "");
+  renderDetailEvents();
+}
+
+// ---- a project worker's changes: files, the diff, Merge / Discard -----------------------------------------
+
+const DIFF_LINES_SHOWN = 4000;
+
+function renderDiff(text) {
+  const lines = String(text || "").split("\n");
+  const cls = (l) => (l.startsWith("+++") || l.startsWith("---") || l.startsWith("diff ") ? "file"
+    : l.startsWith("@@") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : l.startsWith("…") ? "cut" : "");
+  const shown = lines.slice(0, DIFF_LINES_SHOWN).map((l) => h("span", { class: cls(l) }, l + "\n"));
+  if (lines.length > DIFF_LINES_SHOWN) shown.push(h("span", { class: "cut" }, `… ${lines.length - DIFF_LINES_SHOWN} more lines on the branch`));
+  return h("pre", { class: "diff" }, shown);
+}
+
+function renderChanges(t, c) {
+  const files = c.files || [];
+  const open = !c.review && !c.error;
+  const into = c.base_branch || "the project's branch";
+  return h("section", { class: "changes" },
+    h("h3", {}, `Changes on ${c.branch}`, c.review ? [" ", chip(c.review)] : null),
+    c.error ? h("p", { class: "error" }, c.error) : null,
+    h("ul", { class: "files" }, files.length ? files.map((f) => h("li", {}, h("code", {}, f.path),
+      ` +${f.added ?? "bin"} −${f.deleted ?? "bin"}`)) : h("li", { class: "empty" }, "no changes")),
+    open ? h("div", { class: "actions" },
+      h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
+      h("button", { type: "button", class: "danger", onclick: () => reviewTask(t.id, "discard", `Discard ${c.branch}? The branch is deleted.`) }, "Discard")) : null,
+    h("p", { class: `review-result${S.detail?.note?.error ? " error" : ""}`, id: "review-result" }, S.detail?.note?.text || ""),
+    c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, "diff"), renderDiff(c.diff)) : null);
+}
+
+async function reviewTask(id, action, question) {
+  if (!confirm(question)) return;
+  // the note lives with the task shown, so a live re-render (its events arrive meanwhile) keeps it
+  const note = (text, error = false) => { if (S.detail?.id === id) { S.detail.note = { text, error }; renderDetail(); } };
+  try {
+    const queued = await api(`/api/tasks/${id}/${action}`, { method: "POST", body: {} });
+    note(`${action} queued…`);
+    for (let i = 0; i < 120; i++) {  // the executor carries it out; its outcome is on the request row
+      const r = await api(`/api/project-requests/${queued.id}`);
+      if (r.status === "done" || r.status === "failed") {
+        if (r.status === "done") await loadDetail(id, false);  // the branch is merged or gone now
+        note(r.status === "done" ? `${action} done` : `${action} failed: ${r.error}`, r.status !== "done");
+        return;
+      }
+      await sleep(500);
+    }
+  } catch (e) { note(e.message, true); }
+}
+
+// Optimistic stop: "stopping…" at once; the task's own end makes it final. Unconfirmed in time it offers
+// Retry; refused (e.g. the task already ended) it reverts with the server's message.
+async function stopTask(id) {
+  if (!confirm("Stop this task? Its process gets SIGTERM, then SIGKILL after the grace period.")) return;
+  const set = (state, message = "") => { if (S.detail?.id === id) { S.detail.stop = { state, message }; renderDetail(); } };
+  set("sending");
+  try {
+    await confirmed(api(`/api/tasks/${id}/stop`, { method: "POST", body: { reason: "stopped from the web client" } }),
+      () => set("late", "No confirmation yet: the stop may not have arrived."));
+    set("requested");
+  } catch (e) {
+    set(refused(e) ? "refused" : "late", refused(e) ? e.message : `Not sent: ${e.message}`);
+  }
+}
+
+function stopControl(t) {
+  const st = S.detail.stop || { state: "idle", message: "" };
+  const label = { sending: "Stopping…", requested: "Stop requested" }[st.state] || (st.state === "late" ? "Retry stop" : "Stop");
+  return h("div", { class: "stop" },
+    h("button", { type: "button", class: `danger ${st.state}`, disabled: st.state === "sending" || st.state === "requested",
+      onclick: () => stopTask(t.id) }, label),
+    h("span", { class: "status", role: "status" }, st.message));
+}
