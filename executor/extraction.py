@@ -175,7 +175,7 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}
     ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"],
            # under the extraction run that produced it (see executor/lineage.py)
-           "parent_id": await lineage.task_exit_event(pool, extractor["id"])}
+           "parent_id": await lineage.task_exit_event(conn, extractor["id"])}
     if errors:
         await conn.execute(queries["mark_extraction_failed"], {"id": worker["id"], "reason": errors[0][:200]})
         log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])

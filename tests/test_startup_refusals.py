@@ -75,7 +75,7 @@ def test_a_read_only_data_directory_is_one_line_naming_it(tmp_path: Path) -> Non
         probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
         if probe.returncode != 0:
             pytest.skip("cannot create a mount namespace here")
-        prefix = ["unshare", "-m", "sh", "-c", f'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"',
+        prefix = ["unshare", "-m", "sh", "-c", 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"',
                   str(data)]
     else:
         data.chmod(0o555)
