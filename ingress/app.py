@@ -137,6 +137,10 @@ async def login(request: Request) -> Response:
     if wait:
         return too_many(wait)
     token = parse_login(await request.body(), request.headers.get("content-type", ""))  # over the limit: 413
+    # again now the body is in: guesses held open in parallel all passed the first look before any failed
+    wait = limiter.retry_after(client)
+    if wait:
+        return too_many(wait)
     if not token or not same_secret(token, config.token):
         limiter.fail(client)
         return problems.problem(401, "wrong token")
