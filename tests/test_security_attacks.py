@@ -4,12 +4,29 @@ shows it closed. Real hypercorn on loopback, a real PostgreSQL, the real MCP tra
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import psycopg
+
+from executor.refusals import REFUSALS_PER_WINDOW, RefusalBudget
+from executor.scripted_model import Scenario, ScriptedModelServer
+from tests.harness import running_executor
+from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
 from tests.web import ingress_server
 
 TOKEN = "s3cret-token"
+
+
+def _count(db: DB, query: str) -> int:
+    with psycopg.connect(db.admin_dsn) as conn:
+        return conn.execute(query).fetchone()[0]  # type: ignore[index,no-any-return]
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 async def _slow_login(url: str, guess: str, go: asyncio.Event) -> int:
@@ -39,3 +56,29 @@ async def test_wrong_logins_held_open_in_parallel_cannot_outrun_the_limiter(db: 
         codes = await asyncio.gather(*guesses)
     assert codes.count(401) <= 10, codes
     assert codes.count(429) >= 30, codes
+
+
+def test_the_refusal_budget_counts_what_it_leaves_out_and_opens_again_after_its_window() -> None:
+    budget = RefusalBudget(limit=3, window_s=60)
+    assert [budget.admit("127.0.0.1", now=t) for t in (0, 1, 2, 3, 4)] == [0, 0, 0, None, None]
+    assert budget.admit("10.0.0.9", now=5) == 0  # another peer has its own budget
+    assert budget.admit("127.0.0.1", now=60.5) == 2  # the first fell out of the window; two were left out
+
+
+async def test_a_loop_of_forged_harness_calls_cannot_fill_the_journal(db: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp_path) as h:
+            await wait_started(h)
+            live = add_spawn(db)
+            seq_before = _count(db, "SELECT last_seq FROM journal_head")
+            async with mcp_client(h.mcp_url or "") as forger:
+                results = [await forger.call_tool("check_ruled_out", {"scope_id": str(live.session_id),
+                                                                      "candidate": "x" * 1000})
+                           for _ in range(REFUSALS_PER_WINDOW + 15)]
+            # the spawn the harness knows is not locked out by the flood
+            async with mcp_client(h.mcp_url or "", live.token) as spawn:
+                own = await spawn.call_tool("check_ruled_out", {"scope_id": str(live.session_id), "candidate": "y"})
+            events = [e for e in await h.events() if e.seq > seq_before]
+    assert all(r.is_error and "refused: no credential" in _text(r) for r in results)
+    assert not own.is_error
+    assert [e.event_type for e in events] == ["harness.call_refused"] * REFUSALS_PER_WINDOW
