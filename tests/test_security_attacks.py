@@ -4,17 +4,23 @@ shows it closed. Real hypercorn on loopback, a real PostgreSQL, the real MCP tra
 from __future__ import annotations
 
 import asyncio
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import psycopg
 
+from executor.notify import Note, Notifier, NotifyConfig
 from executor.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
+from shared.database import Database
 from tests.pg import DB
+from tests.push_standin import Subscriber
 from tests.web import ingress_server
 
 TOKEN = "s3cret-token"
@@ -82,3 +88,54 @@ async def test_a_loop_of_forged_harness_calls_cannot_fill_the_journal(db: DB, tm
     assert all(r.is_error and "refused: no credential" in _text(r) for r in results)
     assert not own.is_error
     assert [e.event_type for e in events] == ["harness.call_refused"] * REFUSALS_PER_WINDOW
+
+
+class _Redirector(ThreadingHTTPServer):
+    """A push service that passes the check (loopback, allowed for tests) and answers every POST with a
+    307 to `target`; it also records any request that arrives on the target path (it listens on every
+    address, so 0.0.0.0 — not loopback, not public — reaches it)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        super().__init__(("0.0.0.0", 0), _RedirectHandler)  # noqa: S104 - the non-public address under test
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+class _RedirectHandler(BaseHTTPRequestHandler):
+    server: _Redirector
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.server.hits.append(self.path)
+        self.send_response(307)
+        self.send_header("location", f"http://0.0.0.0:{self.server.port}/internal")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def test_a_push_endpoint_cannot_redirect_the_executor_to_a_non_public_address(db: DB, tmp_path: Path) -> None:
+    # the endpoint itself passes (loopback, allowed in tests); its answer sends the POST on to 0.0.0.0,
+    # which the check would refuse: only a check on every address actually connected to stops it
+    with _Redirector() as service:
+        threading.Thread(target=service.serve_forever, daemon=True).start()
+        phone = Subscriber(f"http://127.0.0.1:{service.port}/push/x")
+        with psycopg.connect(db.admin_dsn) as conn:
+            conn.execute("INSERT INTO push_subscriptions (endpoint, p256dh, auth) VALUES (%s, %s, %s)",
+                         [phone.endpoint, phone.p256dh, phone.json()["keys"]["auth"]])
+        async with Database(db.executor_dsn, name="test-notifier") as database:
+            notifier = Notifier(database.pool, NotifyConfig(data_dir=tmp_path / "var", allow_loopback_push=True))
+            await notifier.start()
+            async with aiohttp.ClientSession() as session:
+                notifier.session = session
+                outcome = await notifier.deliver([Note("test", "t", "b", "/")])
+        service.shutdown()
+    assert service.hits == ["/push/x"]  # never /internal
+    assert outcome == ("failed", {"push": ["failed"], "ntfy": None})
