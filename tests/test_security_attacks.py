@@ -15,10 +15,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import httpx
 import psycopg
 from psycopg.types.json import Jsonb
 
 from executor.notify import Note, Notifier, NotifyConfig
+from ingress.auth import PEER_FAILURES_PER_WINDOW
 from executor.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
@@ -175,3 +177,20 @@ def test_the_terminal_views_show_control_sequences_from_model_text_inert(db: DB)
         assert out.stdout.count("look") >= (3 if cmd == "journal" else 2), out.stdout
         bad = {hex(ord(c)) for c in out.stdout if c != "\n" and (unicodedata.category(c) == "Cc" or c == "\u202e")}
         assert bad == set(), (cmd, bad)
+
+
+async def test_a_local_process_cannot_dodge_the_token_limiter_by_naming_a_new_client_each_time(db: DB) -> None:
+    # loopback is the default trusted proxy, so X-Forwarded-For from any local process names "the client":
+    # a fresh name per guess made every guess the first of its client
+    async with ingress_server(db.ingress_dsn, open_mode=False, auth_mode="token", auth_token=TOKEN) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        bearer = [(await http.get("/api/info", headers={"Authorization": f"Bearer guess{i}",
+                                                         "X-Forwarded-For": f"203.0.113.{i}"})).status_code
+                  for i in range(PEER_FAILURES_PER_WINDOW + 10)]
+        login = [(await http.post("/login", data={"token": f"guess{i}"},
+                                  headers={"X-Forwarded-For": f"198.51.100.{i}"})).status_code for i in range(5)]
+        right = await http.get("/api/info", headers={"Authorization": f"Bearer {TOKEN}",
+                                                     "X-Forwarded-For": "192.0.2.1"})
+    assert bearer.count(401) == PEER_FAILURES_PER_WINDOW and bearer[-10:] == [429] * 10, bearer
+    assert login == [429] * 5
+    assert right.status_code == 429  # the peer waits out its window, right token or not
