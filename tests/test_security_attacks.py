@@ -17,15 +17,18 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpx
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from executor.notify import Note, Notifier, NotifyConfig
 from ingress.auth import PEER_FAILURES_PER_WINDOW
+from executor.substrate import SubstrateConfig, build_env
 from executor.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
 from shared.database import Database
+from shared.settings import Settings
 from tests.pg import DB
 from tests.push_standin import Subscriber
 from tests.web import ingress_server
@@ -194,3 +197,16 @@ async def test_a_local_process_cannot_dodge_the_token_limiter_by_naming_a_new_cl
     assert bearer.count(401) == PEER_FAILURES_PER_WINDOW and bearer[-10:] == [429] * 10, bearer
     assert login == [429] * 5
     assert right.status_code == 429  # the peer waits out its window, right token or not
+
+
+def test_settings_in_lower_case_are_scrubbed_from_a_childs_environment_too() -> None:
+    # the settings are read case-blind, so these configure the services exactly as their upper-case forms
+    secrets_env = {"petal_executor_dsn": "postgresql://petal_executor:pw@db/petal", "database_url": "postgresql://a:pw@db/p",
+                   "Petal_Auth_Token": "tk", "pgpassword": "pw"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in secrets_env.items():
+            mp.setenv(k, v)
+        assert Settings().executor_dsn == secrets_env["petal_executor_dsn"]
+    env = build_env(SubstrateConfig(base_env={**secrets_env, "HOME": "/home/u"}), "task-1")
+    assert set(env) & set(secrets_env) == set()
+    assert env["HOME"] == "/home/u"
