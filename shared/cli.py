@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from shared import dbserver, errors, logs, migrate, settings as settings_mod
+from shared import dbserver, errors, lifeline, logs, migrate, settings as settings_mod
 from shared.settings import Settings
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -360,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    lifeline.keep_private()  # before the settings (secrets among them) are read into memory
     settings = settings_mod.load()
     logs.configure(settings.log_level, settings.log_format)
     handler: Handler = args.handler

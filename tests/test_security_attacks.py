@@ -4,10 +4,13 @@ shows it closed. Real hypercorn on loopback, a real PostgreSQL, the real MCP tra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
+import time
 import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -210,3 +213,45 @@ def test_settings_in_lower_case_are_scrubbed_from_a_childs_environment_too() -> 
     env = build_env(SubstrateConfig(base_env={**secrets_env, "HOME": "/home/u"}), "task-1")
     assert set(env) & set(secrets_env) == set()
     assert env["HOME"] == "/home/u"
+
+
+def _without_caps(*cmd: str) -> list[str]:
+    # the same user as the service and no capabilities: what a worker's Bash is when the service runs as
+    # its own user (as root with CAP_SYS_PTRACE every process is readable, which no fix can change)
+    return ["setpriv", "--inh-caps=-all", "--bounding-set=-all", *cmd]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv to drop capabilities")
+def test_a_process_of_the_same_user_cannot_read_a_running_services_environment(db: DB, tmp_path: Path) -> None:
+    secret = "PETAL_NTFY_TOKEN=tk-secret-probe"
+    env = {**os.environ, "PETAL_INGRESS_DSN": db.ingress_dsn, "PETAL_EXECUTOR_DSN": db.executor_dsn,
+           "PETAL_NTFY_TOKEN": "tk-secret-probe"}
+    err = tmp_path / "cli.err"
+    with err.open("wb") as sink:
+        service = subprocess.Popen(_without_caps(sys.executable, "-m", "shared.cli", "journal", "--follow"), env=env,
+                                   stdout=subprocess.DEVNULL, stderr=sink)
+    other = subprocess.Popen(_without_caps("sleep", "60"), env=env)  # not ours: readable, as before
+    try:
+        deadline = time.monotonic() + 30
+        while b"shared.cli" not in Path(f"/proc/{service.pid}/cmdline").read_bytes() or not _connected(service.pid):
+            assert service.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "the CLI never connected"
+            time.sleep(0.1)
+        ours = subprocess.run(_without_caps("cat", f"/proc/{service.pid}/environ"), capture_output=True)
+        theirs = subprocess.run(_without_caps("cat", f"/proc/{other.pid}/environ"), capture_output=True)
+    finally:
+        service.terminate()
+        other.terminate()
+        service.wait(30)
+        other.wait(30)
+    assert secret.encode() in theirs.stdout  # the reader could read an ordinary process of this user
+    assert secret.encode() not in ours.stdout and b"Permission denied" in ours.stderr
+
+
+def _connected(pid: int) -> bool:
+    """The CLI has got as far as its database connection (its settings are read by then)."""
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return sum(link.startswith("socket:") for link in links) >= 2
