@@ -1,5 +1,5 @@
-"""Attacks on the boundary, tried for real: each test is one way in that was found open (or nearly), and
-shows it closed. Real hypercorn on loopback, a real PostgreSQL, the real MCP transport."""
+"""Attacks on the boundary, tried for real: each test is one way in that was found open, and shows it
+closed. Real hypercorn on loopback, a real PostgreSQL, the real MCP transport, real processes."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from executor.notify import Note, Notifier, NotifyConfig
-from ingress.auth import PEER_FAILURES_PER_WINDOW
-from executor.substrate import SubstrateConfig, build_env
 from executor.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.scripted_model import Scenario, ScriptedModelServer
-from tests.harness import running_executor
-from tests.harness_caller import add_spawn, mcp_client, wait_started
+from executor.substrate import SubstrateConfig, build_env
+from ingress.auth import PEER_FAILURES_PER_WINDOW
 from shared.database import Database
 from shared.settings import Settings
+from tests.harness import running_executor
+from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
 from tests.push_standin import Subscriber
 from tests.web import ingress_server
