@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -24,6 +24,7 @@ from starlette.applications import Starlette
 
 from executor import briefs, dispatch, permission_prompt, projects
 from executor.journal_writer import JournalWriter
+from executor.refusals import RefusalBudget
 from executor.sql import queries
 from shared import aio, logs, read_surface
 from shared.database import Database
@@ -118,6 +119,8 @@ class Harness:
     listener: Listener
     ask_timeout_s: float
     progress_interval_s: float = PROGRESS_INTERVAL_S
+    # refused calls journaled per peer address: a local loop of forged calls cannot fill the journal
+    refusals: RefusalBudget = field(default_factory=RefusalBudget)
 
     async def _one(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
         async with self.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -153,8 +156,12 @@ class Harness:
             payload["ignored_headers"] = declared
         if row is not None:  # an ended task's own credential: worth knowing whose it was
             payload["credential_task_id"] = str(row["task_id"])
-        await self.writer.write([NewEvent("harness.call_refused", payload)])
-        log.warning("harness_call_refused", **payload)
+        left_out = self.refusals.admit((payload["peer"] or "").rpartition(":")[0] or None)
+        if left_out is not None:
+            if left_out:
+                payload["not_journaled_before"] = left_out
+            await self.writer.write([NewEvent("harness.call_refused", payload)])
+            log.warning("harness_call_refused", **payload)
         raise CallRefused(f"{tool} refused: {reason}. The harness answers only the processes it spawned, "
                           "identified by the credential in their per-spawn MCP config; nothing was done.")
 

@@ -227,18 +227,21 @@ class Notifier:
         if not subs and not self.config.ntfy_url:
             return "no_channel", {}
         ok, detail = False, {"push": [], "ntfy": None}
-        for note in notes:
-            for s in subs:
-                result = await self._push(s, note)
-                detail["push"].append(result)
-                ok = ok or result == "sent"
-            if self.config.ntfy_url:
-                detail["ntfy"] = await self._ntfy(note)
-                ok = ok or detail["ntfy"] == "sent"
+        # push endpoints are user-supplied: their connections refuse inside addresses (ntfy is configured)
+        async with endpoints.guarded_session(allow_loopback=self.config.allow_loopback_push,
+                                             timeout_s=SEND_TIMEOUT_S) as push_http:
+            for note in notes:
+                for s in subs:
+                    result = await self._push(s, note, push_http)
+                    detail["push"].append(result)
+                    ok = ok or result == "sent"
+                if self.config.ntfy_url:
+                    detail["ntfy"] = await self._ntfy(note)
+                    ok = ok or detail["ntfy"] == "sent"
         return ("sent" if ok else "failed"), detail
 
-    async def _push(self, s: dict[str, Any], note: Note) -> str:
-        assert self.vapid is not None and self.session is not None
+    async def _push(self, s: dict[str, Any], note: Note, http: aiohttp.ClientSession) -> str:
+        assert self.vapid is not None
         info = {"endpoint": s["endpoint"], "keys": {"p256dh": s["p256dh"], "auth": s["auth"]}}
         # checked again here: a stored row (or a name that now resolves elsewhere) must not reach inside
         refused = await endpoints.refusal(s["endpoint"], allow_loopback=self.config.allow_loopback_push)
@@ -249,7 +252,7 @@ class Notifier:
         try:
             await webpush_async(info, note.payload(), vapid_private_key=self.vapid,
                                 vapid_claims={"sub": self.config.vapid_subject}, ttl=PUSH_TTL_S,
-                                aiohttp_session=self.session, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
+                                aiohttp_session=http, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
         except WebPushException as exc:
             if exc.status_code in GONE:  # the browser unsubscribed or the subscription expired
                 await self._rows("delete_push_subscription", {"id": s["id"]})

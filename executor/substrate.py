@@ -115,8 +115,10 @@ def _shell_quote(text: str) -> str:
 
 
 def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
+    # case-blind: the settings read petal_executor_dsn as readily as PETAL_EXECUTOR_DSN
     env = {k: v for k, v in config.base_env.items()
-           if k not in SCRUBBED_ENV and k not in SCRUBBED_ENV_NAMES and not k.startswith(SCRUBBED_ENV_PREFIXES)}
+           if k.upper() not in SCRUBBED_ENV and k.upper() not in SCRUBBED_ENV_NAMES
+           and not k.upper().startswith(SCRUBBED_ENV_PREFIXES)}
     env.update(QUIET_ENV)
     env[TASK_ENV_VAR] = task_id
     if config.config_dir is not None:

@@ -19,9 +19,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ingress import actions, gate_rules, notify, problems, reads, stream
-from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, FailureLimiter, GuardMiddleware, parse_login, same_secret,
+from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, GuardMiddleware, TokenLimiter, parse_login, same_secret,
                           too_many)
-from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded
+from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded, peer
 from ingress.models import AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, StopIn, ThreadIn, ThreadPatch
 from ingress import projects as project_routes
 from ingress.models import ProjectIn, ReviewIn
@@ -179,13 +179,17 @@ async def login(request: Request) -> Response:
     if config.mode != "token":
         return problems.problem(404, "sign-in is only used in token mode")
     scheme, client = forwarded(request.app.state.boundary, request.scope)
-    limiter: FailureLimiter = request.app.state.limiter
-    wait = limiter.retry_after(client)
+    limiter: TokenLimiter = request.app.state.limiter
+    wait = limiter.retry_after(client, peer(request.scope))
     if wait:
         return too_many(wait)
     token = parse_login(await request.body(), request.headers.get("content-type", ""))  # over the limit: 413
+    # again now the body is in: guesses held open in parallel all passed the first look before any failed
+    wait = limiter.retry_after(client, peer(request.scope))
+    if wait:
+        return too_many(wait)
     if not token or not same_secret(token, config.token):
-        limiter.fail(client)
+        limiter.fail(client, peer(request.scope))
         return problems.problem(401, "wrong token")
     response = RedirectResponse("/", status_code=303)
     # Secure when the user's browser spoke https (to the trusted proxy, which speaks http to us)
@@ -224,7 +228,7 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
                                         settings.trusted_proxies)
     except ValueError as exc:
         raise errors.ConfigError(str(exc)) from None
-    limiter = FailureLimiter()
+    limiter = TokenLimiter()
     spec = document([op for op, _ in OPS], version="0.1.0")
 
     async def openapi(request: Request) -> Response:

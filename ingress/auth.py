@@ -29,6 +29,9 @@ _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Wrong tokens (bearer or /login) a client may send per window before it gets 429.
 FAILURES_PER_WINDOW = 10
 FAILURE_WINDOW_S = 60.0
+# Wrong tokens per peer address, whatever client its X-Forwarded-For names: loopback is the default trusted
+# proxy, so any local process could name a new client for each guess. Above any real proxy's honest traffic.
+PEER_FAILURES_PER_WINDOW = 60
 _LIMITER_CLIENTS = 10_000  # memory bound: the least recently failing clients are forgotten first
 
 
@@ -91,6 +94,21 @@ class FailureLimiter:
             self._failures.popitem(last=False)
 
 
+class TokenLimiter:
+    """Wrong tokens counted per client (as a trusted proxy names it) and per peer address (the connection)."""
+
+    def __init__(self) -> None:
+        self.clients = FailureLimiter()
+        self.peers = FailureLimiter(limit=PEER_FAILURES_PER_WINDOW)
+
+    def retry_after(self, client: str, peer_address: str | None) -> float:
+        return max(self.clients.retry_after(client), self.peers.retry_after(peer_address or "unknown"))
+
+    def fail(self, client: str, peer_address: str | None) -> None:
+        self.clients.fail(client)
+        self.peers.fail(peer_address or "unknown")
+
+
 def too_many(wait_s: float) -> JSONResponse:
     response = problem(429, f"too many wrong tokens from this client: try again in {int(wait_s) + 1} s")
     response.headers["retry-after"] = str(int(wait_s) + 1)
@@ -122,7 +140,7 @@ def identify(config: AuthConfig, headers: dict[bytes, bytes]) -> tuple[int, str]
 class GuardMiddleware:
     """Auth, JSON-only state changes, and a body size limit, before any route runs."""
 
-    def __init__(self, app: ASGIApp, config: AuthConfig, boundary: BoundaryConfig, limiter: FailureLimiter):
+    def __init__(self, app: ASGIApp, config: AuthConfig, boundary: BoundaryConfig, limiter: TokenLimiter):
         self.app = app
         self.config = config
         self.boundary = boundary
@@ -146,12 +164,12 @@ class GuardMiddleware:
             bearer = headers.get(b"authorization", b"").lower().startswith(b"bearer ")
             if self.config.mode == "token" and bearer:
                 client = forwarded(self.boundary, scope)[1]
-                wait = self.limiter.retry_after(client)
+                wait = self.limiter.retry_after(client, peer(scope))
                 if wait:
                     await too_many(wait)(scope, receive, send)
                     return
                 if status:
-                    self.limiter.fail(client)
+                    self.limiter.fail(client, peer(scope))
             if status:
                 if self.config.mode == "token" and scope["method"] == "GET" and not path.startswith("/api/"):
                     await _redirect(send, "/login")

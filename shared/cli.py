@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from shared import dbserver, errors, logs, migrate, settings as settings_mod
+from shared import dbserver, errors, lifeline, logs, migrate, settings as settings_mod
 from shared.settings import Settings
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -248,6 +248,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from psycopg.rows import dict_row
 
     from shared.database import Database
+    from shared.journal_view import inert
     from shared.sql import queries
 
     info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
@@ -271,14 +272,14 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             t["activity"] or t["status"])
         last = t["last_output_at"].strftime("%H:%M:%S") if t["last_output_at"] else "-"
         brief = " ".join(str(t["brief"]).split())[:70]
-        print(f"  {str(t['id'])[:8]} {t['role']:<12} {activity:<14} last output {last}  {brief}")
+        print(inert(f"  {str(t['id'])[:8]} {t['role']:<12} {activity:<14} last output {last}  {brief}"))
     print(f"queued messages ({len(state['queue'])})")
     for q in state["queue"]:
-        print(f"  {str(q['id'])[:8]} thread {str(q['thread_id'])[:8]} {q['origin']:<8} {q['text']}")
+        print(inert(f"  {str(q['id'])[:8]} thread {str(q['thread_id'])[:8]} {q['origin']:<8} {q['text']}"))
     print(f"pending asks ({len(state['asks'])})")
     for a in state["asks"]:
         questions = " / ".join(str(x.get("question", "")) for x in a["questions"])  # type: ignore[union-attr]
-        print(f"  {a['tool_use_id']} task {str(a['task_id'])[:8]}  {questions}")
+        print(inert(f"  {a['tool_use_id']} task {str(a['task_id'])[:8]}  {questions}"))
     print("last events")
     for e in state["last_events"]:
         print(f"  {e['seq']:>7} {e['created_at']:%H:%M:%S} {e['event_type']}")
@@ -364,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    lifeline.keep_private()  # before the settings (secrets among them) are read into memory
     settings = settings_mod.load()
     logs.configure(settings.log_level, settings.log_format)
     handler: Handler = args.handler

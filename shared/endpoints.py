@@ -3,16 +3,21 @@
 A push endpoint is stored by the ingress and fetched by the executor; without this check anyone who can
 subscribe makes the executor POST to 127.0.0.1, the LAN or a cloud metadata address (SSRF). The ingress
 checks when a subscription is stored and the executor again before each send (a stored row, or a name that
-now resolves elsewhere). A name could still change between the check and the connect: a narrow window
-for someone who controls both the subscription and a DNS zone.
+now resolves elsewhere); the executor's connections for a push also go through `guarded_session`, which
+refuses each socket whose address is not public — so neither a name that changes between the check and the
+connect (DNS rebinding) nor a redirect from a public endpoint to an inside address gets through.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import socket
+from typing import Any
 from urllib.parse import urlsplit
+
+import aiohttp
 
 RESOLVE_TIMEOUT_S = 5.0  # a push service's name resolves in well under this
 
@@ -45,3 +50,18 @@ async def refusal(url: str, *, allow_loopback: bool = False) -> str | None:
         if _refused(ip, allow_loopback):
             return f"the endpoint's host {host!r} is not a public address ({ip})"
     return None
+
+
+def guarded_session(*, allow_loopback: bool = False, timeout_s: float) -> aiohttp.ClientSession:
+    """A client session that connects only to public addresses (loopback too when allowed): the check is
+    made on the address of every socket it opens, redirects and re-resolved names included."""
+
+    def open_socket(addr_info: Any) -> socket.socket:
+        family, type_, proto, _, sockaddr = addr_info
+        ip = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
+        if _refused(ip, allow_loopback):
+            raise OSError(errno.EACCES, f"refused to connect to a non-public address ({ip})")
+        return socket.socket(family, type_, proto)
+
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(socket_factory=open_socket),
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s))

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from shared.models import Event
 
 WIDTH = 160
+# What a terminal would act on instead of showing: C0 and C1 controls and DEL (escape sequences can clear
+# the screen, retitle the window, write the clipboard, hide a link's target), and the bidi controls that
+# make a line read differently from what it holds. Model text reaches these views, so they show them as codes.
+_INERT = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert(text: str) -> str:
+    r"""The text with every control character written out (\x1b), so printing it only shows it."""
+    return _INERT.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                      else f"\\u{ord(m.group()):04x}", text)
 
 
 def _short(text: str, width: int = WIDTH) -> str:
@@ -74,4 +85,4 @@ def summary(e: Event) -> str:
 
 def line(e: Event) -> str:
     who = str(e.task_id)[:8] if e.task_id else (str(e.session_id)[:8] if e.session_id else "--------")
-    return f"{e.seq:>7} {e.created_at:%H:%M:%S} {who} {e.event_type:<26} {summary(e)}"
+    return inert(f"{e.seq:>7} {e.created_at:%H:%M:%S} {who} {e.event_type:<26} {summary(e)}")

@@ -1,4 +1,5 @@
-"""Children that die with their parent: a parent-death signal set between fork and exec (Linux prctl)."""
+"""Children that die with their parent (a parent-death signal set between fork and exec), and a process
+whose memory and environment its children cannot read (Linux prctl)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 
 # prctl(2) option: the signal the kernel sends a process when the thread that started it dies
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 # Resolved once here: after fork, in the child, nothing may load libraries or take locks.
 _prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl if sys.platform == "linux" else None
 
@@ -29,3 +31,12 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def keep_private() -> None:
+    """Close this process's /proc/<pid>/environ and memory (and ptrace) to every other process of the same
+    user — a worker's Bash runs as that user and would read the DSN, the ingress token or a push secret
+    from there however well the children's own environment is scrubbed. Only root (with CAP_SYS_PTRACE)
+    still can. It also turns off core dumps. A child gets the ordinary setting back when it execs."""
+    if _prctl is not None:
+        _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
