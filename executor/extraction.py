@@ -176,8 +176,12 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
         return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
                      [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
     assert isinstance(structured, dict)  # the verdict passed it
-    denials = await _one(conn, "exit_denials", {"id": worker["id"]}) if worker["status"] == "gated" else None
-    handoff = handoff_of(structured, worker["status"], (denials or {}).get("denials") or [],
+    status = worker["status"]
+    if status == "extraction_failed":  # a re-extraction passed: the worker's own end counts again
+        restored = await _one(conn, "restore_exit_status", {"id": worker["id"]})
+        status = restored["status"] if restored else status
+    denials = await _one(conn, "exit_denials", {"id": worker["id"]}) if status == "gated" else None
+    handoff = handoff_of(structured, status, (denials or {}).get("denials") or [],
                          (denials or {}).get("workdir"))
     return Gated(worker["id"], "handoff", handoff,
                  [NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])

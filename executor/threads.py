@@ -18,6 +18,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from executor import approvals, settlement
 from executor.journal_writer import JournalWriter
 from executor.settlement import Settlement
 from executor.sql import queries
@@ -62,6 +63,9 @@ class Threads:
                 try:
                     await self.apply_controls()
                     await self.settlement.apply_escalations()
+                    # decisions the user owes outlive any tool call: approvals, answers given after a timeout
+                    await approvals.apply_answered(self.pool)
+                    await approvals.deliver_late_answers(self.pool)
                     await self.deliver()
                 except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
                     log.exception("threads_pass_failed")
@@ -77,7 +81,9 @@ class Threads:
             args = row["args"] or {}
             thread_id = row["thread_id"]
             status, error = "done", None
-            if row["action"] == "create":
+            if row["action"] == "retry":
+                status, error = await self._retry_turn(thread_id, args.get("task_id"))
+            elif row["action"] == "create":
                 made = await self._rows("create_thread", {"id": thread_id, "title": args.get("title"),
                                                           "mode": args.get("mode") or "interactive"})
                 if made:
@@ -95,6 +101,19 @@ class Threads:
                 else:
                     status, error = "failed", f"no thread {thread_id}"
             await self._rows("finish_thread_control", {"id": row["id"], "status": status, "error": error})
+
+    async def _retry_turn(self, thread_id: uuid.UUID, task_id: Any) -> tuple[str, str | None]:
+        """The user's Retry of a failed turn: its messages run again (claimed only once no turn is open)."""
+        try:
+            turn_id = uuid.UUID(str(task_id))
+        except ValueError:
+            return "failed", f"no turn {task_id!r}"
+        async with self.pool.connection() as conn, conn.transaction():
+            error, events = await settlement.retry_turn(conn, turn_id, thread_id, requested_by="user (retry)")
+            if events:
+                await journal.append_on(conn, events)
+        log.info("turn_retry", thread=str(thread_id), turn=str(turn_id), error=error)
+        return ("failed", error) if error else ("done", None)
 
     # ---- chat delivery -------------------------------------------------------------------------------
 

@@ -1,7 +1,12 @@
 -- name: claim_thread_controls --
+-- A Retry of a failed turn waits while the thread has a turn open (turns of one thread never overlap);
+-- meanwhile it holds the thread's messages back, so the retried messages still go before later ones.
 UPDATE thread_control_queue q SET status = 'claimed', claimed_at = now()
-FROM (SELECT id FROM thread_control_queue WHERE status = 'pending' ORDER BY created_at
-      FOR UPDATE SKIP LOCKED LIMIT 50) picked
+FROM (SELECT c.id FROM thread_control_queue c
+      WHERE c.status = 'pending'
+        AND NOT (c.action = 'retry' AND EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = c.thread_id
+                                                AND t.status IN ('pending', 'running')))
+      ORDER BY c.created_at FOR UPDATE OF c SKIP LOCKED LIMIT 50) picked
 WHERE q.id = picked.id
 RETURNING q.id, q.thread_id, q.action, q.args, q.created_at
 
@@ -37,7 +42,7 @@ SELECT EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND a
 -- name: blocked_question --
 -- A question the thread's running turn is waiting on (a chat message answers it as a reply).
 SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
-WHERE q.status = 'pending' AND t.session_id = %(thread_id)s AND t.status = 'running'
+WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND t.session_id = %(thread_id)s AND t.status = 'running'
 ORDER BY q.created_at LIMIT 1
 
 -- name: take_pending_chat --
