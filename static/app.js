@@ -396,6 +396,12 @@ function renderRecord(e) {
       return h("li", { class: "msg note", ...key }, `Policy: ${p.status} → ${p.action.replace("_", " ")} (${p.why})`);
     case "escalation.resolved":
       return h("li", { class: "msg note", ...key }, `Escalation answered: ${p.decision}`);
+    case "turn.failed":
+      return turnFailed(e, key);
+    case "approval.resolved":
+      return h("li", { class: "msg note", ...key }, `Dispatch ${p.decision === "approved" ? "approved" : p.decision === "rejected" ? "not approved" : "approval closed"}`);
+    case "question.timed_out":
+      return h("li", { class: "msg note", ...key }, "A question timed out; it stays in Asks (late) and an answer still reaches the thread");
     case "task.stalled":
       return h("li", { class: "msg note error", ...key }, `A task went silent (${Math.round(p.silent_s)} s): `,
         h("a", { href: `#task/${e.task_id}` }, short(e.task_id)));
@@ -406,6 +412,30 @@ function renderRecord(e) {
     default:
       return null;
   }
+}
+
+// A failed orchestrator turn: status, reason, the messages it carried, what the harness does, and Retry
+// (POST /api/threads/{id}/retry) while no later run repeats it.
+function turnFailed(e, key) {
+  const p = e.payload || {};
+  const rerun = e.retried_by || [...S.conv.values()].some((x) => x.event_type === "task.dispatch_requested"
+    && x.payload && x.payload.retry_of === e.task_id);
+  const what = { retry_same: "running it again", back_off: `running it again in ${Math.round(p.delay_s || 0)} s`,
+    escalate: "asking you in Asks", skip: "leaving it to you" }[p.action] || p.action;
+  const error = h("span", { class: "error", role: "alert" });
+  let retry = null;
+  if (p.retry && !rerun) {
+    retry = h("button", { type: "button", class: "secondary", onclick: async () => {
+      retry.disabled = true;
+      try { await api(p.retry.path, { method: p.retry.method || "POST", body: p.retry.body || {} }); retry.textContent = "Retry queued"; }
+      catch (err) { error.textContent = err.message; retry.disabled = false; }
+    } }, "Retry");
+  }
+  return h("li", { class: "msg note error turn-failed", ...key },
+    h("div", {}, h("span", { class: "title" }, "The turn failed"), " ", chip(p.status || "failed"),
+      ` ${p.reason || ""} — attempt ${p.attempt || 1}, ${what}`),
+    p.messages ? h("details", {}, h("summary", {}, "its messages"), h("pre", {}, p.messages)) : null,
+    retry, error);
 }
 
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
@@ -486,7 +516,8 @@ function askCard(a) {
   const form = h("form", { class: "ask", "data-ask-id": a.id });
   const thread = S.threads.find((t) => t.id === askThread(a));
   form.append(h("div", { class: "from" }, a.asked_by === "harness" ? "The harness asks" : "Claude asks",
-    thread ? ` · ${threadName(thread)}` : "", a.task_id ? [" · ", h("a", { href: `#task/${a.task_id}` }, `task ${short(a.task_id)}`)] : null));
+    thread ? ` · ${threadName(thread)}` : "", a.task_id ? [" · ", h("a", { href: `#task/${a.task_id}` }, `task ${short(a.task_id)}`)] : null,
+    a.late ? h("span", { class: "late", title: "Claude stopped waiting; your answer goes to the thread as a message" }, " · late") : null));
   a.questions.forEach((q, qi) => {
     const name = `${a.id}-${qi}`;
     const fieldset = h("fieldset", { class: "question", "data-question": q.question });
