@@ -310,13 +310,12 @@ class Settlement:
 
     async def _act_on_turn(self, conn: Any, turn: dict[str, Any], choice: Any,
                            facts: dict[str, Any]) -> tuple[str, list[NewEvent]]:
-        """A failed turn's escalation: Retry runs its messages again; anything else leaves them in the
-        chat with the error (and its Retry). The orchestrator is not told: it never saw these messages."""
+        """A failed turn's escalation: Retry runs its messages again (queued like the chat's Retry, so it
+        waits for any turn the thread has open meanwhile); anything else leaves them in the chat with the
+        error and its Retry. The orchestrator is not told: it never saw these messages."""
         if choice != policy.ESCALATION_RETRY:
             return ("skip" if choice == policy.ESCALATION_SKIP else "relay"), []
-        new_id, events = await rerun_turn(conn, turn["id"], requested_by="user (escalation)",
-                                          reason="retried by the user")
-        if new_id is None:
-            return "already_retried", []
-        facts["retry_task_id"] = str(new_id)
-        return "retry", events
+        cur = await conn.execute(queries["enqueue_turn_retry"], {"thread_id": turn["session_id"],
+                                                                 "task_id": turn["id"]})
+        facts["retry_queued"] = str((await cur.fetchone())[0])
+        return "retry", []
