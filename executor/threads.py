@@ -5,7 +5,10 @@ message is journaled as `task.user_message` (the echo every client renders; a ha
 `thread.harness_message`) and becomes an orchestrator turn — one `claude -p --resume <thread>` run per
 turn, exit = turn boundary. Messages arriving while a turn is open stay pending (visible in
 GET /api/queue) and go together, in order, in the next turn. A message sent while the turn waits in
-ask_user_question answers that question as a reply instead.
+ask_user_question answers that question as a reply instead. A failed turn is acted on by its settlement
+(executor/settlement.py: re-run, back off, escalate); the user's Retry of it is a `retry` control row,
+applied once the thread has no turn open. Answered approvals and late answers are carried out here too
+(executor/approvals.py).
 """
 
 from __future__ import annotations
