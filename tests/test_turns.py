@@ -145,3 +145,37 @@ async def test_a_retry_of_an_unknown_or_unfailed_turn_is_refused_and_queues_noth
                                                 )).fetchone())[0]  # type: ignore[index]
     assert nothing_failed.status_code == 404 and succeeded.status_code == 409 and elsewhere.status_code == 404
     assert bad.status_code == 422 and queued == 0
+
+
+@pytest.mark.timeout(300)
+async def test_retry_answered_in_a_failed_turns_escalation_runs_its_messages_once_the_thread_is_free(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"stall": {"seconds": None}}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+            await http.post("/api/chat", json={"text": MESSAGE, "thread_id": thread})
+            await _kill_turn(h, model, 1)
+            await _kill_turn(h, model, 2)
+
+            async def escalation() -> dict[str, Any] | None:
+                asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+                return asks[0] if asks else None
+            ask = await _until(escalation, "the turn's escalation")
+            model.scenario.rules[:] = [Rule(role="orchestrator", replies=[{"text": "done this time"}])]
+            text = ask["questions"][0]["question"]
+            answered = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {text: policy.ESCALATION_RETRY}})
+
+            async def third_done() -> list[dict[str, Any]] | None:
+                turns = await _turns(h)
+                return turns if len(turns) == 3 and turns[2]["status"] == "success" else None
+            turns = await _until(third_done, "the retried turn")
+            chat = await _conversation(http, thread)
+    assert answered.status_code == 200, answered.text
+    assert [(t["brief"], t["attempt"]) for t in turns] == [(MESSAGE, 1), (MESSAGE, 2), (MESSAGE, 3)]
+    resolved = [e["payload"] for e in chat if e["event_type"] == "escalation.resolved"]
+    assert [(r["decision"], r["answer"]) for r in resolved] == [("retry", "Retry")]
+    assert [e["retried_by"] for e in chat if e["event_type"] == "turn.failed"] == [str(turns[1]["id"]),
+                                                                                   str(turns[2]["id"])]
