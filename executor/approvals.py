@@ -93,8 +93,14 @@ async def _act(conn: Any, row: dict[str, Any]) -> None:
                              "answer": choice, "response": row["response"]}
     events: list[NewEvent] = []
     if row["task_status"] != "pending":
-        # stopped meanwhile (Stop the plan, the Tasks view's Stop): nothing to start, nothing to say
+        # stopped meanwhile (Stop the plan, the Tasks view's Stop): nothing to start, nothing to ask
         decision, text = "task_ended", None
+        if row["question_status"] == "pending":
+            await conn.execute(queries["close_question"], {"id": row["question_id"],
+                                                           "response": "the worker was stopped before an answer"})
+            events.append(NewEvent("question.cancelled", {"question_id": str(row["question_id"]),
+                                                          "reason": "the worker was stopped"},
+                                   task_id=task_id, session_id=thread))
     elif choice == briefs.APPROVE:
         decision = "approved"
         await conn.execute(queries["release_approved_task"], {"id": task_id})

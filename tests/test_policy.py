@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from executor import policy
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
@@ -390,3 +391,33 @@ async def test_an_extraction_failure_offers_re_extract_which_runs_only_the_extra
     decisions = [e.payload["action"] for e in events if e.event_type == "policy.decision"]
     assert decisions == ["escalate", "report"]
     assert f"[harness] Worker {worker['id']} finished" in turn["brief"]
+
+
+async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_closes_its_approval(
+    pool: AsyncConnectionPool, db: DB, tmp_path: Path
+) -> None:
+    import uuid
+
+    import psycopg
+
+    from executor import approvals
+    from executor.sql import queries
+
+    thread, turn = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
+                     "'t', 'interactive')", [thread])
+        conn.execute("INSERT INTO tasks (id, session_id, role, brief, status, ended_at, settled_at) "
+                     "VALUES (%s, %s, 'orchestrator', 'go', 'success', now(), now())", [turn, thread])
+    worker = await approvals.request(pool, brief="rebuild the index", thread_id=thread, asker_task_id=turn,
+                                     project_id=None, plan_ref=None, allowed_tools=None, workdir=tmp_path)
+    async with pool.connection() as conn:
+        claimed = await (await conn.execute(queries["claim_pending_tasks"], {"n": 10})).fetchall()
+        await conn.execute(queries["cancel_pending_task"], {"id": worker, "reason": "stop_requested"})  # Stop
+    acted = await approvals.apply_answered(pool)
+    with psycopg.connect(db.admin_dsn) as conn:
+        question = conn.execute("SELECT q.status, a.status, a.decision FROM approvals a JOIN questions q "
+                                "ON q.id = a.question_id WHERE a.task_id = %s", [worker]).fetchone()
+        told = conn.execute("SELECT count(*) FROM chat_queue").fetchone()[0]  # type: ignore[index]
+    assert claimed == [] and acted == 1
+    assert question == ("cancelled", "resolved", "task_ended") and told == 0

@@ -8,11 +8,12 @@ INSERT INTO approvals (task_id, thread_id, question_id) VALUES (%(task_id)s, %(t
 RETURNING id
 
 -- name: answered_approvals --
--- Approvals whose question is closed and whose decision is still owed; locked so one pass acts once.
+-- Approvals whose question is closed, or whose worker was stopped meanwhile (its question then closes
+-- unanswered), and whose decision is still owed; locked so one pass acts once.
 SELECT a.id, a.task_id, a.thread_id, a.question_id, q.answers, q.response, q.status AS question_status,
        t.status AS task_status, t.brief, t.project_id
 FROM approvals a JOIN questions q ON q.id = a.question_id JOIN tasks t ON t.id = a.task_id
-WHERE a.status = 'open' AND q.status <> 'pending'
+WHERE a.status = 'open' AND (q.status <> 'pending' OR t.status <> 'pending')
 ORDER BY a.created_at
 FOR UPDATE OF a SKIP LOCKED
 LIMIT 20
