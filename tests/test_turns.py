@@ -179,3 +179,33 @@ async def test_retry_answered_in_a_failed_turns_escalation_runs_its_messages_onc
     assert [(r["decision"], r["answer"]) for r in resolved] == [("retry", "Retry")]
     assert [e["retried_by"] for e in chat if e["event_type"] == "turn.failed"] == [str(turns[1]["id"]),
                                                                                    str(turns[2]["id"])]
+
+
+async def test_a_rate_limited_turn_runs_its_messages_again_after_the_back_off(db: DB, tmp_path: Path) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"error": {"status": 429, "retry_after": 0}}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, backoff_base_s=2.0) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+            await http.post("/api/chat", json={"text": MESSAGE, "thread_id": thread})
+
+            async def limited() -> list[dict[str, Any]] | None:
+                turns = await _turns(h)
+                return turns if turns and turns[0]["status"] == "rate_limited" else None
+            await _until(limited, "the rate-limited turn")
+            model.scenario.rules[:] = [Rule(role="orchestrator", replies=[{"text": "here is the summary"}])]
+
+            async def second_done() -> list[dict[str, Any]] | None:
+                turns = await _turns(h)
+                return turns if len(turns) == 2 and turns[1]["status"] == "success" else None
+            await _until(second_done, "the backed-off re-run")
+            conn = await h._conn()
+            rows = await (await conn.execute(
+                "SELECT ended_at, not_before, started_at, brief FROM tasks WHERE role = 'orchestrator' "
+                "ORDER BY created_at")).fetchall()
+            chat = await _conversation(http, thread)
+    (first_end, _, _, first_brief), (_, not_before, started, brief) = rows
+    assert brief == first_brief == MESSAGE
+    assert (not_before - first_end).total_seconds() >= 2.0 - 0.5 and started >= not_before
+    (failed,) = [e["payload"] for e in chat if e["event_type"] == "turn.failed"]
+    assert (failed["status"], failed["action"], failed["delay_s"]) == ("rate_limited", policy.BACK_OFF, 2.0)
