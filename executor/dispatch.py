@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -43,27 +44,54 @@ async def request_task(
     Raises:
         DispatchRefused: empty brief, unknown project, or a working directory that does not exist.
     """
+    async with pool.connection() as conn, conn.transaction():
+        task_id, events = await request_on(
+            conn, brief=brief, role=role, project_id=project_id, session_id=session_id,
+            parent_task_id=parent_task_id, plan_ref=plan_ref, workdir=workdir, allowed_tools=allowed_tools,
+            requested_by=requested_by, json_schema=json_schema, tool_use_id=tool_use_id)
+        await journal.append_on(conn, events)
+    return task_id
+
+
+async def request_on(
+    conn: AsyncConnection[Any],
+    *,
+    brief: str,
+    role: str = "worker",
+    project_id: uuid.UUID | None = None,
+    session_id: uuid.UUID | None = None,
+    parent_task_id: uuid.UUID | None = None,
+    plan_ref: str | None = None,
+    workdir: Path | None = None,
+    allowed_tools: Sequence[str] | None = None,
+    requested_by: str | None = None,
+    json_schema: dict[str, Any] | None = None,
+    tool_use_id: str | None = None,
+) -> tuple[uuid.UUID, list[NewEvent]]:
+    """`request_task` inside the caller's transaction; returns the task id and the events to journal.
+
+    Raises:
+        DispatchRefused: as `request_task`.
+    """
     if not brief.strip():
         raise DispatchRefused("a task needs a non-empty brief")
     task_id = uuid.uuid4()
-    async with pool.connection() as conn, conn.transaction():
-        if workdir is None and project_id is not None:
-            row = await (await conn.execute(queries["project_workdir"], {"project_id": project_id})).fetchone()
-            if row is None:
-                raise DispatchRefused(f"no project {project_id}")
-            workdir = Path(row[0]) if row[0] else None
-        if workdir is not None and not workdir.is_dir():
-            raise DispatchRefused(f"working directory {workdir} does not exist")
-        await conn.execute(queries["insert_task"], {
-            "id": task_id, "project_id": project_id, "session_id": session_id, "parent_task_id": parent_task_id,
-            "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
-            "allowed_tools": list(allowed_tools) if allowed_tools is not None else None,
-            "json_schema": Jsonb(json_schema) if json_schema is not None else None})
-        await journal.append_on(conn, [NewEvent(
-            "task.dispatch_requested",
-            {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
-             "requested_by": requested_by, "parent_task_id": str(parent_task_id) if parent_task_id else None,
-             # the dispatching tool call: the spawned worker hangs under it in the journal's tree
-             **({"tool_use_id": tool_use_id} if tool_use_id else {})},
-            task_id=task_id, project_id=project_id)])
-    return task_id
+    if workdir is None and project_id is not None:
+        row = await (await conn.execute(queries["project_workdir"], {"project_id": project_id})).fetchone()
+        if row is None:
+            raise DispatchRefused(f"no project {project_id}")
+        workdir = Path(row[0]) if row[0] else None
+    if workdir is not None and not workdir.is_dir():
+        raise DispatchRefused(f"working directory {workdir} does not exist")
+    await conn.execute(queries["insert_task"], {
+        "id": task_id, "project_id": project_id, "session_id": session_id, "parent_task_id": parent_task_id,
+        "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
+        "allowed_tools": list(allowed_tools) if allowed_tools is not None else None,
+        "json_schema": Jsonb(json_schema) if json_schema is not None else None})
+    return task_id, [NewEvent(
+        "task.dispatch_requested",
+        {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
+         "requested_by": requested_by, "parent_task_id": str(parent_task_id) if parent_task_id else None,
+         # the dispatching tool call: the spawned worker hangs under it in the journal's tree
+         **({"tool_use_id": tool_use_id} if tool_use_id else {})},
+        task_id=task_id, project_id=project_id)]

@@ -182,9 +182,13 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
         return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
                      [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
     assert isinstance(structured, dict)  # the verdict passed it
+    status = worker["status"]
+    if status == "extraction_failed":  # a re-extraction passed: the worker's own end counts again
+        restored = await _one(conn, "restore_exit_status", {"id": worker["id"]})
+        status = restored["status"] if restored else status
     # the gate evidence comes from the harness's and the exit's records, not the model
     denials = await _one(conn, "exit_denials", {"id": worker["id"]}) or {}
-    handoff = handoff_of(structured, worker["status"], denials.get("denials") or [], denials.get("workdir"),
+    handoff = handoff_of(structured, status, denials.get("denials") or [], denials.get("workdir"),
                          denials.get("decided"))
     recorded = await worktrees.artifacts(conn, worker["id"])  # a project worker's changes, as code recorded them
     if recorded:

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 
-from executor import briefs, dispatch, permission_prompt, projects
+from executor import approvals, briefs, dispatch, permission_prompt, projects
 from executor.journal_writer import JournalWriter
 from executor.refusals import RefusalBudget
 from executor.sql import queries
@@ -43,6 +43,9 @@ TOOL_USE_META = "claudecode/toolUseId"
 # CLAUDE_CODE_MCP_TOOL_IDLE_TIMEOUT), and a progress notification resets that clock.
 PROGRESS_INTERVAL_S = 5.0
 TIMED_OUT = "Timed out waiting for user input"
+TIMED_OUT_STATUS = "timed_out"  # the wait's outcome (the row stays pending, marked late)
+LATE_NOTE = ("the question stays open in the user's panel, marked late; if they answer it, the answer "
+             "reaches you as a harness message")
 DISMISSED = "The user dismissed the question without answering"
 MAX_QUESTIONS, MIN_OPTIONS, MAX_OPTIONS, MAX_HEADER = 4, 2, 4, 12
 
@@ -181,6 +184,8 @@ class Harness:
             result["response"] = final["response"]
         if final.get("answered_via") == "chat":
             result["annotation"] = "the user replied in the chat instead of choosing an option"
+        if final["status"] == TIMED_OUT_STATUS:
+            result["annotation"] = LATE_NOTE
         return result
 
     async def ask_user(self, stored: list[dict[str, Any]], tool_use_id: str, caller: Caller, ctx: Context,
@@ -201,7 +206,8 @@ class Harness:
                                            task_id=task_id, session_id=caller.session_id))
             await self._set_activity(task_id, "awaiting_user")
             try:
-                final = await self._wait(qid, sub, ctx)
+                # in a thread the question outlives the wait: a late answer goes to the thread as a message
+                final = await self._wait(qid, sub, ctx, late_ok=caller.thread_id is not None)
             except BaseException:
                 # the caller went away (the CLI was stopped): the question can never be delivered
                 with contextlib.suppress(Exception):
@@ -215,17 +221,20 @@ class Harness:
         response = final["response"]
         if final["status"] == "cancelled" and response is None:
             response = DISMISSED
-        event = "question.answered" if final["status"] == "answered" else "question.cancelled"
-        await self.writer.put(NewEvent(event, {"question_id": str(qid), "tool_use_id": tool_use_id,
-                                               "answers": answers, "response": response},
-                                       task_id=task_id, session_id=caller.session_id))
+        event = {"answered": "question.answered", TIMED_OUT_STATUS: "question.timed_out"}.get(
+            final["status"], "question.cancelled")
+        payload: dict[str, Any] = {"question_id": str(qid), "tool_use_id": tool_use_id, "answers": answers,
+                                   "response": response}
+        if final["status"] == TIMED_OUT_STATUS:
+            payload["late_answer"] = "accepted: it goes to the thread as a message"
+        await self.writer.put(NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
         return {**final, "answers": answers, "response": response}
 
     async def _set_activity(self, task_id: uuid.UUID, activity: str) -> None:
         async with self.db.pool.connection() as conn:
             await conn.execute(queries["set_task_activity"], {"id": task_id, "activity": activity})
 
-    async def _wait(self, qid: uuid.UUID, sub: Any, ctx: Context) -> dict[str, Any]:
+    async def _wait(self, qid: uuid.UUID, sub: Any, ctx: Context, *, late_ok: bool = False) -> dict[str, Any]:
         deadline = time.monotonic() + self.ask_timeout_s
         progress = 0
         while True:
@@ -235,6 +244,10 @@ class Harness:
                 return row
             left = deadline - time.monotonic()
             if left <= 0:
+                if late_ok:
+                    if await self._one("mark_question_timed_out", {"id": qid}) is None:
+                        continue  # answered in the same instant: the answer wins
+                    return {"status": TIMED_OUT_STATUS, "answers": {}, "response": TIMED_OUT}
                 if await self._one("close_question", {"id": qid, "response": TIMED_OUT}) is None:
                     continue  # answered in the same instant: the answer wins
                 return {"status": "cancelled", "answers": {}, "response": TIMED_OUT}
@@ -274,7 +287,7 @@ class Harness:
         # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
         mode = await self._one("thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
         if mode is not None and mode["mode"] == "interactive":
-            await self._approve(brief, caller, ctx)
+            return await self._approve(brief, caller, project, plan_ref, allowed_tools, _tool_use_id(ctx))
         try:
             new_id = await dispatch.request_task(
                 self.db.pool, brief=brief, project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
@@ -284,18 +297,20 @@ class Harness:
         return {"task_id": str(new_id), "status": "pending",
                 "note": "the harness runs it; its handoff comes back to you when it finishes"}
 
-    async def _approve(self, brief: str, caller: Caller, ctx: Context) -> None:
-        """An interactive thread: the user approves the dispatch in the Asks panel before anything spawns."""
-        question = briefs.approval_question(brief)
-        final = await self.ask_user([question], f"approval-{uuid.uuid4()}", caller, ctx, asked_by="harness")
-        choice = final["answers"].get(question["question"])
-        if choice == briefs.APPROVE:
-            return
-        said = choice or final["response"] or "no answer"
-        await self.writer.put(NewEvent("task.dispatch_refused", {
-            "brief": brief[:2000], "reason": "not approved by the user", "answer": said},
-            task_id=caller.task_id, session_id=caller.session_id, project_id=caller.project_id))
-        raise ToolError(f"dispatch not approved: the user answered {said!r}; no worker was started")
+    async def _approve(self, brief: str, caller: Caller, project: uuid.UUID | None, plan_ref: str | None,
+                       allowed_tools: list[str] | None, tool_use_id: str | None) -> dict[str, Any]:
+        """An interactive thread: the worker is recorded waiting for the user's Approve in the Asks panel,
+        and the call returns at once — the approval is durable state (executor/approvals.py), not a wait
+        that could time out; the orchestrator hears the answer as a harness message."""
+        assert caller.thread_id is not None
+        try:
+            task_id = await approvals.request(
+                self.db.pool, brief=brief, thread_id=caller.thread_id, asker_task_id=caller.task_id,
+                project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
+                requested_by=str(caller.session_id), tool_use_id=tool_use_id)
+        except dispatch.DispatchRefused as exc:
+            raise ToolError(f"dispatch refused: {exc}") from None
+        return {"task_id": str(task_id), "status": "awaiting_approval", "note": approvals.AWAITING}
 
 
 async def _news_of(sub: Any, qid: str) -> None:
@@ -363,6 +378,8 @@ def build(harness: Harness) -> MCPServer:
         """Ask the harness for a headless worker to carry out `brief`; returns its task id at once.
 
         The harness spawns and supervises it; when it exits, its derived handoff comes back to you.
+        In an interactive thread it returns at once with status `awaiting_approval`: the worker starts
+        when the user approves it, and a harness message tells you the answer either way.
         A brief matching a prior rule-out is refused unless override_ruled_out gives the reason.
         """
         return await harness.dispatch_worker(ctx, brief, plan_ref, project_id, allowed_tools, override_ruled_out)

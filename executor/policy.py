@@ -44,8 +44,22 @@ POLICY: dict[str, Rule] = {
     "extraction_failed": Rule(ESCALATE),
 }
 
+# An orchestrator turn (role `orchestrator`) follows its own table: a turn is the user's messages, so a
+# crash re-runs them once and a rate limit backs off; anything else (a failure, a spent budget) is the
+# user's call. A turn the user stopped is left alone: its error record in the chat offers Retry.
+TURN_POLICY: dict[str, Rule] = {
+    "crashed": Rule(RETRY_SAME, budget=1),
+    "rate_limited": Rule(BACK_OFF, budget=3, delay_factor=1.0),
+    "cancelled": Rule(SKIP),
+}
+
+# The table each role follows (a role not named here follows the workers' table).
+POLICIES: dict[str, dict[str, Rule]] = {"worker": POLICY, "orchestrator": TURN_POLICY}
+
 # The answers an escalation offers, and what each does.
 ESCALATION_RETRY, ESCALATION_SKIP, ESCALATION_STOP = "Retry", "Skip", "Stop the plan"
+# an extraction failure: the worker's run is fine, so the extractor alone can run again (no side effects)
+ESCALATION_REEXTRACT, ESCALATION_RETRY_WORKER = "Re-extract", "Retry worker"
 
 
 @dataclass(frozen=True)
@@ -58,15 +72,18 @@ class Decision:
     why: str = ""
 
 
-def decide(status: str, attempt: int, backoff_base_s: float, *, started: bool = True) -> Decision:
-    """The action for a worker's end. `attempt` is the ended run's number (1 = first run); `started` is
-    False when its process never ran (missing working directory, CLI missing, spawn error)."""
+def decide(status: str, attempt: int, backoff_base_s: float, *, started: bool = True,
+           role: str = "worker") -> Decision:
+    """The action for a worker's (or, with `role`, a turn's) end. `attempt` is the ended run's number
+    (1 = first run); `started` is False when its process never ran (missing working directory, CLI
+    missing, spawn error)."""
     if status == "success":
         return Decision(status, REPORT, attempt, why="a clean end")
     if not started and status != "cancelled":
         # the cause is the environment, not the run: a retry would meet it again, so the user decides
         return Decision(status, ESCALATE, attempt, why=f"{status}: the worker never started")
-    rule = POLICY.get(status, Rule(ESCALATE))
+    table = POLICIES.get(role, POLICY)
+    rule = table.get(status, Rule(ESCALATE))
     retries_used = attempt - 1
     if rule.action in RETRIES:
         if retries_used >= rule.budget:
@@ -75,7 +92,7 @@ def decide(status: str, attempt: int, backoff_base_s: float, *, started: bool = 
         delay = backoff_base_s * rule.delay_factor * 2 ** retries_used if rule.action == BACK_OFF else 0.0
         return Decision(status, rule.action, attempt, rule.budget, delay,
                         why=f"{status}: retry {retries_used + 1} of {rule.budget}")
-    why = f"{status}: {'not in the table, so ' if status not in POLICY else ''}{rule.action}"
+    why = f"{status}: {'not in the table, so ' if status not in table else ''}{rule.action}"
     return Decision(status, rule.action, attempt, rule.budget, why=why)
 
 

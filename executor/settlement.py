@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor import briefs, policy
+from executor import briefs, extraction, policy
 from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
@@ -31,6 +31,7 @@ log = logs.get(__name__)
 MAX_REPORT_CHARS = 8_000
 MAX_PREVIEW_CHARS = 4_000
 ESCALATION_HEADER = "Worker ended"
+TURN_HEADER = "Turn failed"
 
 
 def _summary(payload: dict[str, Any]) -> str:
@@ -42,18 +43,117 @@ def escalation_question(worker: dict[str, Any], decision: policy.Decision, summa
     again = " again" if worker["attempt"] > 1 else ""
     preview = (f"**Brief**\n\n{worker['brief'][:MAX_PREVIEW_CHARS // 2]}\n\n**What came back**\n\n"
                f"```json\n{summary[:MAX_PREVIEW_CHARS // 2]}\n```")
+    retry = {"label": policy.ESCALATION_RETRY, "description": "run the same brief once more", "preview": preview}
+    first: list[dict[str, Any]] = [retry]
+    if worker["status"] == "extraction_failed":
+        # the worker's run stands; running it again would repeat its side effects, re-extracting does not
+        first = [{"label": policy.ESCALATION_REEXTRACT, "preview": preview,
+                  "description": "run only the extractor again on the worker's journal (the worker does not run)"},
+                 {"label": policy.ESCALATION_RETRY_WORKER,
+                  "description": "run the worker again with the same brief (repeats its side effects)"}]
     return {
         "question": f"A worker ended {worker['status']}{again} (attempt {worker['attempt']}; {decision.why}). "
                     "What should the harness do?",
         "header": ESCALATION_HEADER,
         "multiSelect": False,
         "options": [
-            {"label": policy.ESCALATION_RETRY, "description": "run the same brief once more", "preview": preview},
+            *first,
             {"label": policy.ESCALATION_SKIP, "description": "drop this piece; the orchestrator carries on"},
             {"label": policy.ESCALATION_STOP,
              "description": "stop this thread's workers and tell the orchestrator to stop"},
         ],
     }
+
+
+def turn_question(turn: dict[str, Any], decision: policy.Decision) -> dict[str, Any]:
+    again = " again" if turn["attempt"] > 1 else ""
+    return {
+        "question": f"The orchestrator's turn ended {turn['status']}{again} ({turn['status_reason']}; "
+                    f"{decision.why}). Run it again with the same messages?",
+        "header": TURN_HEADER,
+        "multiSelect": False,
+        "options": [
+            {"label": policy.ESCALATION_RETRY, "description": "run the turn again with the same messages",
+             "preview": f"**The messages**\n\n{turn['brief'][:MAX_PREVIEW_CHARS]}"},
+            {"label": policy.ESCALATION_SKIP,
+             "description": "leave it: the messages stay in the chat with the error, and Retry stays there"},
+        ],
+    }
+
+
+async def rerun_turn(conn: Any, turn_id: uuid.UUID, *, requested_by: str, reason: str | None,
+                     delay_s: float = 0.0) -> tuple[uuid.UUID | None, list[NewEvent]]:
+    """Run a thread's turn again with the same messages (its brief), inside the caller's transaction;
+    (None, []) when another run already repeats it (a turn is re-run at most once)."""
+    new_id = uuid.uuid4()
+    cur = await conn.execute(queries["insert_turn_rerun"], {"new_id": new_id, "id": turn_id, "delay_s": delay_s})
+    row = await cur.fetchone()
+    if row is None:
+        return None, []
+    thread_id, brief, attempt = row
+    return new_id, [NewEvent("task.dispatch_requested", {
+        "role": "orchestrator", "brief": brief[:2000], "requested_by": requested_by, "rerun_of": str(turn_id),
+        "retry_of": str(turn_id), "attempt": attempt, "reason": reason, "delay_s": delay_s},
+        session_id=thread_id, task_id=new_id)]
+
+
+async def apply_turn_policy(conn: Any, turn_id: uuid.UUID, *, backoff_base_s: float,
+                            started: bool = True) -> list[NewEvent]:
+    """A thread's turn ended other than `success` (inside the settler's transaction): record it in the
+    conversation (`turn.failed`: status, reason, the messages it carried, what is done) and act per the
+    turns' policy — re-run it, back off, escalate, or leave it to the user's Retry. Its messages are never
+    dropped: they run again, or stay in the chat with the error."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["settled_worker"], {"id": turn_id})
+        turn = await cur.fetchone()
+    assert turn is not None
+    thread = turn["session_id"]
+    decision = policy.decide(turn["status"], turn["attempt"], backoff_base_s, started=started, role="orchestrator")
+    facts: dict[str, Any] = {
+        "status": turn["status"], "reason": turn["status_reason"], "attempt": turn["attempt"],
+        "action": decision.action, "budget": decision.budget, "why": decision.why,
+        "first_attempt": str(turn["first_attempt"]), "messages": turn["brief"][:MAX_REPORT_CHARS]}
+    events: list[NewEvent] = []
+    if decision.action in policy.RETRIES:
+        new_id, events = await rerun_turn(conn, turn_id, requested_by="policy", reason=turn["status_reason"],
+                                          delay_s=decision.delay_s)
+        facts.update(rerun_task_id=str(new_id) if new_id else None, delay_s=decision.delay_s)
+    elif decision.action == policy.ESCALATE:
+        question = turn_question(turn, decision)
+        qid = await _ask(conn, {"id": turn_id, "thread_id": thread}, question)
+        facts["question_id"] = str(qid)
+        events = [NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": f"escalation-{qid}",
+                                              "questions": [question], "asked_by": "harness"},
+                           task_id=turn_id, session_id=thread)]
+    if decision.action not in policy.RETRIES:
+        # the harness will not run it again by itself: the chat's record offers the user's Retry
+        facts["retry"] = {"method": "POST", "path": f"/api/threads/{thread}/retry", "body": {"task_id": str(turn_id)}}
+    log.info("turn_failed", turn=str(turn_id), status=turn["status"], action=decision.action)
+    return [NewEvent("turn.failed", facts, tier="derived", task_id=turn_id, session_id=thread), *events]
+
+
+async def retry_turn(conn: Any, turn_id: uuid.UUID, thread_id: uuid.UUID, *,
+                     requested_by: str) -> tuple[str | None, list[NewEvent]]:
+    """The user's Retry of a failed turn (a thread-control row), inside the caller's transaction; returns
+    (an error, or None) and the events. An escalation still open on the turn is answered by it."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries["settled_worker"], {"id": turn_id})
+        turn = await cur.fetchone()
+    if turn is None or turn["session_id"] != thread_id or turn["role"] != "orchestrator":
+        return f"no turn {turn_id} in thread {thread_id}", []
+    if turn["status"] in ("pending", "running", "success"):
+        return f"turn {turn_id} is {turn['status']}: only a failed turn is retried", []
+    new_id, events = await rerun_turn(conn, turn_id, requested_by=requested_by, reason="retried by the user")
+    if new_id is None:
+        return f"turn {turn_id} was already run again", []
+    cur = await conn.execute(queries["resolve_task_escalation"], {"task_id": turn_id, "decision": "retry"})
+    for esc_id, question_id in await cur.fetchall():
+        await conn.execute(queries["close_question"], {"id": question_id, "response": "retried from the chat"})
+        events.append(NewEvent("escalation.resolved", {
+            "escalation_id": str(esc_id), "question_id": str(question_id), "answer": None,
+            "response": "retried from the chat", "decision": "retry", "retry_task_id": str(new_id)},
+            tier="derived", task_id=turn_id, session_id=thread_id))
+    return None, events
 
 
 async def apply_policy(conn: Any, worker_id: uuid.UUID, record_type: str, payload: dict[str, Any], *,
@@ -169,7 +269,14 @@ class Settlement:
         facts: dict[str, Any] = {"escalation_id": str(esc["id"]), "question_id": str(esc["question_id"]),
                                  "answer": choice, "response": esc["response"]}
         events: list[NewEvent] = []
-        if choice == policy.ESCALATION_RETRY:
+        if worker["role"] == "orchestrator":
+            decision, events = await self._act_on_turn(conn, worker, choice, facts)
+        elif choice == policy.ESCALATION_REEXTRACT:
+            # only the extractor runs again, on the journal the worker left; its gate settles the rest
+            decision = "reextract"
+            extractor_id, events = await extraction.request_on(conn, worker["id"], requested_by="user (escalation)")
+            facts["extractor_task_id"] = str(extractor_id)
+        elif choice in (policy.ESCALATION_RETRY, policy.ESCALATION_RETRY_WORKER):
             new_id = await _retry(conn, worker, worker["brief"], 0.0)
             decision = "retry"
             facts["retry_task_id"] = str(new_id)
@@ -200,3 +307,15 @@ class Settlement:
         await journal.append_on(conn, [NewEvent("escalation.resolved", facts, tier="derived", task_id=worker["id"],
                                                 session_id=thread, project_id=worker["project_id"]), *events])
         log.info("escalation_resolved", worker=str(worker["id"]), decision=decision)
+
+    async def _act_on_turn(self, conn: Any, turn: dict[str, Any], choice: Any,
+                           facts: dict[str, Any]) -> tuple[str, list[NewEvent]]:
+        """A failed turn's escalation: Retry runs its messages again (queued like the chat's Retry, so it
+        waits for any turn the thread has open meanwhile); anything else leaves them in the chat with the
+        error and its Retry. The orchestrator is not told: it never saw these messages."""
+        if choice != policy.ESCALATION_RETRY:
+            return ("skip" if choice == policy.ESCALATION_SKIP else "relay"), []
+        cur = await conn.execute(queries["enqueue_turn_retry"], {"thread_id": turn["session_id"],
+                                                                 "task_id": turn["id"]})
+        facts["retry_queued"] = str((await cur.fetchone())[0])
+        return "retry", []

@@ -55,6 +55,7 @@ class Step(enum.StrEnum):
     POLICY = "policy"  # a thread's worker ended with nothing to extract: apply the policy to the end itself
     TELL_THREAD = "tell_thread"  # an orchestrator turn ended: the thread delivers what waited for the boundary
     RERUN_TURN = "rerun_turn"  # a turn cut off by the executor's shutdown: run its messages again
+    TURN_FAILED = "turn_failed"  # a turn ended otherwise: record it in the chat and apply the turns' policy
     NOTHING = "nothing"  # nobody acts on this end; it stays visible
 
 
@@ -95,8 +96,9 @@ def route(ended: Ended, *, extract: bool) -> Step:
     """The step an end calls for (pure)."""
     if ended.thread_turn:
         # a deploy is never the turn's fault, and the messages it carried must not be dropped
-        cut_off = ended.status == "crashed" and ended.status_reason == SHUTDOWN
-        return Step.RERUN_TURN if cut_off else Step.TELL_THREAD
+        if ended.status == "crashed" and ended.status_reason == SHUTDOWN:
+            return Step.RERUN_TURN
+        return Step.TELL_THREAD if ended.status == "success" else Step.TURN_FAILED
     if not extract:
         return Step.NOTHING
     if ended.is_extractor:
@@ -215,10 +217,10 @@ class Settler:
                 conn, ended.id, "task.exited", {"status": ended.status, "reason": ended.status_reason},
                 backoff_base_s=self.config.backoff_base_s, started=ended.started)
         if step is Step.RERUN_TURN:
-            new_id = uuid.uuid4()
-            cur = await conn.execute(queries["insert_turn_rerun"], {"new_id": new_id, "id": ended.id})
-            thread_id, brief = await cur.fetchone()
-            return [NewEvent("task.dispatch_requested", {
-                "role": "orchestrator", "brief": brief[:2000], "requested_by": "settler", "rerun_of": str(ended.id),
-                "reason": ended.status_reason}, session_id=thread_id, task_id=new_id)]
+            _, events = await settlement.rerun_turn(conn, ended.id, requested_by="settler",
+                                                    reason=ended.status_reason)
+            return events
+        if step is Step.TURN_FAILED:
+            return await settlement.apply_turn_policy(conn, ended.id, backoff_base_s=self.config.backoff_base_s,
+                                                      started=ended.started)
         return []  # TELL_THREAD: nothing to write; the threads loop reads the boundary from the store

@@ -6,7 +6,9 @@ message is journaled as `task.user_message` (the echo every client renders; a ha
 turn, exit = turn boundary. Messages arriving while a turn is open stay pending (visible in
 GET /api/queue) and go together, in order, in the next turn. A message sent while the turn waits in
 ask_user_question answers that question as a reply instead; a harness report never does (it waits for
-the boundary).
+the boundary). A failed turn is acted on by its settlement (executor/settlement.py: re-run, back off,
+escalate); the user's Retry of it is a `retry` control row, applied once the thread has no turn open.
+Answered approvals and late answers are carried out here too (executor/approvals.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from executor import projects
+from executor import approvals, projects, settlement
 from executor.journal_writer import JournalWriter
 from executor.settlement import Settlement
 from executor.sql import queries
@@ -64,6 +66,9 @@ class Threads:
                 try:
                     await self.apply_controls()
                     await self.settlement.apply_escalations()
+                    # decisions the user owes outlive any tool call: approvals, answers given after a timeout
+                    await approvals.apply_answered(self.pool)
+                    await approvals.deliver_late_answers(self.pool)
                     await self.deliver()
                 except database.OUTAGE_ERRORS as exc:
                     await database.pause(self.pool, exc, "threads")  # said once; the next pass retries
@@ -81,7 +86,9 @@ class Threads:
             args = row["args"] or {}
             thread_id = row["thread_id"]
             status, error = "done", None
-            if row["action"] == "create":
+            if row["action"] == "retry":
+                status, error = await self._retry_turn(thread_id, args.get("task_id"))
+            elif row["action"] == "create":
                 project_id = args.get("project_id")
                 if project_id and not (await self._rows("project_exists", {"id": project_id}))[0]["exists"]:
                     await self._rows("finish_thread_control", {"id": row["id"], "status": "failed",
@@ -107,6 +114,19 @@ class Threads:
                 else:
                     status, error = "failed", f"no thread {thread_id}"
             await self._rows("finish_thread_control", {"id": row["id"], "status": status, "error": error})
+
+    async def _retry_turn(self, thread_id: uuid.UUID, task_id: Any) -> tuple[str, str | None]:
+        """The user's Retry of a failed turn: its messages run again (claimed only once no turn is open)."""
+        try:
+            turn_id = uuid.UUID(str(task_id))
+        except ValueError:
+            return "failed", f"no turn {task_id!r}"
+        async with self.pool.connection() as conn, conn.transaction():
+            error, events = await settlement.retry_turn(conn, turn_id, thread_id, requested_by="user (retry)")
+            if events:
+                await journal.append_on(conn, events)
+        log.info("turn_retry", thread=str(thread_id), turn=str(turn_id), error=error)
+        return ("failed", error) if error else ("done", None)
 
     # ---- chat delivery -------------------------------------------------------------------------------
 

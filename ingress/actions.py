@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ingress import asks
 from ingress.http import body, path_uuid, respond
-from ingress.models import AnswerIn, ChatIn, StopIn, ThreadIn, ThreadPatch
+from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPatch
 from ingress.problems import Problem
 from ingress.sql import queries
 from shared import threads
@@ -88,6 +88,26 @@ async def patch_thread(request: Request) -> Response:
     return respond({"thread_id": thread_id, "queued": queued}, 202)
 
 
+async def retry_turn(request: Request) -> Response:
+    """Run a failed orchestrator turn again with the same messages (a thread-control row the executor
+    carries out once no turn of the thread is open)."""
+    thread_id = path_uuid(request, "thread_id")
+    spec = await body(request, RetryIn, optional=True)
+    await _known_thread(request, thread_id)
+    turn = await _one(request, "thread_turn", {"thread_id": thread_id, "task_id": spec.task_id})
+    if turn is None:
+        raise Problem(404, f"no failed turn {spec.task_id or ''} in thread {thread_id}".replace("  ", " "))
+    if turn["status"] in ("pending", "running", "success"):
+        raise Problem(409, f"turn {turn['id']} is {turn['status']}: only a failed turn is retried")
+    if turn["retried_by"] is not None:
+        raise Problem(409, f"turn {turn['id']} was already run again (task {turn['retried_by']})")
+    if turn["retry_queued"] is not None:
+        raise Problem(409, f"a retry of turn {turn['id']} is already queued")
+    queued = await _one(request, "enqueue_thread_control",
+                        {"thread_id": thread_id, "action": "retry", "args": Jsonb({"task_id": str(turn["id"])})})
+    return respond({**(queued or {}), "task_id": turn["id"]}, 202)
+
+
 async def _question(request: Request) -> dict[str, Any]:
     ref = request.path_params["ask_id"]
     row = await _one(request, "question_by_ref", {"ref": ref})
@@ -96,7 +116,8 @@ async def _question(request: Request) -> dict[str, Any]:
     return row
 
 
-async def _close(request: Request, row: dict[str, Any], status: str, answers: Any, response: str | None) -> Response:
+async def _close(request: Request, row: dict[str, Any], status: str, answers: Any, response: str | None
+                 ) -> dict[str, Any]:
     if row["status"] in _FINAL_ASK:
         raise Problem(409, f"question already {row['status']}")
     updated = await _one(request, "answer_question", {
@@ -104,7 +125,7 @@ async def _close(request: Request, row: dict[str, Any], status: str, answers: An
         "response": response})
     if updated is None:  # closed between our read and our write
         raise Problem(409, "question was closed meanwhile")
-    return respond(updated)
+    return updated
 
 
 async def answer_ask(request: Request) -> Response:
@@ -113,9 +134,14 @@ async def answer_ask(request: Request) -> Response:
     if row["status"] in _FINAL_ASK:
         raise Problem(409, f"question already {row['status']}")
     answers = asks.normalise(row["questions"], answer)
-    return await _close(request, row, "answered", answers, answer.response)
+    closed = await _close(request, row, "answered", answers, answer.response)
+    if row["timed_out_at"] is None:
+        return respond(closed)  # the asking tool returns this answer
+    # the tool had stopped waiting: the answer is accepted and goes to the thread as a message (202)
+    return respond({**closed, "late": True,
+                    "note": "the question had timed out: the answer is sent to the thread as a message"}, 202)
 
 
 async def cancel_ask(request: Request) -> Response:
     row = await _question(request)
-    return await _close(request, row, "cancelled", None, "cancelled by the user")
+    return respond(await _close(request, row, "cancelled", None, "cancelled by the user"))

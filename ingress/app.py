@@ -22,7 +22,8 @@ from ingress import actions, gate_rules, notify, problems, reads, stream
 from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, GuardMiddleware, TokenLimiter, parse_login, same_secret,
                           too_many)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded, peer
-from ingress.models import AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, StopIn, ThreadIn, ThreadPatch
+from ingress.models import (AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, RetryIn, StopIn, ThreadIn,
+                            ThreadPatch)
 from ingress import projects as project_routes
 from ingress.models import ProjectIn, ReviewIn
 from ingress.openapi import SEQ, UUID, Op, Param, document
@@ -69,7 +70,10 @@ OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
         errors=(415, 422)), actions.create_thread),
     (Op("patch", "/api/threads/{thread_id}", "rename, change mode, or archive a thread", ThreadPatch,
         params=(Param("thread_id", "path", UUID),), status=202, errors=(404, 415, 422)), actions.patch_thread),
-    (Op("post", "/api/asks/{ask_id}/answer", "answer a question (answers, or a response to dismiss it)", AnswerIn,
+    (Op("post", "/api/threads/{thread_id}/retry", "run a failed orchestrator turn again with the same messages",
+        RetryIn, True, (Param("thread_id", "path", UUID),), 202, (404, 409, 415, 422)), actions.retry_turn),
+    (Op("post", "/api/asks/{ask_id}/answer", "answer a question (answers, or a response to dismiss it); 202 "
+        "when it had timed out (the answer goes to the thread as a message)", AnswerIn,
         params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409, 415, 422)),
      actions.answer_ask),
     (Op("delete", "/api/asks/{ask_id}", "cancel a question",

@@ -47,6 +47,10 @@ class ThreadPatch(_Body):
         return self
 
 
+class RetryIn(_Body):
+    task_id: uuid.UUID | None = Field(default=None, description="the failed turn (default: the thread's latest)")
+
+
 class StopIn(_Body):
     reason: str | None = Field(default=None, max_length=500)
 

@@ -77,6 +77,7 @@ CONVERSATION_TYPES = [
     "task.dispatch_refused", "task.spawned", "task.exited", "task.stalled", "task.resumed", "handoff",
     "handoff.extraction_failed", "policy.decision", "escalation.resolved", "question.asked", "question.answered",
     "question.cancelled", "thread.created", "thread.renamed", "thread.mode_changed", "thread.archived",
+    "turn.failed", "approval.resolved", "question.timed_out",
 ]
 
 
@@ -85,6 +86,13 @@ async def conversation(request: Request) -> Response:
     params = {"thread_id": path_uuid(request, "thread_id"), "after": query_int(request, "after_seq", 0),
               "before": before, "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
     events = await _rows(request, "thread_conversation", params)
+    failed = [e for e in events if e["event_type"] == "turn.failed"]
+    if failed:
+        # a failed turn's record says whether its Retry is still open (no later run repeats the turn)
+        reruns = {r["retry_of"]: r["id"] for r in await _rows(request, "turn_reruns",
+                                                              {"ids": [e["task_id"] for e in failed]})}
+        for e in failed:
+            e["retried_by"] = reruns.get(e["task_id"])
     # more: older records exist before the first one returned (page back with before_seq = its seq)
     return respond({"events": events, "types": CONVERSATION_TYPES, "more": len(events) == params["limit"]})
 

@@ -198,3 +198,64 @@ async def test_a_restart_cancels_questions_whose_process_died(db: DB, tmp_path: 
         status = conn.execute("SELECT status FROM questions WHERE id = %s", [qid]).fetchone()[0]  # type: ignore[index]
     assert status == "cancelled" and late.status_code == 409
     assert any(e.event_type == "question.cancelled" and e.payload["question_id"] == str(qid) for e in events)
+
+
+async def test_a_question_that_timed_out_in_a_thread_stays_answerable_and_the_late_answer_comes_as_a_message(
+    db: DB, tmp_path: Path
+) -> None:
+    from executor.scripted_model import Rule
+
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness] A late answer", replies=[{"text": "noted, SQLite then"}]),
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [Q1]}}},
+            {"text": "no answer; carrying on"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, ask_timeout_s=2) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+            await http.post("/api/chat", json={"text": "set up storage", "thread_id": thread})
+            ask = await _pending_ask(http)
+            conn = await h._conn()
+
+            async def first_turn() -> dict[str, Any]:
+                deadline = time.monotonic() + 90
+                while True:
+                    row = await (await conn.execute(
+                        "SELECT id, status FROM tasks WHERE session_id = %s ORDER BY created_at LIMIT 1",
+                        [thread])).fetchone()
+                    if row and row[1] not in ("pending", "running"):
+                        return {"id": row[0], "status": row[1]}
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+            turn = await first_turn()  # the tool returned on the timeout and the turn ended
+            still = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+            late = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {"Which database?": "SQLite"}})
+            again = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {"Which database?": "Postgres"}})
+            deadline = time.monotonic() + 90
+            while True:
+                rows = await (await conn.execute(
+                    "SELECT brief, status FROM tasks WHERE session_id = %s AND brief LIKE '[harness] A late answer%%'",
+                    [thread])).fetchall()
+                if rows and rows[0][1] not in ("pending", "running"):
+                    break
+                assert time.monotonic() < deadline, rows
+                await asyncio.sleep(0.1)
+            turn_events = await h.events(turn["id"])
+            events = await h.events()
+    payload = json.loads(_tool_result(turn_events)["text"])
+    assert payload["answers"] == {} and payload["response"] == "Timed out waiting for user input"
+    assert "late" in payload["annotation"]
+    assert turn["status"] == "success"
+    assert [(a["id"], a["late"]) for a in still] == [(ask["id"], True)]  # the card stays, marked late
+    assert late.status_code == 202 and late.json()["late"] is True and late.json()["status"] == "answered"
+    assert again.status_code == 409  # answered once
+    brief, status = rows[0]
+    assert "Which database? → SQLite" in brief and status == "success"
+    types = [e.event_type for e in events if e.payload.get("question_id") == ask["id"]]
+    assert types == ["question.asked", "question.timed_out", "question.answered"]
+    answered = next(e.payload for e in events if e.event_type == "question.answered")
+    assert answered["late"] is True and answered["answers"] == {"Which database?": "SQLite"}
+    delivered = [e.payload["text"] for e in events if e.event_type == "thread.harness_message"]
+    assert len(delivered) == 1 and "SQLite" in delivered[0]

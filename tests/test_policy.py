@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from executor import policy
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
@@ -77,12 +78,16 @@ def _dispatch(brief: str, **extra: Any) -> dict[str, Any]:
 
 # ---- the table ----------------------------------------------------------------------------------------
 
-def test_the_readme_documents_the_policy_table_as_the_code_declares_it() -> None:
+def test_the_readme_documents_the_policy_tables_as_the_code_declares_them() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("### Not-clean-return policy", 1)[1].split("\n## ", 1)[0]
-    rows = {m.group(1): (m.group(2), int(m.group(3))) for m in
-            re.finditer(r"^\| `(\w+)` \| `(\w+)` \| (\d+) \|", section, re.MULTILINE)}
-    assert rows == {status: (rule.action, rule.budget) for status, rule in policy.POLICY.items()}
+    workers, turns = section.split("#### Orchestrator turns", 1)
+
+    def rows(text: str) -> dict[str, tuple[str, int]]:
+        return {m.group(1): (m.group(2), int(m.group(3))) for m in
+                re.finditer(r"^\| `(\w+)` \| `(\w+)` \| (\d+) \|", text, re.MULTILINE)}
+    assert rows(workers) == {status: (rule.action, rule.budget) for status, rule in policy.POLICY.items()}
+    assert rows(turns) == {status: (rule.action, rule.budget) for status, rule in policy.TURN_POLICY.items()}
 
 
 def test_gate_categories_are_named_from_what_a_denied_call_tried() -> None:
@@ -219,42 +224,81 @@ async def test_a_gated_worker_records_its_denials_and_stop_the_plan_stops_the_th
     assert resolved["decision"] == "stop_plan" and resolved["stop_requested"] == [str(workers[1]["id"])]
 
 
-async def test_an_interactive_thread_spawns_nothing_until_the_user_approves(db: DB, tmp_path: Path) -> None:
+def _tool_results(events: list[Any]) -> list[dict[str, Any]]:
+    return [b for e in events if e.event_type == "stream.user" for b in e.payload["message"]["content"]
+            if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+@pytest.mark.timeout(300)
+async def test_an_interactive_dispatch_returns_at_once_and_the_worker_waits_for_approval_across_a_restart(
+    db: DB, tmp_path: Path
+) -> None:
     scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "all done"}]),
-        Rule(role="orchestrator", replies=[_dispatch("delete the cache <script>alert(1)</script>"),
-                                           _dispatch("clear the cache gently"), {"text": "one is running"}]),
+        Rule(role="orchestrator", match_last="[harness] The user approved", replies=[{"text": "good, it runs"}]),
+        Rule(role="orchestrator", match_last="[harness] The user did not approve", replies=[{"text": "dropped"}]),
+        Rule(role="orchestrator", match_last="[harness] Worker", replies=[{"text": "all done"}]),
+        Rule(role="orchestrator", match="wipe things", replies=[_dispatch("wipe the disk"), {"text": "asked"}]),
+        Rule(role="orchestrator", replies=[_dispatch("clear the cache <script>alert(1)</script>"),
+                                           {"text": "waiting for the user's approval"}]),
         Rule(role="worker", replies=[{"text": "cleared"}]),
         _handoff("cleared"),
     ])
-    with ScriptedModelServer(scenario) as model:
-        async with running_executor(db, model, tmp_path, extract=True) as h, \
-                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            thread = await _thread(http, "interactive")
-            await http.post("/api/chat", json={"text": "tidy up", "thread_id": thread})
-            first = await _until(lambda: _pending_ask(http), "the first approval question")
-            await asyncio.sleep(1.0)
-            before_answer = await _workers(h)
-            await _answer(http, first, "Reject")
 
-            async def second_ask() -> dict[str, Any] | None:
-                ask = await _pending_ask(http)
-                return ask if ask and ask["id"] != first["id"] else None
-            second = await _until(second_ask, "the second approval question")
-            between = await _workers(h)
-            await _answer(http, second, "Approve")
-            await _until(lambda: _turn_containing(h, "[harness] Worker"), "the approved worker's report")
-            workers = await _workers(h)
-            events = await h.events()
-    assert before_answer == [] and between == []
-    option = first["questions"][0]["options"][0]
-    assert option["label"] == "Approve" and option["preview"].startswith("delete the cache <script>")
-    assert [w["brief"] for w in workers] == ["clear the cache gently"]
+    async def approval_for(http: httpx.AsyncClient, brief: str) -> dict[str, Any] | None:
+        asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+        return next((a for a in asks if a["questions"][0]["options"][0]["preview"].startswith(brief)), None)
+
+    async def turn_ended(h: Harness, thread: str, text: str) -> dict[str, Any] | None:
+        rows = await _rows(h, "SELECT id, status FROM tasks WHERE session_id = %s AND brief LIKE %s "
+                              "AND status NOT IN ('pending', 'running')", thread, f"%{text}%")
+        return rows[0] if rows else None
+
+    with ScriptedModelServer(scenario) as model:
+        async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            async with running_executor(db, model, tmp_path, extract=True) as h:
+                keep = await _thread(http, "interactive")
+                drop = await _thread(http, "interactive")
+                await http.post("/api/chat", json={"text": "tidy up", "thread_id": keep})
+                await http.post("/api/chat", json={"text": "wipe things", "thread_id": drop})
+                approve = await _until(lambda: approval_for(http, "clear the cache"), "the first approval")
+                reject = await _until(lambda: approval_for(http, "wipe the disk"), "the second approval")
+                # the dispatching turns ended without waiting for anybody
+                first_turn = await _until(lambda: turn_ended(h, keep, "tidy up"), "the dispatching turn")
+                await _until(lambda: turn_ended(h, drop, "wipe things"), "the other dispatching turn")
+                await asyncio.sleep(1.0)
+                waiting = await _workers(h)
+                waiting_rows = await _rows(h, "SELECT brief, status, activity FROM tasks WHERE role = 'worker' "
+                                              "ORDER BY created_at")
+                turn_events = await h.events(first_turn["id"])
+            # answered while no executor runs: carried out at the next start
+            await _answer(http, approve, "Approve")
+            async with running_executor(db, model, tmp_path, extract=True) as h:
+                await _answer(http, reject, "Reject")
+                await _until(lambda: _turn_containing(h, "[harness] The user approved"), "the approval to be told")
+                await _until(lambda: _turn_containing(h, "[harness] The user did not approve"), "the rejection")
+                await _until(lambda: _turn_containing(h, "[harness] Worker"), "the approved worker's report")
+                workers = await _workers(h)
+                events = await h.events()
+    result = _tool_results(turn_events)[0]
+    assert not result.get("is_error") and "awaiting_approval" in json.dumps(result["content"])
+    assert first_turn["status"] == "success"
+    assert [(w["status"], w["activity"]) for w in waiting_rows] == [("pending", "awaiting_approval")] * 2
+    assert all(w["started_at"] is None for w in waiting)
+    option = approve["questions"][0]["options"][0]
+    assert option["label"] == "Approve" and option["preview"].startswith("clear the cache <script>")
+    by_brief = {w["brief"]: w for w in workers}
+    assert by_brief["clear the cache <script>alert(1)</script>"]["status"] == "success"
+    rejected = by_brief["wipe the disk"]
+    assert rejected["status"] == "cancelled" and rejected["started_at"] is None
+    spawned = {e.task_id for e in events if e.event_type == "task.spawned"}
+    assert rejected["id"] not in spawned
+    resolved = {e.task_id: e.payload["decision"] for e in events if e.event_type == "approval.resolved"}
+    assert sorted(resolved.values()) == ["approved", "rejected"] and resolved[rejected["id"]] == "rejected"
     refused = [e.payload for e in events if e.event_type == "task.dispatch_refused"]
     assert [(r["reason"], r["answer"]) for r in refused] == [("not approved by the user", "Reject")]
-    results = [b for e in events if e.event_type == "stream.user" for b in e.payload["message"]["content"]
-               if isinstance(b, dict) and b.get("type") == "tool_result"]
-    assert results[0].get("is_error") and "not approved" in json.dumps(results[0]["content"])
+    told = [e.payload["text"] for e in events if e.event_type == "thread.harness_message"]
+    assert any(t.startswith("[harness] The user approved") for t in told)
+    assert any(t.startswith("[harness] The user did not approve") and "wipe the disk" in t for t in told)
 
 
 @pytest.mark.timeout(240)
@@ -308,3 +352,72 @@ async def test_an_escalation_answered_while_the_executor_is_down_is_acted_on_whe
     assert [w["status"] for w in workers] == ["gated", "success"] and workers[1]["retry_of"] == workers[0]["id"]
     gated = next(e.payload for e in events if e.event_type == "handoff" and e.task_id == workers[0]["id"])
     assert gated["gate_decisions"][0]["gate"] == "privilege escalation"
+
+
+async def test_an_extraction_failure_offers_re_extract_which_runs_only_the_extractor_again(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        Rule(role="orchestrator", replies=[_dispatch("write the release notes"), {"text": "dispatched"}]),
+        Rule(role="worker", replies=[{"text": "wrote the release notes"}]),
+        Rule(role="extractor", sessions=1, replies=[{"text": "prose instead of a handoff"}]),  # the first run fails
+        _handoff("the notes are written"),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = await _thread(http, "autonomous")
+            await http.post("/api/chat", json={"text": "write the notes", "thread_id": thread})
+            ask = await _until(lambda: _pending_ask(http), "the extraction_failed escalation")
+            failed = await _workers(h)
+            await _answer(http, ask, policy.ESCALATION_REEXTRACT)
+            turn = await _until(lambda: _turn_containing(h, "[harness] Worker"), "the orchestrator to get the handoff")
+            workers = await _workers(h)
+            extractors = await _rows(h, "SELECT status, parent_task_id FROM tasks WHERE role = 'extractor' "
+                                        "ORDER BY created_at")
+            events = await h.events()
+    (worker,) = workers  # the worker did not run again
+    assert [w["status"] for w in failed] == ["extraction_failed"]
+    question = ask["questions"][0]
+    assert [o["label"] for o in question["options"]] == ["Re-extract", "Retry worker", "Skip", "Stop the plan"]
+    assert len(extractors) == 2 and all(x["parent_task_id"] == worker["id"] for x in extractors)
+    assert [e.task_id for e in events if e.event_type == "task.spawned" and e.task_id == worker["id"]] == [worker["id"]]
+    resolved = [e.payload for e in events if e.event_type == "escalation.resolved"]
+    assert [r["decision"] for r in resolved] == ["reextract"]
+    handoff = next(e.payload for e in events if e.event_type == "handoff")
+    assert handoff["status"] == "success" and handoff["current_state"] == "the notes are written"
+    assert worker["status"] == "success"  # its own end counts again once a handoff passed the gate
+    decisions = [e.payload["action"] for e in events if e.event_type == "policy.decision"]
+    assert decisions == ["escalate", "report"]
+    assert f"[harness] Worker {worker['id']} finished" in turn["brief"]
+
+
+async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_closes_its_approval(
+    pool: AsyncConnectionPool, db: DB, tmp_path: Path
+) -> None:
+    import uuid
+
+    import psycopg
+
+    from executor import approvals
+    from executor.sql import queries
+
+    thread, turn = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
+                     "'t', 'interactive')", [thread])
+        conn.execute("INSERT INTO tasks (id, session_id, role, brief, status, ended_at, settled_at) "
+                     "VALUES (%s, %s, 'orchestrator', 'go', 'success', now(), now())", [turn, thread])
+    worker = await approvals.request(pool, brief="rebuild the index", thread_id=thread, asker_task_id=turn,
+                                     project_id=None, plan_ref=None, allowed_tools=None, workdir=tmp_path)
+    async with pool.connection() as conn:
+        claimed = await (await conn.execute(queries["claim_pending_tasks"], {"n": 10})).fetchall()
+        await conn.execute(queries["cancel_pending_task"], {"id": worker, "reason": "stop_requested"})  # Stop
+    acted = await approvals.apply_answered(pool)
+    with psycopg.connect(db.admin_dsn) as conn:
+        question = conn.execute("SELECT q.status, a.status, a.decision FROM approvals a JOIN questions q "
+                                "ON q.id = a.question_id WHERE a.task_id = %s", [worker]).fetchone()
+        told = conn.execute("SELECT count(*) FROM chat_queue").fetchone()[0]  # type: ignore[index]
+    assert claimed == [] and acted == 1
+    assert question == ("cancelled", "resolved", "task_ended") and told == 0

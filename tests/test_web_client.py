@@ -256,3 +256,48 @@ async def test_a_new_thread_approves_a_worker_from_its_pinned_card_and_the_worke
                 await page.fill("#filter-type", "handoff")
                 await expect(page.locator("#feed li")).to_have_count(1)
                 await expect(page.locator("#feed li")).to_contain_text("handoff")
+
+
+async def _kill_running_turn(admin_dsn: str, model: ScriptedModelServer, n: int) -> None:
+    """SIGKILL the n-th orchestrator turn once its request reached the model (a crash, no result line)."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        with psycopg.connect(admin_dsn) as conn:
+            rows = conn.execute("SELECT pid, status FROM tasks WHERE role = 'orchestrator' ORDER BY created_at"
+                                ).fetchall()
+        asked = sum(r.role == "orchestrator" for r in model.requests)
+        if len(rows) >= n and rows[n - 1][1] == "running" and rows[n - 1][0] and asked >= n:
+            break
+        assert time.monotonic() < deadline, rows
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)
+    os.kill(rows[n - 1][0], signal.SIGKILL)
+
+
+async def test_a_failed_turn_is_an_error_record_in_chat_whose_retry_runs_the_message_again(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"stall": {"seconds": None}}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url, PHONE) as page:
+                await page.fill("#composer-text", "list the open pull requests")
+                await page.click("#composer button")
+                await _kill_running_turn(db.admin_dsn, model, 1)
+                await _kill_running_turn(db.admin_dsn, model, 2)
+                failed = page.locator("#messages .turn-failed")
+                await expect(failed).to_have_count(2, timeout=30_000)
+                await expect(failed.first).to_contain_text("crashed")
+                await expect(failed.first.locator("button")).to_have_count(0)  # the harness re-ran that one
+                retry = failed.nth(1).locator("button", has_text="Retry")
+                await expect(retry).to_have_count(1)
+                await shot(page, "chat-turn-failed-390")
+                model.scenario.rules[:] = [Rule(role="orchestrator", replies=[{"text": "Two pull requests are open."}])]
+                await retry.click()
+                await expect(page.locator(".msg.assistant").last).to_have_text("Two pull requests are open.",
+                                                                                timeout=60_000)
+                await expect(page.locator("#messages .msg.user", has_text="list the open pull requests")
+                             ).to_have_count(1)  # the message stayed in the chat, once

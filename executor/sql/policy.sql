@@ -1,7 +1,7 @@
 -- name: settled_worker --
 -- A finished task and what the policy needs of it: its thread (when an orchestrator turn dispatched it)
 -- and whether its role follows the policy.
-SELECT w.id, w.status, w.status_reason, w.attempt, w.brief, w.plan_ref, w.project_id, w.workdir, w.allowed_tools,
+SELECT w.id, w.role, w.session_id, w.status, w.status_reason, w.attempt, w.brief, w.plan_ref, w.project_id, w.workdir, w.allowed_tools,
        w.parent_task_id, coalesce(w.retry_of, w.id) AS first_attempt, coalesce(p.follows_policy, false) AS follows_policy,
        s.id AS thread_id
 FROM tasks w
@@ -88,3 +88,18 @@ WHERE j.event_type = 'handoff'
                         WHERE p.session_id = %(scope)s))
 ORDER BY j.seq DESC
 LIMIT %(limit)s
+
+-- name: resolve_task_escalation --
+-- The user retried a failed turn from the chat: an escalation still open on it is answered by that.
+UPDATE escalations SET status = 'resolved', decision = %(decision)s, resolved_at = now()
+WHERE task_id = %(task_id)s AND status = 'open'
+RETURNING id, question_id
+
+-- name: restore_exit_status --
+-- A re-extraction passed the gate: the worker's status is its exit-derived one again (extraction_failed
+-- only ever replaced a `success`).
+UPDATE tasks t SET status = j.payload ->> 'status', status_reason = j.payload ->> 'reason'
+FROM (SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'task.exited'
+      ORDER BY seq DESC LIMIT 1) j
+WHERE t.id = %(id)s AND t.status = 'extraction_failed'
+RETURNING t.status

@@ -18,6 +18,8 @@ UPDATE tasks t
 SET status = 'running', activity = 'running', started_at = now(), last_output_at = now()
 FROM (
     SELECT id FROM tasks WHERE status = 'pending' AND (not_before IS NULL OR not_before <= now())
+      -- a worker of an interactive thread waits for the user's approval (migration 0021)
+      AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.task_id = tasks.id AND a.status = 'open')
     ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT %(n)s
 ) picked
 WHERE t.id = picked.id
@@ -80,7 +82,9 @@ RETURNING q.id, q.task_id, q.reason
 UPDATE stop_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
 
 -- name: tasks_with_pending_questions --
-SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND task_id = ANY(%(ids)s::uuid[])
+-- a question that timed out no longer holds its asker (the tool returned): it may stall again
+SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND timed_out_at IS NULL
+                                          AND task_id = ANY(%(ids)s::uuid[])
 
 -- name: orphaned_running_tasks --
 SELECT id, pid, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, attempt,
@@ -109,6 +113,8 @@ WHERE q.status = 'pending'
   AND (q.task_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.status = 'running'))
   -- an escalation waits on nobody's process: it stays open across restarts
   AND NOT EXISTS (SELECT 1 FROM escalations e WHERE e.question_id = q.id)
+  -- nor does an approval, nor a question that timed out (its late answer goes to the thread)
+  AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.question_id = q.id) AND q.timed_out_at IS NULL
 RETURNING q.id, q.task_id
 
 -- name: insert_imported_task --

@@ -1,7 +1,12 @@
 -- name: claim_thread_controls --
+-- A Retry of a failed turn waits while the thread has a turn open (turns of one thread never overlap);
+-- meanwhile it holds the thread's messages back, so the retried messages still go before later ones.
 UPDATE thread_control_queue q SET status = 'claimed', claimed_at = now()
-FROM (SELECT id FROM thread_control_queue WHERE status = 'pending' ORDER BY created_at
-      FOR UPDATE SKIP LOCKED LIMIT 50) picked
+FROM (SELECT c.id FROM thread_control_queue c
+      WHERE c.status = 'pending'
+        AND NOT (c.action = 'retry' AND EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = c.thread_id
+                                                AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)))
+      ORDER BY c.created_at FOR UPDATE OF c SKIP LOCKED LIMIT 50) picked
 WHERE q.id = picked.id
 RETURNING q.id, q.thread_id, q.action, q.args, q.created_at
 
@@ -25,8 +30,11 @@ RETURNING id
 SELECT DISTINCT thread_id FROM chat_queue WHERE status = 'pending'
 
 -- name: thread_state --
+-- A turn is open until its end is settled: a failed turn's re-run is inserted by its settlement, and no
+-- later message may start a turn before that.
 SELECT s.id, s.lifecycle, s.mode,
-       EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id AND t.status IN ('pending', 'running')) AS turn_open,
+       EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id
+               AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)) AS turn_open,
        EXISTS (SELECT 1 FROM thread_control_queue c WHERE c.thread_id = s.id AND c.status IN ('pending', 'claimed'))
            AS controls_pending
 FROM sessions s WHERE s.id = %(id)s AND s.role = 'orchestrator'
@@ -38,7 +46,7 @@ SELECT EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND a
 -- name: blocked_question --
 -- A question the thread's running turn is waiting on (a chat message answers it as a reply).
 SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
-WHERE q.status = 'pending' AND t.session_id = %(thread_id)s AND t.status = 'running'
+WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND t.session_id = %(thread_id)s AND t.status = 'running'
 ORDER BY q.created_at LIMIT 1
 
 -- name: take_pending_chat --
@@ -72,3 +80,9 @@ WHERE w.id = %(id)s
 
 -- name: count_turn --
 UPDATE sessions SET turns = turns + 1, lifecycle = 'running', updated_at = now() WHERE id = %(id)s
+
+-- name: enqueue_turn_retry --
+-- A Retry answered in an escalation goes the way of the chat's Retry: applied once no turn is open.
+INSERT INTO thread_control_queue (thread_id, action, args)
+VALUES (%(thread_id)s, 'retry', jsonb_build_object('task_id', %(task_id)s::text))
+RETURNING id

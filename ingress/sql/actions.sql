@@ -24,7 +24,8 @@ SELECT EXISTS (SELECT 1 FROM sessions WHERE id = %(id)s AND role = 'orchestrator
 SELECT status FROM tasks WHERE id = %(id)s
 
 -- name: question_by_ref --
-SELECT id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at, answered_at
+SELECT id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at, answered_at,
+       timed_out_at
 FROM questions
 WHERE id = (CASE WHEN %(ref)s ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
                  THEN %(ref)s::uuid END)
@@ -35,4 +36,18 @@ WHERE id = (CASE WHEN %(ref)s ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 UPDATE questions SET status = %(status)s, answers = %(answers)s, response = %(response)s
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at,
-          answered_at
+          answered_at, timed_out_at
+
+-- name: thread_turn --
+-- One orchestrator turn of a thread (the given one, or else the thread's latest that ended other than
+-- success), with the run that already repeats it, if any, and a Retry already queued for it, if any.
+SELECT t.id, t.status, t.status_reason,
+       (SELECT r.id FROM tasks r WHERE r.retry_of = t.id LIMIT 1) AS retried_by,
+       (SELECT c.id FROM thread_control_queue c WHERE c.thread_id = t.session_id AND c.action = 'retry'
+        AND c.status IN ('pending', 'claimed') AND c.args ->> 'task_id' = t.id::text LIMIT 1) AS retry_queued
+FROM tasks t
+WHERE t.session_id = %(thread_id)s AND t.role = 'orchestrator'
+  AND (t.id = %(task_id)s::uuid
+       OR (%(task_id)s::uuid IS NULL AND t.status NOT IN ('pending', 'running', 'success')))
+ORDER BY t.created_at DESC
+LIMIT 1

@@ -48,7 +48,7 @@ FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: list_asks --
 SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
-       q.asked_by, q.created_at, q.answered_at,
+       q.asked_by, q.created_at, q.answered_at, q.timed_out_at, q.timed_out_at IS NOT NULL AS late,
        coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
 FROM questions q
 LEFT JOIN tasks t ON t.id = q.task_id
@@ -78,3 +78,7 @@ SELECT * FROM (
     ORDER BY seq DESC
     LIMIT %(limit)s
 ) newest ORDER BY seq
+
+-- name: turn_reruns --
+-- Which of these turns a later run already repeats (a failed turn's Retry is then spent).
+SELECT retry_of, id FROM tasks WHERE retry_of = ANY(%(ids)s::uuid[])

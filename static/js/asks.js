@@ -54,7 +54,8 @@ function askCard(a, where) {
   const form = h("form", { class: "ask", "data-ask-id": a.id, tabindex: "-1", "aria-labelledby": label });
   const thread = S.threads.find((t) => t.id === askThread(a));
   form.append(h("div", { class: "from", id: label }, a.asked_by === "harness" ? "The harness asks" : "Claude asks",
-    thread ? ` · ${threadName(thread)}` : "", a.task_id ? [" · ", h("a", { href: `#task/${a.task_id}` }, `task ${short(a.task_id)}`)] : null));
+    thread ? ` · ${threadName(thread)}` : "", a.task_id ? [" · ", h("a", { href: `#task/${a.task_id}` }, `task ${short(a.task_id)}`)] : null,
+    a.late ? h("span", { class: "late", title: "Claude stopped waiting; your answer goes to the thread as a message" }, " · late") : null));
   a.questions.forEach((q, qi) => {
     const name = `${a.id}-${qi}`;
     const fieldset = h("fieldset", { class: "question", "data-question": q.question });

@@ -87,6 +87,12 @@ function renderRecord(e) {
       return h("li", { class: "msg note", ...key }, `Policy: ${p.status} → ${p.action.replace("_", " ")} (${p.why})`);
     case "escalation.resolved":
       return h("li", { class: "msg note", ...key }, `Escalation answered: ${p.decision}`);
+    case "turn.failed":
+      return turnFailed(e, key);
+    case "approval.resolved":
+      return h("li", { class: "msg note", ...key }, `Dispatch ${p.decision === "approved" ? "approved" : p.decision === "rejected" ? "not approved" : "approval closed"}`);
+    case "question.timed_out":
+      return h("li", { class: "msg note", ...key }, "A question timed out; it stays in Asks (late) and an answer still reaches the thread");
     case "task.stalled":
       return h("li", { class: "msg note error", ...key }, `A task went silent (${Math.round(p.silent_s)} s): `,
         h("a", { href: `#task/${e.task_id}` }, short(e.task_id)));
@@ -248,4 +254,28 @@ function outboxItem(item) {
     failed: [`not sent (${item.error}) — `, retry] }[item.state];
   return h("li", { class: `msg user pending ${item.state}`, "data-client-msg-id": item.id }, item.text,
     h("span", { class: "meta" }, ...meta));
+}
+
+// A failed orchestrator turn: status, reason, the messages it carried, what the harness does, and Retry
+// (POST /api/threads/{id}/retry) while no later run repeats it.
+function turnFailed(e, key) {
+  const p = e.payload || {};
+  const rerun = e.retried_by || [...S.conv.values()].some((x) => x.event_type === "task.dispatch_requested"
+    && x.payload && x.payload.retry_of === e.task_id);
+  const what = { retry_same: "running it again", back_off: `running it again in ${Math.round(p.delay_s || 0)} s`,
+    escalate: "asking you in Asks", skip: "leaving it to you" }[p.action] || p.action;
+  const error = h("span", { class: "error", role: "alert" });
+  let retry = null;
+  if (p.retry && !rerun) {
+    retry = h("button", { type: "button", class: "secondary", onclick: async () => {
+      retry.disabled = true;
+      try { await api(p.retry.path, { method: p.retry.method || "POST", body: p.retry.body || {} }); retry.textContent = "Retry queued"; }
+      catch (err) { error.textContent = err.message; retry.disabled = false; }
+    } }, "Retry");
+  }
+  return h("li", { class: "msg note error turn-failed", ...key },
+    h("div", {}, h("span", { class: "title" }, "The turn failed"), " ", chip(p.status || "failed"),
+      ` ${p.reason || ""} — attempt ${p.attempt || 1}, ${what}`),
+    p.messages ? h("details", {}, h("summary", {}, "its messages"), h("pre", {}, p.messages)) : null,
+    retry, error);
 }

@@ -36,3 +36,18 @@ def test_a_retry_decision_says_which_retry_of_the_budget_it_is() -> None:
     spent = policy.decide("crashed", 2, 10)
     assert (first.budget, first.why) == (1, "crashed: retry 1 of 1")
     assert spent.why == "crashed: the retry budget (1) is spent" and spent.delay_s == 0.0
+
+
+def test_a_turn_follows_its_own_table_rerun_once_back_off_else_escalate() -> None:
+    def turn(status: str, attempt: int = 1) -> policy.Decision:
+        return policy.decide(status, attempt, 10, role="orchestrator")
+
+    assert [turn("crashed", n).action for n in (1, 2)] == [policy.RETRY_SAME, policy.ESCALATE]
+    assert [turn("rate_limited", n).action for n in (1, 2, 3, 4)] == [policy.BACK_OFF] * 3 + [policy.ESCALATE]
+    assert turn("rate_limited", 2).delay_s == 20
+    assert turn("failed").action == policy.ESCALATE  # a worker's failure is retried modified; a turn's is not
+    assert policy.decide("failed", 1, 10).action == policy.RETRY_MODIFIED
+    assert turn("partial").action == policy.ESCALATE and turn("gated").action == policy.ESCALATE
+    assert turn("cancelled").action == policy.SKIP  # the user stopped it: left to their Retry
+    assert turn("crashed", 1).action == policy.RETRY_SAME
+    assert policy.decide("crashed", 1, 10, started=False, role="orchestrator").action == policy.ESCALATE

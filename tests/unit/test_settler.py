@@ -30,17 +30,19 @@ def ended(**kw: Any) -> Ended:
     (ended(role="extractor", extract_on_exit=False, json_schema=SCHEMA), Step.NOTHING),  # no worker to gate for
     (ended(role="orchestrator", extract_on_exit=False, thread_turn=True), Step.TELL_THREAD),
     (ended(role="orchestrator", extract_on_exit=False, thread_turn=True, status="crashed", exited=None),
-     Step.TELL_THREAD),
+     Step.TURN_FAILED),  # a failed turn is recorded in the chat and goes through the turns' policy
 ])
 def test_an_end_is_routed_by_what_it_is_and_what_it_left(end: Ended, step: Step) -> None:
     assert route(end, extract=True) is step
 
 
-def test_a_turn_cut_off_by_the_executors_shutdown_runs_again_and_other_turn_ends_only_tell_the_thread() -> None:
+def test_a_turn_cut_off_by_the_executors_shutdown_runs_again_and_other_failed_turns_go_through_the_policy() -> None:
     turn = {"role": "orchestrator", "extract_on_exit": False, "thread_turn": True, "exited": None}
     assert route(ended(**turn, status="crashed", status_reason="executor_shutdown"), extract=True) is Step.RERUN_TURN
-    assert route(ended(**turn, status="crashed", status_reason="executor_restart"), extract=True) is Step.TELL_THREAD
-    assert route(ended(**turn, status="cancelled", status_reason="stop_requested"), extract=True) is Step.TELL_THREAD
+    assert route(ended(**turn, status="crashed", status_reason="executor_restart"), extract=True) is Step.TURN_FAILED
+    assert route(ended(**turn, status="cancelled", status_reason="stop_requested"), extract=True) is Step.TURN_FAILED
+    assert route(ended(**turn, status="rate_limited"), extract=False) is Step.TURN_FAILED
+    assert route(ended(**turn, status="success"), extract=True) is Step.TELL_THREAD
 
 
 def test_without_extraction_only_a_turns_end_is_acted_on() -> None:

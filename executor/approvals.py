@@ -1,0 +1,165 @@
+"""Decisions the user owes, kept as state rather than as a tool call waiting: dispatch approvals and late
+answers.
+
+A dispatch in an interactive thread records the worker (pending), its approval question and an
+`approvals` row in one transaction, and the tool returns at once. The supervisor does not claim a worker
+whose approval is open. When the question is answered — minutes or days later, also while the executor
+is down — the threads loop carries the decision out exactly once: the worker is released (approved) or
+cancelled (anything else), and the orchestrator is told with a harness message.
+
+An ask_user_question that timed out in a thread stays answerable; its answer, when it comes, is sent to
+the thread as a harness message (once: `late_answers`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from executor import briefs, dispatch
+from executor.sql import queries
+from shared import journal, logs
+from shared.models import NewEvent
+
+log = logs.get(__name__)
+
+AWAITING = ("awaiting the user's approval; you will be told with a harness message when they answer. "
+            "Nothing runs until then: end your turn, or carry on with something else.")
+MAX_BRIEF_CHARS = 600
+
+
+async def request(pool: AsyncConnectionPool, *, brief: str, thread_id: uuid.UUID, asker_task_id: uuid.UUID,
+                  project_id: uuid.UUID | None, plan_ref: str | None, allowed_tools: list[str] | None,
+                  workdir: Path | None = None, requested_by: str | None = None,
+                  tool_use_id: str | None = None) -> uuid.UUID:
+    """Record a worker that waits for the user's approval, with its question; returns its task id.
+
+    Raises:
+        DispatchRefused: as dispatch.request_task (nothing is recorded).
+    """
+    question = briefs.approval_question(brief)
+    async with pool.connection() as conn, conn.transaction():
+        task_id, events = await dispatch.request_on(
+            conn, brief=brief, project_id=project_id, plan_ref=plan_ref, allowed_tools=allowed_tools,
+            parent_task_id=asker_task_id, workdir=workdir, requested_by=requested_by, tool_use_id=tool_use_id)
+        await conn.execute(queries["await_approval"], {"id": task_id})
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries["insert_harness_question"], {
+                "tool_use_id": f"approval-{task_id}", "session_id": thread_id, "task_id": task_id,
+                "questions": Jsonb([question])})
+            row = await cur.fetchone()
+            assert row is not None
+        await conn.execute(queries["insert_approval"], {"task_id": task_id, "thread_id": thread_id,
+                                                        "question_id": row["id"]})
+        events.append(NewEvent("question.asked", {
+            "question_id": str(row["id"]), "tool_use_id": f"approval-{task_id}", "questions": [question],
+            "asked_by": "harness", "approval_for": str(task_id)}, task_id=task_id, session_id=thread_id))
+        await journal.append_on(conn, events)
+    return task_id
+
+
+def _choice(answers: dict[str, Any] | None) -> Any:
+    values = list((answers or {}).values())
+    choice = values[0] if values else None
+    return (choice[0] if choice else None) if isinstance(choice, list) else choice
+
+
+async def apply_answered(pool: AsyncConnectionPool) -> int:
+    """Carry out every answered approval once; returns how many were acted on."""
+    acted = 0
+    while True:
+        async with pool.connection() as conn, conn.transaction():
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(queries["answered_approvals"])
+                rows = await cur.fetchall()
+            for row in rows:
+                await _act(conn, row)
+        acted += len(rows)
+        if not rows:
+            return acted
+
+
+async def _act(conn: Any, row: dict[str, Any]) -> None:
+    task_id, thread = row["task_id"], row["thread_id"]
+    choice = _choice(row["answers"])
+    said = choice or row["response"] or "nothing (dismissed)"
+    brief = row["brief"][:MAX_BRIEF_CHARS]
+    facts: dict[str, Any] = {"approval_id": str(row["id"]), "question_id": str(row["question_id"]),
+                             "answer": choice, "response": row["response"]}
+    events: list[NewEvent] = []
+    if row["task_status"] != "pending":
+        # stopped meanwhile (Stop the plan, the Tasks view's Stop): nothing to start, nothing to ask
+        decision, text = "task_ended", None
+        if row["question_status"] == "pending":
+            await conn.execute(queries["close_question"], {"id": row["question_id"],
+                                                           "response": "the worker was stopped before an answer"})
+            events.append(NewEvent("question.cancelled", {"question_id": str(row["question_id"]),
+                                                          "reason": "the worker was stopped"},
+                                   task_id=task_id, session_id=thread))
+    elif choice == briefs.APPROVE:
+        decision = "approved"
+        await conn.execute(queries["release_approved_task"], {"id": task_id})
+        text = (f"[harness] The user approved worker {task_id}; it is starting now and its handoff comes back "
+                f"to you when it finishes.\nIts brief: {brief}")
+    else:
+        # Reject, a typed answer or a dismissal: the worker never runs
+        decision = "rejected"
+        await conn.execute(queries["cancel_unapproved_task"], {"id": task_id})
+        events.append(NewEvent("task.dispatch_refused", {"brief": brief, "reason": "not approved by the user",
+                                                         "answer": said}, task_id=task_id, session_id=thread,
+                               project_id=row["project_id"]))
+        text = (f"[harness] The user did not approve worker {task_id} (they answered {said!r}); nothing was "
+                f"started.\nIts brief: {brief}")
+    if text is not None and thread is not None:
+        await conn.execute(queries["enqueue_harness_message"], {"thread_id": thread, "text": text})
+    facts["decision"] = decision
+    await conn.execute(queries["resolve_approval"], {"id": row["id"], "decision": decision})
+    await journal.append_on(conn, [NewEvent("approval.resolved", facts, tier="derived", task_id=task_id,
+                                            session_id=thread, project_id=row["project_id"]), *events])
+    log.info("approval_resolved", task_id=str(task_id), decision=decision)
+
+
+def late_answer_text(row: dict[str, Any]) -> str:
+    """The harness message that carries an answer given after its question had timed out."""
+    who = "your" if row["asked_by_role"] == "orchestrator" else f"worker {row['task_id']}'s"
+    lines = [f"[harness] A late answer: the user answered {who} question after ask_user_question had timed "
+             "out (the tool had returned no answer)."]
+    answers = row["answers"] or {}
+    for q in row["questions"] or []:
+        text = q.get("question") if isinstance(q, dict) else None
+        if text in answers:
+            value = answers[text]
+            lines.append(f"- {text} → {json.dumps(value, ensure_ascii=False) if isinstance(value, list) else value}")
+    if row["response"]:
+        lines.append(f"Their reply: {row['response']}")
+    return "\n".join(lines)
+
+
+async def deliver_late_answers(pool: AsyncConnectionPool) -> int:
+    """Send each answer to a timed-out question to its thread once; returns how many were sent."""
+    sent = 0
+    while True:
+        async with pool.connection() as conn, conn.transaction():
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(queries["undelivered_late_answers"])
+                rows = await cur.fetchall()
+                for row in rows:
+                    chat_id = None
+                    if row["thread_id"] is not None:
+                        await cur.execute(queries["enqueue_harness_message"],
+                                          {"thread_id": row["thread_id"], "text": late_answer_text(row)})
+                        chat_id = (await cur.fetchone() or {}).get("id")
+                    await cur.execute(queries["record_late_answer"], {"question_id": row["id"], "chat_id": chat_id})
+                    await journal.append_on(conn, [NewEvent("question.answered", {
+                        "question_id": str(row["id"]), "answers": row["answers"] or {}, "response": row["response"],
+                        "late": True, "delivered_as": str(chat_id) if chat_id else None},
+                        task_id=row["task_id"], session_id=row["thread_id"])])
+        sent += len(rows)
+        if not rows:
+            return sent
