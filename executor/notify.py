@@ -225,16 +225,17 @@ class Notifier:
         subs = await self._rows("push_subscriptions")
         if not subs and not self.config.ntfy_url:
             return "no_channel", {}
-        ok, detail = False, {"push": [], "ntfy": None}
+        ok, ntfy = False, None
+        pushed: list[str] = []
         for note in notes:
             for s in subs:
                 result = await self._push(s, note)
-                detail["push"].append(result)
+                pushed.append(result)
                 ok = ok or result == "sent"
             if self.config.ntfy_url:
-                detail["ntfy"] = await self._ntfy(note)
-                ok = ok or detail["ntfy"] == "sent"
-        return ("sent" if ok else "failed"), detail
+                ntfy = await self._ntfy(note)
+                ok = ok or ntfy == "sent"
+        return ("sent" if ok else "failed"), {"push": pushed, "ntfy": ntfy}
 
     async def _push(self, s: dict[str, Any], note: Note) -> str:
         assert self.vapid is not None and self.session is not None

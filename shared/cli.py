@@ -7,14 +7,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from shared import dbserver, errors, logs, migrate, settings as settings_mod
 from shared.settings import Settings
 
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
 Handler = Callable[[argparse.Namespace, Settings], int]
+T = TypeVar("T")
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -31,17 +36,18 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
     info = dbserver.resolve(settings, auto_migrate=False, start=False)  # read-only: never starts a server
     state = migrate.status(info.admin_dsn or info.executor_dsn)
+    dsns = {"admin": info.admin_dsn, "executor": info.executor_dsn, "ingress": info.ingress_dsn}
     report = {
         "server": info.location,
         "embedded": info.embedded,
-        "dsn": {"admin": info.admin_dsn, "executor": info.executor_dsn, "ingress": info.ingress_dsn},
+        "dsn": dsns,
         "migrations": {"current": state.current, "applied": state.applied, "pending": state.pending},
     }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(f"server:       {report['server']}")
-        for role, dsn in report["dsn"].items():
+        for role, dsn in dsns.items():
             print(f"{role + ' dsn:':<14}{dsn}")
         pending = ", ".join(f"{v:04d}" for v in state.pending)
         print(f"migrations:   {'current' if state.current else 'pending ' + pending} ({len(state.applied)} applied)")
@@ -102,14 +108,14 @@ def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     return up.run(settings.model_copy(update=overrides), os.environ, demo=args.demo, scenario=args.scenario)
 
 
-def _with_pool(settings: Settings, work):  # type: ignore[no-untyped-def]
+def _with_pool(settings: Settings, work: Callable[[AsyncConnectionPool], Awaitable[T]]) -> T:
     import asyncio
 
     from shared.database import Database
 
     info = dbserver.resolve(settings)
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> T:
         async with Database(info.executor_dsn, name="petal-cli", max_size=2) as db:
             return await work(db.pool)
 
@@ -252,8 +258,8 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
     info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
-    async def gather() -> dict[str, list[dict[str, object]]]:
-        out: dict[str, list[dict[str, object]]] = {}
+    async def gather() -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
         async with Database(info.ingress_dsn, name="petal-status", max_size=1) as db:
             async with db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 for key in ("status_tasks", "status_queue", "status_asks", "status_last_events"):
@@ -277,7 +283,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  {str(q['id'])[:8]} thread {str(q['thread_id'])[:8]} {q['origin']:<8} {q['text']}")
     print(f"pending asks ({len(state['asks'])})")
     for a in state["asks"]:
-        questions = " / ".join(str(x.get("question", "")) for x in a["questions"])  # type: ignore[union-attr]
+        questions = " / ".join(str(x.get("question", "")) for x in a["questions"])
         print(f"  {a['tool_use_id']} task {str(a['task_id'])[:8]}  {questions}")
     print("last events")
     for e in state["last_events"]:

