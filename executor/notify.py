@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
+from pydantic import SecretStr
 from py_vapid import Vapid
 from pywebpush import WebPushException, webpush_async
 
@@ -43,10 +44,10 @@ GONE = (404, 410)
 @dataclass(frozen=True)
 class NotifyConfig:
     data_dir: Path = Path("./var")
-    vapid_private_key: str | None = None  # PEM or base64url DER; generated into data_dir when unset
+    vapid_private_key: SecretStr | None = None  # PEM or base64url DER; generated into data_dir when unset
     vapid_subject: str = "mailto:admin@localhost"
     ntfy_url: str | None = None
-    ntfy_token: str | None = None
+    ntfy_token: SecretStr | None = None
     public_url: str = ""  # the page's address, for absolute links (ntfy's Click)
     rate_limit_s: float = 60.0
     digest_after: int = 3  # more than this many in one pass become one digest
@@ -78,7 +79,7 @@ def _line(text: Any, n: int = LINE_CHARS) -> str:
 def load_vapid(config: NotifyConfig) -> Vapid:
     """The VAPID key: from the setting, else from the data directory, else generated there (0600)."""
     if config.vapid_private_key:
-        key = config.vapid_private_key.strip()
+        key = config.vapid_private_key.get_secret_value().strip()
         if key.startswith("-----BEGIN"):
             return Vapid.from_pem(key.encode())
         return Vapid.from_string(private_key=key)
@@ -269,7 +270,7 @@ class Notifier:
         if self.config.public_url:
             headers["Click"] = self.config.public_url.rstrip("/") + note.url
         if self.config.ntfy_token:
-            headers["Authorization"] = f"Bearer {self.config.ntfy_token}"
+            headers["Authorization"] = f"Bearer {self.config.ntfy_token.get_secret_value()}"
         try:
             async with self.session.post(self.config.ntfy_url, data=note.body.encode(), headers=headers) as r:
                 return "sent" if r.status < 300 else f"failed {r.status}"

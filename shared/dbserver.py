@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+from pydantic import SecretStr
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shared import errors, logs, migrate
@@ -214,14 +215,15 @@ def resolve(settings: Settings, *, auto_migrate: bool = True, start: bool = True
     machine needs nothing else; with `start=False` (read-only commands) it is only found, and
     DatabaseDown says it is not running. With DATABASE_URL the server is used as it is and never started.
     """
-    if settings.database_url or settings.executor_dsn or settings.ingress_dsn:
+    admin, given_executor, given_ingress = (_reveal(settings.database_url), _reveal(settings.executor_dsn),
+                                            _reveal(settings.ingress_dsn))
+    if admin or given_executor or given_ingress:
         # An external server: a service may be given only its own role's DSN (no admin DSN at all).
-        admin = settings.database_url
         # A service may know only its own DSN: the other role's is the same server with the other user.
-        base = admin or settings.executor_dsn or settings.ingress_dsn
+        base = admin or given_executor or given_ingress
         assert base is not None
-        executor = settings.executor_dsn or role_dsn(base, EXECUTOR_ROLE)
-        ingress = settings.ingress_dsn or role_dsn(base, INGRESS_ROLE)
+        executor = given_executor or role_dsn(base, EXECUTOR_ROLE)
+        ingress = given_ingress or role_dsn(base, INGRESS_ROLE)
         return ServerInfo(embedded=False, location=describe(admin or executor), admin_dsn=admin,
                           executor_dsn=executor, ingress_dsn=ingress)
     if not start:
@@ -237,6 +239,10 @@ def resolve(settings: Settings, *, auto_migrate: bool = True, start: bool = True
         executor_dsn=role_dsn(admin, EXECUTOR_ROLE),
         ingress_dsn=role_dsn(admin, INGRESS_ROLE),
     )
+
+
+def _reveal(dsn: SecretStr | None) -> str | None:
+    return dsn.get_secret_value() if dsn else None
 
 
 def admin(info: ServerInfo) -> str:
