@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import aiohttp
 from cryptography.hazmat.primitives import serialization
@@ -53,6 +53,14 @@ class NotifyConfig:
     digest_after: int = 3  # more than this many in one pass become one digest
     presence_s: float = 60.0  # a page seen this recently is watching its thread
     allow_loopback_push: bool = False  # test-only: a loopback push stand-in
+
+
+class Delivery(TypedDict, total=False):
+    push: list[str]  # one outcome per subscribed browser
+    ntfy: str | None  # the ntfy topic's outcome (None: not configured)
+
+
+Outcome = Literal["sent", "no_channel", "failed"]
 
 
 @dataclass
@@ -221,7 +229,7 @@ class Notifier:
         url = "/#asks" if kinds.get("question") or kinds.get("escalation") else "/#tasks"
         return Note("digest", f"{len(notes)} things need you", _line(", ".join(parts)), url)
 
-    async def deliver(self, notes: list[Note]) -> tuple[str, dict[str, Any]]:
+    async def deliver(self, notes: list[Note]) -> tuple[Outcome, Delivery]:
         """Send each note on every channel; ('sent' | 'no_channel' | 'failed', what happened)."""
         subs = await self._rows("push_subscriptions")
         if not subs and not self.config.ntfy_url:
@@ -236,7 +244,7 @@ class Notifier:
             if self.config.ntfy_url:
                 ntfy = await self._ntfy(note)
                 ok = ok or ntfy == "sent"
-        return ("sent" if ok else "failed"), {"push": pushed, "ntfy": ntfy}
+        return ("sent" if ok else "failed"), Delivery(push=pushed, ntfy=ntfy)
 
     async def _push(self, s: dict[str, Any], note: Note) -> str:
         assert self.vapid is not None and self.session is not None
@@ -277,7 +285,7 @@ class Notifier:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return f"failed {type(exc).__name__}"
 
-    async def _record(self, note: Note, outcome: str, detail: dict[str, Any]) -> None:
+    async def _record(self, note: Note, outcome: str, detail: Delivery) -> None:
         await self._rows("record_notification", {
             "kind": note.kind, "task_id": note.task_id, "thread_id": note.thread_id, "seq": note.seq,
             "title": note.title, "body": note.body, "url": note.url, "outcome": outcome,
