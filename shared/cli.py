@@ -370,7 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = settings_mod.load()
+    try:
+        settings = settings_mod.load()
+    except errors.ConfigError as exc:
+        print(f"petal-dispatch: {exc}", file=sys.stderr)
+        return 2
     logs.configure(settings.log_level, settings.log_format)
     handler: Handler = args.handler
     try:

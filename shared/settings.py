@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BeforeValidator, Field, SecretStr
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
 
 # proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
 AuthMode = Literal["proxy", "token"]
@@ -110,4 +112,9 @@ class Settings(BaseSettings):
 
 
 def load() -> Settings:
-    return Settings()
+    """The settings from the environment; a value that cannot work is a ConfigError naming its variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        wrong = "; ".join(f"PETAL_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid settings: {wrong}") from None

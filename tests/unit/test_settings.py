@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from shared import errors, settings as settings_mod
 from shared.settings import Settings
 
 SECRETS = {"auth_token": "tok-s3cret", "vapid_private_key": "vapid-s3cret", "ntfy_token": "ntfy-s3cret",
@@ -29,3 +30,10 @@ def test_an_unknown_value_of_an_enum_like_setting_is_refused(field: str, value: 
 
 def test_a_log_level_is_accepted_in_any_case() -> None:
     assert Settings(log_level="WARNING").log_level == "warning"
+
+
+def test_a_wrong_value_in_the_environment_is_a_config_error_naming_its_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PETAL_LOG_LEVEL", "loud")
+    with pytest.raises(errors.ConfigError, match="PETAL_LOG_LEVEL: Input should be 'debug'"):
+        settings_mod.load()
