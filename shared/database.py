@@ -27,15 +27,15 @@ log = logs.get(__name__)
 T = TypeVar("T")
 StartMode = Literal["fail", "wait", "serve"]
 
-# Detect half-open TCP connections (a phone-network style drop) instead of waiting on them forever.
-class _Keepalives(TypedDict):
+class _Keepalives(TypedDict):  # libpq's keepalive parameters, as psycopg's connect() takes them
     keepalives: int
     keepalives_idle: int
     keepalives_interval: int
     keepalives_count: int
 
 
-KEEPALIVE_KWARGS: _Keepalives = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+# Detect half-open TCP connections (a phone-network style drop) instead of waiting on them forever.
+KEEPALIVE_KWARGS = _Keepalives(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
 # A connection attempt to a server that is away gives up after this long (libpq's minimum is 2 s).
 CONNECT_TIMEOUT_S = 3
 # Waiting for a pooled connection: a request handler must answer 503 within a few seconds, not hang.
