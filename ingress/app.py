@@ -141,7 +141,8 @@ async def readyz(request: Request) -> Response:
     db: Database = request.app.state.db
     try:
         async with db.pool.connection(timeout=READYZ_TIMEOUT_S) as conn:
-            applied = (await (await conn.execute(queries["migrations_current"])).fetchone())[0]  # type: ignore[index]
+            row = await (await conn.execute(queries["migrations_current"])).fetchone()
+            applied = row[0] if row else 0  # count(*): always one row
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         availability = db.availability
         cause = availability.cause or str(exc).strip()[:200] or type(exc).__name__

@@ -148,7 +148,7 @@ def _cmd_contract_add(args: argparse.Namespace, settings: Settings) -> int:
         raise contract.ContractError("--shape must be a JSON object (a JSON Schema)")
     read_by = [r.strip() for r in args.read_by.split(",") if r.strip()]
 
-    async def add(pool):  # type: ignore[no-untyped-def]
+    async def add(pool: AsyncConnectionPool) -> int:
         return await contract.add_field(pool, args.field, shape=shape, semantics=args.semantics,
                                         required=args.required, read_by=read_by, supersede=args.supersede)
 
@@ -161,7 +161,7 @@ def _cmd_project_create(args: argparse.Namespace, settings: Settings) -> int:
     if args.workdir and not args.workdir.is_dir():
         raise errors.ConfigError(f"--workdir {args.workdir} is not a directory")
 
-    async def create(pool):  # type: ignore[no-untyped-def]
+    async def create(pool: AsyncConnectionPool) -> dict[str, object]:
         from psycopg import errors as pgerrors
 
         from shared.read_surface import plan_tasks
@@ -174,6 +174,7 @@ def _cmd_project_create(args: argparse.Namespace, settings: Settings) -> int:
                     "plan": plan})).fetchone()
         except pgerrors.UniqueViolation:
             raise errors.ConfigError(f"a project {args.slug!r} exists already") from None
+        assert row is not None  # INSERT … RETURNING gives its row
         return {"project_id": str(row[0]), "slug": args.slug, "plan_tasks": len(plan_tasks(plan))}
 
     print(json.dumps(_with_pool(settings, create)))
@@ -190,7 +191,7 @@ def _cmd_reextract(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError:
         raise errors.ConfigError(f"{args.task_id!r} is not a task id") from None
 
-    async def again(pool):  # type: ignore[no-untyped-def]
+    async def again(pool: AsyncConnectionPool) -> uuid.UUID:
         return await extraction.request(pool, task_id, requested_by="reextract")
 
     print(json.dumps({"extractor_task_id": str(_with_pool(settings, again)),
