@@ -37,7 +37,8 @@ async def _rows(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) ->
 
 
 def _bounded(lines: list[str]) -> str:
-    out, used = [], 0
+    out: list[str] = []
+    used = 0
     for line in lines:
         if used + len(line) > SECTION_CHARS:
             out.append(f"- … ({len(lines) - len(out)} more left out)")

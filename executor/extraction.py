@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor import dispatch, lineage, policy, worktrees
 from executor.sql import queries
 from shared import contract, journal, logs
-from shared.models import NewEvent
+from shared.models import ContractField, NewEvent
 
 log = logs.get(__name__)
 
@@ -59,7 +59,7 @@ def _texts(rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
     return result[:MAX_RESULT_CHARS], list(reversed(messages[:MAX_MESSAGES]))
 
 
-def prompt(brief: str, result: str, messages: list[str], fields: list[contract.ContractField]) -> str:
+def prompt(brief: str, result: str, messages: list[str], fields: list[ContractField]) -> str:
     lines = [f"- {f.field_key}{' (required)' if f.required else ''}: {f.semantics}" for f in fields]
     recent = "\n\n".join(f"[message {i + 1}]\n{m}" for i, m in enumerate(messages)) or "(none)"
     return (

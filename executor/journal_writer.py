@@ -29,6 +29,7 @@ from executor.journal_spill import SPILL_NAME, Spill
 from shared import database, errors, journal, logs
 from shared.journal import Appended
 from shared.models import NewEvent
+from shared.sql import queries as shared_queries
 
 log = logs.get(__name__)
 
@@ -45,6 +46,8 @@ STUCK_AFTER_S = 2.0
 ROOM_RECHECK_S = 0.5
 # The size counted for an event without ready JSON text (the supervisor's own small records).
 _SMALL_EVENT_BYTES = 256
+# an append failing with these is held and retried (a refused batch is not)
+_RETRYABLE: tuple[type[Exception], ...] = (errors.JournalWriteError, *database.OUTAGE_ERRORS)
 
 _Item = journal_spill.Item
 
@@ -153,7 +156,7 @@ class JournalWriter:
         # Known types up front, so the first lines of a run don't each wait on a registration.
         async def load() -> set[tuple[str, str]]:
             async with self._pool.connection() as conn:
-                cur = await conn.execute(journal.queries["event_types"])
+                cur = await conn.execute(shared_queries["event_types"])
                 return {(name, tier) for name, tier in await cur.fetchall()}
 
         self._known_types = await self._availability.retry(load, "journal_writer")
@@ -248,7 +251,7 @@ class JournalWriter:
             except errors.JournalRefused:
                 self._append_started = None
                 raise
-            except (errors.JournalWriteError, *database.OUTAGE_ERRORS) as exc:
+            except _RETRYABLE as exc:
                 retried = True
                 cause = exc.__cause__ if isinstance(exc, errors.JournalWriteError) and exc.__cause__ else exc
                 self._hold(cause)

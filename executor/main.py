@@ -96,8 +96,10 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         mcp_config.accesslog = None
         mcp_config.graceful_timeout = 2.0
         mcp_app = harness_mcp.asgi_app(harness_mcp.build(harness), mcp_host)
+        # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
         serving_mcp = asyncio.create_task(
-            hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait), name="harness-mcp")  # type: ignore[arg-type]
+            hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait),  # type: ignore[arg-type]
+            name="harness-mcp")
         supervisor = Supervisor(db, writer, substrate, config)
         conversations = threads.Threads(db.pool, writer)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)

@@ -16,13 +16,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import aiohttp
 from cryptography.hazmat.primitives import serialization
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
+from pydantic import SecretStr
 from py_vapid import Vapid
 from pywebpush import WebPushException, webpush_async
 
@@ -43,15 +44,23 @@ GONE = (404, 410)
 @dataclass(frozen=True)
 class NotifyConfig:
     data_dir: Path = Path("./var")
-    vapid_private_key: str | None = None  # PEM or base64url DER; generated into data_dir when unset
+    vapid_private_key: SecretStr | None = None  # PEM or base64url DER; generated into data_dir when unset
     vapid_subject: str = "mailto:admin@localhost"
     ntfy_url: str | None = None
-    ntfy_token: str | None = None
+    ntfy_token: SecretStr | None = None
     public_url: str = ""  # the page's address, for absolute links (ntfy's Click)
     rate_limit_s: float = 60.0
     digest_after: int = 3  # more than this many in one pass become one digest
     presence_s: float = 60.0  # a page seen this recently is watching its thread
     allow_loopback_push: bool = False  # test-only: a loopback push stand-in
+
+
+class Delivery(TypedDict, total=False):
+    push: list[str]  # one outcome per subscribed browser
+    ntfy: str | None  # the ntfy topic's outcome (None: not configured)
+
+
+Outcome = Literal["sent", "no_channel", "failed"]
 
 
 @dataclass
@@ -78,7 +87,7 @@ def _line(text: Any, n: int = LINE_CHARS) -> str:
 def load_vapid(config: NotifyConfig) -> Vapid:
     """The VAPID key: from the setting, else from the data directory, else generated there (0600)."""
     if config.vapid_private_key:
-        key = config.vapid_private_key.strip()
+        key = config.vapid_private_key.get_secret_value().strip()
         if key.startswith("-----BEGIN"):
             return Vapid.from_pem(key.encode())
         return Vapid.from_string(private_key=key)
@@ -221,24 +230,25 @@ class Notifier:
         url = "/#asks" if kinds.get("question") or kinds.get("escalation") else "/#tasks"
         return Note("digest", f"{len(notes)} things need you", _line(", ".join(parts)), url)
 
-    async def deliver(self, notes: list[Note]) -> tuple[str, dict[str, Any]]:
+    async def deliver(self, notes: list[Note]) -> tuple[Outcome, Delivery]:
         """Send each note on every channel; ('sent' | 'no_channel' | 'failed', what happened)."""
         subs = await self._rows("push_subscriptions")
         if not subs and not self.config.ntfy_url:
             return "no_channel", {}
-        ok, detail = False, {"push": [], "ntfy": None}
+        ok, ntfy = False, None
+        pushed: list[str] = []
         # push endpoints are user-supplied: their connections refuse inside addresses (ntfy is configured)
         async with endpoints.guarded_session(allow_loopback=self.config.allow_loopback_push,
                                              timeout_s=SEND_TIMEOUT_S) as push_http:
             for note in notes:
                 for s in subs:
                     result = await self._push(s, note, push_http)
-                    detail["push"].append(result)
+                    pushed.append(result)
                     ok = ok or result == "sent"
                 if self.config.ntfy_url:
-                    detail["ntfy"] = await self._ntfy(note)
-                    ok = ok or detail["ntfy"] == "sent"
-        return ("sent" if ok else "failed"), detail
+                    ntfy = await self._ntfy(note)
+                    ok = ok or ntfy == "sent"
+        return ("sent" if ok else "failed"), Delivery(push=pushed, ntfy=ntfy)
 
     async def _push(self, s: dict[str, Any], note: Note, http: aiohttp.ClientSession) -> str:
         assert self.vapid is not None
@@ -272,14 +282,14 @@ class Notifier:
         if self.config.public_url:
             headers["Click"] = self.config.public_url.rstrip("/") + note.url
         if self.config.ntfy_token:
-            headers["Authorization"] = f"Bearer {self.config.ntfy_token}"
+            headers["Authorization"] = f"Bearer {self.config.ntfy_token.get_secret_value()}"
         try:
             async with self.session.post(self.config.ntfy_url, data=note.body.encode(), headers=headers) as r:
                 return "sent" if r.status < 300 else f"failed {r.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return f"failed {type(exc).__name__}"
 
-    async def _record(self, note: Note, outcome: str, detail: dict[str, Any]) -> None:
+    async def _record(self, note: Note, outcome: str, detail: Delivery) -> None:
         await self._rows("record_notification", {
             "kind": note.kind, "task_id": note.task_id, "thread_id": note.thread_id, "seq": note.seq,
             "title": note.title, "body": note.body, "url": note.url, "outcome": outcome,

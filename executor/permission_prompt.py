@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from mcp.server.mcpserver import Context, MCPServer
 from psycopg.rows import dict_row
 
-from executor import gates, harness_mcp, substrate  # harness_mcp registers this module's tool: import cycle
+from executor import gate_tables, gates, harness_mcp, substrate  # harness_mcp registers this module's tool: import cycle
 from executor.sql import queries
 from shared import aio, logs
 from shared.models import NewEvent
@@ -123,7 +123,7 @@ def _fence(text: str, lang: str = "") -> str:
 
 def preview(tool_name: str, tool_input: dict[str, Any]) -> str:
     """The exact command, path or diff, as markdown (the card renders it sanitized)."""
-    path = next((v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str)), None)
+    path = next((v for k in gate_tables.PATH_KEYS if isinstance(v := tool_input.get(k), str)), None)
     if isinstance(tool_input.get("command"), str):
         text = _fence(tool_input["command"], "sh")
     elif tool_name in ("Edit", "MultiEdit") and path:
@@ -198,8 +198,8 @@ class Gatekeeper:
         if row["spawned_in"] is None:
             if row["workdir"] is None:  # the spawn's record not yet written: never guess a directory
                 raise LookupError(f"the directory of task {task_id} is not known yet")
-            return os.path.realpath(row["workdir"])
-        found = os.path.realpath(row["spawned_in"])
+            return os.path.realpath(str(row["workdir"]))
+        found = os.path.realpath(str(row["spawned_in"]))
         if len(self._workdirs) >= WORKDIR_CACHE:
             self._workdirs.pop(next(iter(self._workdirs)))
         self._workdirs[task_id] = found
@@ -282,7 +282,7 @@ class Gatekeeper:
                         scope: str) -> dict[str, Any]:
         """A standing allow for exactly this call (the command, or the path), in the task or its thread."""
         pattern = tool_input.get("command") if tool_name == "Bash" else next(
-            (v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
+            (v for k in gate_tables.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
         if not isinstance(pattern, str) or not pattern:
             return {}
         [row] = await self._rows("insert_gate_rule", {

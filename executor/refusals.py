@@ -26,7 +26,7 @@ class RefusalBudget:
         """None: do not journal this refusal (it is counted); else how many were left out before it."""
         now = time.monotonic() if now is None else now
         key = peer or "unknown"
-        times, skipped = self._seen.pop(key, None) or (deque(maxlen=self.limit), 0)
+        times, skipped = self._seen.pop(key) if key in self._seen else (deque(maxlen=self.limit), 0)
         while times and times[0] <= now - self.window_s:
             times.popleft()
         if len(times) >= self.limit:

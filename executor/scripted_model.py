@@ -170,7 +170,7 @@ def _message(blocks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: ScriptedModelServer  # type: ignore[assignment]
+    server: ScriptedModelServer
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature

@@ -229,7 +229,8 @@ async def _ask(conn: Any, worker: dict[str, Any], question: dict[str, Any]) -> u
         assert row is not None
         await cur.execute(queries["insert_escalation"], {"task_id": worker["id"], "thread_id": worker["thread_id"],
                                                          "question_id": row["id"]})
-    return row["id"]
+    question_id: uuid.UUID = row["id"]
+    return question_id
 
 
 class Settlement:

@@ -112,7 +112,7 @@ def route(ended: Ended, *, extract: bool) -> Step:
 
 def retry_delay(failures: int, base_s: float, cap_s: float) -> float:
     """How long a settlement that failed `failures` times in a row waits before the next try (pure)."""
-    return min(cap_s, base_s * 2 ** max(0, failures - 1))
+    return min(cap_s, base_s * 2.0 ** max(0, failures - 1))
 
 
 class Settler:

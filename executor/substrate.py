@@ -276,9 +276,8 @@ class TurnFacts:
 
     @property
     def result_text(self) -> str:
-        if self.result and isinstance(self.result.get("result"), str):
-            return self.result["result"]
-        return self.last_text
+        text = self.result.get("result") if self.result else None
+        return text if isinstance(text, str) else self.last_text
 
     @property
     def permission_denials(self) -> list[dict[str, Any]]:

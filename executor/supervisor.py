@@ -233,9 +233,8 @@ class Supervisor:
         events: list[NewEvent] = []
         crashed = []
         for row in orphans:
-            killed = await asyncio.to_thread(
-                lambda tid=row["id"]: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(tid)))
-            )
+            survivors = await asyncio.to_thread(process.find_by_env, substrate.TASK_ENV_VAR, str(row["id"]))
+            killed = await asyncio.to_thread(process.kill_all, survivors)
             await self._exec("crash_task", {"id": row["id"], "reason": "executor_restart"})
             crashed.append(str(row["id"]))
             events.append(NewEvent("task.crashed", {"reason": "executor_restart", "status": "crashed",
@@ -307,6 +306,14 @@ class Supervisor:
     async def _finish_unspawned(self, row: dict[str, Any], status: str, reason: str) -> None:
         await self.writer.write([NewEvent("task.exited", {"status": status, "reason": reason, "spawned": False},
                                           task_id=row["id"], project_id=row["project_id"])])
+        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
+        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
+        # An executor that dies here leaves it to the project loop's sweep.
+        try:
+            await worktrees.record_changes(self.db.pool, self.writer, row["id"],
+                                           keep_worktree=self.config.keep_worktrees)
+        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
+            log.exception("record_changes_failed", task_id=str(row["id"]))
         await self._exec("finish_task", {"id": row["id"], "status": status, "reason": reason,
                                          "exit_code": None, "exit_signal": None, "last_output_at": None})
 
@@ -491,7 +498,7 @@ class Supervisor:
             lambda: self._rows("task_gate_denials", {"id": r.task_id}), "gate_denials")
         outcome = end_outcome(rc, r.facts, r.stop_reason, gated["denied"])
         reason = outcome.reason
-        payload = {
+        payload: dict[str, object] = {
             "status": outcome.status,
             "reason": reason,
             "exit_code": rc if rc >= 0 else None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -12,6 +12,12 @@ from executor import substrate
 from executor.sql import queries
 from shared import journal
 from shared.models import NewEvent
+
+
+class _Ids(TypedDict):
+    task_id: uuid.UUID
+    session_id: uuid.UUID
+    project_id: uuid.UUID | None
 
 BATCH = 1000
 
@@ -32,7 +38,7 @@ async def import_transcript(
         facts.feed(line)
     outcome = substrate.derive_status(None, facts, imported=True)
     task_id, session_id = uuid.uuid4(), uuid.uuid4()
-    ids = {"task_id": task_id, "session_id": session_id, "project_id": project_id}
+    ids = _Ids(task_id=task_id, session_id=session_id, project_id=project_id)
     events = [NewEvent("task.spawned", {"imported": True, "source": str(path), "role": role}, **ids)]
     events += [NewEvent(line.event_type, line.payload, payload_json=line.payload_json, **ids) for line in lines]
     events.append(NewEvent("task.exited", {"imported": True, "status": outcome.status, "reason": outcome.reason,

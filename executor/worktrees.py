@@ -12,7 +12,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
@@ -225,7 +225,20 @@ async def _clean(repo: Path) -> str:
     return (await git(repo, "status", "--porcelain", "--untracked-files=normal")).out.strip()
 
 
-async def merge(repo: Path, branch: str, message: str) -> dict[str, Any]:
+class Merged(TypedDict):
+    """What a merge did: the branch merged into, its commit before and after, and the merged tip."""
+
+    into: str
+    before: str | None
+    after: str | None
+    branch_tip: str
+    fast_forward: bool
+    # set by the review that removes the branch afterwards
+    branch_deleted: NotRequired[bool]
+    branch_delete_error: NotRequired[str]
+
+
+async def merge(repo: Path, branch: str, message: str) -> Merged:
     """Merge `branch` into the main checkout's current branch: fast-forward when possible, else a merge
     commit. A conflict is aborted and the checkout verified clean before GitError is raised.
 
@@ -255,8 +268,7 @@ async def merge(repo: Path, branch: str, message: str) -> dict[str, Any]:
             raise GitError(f"merging {branch} into {target} conflicted in {', '.join(conflicted) or 'some files'}; "
                            "the merge was aborted and the checkout left as it was")
         _, after = await head(repo)
-        return {"into": target, "before": before, "after": after, "branch_tip": tip,
-                "fast_forward": after == tip}
+        return Merged(into=target, before=before, after=after, branch_tip=tip, fast_forward=after == tip)
 
 
 async def delete_branch(repo: Path, branch: str, worktree: Path | None) -> None:

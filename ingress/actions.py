@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingress import asks
-from ingress.http import body, path_uuid, respond
+from ingress.http import body, path_uuid, pool, respond
 from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPatch
 from ingress.problems import Problem
 from ingress.sql import queries
@@ -21,7 +21,7 @@ _FINAL_ASK = {"answered", "cancelled"}
 
 
 async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries[name], params)
         return await cur.fetchone()
 

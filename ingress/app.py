@@ -15,13 +15,14 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ingress import actions, gate_rules, notify, problems, reads, stream
 from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, GuardMiddleware, TokenLimiter, parse_login, same_secret,
                           too_many)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded, peer
+from ingress.http import pool
 from ingress.models import (AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, RetryIn, StopIn, ThreadIn,
                             ThreadPatch)
 from ingress import projects as project_routes
@@ -46,8 +47,9 @@ STATIC = next((p for p in (Path(__file__).resolve().parent.parent / "static",
 
 async def info(request: Request) -> Response:
     settings: Settings = request.app.state.settings
-    async with request.app.state.db.pool.connection() as conn:
-        head = (await (await conn.execute(queries["journal_head"])).fetchone())[0]  # type: ignore[index]
+    async with pool(request).connection() as conn:
+        row = await (await conn.execute(queries["journal_head"])).fetchone()
+        head = row[0] if row else 0  # the journal_head row exists from the first migration on
     # journal_head: a client that loads its views and then streams from here misses nothing in between
     return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
                          "auth": request.app.state.auth.mode, "journal_head": head,
@@ -61,7 +63,7 @@ _TASK = Param("task_id", "path", UUID)
 _THREADQ = Param("thread_id", "query", UUID)
 _TASK_Q = Param("task_id", "query", UUID)
 
-OPS: list[tuple[Op, object]] = [  # noqa: RUF012 - the route table, read once
+OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF012 - the route table, read once
     (Op("post", "/api/chat", "queue a chat message for a thread", ChatIn, status=202, errors=(400, 409, 413, 415, 422)),
      actions.post_chat),
     (Op("post", "/api/tasks/{task_id}/stop", "ask the executor to stop a task", StopIn, True, (_TASK,), 202,
@@ -153,7 +155,8 @@ async def readyz(request: Request) -> Response:
     db: Database = request.app.state.db
     try:
         async with db.pool.connection(timeout=READYZ_TIMEOUT_S) as conn:
-            applied = (await (await conn.execute(queries["migrations_current"])).fetchone())[0]  # type: ignore[index]
+            row = await (await conn.execute(queries["migrations_current"])).fetchone()
+            applied = row[0] if row else 0  # count(*): always one row
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         availability = db.availability
         cause = availability.cause or str(exc).strip()[:200] or type(exc).__name__
@@ -258,8 +261,7 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
                 listening.cancel()
                 await asyncio.gather(listening, return_exceptions=True)
 
-    routes = [Route(op.path.replace("{task_id}", "{task_id}"), handler, methods=[op.method.upper()])  # type: ignore[arg-type]
-              for op, handler in OPS]
+    routes: list[BaseRoute] = [Route(op.path, handler, methods=[op.method.upper()]) for op, handler in OPS]
     routes += [Route("/healthz", healthz), Route("/readyz", readyz), Route("/openapi.json", openapi),
                Route("/login", login, methods=["GET", "POST"])]
     if STATIC.is_dir():

@@ -25,7 +25,8 @@ def normalise(questions: list[dict[str, Any]], body: AnswerIn) -> dict[str, str 
         q = by_text.get(text)
         if q is None:
             raise Problem(422, f"no question {text!r} in this ask", questions=sorted(t for t in by_text if t))
-        labels = {o.get("label") for o in q.get("options", []) if isinstance(o, dict)}
+        labels: set[str] = {o["label"] for o in q.get("options", [])
+                            if isinstance(o, dict) and isinstance(o.get("label"), str)}
         if q.get("multiSelect"):
             if not isinstance(value, list) or not value:
                 raise Problem(422, f"{text!r} is multi-select: answer with a non-empty list")

@@ -13,8 +13,9 @@ import json
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import SecretStr
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,15 +38,15 @@ _LIMITER_CLIENTS = 10_000  # memory bound: the least recently failing clients ar
 
 @dataclass(frozen=True)
 class AuthConfig:
-    mode: str  # open | proxy | token
+    mode: Literal["open", "proxy", "token"]
     allowed_users: frozenset[str] = frozenset()
-    token: str | None = None
+    token: SecretStr | None = None
     max_body_bytes: int = 256 * 1024
 
     def cookie_value(self) -> str:
         # the cookie carries a MAC of the token, never the token itself
         assert self.token is not None
-        return hmac.new(self.token.encode(), b"petal-dispatch session", hashlib.sha256).hexdigest()
+        return hmac.new(self.token.get_secret_value().encode(), b"petal-dispatch session", hashlib.sha256).hexdigest()
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -61,10 +62,12 @@ def _cookie(headers: dict[bytes, bytes], name: str) -> str | None:
     return None
 
 
-def same_secret(given: str, expected: str | None) -> bool:
+def same_secret(given: str, expected: SecretStr | str | None) -> bool:
+    if expected is None:
+        return False
+    want = expected.get_secret_value() if isinstance(expected, SecretStr) else expected
     # bytes: compare_digest refuses non-ASCII str (a 500), and bytes compare in constant time
-    return expected is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"),
-                                                          expected.encode("utf-8", "surrogatepass"))
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), want.encode("utf-8", "surrogatepass"))
 
 
 class FailureLimiter:

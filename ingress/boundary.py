@@ -141,7 +141,8 @@ def _is_ip(name: str) -> bool:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for k, v in scope.get("headers", []):
+    headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+    for k, v in headers:
         if k.lower() == name:
             return v.decode("latin-1")
     return None

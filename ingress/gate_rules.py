@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, path_uuid, query_bool, query_int, query_uuid, respond
+from ingress.http import body, path_uuid, pool, query_bool, query_int, query_uuid, respond
 from ingress.problems import Problem
 from ingress.sql import queries
 
@@ -42,7 +42,7 @@ class GateRuleIn(BaseModel):
 
 
 async def _all(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries[name], params)
         return await cur.fetchall()
 

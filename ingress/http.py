@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from ingress.auth import BodyTooLarge
 from ingress.problems import Problem
+from shared.database import Database, Pool
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -21,6 +22,12 @@ M = TypeVar("M", bound=BaseModel)
 MAX_JSON_DEPTH = 64
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def pool(request: Request) -> Pool:
+    """The process's connection pool (the lifespan put its Database on the app's state)."""
+    db: Database = request.app.state.db
+    return db.pool
 
 
 def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:

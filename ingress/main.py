@@ -54,7 +54,9 @@ def main(settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info("ingress_listening", bind=f"http://{settings.ingress_host}:{settings.ingress_port}/")
-        await serve(app, hypercorn_config(settings), shutdown_trigger=shutdown_trigger(app, stop))  # type: ignore[arg-type]
+        # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
+        await serve(app, hypercorn_config(settings),  # type: ignore[arg-type]
+                    shutdown_trigger=shutdown_trigger(app, stop))
 
     asyncio.run(run())
     return 0

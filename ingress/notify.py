@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, respond
+from ingress.http import body, pool, respond
 from ingress.models import PresenceIn, PushEndpointIn, PushSubscriptionIn
 from ingress.problems import Problem
 from ingress.sql import queries
@@ -19,7 +19,7 @@ from shared import endpoints
 
 
 async def _one(request: Request, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries[name], params or {})
         return await cur.fetchone()
 

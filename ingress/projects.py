@@ -10,7 +10,7 @@ from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, path_uuid, query_choice, query_uuid, respond
+from ingress.http import body, path_uuid, pool, query_choice, query_uuid, respond
 from ingress.models import ProjectIn, ReviewIn
 from ingress.problems import Problem
 from ingress.sql import queries
@@ -18,7 +18,7 @@ from shared import projects
 
 
 async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries[name], params)
         return await cur.fetchone()
 
@@ -34,8 +34,8 @@ async def create_project(request: Request) -> Response:
 
 
 async def list_projects(request: Request) -> Response:
-    pool = request.app.state.db.pool
-    return respond({"projects": await projects.list_projects(pool), "requests": await projects.requests(pool)})
+    db_pool = pool(request)
+    return respond({"projects": await projects.list_projects(db_pool), "requests": await projects.requests(db_pool)})
 
 
 async def get_project(request: Request) -> Response:

@@ -8,7 +8,7 @@ from psycopg.rows import dict_row
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import path_uuid, query_bool, query_choice, query_int, query_uuid, respond
+from ingress.http import path_uuid, pool, query_bool, query_choice, query_int, query_uuid, respond
 from ingress.problems import Problem
 from ingress.sql import queries
 from shared import read_surface, threads
@@ -19,7 +19,7 @@ STATUSES = ("pending", "running", *FINAL)
 
 
 async def _rows(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with request.app.state.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries[name], params)
         return await cur.fetchall()
 

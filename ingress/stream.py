@@ -18,6 +18,7 @@ import json
 from collections.abc import AsyncIterator
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -154,7 +155,8 @@ class Client:
                 return taken
             closing = asyncio.ensure_future(b.closing.wait())
             try:
-                await asyncio.wait([b._tick, closing], return_when=asyncio.FIRST_COMPLETED)
+                waiters: list[asyncio.Future[Any]] = [b._tick, closing]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 closing.cancel()
 

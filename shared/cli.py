@@ -7,14 +7,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from shared import dbserver, errors, lifeline, logs, migrate, settings as settings_mod
 from shared.settings import Settings
 
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
 Handler = Callable[[argparse.Namespace, Settings], int]
+T = TypeVar("T")
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -31,17 +36,18 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
     info = dbserver.resolve(settings, auto_migrate=False, start=False)  # read-only: never starts a server
     state = migrate.status(info.admin_dsn or info.executor_dsn)
+    dsns = {"admin": info.admin_dsn, "executor": info.executor_dsn, "ingress": info.ingress_dsn}
     report = {
         "server": info.location,
         "embedded": info.embedded,
-        "dsn": {"admin": info.admin_dsn, "executor": info.executor_dsn, "ingress": info.ingress_dsn},
+        "dsn": dsns,
         "migrations": {"current": state.current, "applied": state.applied, "pending": state.pending},
     }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(f"server:       {report['server']}")
-        for role, dsn in report["dsn"].items():
+        for role, dsn in dsns.items():
             print(f"{role + ' dsn:':<14}{dsn}")
         pending = ", ".join(f"{v:04d}" for v in state.pending)
         print(f"migrations:   {'current' if state.current else 'pending ' + pending} ({len(state.applied)} applied)")
@@ -102,14 +108,14 @@ def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     return up.run(settings.model_copy(update=overrides), os.environ, demo=args.demo, scenario=args.scenario)
 
 
-def _with_pool(settings: Settings, work):  # type: ignore[no-untyped-def]
+def _with_pool(settings: Settings, work: Callable[[AsyncConnectionPool], Awaitable[T]]) -> T:
     import asyncio
 
     from shared.database import Database
 
     info = dbserver.resolve(settings)
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> T:
         async with Database(info.executor_dsn, name="petal-cli", max_size=2) as db:
             return await work(db.pool)
 
@@ -142,7 +148,7 @@ def _cmd_contract_add(args: argparse.Namespace, settings: Settings) -> int:
         raise contract.ContractError("--shape must be a JSON object (a JSON Schema)")
     read_by = [r.strip() for r in args.read_by.split(",") if r.strip()]
 
-    async def add(pool):  # type: ignore[no-untyped-def]
+    async def add(pool: AsyncConnectionPool) -> int:
         return await contract.add_field(pool, args.field, shape=shape, semantics=args.semantics,
                                         required=args.required, read_by=read_by, supersede=args.supersede)
 
@@ -155,7 +161,7 @@ def _cmd_project_create(args: argparse.Namespace, settings: Settings) -> int:
     if args.workdir and not args.workdir.is_dir():
         raise errors.ConfigError(f"--workdir {args.workdir} is not a directory")
 
-    async def create(pool):  # type: ignore[no-untyped-def]
+    async def create(pool: AsyncConnectionPool) -> dict[str, object]:
         from psycopg import errors as pgerrors
 
         from shared.read_surface import plan_tasks
@@ -168,6 +174,7 @@ def _cmd_project_create(args: argparse.Namespace, settings: Settings) -> int:
                     "plan": plan})).fetchone()
         except pgerrors.UniqueViolation:
             raise errors.ConfigError(f"a project {args.slug!r} exists already") from None
+        assert row is not None  # INSERT … RETURNING gives its row
         return {"project_id": str(row[0]), "slug": args.slug, "plan_tasks": len(plan_tasks(plan))}
 
     print(json.dumps(_with_pool(settings, create)))
@@ -184,7 +191,7 @@ def _cmd_reextract(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError:
         raise errors.ConfigError(f"{args.task_id!r} is not a task id") from None
 
-    async def again(pool):  # type: ignore[no-untyped-def]
+    async def again(pool: AsyncConnectionPool) -> uuid.UUID:
         return await extraction.request(pool, task_id, requested_by="reextract")
 
     print(json.dumps({"extractor_task_id": str(_with_pool(settings, again)),
@@ -253,8 +260,8 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
     info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
-    async def gather() -> dict[str, list[dict[str, object]]]:
-        out: dict[str, list[dict[str, object]]] = {}
+    async def gather() -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
         async with Database(info.ingress_dsn, name="petal-status", max_size=1) as db:
             async with db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 for key in ("status_tasks", "status_queue", "status_asks", "status_last_events"):
@@ -278,7 +285,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(inert(f"  {str(q['id'])[:8]} thread {str(q['thread_id'])[:8]} {q['origin']:<8} {q['text']}"))
     print(f"pending asks ({len(state['asks'])})")
     for a in state["asks"]:
-        questions = " / ".join(str(x.get("question", "")) for x in a["questions"])  # type: ignore[union-attr]
+        questions = " / ".join(str(x.get("question", "")) for x in a["questions"])
         print(inert(f"  {a['tool_use_id']} task {str(a['task_id'])[:8]}  {questions}"))
     print("last events")
     for e in state["last_events"]:
@@ -366,7 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     lifeline.keep_private()  # before the settings (secrets among them) are read into memory
-    settings = settings_mod.load()
+    try:
+        settings = settings_mod.load()
+    except errors.ConfigError as exc:
+        print(f"petal-dispatch: {exc}", file=sys.stderr)
+        return 2
     logs.configure(settings.log_level, settings.log_format)
     handler: Handler = args.handler
     try:

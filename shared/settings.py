@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+# proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
+AuthMode = Literal["proxy", "token"]
+LogFormat = Literal["auto", "json", "console"]
+LogLevel = Annotated[Literal["debug", "info", "warning", "error", "critical"],
+                     BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)]
 
 
 class Settings(BaseSettings):
@@ -14,20 +23,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PETAL_", frozen=True, extra="ignore")
 
     # Admin DSN (migrations, role set-up). Unset: start the embedded server in data_dir.
-    database_url: str | None = Field(
+    # The DSNs may carry passwords: secrets, hidden in reprs and logs.
+    database_url: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("DATABASE_URL", "PETAL_DATABASE_URL")
     )
     # Per-service DSNs. Unset: the admin DSN with the role's name as user (trust/peer set-ups).
-    executor_dsn: str | None = None
-    ingress_dsn: str | None = None
+    executor_dsn: SecretStr | None = None
+    ingress_dsn: SecretStr | None = None
     data_dir: Path = Path("./var")
 
     open_mode: bool = Field(default=False, validation_alias=AliasChoices("OPEN_MODE", "PETAL_OPEN_MODE"))
-    # proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
-    auth_mode: str = Field(default="proxy", pattern="^(proxy|token)$")
+    auth_mode: AuthMode = "proxy"
     # comma-separated usernames allowed in proxy mode; empty: anyone the proxy lets through
     allowed_users: str = ""
-    auth_token: str | None = None
+    auth_token: SecretStr | None = None
     # open mode on a non-loopback address must be asked for explicitly
     force_open: bool = False
     # Host names (name or name:port) the ingress answers to besides its loopback names, comma-separated:
@@ -63,10 +72,10 @@ class Settings(BaseSettings):
 
     # Notifications. Web Push needs a VAPID key: generated into the data directory on first run unless
     # given here (PEM, or base64url DER/raw). ntfy is optional: a topic URL and, if it needs one, a token.
-    vapid_private_key: str | None = None
+    vapid_private_key: SecretStr | None = None
     vapid_subject: str = "mailto:admin@localhost"
     ntfy_url: str | None = None
-    ntfy_token: str | None = None
+    ntfy_token: SecretStr | None = None
     # The page's public address, for absolute links in notifications (ntfy's click-through).
     public_url: str = ""
     # Test-only: accept push endpoints on loopback (a local push stand-in). Never in production.
@@ -90,8 +99,8 @@ class Settings(BaseSettings):
     # demo mode: the CLI talks to the scripted model; the page says so
     demo: bool = False
 
-    log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
-    log_level: str = "info"
+    log_format: LogFormat = "auto"
+    log_level: LogLevel = "info"
 
     @property
     def project_root_paths(self) -> tuple[Path, ...]:
@@ -103,4 +112,9 @@ class Settings(BaseSettings):
 
 
 def load() -> Settings:
-    return Settings()
+    """The settings from the environment; a value that cannot work is a ConfigError naming its variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        wrong = "; ".join(f"PETAL_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid settings: {wrong}") from None

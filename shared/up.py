@@ -67,7 +67,7 @@ def _service_env(env: Mapping[str, str], info: dbserver.ServerInfo, service: str
 
 def backoff_s(failures: int) -> float:
     """The wait before the next start after `failures` quick deaths in a row."""
-    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** max(0, failures))
+    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2.0 ** max(0, failures))
 
 
 @dataclass
@@ -212,7 +212,8 @@ def _post(url: str, body: dict[str, object]) -> dict[str, object]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"},
                                  method="POST")
     with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
+        answer: dict[str, object] = json.load(r)
+    return answer
 
 
 def _post_demo_message(url: str) -> None:

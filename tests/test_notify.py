@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import psycopg
 from playwright.async_api import expect
+from pydantic import SecretStr
 
 from executor.notify import Notifier, NotifyConfig
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
@@ -91,7 +92,8 @@ async def test_a_subscription_the_push_service_says_is_gone_is_removed(db: DB, t
 
 async def test_ntfy_gets_the_same_events_with_a_click_through_link(db: DB, tmp_path: Path) -> None:
     with StandIn(statuses=[200]) as ntfy, ScriptedModelServer(Scenario()) as model:
-        config = NotifyConfig(data_dir=tmp_path / "var", ntfy_url=f"{ntfy.url}/petal-topic", ntfy_token="tk_secret",
+        config = NotifyConfig(data_dir=tmp_path / "var", ntfy_url=f"{ntfy.url}/petal-topic",
+                              ntfy_token=SecretStr("tk_secret"),
                               public_url="https://petal.example/")
         async with running_executor(db, model, tmp_path, notify_config=config), \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:

@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor import projects, worktrees
 from executor.journal_writer import JournalWriter
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
-from tests.harness import Harness, running_executor
+from tests.harness import Harness, config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB
 from tests.web import ingress_server
 
@@ -148,6 +149,26 @@ async def test_a_worker_that_ended_without_its_changes_recorded_is_swept_and_its
     assert [[f["path"] for f in c[0]["files"]] for c in changes] == [["b.txt"]]
     assert recorded is not None and recorded[0] is not None
     assert not wt.path.exists() and _git(repo, "branch", "--list", wt.branch).strip()
+
+
+async def test_a_project_worker_whose_cli_cannot_start_has_its_changes_recorded_before_its_final_status(
+    db: DB, tmp_path: Path
+) -> None:
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        project = conn.execute("INSERT INTO projects (name, workdir) VALUES ('nocli', %s) RETURNING id",
+                               [str(repo)]).fetchone()[0]  # type: ignore[index]
+    with ScriptedModelServer(Scenario()) as model:
+        sub = replace(substrate_for(model, tmp_path), claude_bin=str(tmp_path / "no-such-claude"))
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)) as h:
+            task_id = await h.dispatch("never runs", project_id=project)
+            # the status and the record of the changes are read together: the status may not come first
+            task = await h.wait_task(task_id, lambda r: r["status"] != "pending" and r["status"] != "running")
+            events = [e.event_type for e in await h.events(task_id)]
+    assert task["status"] == "failed" and "could not start" in task["status_reason"]
+    assert task["changes_recorded_at"] is not None and "task.changes" in events
+    assert task["worktree"] and not Path(task["worktree"]).exists()  # removed; the branch stays for review
+    assert _git(repo, "branch", "--list", task["branch"]).strip()
 
 
 # ---- projects from the API --------------------------------------------------------------------------------

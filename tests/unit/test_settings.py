@@ -1,0 +1,39 @@
+"""Settings as values (shared/settings.py): secrets stay out of reprs, enum-like knobs refuse unknown values."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from shared import errors, settings as settings_mod
+from shared.settings import Settings
+
+SECRETS = {"auth_token": "tok-s3cret", "vapid_private_key": "vapid-s3cret", "ntfy_token": "ntfy-s3cret",
+           "database_url": "postgresql://petal:db-s3cret@db.example/petal",
+           "executor_dsn": "postgresql://petal_executor:ex-s3cret@db.example/petal",
+           "ingress_dsn": "postgresql://petal_ingress:in-s3cret@db.example/petal"}
+
+
+def test_secrets_are_hidden_in_the_settings_repr_and_given_back_on_request() -> None:
+    settings = Settings(**SECRETS)
+    shown = f"{settings!r} {settings} {settings.model_dump()}"
+    assert "s3cret" not in shown
+    assert settings.auth_token is not None and settings.auth_token.get_secret_value() == "tok-s3cret"
+    assert settings.database_url is not None and settings.database_url.get_secret_value() == SECRETS["database_url"]
+
+
+@pytest.mark.parametrize("field,value", [("auth_mode", "password"), ("log_format", "xml"), ("log_level", "loud")])
+def test_an_unknown_value_of_an_enum_like_setting_is_refused(field: str, value: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        Settings(**{field: value})
+
+
+def test_a_log_level_is_accepted_in_any_case() -> None:
+    assert Settings(log_level="WARNING").log_level == "warning"
+
+
+def test_a_wrong_value_in_the_environment_is_a_config_error_naming_its_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PETAL_LOG_LEVEL", "loud")
+    with pytest.raises(errors.ConfigError, match="PETAL_LOG_LEVEL: Input should be 'debug'"):
+        settings_mod.load()
