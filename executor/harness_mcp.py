@@ -403,4 +403,8 @@ def asgi_app(mcp: MCPServer, host: str) -> Starlette:
         allowed_hosts=[f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"],
         allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
     )
-    return mcp.streamable_http_app(streamable_http_path=PATH, transport_security=security, host=host)
+    # Stateless: no server-side session per client, so nothing a local process can open by the thousand
+    # to exhaust the SDK's session cap and lock real spawns out (each call is identified by its credential
+    # anyway, never by a session; progress still flows on the call's own response stream).
+    return mcp.streamable_http_app(streamable_http_path=PATH, transport_security=security, host=host,
+                                   stateless_http=True)

@@ -209,7 +209,8 @@ def test_settings_in_lower_case_are_scrubbed_from_a_childs_environment_too() -> 
     with pytest.MonkeyPatch.context() as mp:
         for k, v in secrets_env.items():
             mp.setenv(k, v)
-        assert Settings().executor_dsn == secrets_env["petal_executor_dsn"]
+        dsn = Settings().executor_dsn
+        assert dsn is not None and dsn.get_secret_value() == secrets_env["petal_executor_dsn"]
     env = build_env(SubstrateConfig(base_env={**secrets_env, "HOME": "/home/u"}), "task-1")
     assert set(env) & set(secrets_env) == set()
     assert env["HOME"] == "/home/u"
