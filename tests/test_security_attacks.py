@@ -256,3 +256,17 @@ def _connected(pid: int) -> bool:
         with contextlib.suppress(OSError):
             links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
     return sum(link.startswith("socket:") for link in links) >= 2
+
+
+async def test_the_harness_mcp_keeps_no_session_a_stranger_could_pile_up(db: DB, tmp_path: Path) -> None:
+    """A stateful server keeps a session per `initialize` (the SDK caps them, then answers 503): any local
+    process could open them by the thousand and lock the real spawns out. Served stateless, it keeps none."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "stranger", "version": "0"}}}
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp_path) as h:
+            await wait_started(h)
+            async with httpx.AsyncClient(headers={"Accept": "application/json, text/event-stream"}) as http:
+                answers = [await http.post(h.mcp_url or "", json=init) for _ in range(20)]
+    assert all(a.status_code == 200 for a in answers), [a.status_code for a in answers]
+    assert not [a for a in answers if a.headers.get("mcp-session-id")]
