@@ -36,8 +36,11 @@ async def request_task(
     allowed_tools: Sequence[str] | None = None,
     requested_by: str | None = None,
     json_schema: dict[str, Any] | None = None,
+    executor: str | None = None,
+    labels: Sequence[str] = (),
 ) -> uuid.UUID:
-    """Record a task for the supervisor to run; returns its id.
+    """Record a task for the supervisor to run; returns its id. `executor` names the executor that must
+    run it, `labels` those its executor must carry.
 
     Raises:
         DispatchRefused: empty brief, unknown project, or a working directory that does not exist.
@@ -58,6 +61,9 @@ async def request_task(
             "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
             "allowed_tools": list(allowed_tools) if allowed_tools is not None else None,
             "json_schema": Jsonb(json_schema) if json_schema is not None else None})
+        if executor is not None or labels:
+            await conn.execute(queries["set_task_placement"], {"id": task_id, "executor": executor,
+                                                               "labels": list(labels)})
         await journal.append_on(conn, [NewEvent(
             "task.dispatch_requested",
             {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -29,6 +30,16 @@ RETRY_DELAY_S = 1.0
 _Item = tuple[Sequence[NewEvent], "asyncio.Future[Appended] | None"]
 
 
+class Fence(Protocol):
+    """The executor's lease (executor/fleet.py): False once another executor took this run over."""
+
+    async def confirm(self) -> bool: ...
+
+
+class Fenced(errors.PetalError):
+    """This executor's run was taken over: its journal lines are dropped, never appended."""
+
+
 class JournalWriter:
     def __init__(self, pool: AsyncConnectionPool, *, queue_size: int = QUEUE_SIZE, max_batch: int = MAX_BATCH):
         self._pool = pool
@@ -37,6 +48,9 @@ class JournalWriter:
         self._known_types: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
         self.appended = 0
+        self.dropped = 0
+        # checked before each batch: a fenced run's lines never follow the end a survivor wrote for it
+        self.fence: Fence | None = None
 
     async def put(self, event: NewEvent) -> None:
         await self._queue.put(((event,), None))
@@ -58,6 +72,11 @@ class JournalWriter:
             self._known_types = {(name, tier) for name, tier in await cur.fetchall()}
         self._task = asyncio.create_task(self._run(), name="journal-writer")
 
+    async def drain(self) -> None:
+        """Wait until everything queued so far is written (or dropped)."""
+        if self._task is not None:
+            await self._queue.join()
+
     async def flush_and_stop(self) -> None:
         """Write what is queued, then stop."""
         if self._task is None:
@@ -78,9 +97,11 @@ class JournalWriter:
     async def _append(self, batch: list[NewEvent]) -> Appended:
         while True:
             try:
+                if self.fence is not None and not await self.fence.confirm():
+                    raise Fenced("this executor was taken over: its run's journal lines are dropped")
                 await self._register_new_types(batch)
                 return await journal.append(self._pool, batch)
-            except errors.JournalRefused:
+            except (errors.JournalRefused, Fenced):
                 raise
             except Exception as exc:  # noqa: BLE001 - the writer must outlive any database trouble
                 log.warning("journal_writer_retry", error=str(exc), batch=len(batch))
@@ -107,6 +128,11 @@ class JournalWriter:
             return
         try:
             appended = await self._append(batch)
+        except Fenced as exc:
+            self.dropped += len(batch)
+            log.warning("journal_writer_fenced", dropped=len(batch))
+            self._settle(items, exc)
+            return
         except errors.JournalRefused as exc:
             # One bad event (a programming error) must not cost the others their place: split until
             # the refused events are alone, write the rest in order, and fail only the refused ones.

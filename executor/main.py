@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import harness_mcp, notify, threads
+from executor import fleet, harness_mcp, notify, threads
 from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
 from executor.substrate import SubstrateConfig
@@ -53,6 +53,10 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
         max_runtime_s=settings.max_runtime_s,
         default_workdir=settings.workdir,
         run_dir=settings.data_dir.resolve() / "run",
+        name=settings.executor_name or fleet.default_name(),
+        labels=fleet.parse_labels(settings.executor_labels),
+        lease_s=settings.lease_s,
+        shared_claude_config=settings.shared_claude_config,
     )
 
 
@@ -92,7 +96,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
         delivering = asyncio.create_task(
             conversations.run(listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])), name="threads")
-        notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig())
+        notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig(),
+                                   notify.Duty(dsn, notify.NOTIFIER_DUTY, config.name), name=config.name)
         await notifier.start()
         notifying = asyncio.create_task(notifier.run(listener.subscribe(["journal", "notify_queue"])),
                                         name="notifier")

@@ -55,3 +55,16 @@ RETURNING q.id, q.kind
 
 -- name: finish_notify_request --
 UPDATE notify_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
+
+-- name: fleet_secret --
+SELECT value FROM fleet_secrets WHERE name = %(name)s
+
+-- name: offer_fleet_secret --
+-- The first executor to get here sets the fleet's value; every later one reads that one.
+INSERT INTO fleet_secrets (name, value, created_by) VALUES (%(name)s, %(value)s, %(created_by)s)
+ON CONFLICT (name) DO NOTHING
+
+-- name: try_duty_lock --
+-- A once-per-fleet duty (the notifier): held on its own session; a survivor takes it when the holder's
+-- session ends.
+SELECT pg_try_advisory_lock(hashtext('petal-dispatch.duty:' || %(duty)s))

@@ -1,0 +1,250 @@
+"""Several executors (separate processes) on one database: spread and placement, same-name refusal,
+failover of a killed executor, fencing of a paused one, and the notifier running once for the fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from executor import dispatch
+from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared import journal
+from shared.database import Database
+from shared.models import NewEvent
+from tests.pg import DB
+from tests.push_standin import StandIn
+from tests.test_executor_process import _executor_env, _task_processes
+from tests.web import free_port
+
+LEASE_S = 3.0
+STALL_FOREVER = {"stall": {"seconds": None}}
+
+
+def _env(db: DB, model: ScriptedModelServer, tmp: Path, name: str, **extra: str) -> dict[str, str]:
+    env = _executor_env(db, model, tmp)
+    env.update(PETAL_EXECUTOR_NAME=name, PETAL_DATA_DIR=str(tmp / f"var-{name}"), PETAL_MCP_PORT=str(free_port()),
+               PETAL_LEASE_S=str(LEASE_S), PETAL_MAX_WORKERS="4", **extra)
+    return env
+
+
+class Fleet:
+    def __init__(self, db: DB, model: ScriptedModelServer, tmp: Path):
+        self.db, self.model, self.tmp = db, model, tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def log(self, name: str) -> Path:
+        return self.tmp / f"executor-{name}.log"
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.log(n).read_text()[-2500:]}" for n in self.procs)
+
+    async def start(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
+        with self.log(name).open("ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "executor"],
+                                    env=_env(self.db, self.model, self.tmp, name, **extra),
+                                    stdout=out, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        await self.until(lambda: self.one("SELECT 1 FROM executors WHERE name = %s AND stopped_at IS NULL"
+                                          " AND lease_until > now() AND started_at > now() - interval '60 s'", name),
+                         f"executor {name} joined")
+        return proc
+
+    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.db.admin_dsn) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def one(self, sql: str, *params: Any) -> Any:
+        rows = self.rows(sql, *params)
+        return rows[0][0] if rows else None
+
+    async def until(self, check: Any, what: str, timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (value := check()):
+            assert time.monotonic() < deadline, f"timed out: {what}\n{self.logs()}"
+            await asyncio.sleep(0.1)
+        return value
+
+    async def dispatch(self, n: int = 1, **kw: Any) -> list[uuid.UUID]:
+        async with Database(self.db.executor_dsn, name="test-dispatcher", max_size=1) as d:
+            return [await dispatch.request_task(d.pool, brief=f"job {i}", workdir=self.tmp / "work", **kw)
+                    for i in range(n)]
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def test_eight_workers_spread_over_two_executors_within_capacity_labels_placed_and_a_namesake_refused(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario.single(STALL_FOREVER)) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            await fleet.start("alpha")
+            await fleet.start("beta", PETAL_EXECUTOR_LABELS="gpu, linux")
+            gpu = await fleet.dispatch(2, labels=["gpu"])
+            plain = await fleet.dispatch(6)
+            await fleet.until(lambda: fleet.one("SELECT count(*) FROM tasks WHERE status = 'running'"
+                                                " AND pid IS NOT NULL") == 8, "eight running")
+            by_executor = dict(fleet.rows("SELECT executor_name, count(*) FROM tasks WHERE status = 'running'"
+                                          " GROUP BY 1"))
+            placed = dict(fleet.rows("SELECT id, executor_name FROM tasks"))
+            spawned = {r[0]: (r[1], r[2]) for r in fleet.rows(
+                "SELECT task_id, payload ->> 'executor', (payload ->> 'executor_epoch')::bigint FROM journal"
+                " WHERE event_type = 'task.spawned'")}
+            epochs = dict(fleet.rows("SELECT name, epoch FROM executors"))
+            # a second executor named alpha refuses to run, in one line, and changes nothing
+            same = subprocess.run([sys.executable, "-m", "shared.cli", "executor"], capture_output=True, timeout=60,
+                                  env=_env(db, model, tmp_path, "alpha"))
+            epochs_after = dict(fleet.rows("SELECT name, epoch FROM executors"))
+            status = subprocess.run([sys.executable, "-m", "shared.cli", "status"], capture_output=True, timeout=60,
+                                    env=_env(db, model, tmp_path, "alpha"), text=True)
+        finally:
+            fleet.stop_all()
+    assert by_executor == {"alpha": 4, "beta": 4}
+    assert all(placed[t] == "beta" for t in gpu) and len(plain) == 6
+    assert all(spawned[t] == (placed[t], epochs[placed[t]]) for t in gpu + plain)
+    assert same.returncode != 0
+    err = same.stderr.decode().strip().splitlines()
+    assert err[-1].startswith("petal-dispatch: another executor named 'alpha' is already running"), err
+    assert epochs_after == epochs
+    assert "alpha" in status.stdout and "beta" in status.stdout and "4/4" in status.stdout, status.stdout
+
+
+def _worker_reached_model(model: ScriptedModelServer) -> bool:
+    return any(r.role == "worker" for r in model.requests)
+
+
+async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_and_are_retried_on_another(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="worker", sessions=1, replies=[STALL_FOREVER]),
+                               Rule(role="worker", replies=[{"text": "done on the survivor"}])])
+    with ScriptedModelServer(scenario) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            alpha = await fleet.start("alpha", PETAL_BACKOFF_BASE_S="0")
+            (task,) = await fleet.dispatch()
+            await fleet.until(lambda: _worker_reached_model(model), "the worker reached the model")
+            await fleet.start("beta", PETAL_BACKOFF_BASE_S="0")
+            alpha.send_signal(signal.SIGKILL)
+            alpha.wait(10)
+            killed_at = time.monotonic()
+            await fleet.until(lambda: fleet.one("SELECT status_reason FROM tasks WHERE id = %s", task)
+                              == "executor_lost", "crashed as executor_lost", timeout=LEASE_S + 5)
+            lost_after = time.monotonic() - killed_at
+            await fleet.until(lambda: fleet.one("SELECT status FROM tasks WHERE retry_of = %s", task) == "success",
+                              "the retry succeeded", timeout=90)
+            retry = fleet.rows("SELECT executor_name, attempt FROM tasks WHERE retry_of = %s", task)
+            lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
+            seqs = [r[0] for r in fleet.rows("SELECT seq FROM journal ORDER BY seq")]
+            states = dict(fleet.rows("SELECT name, lost_at IS NOT NULL FROM executors"))
+        finally:
+            fleet.stop_all()
+    assert lost_after <= LEASE_S + 5
+    assert retry == [("beta", 2)]
+    assert len(lost) == 1 and lost[0][0]["name"] == "alpha" and lost[0][0]["crashed_tasks"] == [str(task)]
+    assert lost[0][0]["taken_over_by"] == "beta"
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # the journal stays gap-free
+    assert states == {"alpha": True, "beta": False}
+
+
+async def test_a_paused_executor_taken_over_is_fenced_when_it_wakes_its_late_writes_refused_its_processes_killed(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="worker", sessions=1, replies=[STALL_FOREVER]),
+                               Rule(role="worker", replies=[{"text": "done on the survivor"}])])
+    with ScriptedModelServer(scenario) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            alpha = await fleet.start("alpha", PETAL_BACKOFF_BASE_S="0")
+            (task,) = await fleet.dispatch()
+            await fleet.until(lambda: _worker_reached_model(model), "the worker reached the model")
+            old_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
+            await fleet.start("beta", PETAL_BACKOFF_BASE_S="0")
+            alpha.send_signal(signal.SIGSTOP)  # a paused VM: its claude runs on, its lease does not
+            await fleet.until(lambda: fleet.one("SELECT status FROM tasks WHERE retry_of = %s", task) == "success",
+                              "taken over and retried", timeout=90)
+            assert _task_processes(task), "the paused executor's worker is still there"
+            crashed_seq = fleet.one("SELECT seq FROM journal WHERE task_id = %s AND event_type = 'task.crashed'",
+                                    task)
+            alpha.send_signal(signal.SIGCONT)
+            await fleet.until(lambda: not _task_processes(task), "the fenced run's processes stopped", timeout=30)
+            await fleet.until(lambda: fleet.one("SELECT count(*) FROM journal WHERE event_type = 'executor.fenced'"),
+                              "alpha rejoined", timeout=30)
+            await asyncio.sleep(LEASE_S)  # room for any late write to land (it must not)
+            row = fleet.rows("SELECT status, status_reason, executor_name, executor_epoch FROM tasks WHERE id = %s",
+                             task)[0]
+            late = fleet.rows("SELECT event_type FROM journal WHERE task_id = %s AND seq > %s", task, crashed_seq)
+            new_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha' AND lost_at IS NULL")
+            spawns = fleet.rows("SELECT task_id, count(*) FROM journal WHERE event_type = 'task.spawned'"
+                                " GROUP BY 1 HAVING count(*) > 1")
+            alive = alpha.poll() is None
+            # the rejoined executor claims again
+            (after,) = await fleet.dispatch(executor="alpha")
+            await fleet.until(lambda: fleet.one("SELECT status FROM tasks WHERE id = %s", after) == "success",
+                              "the rejoined executor ran a new task", timeout=90)
+        finally:
+            fleet.stop_all()
+    assert row == ("crashed", "executor_lost", "alpha", old_epoch)  # its own end was refused
+    assert late == [] or all(e[0].startswith("policy.") or e[0].startswith("task.settled") for e in late), late
+    assert new_epoch is not None and new_epoch > old_epoch and alive
+    assert spawns == []  # no task ran twice
+
+
+async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the_notifiers_holder_dies(
+    db: DB, tmp_path: Path
+) -> None:
+    tasks = [uuid.uuid4() for _ in range(2)]
+    with psycopg.connect(db.admin_dsn) as conn:
+        for t in tasks:
+            conn.execute("INSERT INTO tasks (id, role, brief, status) VALUES (%s, 'worker', 'a job', 'done')", [t])
+    with StandIn() as ntfy, ScriptedModelServer(Scenario.single({"text": "x"})) as model:
+        fleet = Fleet(db, model, tmp_path)
+        extra = {"PETAL_NTFY_URL": f"{ntfy.url}/topic"}
+        try:
+            await fleet.start("alpha", **extra)
+            await fleet.start("beta", **extra)
+
+            async def stalled(task_id: uuid.UUID) -> None:
+                async with Database(db.executor_dsn, name="test-journal", max_size=1) as d, \
+                        d.pool.connection() as conn:
+                    await journal.append_on(conn, [NewEvent("task.stalled", {"silent_s": 200, "threshold_s": 180},
+                                                            task_id=task_id)])
+
+            def holder() -> str | None:
+                return fleet.one("SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                                 " WHERE l.locktype = 'advisory' AND l.granted"
+                                 " AND a.application_name LIKE 'petal-duty:notifier:%%'")
+
+            first_holder = await fleet.until(holder, "a notifier holds the duty")
+            await stalled(tasks[0])
+            await asyncio.to_thread(ntfy.wait_for, 1)
+            await asyncio.sleep(3)  # a second notifier would have sent by now
+            first = len(ntfy.received)
+            fleet.procs[first_holder.rsplit(":", 1)[1]].send_signal(signal.SIGKILL)
+            await fleet.until(lambda: (h := holder()) and h != first_holder, "a survivor took the duty")
+            await stalled(tasks[1])
+            await asyncio.to_thread(ntfy.wait_for, 2)
+            await asyncio.sleep(3)
+            second = len(ntfy.received)
+            keys = fleet.rows("SELECT count(*) FROM fleet_secrets WHERE name = 'vapid_private_pem'")
+        finally:
+            fleet.stop_all()
+    assert first == 1 and second == 2
+    assert keys == [(1,)]
