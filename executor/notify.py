@@ -159,6 +159,12 @@ def note_for(row: dict[str, Any]) -> Note | None:
         return Note("stalled", f"A {row['role'] or 'task'} stalled",
                     _line(f"Silent for {round(p.get('silent_s', 0))} s: {_line(row['brief'], 80)}"),
                     f"/#task/{row['task_id']}", row["task_id"], row["task_session"], row["seq"])
+    if row["event_type"] == "executor.lost":
+        crashed = len(p.get("crashed_tasks") or [])
+        return Note("executor_lost", f"Executor {_line(p.get('name'), 60)} lost",
+                    _line(f"Its lease expired; {crashed} running task(s) crashed and go through the policy "
+                          f"(taken over by {p.get('taken_over_by')})."),
+                    "/#context", None, None, row["seq"], {"executor": p.get("name")})
     if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
         result = (p.get("result") or {})
         status = p.get("status")

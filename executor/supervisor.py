@@ -154,6 +154,8 @@ class Supervisor:
             self.ready.set()
             while not self._stopping.is_set():
                 self._wake.clear()
+                if leasing.done() and not self.lease.fenced.is_set():
+                    leasing.result()  # the lease cannot be held (a namesake took the name): stop here
                 if self.lease.fenced.is_set():
                     await leasing
                     await self._rejoin()

@@ -159,6 +159,7 @@ async function loadAsks() {
 async function loadContext() {
   if (currentTab() !== "context") return;
   renderContext(await api(`/api/context?thread_id=${S.thread}`));
+  renderExecutors((await api("/api/executors")).executors);
 }
 
 async function loadFeed() {
@@ -686,6 +687,16 @@ function renderContext(c) {
     ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."));
 }
 
+
+// The fleet, under the thread's context: one line per executor; a lost one stands out like a stalled task.
+function renderExecutors(list) {
+  const look = { live: "running", stopped: "cancelled" };  // the task chips' colours: lost/expired as stalled
+  const line = (x) => [h("span", { class: `chip ${look[x.state] || "stalled"}` }, x.state), " ",
+    `${x.name} · ${x.load}/${x.capacity} · lease ${x.lease_age_s}s ago · ${(x.labels || []).join(", ") || "no labels"} · ${x.version || ""}`];
+  $("#context-body").append(h("h3", {}, "Executors"),
+    list.length ? h("ul", { id: "executors" }, list.map((x) => h("li", { "data-state": x.state }, line(x))))
+      : h("p", { class: "empty" }, "No executor has started."));
+}
 
 // ---- notifications -----------------------------------------------------------------------------------------
 // Web Push: the service worker registers on load (it only shows notifications); the browser subscribes

@@ -117,6 +117,8 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
             epochs_after = dict(fleet.rows("SELECT name, epoch FROM executors"))
             status = subprocess.run([sys.executable, "-m", "shared.cli", "status"], capture_output=True, timeout=60,
                                     env=_env(db, model, tmp_path, "alpha"), text=True)
+            async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+                listed = (await http.get("/api/executors")).json()["executors"]
         finally:
             fleet.stop_all()
     assert by_executor == {"alpha": 4, "beta": 4}
@@ -127,6 +129,9 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
     assert err[-1].startswith("petal-dispatch: another executor named 'alpha' is already running"), err
     assert epochs_after == epochs
     assert "alpha" in status.stdout and "beta" in status.stdout and "4/4" in status.stdout, status.stdout
+    assert [(x["name"], x["state"], x["load"], x["capacity"], x["labels"]) for x in listed] == [
+        ("alpha", "live", 4, 4, []), ("beta", "live", 4, 4, ["gpu", "linux"])]
+    assert all(x["lease_age_s"] < LEASE_S and x["version"] for x in listed)
 
 
 def _worker_reached_model(model: ScriptedModelServer) -> bool:
@@ -170,6 +175,7 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
                                  " WHERE role = 'worker' ORDER BY created_at")
             lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
             states = dict(fleet.rows("SELECT name, lost_at IS NOT NULL FROM executors"))
+            alerts = fleet.rows("SELECT title FROM notifications WHERE kind = 'executor_lost'")
         finally:
             fleet.stop_all()
     check_invariants(db.admin_dsn)  # gap-free journal, nothing stuck, no question left open
@@ -178,6 +184,7 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
     assert len(lost) == 1 and lost[0][0]["name"] == "alpha" and lost[0][0]["crashed_tasks"] == [str(task)]
     assert lost[0][0]["taken_over_by"] == "beta"
     assert states == {"alpha": True, "beta": False}
+    assert alerts == [("Executor alpha lost",)]  # an alert, like a stalled task
 
 
 async def test_a_paused_executor_taken_over_is_fenced_when_it_wakes_its_late_writes_refused_its_processes_killed(

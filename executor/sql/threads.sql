@@ -71,3 +71,11 @@ WHERE w.id = %(id)s
 
 -- name: count_turn --
 UPDATE sessions SET turns = turns + 1, lifecycle = 'running', updated_at = now() WHERE id = %(id)s
+
+-- name: lock_thread_for_turn --
+-- Executors of a fleet deliver chat concurrently: the thread's row lock makes "no turn open → start one"
+-- one step (the open-turn check runs after it, in a statement of its own, so it sees the other's commit).
+SELECT id FROM sessions WHERE id = %(id)s FOR UPDATE
+
+-- name: thread_turn_open --
+SELECT EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = %(id)s AND t.status IN ('pending', 'running')) AS open
