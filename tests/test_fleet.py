@@ -100,8 +100,13 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
         try:
             await fleet.start("alpha")
             await fleet.start("beta", PETAL_EXECUTOR_LABELS="gpu, linux")
+            project = uuid.uuid4()
+            with psycopg.connect(db.admin_dsn) as conn:  # its workdir lives on alpha's machine
+                conn.execute("INSERT INTO projects (id, name, workdir, executor_name) VALUES (%s, 'p', %s, 'alpha')",
+                             [project, str(tmp_path / "work")])
             gpu = await fleet.dispatch(2, labels=["gpu"])
-            plain = await fleet.dispatch(6)
+            (in_project,) = await fleet.dispatch(project_id=project)
+            plain = await fleet.dispatch(5)
             await fleet.until(lambda: fleet.one("SELECT count(*) FROM tasks WHERE status = 'running'"
                                                 " AND pid IS NOT NULL") == 8, "eight running")
             by_executor = dict(fleet.rows("SELECT executor_name, count(*) FROM tasks WHERE status = 'running'"
@@ -122,8 +127,8 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
         finally:
             fleet.stop_all()
     assert by_executor == {"alpha": 4, "beta": 4}
-    assert all(placed[t] == "beta" for t in gpu) and len(plain) == 6
-    assert all(spawned[t] == (placed[t], epochs[placed[t]]) for t in gpu + plain)
+    assert all(placed[t] == "beta" for t in gpu) and placed[in_project] == "alpha"
+    assert all(spawned[t] == (placed[t], epochs[placed[t]]) for t in [*gpu, in_project, *plain])
     assert same.returncode != 0
     err = same.stderr.decode().strip().splitlines()
     assert err[-1].startswith("petal-dispatch: another executor named 'alpha' is already running"), err
