@@ -302,3 +302,24 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
         turns = conn.execute("SELECT brief FROM tasks WHERE session_id = %s", [thread]).fetchall()
         waiting = conn.execute("SELECT text FROM chat_queue WHERE status = 'pending'").fetchall()
     assert turns == [("first",)] and waiting == [("second",)]  # it waits for the turn's end
+
+
+async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db: DB) -> None:
+    from playwright.async_api import expect
+
+    from tests.test_web_client import browser, page_at
+
+    with psycopg.connect(db.admin_dsn) as conn:
+        conn.execute("INSERT INTO executors (name, labels, capacity, lease_s, lease_until, version) VALUES"
+                     " ('alpha', '{gpu}', 4, 15, now() + interval '15 s', '1.2.3'),"
+                     " ('<b>beta</b>', '{}', 2, 15, now() - interval '30 s', '1.2.3')")
+        conn.execute("UPDATE executors SET lost_at = now() WHERE name = '<b>beta</b>'")
+    async with ingress_server(db.ingress_dsn) as url, browser() as b, page_at(b, url) as page:
+        await page.click("a[data-tab='context']")
+        items = page.locator("#executors li")
+        await expect(items).to_have_count(2, timeout=20_000)
+        alpha, beta = page.locator("#executors li[data-state='live']"), page.locator("#executors li[data-state='lost']")
+        await expect(alpha).to_contain_text("alpha · 0/4")
+        await expect(alpha).to_contain_text("gpu")
+        await expect(beta).to_contain_text("<b>beta</b>")  # a name is text, never markup
+        await expect(beta.locator(".chip.stalled")).to_have_text("lost")
