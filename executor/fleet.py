@@ -63,8 +63,6 @@ class FleetConfig:
     labels: tuple[str, ...] = ()
     capacity: int = 4
     lease_s: float = DEFAULT_LEASE_S
-    # the CLI config directory is shared by every executor: a thread's turns may run anywhere
-    shared_claude_config: bool = False
 
 
 class Lease:

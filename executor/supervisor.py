@@ -115,8 +115,8 @@ class Supervisor:
         self._children: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
         self.lease = fleet.Lease(db.dsn, fleet.FleetConfig(
-            name=config.name, labels=config.labels, capacity=config.max_workers, lease_s=config.lease_s,
-            shared_claude_config=config.shared_claude_config), on_reaped=writer.write)
+            name=config.name, labels=config.labels, capacity=config.max_workers, lease_s=config.lease_s),
+            on_reaped=writer.write)
 
     # ---- queries -------------------------------------------------------------------------------------
 
