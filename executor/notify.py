@@ -119,8 +119,8 @@ class Duty:
             except psycopg.Error:
                 await self._conn.close()  # the lock went with the session
         try:
-            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                               application_name=f"petal-duty:{self.duty}:{self.holder}"[:63])
+            name = f"petal-duty:{self.duty}:{self.holder}"[:63]
+            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, application_name=name)
             cur = await self._conn.execute(queries["try_duty_lock"], {"duty": self.duty})
             row = await cur.fetchone()
         except psycopg.Error as exc:

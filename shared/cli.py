@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_migrate)
 
     p = sub.add_parser("executor", help="run the executor: supervisor, journal writer, harness MCP")
-    p.add_argument("--name", help="this executor's name in the fleet (default: PETAL_EXECUTOR_NAME, else the host name)")
+    p.add_argument("--name", help="this executor's name in the fleet (default: PETAL_EXECUTOR_NAME, else host name)")
     p.set_defaults(handler=_cmd_executor)
 
     p = sub.add_parser("ingress", help="run the ingress: REST actions, reads, SSE, the web client")

@@ -116,9 +116,10 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
                 "SELECT task_id, payload ->> 'executor', (payload ->> 'executor_epoch')::bigint FROM journal"
                 " WHERE event_type = 'task.spawned'")}
             epochs = dict(fleet.rows("SELECT name, epoch FROM executors"))
-            # a second executor named alpha refuses to run, in one line, and changes nothing
-            same = subprocess.run([sys.executable, "-m", "shared.cli", "executor"], capture_output=True, timeout=60,
-                                  env=_env(db, model, tmp_path, "alpha"))
+            # a second executor named alpha (--name over the environment) refuses to run, in one line, and
+            # changes nothing
+            same = subprocess.run([sys.executable, "-m", "shared.cli", "executor", "--name", "alpha"],
+                                  capture_output=True, timeout=60, env=_env(db, model, tmp_path, "gamma"))
             epochs_after = dict(fleet.rows("SELECT name, epoch FROM executors"))
             status = subprocess.run([sys.executable, "-m", "shared.cli", "status"], capture_output=True, timeout=60,
                                     env=_env(db, model, tmp_path, "alpha"), text=True)
