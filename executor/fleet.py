@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -29,12 +29,19 @@ from shared.models import NewEvent
 
 log = logs.get(__name__)
 
+T = TypeVar("T")
+
 DEFAULT_LEASE_S = 15.0
 # renewals per lease: a lease survives two missed renewals
 RENEWALS_PER_LEASE = 3
+# a renewal waits at least this long for its answer before giving up on the connection
+RENEW_TIMEOUT_FLOOR_S = 1.0
 # the local view of the lease ends this much earlier than the database's (clock rates and the time a write
 # takes between the check and its commit)
 LOCAL_MARGIN_FRACTION = 0.2
+# a stale holder's session takes a moment to end once terminated
+NAME_LOCK_ATTEMPTS = 20
+NAME_LOCK_RETRY_S = 0.1
 
 
 def default_name() -> str:
@@ -91,17 +98,41 @@ class Lease:
     async def _connect(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
             # the name lock lives on this session: a reconnect must take it again
-            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                         application_name=f"petal-executor-lease:{self.name}"[:63])
-            cur = await conn.execute(queries["fleet_name_lock"], {"name": self.name})
-            row = await cur.fetchone()
-            if not (row and row[0]):
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, application_name=self._app)
+            try:
+                await self._take_name(conn)
+            except BaseException:
                 await conn.close()
-                raise errors.PetalError(
-                    f"another executor named {self.name!r} is already running on this database "
-                    "(give this one another PETAL_EXECUTOR_NAME)")
+                raise
             self._conn = conn
         return self._conn
+
+    @property
+    def _app(self) -> str:
+        return f"petal-executor-lease:{self.name}"[:63]
+
+    async def _take_name(self, conn: psycopg.AsyncConnection) -> None:
+        for _ in range(NAME_LOCK_ATTEMPTS):
+            row = await (await conn.execute(queries["fleet_name_lock"], {"name": self.name})).fetchone()
+            if row and row[0]:
+                return
+            stale = await (await conn.execute(queries["fleet_name_stale"],
+                                              {"name": self.name, "epoch": self.epoch})).fetchone()
+            if not (stale and stale[0]):
+                break
+            await conn.execute(queries["fleet_end_stale_holder"], {"app": self._app})
+            await asyncio.sleep(NAME_LOCK_RETRY_S)
+        raise errors.PetalError(
+            f"another executor named {self.name!r} is already running on this database "
+            "(give this one another PETAL_EXECUTOR_NAME)")
+
+    def _abandon_connection(self) -> None:
+        """Close the socket without a word to the server (the link may be stalled): the server ends the
+        session (and frees its lock) when it notices; `_take_name` ends it sooner if it must."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.pgconn.finish()
 
     async def join(self) -> int:
         """Take the lease with a new epoch (fencing every earlier run of this name)."""
@@ -133,19 +164,34 @@ class Lease:
             if self.fenced.is_set():
                 return False
             started = time.monotonic()
-            try:
-                conn = await self._connect()
-                cur = await conn.execute(queries["fleet_renew"], {"name": self.name, "epoch": self.epoch})
-                row = await cur.fetchone()
-            except psycopg.OperationalError:
-                if self._conn is not None:
-                    await self._conn.close()
-                raise
+            row = await self._bounded(self._renew_once(), "the lease renewal")
             if row is None:
                 self._fence()
                 return False
             self._mark_valid(started)
             return True
+
+    async def _bounded(self, work: Coroutine[Any, Any, T], what: str) -> T:
+        """Run a query on the lease connection for at most a renewal interval. A half-open link would hang
+        it past the lease, unnoticed; wait_for would not help (cancelling a query on a stalled link waits
+        on that link too), so the attempt and its connection are abandoned instead."""
+        attempt = asyncio.create_task(work)
+        done, _ = await asyncio.wait({attempt}, timeout=max(self.interval_s, RENEW_TIMEOUT_FLOOR_S))
+        if not done:
+            attempt.add_done_callback(lambda t: t.cancelled() or t.exception())
+            attempt.cancel()
+            self._abandon_connection()
+            raise TimeoutError(f"{what} got no answer")
+        try:
+            return attempt.result()
+        except psycopg.OperationalError:
+            self._abandon_connection()
+            raise
+
+    async def _renew_once(self) -> tuple[Any, ...] | None:
+        conn = await self._connect()
+        cur = await conn.execute(queries["fleet_renew"], {"name": self.name, "epoch": self.epoch})
+        return await cur.fetchone()
 
     async def confirm(self) -> bool:
         """May this run still write? Free while the lease surely holds; past that, renews first (a paused
@@ -159,10 +205,7 @@ class Lease:
     async def reap(self) -> list[NewEvent]:
         """Take over every executor whose lease expired; returns (and hands on) the events to journal."""
         async with self._lock:
-            conn = await self._connect()
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries["fleet_reap"], {"name": self.name})
-                rows = await cur.fetchall()
+            rows = await self._bounded(self._reap_once(), "taking over expired executors")
         events: list[NewEvent] = []
         lost = {r["name"]: r for r in rows if r["kind"] == "executor"}
         for name, r in lost.items():
@@ -183,13 +226,19 @@ class Lease:
             await self._on_reaped(events)
         return events
 
+    async def _reap_once(self) -> list[dict[str, Any]]:
+        conn = await self._connect()
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(queries["fleet_reap"], {"name": self.name})
+            return await cur.fetchall()
+
     async def run(self) -> None:
         """Renew and reap until cancelled; returns when this run is fenced."""
         while not self.fenced.is_set():
             try:
                 if await self.renew():
                     await self.reap()
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, OSError, TimeoutError) as exc:
                 # a database outage: keep trying; nobody can take us over while nobody can reach it either
                 log.warning("lease_renew_failed", name=self.name, error=str(exc))
             if self.fenced.is_set():

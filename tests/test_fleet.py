@@ -324,3 +324,31 @@ async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db
         await expect(alpha).to_contain_text("gpu")
         await expect(beta).to_contain_text("<b>beta</b>")  # a name is text, never markup
         await expect(beta.locator(".chip.stalled")).to_have_text("lost")
+
+
+async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_out(db: DB, tmp_path: Path) -> None:
+    from tests.proxy import FreezableProxy
+
+    with ScriptedModelServer(Scenario.single(STALL_FOREVER)) as model:
+        fleet = Fleet(db, model, tmp_path)
+        async with FreezableProxy(db.executor_dsn) as proxy:
+            try:
+                await fleet.start("alpha", PETAL_EXECUTOR_DSN=proxy.dsn())
+                await fleet.start("beta")
+                (task,) = await fleet.dispatch(executor="alpha")
+                await fleet.until(lambda: fleet.one("SELECT pid FROM tasks WHERE id = %s", task), "running on alpha")
+                epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
+                # alpha's connections stall without an error (a half-open link); the server keeps its
+                # session, and with it the name's lock, for hours
+                proxy.freeze_existing()
+                await asyncio.sleep(LEASE_S * 3)
+                age = fleet.one("SELECT extract(epoch FROM now() - renewed_at)::float8 FROM executors"
+                                " WHERE name = 'alpha'")
+                after = fleet.rows("SELECT epoch, lost_at FROM executors WHERE name = 'alpha'")
+                row = fleet.rows("SELECT status, executor_name FROM tasks WHERE id = %s", task)
+                lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
+            finally:
+                fleet.procs["alpha"].kill()  # its frozen pool would hold a graceful stop up
+                fleet.stop_all()
+    assert lost == [] and after == [(epoch, None)], fleet.logs()
+    assert age < LEASE_S and row == [("running", "alpha")]

@@ -248,3 +248,16 @@ UNION ALL
 SELECT 'task', executor_name, NULL, NULL, id, id, session_id, project_id FROM crashed
 UNION ALL
 SELECT 'question', NULL, NULL, NULL, id, task_id, NULL, NULL FROM cancelled
+
+-- name: fleet_name_stale --
+-- Whether a session still holding the name's lock is a dead one: the name's lease is not live, or it is
+-- this very run's (its own earlier session, cut off half-open). No row yet: a namesake is joining.
+SELECT coalesce((SELECT (e.epoch = %(epoch)s) IS TRUE OR e.lost_at IS NOT NULL OR e.stopped_at IS NOT NULL
+                        OR e.lease_until < now()
+                 FROM executors e WHERE e.name = %(name)s), false) AS stale
+
+-- name: fleet_end_stale_holder --
+-- A half-open or dead session keeps its advisory lock until the server notices (TCP keepalive, hours):
+-- end the name's other lease sessions, which only a stale holder can have here.
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE application_name = %(app)s AND pid <> pg_backend_pid()
