@@ -34,7 +34,8 @@ STALL_FOREVER = {"stall": {"seconds": None}}
 def _env(db: DB, model: ScriptedModelServer, tmp: Path, name: str, **extra: str) -> dict[str, str]:
     env = _executor_env(db, model, tmp)
     env.update(PETAL_EXECUTOR_NAME=name, PETAL_DATA_DIR=str(tmp / f"var-{name}"), PETAL_MCP_PORT=str(free_port()),
-               PETAL_LEASE_S=str(LEASE_S), PETAL_MAX_WORKERS="4", **extra)
+               PETAL_LEASE_S=str(LEASE_S), PETAL_MAX_WORKERS="4")
+    env.update(extra)
     return env
 
 
@@ -352,3 +353,24 @@ async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_ou
                 fleet.stop_all()
     assert lost == [] and after == [(epoch, None)], fleet.logs()
     assert age < LEASE_S and row == [("running", "alpha")]
+
+
+async def test_a_sessions_next_turn_waits_for_the_executor_of_its_first_turn(db: DB, tmp_path: Path) -> None:
+    session = uuid.uuid4()
+    with psycopg.connect(db.admin_dsn) as conn:
+        conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'worker', 'idle')", [session])
+    with ScriptedModelServer(Scenario.single(STALL_FOREVER)) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            await fleet.start("alpha", PETAL_MAX_WORKERS="1")
+            (first,) = await fleet.dispatch(session_id=session)
+            await fleet.until(lambda: fleet.one("SELECT pid FROM tasks WHERE id = %s", first), "the first turn runs")
+            await fleet.start("beta")
+            # alpha is full and beta idle: the next turn still waits for alpha (its --resume files are there)
+            (second,) = await fleet.dispatch(session_id=session)
+            await asyncio.sleep(LEASE_S)
+            pinned = fleet.one("SELECT executor_name FROM sessions WHERE id = %s", session)
+            waiting = fleet.rows("SELECT status, executor_name FROM tasks WHERE id = %s", second)
+        finally:
+            fleet.stop_all()
+    assert pinned == "alpha" and waiting == [("pending", None)]
