@@ -38,8 +38,11 @@ async def request_task(
     requested_by: str | None = None,
     json_schema: dict[str, Any] | None = None,
     tool_use_id: str | None = None,
+    executor: str | None = None,
+    labels: Sequence[str] = (),
 ) -> uuid.UUID:
-    """Record a task for the supervisor to run; returns its id.
+    """Record a task for the supervisor to run; returns its id. `executor` names the executor that must
+    run it, `labels` those its executor must carry.
 
     Raises:
         DispatchRefused: empty brief, unknown project, or a working directory that does not exist.
@@ -48,7 +51,8 @@ async def request_task(
         task_id, events = await request_on(
             conn, brief=brief, role=role, project_id=project_id, session_id=session_id,
             parent_task_id=parent_task_id, plan_ref=plan_ref, workdir=workdir, allowed_tools=allowed_tools,
-            requested_by=requested_by, json_schema=json_schema, tool_use_id=tool_use_id)
+            requested_by=requested_by, json_schema=json_schema, tool_use_id=tool_use_id,
+            executor=executor, labels=labels)
         await journal.append_on(conn, events)
     return task_id
 
@@ -67,6 +71,8 @@ async def request_on(
     requested_by: str | None = None,
     json_schema: dict[str, Any] | None = None,
     tool_use_id: str | None = None,
+    executor: str | None = None,
+    labels: Sequence[str] = (),
 ) -> tuple[uuid.UUID, list[NewEvent]]:
     """`request_task` inside the caller's transaction; returns the task id and the events to journal.
 
@@ -88,6 +94,9 @@ async def request_on(
         "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
         "allowed_tools": list(allowed_tools) if allowed_tools is not None else None,
         "json_schema": Jsonb(json_schema) if json_schema is not None else None})
+    if executor is not None or labels:
+        await conn.execute(queries["set_task_placement"],
+                           {"id": task_id, "executor": executor, "labels": list(labels)})
     return task_id, [NewEvent(
         "task.dispatch_requested",
         {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -67,6 +68,16 @@ class HoldStats:
     spill_path: str | None
 
 
+class Fence(Protocol):
+    """The executor's lease (executor/fleet.py): False once another executor took this run over."""
+
+    async def confirm(self) -> bool: ...
+
+
+class Fenced(errors.PetalError):
+    """This executor's run was taken over: its journal lines are dropped, never appended."""
+
+
 class JournalWriter:
     def __init__(self, pool: AsyncConnectionPool, *, spill_dir: Path | None = None, hold_bytes: int = HOLD_BYTES,
                  max_batch: int = MAX_BATCH):
@@ -91,6 +102,9 @@ class JournalWriter:
         # True while the database is away: producers never wait then
         self.holding = False
         self.appended = 0
+        self.dropped = 0
+        # checked before each batch: a fenced run's lines never follow the end a survivor wrote for it
+        self.fence: Fence | None = None
 
     # ---- producers -------------------------------------------------------------------------------
 
@@ -164,6 +178,11 @@ class JournalWriter:
             self._work.set()
             self._idle.clear()
         self._task = asyncio.create_task(self._run(), name="journal-writer")
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far is written (or dropped)."""
+        if self._task is not None:
+            await self._idle.wait()
 
     async def flush_and_stop(self, timeout_s: float = STOP_FLUSH_TIMEOUT_S) -> None:
         """Write what is held, then stop. If the database stays away, what is left goes to the spill file
@@ -245,10 +264,12 @@ class JournalWriter:
         self._append_started = time.monotonic()
         while True:
             try:
+                if self.fence is not None and not await self.fence.confirm():
+                    raise Fenced("this executor was taken over: its run's journal lines are dropped")
                 await self._register_new_types(batch)
                 # after a failed attempt the batch may have committed unseen: append recognises it
                 appended = await journal.append(self._pool, batch, retried=retried)
-            except errors.JournalRefused:
+            except (errors.JournalRefused, Fenced):
                 self._append_started = None
                 raise
             except _RETRYABLE as exc:
@@ -284,6 +305,11 @@ class JournalWriter:
             return
         try:
             appended = await self._append(batch)
+        except Fenced as exc:
+            self.dropped += len(batch)
+            log.warning("journal_writer_fenced", dropped=len(batch))
+            self._settle(items, exc)
+            return
         except errors.JournalRefused as exc:
             # One bad event (a programming error) must not cost the others their place: split until
             # the refused events are alone, write the rest in order, and fail only the refused ones.

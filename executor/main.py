@@ -13,7 +13,7 @@ from pathlib import Path
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import harness_mcp, notify, permission_prompt, projects, threads
+from executor import fleet, harness_mcp, notify, permission_prompt, projects, threads
 from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
@@ -60,6 +60,10 @@ def supervisor_config(settings: Settings) -> SupervisorConfig:
         run_dir=settings.data_dir.resolve() / "run",
         worktree_dir=settings.worktree_dir,
         keep_worktrees=settings.keep_worktrees,
+        name=settings.executor_name or fleet.default_name(),
+        labels=fleet.parse_labels(settings.executor_labels),
+        lease_s=settings.lease_s,
+        shared_claude_config=settings.shared_claude_config,
     )
 
 
@@ -115,7 +119,8 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         project_sub = listener.subscribe(["project_queue"])
         managing = asyncio.create_task(
             _outliving_outages("projects", lambda: repos.run(project_sub), db.availability), name="projects")
-        notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig())
+        notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig(),
+                                   notify.Duty(dsn, notify.NOTIFIER_DUTY, config.name), name=config.name)
         await db.availability.retry(notifier.start, "notifier")
         notify_sub = listener.subscribe(["journal", "notify_queue"])
         notifying = asyncio.create_task(

@@ -13,12 +13,12 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 import aiohttp
+import psycopg
 from cryptography.hazmat.primitives import serialization
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -84,24 +84,67 @@ def _line(text: Any, n: int = LINE_CHARS) -> str:
     return first if len(first) <= n else first[: n - 1] + "…"
 
 
-def load_vapid(config: NotifyConfig) -> Vapid:
-    """The VAPID key: from the setting, else from the data directory, else generated there (0600)."""
-    if config.vapid_private_key:
-        key = config.vapid_private_key.get_secret_value().strip()
-        if key.startswith("-----BEGIN"):
-            return Vapid.from_pem(key.encode())
-        return Vapid.from_string(private_key=key)
+VAPID_SECRET = "vapid_private_pem"
+NOTIFIER_DUTY = "notifier"
+# how often a notifier without the duty tries to take it (its holder may have died)
+DUTY_RETRY_S = 2.0
+
+
+def configured_vapid(config: NotifyConfig) -> Vapid | None:
+    """The VAPID key from the setting, if one is set (then every executor of the fleet must have the same)."""
+    if not config.vapid_private_key:
+        return None
+    key = config.vapid_private_key.get_secret_value().strip()
+    if key.startswith("-----BEGIN"):
+        return Vapid.from_pem(key.encode())
+    return Vapid.from_string(private_key=key)
+
+
+def candidate_vapid_pem(config: NotifyConfig) -> bytes:
+    """The key this executor offers the fleet: a data directory's key from before the fleet, else a new one."""
     path = config.data_dir / "vapid_private.pem"
     if path.exists():
-        return Vapid.from_file(str(path))
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+        return bytes(Vapid.from_file(str(path)).private_pem())
     vapid = Vapid()
     vapid.generate_keys()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(vapid.private_pem())
-    log.info("vapid_key_generated", path=str(path))
-    return vapid
+    return bytes(vapid.private_pem())
+
+
+class Duty:
+    """A once-per-fleet job: whoever holds the session advisory lock does it; when the holder's session ends
+    (its executor died), the next `held()` of a survivor takes it."""
+
+    def __init__(self, dsn: str, duty: str, holder: str = ""):
+        self.dsn = dsn
+        self.duty = duty
+        self.holder = holder  # shown in pg_stat_activity: who holds the duty
+        self._conn: psycopg.AsyncConnection | None = None
+
+    async def held(self) -> bool:
+        if self._conn is not None and not self._conn.closed:
+            try:
+                await self._conn.execute("SELECT 1")
+                return True
+            except psycopg.Error:
+                await self._conn.close()  # the lock went with the session
+        try:
+            name = f"petal-duty:{self.duty}:{self.holder}"[:63]
+            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, application_name=name)
+            cur = await self._conn.execute(queries["try_duty_lock"], {"duty": self.duty})
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            log.warning("duty_check_failed", duty=self.duty, error=str(exc))
+            return False
+        if row and row[0]:
+            log.info("duty_taken", duty=self.duty)
+            return True
+        await self._conn.close()
+        self._conn = None
+        return False
+
+    async def release(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
 
 
 def public_key(vapid: Vapid) -> str:
@@ -126,6 +169,12 @@ def note_for(row: dict[str, Any]) -> Note | None:
         return Note("stalled", f"A {row['role'] or 'task'} stalled",
                     _line(f"Silent for {round(p.get('silent_s', 0))} s: {_line(row['brief'], 80)}"),
                     f"/#task/{row['task_id']}", row["task_id"], row["task_session"], row["seq"])
+    if row["event_type"] == "executor.lost":
+        crashed = len(p.get("crashed_tasks") or [])
+        return Note("executor_lost", f"Executor {_line(p.get('name'), 60)} lost",
+                    _line(f"Its lease expired; {crashed} running task(s) crashed and go through the policy "
+                          f"(taken over by {p.get('taken_over_by')})."),
+                    "/#context", None, None, row["seq"], {"executor": p.get("name")})
     if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
         result = (p.get("result") or {})
         status = p.get("status")
@@ -137,11 +186,15 @@ def note_for(row: dict[str, Any]) -> Note | None:
 
 
 class Notifier:
-    def __init__(self, pool: AsyncConnectionPool, config: NotifyConfig):
+    def __init__(self, pool: AsyncConnectionPool, config: NotifyConfig, duty: Duty | None = None,
+                 name: str | None = None):
         self.pool = pool
         self.config = config
         self.vapid: Vapid | None = None
         self.session: aiohttp.ClientSession | None = None
+        # with several executors on one database only the duty's holder notifies (one push per event)
+        self.duty = duty
+        self.name = name
 
     async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -149,26 +202,41 @@ class Notifier:
             return await cur.fetchall() if cur.description else []
 
     async def start(self) -> None:
-        self.vapid = await asyncio.to_thread(load_vapid, self.config)
+        self.vapid = configured_vapid(self.config) or await self._fleet_vapid()
         await self._rows("store_push_key", {"public_key": public_key(self.vapid),
                                             "ntfy": bool(self.config.ntfy_url)})
         await self._rows("init_notify_cursor")  # a first start begins at the journal's head
 
+    async def _fleet_vapid(self) -> Vapid:
+        """One key for the whole fleet, in the database: the first executor's offer wins (a race of two
+        starting together included); every other executor reads it."""
+        offer = await asyncio.to_thread(candidate_vapid_pem, self.config)
+        await self._rows("offer_fleet_secret", {"name": VAPID_SECRET, "value": offer.decode(),
+                                                "created_by": self.name})
+        (row,) = await self._rows("fleet_secret", {"name": VAPID_SECRET})
+        return Vapid.from_pem(row["value"].encode())
+
     async def run(self, sub: Subscription) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)) as session:
-            self.session = session
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await aio.wait_for(sub.get(), POLL_S)
-                await asyncio.sleep(0.1)  # let a burst land, then take it in one pass
-                while not sub.queue.empty():
-                    sub.queue.get_nowait()
-                try:
-                    await self.pass_once()
-                except database.OUTAGE_ERRORS as exc:
-                    await database.pause(self.pool, exc, "notifier")  # said once; the next pass retries
-                except Exception:  # noqa: BLE001 - the notifier outlives a failed pass; the poll retries
-                    log.exception("notify_pass_failed")
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)) as session:
+                self.session = session
+                while True:
+                    with contextlib.suppress(TimeoutError):
+                        await aio.wait_for(sub.get(), DUTY_RETRY_S if self.duty is not None else POLL_S)
+                    await asyncio.sleep(0.1)  # let a burst land, then take it in one pass
+                    while not sub.queue.empty():
+                        sub.queue.get_nowait()
+                    if self.duty is not None and not await self.duty.held():
+                        continue  # another executor notifies; this one takes over if that one dies
+                    try:
+                        await self.pass_once()
+                    except database.OUTAGE_ERRORS as exc:
+                        await database.pause(self.pool, exc, "notifier")  # said once; the next pass retries
+                    except Exception:  # noqa: BLE001 - the notifier outlives a failed pass; the poll retries
+                        log.exception("notify_pass_failed")
+        finally:
+            if self.duty is not None:
+                await self.duty.release()
 
     async def pass_once(self) -> list[Note]:
         for req in await self._rows("claim_notify_requests"):

@@ -17,21 +17,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from psycopg.rows import dict_row
 
-from executor import lineage, process, projects, substrate, worktrees
-from executor.journal_writer import JournalWriter
+from executor import fleet, lineage, process, projects, substrate, worktrees
+from executor.journal_writer import Fenced, JournalWriter
 from executor.sql import queries
-from shared import aio, errors, lifeline, logs
-from shared.database import CONNECT_TIMEOUT_S, KEEPALIVE_KWARGS, OUTAGE_ERRORS, Database
+from shared import aio, lifeline, logs
+from shared.database import OUTAGE_ERRORS, Database
 from shared.listener import Subscription
 from shared.models import NewEvent
 
 log = logs.get(__name__)
 
 # How often the claim loop makes sure the session holding the singleton lock is still alive.
-LOCK_CHECK_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,12 @@ class SupervisorConfig:
     @property
     def worktree_root(self) -> Path:
         return (self.worktree_dir or self.run_dir.parent / "worktrees").resolve()
+    # the fleet: this executor's name (unique among live ones), labels and lease (executor/fleet.py)
+    name: str = field(default_factory=fleet.default_name)
+    labels: tuple[str, ...] = ()
+    lease_s: float = fleet.DEFAULT_LEASE_S
+    # every executor reads one CLI config directory: a thread's turns need not stay where the first ran
+    shared_claude_config: bool = False
 
 
 @dataclass
@@ -128,9 +132,10 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._children: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
-        self._lock_conn: psycopg.AsyncConnection | None = None
-        self._lock_checked = 0.0
         self._claimed: list[dict[str, Any]] = []
+        self.lease = fleet.Lease(db.dsn, fleet.FleetConfig(
+            name=config.name, labels=config.labels, capacity=config.max_workers, lease_s=config.lease_s),
+            on_reaped=writer.write)
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -156,19 +161,27 @@ class Supervisor:
         """Supervise until stop(); then stop children, journal their ends, and return. A database outage
         of any length only pauses claiming: running tasks go on, and the loop resumes when it returns."""
         availability = self.db.availability
-        self._lock_conn = await availability.retry(self._acquire_singleton, "singleton_lock")
+        await availability.retry(self.lease.join, "lease")  # refuses a live executor of the same name
+        self.writer.fence = self.lease
         side: list[asyncio.Task[None]] = []
+        leasing = asyncio.create_task(self.lease.run(), name="lease")
         try:
             self._sweep_mcp_configs()
             await availability.retry(self.reconcile, "reconcile")
             side.append(asyncio.create_task(self._watchdog(), name="watchdog"))
             if wake_on is not None:
                 side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
+            side.append(asyncio.create_task(self._forward_fence(), name="fence"))
             self.ready.set()
             while not self._stopping.is_set():
                 self._wake.clear()
+                if leasing.done() and not self.lease.fenced.is_set():
+                    leasing.result()  # the lease cannot be held (a namesake took the name): stop here
+                if self.lease.fenced.is_set():
+                    await leasing
+                    await self._rejoin()
+                    leasing = asyncio.create_task(self.lease.run(), name="lease")
                 try:
-                    await self._keep_singleton()
                     await self._claim_stops()
                     await self._claim_tasks()
                 except OUTAGE_ERRORS as exc:
@@ -179,39 +192,41 @@ class Supervisor:
                     await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
         finally:
             await self._stop_children("executor_shutdown")
+            leasing.cancel()
             for t in side:
                 t.cancel()
-            await asyncio.gather(*side, return_exceptions=True)
-            if self._lock_conn is not None:
-                await self._lock_conn.close()
+            await asyncio.gather(leasing, *side, return_exceptions=True)
+            await self.writer.drain()
+            await self.lease.leave()
 
-    async def _keep_singleton(self) -> None:
-        """The singleton lock lives on a session: an outage ends it, so take it again when the database
-        returns (an executor that started meanwhile holds it: then this one must not go on)."""
-        conn = self._lock_conn
-        if conn is not None and not conn.closed and not conn.broken:
-            if time.monotonic() - self._lock_checked < LOCK_CHECK_INTERVAL_S:
-                return
-            try:
-                await conn.execute("")  # an idle session does not know it was cut until it is used
-                self._lock_checked = time.monotonic()
-                return
-            except OUTAGE_ERRORS:
-                await conn.close()
-        self._lock_conn = await self._acquire_singleton()
-        self._lock_checked = time.monotonic()
-        log.info("singleton_lock_retaken")
+    async def _forward_fence(self) -> None:
+        while True:
+            await self.lease.fenced.wait()
+            self._wake.set()
+            await asyncio.sleep(self.config.poll_interval_s)
 
-    async def _acquire_singleton(self) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(
-            self.db.dsn, autocommit=True, application_name="petal-executor-lock", **KEEPALIVE_KWARGS,
-            connect_timeout=CONNECT_TIMEOUT_S)
-        cur = await conn.execute(queries["try_singleton_lock"])
-        row = await cur.fetchone()
-        if not (row and row[0]):
-            await conn.close()
-            raise errors.PetalError("another executor is already running on this database")
-        return conn
+    async def _rejoin(self) -> None:
+        """Taken over by a survivor (this process was paused or cut off past its lease): its tasks were
+        crashed and retried elsewhere, so its processes must not go on. Kill them (and their Bash children)
+        before claiming anything, then join again with a new epoch. Their ends are not written: fenced."""
+        lost = list(self.running.values())
+        for r in lost:
+            r.stop_reason = r.stop_reason or "executor_fenced"
+            r.killed = True
+            process.signal_group(r.proc.pid, signal.SIGKILL)
+        killed = await asyncio.to_thread(lambda: [
+            pid for r in lost for pid in process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))])
+        if self._children:
+            await asyncio.wait(self._children, timeout=self.config.drain_timeout_s + 5)
+        await self.writer.drain()  # what the fenced run still queued is dropped, not carried into the new one
+        old_epoch = self.lease.epoch
+        await self.lease.join()
+        log.error("executor_rejoined", name=self.lease.name, old_epoch=old_epoch, epoch=self.lease.epoch,
+                  killed_tasks=[str(r.task_id) for r in lost])
+        await self.writer.write([NewEvent("executor.fenced", {
+            "name": self.lease.name, "old_epoch": old_epoch, "epoch": self.lease.epoch,
+            "killed_tasks": [str(r.task_id) for r in lost], "killed_pids": killed})])
+        await self.reconcile()
 
     async def _forward_wakeups(self, sub: Subscription) -> None:
         while True:
@@ -229,7 +244,7 @@ class Supervisor:
     async def reconcile(self) -> dict[str, Any]:
         """After a restart nothing stays "running": the dead executor's tasks become crashed, their
         surviving processes are killed, claimed queue rows go back to pending, their questions close."""
-        orphans = await self._rows("orphaned_running_tasks")
+        orphans = await self._rows("orphaned_running_tasks", {"name": self.lease.name})
         events: list[NewEvent] = []
         crashed = []
         for row in orphans:
@@ -240,14 +255,15 @@ class Supervisor:
             events.append(NewEvent("task.crashed", {"reason": "executor_restart", "status": "crashed",
                                                     "killed_pids": killed},
                                    task_id=row["id"], session_id=row["session_id"], project_id=row["project_id"]))
-        (requeued,) = await self._rows("requeue_claimed")
+        (requeued,) = await self._rows("requeue_claimed", {"name": self.lease.name, "stale_s": self.config.lease_s})
         closed = await self._rows("cancel_orphaned_questions")
         for q in closed:
             events.append(NewEvent("question.cancelled", {"question_id": str(q["id"]), "reason": "executor_restart"},
                                    task_id=q["task_id"]))
         summary = {"crashed_tasks": crashed, "requeued": requeued,
                    "cancelled_questions": [str(q["id"]) for q in closed]}
-        events.append(NewEvent("executor.started", {"reconciled": summary}))
+        events.append(NewEvent("executor.started", {"reconciled": summary, "name": self.lease.name,
+                                                    "epoch": self.lease.epoch, "labels": list(self.config.labels)}))
         await self.writer.write(events)
         log.info("executor_reconciled", **summary)
         # A task that died with the old executor ended like any other: its final status is all that is
@@ -262,7 +278,9 @@ class Supervisor:
         free = self.config.max_workers - len(self.running)
         if free <= 0 or self._stopping.is_set():
             return
-        self._claimed += await self._rows("claim_pending_tasks", {"n": free})
+        self._claimed += await self._rows("claim_pending_tasks", {
+            "n": free, "name": self.lease.name, "epoch": self.lease.epoch, "labels": list(self.config.labels),
+            "shared_config": self.config.shared_claude_config})
         await self._start_claimed()
 
     async def _start_claimed(self) -> None:
@@ -271,7 +289,7 @@ class Supervisor:
             self._claimed.pop(0)
 
     async def _claim_stops(self) -> None:
-        for row in await self._rows("claim_stop_requests"):
+        for row in await self._rows("claim_stop_requests", {"name": self.lease.name}):
             await self._handle_stop(row["id"], row["task_id"], row["reason"])
 
     async def _handle_stop(self, stop_id: uuid.UUID, task_id: uuid.UUID, reason: str | None) -> None:
@@ -314,8 +332,16 @@ class Supervisor:
                                            keep_worktree=self.config.keep_worktrees)
         except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
             log.exception("record_changes_failed", task_id=str(row["id"]))
-        await self._exec("finish_task", {"id": row["id"], "status": status, "reason": reason,
-                                         "exit_code": None, "exit_signal": None, "last_output_at": None})
+        await self._finish_task({"id": row["id"], "status": status, "reason": reason,
+                                 "exit_code": None, "exit_signal": None, "last_output_at": None})
+
+    async def _finish_task(self, params: dict[str, Any]) -> bool:
+        """The final status, fenced by this run's claim: False when a survivor took the task over."""
+        done = bool(await self._rows("finish_task", {**params, "name": self.lease.name, "epoch": self.lease.epoch}))
+        if not done:
+            log.warning("final_status_refused", task_id=str(params["id"]), status=params["status"],
+                        epoch=self.lease.epoch)
+        return done
 
     @property
     def _mcp_dir(self) -> Path:
@@ -389,6 +415,7 @@ class Supervisor:
         await self._exec("insert_session", {"id": session_id, "project_id": row["project_id"],
                                             "role": row["role"], "lifecycle": "running"})
         await self._exec("count_turn", {"id": session_id})
+        await self._exec("pin_session", {"id": session_id, "name": self.lease.name})
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -416,7 +443,8 @@ class Supervisor:
         # queued before any line of the task: the single writer keeps that order in the journal
         spawned = self._event(r, "task.spawned", {
             "pid": proc.pid, "role": row["role"], "argv": cmd, "workdir": str(workdir),
-            "attempt": row["attempt"], "plan_ref": row["plan_ref"]}, parent_id=parent_id)
+            "attempt": row["attempt"], "plan_ref": row["plan_ref"],
+            "executor": self.lease.name, "executor_epoch": self.lease.epoch}, parent_id=parent_id)
         r.spawned_id = spawned.event_id
         await self.writer.put(spawned)
         child = asyncio.create_task(self._supervise(r, row), name=f"task-{task_id}")
@@ -476,6 +504,8 @@ class Supervisor:
                 if t.exception() is not None:
                     log.error("reader_failed", task_id=str(r.task_id), error=repr(t.exception()))
             await self._finish(r, row, rc, drained=not pending)
+        except Fenced:
+            log.warning("run_fenced", task_id=str(r.task_id))  # taken over: its end is the survivor's to write
         except Exception:
             log.exception("supervise_failed", task_id=str(r.task_id))
             raise
@@ -525,7 +555,7 @@ class Supervisor:
                                            keep_worktree=self.config.keep_worktrees)
         except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
             log.exception("record_changes_failed", task_id=str(r.task_id))
-        await self._exec("finish_task", {
+        await self._finish_task({
             "id": r.task_id, "status": outcome.status, "reason": reason,
             "exit_code": rc if rc >= 0 else None, "exit_signal": -rc if rc < 0 else None,
             "last_output_at": r.last_output_at})

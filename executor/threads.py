@@ -183,6 +183,10 @@ class Threads:
         context = await projects.turn_context(self.pool, project[0]) if project else None
         async with self.pool.connection() as conn, conn.transaction():
             async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(queries["lock_thread_for_turn"], {"id": thread_id})
+                await cur.execute(queries["thread_turn_open"], {"id": thread_id})
+                if (await cur.fetchone())["open"]:  # type: ignore[index]
+                    return  # another executor started the turn meanwhile: these messages wait for its end
                 await cur.execute(queries["take_pending_chat"],
                                   {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN, "origin": None})
                 messages = await cur.fetchall()

@@ -115,6 +115,8 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
         params=(Param("project_id", "path", UUID),), errors=(404,)), reads.project_state),
     (Op("get", "/api/context", "the orchestrator's working set for a thread", params=(_THREADQ,), errors=(400,)),
      reads.context),
+    (Op("get", "/api/executors", "the executors sharing the database: labels, load, lease age, version, state"),
+     reads.list_executors),
     (Op("get", "/api/asks", "questions, pending first", params=(
         Param("status", "query", {"type": "string", "enum": ["pending", "answered", "cancelled"]}), _THREADQ,
         _LIMIT), errors=(400,)), reads.list_asks),

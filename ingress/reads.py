@@ -134,6 +134,11 @@ async def context(request: Request) -> Response:
     })
 
 
+async def list_executors(request: Request) -> Response:
+    """The executors sharing this database (the fleet)."""
+    return respond({"executors": await _rows(request, "list_executors", {})})
+
+
 async def list_asks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", ("pending", "answered", "cancelled")),
               "thread_id": query_uuid(request, "thread_id"), "limit": query_int(request, "limit", 50, lo=1, hi=500)}

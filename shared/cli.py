@@ -57,6 +57,10 @@ def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
     from executor import main as executor_main
 
+    if args.name is not None:
+        if not args.name.strip():
+            raise errors.ConfigError("--name must not be empty")
+        settings = settings.model_copy(update={"executor_name": args.name.strip()})
     return executor_main.main(settings)
 
 
@@ -264,7 +268,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         out: dict[str, list[dict[str, Any]]] = {}
         async with Database(info.ingress_dsn, name="petal-status", max_size=1) as db:
             async with db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                for key in ("status_tasks", "status_queue", "status_asks", "status_last_events"):
+                for key in ("status_tasks", "status_queue", "status_asks", "status_last_events", "status_executors"):
                     await cur.execute(queries[key])
                     out[key.removeprefix("status_")] = await cur.fetchall()
         return out
@@ -287,6 +291,11 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     for a in state["asks"]:
         questions = " / ".join(str(x.get("question", "")) for x in a["questions"])
         print(inert(f"  {a['tool_use_id']} task {str(a['task_id'])[:8]}  {questions}"))
+    print(f"executors ({len(state['executors'])})")
+    for x in state["executors"]:
+        labels = ",".join(x["labels"]) or "-"
+        print(inert(f"  {x['name']:<20} {x['state']:<8} load {x['load']}/{x['capacity']}  lease age "
+                    f"{x['lease_age_s']}s  labels {labels}  version {x['version']}"))
     print("last events")
     for e in state["last_events"]:
         print(f"  {e['seq']:>7} {e['created_at']:%H:%M:%S} {e['event_type']}")
@@ -323,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_migrate)
 
     p = sub.add_parser("executor", help="run the executor: supervisor, journal writer, harness MCP")
+    p.add_argument("--name", help="this executor's name in the fleet (default: PETAL_EXECUTOR_NAME, else host name)")
     p.set_defaults(handler=_cmd_executor)
 
     p = sub.add_parser("ingress", help="run the ingress: REST actions, reads, SSE, the web client")

@@ -67,6 +67,13 @@ class Settings(BaseSettings):
     # While the database is away, the executor holds this much of the workers' output in memory, then
     # spills the rest to a file in the data directory (journaled in order when the database returns).
     journal_hold_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # The fleet (several executors on one database): this executor's name (unset: the host name; two live
+    # executors never share one), its labels (comma-separated, for placement) and its lease.
+    executor_name: str | None = Field(default=None, min_length=1, max_length=200)
+    executor_labels: str = ""
+    lease_s: float = Field(default=15.0, ge=1)
+    # Every executor reads one CLI config directory (a shared mount): a thread's turns may run anywhere.
+    shared_claude_config: bool = False
     # The policy's back-off for rate_limited workers: this many seconds, doubling with each retry.
     backoff_base_s: float = Field(default=30.0, ge=0)
 

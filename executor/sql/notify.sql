@@ -15,7 +15,7 @@ UPDATE notify_cursor SET last_seq = greatest(last_seq, %(seq)s)
 -- The records after the cursor that may call for a notification, with their task's role and brief.
 SELECT j.seq, j.event_type, j.task_id, j.session_id, j.payload, t.role, t.brief, t.session_id AS task_session
 FROM journal j LEFT JOIN tasks t ON t.id = j.task_id
-WHERE j.seq > %(after)s AND j.event_type IN ('question.asked', 'task.stalled', 'task.exited')
+WHERE j.seq > %(after)s AND j.event_type IN ('question.asked', 'task.stalled', 'task.exited', 'executor.lost')
 ORDER BY j.seq
 LIMIT %(limit)s
 
@@ -55,3 +55,16 @@ RETURNING q.id, q.kind
 
 -- name: finish_notify_request --
 UPDATE notify_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
+
+-- name: fleet_secret --
+SELECT value FROM fleet_secrets WHERE name = %(name)s
+
+-- name: offer_fleet_secret --
+-- The first executor to get here sets the fleet's value; every later one reads that one.
+INSERT INTO fleet_secrets (name, value, created_by) VALUES (%(name)s, %(value)s, %(created_by)s)
+ON CONFLICT (name) DO NOTHING
+
+-- name: try_duty_lock --
+-- A once-per-fleet duty (the notifier): held on its own session; a survivor takes it when the holder's
+-- session ends.
+SELECT pg_try_advisory_lock(hashtext('petal-dispatch.duty:' || %(duty)s))

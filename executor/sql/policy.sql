@@ -12,10 +12,11 @@ WHERE w.id = %(id)s
 
 -- name: insert_retry --
 -- The next attempt of a brief: a new task, linked to the one it repeats; not claimed before not_before.
+-- It keeps the placement asked for (not the executor it ran on: a lost executor's work moves on).
 INSERT INTO tasks (id, project_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, json_schema,
-                   status, attempt, retry_of, not_before)
+                   status, attempt, retry_of, not_before, placement_executor, required_labels)
 SELECT %(new_id)s, project_id, parent_task_id, role, %(brief)s, plan_ref, workdir, allowed_tools, json_schema,
-       'pending', attempt + 1, id, now() + make_interval(secs => %(delay_s)s)
+       'pending', attempt + 1, id, now() + make_interval(secs => %(delay_s)s), placement_executor, required_labels
 FROM tasks WHERE id = %(id)s
 RETURNING id, attempt, not_before
 

@@ -1,26 +1,38 @@
--- name: try_singleton_lock --
--- Held on a dedicated session for the executor's life: a second executor on this database refuses to start.
-SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor'))
-
 -- name: insert_task --
 INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
                    json_schema, status)
 VALUES (%(id)s, %(project_id)s, %(session_id)s, %(parent_task_id)s, %(role)s, %(brief)s, %(plan_ref)s,
         %(workdir)s, %(allowed_tools)s, %(json_schema)s, 'pending')
 
+-- name: set_task_placement --
+-- Where a task may run (in the dispatch's transaction): a named executor and/or labels it must carry.
+UPDATE tasks SET placement_executor = %(executor)s, required_labels = %(labels)s::text[] WHERE id = %(id)s
+
 -- name: project_workdir --
 SELECT workdir FROM projects WHERE id = %(project_id)s
 
 -- name: claim_pending_tasks --
 -- Oldest first; SKIP LOCKED so a concurrent claimer never blocks or takes the same row. A back-off retry
--- waits for its not_before (the poll picks it up then).
+-- waits for its not_before (the poll picks it up then). Only what may run here (placement: a named executor,
+-- required labels, the project's executor, the executor of the session's first turn unless the CLI config
+-- directory is shared), and only while this run's lease is live: a fenced run claims nothing.
 UPDATE tasks t
-SET status = 'running', activity = 'running', started_at = now(), last_output_at = now()
+SET status = 'running', activity = 'running', started_at = now(), last_output_at = now(),
+    executor_name = %(name)s, executor_epoch = %(epoch)s
 FROM (
-    SELECT id FROM tasks WHERE status = 'pending' AND (not_before IS NULL OR not_before <= now())
+    SELECT c.id FROM tasks c
+    LEFT JOIN projects p ON p.id = c.project_id
+    LEFT JOIN sessions s ON s.id = c.session_id
+    WHERE c.status = 'pending' AND (c.not_before IS NULL OR c.not_before <= now())
+      AND (c.placement_executor IS NULL OR c.placement_executor = %(name)s)
+      AND c.required_labels <@ %(labels)s::text[]
+      AND (p.executor_name IS NULL OR p.executor_name = %(name)s)
+      AND (%(shared_config)s OR s.executor_name IS NULL OR s.executor_name = %(name)s)
+      AND EXISTS (SELECT 1 FROM executors e WHERE e.name = %(name)s AND e.epoch = %(epoch)s
+                  AND e.lost_at IS NULL AND e.lease_until > now())
       -- a worker of an interactive thread waits for the user's approval (migration 0021)
-      AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.task_id = tasks.id AND a.status = 'open')
-    ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT %(n)s
+      AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.task_id = c.id AND a.status = 'open')
+    ORDER BY c.created_at FOR UPDATE OF c SKIP LOCKED LIMIT %(n)s
 ) picked
 WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
@@ -34,6 +46,10 @@ INSERT INTO sessions (id, project_id, role, lifecycle, substrate_session_id)
 VALUES (%(id)s, %(project_id)s, %(role)s, %(lifecycle)s, %(id)s::text)
 ON CONFLICT (id) DO UPDATE SET lifecycle = EXCLUDED.lifecycle, updated_at = now()
 
+-- name: pin_session --
+-- The first turn's executor stays the session's: its CLI config directory holds what `--resume` reads.
+UPDATE sessions SET executor_name = %(name)s WHERE id = %(id)s AND executor_name IS NULL
+
 -- name: update_session --
 UPDATE sessions
 SET lifecycle = %(lifecycle)s,
@@ -45,10 +61,13 @@ WHERE id = %(id)s
 UPDATE tasks SET pid = %(pid)s, session_id = %(session_id)s WHERE id = %(id)s
 
 -- name: finish_task --
+-- Fenced: only the run that claimed the task, while no survivor has taken it over, writes its end.
 UPDATE tasks
 SET status = %(status)s, status_reason = %(reason)s, exit_code = %(exit_code)s, exit_signal = %(exit_signal)s,
     activity = NULL, ended_at = now(), last_output_at = coalesce(%(last_output_at)s, last_output_at)
-WHERE id = %(id)s
+WHERE id = %(id)s AND status = 'running' AND executor_name = %(name)s AND executor_epoch = %(epoch)s
+  AND EXISTS (SELECT 1 FROM executors e WHERE e.name = %(name)s AND e.epoch = %(epoch)s AND e.lost_at IS NULL)
+RETURNING id
 
 -- name: set_task_activity --
 UPDATE tasks SET activity = %(activity)s WHERE id = %(id)s AND status = 'running'
@@ -70,10 +89,14 @@ WHERE id = %(id)s AND status = 'pending'
 RETURNING id
 
 -- name: claim_stop_requests --
+-- A stop for a task running on another executor is that executor's to handle.
 UPDATE stop_queue q
 SET status = 'claimed', claimed_at = now()
 FROM (
-    SELECT id FROM stop_queue WHERE status = 'pending' ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 100
+    SELECT s.id FROM stop_queue s WHERE s.status = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running'
+                      AND t.executor_name IS DISTINCT FROM %(name)s)
+    ORDER BY s.created_at FOR UPDATE OF s SKIP LOCKED LIMIT 100
 ) picked
 WHERE q.id = picked.id
 RETURNING q.id, q.task_id, q.reason
@@ -87,21 +110,33 @@ SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND timed_out_at
                                           AND task_id = ANY(%(ids)s::uuid[])
 
 -- name: orphaned_running_tasks --
+-- This executor's own (an earlier run of its name; unnamed rows predate the fleet): others' are theirs.
 SELECT id, pid, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, attempt,
        json_schema
-FROM tasks WHERE status = 'running'
+FROM tasks WHERE status = 'running' AND (executor_name = %(name)s OR executor_name IS NULL)
 
 -- name: crash_task --
 UPDATE tasks SET status = 'crashed', status_reason = %(reason)s, activity = NULL, ended_at = now()
 WHERE id = %(id)s AND status = 'running'
 
 -- name: requeue_claimed --
-WITH chat AS (
-    UPDATE chat_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed' RETURNING 1
+-- Rows claimed by a dead run go back to pending. With other live executors a claimed row may be theirs
+-- (in hand right now): only rows claimed longer than a lease ago are taken back then.
+WITH alone AS (
+    SELECT NOT EXISTS (SELECT 1 FROM executors e WHERE e.name <> %(name)s AND e.lost_at IS NULL
+                       AND e.stopped_at IS NULL AND e.lease_until > now()) AS yes
+), chat AS (
+    UPDATE chat_queue SET status = 'pending', claimed_at = NULL
+    WHERE status = 'claimed' AND ((SELECT yes FROM alone) OR claimed_at < now() - make_interval(secs => %(stale_s)s))
+    RETURNING 1
 ), stops AS (
-    UPDATE stop_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed' RETURNING 1
+    UPDATE stop_queue SET status = 'pending', claimed_at = NULL
+    WHERE status = 'claimed' AND ((SELECT yes FROM alone) OR claimed_at < now() - make_interval(secs => %(stale_s)s))
+    RETURNING 1
 ), threads AS (
-    UPDATE thread_control_queue SET status = 'pending', claimed_at = NULL WHERE status = 'claimed' RETURNING 1
+    UPDATE thread_control_queue SET status = 'pending', claimed_at = NULL
+    WHERE status = 'claimed' AND ((SELECT yes FROM alone) OR claimed_at < now() - make_interval(secs => %(stale_s)s))
+    RETURNING 1
 )
 SELECT (SELECT count(*) FROM chat) AS chat, (SELECT count(*) FROM stops) AS stop,
        (SELECT count(*) FROM threads) AS thread_control
@@ -163,3 +198,72 @@ SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.user
 -- name: mark_extraction_failed --
 UPDATE tasks SET status = 'extraction_failed', status_reason = 'validation gate: ' || %(reason)s
 WHERE id = %(id)s AND status = 'success'
+
+-- name: fleet_name_lock --
+-- Held on the lease's own session for the executor's life: a second executor of the same name refuses to
+-- start (a dead holder's lock goes with its connection, so a restart after a crash is not refused).
+SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor:' || %(name)s))
+
+-- name: fleet_join --
+-- (Re)join: a new epoch fences every write of a previous run of this name.
+INSERT INTO executors (name, labels, capacity, epoch, lease_s, lease_until, version, started_at, renewed_at)
+VALUES (%(name)s, %(labels)s, %(capacity)s, 1, %(lease_s)s, now() + make_interval(secs => %(lease_s)s),
+        %(version)s, now(), now())
+ON CONFLICT (name) DO UPDATE
+SET labels = EXCLUDED.labels, capacity = EXCLUDED.capacity, epoch = executors.epoch + 1,
+    lease_s = EXCLUDED.lease_s, lease_until = EXCLUDED.lease_until, version = EXCLUDED.version,
+    started_at = now(), renewed_at = now(), lost_at = NULL, stopped_at = NULL
+RETURNING epoch
+
+-- name: fleet_renew --
+-- Refused once a survivor declared this run lost (or a newer run of the name joined): the run is fenced.
+-- An expired lease nobody took over is renewed (a lone executor outlives a database outage).
+UPDATE executors SET lease_until = now() + make_interval(secs => lease_s), renewed_at = now()
+WHERE name = %(name)s AND epoch = %(epoch)s AND lost_at IS NULL AND stopped_at IS NULL
+RETURNING epoch
+
+-- name: fleet_leave --
+UPDATE executors SET stopped_at = now(), lease_until = now()
+WHERE name = %(name)s AND epoch = %(epoch)s AND lost_at IS NULL
+
+-- name: fleet_reap --
+-- One survivor (the row update serialises them) takes over each executor whose lease expired: its running
+-- tasks crash (executor_lost; the settler applies the policy), their credentials and pending questions die.
+WITH lost AS (
+    UPDATE executors SET lost_at = now()
+    WHERE lease_until < now() AND lost_at IS NULL AND stopped_at IS NULL AND name <> %(name)s
+    RETURNING name, epoch, lease_until
+), crashed AS (
+    UPDATE tasks t SET status = 'crashed', status_reason = 'executor_lost', activity = NULL, ended_at = now()
+    FROM lost WHERE t.executor_name = lost.name AND t.status = 'running'
+    RETURNING t.id, t.session_id, t.project_id, t.executor_name
+), revoked AS (
+    UPDATE harness_credentials c SET revoked_at = now()
+    FROM crashed WHERE c.task_id = crashed.id AND c.revoked_at IS NULL
+    RETURNING 1
+), cancelled AS (
+    UPDATE questions q SET status = 'cancelled',
+        response = 'the executor running the asking task (' || crashed.executor_name || ') was lost'
+    FROM crashed WHERE q.task_id = crashed.id AND q.status = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM escalations e WHERE e.question_id = q.id)
+    RETURNING q.id, q.task_id
+)
+SELECT 'executor' AS kind, name, epoch, lease_until, NULL::uuid AS id, NULL::uuid AS task_id,
+       NULL::uuid AS session_id, NULL::uuid AS project_id FROM lost
+UNION ALL
+SELECT 'task', executor_name, NULL, NULL, id, id, session_id, project_id FROM crashed
+UNION ALL
+SELECT 'question', NULL, NULL, NULL, id, task_id, NULL, NULL FROM cancelled
+
+-- name: fleet_name_stale --
+-- Whether a session still holding the name's lock is a dead one: the name's lease is not live, or it is
+-- this very run's (its own earlier session, cut off half-open). No row yet: a namesake is joining.
+SELECT coalesce((SELECT (e.epoch = %(epoch)s) IS TRUE OR e.lost_at IS NOT NULL OR e.stopped_at IS NOT NULL
+                        OR e.lease_until < now()
+                 FROM executors e WHERE e.name = %(name)s), false) AS stale
+
+-- name: fleet_end_stale_holder --
+-- A half-open or dead session keeps its advisory lock until the server notices (TCP keepalive, hours):
+-- end the name's other lease sessions, which only a stale holder can have here.
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE application_name = %(app)s AND pid <> pg_backend_pid()

@@ -86,3 +86,13 @@ UPDATE sessions SET turns = turns + 1, lifecycle = 'running', updated_at = now()
 INSERT INTO thread_control_queue (thread_id, action, args)
 VALUES (%(thread_id)s, 'retry', jsonb_build_object('task_id', %(task_id)s::text))
 RETURNING id
+
+-- name: lock_thread_for_turn --
+-- Executors of a fleet deliver chat concurrently: the thread's row lock makes "no turn open → start one"
+-- one step (the open-turn check runs after it, in a statement of its own, so it sees the other's commit).
+SELECT id FROM sessions WHERE id = %(id)s FOR UPDATE
+
+-- name: thread_turn_open --
+-- Open as in thread_state: until its end is settled.
+SELECT EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = %(id)s
+               AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)) AS open

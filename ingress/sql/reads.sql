@@ -82,3 +82,13 @@ SELECT * FROM (
 -- name: turn_reruns --
 -- Which of these turns a later run already repeats (a failed turn's Retry is then spent).
 SELECT retry_of, id FROM tasks WHERE retry_of = ANY(%(ids)s::uuid[])
+
+-- name: list_executors --
+-- The fleet: each executor's labels, load against capacity, lease age, version and state (live; stopped:
+-- a clean stop; lost: a survivor took it over; expired: not renewed, not yet taken over).
+SELECT e.name, e.labels, e.capacity, e.version, e.epoch, e.started_at, e.renewed_at, e.lost_at,
+       (SELECT count(*) FROM tasks t WHERE t.executor_name = e.name AND t.status = 'running')::int AS load,
+       round(extract(epoch FROM now() - e.renewed_at)::numeric, 1)::float8 AS lease_age_s,
+       CASE WHEN e.lost_at IS NOT NULL THEN 'lost' WHEN e.stopped_at IS NOT NULL THEN 'stopped'
+            WHEN e.lease_until < now() THEN 'expired' ELSE 'live' END AS state
+FROM executors e ORDER BY e.name

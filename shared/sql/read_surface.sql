@@ -72,3 +72,13 @@ LIMIT %(limit)s
 SELECT seq, event_type, task_id, created_at FROM (
     SELECT seq, event_type, task_id, created_at FROM journal ORDER BY seq DESC LIMIT 5) last
 ORDER BY seq
+
+-- name: status_executors --
+-- The fleet: every executor the database knows, its load and how old its lease is. `state`: live, stopped
+-- (a clean stop), lost (a survivor took it over) or expired (not renewed, not yet taken over).
+SELECT e.name, e.labels, e.capacity, e.version, e.epoch, e.started_at,
+       (SELECT count(*) FROM tasks t WHERE t.executor_name = e.name AND t.status = 'running')::int AS load,
+       round(extract(epoch FROM now() - e.renewed_at)::numeric, 1)::float8 AS lease_age_s,
+       CASE WHEN e.lost_at IS NOT NULL THEN 'lost' WHEN e.stopped_at IS NOT NULL THEN 'stopped'
+            WHEN e.lease_until < now() THEN 'expired' ELSE 'live' END AS state
+FROM executors e ORDER BY e.name

@@ -6,13 +6,15 @@ import { S, currentTab, taskState, threadName } from "./state.js";
 export async function loadContext() {
   if (currentTab() !== "context") return;
   const c = await api(`/api/context?thread_id=${S.thread}`);
-  const [project, usage, rules] = await Promise.all([
+  const [project, usage, rules, fleet] = await Promise.all([
     c.thread?.project_id ? api(`/api/projects/${c.thread.project_id}`).catch(() => null) : null,
     api(`/api/usage?by=thread&thread_id=${S.thread}`).catch(() => null),
-    api(`/api/gate-rules?thread_id=${S.thread}`)]);
+    api(`/api/gate-rules?thread_id=${S.thread}`),
+    api("/api/executors")]);
   c.usage = usage?.total;
   renderContext(c, project);
   renderGateRules(rules);
+  renderExecutors(fleet.executors);
 }
 
 function renderProject(p) {
@@ -65,4 +67,14 @@ function renderGateRules(g) {
   $("#context-body").append(h("h3", {}, "Gate rules"),
     g.rules.length ? h("ul", {}, g.rules.map((r) => h("li", {}, rule(r)))) : h("p", { class: "empty" }, "No standing rules."),
     ...g.requests.map((q) => h("p", { class: "empty" }, `${q.status}: ${q.pattern}${q.error ? ` (${q.error})` : ""}`)), add);
+}
+
+// The fleet, under the thread's context: one line per executor; a lost one stands out like a stalled task.
+function renderExecutors(list) {
+  const look = { live: "running", stopped: "cancelled" };  // the task chips' colours: lost/expired as stalled
+  const line = (x) => [h("span", { class: `chip ${look[x.state] || "stalled"}` }, x.state), " ",
+    `${x.name} · ${x.load}/${x.capacity} · lease ${x.lease_age_s}s ago · ${(x.labels || []).join(", ") || "no labels"} · ${x.version || ""}`];
+  $("#context-body").append(h("h3", {}, "Executors"),
+    list.length ? h("ul", { id: "executors" }, list.map((x) => h("li", { "data-state": x.state }, line(x))))
+      : h("p", { class: "empty" }, "No executor has started."));
 }
