@@ -27,7 +27,7 @@ from executor.journal_writer import JournalWriter
 from executor.refusals import RefusalBudget
 from executor.sql import queries
 from shared import aio, logs, read_surface
-from shared.database import Database
+from shared.database import OUTAGE_ERRORS, Database
 from shared.listener import RESYNC, Listener
 from shared.models import NewEvent
 
@@ -124,6 +124,15 @@ class Harness:
     progress_interval_s: float = PROGRESS_INTERVAL_S
     # refused calls journaled per peer address: a local loop of forged calls cannot fill the journal
     refusals: RefusalBudget = field(default_factory=RefusalBudget)
+    # Callers whose credential the store confirmed, by its hash, while their process lives (the supervisor
+    # forgets them at its exit, in this same process): during a database outage a live worker's plainly
+    # safe tool calls are still checked and allowed, instead of every Bash call failing closed.
+    _confirmed: dict[bytes, Caller] = field(default_factory=dict)
+
+    def forget(self, task_id: uuid.UUID) -> None:
+        """A task's process exited: its credential no longer counts, database or not."""
+        for digest in [d for d, c in self._confirmed.items() if c.task_id == task_id]:
+            del self._confirmed[digest]
 
     async def _one(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
         async with self.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -143,7 +152,14 @@ class Harness:
         if token is None:
             reason = "no credential"
         else:
-            row = await self._one("harness_caller", {"token_sha256": hashlib.sha256(token.encode()).digest()})
+            digest = hashlib.sha256(token.encode()).digest()
+            try:
+                row = await self._one("harness_caller", {"token_sha256": digest})
+            except OUTAGE_ERRORS:
+                known = self._confirmed.get(digest)
+                if known is None:
+                    raise  # nothing confirmed it: the call fails, closed
+                return known
             if row is None:
                 reason = "unknown credential"
             elif row["status"] != "running":
@@ -151,8 +167,10 @@ class Harness:
             elif row["revoked_at"] is not None:
                 reason = "the credential's process has exited"
             else:
-                return Caller(task_id=row["task_id"], session_id=row["session_id"], thread_id=row["thread_id"],
-                              project_id=row["project_id"], role=row["role"])
+                caller = Caller(task_id=row["task_id"], session_id=row["session_id"], thread_id=row["thread_id"],
+                                project_id=row["project_id"], role=row["role"])
+                self._confirmed[digest] = caller
+                return caller
         payload: dict[str, Any] = {"tool": tool, "reason": reason, "peer": _peer(ctx)}
         declared = [h for h in IGNORED_IDENTITY_HEADERS if h in headers]
         if declared:

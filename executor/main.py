@@ -105,6 +105,7 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait),  # type: ignore[arg-type]
             name="harness-mcp")
         supervisor = Supervisor(db, writer, substrate, config)
+        supervisor.on_credential_revoked = harness.forget
         conversations = threads.Threads(db.pool, writer)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, SettlerConfig(extract=extract, backoff_base_s=backoff_base_s), conversations.wake)

@@ -12,6 +12,7 @@ import secrets
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -133,6 +134,8 @@ class Supervisor:
         self._children: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
         self._claimed: list[dict[str, Any]] = []
+        # told when a spawn's credential dies (the harness MCP forgets the callers it confirmed)
+        self.on_credential_revoked: Callable[[uuid.UUID], None] | None = None
         self.lease = fleet.Lease(db.dsn, fleet.FleetConfig(
             name=config.name, labels=config.labels, capacity=config.max_workers, lease_s=config.lease_s),
             on_reaped=writer.write)
@@ -369,6 +372,8 @@ class Supervisor:
         survives the CLI and read the config cannot call as the task meanwhile)."""
         assert r.mcp_config is not None
         r.mcp_config.unlink(missing_ok=True)
+        if self.on_credential_revoked is not None:
+            self.on_credential_revoked(r.task_id)
         try:
             await self._exec("revoke_harness_credential", {"task_id": r.task_id})
         except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
