@@ -412,7 +412,11 @@ async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_close
     worker = await approvals.request(pool, brief="rebuild the index", thread_id=thread, asker_task_id=turn,
                                      project_id=None, plan_ref=None, allowed_tools=None, workdir=tmp_path)
     async with pool.connection() as conn:
-        claimed = await (await conn.execute(queries["claim_pending_tasks"], {"n": 10})).fetchall()
+        # an executor with a live lease, so only the approval can keep the worker from being claimed
+        epoch = (await (await conn.execute(queries["fleet_join"], {
+            "name": "solo", "labels": [], "capacity": 4, "lease_s": 60, "version": "test"})).fetchone())[0]  # type: ignore[index]
+        claim = {"n": 10, "name": "solo", "epoch": epoch, "labels": [], "shared_config": True}
+        claimed = await (await conn.execute(queries["claim_pending_tasks"], claim)).fetchall()
         await conn.execute(queries["cancel_pending_task"], {"id": worker, "reason": "stop_requested"})  # Stop
     acted = await approvals.apply_answered(pool)
     with psycopg.connect(db.admin_dsn) as conn:
