@@ -81,6 +81,7 @@ class Lease:
         self.config = config
         self.epoch: int | None = None
         self.fenced = asyncio.Event()
+        self._renew_failing = False
         self._on_reaped = on_reaped
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
@@ -237,9 +238,14 @@ class Lease:
             try:
                 if await self.renew():
                     await self.reap()
+                if self._renew_failing:
+                    self._renew_failing = False
+                    log.warning("lease_renewed", name=self.name, note="the database is back")
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 # a database outage: keep trying; nobody can take us over while nobody can reach it either
-                log.warning("lease_renew_failed", name=self.name, error=str(exc))
+                if not self._renew_failing:  # said once per outage
+                    self._renew_failing = True
+                    log.warning("lease_renew_failed", name=self.name, error=str(exc))
             if self.fenced.is_set():
                 return
             with contextlib.suppress(TimeoutError):

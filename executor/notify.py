@@ -119,6 +119,7 @@ class Duty:
         self.duty = duty
         self.holder = holder  # shown in pg_stat_activity: who holds the duty
         self._conn: psycopg.AsyncConnection | None = None
+        self._failing = False
 
     async def held(self) -> bool:
         if self._conn is not None and not self._conn.closed:
@@ -133,8 +134,11 @@ class Duty:
             cur = await self._conn.execute(queries["try_duty_lock"], {"duty": self.duty})
             row = await cur.fetchone()
         except psycopg.Error as exc:
-            log.warning("duty_check_failed", duty=self.duty, error=str(exc))
+            if not self._failing:  # said once per outage
+                self._failing = True
+                log.warning("duty_check_failed", duty=self.duty, error=str(exc))
             return False
+        self._failing = False
         if row and row[0]:
             log.info("duty_taken", duty=self.duty)
             return True

@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 
 from executor import gate_tables, gates, harness_mcp, substrate  # harness_mcp registers this module's tool: import cycle
 from executor.sql import queries
-from shared import aio, logs
+from shared import aio, database, logs
 from shared.models import NewEvent
 
 if TYPE_CHECKING:
@@ -372,6 +372,8 @@ async def run_rule_queue(pool: Any, writer: Any, sub: Any) -> None:
         try:
             await apply_rule_requests(pool, writer)
             await record_orphaned_cards(pool, writer)
+        except database.OUTAGE_ERRORS as exc:
+            await database.pause(pool, exc, "gate_rules")  # said once; the next pass retries
         except Exception:  # noqa: BLE001 - the loop outlives a failed pass; the rows stay claimed for a restart
             log.exception("gate_rule_requests_failed")
         with contextlib.suppress(TimeoutError):

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.resilience, pytest.mark.timeout(300)]
 
 OUTAGE_S = 60.0
 # Bash rounds of the worker: it prints while the database is away and exits before it returns.
-ROUNDS = 20
+ROUNDS = 12
 ROUND_SLEEP_S = 1
 
 
