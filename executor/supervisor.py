@@ -376,6 +376,10 @@ class Supervisor:
             self.on_credential_revoked(r.task_id)
         try:
             await self._exec("revoke_harness_credential", {"task_id": r.task_id})
+        except OUTAGE_ERRORS as exc:
+            # the database is away: the harness already forgot the caller (above), and once the task's end
+            # is recorded its status refuses the credential too
+            self.db.availability.failed(exc, "credential_revoke")
         except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
             log.exception("credential_revoke_failed", task_id=str(r.task_id))
 
