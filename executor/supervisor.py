@@ -301,14 +301,6 @@ class Supervisor:
     async def _finish_unspawned(self, row: dict[str, Any], status: str, reason: str) -> None:
         await self.writer.write([NewEvent("task.exited", {"status": status, "reason": reason, "spawned": False},
                                           task_id=row["id"], project_id=row["project_id"])])
-        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
-        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
-        # An executor that dies here leaves it to the project loop's sweep.
-        try:
-            await worktrees.record_changes(self.db.pool, self.writer, r.task_id,
-                                           keep_worktree=self.config.keep_worktrees)
-        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
-            log.exception("record_changes_failed", task_id=str(r.task_id))
         await self._exec("finish_task", {"id": row["id"], "status": status, "reason": reason,
                                          "exit_code": None, "exit_signal": None, "last_output_at": None})
 
@@ -504,6 +496,14 @@ class Supervisor:
             payload["pipes_left_open"] = True
         # durable in the journal before the task row says so: the journal is the record
         await self.writer.write([self._event(r, "task.exited", payload)])
+        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
+        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
+        # An executor that dies here leaves it to the project loop's sweep.
+        try:
+            await worktrees.record_changes(self.db.pool, self.writer, r.task_id,
+                                           keep_worktree=self.config.keep_worktrees)
+        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
+            log.exception("record_changes_failed", task_id=str(r.task_id))
         await self._exec("finish_task", {
             "id": r.task_id, "status": outcome.status, "reason": reason,
             "exit_code": rc if rc >= 0 else None, "exit_signal": -rc if rc < 0 else None,
