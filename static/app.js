@@ -657,7 +657,7 @@ function renderDetail() {
       h("dt", {}, "reason"), h("dd", {}, t.status_reason || "—"),
       h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
       h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
-    live ? h("button", { type: "button", class: "danger", onclick: () => stopTask(t.id) }, "Stop") : null,
+    live ? h("button", { type: "button", class: "danger", onclick: () => stopTask(t.id) }, "Stop") : "",
     d.usage?.runs ? h("p", { class: "usage" }, `${d.usage.input_tokens + d.usage.output_tokens} tokens · $${d.usage.cost_usd.toFixed(4)}`) : "",
     h("h3", {}, "Handoff"), renderHandoff(d.handoff),
     d.changes ? renderChanges(t, d.changes) : "",
