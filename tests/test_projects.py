@@ -230,7 +230,9 @@ async def test_parallel_workers_get_their_own_worktrees_and_branches_and_each_is
             project_id = uuid.UUID(made["result"]["project_id"])
             ids = [await h.dispatch(brief, project_id=project_id)
                    for brief in ("write alpha", "write beta", "change shared")]
-            tasks = [await h.wait_task(t, lambda r: r["changes_recorded_at"] is not None, 120) for t in ids]
+            # the changes are recorded just before the final status (the settler finds them): wait for both
+            tasks = [await h.wait_task(t, lambda r: r["changes_recorded_at"] is not None and r["status"] != "running",
+                                       120) for t in ids]
             main_status = _git(repo, "status", "--porcelain", "--untracked-files=all")
             main_files = sorted(p.name for p in repo.iterdir())
             diffs = [(await http.get(f"/api/tasks/{t}/diff")).json() for t in ids]
