@@ -230,11 +230,13 @@ class Supervisor:
             killed = await asyncio.to_thread(
                 lambda tid=row["id"]: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(tid)))
             )
+            # durable in the journal before the row says crashed: the settler acts on the row at once
+            await self.writer.write([NewEvent("task.crashed", {"reason": "executor_restart", "status": "crashed",
+                                                               "killed_pids": killed},
+                                              task_id=row["id"], session_id=row["session_id"],
+                                              project_id=row["project_id"])])
             await self._exec("crash_task", {"id": row["id"], "reason": "executor_restart"})
             crashed.append(str(row["id"]))
-            events.append(NewEvent("task.crashed", {"reason": "executor_restart", "status": "crashed",
-                                                    "killed_pids": killed},
-                                   task_id=row["id"], session_id=row["session_id"], project_id=row["project_id"]))
         (requeued,) = await self._rows("requeue_claimed")
         closed = await self._rows("cancel_orphaned_questions")
         for q in closed:
