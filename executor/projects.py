@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor import worktrees
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
-from shared import aio, logs, read_surface
+from shared import aio, database, logs, read_surface
 from shared.listener import Subscription
 from shared.models import NewEvent
 
@@ -105,6 +105,8 @@ class Projects:
                 try:
                     await self.apply()
                     await self.sweep()
+                except database.OUTAGE_ERRORS as exc:
+                    await database.pause(self.pool, exc, "projects")  # said once per outage; the next pass retries
                 except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
                     log.exception("projects_pass_failed")
                 with contextlib.suppress(TimeoutError):

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor import extraction, settlement
 from executor.sql import queries
-from shared import aio, journal, logs
+from shared import aio, database, journal, logs
 from shared.listener import Subscription
 from shared.models import NewEvent
 
@@ -132,7 +132,9 @@ class Settler:
                 self._wake.clear()
                 try:
                     await self.settle_pending()
-                except Exception:  # noqa: BLE001 - e.g. the database is away; the next pass retries
+                except database.OUTAGE_ERRORS as exc:
+                    await database.pause(self.pool, exc, "settler")  # said once per outage; the next pass retries
+                except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the next pass retries
                     log.exception("settler_pass_failed")
                 with contextlib.suppress(TimeoutError):
                     await aio.wait_for(self._wake.wait(), self._next_wait())
