@@ -79,6 +79,7 @@ class Running:
     kill_timer: asyncio.TimerHandle | None = None
     killed: bool = False
     mcp_config: Path | None = None
+    revoke_pending: bool = False  # the database was away when its process exited: revoked once the end is recorded
     # row updates an outage held back, applied in order once the database is back
     unsaved: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     saving: bool = False
@@ -334,6 +335,11 @@ class Supervisor:
         r.mcp_config.unlink(missing_ok=True)
         try:
             await self._exec("revoke_harness_credential", {"task_id": r.task_id})
+            r.revoke_pending = False
+        except OUTAGE_ERRORS as exc:
+            # said once per outage; the task's final status refuses the credential until it is revoked
+            r.revoke_pending = True
+            self.db.availability.failed(exc, "credential_revoke")
         except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
             log.exception("credential_revoke_failed", task_id=str(r.task_id))
 
@@ -515,6 +521,8 @@ class Supervisor:
             "substrate_session_id": r.facts.substrate_session_id})
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
+            if r.revoke_pending:
+                await self._revoke_mcp_config(r)
         # the settler acts on the end from here (woken by the status change), reading the store, not r.facts
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
 
