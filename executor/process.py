@@ -67,3 +67,11 @@ def kill_all(procs: list[psutil.Process]) -> list[int]:
             proc.send_signal(signal.SIGKILL)
             killed.append(proc.pid)
     return killed
+
+
+def reap_orphans(procs: list[psutil.Process], grace_s: float) -> list[int]:
+    """Kill what is left of a dead executor's task: first a grace for the processes to end on their own (the
+    CLI got SIGTERM from its parent-death signal and is ending its Bash children itself), then SIGKILL for
+    what still runs. Blocking; returns the pids it had to kill."""
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    return kill_all(alive)

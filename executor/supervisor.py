@@ -30,6 +30,10 @@ from shared.models import NewEvent
 
 log = logs.get(__name__)
 
+# At start-up, how long a dead executor's leftover processes get to end on their own (its CLI was sent
+# SIGTERM by its parent-death signal and takes about two seconds to end its Bash children) before SIGKILL.
+ORPHAN_GRACE_S = 5.0
+
 # How often the claim loop makes sure the session holding the singleton lock is still alive.
 
 
@@ -84,6 +88,7 @@ class Running:
     kill_timer: asyncio.TimerHandle | None = None
     killed: bool = False
     mcp_config: Path | None = None
+    revoke_pending: bool = False  # the database was away when its process exited: revoked once the end is recorded
     # row updates an outage held back, applied in order once the database is back
     unsaved: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     saving: bool = False
@@ -252,12 +257,14 @@ class Supervisor:
         crashed = []
         for row in orphans:
             survivors = await asyncio.to_thread(process.find_by_env, substrate.TASK_ENV_VAR, str(row["id"]))
-            killed = await asyncio.to_thread(process.kill_all, survivors)
+            killed = await asyncio.to_thread(process.reap_orphans, survivors, ORPHAN_GRACE_S)
+            # durable in the journal before the row says crashed: the settler acts on the row at once
+            await self.writer.write([NewEvent("task.crashed", {"reason": "executor_restart", "status": "crashed",
+                                                               "killed_pids": killed},
+                                              task_id=row["id"], session_id=row["session_id"],
+                                              project_id=row["project_id"])])
             await self._exec("crash_task", {"id": row["id"], "reason": "executor_restart"})
             crashed.append(str(row["id"]))
-            events.append(NewEvent("task.crashed", {"reason": "executor_restart", "status": "crashed",
-                                                    "killed_pids": killed},
-                                   task_id=row["id"], session_id=row["session_id"], project_id=row["project_id"]))
         (requeued,) = await self._rows("requeue_claimed", {"name": self.lease.name, "stale_s": self.config.lease_s})
         closed = await self._rows("cancel_orphaned_questions")
         for q in closed:
@@ -376,9 +383,11 @@ class Supervisor:
             self.on_credential_revoked(r.task_id)
         try:
             await self._exec("revoke_harness_credential", {"task_id": r.task_id})
+            r.revoke_pending = False
         except OUTAGE_ERRORS as exc:
-            # the database is away: the harness already forgot the caller (above), and once the task's end
-            # is recorded its status refuses the credential too
+            # the database is away: the harness already forgot the caller (above); the task's final status
+            # refuses the credential until it is revoked, once the end is recorded
+            r.revoke_pending = True
             self.db.availability.failed(exc, "credential_revoke")
         except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
             log.exception("credential_revoke_failed", task_id=str(r.task_id))
@@ -573,6 +582,8 @@ class Supervisor:
             "substrate_session_id": r.facts.substrate_session_id})
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
+            if r.revoke_pending:
+                await self._revoke_mcp_config(r)
         # the settler acts on the end from here (woken by the status change), reading the store, not r.facts
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
 

@@ -192,6 +192,8 @@ async def test_a_restart_cancels_questions_whose_process_died(db: DB, tmp_path: 
     with ScriptedModelServer(Scenario()) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            # running_executor returns once the MCP port listens; the reconcile runs after that
+            await h.wait_event(task, "question.cancelled", 30)
             events = await h.events()
             late = await http.post("/api/asks/toolu_dead/answer", json={"response": "too late"})
     with psycopg.connect(db.admin_dsn) as conn:

@@ -201,6 +201,9 @@ async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_
                 await expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=30_000)
                 await expect(page.locator("#task-detail h2 .chip")).to_have_text("success", timeout=30_000)
                 await expect(page.locator("#stalled-banner")).to_be_hidden()
+                await expect(page.locator("#task-detail button.danger")).to_have_count(0)
+                loose = "[...document.querySelector('#task-detail').childNodes].filter((n) => n.nodeType === 3)"
+                assert "null" not in await page.evaluate(f"{loose}.map((n) => n.textContent).join('')")
                 await page.click("a[data-tab='activity']")
                 shown = [int(s.split()[0].lstrip("#")) for s in await page.locator("#feed .seq").all_inner_texts()]
             await context.close()
