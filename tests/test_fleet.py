@@ -31,6 +31,14 @@ LEASE_S = 3.0
 STALL_FOREVER = {"stall": {"seconds": None}}
 
 
+def _repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    for args in (["init", "--quiet", "-b", "main"], ["commit", "--quiet", "--allow-empty", "-m", "start"]):
+        subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+                       check=True, capture_output=True)
+    return path
+
+
 def _env(db: DB, model: ScriptedModelServer, tmp: Path, name: str, **extra: str) -> dict[str, str]:
     env = _executor_env(db, model, tmp)
     env.update(PETAL_EXECUTOR_NAME=name, PETAL_DATA_DIR=str(tmp / f"var-{name}"), PETAL_MCP_PORT=str(free_port()),
@@ -102,9 +110,10 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
             await fleet.start("alpha")
             await fleet.start("beta", PETAL_EXECUTOR_LABELS="gpu, linux")
             project = uuid.uuid4()
+            repo = _repo(tmp_path / "repo")  # a project is a git repository: its workers get worktrees of it
             with psycopg.connect(db.admin_dsn) as conn:  # its workdir lives on alpha's machine
                 conn.execute("INSERT INTO projects (id, name, workdir, executor_name) VALUES (%s, 'p', %s, 'alpha')",
-                             [project, str(tmp_path / "work")])
+                             [project, str(repo)])
             gpu = await fleet.dispatch(2, labels=["gpu"])
             (in_project,) = await fleet.dispatch(project_id=project)
             plain = await fleet.dispatch(5)
