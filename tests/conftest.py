@@ -7,6 +7,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.database import Database
 from tests.pg import DB, Cluster, PgUnavailable
+from tests.resilience import OwnServer
 
 # pytest's exit code when the PostgreSQL asked for (PETAL_TEST_PG_IMAGE) cannot be had
 PG_UNAVAILABLE_EXIT = 4
@@ -47,3 +48,21 @@ async def executor_db(db: DB) -> AsyncIterator[Database]:
 @pytest.fixture
 def pool(executor_db: Database) -> AsyncConnectionPool:
     return executor_db.pool
+
+
+# A PostgreSQL server of the module's own (the fault suites stop, kill and restart it), and a migrated
+# database on it per test.
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OwnServer, Cluster]]:
+    server = OwnServer.start(tmp_path_factory.mktemp("own-pg"))
+    cluster = Cluster(server.root_dsn)
+    yield server, cluster
+    cluster.drop_all()
+    server.stop()
+
+
+@pytest.fixture
+def odb(own: tuple[OwnServer, Cluster]) -> Iterator[DB]:
+    d = own[1].create_migrated()
+    yield d
+    own[1].drop(d)

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +39,6 @@ OUTAGE_S = 60.0
 ROUNDS = 12
 ROUND_SLEEP_S = 1
 
-
-@pytest.fixture(scope="module")
-def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OwnServer, Cluster]]:
-    server = OwnServer.start(tmp_path_factory.mktemp("outage-pg"))
-    cluster = Cluster(server.root_dsn)
-    yield server, cluster
-    cluster.drop_all()
-    server.stop()
-
-
-@pytest.fixture
-def odb(own: tuple[OwnServer, Cluster]) -> Iterator[DB]:
-    d = own[1].create_migrated()
-    yield d
-    own[1].drop(d)
 
 
 def _postmaster_pid(pgdata: Path) -> int:

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +35,6 @@ from tests.web import free_port, ingress_server
 
 pytestmark = [pytest.mark.resilience, pytest.mark.timeout(300)]
 
-
-@pytest.fixture(scope="module")
-def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OwnServer, Cluster]]:
-    server = OwnServer.start(tmp_path_factory.mktemp("own-pg"))
-    cluster = Cluster(server.root_dsn)
-    yield server, cluster
-    cluster.drop_all()
-    server.stop()
-
-
-@pytest.fixture
-def odb(own: tuple[OwnServer, Cluster]) -> Iterator[DB]:
-    d = own[1].create_migrated()
-    yield d
-    own[1].drop(d)
 
 
 async def post_chat(http: httpx.AsyncClient, text: str, thread: str | None = None, timeout: float = 60) -> None:
