@@ -31,6 +31,7 @@ from ingress.openapi import SEQ, UUID, Op, Param, document
 from ingress.sql import queries
 from shared import migrate
 from shared.database import Database
+from shared.errors import DatabaseRefused, DatabaseUnavailable
 from shared.settings import Settings
 
 # the repository's static/ (editable install), or the copy a wheel build packs inside `ingress`
@@ -278,6 +279,8 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
                             ValidationError: problems.handle_validation, psycopg.DataError: problems.handle_data_error,
                             # one place for "the database is away": refused, cut, or no connection in time
                             psycopg.OperationalError: problems.handle_unavailable,
+                            DatabaseUnavailable: problems.handle_unavailable,
+                            DatabaseRefused: problems.handle_refused,
                             Exception: problems.handle_unexpected},
         lifespan=lifespan,
     )

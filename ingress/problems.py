@@ -9,6 +9,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from shared.errors import Conflict, Missing
+
 _TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
            405: "Method not allowed", 409: "Conflict", 413: "Payload too large", 415: "Unsupported media type",
            421: "Misdirected request", 422: "Invalid input", 429: "Too many requests", 500: "Internal error", 503: "Unavailable"}
@@ -53,6 +55,12 @@ async def handle_too_large(request: Request, exc: Exception) -> Response:
 async def handle_data_error(request: Request, exc: Exception) -> Response:
     # the database refused a value (a safety net behind the input checks): the statement wrote nothing
     return problem(422, f"a value cannot be stored: {str(exc).splitlines()[0]}")
+
+
+async def handle_refused(request: Request, exc: Exception) -> Response:
+    # a named query's write refused for its content (translated in shared/query.py): nothing was written
+    status = 409 if isinstance(exc, Conflict) else 404 if isinstance(exc, Missing) else 422
+    return problem(status, f"the database refused it: {exc}")
 
 
 # How soon a client should try again while the database is away (the ingress reconnects by itself).

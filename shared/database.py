@@ -21,6 +21,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shared import aio, dbserver, logs
+from shared.errors import DatabaseUnavailable
 from shared.listener import Listener
 
 log = logs.get(__name__)
@@ -53,7 +54,7 @@ TAIL_S = 5.0
 
 # What "the database is away" looks like: a lost or refused connection, a server shutting down or
 # starting up, a pool that found no connection in time (PoolTimeout is an OperationalError).
-OUTAGE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError)
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError, DatabaseUnavailable)
 
 # The pool logs every failed attempt; Availability says it once per outage instead.
 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

@@ -33,3 +33,27 @@ class UnknownEventType(JournalRefused):
             f"unknown event type {names}: register it with "
             "INSERT INTO event_types (name, tier, description) VALUES (...)"
         )
+
+
+class DatabaseUnavailable(PetalError):
+    """The database is away: refused, cut, or no pooled connection in time. Nothing was written."""
+
+
+class DatabaseRefused(PetalError):
+    """The database refused a write for its content; `constraint` names the rule, when there is one."""
+
+    def __init__(self, message: str, *, constraint: str | None = None):
+        super().__init__(message)
+        self.constraint = constraint
+
+
+class Conflict(DatabaseRefused):
+    """A unique or exclusion constraint: the thing already exists."""
+
+
+class Missing(DatabaseRefused):
+    """A foreign key: the thing referred to does not exist."""
+
+
+class Invalid(DatabaseRefused):
+    """A check, a not-null or a value the column cannot hold."""

@@ -1,0 +1,128 @@
+"""The one way code runs a named query: `Queries(pool, registry)` with `execute`, `one` and `all`, and the
+same inside `transaction()`. Database errors become the project's error types here, in one place:
+
+- the database is away (refused, cut, no pooled connection in time) → `DatabaseUnavailable`, which the
+  outage handling (`shared.database.OUTAGE_ERRORS`, the ingress's 503) already knows;
+- a unique or exclusion constraint → `Conflict`; a foreign key → `Missing`; a check, not-null or bad
+  value → `Invalid`.
+
+Programming errors (a syntax error, an unknown column) are left as they are: they are bugs, not states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar, overload
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.rows import dict_row, kwargs_row
+from psycopg_pool import AsyncConnectionPool
+
+from shared.errors import Conflict, DatabaseUnavailable, Invalid, Missing, PetalError
+
+T = TypeVar("T")
+Params = Mapping[str, Any] | None
+Row = dict[str, Any]
+
+
+def translate(exc: psycopg.Error) -> PetalError | None:
+    """The project's error for a database error, or None for one that is a bug."""
+    message = (exc.diag.message_primary or str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, (pgerrors.UniqueViolation, pgerrors.ExclusionViolation)):
+        return Conflict(message, constraint=exc.diag.constraint_name)
+    if isinstance(exc, pgerrors.ForeignKeyViolation):
+        return Missing(message, constraint=exc.diag.constraint_name)
+    if isinstance(exc, (pgerrors.IntegrityError, pgerrors.DataError)):
+        return Invalid(message, constraint=exc.diag.constraint_name)
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(message)
+    return None
+
+
+class _Runner:
+    """`execute`/`one`/`all` over whatever gives a connection (the pool, or one held in a transaction)."""
+
+    def __init__(self, registry: Mapping[str, str]):
+        self.registry = registry
+
+    def _conn(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        raise NotImplementedError
+
+    async def execute(self, name: str, params: Params = None) -> int:
+        """Run a statement; the number of rows it touched."""
+        try:
+            async with self._conn() as conn, conn.cursor() as cur:
+                await cur.execute(self.registry[name], params)
+                return cur.rowcount
+        except psycopg.Error as exc:
+            raise (translate(exc) or exc) from exc
+
+    @overload
+    async def one(self, name: str, params: Params = None) -> Row | None: ...
+    @overload
+    async def one(self, name: str, params: Params = None, *, into: Callable[..., T]) -> T | None: ...
+
+    async def one(self, name: str, params: Params = None, *, into: Callable[..., Any] | None = None) -> Any:
+        """The first row (a dict, or `into(**row)`, e.g. a frozen dataclass), or None."""
+        try:
+            async with self._conn() as conn, conn.cursor(row_factory=_factory(into)) as cur:
+                await cur.execute(self.registry[name], params)
+                return await cur.fetchone()
+        except psycopg.Error as exc:
+            raise (translate(exc) or exc) from exc
+
+    @overload
+    async def all(self, name: str, params: Params = None) -> list[Row]: ...
+    @overload
+    async def all(self, name: str, params: Params = None, *, into: Callable[..., T]) -> list[T]: ...
+
+    async def all(self, name: str, params: Params = None, *, into: Callable[..., Any] | None = None) -> list[Any]:
+        """Every row (dicts, or `into(**row)` each)."""
+        try:
+            async with self._conn() as conn, conn.cursor(row_factory=_factory(into)) as cur:
+                await cur.execute(self.registry[name], params)
+                return await cur.fetchall()
+        except psycopg.Error as exc:
+            raise (translate(exc) or exc) from exc
+
+
+def _factory(into: Callable[..., Any] | None) -> Any:
+    return dict_row if into is None else kwargs_row(into)
+
+
+class Transaction(_Runner):
+    """Queries on one connection inside one transaction; `conn` for what needs the connection itself
+    (a journal append, a COPY)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], registry: Mapping[str, str]):
+        super().__init__(registry)
+        self.conn = conn
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        yield self.conn
+
+
+class Queries(_Runner):
+    """Named queries over a pool. Each statement outside `transaction()` commits on its own (the pool's
+    connections are autocommit)."""
+
+    def __init__(self, pool: AsyncConnectionPool, registry: Mapping[str, str]):
+        super().__init__(registry)
+        self.pool = pool
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with self.pool.connection() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """One transaction: committed when the block ends, rolled back when it raises."""
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                yield Transaction(conn, self.registry)
+        except psycopg.Error as exc:
+            raise (translate(exc) or exc) from exc
