@@ -400,7 +400,7 @@ async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_close
 
     import psycopg
 
-    from executor import approvals
+    from executor.harness import approvals
     from executor.sql import queries
 
     thread, turn = uuid.uuid4(), uuid.uuid4()
