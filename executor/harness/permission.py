@@ -34,7 +34,8 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from executor import gate_tables, gates, substrate
 from executor.harness import asks
-from executor.harness.identity import Caller, tool_use_id as call_tool_use_id
+from executor.harness.identity import Caller
+from executor.harness.identity import tool_use_id as call_tool_use_id
 from executor.harness.services import Harness
 from shared import logs
 from shared.models import NewEvent
