@@ -13,7 +13,9 @@ from pathlib import Path
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import fleet, harness_mcp, notify, permission_prompt, projects, threads
+from executor import fleet, notify, projects, threads
+from executor import harness as harness_mcp
+from executor.harness import rules as gate_rules
 from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
@@ -128,7 +130,7 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
             _outliving_outages("notifier", lambda: notifier.run(notify_sub), db.availability), name="notifier")
         rule_sub = listener.subscribe(["gate_rule_queue"])
         ruling = asyncio.create_task(_outliving_outages(
-            "gate-rules", lambda: permission_prompt.run_rule_queue(db.pool, writer, rule_sub), db.availability),
+            "gate-rules", lambda: gate_rules.run_rule_queue(db.pool, writer, rule_sub), db.availability),
             name="gate-rules")
         stopping = asyncio.create_task(stop.wait())
         try:

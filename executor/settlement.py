@@ -18,13 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor import briefs, extraction, policy
+from executor.harness import asks
 from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
+from shared.query import Transaction
 
 log = logs.get(__name__)
 
@@ -119,12 +120,9 @@ async def apply_turn_policy(conn: Any, turn_id: uuid.UUID, *, backoff_base_s: fl
                                           delay_s=decision.delay_s)
         facts.update(rerun_task_id=str(new_id) if new_id else None, delay_s=decision.delay_s)
     elif decision.action == policy.ESCALATE:
-        question = turn_question(turn, decision)
-        qid = await _ask(conn, {"id": turn_id, "thread_id": thread}, question)
-        facts["question_id"] = str(qid)
-        events = [NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": f"escalation-{qid}",
-                                              "questions": [question], "asked_by": "harness"},
-                           task_id=turn_id, session_id=thread)]
+        posted = await _ask(conn, {"id": turn_id, "thread_id": thread}, turn_question(turn, decision))
+        facts["question_id"] = str(posted.id)
+        events = [posted.event]
     if decision.action not in policy.RETRIES:
         # the harness will not run it again by itself: the chat's record offers the user's Retry
         facts["retry"] = {"method": "POST", "path": f"/api/threads/{thread}/retry", "body": {"task_id": str(turn_id)}}
@@ -191,11 +189,9 @@ async def apply_policy(conn: Any, worker_id: uuid.UUID, record_type: str, payloa
             "requested_by": "policy", "retry_of": str(worker_id), "attempt": worker["attempt"] + 1,
             "delay_s": decision.delay_s}, task_id=new_id, project_id=worker["project_id"])]
     elif decision.action == policy.ESCALATE:
-        question = escalation_question(worker, decision, summary)
-        qid = await _ask(conn, worker, question)
-        facts["question_id"] = str(qid)
-        events = [NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": f"escalation-{qid}",
-                                              "questions": [question], "asked_by": "harness"}, **ids)]
+        posted = await _ask(conn, worker, escalation_question(worker, decision, summary))
+        facts["question_id"] = str(posted.id)
+        events = [posted.event]
     else:
         text = _report_text(worker_id, record_type, worker["status"], decision, summary)
         await conn.execute(queries["enqueue_harness_message"], {"thread_id": worker["thread_id"], "text": text})
@@ -220,17 +216,15 @@ async def _retry(conn: Any, worker: dict[str, Any], brief: str, delay_s: float) 
     return new_id
 
 
-async def _ask(conn: Any, worker: dict[str, Any], question: dict[str, Any]) -> uuid.UUID:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["insert_harness_question"], {
-            "tool_use_id": f"escalation-{uuid.uuid4()}", "session_id": worker["thread_id"],
-            "task_id": worker["id"], "questions": Jsonb([question])})
-        row = await cur.fetchone()
-        assert row is not None
-        await cur.execute(queries["insert_escalation"], {"task_id": worker["id"], "thread_id": worker["thread_id"],
-                                                         "question_id": row["id"]})
-    question_id: uuid.UUID = row["id"]
-    return question_id
+async def _ask(conn: Any, worker: dict[str, Any], question: dict[str, Any]) -> asks.Posted:
+    """The escalation's question, through the harness's ask service, and its `escalations` row."""
+    tx = Transaction(conn, queries)
+    posted = await asks.post(tx, [question], tool_use_id=f"escalation-{uuid.uuid4()}", task_id=worker["id"],
+                             session_id=worker["thread_id"], project_id=worker.get("project_id"))
+    assert posted is not None  # a fresh tool_use_id
+    await tx.one("insert_escalation", {"task_id": worker["id"], "thread_id": worker["thread_id"],
+                                       "question_id": posted.id})
+    return posted
 
 
 class Settlement:
