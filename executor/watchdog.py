@@ -102,16 +102,15 @@ class Watchdog:
 
     async def tick(self) -> None:
         now = time.monotonic()
-        runs = list(self.runs())
-        for r in [r for r in runs if r.unsaved]:
+        for r in [r for r in self.runs() if r.unsaved]:
             await self.runner.apply_unsaved(r)
-        dirty = [r for r in runs if r.output_dirty and r.last_output_at is not None]
+        dirty = [r for r in self.runs() if r.output_dirty and r.last_output_at is not None]
         if dirty:
             for r in dirty:
                 r.output_dirty = False
             await self.store.touch_output([r.task_id for r in dirty],
                                           [r.last_output_at for r in dirty if r.last_output_at is not None])
-        live = [r for r in runs if r.proc.returncode is None]
+        live = [r for r in self.runs() if r.proc.returncode is None]
         if not live:
             return
         asking = await self.store.asking_tasks([r.task_id for r in live])
@@ -121,9 +120,10 @@ class Watchdog:
             await self.apply(r, verdict)
 
     async def apply(self, r: Running, v: Verdict) -> None:
+        # the run's state first, with no await since the look: its reader may move it on meanwhile
+        r.awaiting_user, r.last_output, r.stalled_since = v.awaiting_user, v.last_output, v.stalled_since
         if v.stop is not None:
             await self.runner.request_stop(r, v.stop)
-        r.awaiting_user, r.last_output, r.stalled_since = v.awaiting_user, v.last_output, v.stalled_since
         if v.stalled_after_s is not None:
             await self.writer.put(NewEvent("task.stalled", {
                 "silent_s": round(v.stalled_after_s, 3), "threshold_s": self.limits.stall_timeout_s},
