@@ -153,6 +153,7 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         stack.push_async_callback(_settle_last, settling, settler)
         supervising = loops.start(group, "supervisor", supervisor.run(wake))
         stack.push_async_callback(_stop_supervisor, supervisor, supervising)
+        stack.callback(loops.close)  # from here on a loop that returns was stopped
 
         await stop.wait()
     loops.raise_crash()
@@ -164,7 +165,11 @@ class _Loops:
 
     def __init__(self, stop: asyncio.Event):
         self.stop = stop
+        self.closing = False
         self.crashes: list[BaseException] = []
+
+    def close(self) -> None:
+        self.closing = True
 
     def start(self, group: asyncio.TaskGroup, name: str, loop: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return group.create_task(self._watched(name, loop), name=name)
@@ -172,8 +177,6 @@ class _Loops:
     async def _watched(self, name: str, loop: Coroutine[Any, Any, None]) -> None:
         try:
             await loop
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - said here, raised by serve once everything is down
             if isinstance(exc, errors.PetalError):  # a refusal that says what is wrong (another executor...)
                 log.error("executor_loop_refused", loop=name, error=str(exc))
@@ -182,7 +185,7 @@ class _Loops:
             self.crashes.append(exc)
             self.stop.set()
             return
-        if not self.stop.is_set():
+        if not self.stop.is_set() and not self.closing:
             log.error("executor_loop_ended", loop=name)
             self.crashes.append(LoopEnded(f"the executor's {name} loop ended on its own"))
             self.stop.set()
