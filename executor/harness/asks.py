@@ -8,7 +8,8 @@ One implementation for every question:
   without a wait: a dispatch awaiting approval (executor/harness/approvals.py) and the policy's
   escalations (executor/settlement.py), whose answers are carried out from the store later.
 
-`set_activity` is the one place the harness writes `tasks.activity` (awaiting_user while a question waits).
+A task's activity (awaiting_user while a question waits) is written through executor/watchdog.py's
+`record_activity`, the one writer of `tasks.activity`.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
+from executor import watchdog
 from executor.harness.identity import Caller
 from executor.journal_writer import JournalWriter
+from executor.task_store import TaskStore
 from shared import aio
 from shared.listener import RESYNC, Listener, Subscription
 from shared.models import NewEvent
@@ -88,11 +91,6 @@ async def post(run: Queries | Transaction, questions: list[dict[str, Any]], *, t
                              project_id=project_id, asked_by=asked_by, **facts))
 
 
-async def set_activity(run: Queries | Transaction, task_id: uuid.UUID, activity: str) -> None:
-    """The one place the harness writes a task's activity."""
-    await run.execute("set_task_activity", {"id": task_id, "activity": activity})
-
-
 class Asks:
     """Questions that wait for their answer, for the length of one tool call."""
 
@@ -103,6 +101,7 @@ class Asks:
         self.listener = listener
         self.timeout_s = timeout_s
         self.progress_interval_s = progress_interval_s
+        self.tasks = TaskStore(q.pool)  # a task's activity is written by the watchdog's record_activity only
 
     async def ask(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller, progress: Progress,
                   asked_by: str = "model") -> Answer:
@@ -119,7 +118,7 @@ class Asks:
                                                  session_id=caller.session_id, asked_by=asked_by))
             qid = posted.id
             await self.writer.put(posted.event)
-            await set_activity(self.q, task_id, "awaiting_user")
+            await watchdog.record_activity(self.tasks, task_id, "awaiting_user")
             try:
                 # in a thread the question outlives the wait: a late answer goes to the thread as a message
                 final = await self.wait(qid, sub, progress, late_ok=caller.thread_id is not None)
@@ -130,7 +129,7 @@ class Asks:
                 raise
             finally:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(set_activity(self.q, task_id, "running"))
+                    await asyncio.shield(watchdog.record_activity(self.tasks, task_id, "running"))
         response = final.response
         if final.status == "cancelled" and response is None:
             response = DISMISSED
