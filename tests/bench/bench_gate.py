@@ -1,13 +1,14 @@
 """The permission round trip's added latency for an allowed call, next to the same call pre-allowed.
 
-    python -m tests.bench.bench_gate [CALLS]
-One real CLI run per variant against the scripted model, CALLS Bash calls each (`echo N`, allowed by the
-classifier). A call's latency is the time from its `tool_use` line to its `tool_result` line on stdout,
-so every variant includes running the command; the difference is the hook plus the MCP round trip plus
-the classifier. Variants: pre-allowed (no gate); the bare gate tool (no database); and the wired path —
-a worker spawned by the real executor, whose gate tool resolves the caller's credential and the task's
-directory in PostgreSQL (there the times are the journal's read times of the same two lines). Goal
-(issue 18): p99 overhead ≤ 20 ms. Also prints the classifier alone over the corpus.
+    python -m tests.bench.bench_gate [CALLS] [ROUNDS]
+ROUNDS rounds (default 2) of one real CLI run per variant against the scripted model, the variants
+interleaved so that a shared machine's load drifts over all of them alike; CALLS Bash calls per run
+(`echo N`, allowed by the classifier). A call's latency is the time from its `tool_use` line to its
+`tool_result` line on stdout, so every variant includes running the command; the difference is the CLI
+asking (an `ask` rule, no hook process) plus the MCP round trip plus the classifier. Variants: pre-allowed
+(no gate); the bare gate tool (no database); and the wired path — a worker spawned by the real executor,
+whose gate tool resolves the caller's credential and the task's directory in PostgreSQL (there the times
+are the journal's read times of the same two lines). Goal (issue 18): p99 overhead ≤ 20 ms. Also prints the classifier alone over the corpus.
 """
 
 from __future__ import annotations
@@ -98,12 +99,20 @@ def _p(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(len(values) * q))]
 
 
-async def main(calls: int) -> None:
+async def main(calls: int, rounds: int) -> None:
+    gated: list[float] = []
+    preallowed: list[float] = []
+    wired: list[float] = []
+    load = Path("/proc/loadavg").read_text().split()[:3]
     with tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
-        gated = await _latencies(Path(tmp), calls, gated=True)
-        preallowed = await _latencies(Path(tmp), calls, gated=False)
-        wired = await _wired_latencies(Path(tmp), calls)
-    print(f"{calls} allowed Bash calls per run (tool_use → tool_result on stdout)")
+        for r in range(rounds):
+            here = Path(tmp) / f"round-{r}"
+            here.mkdir()
+            gated += await _latencies(here, calls, gated=True)
+            preallowed += await _latencies(here, calls, gated=False)
+            wired += await _wired_latencies(here, calls)
+    print(f"{rounds} x {calls} allowed Bash calls per variant (tool_use → tool_result on stdout); "
+          f"load average {' '.join(load)} at the start")
     for name, values in (("bare gate tool", gated), ("wired (executor)", wired), ("pre-allowed", preallowed)):
         print(f"  {name:17} p50 {_p(values, 0.5):7.1f} ms   p99 {_p(values, 0.99):7.1f} ms   (n={len(values)})")
     for name, values in (("bare gate tool", gated), ("wired (executor)", wired)):
@@ -118,4 +127,4 @@ async def main(calls: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 50))
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 50, int(sys.argv[2]) if len(sys.argv) > 2 else 2))
