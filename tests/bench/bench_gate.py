@@ -8,7 +8,8 @@ interleaved so that a shared machine's load drifts over all of them alike; CALLS
 asking (an `ask` rule, no hook process) plus the MCP round trip plus the classifier. Variants: pre-allowed
 (no gate); the bare gate tool (no database); and the wired path — a worker spawned by the real executor,
 whose gate tool resolves the caller's credential and the task's directory in PostgreSQL (there the times
-are the journal's read times of the same two lines). Goal (issue 18): p99 overhead ≤ 20 ms. Also prints the classifier alone over the corpus.
+are the journal's read times of the same two lines). Goal (issue 18): p99 overhead ≤ 20 ms.
+Also prints the classifier alone over the corpus.
 """
 
 from __future__ import annotations
