@@ -38,7 +38,7 @@ ROLE_MARKER = "[petal-role: {role}]"
 # The permission path (docs/claude-cli.md "Permission path"): an `ask` rule per gated tool sends every call of
 # it to the harness MCP's tool, which decides — also the calls the CLI would auto-allow as read-only (`cat .env`)
 # and pre-allowed ones (ask rules outrank allow rules, --allowedTools too, and acceptEdits). No hook: the
-# CLI spawning one per call cost ~20 ms p50, a failing one fails open, and a project's `disableAllHooks` turned
+# CLI spawning one per call cost 9–22 ms p50, a failing one fails open, and a project's `disableAllHooks` turned
 # it off. An ask rule has no transport to fail; the tool itself fails closed.
 PERMISSION_TOOL = "mcp__harness__permission_prompt"
 GATED_TOOLS = ("Bash", "Write", "Edit", "MultiEdit", "NotebookEdit")
