@@ -35,13 +35,16 @@ SCRUBBED_ENV_NAMES = ("DATABASE_URL",)
 # Set on every child so the supervisor can find a task's processes, orphans included, by environment.
 TASK_ENV_VAR = "PETAL_TASK_ID"
 ROLE_MARKER = "[petal-role: {role}]"
-# The permission path (docs/claude-cli.md "Permission path"): the harness MCP's tool decides every call the
-# hook sends it. The hook answers a constant "ask" (no I/O, so it cannot time out and fail open); edits are
-# matched too, since acceptEdits would let a write to the tree's .env or .git/hooks through unchecked.
+# The permission path (docs/claude-cli.md "Permission path"): an `ask` rule per gated tool sends every call of
+# it to the harness MCP's tool, which decides — also the calls the CLI would auto-allow as read-only (`cat .env`)
+# and pre-allowed ones (ask rules outrank allow rules, --allowedTools too, and acceptEdits). No hook: the
+# CLI spawning one per call cost 9–22 ms p50, a failing one fails open, and a project's `disableAllHooks` turned
+# it off. An ask rule has no transport to fail; the tool itself fails closed.
 PERMISSION_TOOL = "mcp__harness__permission_prompt"
 GATED_TOOLS = ("Bash", "Write", "Edit", "MultiEdit", "NotebookEdit")
-_ASK = {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "ask",
-                               "permissionDecisionReason": "petal-dispatch checks this call at its hard gates"}}
+# Per the CLI's settings schema, sandbox auto-allow passes Bash calls by everything but deny rules and
+# command-specific ask rules: off, so a project's sandbox settings cannot open that door.
+_PERMISSION_SETTINGS = {"permissions": {"ask": list(GATED_TOOLS)}, "sandbox": {"autoAllowBashIfSandboxed": False}}
 
 _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 _API_ERROR_TEXT = re.compile(r"\bAPI Error: (\d{3})\b")
@@ -102,16 +105,10 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
 
 
 def permission_args() -> list[str]:
-    """The flags that send every Bash/edit call to the harness's permission tool. The default mode: neither
-    acceptEdits nor bypassPermissions, which would let calls past the tool if the hook ever failed."""
-    hook = {"type": "command", "command": "printf '%s' " + _shell_quote(json.dumps(_ASK))}
-    settings = {"hooks": {"PreToolUse": [{"matcher": "|".join(GATED_TOOLS), "hooks": [hook]}]}}
+    """The flags that send every Bash/edit call to the harness's permission tool. The default mode: not
+    bypassPermissions (which skips asking) nor dontAsk (which denies instead of asking)."""
     return ["--permission-prompt-tool", PERMISSION_TOOL, "--permission-mode", "default",
-            "--settings", json.dumps(settings)]
-
-
-def _shell_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
+            "--settings", json.dumps(_PERMISSION_SETTINGS)]
 
 
 def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:

@@ -128,3 +128,31 @@ async def test_a_gate_that_cannot_check_a_call_refuses_it_visibly(tmp_path: Path
     assert [d["tool_input"] for d in result["permission_denials"]] == [{"command": "ls"}]
     [text] = _tool_results(lines)
     assert "could not check this call" in text and "sentinel-dir" not in text
+
+
+async def test_calls_the_cli_would_allow_unasked_reach_the_gate_whatever_the_project_s_settings_say(
+        tmp_path: Path) -> None:
+    """`cat .env` and `echo` inside the tree are read-only to the CLI, which runs them without asking; the
+    project's own settings here switch hooks off (that let a hook-based gate's `cat .env` run)."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    (work / ".claude").mkdir(parents=True)
+    (work / ".env").write_text("API_KEY=TREE-SECRET-VALUE\n")
+    (work / ".claude" / "settings.json").write_text(json.dumps(
+        {"disableAllHooks": True, "permissions": {"allow": ["Bash", "Write"], "defaultMode": "acceptEdits"},
+         "sandbox": {"enabled": True, "autoAllowBashIfSandboxed": True}}))
+    calls = [_bash("echo hi"), _bash("cat .env"), _bash("ls && cat .env"), _bash("head -c 40 < .env")]
+    checked: list[str] = []
+
+    async def autonomous(ctx: Context) -> permission_prompt.GateContext:
+        checked.append("call")
+        return permission_prompt.GateContext(str(work), str(home), "autonomous")
+
+    with ScriptedModelServer(Scenario.single(*calls, {"text": "done"})) as model:
+        async with gate_server(autonomous) as url:
+            lines = await _run_cli(model, tmp_path, work, home, url)
+    result = next(line for line in lines if line.get("type") == "result")
+
+    assert len(checked) == len(calls)  # every one asked, the harmless echo too
+    texts = _tool_results(lines)
+    assert "hi" in texts[0] and "TREE-SECRET-VALUE" not in "".join(texts)
+    assert [d["tool_input"] for d in result["permission_denials"]] == [c["tool_use"]["input"] for c in calls[1:]]

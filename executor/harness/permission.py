@@ -1,7 +1,7 @@
 """The permission path's harness side: the `permission_prompt` MCP tool that decides every Bash/edit call.
 
-Every spawn with the harness MCP runs with `substrate.permission_args()`: a constant PreToolUse hook answers
-`ask`, so every Bash/edit call — pre-allowed ones too — reaches this tool, and the CLI fails closed (an
+Every spawn with the harness MCP runs with `substrate.permission_args()`: `permissions.ask` rules for
+Bash and the edit tools, so every such call — pre-allowed and CLI-auto-allowed ones too — reaches this tool, and the CLI fails closed (an
 error or timeout runs nothing). What the CLI does with it is recorded in docs/claude-cli.md ("Permission
 path"). The tool:
 - knows its caller by the spawn's credential (executor/harness/identity.py), and measures paths against the directory

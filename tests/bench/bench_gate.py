@@ -1,20 +1,21 @@
 """The permission round trip's added latency for an allowed call, next to the same call pre-allowed.
 
-    python -m tests.bench.bench_gate [CALLS]
-One real CLI run per variant against the scripted model, CALLS Bash calls each (`echo N`, allowed by the
-classifier). A call's latency is the time from its `tool_use` line to its `tool_result` line on stdout,
-so every variant includes running the command; the difference is the hook plus the MCP round trip plus
-the classifier. Variants: pre-allowed (no gate); the bare gate tool (no database); and the wired path —
-a worker spawned by the real executor, whose gate tool resolves the caller's credential and the task's
-directory in PostgreSQL (there the times are the journal's read times of the same two lines). Goal
-(issue 18): p99 overhead ≤ 20 ms. Also prints the classifier alone over the corpus.
+    python -m tests.bench.bench_gate [CALLS] [ROUNDS]
+ROUNDS rounds (default 10; with CALLS 100, the 1,000 samples a p99 needs) of one real CLI run per variant against the scripted model, the variants
+interleaved so that a shared machine's load drifts over all of them alike; CALLS Bash calls per run
+(`echo N`, allowed by the classifier). A call's latency is the time from its `tool_use` line to its
+`tool_result` line on stdout, so every variant includes running the command; the difference is the CLI
+asking (an `ask` rule, no hook process) plus the MCP round trip plus the classifier. Variants: pre-allowed
+(no gate); the bare gate tool (no database); and the wired path — a worker spawned by the real executor,
+whose gate tool resolves the caller's credential and the task's directory in PostgreSQL (there the times
+are the journal's read times of the same two lines). Goal (issue 18): p99 overhead ≤ 20 ms.
+Also prints the classifier alone over the corpus.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +26,7 @@ from mcp.server.mcpserver import Context
 from executor import gates
 from executor.harness import permission
 from executor.scripted_model import Scenario, ScriptedModelServer
+from tests.bench import stats
 from tests.harness import FINAL, claude_bin, claude_env, running_executor
 from tests.pg import Cluster
 from tests.test_gates_cli import gate_server
@@ -95,28 +97,41 @@ async def _wired_latencies(tmp: Path, calls: int) -> list[float]:
     return took
 
 
-def _p(values: list[float], q: float) -> float:
-    return sorted(values)[min(len(values) - 1, int(len(values) * q))]
+def _overhead(values: list[float], base: list[float], q: float) -> str:
+    """The q-th percentile's excess over the pre-allowed call's, from exact order statistics of each."""
+    a, b = stats.percentile(values, q), stats.percentile(base, q)
+    if a is None or b is None:
+        return f"p{q:g} - (n={min(len(values), len(base))} < {stats.min_samples(q)})"
+    return f"p{q:g} {a - b:7.1f} ms"
 
 
-async def main(calls: int) -> None:
+async def main(calls: int, rounds: int) -> None:
+    gated: list[float] = []
+    preallowed: list[float] = []
+    wired: list[float] = []
+    print(f"before: {stats.machine_load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
-        gated = await _latencies(Path(tmp), calls, gated=True)
-        preallowed = await _latencies(Path(tmp), calls, gated=False)
-        wired = await _wired_latencies(Path(tmp), calls)
-    print(f"{calls} allowed Bash calls per run (tool_use → tool_result on stdout)")
+        for r in range(rounds):
+            here = Path(tmp) / f"round-{r}"
+            here.mkdir()
+            gated += await _latencies(here, calls, gated=True)
+            preallowed += await _latencies(here, calls, gated=False)
+            wired += await _wired_latencies(here, calls)
+    print(f"{rounds} x {calls} allowed Bash calls per variant, interleaved (tool_use → tool_result on stdout)")
     for name, values in (("bare gate tool", gated), ("wired (executor)", wired), ("pre-allowed", preallowed)):
-        print(f"  {name:17} p50 {_p(values, 0.5):7.1f} ms   p99 {_p(values, 0.99):7.1f} ms   (n={len(values)})")
+        print(f"  {name:17} {stats.summary(values, scale=1.0, digits=1)}")
     for name, values in (("bare gate tool", gated), ("wired (executor)", wired)):
-        print(f"  overhead, {name:17} p50 {_p(values, 0.5) - _p(preallowed, 0.5):7.1f} ms   "
-              f"p99 {_p(values, 0.99) - _p(preallowed, 0.99):7.1f} ms")
+        print(f"  overhead, {name:17} {_overhead(values, preallowed, 50)}   {_overhead(values, preallowed, 99)}"
+              "   (goal: p99 <= 20 ms)")
     timings = []
     for _, command in CASES * 3:
         start = time.perf_counter()
         gates.classify("Bash", {"command": command}, WORKDIR, HOME)
         timings.append((time.perf_counter() - start) * 1000)
-    print(f"classifier alone over the corpus: p50 {statistics.median(timings):.2f} ms   p99 {_p(timings, 0.99):.2f} ms")
+    print(f"classifier alone over the corpus: {stats.summary(timings, scale=1.0)}")
+    print(f"after: {stats.machine_load()}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 50))
+    # 100 calls x 10 rounds: 1,000 samples per variant, the fewest an exact p99 needs
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 100, int(sys.argv[2]) if len(sys.argv) > 2 else 10))

@@ -16,9 +16,10 @@ def test_a_spawn_with_the_harness_goes_through_the_gate_and_pre_allows_no_way_ar
     assert cmd[cmd.index("--permission-prompt-tool") + 1] == "mcp__harness__permission_prompt"
     assert cmd[cmd.index("--permission-mode") + 1] == "default"
     assert cmd[cmd.index("--allowedTools") + 1] == "Read,Glob"
-    [matcher] = json.loads(cmd[cmd.index("--settings") + 1])["hooks"]["PreToolUse"]
-    assert set(matcher["matcher"].split("|")) == {"Bash", "Write", "Edit", "MultiEdit", "NotebookEdit"}
-    assert '"permissionDecision": "ask"' in matcher["hooks"][0]["command"]
+    settings = json.loads(cmd[cmd.index("--settings") + 1])
+    assert set(settings["permissions"]["ask"]) == {"Bash", "Write", "Edit", "MultiEdit", "NotebookEdit"}
+    assert "hooks" not in settings  # no hook to fail open or be switched off by a project's settings
+    assert settings["sandbox"]["autoAllowBashIfSandboxed"] is False
     # without the harness there is no tool to ask: the flags would leave the CLI waiting on nothing
     bare = substrate.build_command(substrate.SubstrateConfig(claude_bin="claude"),
                                    substrate.SpawnSpec(role="extractor", prompt="p", session_uuid="u-2"))
