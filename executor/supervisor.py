@@ -13,7 +13,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from executor import fleet, lineage, process, projects, substrate, worktrees
 from executor.journal_writer import Fenced, JournalWriter
 from executor.sql import queries
-from shared import aio, lifeline, logs
+from shared import aio, journal, lifeline, logs
 from shared.database import OUTAGE_ERRORS, Database
 from shared.listener import Subscription
 from shared.models import NewEvent
@@ -488,17 +488,23 @@ class Supervisor:
 
     async def _read_stdout(self, r: Running) -> None:
         assert r.proc.stdout is not None
+        task_id, session_id, project_id = r.task_id, r.session_id, r.project_id
         async for chunk in process.iter_line_chunks(r.proc.stdout):
             events = []
             read_at = _now()
-            for raw in chunk:
+            for raw, event_id in zip(chunk, journal.new_event_ids(len(chunk))):
                 if not raw.strip():
                     continue
                 line = substrate.classify(raw)
                 r.facts.feed(line)
-                event = self._event(r, line.event_type, line.payload, read_at, line.payload_json)
-                parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event.event_id)
-                events.append(event if parent is None else replace(event, parent_id=parent))
+                parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event_id)
+                # A line kept as printed is stored from its text: its parsed value is let go here rather
+                # than held while queued (a flood's queued values cost more in garbage collection than in
+                # parsing).
+                events.append(NewEvent(line.event_type, line.payload if line.payload_json is None else None,
+                                       task_id=task_id, session_id=session_id, project_id=project_id,
+                                       created_at=read_at, payload_json=line.payload_json, parent_id=parent,
+                                       event_id=event_id))
             if events:
                 await self._mark_output(r)
                 await self.writer.put_many(events)
