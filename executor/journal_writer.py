@@ -256,7 +256,10 @@ class JournalWriter:
                 for events, _ in items:
                     self._mem_bytes -= _size(events)
                     self._mem_events -= len(events)
-                self._room.set()
+                if not self._mem:
+                    self._room.set()
+                # else the next batch wakes the producers once it is on its way (its append's on_sent, or
+                # its end): woken now, they would crowd the event loop through its first round trips
 
     async def _register_new_types(self, batch: list[NewEvent]) -> None:
         # Stream line types are an open set: a type the CLI starts printing is registered, not dropped.
@@ -275,9 +278,10 @@ class JournalWriter:
                     raise Fenced("this executor was taken over: its run's journal lines are dropped")
                 await self._register_new_types(batch)
                 # after a failed attempt the batch may have committed unseen: append recognises it
-                appended = await journal.append(self._pool, batch, retried=retried)
+                appended = await journal.append(self._pool, batch, retried=retried, on_sent=self._room.set)
             except (errors.JournalRefused, Fenced):
                 self._append_started = None
+                self._room.set()
                 raise
             except _RETRYABLE as exc:
                 retried = True

@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -148,13 +148,16 @@ def _small_batch_params(events: Sequence[NewEvent], now: datetime) -> dict[str, 
     }
 
 
-async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]) -> Appended:
+async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent],
+                       on_sent: Callable[[], None] | None = None) -> Appended:
     now = datetime.now(UTC)
     if len(events) <= SMALL_BATCH and conn.autocommit:
         # latency path: one round trip instead of BEGIN, UPDATE, COPY, NOTIFY, COMMIT
         cur = await conn.execute(queries["append_small_batch"], _small_batch_params(events, now))
         row = await cur.fetchone()
         assert row is not None
+        if on_sent is not None:
+            on_sent()
         return Appended(first_seq=row[0] - len(events) + 1, last_seq=row[0])
     async with conn.transaction():
         cur = await conn.execute(queries["advance_journal_head"], {"n": len(events)})
@@ -163,6 +166,8 @@ async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]
         last = row[0]
         async with conn.cursor().copy(queries["copy_journal"]) as copy:
             await copy.write(_copy_rows(events, last - len(events) + 1, now))
+            if on_sent is not None:
+                on_sent()
     return Appended(first_seq=last - len(events) + 1, last_seq=last)
 
 
@@ -200,13 +205,16 @@ async def _unknown_type_error(
     return errors.UnknownEventType([(n, t) for n, t in await cur.fetchall()])
 
 
-async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retried: bool = False) -> Appended:
+async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retried: bool = False,
+                 on_sent: Callable[[], None] | None = None) -> Appended:
     """Append `events` in one transaction, in the given order, and NOTIFY `journal` with the last seq.
 
     Either the whole batch is written or none of it. If the connection drops, the batch is retried on
     a new connection; when the drop happened after the commit, the retry finds the batch and returns
     its seqs instead of writing it twice (event_ids are the caller's, so the batch is recognisable).
     `retried`: the caller tried this batch before (its first attempt looks for it too).
+    `on_sent`: called once the batch is handed to the server, before a large one's end is awaited (the
+    journal writer wakes its producers then: the server has the batch to work on while they read on).
 
     Raises:
         UnknownEventType: an (event_type, tier) pair is not registered; nothing was written.
@@ -223,7 +231,7 @@ async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retri
                     if found is not None:
                         return found
                 try:
-                    return await _write_batch(conn, events)
+                    return await _write_batch(conn, events, on_sent)
                 except pgerrors.ForeignKeyViolation as exc:
                     if exc.diag.constraint_name == "journal_event_type_fkey":
                         raise await _unknown_type_error(conn, events) from exc
