@@ -38,6 +38,11 @@ log = logs.get(__name__)
 # database is away, before what they put goes to the spill file.
 HOLD_BYTES = 32 * 1024 * 1024
 MAX_BATCH = 5_000
+# While the database answers, producers also wait once this many events are held: the batch being appended
+# and a full next one. Reading further ahead buys nothing under a flood (the database is the bottleneck) and
+# costs the appends their pace: readers parsing ahead keep the event loop busy between an append's round
+# trips, and the database idles meanwhile. Waiting leaves the lines in the processes' pipes instead.
+HOLD_BATCHES = 2
 # How long a stop during an outage waits for the database before leaving the rest in the spill file.
 STOP_FLUSH_TIMEOUT_S = 10.0
 # An append that has not come back after this long means the database is away (an append normally takes
@@ -87,6 +92,7 @@ class JournalWriter:
         self._mem_bytes = 0
         self._mem_events = 0
         self._hold_bytes = hold_bytes
+        self._hold_events = HOLD_BATCHES * max_batch
         self._max_batch = max_batch
         self._spill = Spill(spill_dir / SPILL_NAME) if spill_dir is not None else None
         self._work = asyncio.Event()
@@ -146,7 +152,8 @@ class JournalWriter:
         spill = self._spill
         if spill is not None and spill.active:
             return self._away() or spill.backlog_bytes < self._hold_bytes
-        return self._mem_bytes < self._hold_bytes or (spill is not None and self._away())
+        return (self._mem_bytes < self._hold_bytes and self._mem_events < self._hold_events) or (
+            spill is not None and self._away())
 
     def _away(self) -> bool:
         """Whether the database is away: an append failed, or is taking far longer than an append takes.
@@ -249,7 +256,10 @@ class JournalWriter:
                 for events, _ in items:
                     self._mem_bytes -= _size(events)
                     self._mem_events -= len(events)
-                self._room.set()
+                if not self._mem:
+                    self._room.set()
+                # else the next batch wakes the producers once it is on its way (its append's on_sent, or
+                # its end): woken now, they would crowd the event loop through its first round trips
 
     async def _register_new_types(self, batch: list[NewEvent]) -> None:
         # Stream line types are an open set: a type the CLI starts printing is registered, not dropped.
@@ -268,9 +278,10 @@ class JournalWriter:
                     raise Fenced("this executor was taken over: its run's journal lines are dropped")
                 await self._register_new_types(batch)
                 # after a failed attempt the batch may have committed unseen: append recognises it
-                appended = await journal.append(self._pool, batch, retried=retried)
+                appended = await journal.append(self._pool, batch, retried=retried, on_sent=self._room.set)
             except (errors.JournalRefused, Fenced):
                 self._append_started = None
+                self._room.set()
                 raise
             except _RETRYABLE as exc:
                 retried = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import os
 import signal
@@ -157,6 +158,9 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         stack.push_async_callback(_stop_supervisor, supervisor, supervising)
         stack.callback(loops.close)  # from here on a loop that returns was stopped
 
+        # what start-up built lives as long as the process: out of the collector's sweeps, so a flood of
+        # workers' lines does not pay for walking it in every full collection
+        gc.freeze()
         await stop.wait()
     loops.raise_crash()
 

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -46,7 +46,7 @@ GATED_TOOLS = ("Bash", "Write", "Edit", "MultiEdit", "NotebookEdit")
 # command-specific ask rules: off, so a project's sandbox settings cannot open that door.
 _PERMISSION_SETTINGS = {"permissions": {"ask": list(GATED_TOOLS)}, "sandbox": {"autoAllowBashIfSandboxed": False}}
 
-_TYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+_TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")  # whole names (fullmatch: no trailing newline)
 _API_ERROR_TEXT = re.compile(r"\bAPI Error: (\d{3})\b")
 
 
@@ -162,13 +162,30 @@ def mcp_config(url: str, credential: str, timeout_ms: int | None) -> dict[str, A
     return {"mcpServers": {"harness": server}}
 
 
-@dataclass(frozen=True, slots=True)
-class Line:
+class Line(NamedTuple):
+    """One typed stdout line (a named tuple: one is built per line of a flood, and a tuple is the cheapest)."""
+
     event_type: str
     payload: Any
     obj: dict[str, Any] | None
     # the line's own JSON text when jsonb can store it as printed
     payload_json: str | None = None
+
+
+# A line's "type" (a system line's "subtype") → its event type. A stream has a handful of distinct ones, so
+# each is checked against _TYPE_NAME once; bounded, so a stream of ever-new names is typed, just not cached.
+_TYPE_CACHE_MAX = 256
+_kind_types: dict[str, str] = {}
+_system_types: dict[str, str] = {}
+
+
+def _event_type(cache: dict[str, str], name: str, prefix: str, fallback: str) -> str:
+    found = cache.get(name)
+    if found is None:
+        found = prefix + name if _TYPE_NAME.fullmatch(name) else fallback
+        if len(cache) < _TYPE_CACHE_MAX:
+            cache[name] = found
+    return found
 
 
 def _parse(text: str) -> tuple[Any, bool]:
@@ -194,14 +211,14 @@ def classify(raw: bytes) -> Line:
         return Line("stream.unparsed", payload, None)
     as_is = text if storable else None
     kind = obj.get("type")
-    if not isinstance(kind, str) or not _TYPE_NAME.match(kind):
+    if not isinstance(kind, str):
         return Line("stream.other", obj, obj, as_is)
     if kind == "system":
         sub = obj.get("subtype")
-        if isinstance(sub, str) and _TYPE_NAME.match(sub):
-            return Line(f"stream.system.{sub}", obj, obj, as_is)
-        return Line("stream.system", obj, obj, as_is)
-    return Line(f"stream.{kind}", obj, obj, as_is)
+        if not isinstance(sub, str):
+            return Line("stream.system", obj, obj, as_is)
+        return Line(_event_type(_system_types, sub, "stream.system.", "stream.system"), obj, obj, as_is)
+    return Line(_event_type(_kind_types, kind, "stream.", "stream.other"), obj, obj, as_is)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from executor.fleet import Lease
 from executor.journal_writer import Fenced, JournalWriter
 from executor.task_store import ClaimedTask, TaskEnd, TaskStore
 from executor.watchdog import record_activity
-from shared import lifeline, logs
+from shared import journal, lifeline, logs
 from shared.database import OUTAGE_ERRORS, Availability
 from shared.models import NewEvent
 
@@ -276,17 +276,23 @@ class TaskRunner:
 
     async def _read_stdout(self, r: Running) -> None:
         assert r.proc.stdout is not None
+        task_id, session_id, project_id = r.task_id, r.session_id, r.project_id
         async for chunk in process.iter_line_chunks(r.proc.stdout):
             events = []
             read_at = _now()
-            for raw in chunk:
+            for raw, event_id in zip(chunk, journal.new_event_ids(len(chunk))):
                 if not raw.strip():
                     continue
                 line = substrate.classify(raw)
                 r.facts.feed(line)
-                event = self._event(r, line.event_type, line.payload, read_at, line.payload_json)
-                parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event.event_id)
-                events.append(event if parent is None else replace(event, parent_id=parent))
+                parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event_id)
+                # A line kept as printed is stored from its text: its parsed value is let go here rather
+                # than held while queued (a flood's queued values cost more in garbage collection than in
+                # parsing).
+                events.append(NewEvent(line.event_type, line.payload if line.payload_json is None else None,
+                                       task_id=task_id, session_id=session_id, project_id=project_id,
+                                       created_at=read_at, payload_json=line.payload_json, parent_id=parent,
+                                       event_id=event_id))
             if events:
                 await self._mark_output(r)
                 await self.writer.put_many(events)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -68,24 +69,65 @@ def _copy_text(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
+# uuid4's layout: the version (4) and the RFC 4122 variant in place of six of the random bits
+_V4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_V4_SET = (4 << 76) | (0x8000 << 48)
+_new_object = object.__new__
+_set_slot = object.__setattr__
+
+
+def new_event_ids(n: int) -> list[uuid.UUID]:
+    """n random (version 4) UUIDs for the events of one read: one urandom call for all of them, each built
+    the way CPython 3.14's own UUID._from_int does. uuid.uuid4() per line (a syscall and UUID's checking
+    constructor) cost a flood of lines more than parsing them."""
+    raw = os.urandom(16 * n)
+    safe = uuid.SafeUUID.unknown
+    ids = []
+    for i in range(0, 16 * n, 16):
+        u = _new_object(uuid.UUID)
+        _set_slot(u, "int", (int.from_bytes(raw[i : i + 16], "big") & _V4_CLEAR) | _V4_SET)
+        _set_slot(u, "is_safe", safe)
+        ids.append(u)
+    return ids
+
+
 def _copy_rows(events: Sequence[NewEvent], first_seq: int, now: datetime) -> bytes:
-    """COPY text format for the batch, built in one pass (one write instead of an await per row)."""
+    """COPY text format for the batch, built in one pass (one write instead of an await per row).
+
+    A flood's batch repeats a few task/session ids and one read time per chunk of lines: each object is
+    formatted once (memoised by identity; the events hold them alive for the call). UUIDs go as 32 hex
+    digits, which the uuid type reads like the hyphenated form.
+    """
+    ids: dict[int, str] = {id(None): "\\N"}
+    times: dict[int, str] = {}
+    words: dict[str, str] = {}
+
+    def hexed(value: uuid.UUID | None) -> str:
+        text = ids[id(value)] = "\\N" if value is None else f"{value.int:032x}"
+        return text
+
+    def stamp(value: datetime) -> str:
+        text = times[id(value)] = value.isoformat()
+        return text
+
+    def word(value: str) -> str:
+        text = words[value] = _copy_text(value)
+        return text
+
     out = []
     for seq, ev in enumerate(events, start=first_seq):
         payload = ev.payload_json if ev.payload_json is not None else encode_payload(ev.payload)
-        out.append("\t".join((
-            str(ev.event_id),
-            str(seq),
-            str(ev.project_id) if ev.project_id else "\\N",
-            str(ev.session_id) if ev.session_id else "\\N",
-            str(ev.task_id) if ev.task_id else "\\N",
-            str(ev.parent_id) if ev.parent_id else "\\N",
-            str(ev.message_id) if ev.message_id else "\\N",
-            _copy_text(ev.event_type),
-            _copy_text(ev.tier),
-            (ev.created_at or now).isoformat(),
-            _copy_text(payload),
-        )))
+        created = ev.created_at or now
+        out.append(
+            f"{ev.event_id.int:032x}\t{seq}\t"
+            f"{ids.get(id(ev.project_id)) or hexed(ev.project_id)}\t"
+            f"{ids.get(id(ev.session_id)) or hexed(ev.session_id)}\t"
+            f"{ids.get(id(ev.task_id)) or hexed(ev.task_id)}\t"
+            f"{ids.get(id(ev.parent_id)) or hexed(ev.parent_id)}\t"
+            f"{ids.get(id(ev.message_id)) or hexed(ev.message_id)}\t"
+            f"{words.get(ev.event_type) or word(ev.event_type)}\t{words.get(ev.tier) or word(ev.tier)}\t"
+            f"{times.get(id(created)) or stamp(created)}\t{_copy_text(payload)}"
+        )
     out.append("")
     return "\n".join(out).encode()
 
@@ -106,13 +148,16 @@ def _small_batch_params(events: Sequence[NewEvent], now: datetime) -> dict[str, 
     }
 
 
-async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]) -> Appended:
+async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent],
+                       on_sent: Callable[[], None] | None = None) -> Appended:
     now = datetime.now(UTC)
     if len(events) <= SMALL_BATCH and conn.autocommit:
         # latency path: one round trip instead of BEGIN, UPDATE, COPY, NOTIFY, COMMIT
         cur = await conn.execute(queries["append_small_batch"], _small_batch_params(events, now))
         row = await cur.fetchone()
         assert row is not None
+        if on_sent is not None:
+            on_sent()
         return Appended(first_seq=row[0] - len(events) + 1, last_seq=row[0])
     async with conn.transaction():
         cur = await conn.execute(queries["advance_journal_head"], {"n": len(events)})
@@ -121,6 +166,8 @@ async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]
         last = row[0]
         async with conn.cursor().copy(queries["copy_journal"]) as copy:
             await copy.write(_copy_rows(events, last - len(events) + 1, now))
+            if on_sent is not None:
+                on_sent()
     return Appended(first_seq=last - len(events) + 1, last_seq=last)
 
 
@@ -158,13 +205,16 @@ async def _unknown_type_error(
     return errors.UnknownEventType([(n, t) for n, t in await cur.fetchall()])
 
 
-async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retried: bool = False) -> Appended:
+async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retried: bool = False,
+                 on_sent: Callable[[], None] | None = None) -> Appended:
     """Append `events` in one transaction, in the given order, and NOTIFY `journal` with the last seq.
 
     Either the whole batch is written or none of it. If the connection drops, the batch is retried on
     a new connection; when the drop happened after the commit, the retry finds the batch and returns
     its seqs instead of writing it twice (event_ids are the caller's, so the batch is recognisable).
     `retried`: the caller tried this batch before (its first attempt looks for it too).
+    `on_sent`: called once the batch is handed to the server, before a large one's end is awaited (the
+    journal writer wakes its producers then: the server has the batch to work on while they read on).
 
     Raises:
         UnknownEventType: an (event_type, tier) pair is not registered; nothing was written.
@@ -181,7 +231,7 @@ async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retri
                     if found is not None:
                         return found
                 try:
-                    return await _write_batch(conn, events)
+                    return await _write_batch(conn, events, on_sent)
                 except pgerrors.ForeignKeyViolation as exc:
                     if exc.diag.constraint_name == "journal_event_type_fkey":
                         raise await _unknown_type_error(conn, events) from exc

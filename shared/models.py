@@ -28,7 +28,8 @@ class NewEvent:
     created_at: datetime | None = None
     event_id: uuid.UUID = field(default_factory=uuid.uuid4)
     # The payload's JSON text when the caller already has it (a stream line as printed), so it is
-    # stored without being serialised again. Must encode the same value as `payload`.
+    # stored without being serialised again. Must encode the same value as `payload`, or `payload` is None:
+    # a stream line's parsed value is let go once read, so a flood's queue holds only text.
     payload_json: str | None = None
 
 

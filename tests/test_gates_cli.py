@@ -143,9 +143,9 @@ async def test_calls_the_cli_would_allow_unasked_reach_the_gate_whatever_the_pro
     calls = [_bash("echo hi"), _bash("cat .env"), _bash("ls && cat .env"), _bash("head -c 40 < .env")]
     checked: list[str] = []
 
-    async def autonomous(ctx: Context) -> permission_prompt.GateContext:
+    async def autonomous(ctx: Context) -> permission.GateContext:
         checked.append("call")
-        return permission_prompt.GateContext(str(work), str(home), "autonomous")
+        return permission.GateContext(str(work), str(home), "autonomous")
 
     with ScriptedModelServer(Scenario.single(*calls, {"text": "done"})) as model:
         async with gate_server(autonomous) as url:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -35,6 +36,42 @@ async def test_payloads_with_nul_characters_are_kept_with_a_replacement(pool: As
     async with pool.connection() as conn:
         (event,) = await journal.read_since(conn, 0)
     assert event.payload == {"line": "a\ufffdb", "n\ufffd": ["\ufffd"]}
+
+
+async def _returned(conn: psycopg.AsyncConnection, sql: str, *params: object) -> uuid.UUID:
+    row = await (await conn.execute(sql, params)).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+async def test_a_copied_batch_keeps_each_events_ids_time_and_text(pool: AsyncConnectionPool) -> None:
+    # past SMALL_BATCH the batch goes as COPY rows, where ids and times shared by many events are formatted
+    # once per batch: each event must still get its own
+    async with pool.connection() as conn:
+        sessions = [await _returned(conn, "INSERT INTO sessions (role, lifecycle) VALUES ('worker', 'running') "
+                                          "RETURNING id") for _ in range(2)]
+        tasks = [await _returned(conn, "INSERT INTO tasks (role, session_id) VALUES ('worker', %s) RETURNING id", s)
+                 for s in sessions]
+    root = NewEvent("task.stderr", {"line": "root"})
+    await journal.append(pool, [root])
+    times = [datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC)]
+    messages = [uuid.uuid4() for _ in range(3)]
+    events = []
+    for i, event_id in enumerate(journal.new_event_ids(journal.SMALL_BATCH + 10)):
+        text = f'{{"line":\t"tab\\there \\\\ {i}"}}' if i % 2 else None
+        events.append(NewEvent(
+            "task.stderr", None if text else {"line": f"new\nline {i}"}, payload_json=text,
+            session_id=sessions[i % 2], task_id=tasks[i % 2], parent_id=root.event_id if i % 3 else None,
+            message_id=messages[i % 3], created_at=times[i // 40] if i % 5 else None, event_id=event_id))
+    await journal.append(pool, events)
+
+    async with pool.connection() as conn:
+        _, *read = await journal.read_since(conn, 0)
+    assert [(e.event_id, e.session_id, e.task_id, e.parent_id, e.message_id) for e in read] == [
+        (e.event_id, e.session_id, e.task_id, e.parent_id, e.message_id) for e in events]
+    assert all(e.created_at == ev.created_at for e, ev in zip(read, events, strict=True) if ev.created_at)
+    assert [e.payload for e in read] == [
+        {"line": f"tab\there \\ {i}"} if i % 2 else {"line": f"new\nline {i}"} for i in range(len(events))]
 
 
 async def test_an_unknown_event_type_is_refused_with_its_name_and_nothing_is_written(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -66,3 +67,20 @@ async def test_small_and_large_batches_take_different_paths_with_the_same_result
     events = await _all(pool)
     assert {(e.payload["tab"], e.payload["nl"], e.payload["bs"]) for e in events} == {("a\tb", "x\ny", "c:\\d")}
     assert [e.seq for e in events] == list(range(1, len(small) + len(large) + 1))
+
+
+async def test_producers_wait_once_two_batches_are_held_and_go_on_as_they_are_written(
+    pool: AsyncConnectionPool,
+) -> None:
+    # the database keeps up no faster for a longer queue; what is held past the next batch only crowds the
+    # event loop, so a flood waits in the processes' pipes instead
+    writer = JournalWriter(pool, max_batch=7)
+    for i in range(14):
+        await writer.put(NewEvent("task.stderr", {"n": i}))
+    blocked = asyncio.ensure_future(writer.put(NewEvent("task.stderr", {"n": 14})))
+    await asyncio.sleep(0.3)
+    assert not blocked.done()
+    await writer.start()  # the writer drains: room again
+    await asyncio.wait_for(blocked, 5)
+    await writer.flush_and_stop()
+    assert [e.payload["n"] for e in await _all(pool)] == list(range(15))

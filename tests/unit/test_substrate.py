@@ -91,10 +91,23 @@ def test_an_imported_transcript_without_a_result_line_is_crashed() -> None:
         (b"[SandboxDebug] hello", "stream.unparsed"),
         (b'{"truncated": ', "stream.unparsed"),
         (b'\xef\xbb\xbf{"type":"user"}', "stream.user"),
+        # a type name is a whole name: a trailing newline would make an event type of its own
+        (b'{"type":"user\\n"}', "stream.other"),
+        (b'{"type":"system","subtype":"init\\n"}', "stream.system"),
     ],
 )
 def test_lines_are_typed_by_type_and_subtype_and_anything_else_is_kept_unparsed(raw: bytes, event_type: str) -> None:
     assert substrate.classify(raw).event_type == event_type
+
+
+def test_a_type_name_seen_again_is_typed_the_same_and_a_bad_one_stays_other() -> None:
+    # the event type of a name is cached after its first line; the cache must not type a bad name later
+    for _ in range(2):
+        assert substrate.classify(b'{"type":"assistant"}').event_type == "stream.assistant"
+        assert substrate.classify(b'{"type":"Assistant"}').event_type == "stream.other"
+        assert substrate.classify(b'{"type":"system","subtype":"compact_boundary"}').event_type == (
+            "stream.system.compact_boundary")
+        assert substrate.classify(b'{"type":"system","subtype":7}').event_type == "stream.system"
 
 
 def test_invalid_utf8_is_replaced_and_flagged_not_dropped() -> None:
