@@ -164,12 +164,25 @@ function workerActivity(taskId) {
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
 export function scrollChat(force) { if (force || S.stick) window.scrollTo(0, document.body.scrollHeight); }
 
+// Following the bottom is the reader's choice, read from their scrolling: scrolling up away from the
+// bottom stops it, scrolling back down to it resumes it. Text arriving never moves the page up, so a
+// render need not measure the page (a forced layout) to know, and a burst taller than the margin
+// arriving between two frames does not unstick the reader.
+let lastY = 0;
+export function followScroll() {
+  window.addEventListener("scroll", () => {
+    const y = window.scrollY;
+    if (y < lastY || !S.stick) S.stick = atBottom();
+    lastY = y;
+  }, { passive: true });
+}
+
 function recordSig(e) {
   return e.event_type === "task.dispatch_requested" ? taskState(S.tasks.get(e.task_id)) : "";
 }
 
 export function renderConversation() {
-  S.stick = !S.keepPlace && atBottom();
+  const keepPlace = S.keepPlace;
   S.keepPlace = false;
   $("#load-older").hidden = !S.convMore;
   // a turn's progress gives way to its final reply; a turn that ended without one leaves nothing behind
@@ -192,7 +205,7 @@ export function renderConversation() {
   rendered.prune();
   reconcile($("#messages"), items);
   renderTurnStatus();
-  scrollChat(false);
+  if (!keepPlace) scrollChat(false);
 }
 
 export function renderTurnStatus() {

@@ -75,9 +75,14 @@ export class Progress {
     return true;
   }
 
-  // in seq order, whichever way the events came in (a reload's read can race the live stream)
+  // in seq order, whichever way the events came in (a reload's read can race the live stream); a live
+  // line is almost always the newest, so it is appended without walking the list
   place(el, seq) {
-    const after = [...this.list.children].find((c) => Number(c.dataset.seq) > seq);
-    this.list.insertBefore(el, after || null);
+    const last = this.list.lastElementChild;
+    const later = (c) => Number(c.dataset.seq) > seq;
+    if (!last || !later(last)) { this.list.append(el); return; }
+    let after = this.list.firstElementChild;
+    while (!later(after)) after = after.nextElementSibling;
+    this.list.insertBefore(el, after);
   }
 }
