@@ -48,9 +48,10 @@ WATCH = """() => {
   const read = ReadableStreamDefaultReader.prototype.read;
   ReadableStreamDefaultReader.prototype.read = function () {
     return read.call(this).then((r) => {
-      if (r.value instanceof Uint8Array) {
+      if (r.value instanceof Uint8Array || typeof r.value === "string") {
         const t = now();
-        const lines = (tail + decoder.decode(r.value, { stream: true })).split(/\r\n|\n|\r/);
+        const text = typeof r.value === "string" ? r.value : decoder.decode(r.value, { stream: true });
+        const lines = (tail + text).split(/\r\n|\n|\r/);
         tail = lines.pop();
         for (const l of lines) if (l.startsWith("id:")) window.__rx[l.slice(3).trim()] = t;
       }
