@@ -51,7 +51,7 @@ WATCH = """() => {
       if (r.value instanceof Uint8Array || typeof r.value === "string") {
         const t = now();
         const text = typeof r.value === "string" ? r.value : decoder.decode(r.value, { stream: true });
-        const lines = (tail + text).split(/\r\n|\n|\r/);
+        const lines = (tail + text).split(/\\r\\n|\\n|\\r/);
         tail = lines.pop();
         for (const l of lines) if (l.startsWith("id:")) window.__rx[l.slice(3).trim()] = t;
       }
