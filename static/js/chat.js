@@ -158,7 +158,7 @@ function workerActivity(taskId) {
   const progress = workerProgress(taskId);
   return h("details", { class: "activity", open: progress.open,
     ontoggle: (ev) => openWorker(taskId, ev.target.open).catch((err) => console.warn("worker", err)) },
-  h("summary", {}, "what it is doing ", progress.counter), progress.list);
+  h("summary", {}, "what it is doing ", progress.counter), progress.fold, progress.list);
 }
 
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
