@@ -1,6 +1,6 @@
 """Live feel, measured in the browser: from a line the CLI prints to its text painted on screen.
 
-    python -m tests.bench.bench_live [--lines 1100]
+    python -m tests.bench.bench_live [--lines 1100] [--partial]
 
 One orchestrator turn of the real claude CLI on the scripted model prints `--lines` assistant text lines
 (each followed by a harness tool call, so each is its own stream-json line). For each line:
@@ -16,6 +16,8 @@ nearest-rank samples with their counts (tests/bench/stats.py); a p99 needs 1,000
 printed -> painted p99 within 2x of the commit -> SSE client p99 of the same run. The executor, the
 ingress, the SSE client and the listener share this process's event loop, and the machine may be
 shared: read the figures side by side (the load average is printed), not as absolutes.
+With --partial the turn runs with --include-partial-messages: every token delta is journaled and sent
+too (the page skips them), and their own journal and SSE latencies are printed beside the lines'.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ async def read_sse(url: str, head: int, arrived: dict[int, float], stop: asyncio
                 return
 
 
-async def main(lines: int) -> None:
+async def main(lines: int, partial: bool) -> None:
     replies = [{"text": f"bench line {k}.", "tool_use": {"name": "mcp__harness__get_handoffs",
                                                         "input": {"scope_id": str(DEFAULT_THREAD_ID)}}}
                for k in range(lines)] + [{"text": "bench done."}]
@@ -114,7 +116,9 @@ async def main(lines: int) -> None:
         db = cluster.create_migrated()
         try:
             with ScriptedModelServer(scenario) as model:
-                async with running_executor(db, model, Path(tmp)), ingress_server(db.ingress_dsn) as url, \
+                # --partial: the CLI also prints each token delta as its own line (stream.stream_event)
+                kw = {"substrate_kw": {"extra_args": ("--include-partial-messages",)}} if partial else {}
+                async with running_executor(db, model, Path(tmp), **kw), ingress_server(db.ingress_dsn) as url, \
                         browser() as b, httpx.AsyncClient(base_url=url) as http:
                     head = (await http.get("/api/info")).json()["journal_head"]
                     stop = asyncio.Event()
@@ -142,6 +146,12 @@ async def main(lines: int) -> None:
                 rows = conn.execute(
                     "SELECT seq, extract(epoch FROM created_at), payload FROM journal"
                     " WHERE seq > %s AND event_type = 'stream.assistant' ORDER BY seq", [head]).fetchall()
+                deltas = conn.execute(
+                    "SELECT seq, extract(epoch FROM created_at) FROM journal"
+                    " WHERE seq > %s AND event_type = 'stream.stream_event' ORDER BY seq", [head]).fetchall()
+                span = conn.execute(
+                    "SELECT extract(epoch FROM max(created_at) - min(created_at)), count(*) FROM journal"
+                    " WHERE seq > %s AND event_type LIKE 'stream.%%'", [head]).fetchone()
         finally:
             cluster.drop(db)
     rx = {int(k): v / 1000 for k, v in page_marks[0].items()}
@@ -175,6 +185,24 @@ async def main(lines: int) -> None:
     print(json.dumps({"lines": lines, "received": len(rx), "in_dom": len(dom), "painted": len(paint)}))
     for name, values in stages.items():
         print(f"  {name:<26} {stats.summary(values)}")
+    if deltas:
+        # token deltas: journaled and sent like any line (the page does not draw them)
+        d_stages: dict[str, list[float]] = {"printed -> committed": [], "commit -> SSE client": [],
+                                            "commit -> page received": []}
+        for seq, created in deltas:
+            committed = next((commits[s] for s in notified if s >= seq), None)
+            if committed is None:
+                continue
+            d_stages["printed -> committed"].append(committed - float(created))
+            if seq in arrived:
+                d_stages["commit -> SSE client"].append(arrived[seq] - committed)
+            if seq in rx:
+                d_stages["commit -> page received"].append(rx[seq] - committed)
+        print(f"  token deltas: {len(deltas)} rows ({len(deltas) / lines:.1f} per line)")
+        for name, values in d_stages.items():
+            print(f"    delta {name:<24} {stats.summary(values)}")
+    if span and span[0]:
+        print(f"  stream lines journaled: {span[1]} in {float(span[0]):.1f} s ({span[1] / float(span[0]):.0f}/s)")
     print(f"  page long tasks (>= 50 ms): {len(long_tasks)}, {sum(long_tasks):.0f} ms in all,"
           f" longest {max(long_tasks, default=0):.0f} ms")
     ratio = stats.ratio(stages["printed -> painted"], stages["commit -> SSE client"], 99)
@@ -185,4 +213,7 @@ async def main(lines: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=1100, help="a p99 needs 1000")
-    asyncio.run(main(parser.parse_args().lines))
+    parser.add_argument("--partial", action="store_true",
+                        help="run the turn with --include-partial-messages (token deltas journaled too)")
+    args = parser.parse_args()
+    asyncio.run(main(args.lines, args.partial))
