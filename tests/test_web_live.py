@@ -89,7 +89,14 @@ async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_ea
                 at = await live.locator(".step.text").count()
                 await expect(live.locator(".step.text", has_text=f"step line {at + 3}.")).to_have_count(1, timeout=60_000)
                 assert await page.evaluate("window.scrollY") == 0
-                # back at the bottom, followed again
+                # another view is not scrolled for Chat
+                await page.click("a[data-tab='activity']")
+                await page.evaluate("window.scrollTo(0, 0)")
+                at = await live.locator(".step.text").count()
+                await expect(live.locator(".step.text", has_text=f"step line {at + 3}.")).to_have_count(1, timeout=60_000)
+                assert await page.evaluate("window.scrollY") == 0
+                # back in Chat at the bottom, followed again
+                await page.click("a[data-tab='chat']")
                 await page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
                 await expect(live.locator(".step.text", has_text=f"step line {lines - 1}.")).to_be_in_viewport(
                     timeout=60_000)

@@ -3,7 +3,7 @@ import { api, confirmed, refused } from "./api.js";
 import { $, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
 import { Progress, isLive } from "./live.js";
 import { md } from "./markdown.js";
-import { FINAL, S, taskState } from "./state.js";
+import { FINAL, S, currentTab, taskState } from "./state.js";
 
 const rendered = new Keyed();
 
@@ -172,7 +172,7 @@ let lastY = 0;
 export function followScroll() {
   window.addEventListener("scroll", () => {
     const y = window.scrollY;
-    if (y < lastY || !S.stick) S.stick = atBottom();
+    if (currentTab() === "chat" && (y < lastY || !S.stick)) S.stick = atBottom(); // not another view's scrolling
     lastY = y;
   }, { passive: true });
 }
@@ -205,7 +205,7 @@ export function renderConversation() {
   rendered.prune();
   reconcile($("#messages"), items);
   renderTurnStatus();
-  if (!keepPlace) scrollChat(false);
+  if (!keepPlace && currentTab() === "chat") scrollChat(false); // another view is not scrolled for Chat
 }
 
 export function renderTurnStatus() {
