@@ -205,8 +205,11 @@ async def main(lines: int, partial: bool) -> None:
         print(f"  stream lines journaled: {span[1]} in {float(span[0]):.1f} s ({span[1] / float(span[0]):.0f}/s)")
     print(f"  page long tasks (>= 50 ms): {len(long_tasks)}, {sum(long_tasks):.0f} ms in all,"
           f" longest {max(long_tasks, default=0):.0f} ms")
-    ratio = stats.ratio(stages["printed -> painted"], stages["commit -> SSE client"], 99)
-    print(f"  p99 printed -> painted / commit -> SSE client: {stats.fmt_ratio(ratio, 'goal <= 2')}")
+    # the goal's figure is the painted one; "in the DOM" is what this benchmark measured before it marked
+    # paints (it leaves out the wait for the next frame: up to 16.7 ms at 60 Hz)
+    for end in ("painted", "DOM"):
+        ratio = stats.ratio(stages[f"printed -> {end}"], stages["commit -> SSE client"], 99)
+        print(f"  p99 printed -> {end} / commit -> SSE client: {stats.fmt_ratio(ratio, 'goal <= 2')}")
     print(f"after: {stats.machine_load()}")
 
 
