@@ -3,9 +3,9 @@
 // Native ES modules, one concern each (js/*.js), no build step. User-supplied text is only ever set as
 // text; markdown is sanitised in js/markdown.js. The server's CSP allows no inline script.
 import { loadFeed, feedEvent, renderFeed } from "./js/activity.js";
-import { api, soon } from "./js/api.js";
+import { api, nextFrame, soon } from "./js/api.js";
 import { loadAsks, renderAsks } from "./js/asks.js";
-import { belongs, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
+import { belongs, followScroll, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
 import { loadContext } from "./js/context.js";
 import { $, h } from "./js/dom.js";
 import { disableNotify, enableNotify, presence, renderNotify, testNotify } from "./js/notify.js";
@@ -40,10 +40,10 @@ function onEvent(e) {
     if (e.event_type === "task.user_message" || e.event_type === "thread.harness_message") {
       S.queue = S.queue.filter((q) => q.id !== e.message_id);
     }
-    soon("render-conv", renderConversation, 30);
+    nextFrame("render-conv", renderConversation);
     announce(e);
   } else if (liveEvent(e)) {
-    soon("render-conv", renderConversation, 30);
+    nextFrame("render-conv", renderConversation);
   } else if (e.task_id && !S.tasks.has(e.task_id) && e.event_type.startsWith("task.")) {
     soon("tasks", loadTasks, 300); // a task we have not seen: maybe this thread's
   }
@@ -81,6 +81,7 @@ function showTab() {
 
 async function start() {
   $("#composer").addEventListener("submit", send);
+  followScroll();
   $("#composer-text").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) $("#composer").requestSubmit();
   });

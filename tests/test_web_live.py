@@ -63,6 +63,53 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                 await _one_final_reply(page)
 
 
+async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_each_and_follows_only_a_reader_at_the_bottom(
+    db: DB, tmp_path: Path
+) -> None:
+    lines = 60
+    replies: list[dict[str, object]] = [
+        {"text": f"step line {k}.", "tool_use": {"name": "mcp__harness__get_handoffs",
+                                                  "input": {"scope_id": str(DEFAULT_THREAD_ID)}}}
+        for k in range(lines)]
+    replies.append({"text": FINAL_TEXT, "delay_s": 0.3})  # slow tokens: time to read the folded card
+    with ScriptedModelServer(Scenario(rules=[Rule(role="orchestrator", replies=replies)])) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url) as page:
+                await page.fill("#composer-text", "go")
+                await page.click("#composer button")
+                live = page.locator("#messages .msg.live")
+                shown = live.locator(":scope > ol.steps > .step")
+                folded = live.locator("details.earlier")
+                # a reader at the bottom is followed: the newest line is in view as it lands
+                await expect(live.locator(".step.text", has_text="step line 5.")).to_be_in_viewport(timeout=60_000)
+                # scrolled up (once the card is taller than the screen), the reader stays where they are
+                # while lines keep landing
+                await expect(folded).to_be_visible(timeout=60_000)
+                await page.evaluate("window.scrollTo(0, 0)")
+                at = await live.locator(".step.text").count()
+                await expect(live.locator(".step.text", has_text=f"step line {at + 3}.")).to_have_count(1, timeout=60_000)
+                assert await page.evaluate("window.scrollY") == 0
+                # another view is not scrolled for Chat
+                await page.click("a[data-tab='activity']")
+                await page.evaluate("window.scrollTo(0, 0)")
+                at = await live.locator(".step.text").count()
+                await expect(live.locator(".step.text", has_text=f"step line {at + 3}.")).to_have_count(1, timeout=60_000)
+                assert await page.evaluate("window.scrollY") == 0
+                # back in Chat at the bottom, followed again
+                await page.click("a[data-tab='chat']")
+                await page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+                await expect(live.locator(".step.text", has_text=f"step line {lines - 1}.")).to_be_in_viewport(
+                    timeout=60_000)
+                # the newest 40 steps in view, the rest folded, every line once and in order
+                await expect(shown).to_have_count(40)
+                await expect(folded.locator("summary")).to_have_text(f"{2 * lines - 40} earlier steps")
+                await folded.locator("summary").click()
+                texts = await live.locator(".step.text").all_inner_texts()
+                assert texts == [f"step line {k}." for k in range(lines)]
+                assert _count(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'stream.result'", []) == 0
+                await _one_final_reply(page)
+
+
 async def _one_final_reply(page: Page) -> None:
     await expect(page.locator("#messages .msg.assistant")).to_have_text(FINAL_TEXT, timeout=60_000)
     await expect(page.locator("#messages .msg.live")).to_have_count(0)
@@ -211,7 +258,7 @@ async def test_a_workers_activity_folds_under_its_dispatch_in_chat_and_in_the_tu
                 await page.click("#composer button")
                 worker = page.locator(".msg.worker", has_text="count the files here")
                 await expect(worker).to_have_count(1, timeout=60_000)
-                await worker.locator("details.activity summary").click()
+                await worker.locator("details.activity > summary").click()
                 await expect(worker.locator("details.activity .step.text")).to_contain_text("there are 3 files",
                                                                                          timeout=60_000)
                 await expect(worker.locator(".chip")).to_have_text("success", timeout=60_000)

@@ -29,6 +29,24 @@ export function soon(name, fn, ms = 150) {
   pending.set(name, setTimeout(async () => { pending.delete(name); try { await fn(); } catch (e) { console.warn(name, e); } }, ms));
 }
 
+// one render per kind per frame, run just before the browser paints: what a stream event changed is on
+// screen in the next frame (not after a fixed delay), and a burst of events still costs one render. A
+// hidden page gets no frames, so the timer stands in for them there.
+const FRAME_FALLBACK_MS = 250;
+const framed = new Map();
+export function nextFrame(name, fn) {
+  if (framed.has(name)) return;
+  const run = () => {
+    const f = framed.get(name);
+    if (!f) return;
+    framed.delete(name);
+    cancelAnimationFrame(f.raf);
+    clearTimeout(f.timer);
+    try { fn(); } catch (e) { console.warn(name, e); }
+  };
+  framed.set(name, { raf: requestAnimationFrame(run), timer: setTimeout(run, FRAME_FALLBACK_MS) });
+}
+
 // Awaits an action; calls onLate once if the store has not confirmed it within the bound.
 export async function confirmed(promise, onLate, ms = CONFIRM_MS) {
   const timer = setTimeout(onLate, ms);

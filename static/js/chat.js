@@ -3,7 +3,7 @@ import { api, confirmed, refused } from "./api.js";
 import { $, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
 import { Progress, isLive } from "./live.js";
 import { md } from "./markdown.js";
-import { FINAL, S, taskState } from "./state.js";
+import { FINAL, S, currentTab, taskState } from "./state.js";
 
 const rendered = new Keyed();
 
@@ -158,18 +158,31 @@ function workerActivity(taskId) {
   const progress = workerProgress(taskId);
   return h("details", { class: "activity", open: progress.open,
     ontoggle: (ev) => openWorker(taskId, ev.target.open).catch((err) => console.warn("worker", err)) },
-  h("summary", {}, "what it is doing ", progress.counter), progress.list);
+  h("summary", {}, "what it is doing ", progress.counter), progress.fold, progress.list);
 }
 
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
 export function scrollChat(force) { if (force || S.stick) window.scrollTo(0, document.body.scrollHeight); }
+
+// Following the bottom is the reader's choice, read from their scrolling: scrolling up away from the
+// bottom stops it, scrolling back down to it resumes it. Text arriving never moves the page up, so a
+// render need not measure the page (a forced layout) to know, and a burst taller than the margin
+// arriving between two frames does not unstick the reader.
+let lastY = 0;
+export function followScroll() {
+  window.addEventListener("scroll", () => {
+    const y = window.scrollY;
+    if (currentTab() === "chat" && (y < lastY || !S.stick)) S.stick = atBottom(); // not another view's scrolling
+    lastY = y;
+  }, { passive: true });
+}
 
 function recordSig(e) {
   return e.event_type === "task.dispatch_requested" ? taskState(S.tasks.get(e.task_id)) : "";
 }
 
 export function renderConversation() {
-  S.stick = !S.keepPlace && atBottom();
+  const keepPlace = S.keepPlace;
   S.keepPlace = false;
   $("#load-older").hidden = !S.convMore;
   // a turn's progress gives way to its final reply; a turn that ended without one leaves nothing behind
@@ -192,7 +205,7 @@ export function renderConversation() {
   rendered.prune();
   reconcile($("#messages"), items);
   renderTurnStatus();
-  scrollChat(false);
+  if (!keepPlace && currentTab() === "chat") scrollChat(false); // another view is not scrolled for Chat
 }
 
 export function renderTurnStatus() {

@@ -29,6 +29,9 @@ export function toolLabel(name, input = {}) {
   }
 }
 
+// steps of a running turn kept in view; a long turn's earlier ones are folded
+export const SHOWN = 40;
+
 const LIVE_TYPES = new Set(["stream.assistant", "stream.user"]);
 export const isLive = (e) => LIVE_TYPES.has(e.event_type);
 
@@ -41,8 +44,13 @@ export class Progress {
     this.steps = new Map(); // tool_use_id → step element
     this.done = new Map();  // tool_use_id → "done" | "failed"
     this.list = h("ol", { class: "steps" });
+    // the newest SHOWN steps stay in view; earlier ones fold away (nothing is dropped: the reader can
+    // open them), so what the browser lays out and paints per frame does not grow with the turn
+    this.earlier = h("ol", { class: "steps" });
+    this.folded = h("summary", {});
+    this.fold = h("details", { class: "earlier", hidden: true }, this.folded, this.earlier);
     this.node = h("li", { class: "msg live", "aria-busy": "true", "data-live-task": taskId, ...attrs },
-      h("span", { class: "sr" }, "working: "), this.list);
+      h("span", { class: "sr" }, "working: "), this.fold, this.list);
     this.count = 0;
     this.counter = h("span", { class: "count" });
     this.open = false;
@@ -75,9 +83,23 @@ export class Progress {
     return true;
   }
 
-  // in seq order, whichever way the events came in (a reload's read can race the live stream)
+  // in seq order, whichever way the events came in (a reload's read can race the live stream); a live
+  // line is almost always the newest, so it is appended without walking the list
   place(el, seq) {
-    const after = [...this.list.children].find((c) => Number(c.dataset.seq) > seq);
-    this.list.insertBefore(el, after || null);
+    const later = (c) => Number(c.dataset.seq) > seq;
+    const first = this.list.firstElementChild;
+    const list = first && this.earlier.firstElementChild && later(first) ? this.earlier : this.list;
+    const last = list.lastElementChild;
+    if (!last || !later(last)) list.append(el);
+    else {
+      let after = list.firstElementChild;
+      while (!later(after)) after = after.nextElementSibling;
+      list.insertBefore(el, after);
+    }
+    if (this.list.childElementCount <= SHOWN) return;
+    while (this.list.childElementCount > SHOWN) this.earlier.append(this.list.firstElementChild);
+    this.fold.hidden = false;
+    const n = this.earlier.childElementCount;
+    this.folded.textContent = `${n} earlier step${n === 1 ? "" : "s"}`;
   }
 }

@@ -85,14 +85,16 @@ export async function stream(handlers, heartbeatS = 15) {
 }
 
 async function readStream(body, handlers, signal) {
-  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  // decoded in place rather than through a piped TextDecoderStream: one hop less per chunk
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
   signal.addEventListener("abort", () => reader.cancel().catch(() => null));
   let buf = "";
   for (;;) {
     const { value, done } = await reader.read();
     if (done || signal.aborted) return;
     lastByte = Date.now();
-    buf += value;
+    buf += decoder.decode(value, { stream: true });
     // events end with a blank line; the server may use CRLF
     let m;
     while ((m = /\r\n\r\n|\n\n|\r\r/.exec(buf))) {
