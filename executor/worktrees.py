@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import errors, logs
 from shared.models import NewEvent
+from shared.query import Queries, Transaction
 
 log = logs.get(__name__)
 
@@ -181,12 +181,6 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
             "diff_truncated": cut}
 
 
-async def _task(pool: AsyncConnectionPool, task_id: uuid.UUID) -> dict[str, Any] | None:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["task_worktree"], {"id": task_id})
-        return await cur.fetchone()
-
-
 async def record_changes(pool: AsyncConnectionPool, writer: JournalWriter, task_id: uuid.UUID, *,
                          keep_worktree: bool = False) -> dict[str, Any] | None:
     """After a worker of a project ended: record what its branch changed as a derived `task.changes`
@@ -194,7 +188,8 @@ async def record_changes(pool: AsyncConnectionPool, writer: JournalWriter, task_
 
     Idempotent: a task whose changes are recorded already is left alone. Returns the record's payload,
     or None when the task has no worktree (or was done before)."""
-    row = await _task(pool, task_id)
+    q = Queries(pool, queries)
+    row = await q.one("get_task_worktree", {"id": task_id})
     if row is None or row["branch"] is None or row["changes_recorded_at"] is not None:
         return None
     repo, worktree = Path(row["project_workdir"]), Path(row["worktree"]) if row["worktree"] else None
@@ -207,8 +202,7 @@ async def record_changes(pool: AsyncConnectionPool, writer: JournalWriter, task_
         log.exception("record_changes_failed", task_id=str(task_id))
     await writer.write([NewEvent("task.changes", payload, tier="derived", task_id=task_id, project_id=row["project_id"],
                                  session_id=row["session_id"])])
-    async with pool.connection() as conn:
-        await conn.execute(queries["mark_changes_recorded"], {"id": task_id})
+    await q.execute("mark_changes_recorded", {"id": task_id})
     if worktree is not None and not keep_worktree and "error" not in payload:
         try:
             await remove(repo, worktree)
@@ -280,9 +274,7 @@ async def delete_branch(repo: Path, branch: str, worktree: Path | None) -> None:
 
 async def artifacts(conn: AsyncConnection[Any], task_id: uuid.UUID) -> list[str]:
     """A worker's recorded changes as handoff artifacts (its branch, commits and files); [] when none."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["latest_task_changes"], {"id": task_id})
-        row = await cur.fetchone()
+    row = await Transaction(conn, queries).one("get_latest_task_changes", {"id": task_id})
     c = row["payload"] if row else None
     if not c or "error" in c:
         return []

@@ -7,28 +7,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg.rows import dict_row
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, pool, respond
+from ingress.http import body, ingress_queries, respond
 from ingress.models import PresenceIn, PushEndpointIn, PushSubscriptionIn
 from ingress.problems import Problem
-from ingress.sql import queries
 from shared import endpoints
 
 
 async def _one(request: Request, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params or {})
-        return await cur.fetchone()
+    return await ingress_queries(request).one(name, params)
 
 
 async def push_info(request: Request) -> Response:
-    config = await _one(request, "push_config")
-    count = await _one(request, "push_subscription_count")
+    config = await _one(request, "get_push_config")
+    count = await _one(request, "count_push_subscriptions")
     endpoint = request.query_params.get("endpoint")
-    mine = await _one(request, "push_subscription_by_endpoint", {"endpoint": endpoint}) if endpoint else None
+    mine = await _one(request, "get_push_subscription_by_endpoint", {"endpoint": endpoint}) if endpoint else None
     return respond({"public_key": config["public_key"] if config else None,
                     "subscriptions": count["subscriptions"] if count else 0,
                     "subscribed": mine is not None, "subscription": mine,
@@ -40,7 +36,7 @@ async def subscribe(request: Request) -> Response:
     refused = await endpoints.refusal(sub.endpoint, allow_loopback=request.app.state.settings.push_allow_loopback)
     if refused:  # the executor would POST there: no requests into this machine or its network (SSRF)
         raise Problem(422, f"endpoint: {refused}")
-    if await _one(request, "push_config") is None:
+    if await _one(request, "get_push_config") is None:
         raise Problem(409, "the executor has not published its VAPID key yet: start it, then try again")
     row = await _one(request, "upsert_push_subscription", {
         "endpoint": sub.endpoint, "p256dh": sub.keys.p256dh, "auth": sub.keys.auth,

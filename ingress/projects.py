@@ -5,28 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, path_uuid, pool, query_choice, query_uuid, respond
+from ingress.http import body, ingress_queries, path_uuid, pool, query_choice, query_uuid, respond
 from ingress.models import ProjectIn, ReviewIn
 from ingress.problems import Problem
-from ingress.sql import queries
 from shared import projects
 
 
 async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchone()
+    return await ingress_queries(request).one(name, params)
 
 
 async def create_project(request: Request) -> Response:
     spec = await body(request, ProjectIn)
-    taken = await _one(request, "slug_taken", {"slug": spec.slug})
-    if taken and taken["exists"]:
+    if await _one(request, "check_slug_taken", {"slug": spec.slug}) is not None:
         raise Problem(409, f"slug {spec.slug!r} is taken")
     queued = await _one(request, "enqueue_project_request", {
         "action": "create", "task_id": None, "args": Jsonb(spec.model_dump(exclude_none=True))})
@@ -70,7 +65,7 @@ async def task_diff(request: Request) -> Response:
 async def _review(request: Request, action: str) -> Response:
     task_id = path_uuid(request, "task_id")
     await body(request, ReviewIn, optional=True)
-    task = await _one(request, "task_review_state", {"id": task_id})
+    task = await _one(request, "get_task_review_state", {"id": task_id})
     if task is None:
         raise Problem(404, f"no task {task_id}")
     if task["branch"] is None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import path_uuid, pool, query_bool, query_choice, query_int, query_uuid, respond
+from ingress.http import ingress_queries, path_uuid, query_bool, query_choice, query_int, query_uuid, respond
 from ingress.problems import Problem
 from ingress.sql import queries
 from shared import read_surface, threads
+from shared.query import Queries
 
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
          "extraction_failed")
@@ -19,9 +20,7 @@ STATUSES = ("pending", "running", *FINAL)
 
 
 async def _rows(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchall()
+    return await ingress_queries(request).all(name, params)
 
 
 async def list_threads(request: Request) -> Response:
@@ -29,7 +28,7 @@ async def list_threads(request: Request) -> Response:
 
 
 async def pending_queue(request: Request) -> Response:
-    return respond({"pending": await _rows(request, "pending_chat", {"thread_id": query_uuid(request, "thread_id")})})
+    return respond({"pending": await _rows(request, "list_pending_chat", {"thread_id": query_uuid(request, "thread_id")})})
 
 
 async def list_tasks(request: Request) -> Response:
@@ -40,10 +39,10 @@ async def list_tasks(request: Request) -> Response:
 
 async def get_task(request: Request) -> Response:
     task_id = path_uuid(request, "task_id")
-    rows = await _rows(request, "get_task", {"id": task_id})
-    if not rows:
+    task = await ingress_queries(request).one("get_task", {"id": task_id})
+    if task is None:
         raise Problem(404, f"no task {task_id}")
-    return respond(rows[0])
+    return respond(task)
 
 
 def _events_params(request: Request, task_id: Any = None) -> dict[str, Any]:
@@ -60,7 +59,7 @@ def _page(events: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any
 
 async def task_events(request: Request) -> Response:
     task_id = path_uuid(request, "task_id")
-    if not await _rows(request, "get_task", {"id": task_id}):
+    if await ingress_queries(request).one("get_task", {"id": task_id}) is None:
         raise Problem(404, f"no task {task_id}")
     params = _events_params(request, task_id)
     return respond(_page(await _rows(request, "list_events", params), params))
@@ -85,11 +84,11 @@ async def conversation(request: Request) -> Response:
     before = query_int(request, "before_seq", 0, lo=1) if request.query_params.get("before_seq") else None
     params = {"thread_id": path_uuid(request, "thread_id"), "after": query_int(request, "after_seq", 0),
               "before": before, "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
-    events = await _rows(request, "thread_conversation", params)
+    events = await _rows(request, "list_thread_conversation", params)
     failed = [e for e in events if e["event_type"] == "turn.failed"]
     if failed:
         # a failed turn's record says whether its Retry is still open (no later run repeats the turn)
-        reruns = {r["retry_of"]: r["id"] for r in await _rows(request, "turn_reruns",
+        reruns = {r["retry_of"]: r["id"] for r in await _rows(request, "list_turn_reruns",
                                                               {"ids": [e["task_id"] for e in failed]})}
         for e in failed:
             e["retried_by"] = reruns.get(e["task_id"])
@@ -116,17 +115,17 @@ async def project_state(request: Request) -> Response:
 async def context(request: Request) -> Response:
     """The orchestrator's working set for one thread (FR-006)."""
     thread_id = query_uuid(request, "thread_id") or threads.DEFAULT_THREAD_ID
-    thread = await _rows(request, "get_thread", {"id": thread_id})
+    thread = await ingress_queries(request).one("get_thread", {"id": thread_id})
     tasks = await _rows(request, "list_tasks", {"status": None, "thread_id": thread_id, "running": None,
                                                 "limit": 50})
     turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ("pending", "running")), None)
     workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ("pending", "running")]
     return respond({
-        "thread": thread[0] if thread else None,
+        "thread": thread,
         "thread_id": thread_id,
-        "mode": thread[0]["mode"] if thread else None,
+        "mode": thread["mode"] if thread else None,
         "current_turn": turn,
-        "pending_messages": await _rows(request, "pending_chat", {"thread_id": thread_id}),
+        "pending_messages": await _rows(request, "list_pending_chat", {"thread_id": thread_id}),
         "running_workers": workers,
         "recent_handoffs": await read_surface.get_handoffs(request.app.state.db.pool, thread_id, 5),
         "pending_asks": await _rows(request, "list_asks", {"status": "pending", "thread_id": thread_id,
@@ -143,3 +142,14 @@ async def list_asks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", ("pending", "answered", "cancelled")),
               "thread_id": query_uuid(request, "thread_id"), "limit": query_int(request, "limit", 50, lo=1, hi=500)}
     return respond({"asks": await _rows(request, "list_asks", params)})
+
+
+# `petal-dispatch status`: what is open now, each part under its key
+STATUS_PARTS = {"tasks": "list_open_tasks", "queue": "list_queued_messages", "asks": "list_pending_asks",
+                "last_events": "list_last_events", "executors": "list_executors"}
+
+
+async def status(pool: AsyncConnectionPool) -> dict[str, list[dict[str, Any]]]:
+    """Open tasks, queued messages, pending asks, the last events and the fleet (the operator's view)."""
+    q = Queries(pool, queries)
+    return {key: await q.all(name) for key, name in STATUS_PARTS.items()}
