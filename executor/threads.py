@@ -188,9 +188,8 @@ class Threads:
                 brief = f"{brief}\n\n{context}"
             await tx.execute("insert_task", {
                 "id": turn_id, "project_id": project["id"] if project else None, "session_id": thread_id,
-                "parent_task_id": None,
-                "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None, "allowed_tools": None,
-                "json_schema": None})
+                "parent_task_id": None, "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None,
+                "allowed_tools": None, "json_schema": None})
             events = [NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
                                {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
                                session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages]

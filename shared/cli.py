@@ -376,11 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args, settings)
+    except (errors.DatabaseUnavailable, psycopg.OperationalError) as exc:  # a named query's, or a raw connection's
+        print(f"petal-dispatch: cannot reach the database: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     except errors.PetalError as exc:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
-        return 2
-    except psycopg.OperationalError as exc:
-        print(f"petal-dispatch: cannot reach the database: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before a command set up its own stop: stopping is what was asked
         return 130
