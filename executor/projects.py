@@ -144,10 +144,10 @@ class Projects:
             await self.writer.write([NewEvent("project.refused", {"request_id": str(row["id"]), "reason": reason,
                                                                   "args": row["args"]})])
         else:
-            task = await self.q.one("get_task_worktree", {"id": row["task_id"]}) if row["task_id"] else None
+            task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
             await self.writer.write([NewEvent("task.merge_failed", {
                 "request_id": str(row["id"]), "action": row["action"], "reason": reason},
-                task_id=task["id"] if task else None, project_id=task["project_id"] if task else None)])
+                task_id=task.id if task else None, project_id=task.project_id if task else None)])
 
     # ---- create --------------------------------------------------------------------------------------
 
@@ -188,42 +188,40 @@ class Projects:
 
     # ---- merge / discard -----------------------------------------------------------------------------
 
-    async def _reviewable(self, row: dict[str, Any]) -> dict[str, Any]:
-        task = await self.q.one("get_task_worktree", {"id": row["task_id"]}) if row["task_id"] else None
-        if task is None or task["branch"] is None:
+    async def _reviewable(self, row: dict[str, Any]) -> tuple[worktrees.TaskWorktree, str]:
+        """The task whose branch a merge or discard acts on, and that branch."""
+        task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
+        if task is None or task.branch is None:
             raise Refused(f"task {row['task_id']} has no branch of a project")
-        if task["status"] in ("pending", "running"):
-            raise Refused(f"task {task['id']} is still {task['status']}")
-        if task["review"] is not None:
-            raise Refused(f"the branch of task {task['id']} was already {task['review']}")
-        if task["changes_recorded_at"] is None:
-            raise Refused(f"task {task['id']}'s changes are not recorded yet; try again in a moment")
-        return task
+        if task.status in ("pending", "running"):
+            raise Refused(f"task {task.id} is still {task.status}")
+        if task.review is not None:
+            raise Refused(f"the branch of task {task.id} was already {task.review}")
+        if task.changes_recorded_at is None:
+            raise Refused(f"task {task.id}'s changes are not recorded yet; try again in a moment")
+        return task, task.branch
 
     async def _merge(self, row: dict[str, Any]) -> dict[str, Any]:
-        task = await self._reviewable(row)
-        repo = Path(task["project_workdir"])
-        merged = await worktrees.merge(repo, task["branch"], f"Merge {task['branch']} (task {task['id']})")
+        task, branch = await self._reviewable(row)
+        merged = await worktrees.merge(task.repo, branch, f"Merge {branch} (task {task.id})")
         # merged is merged: record it even if tidying up the branch fails
-        await self.q.execute("set_task_review", {"id": task["id"], "review": "merged"})
+        await self.q.execute("set_task_review", {"id": task.id, "review": "merged"})
         try:  # the branch is in the project's branch now: it and any kept worktree go
-            await worktrees.delete_branch(repo, task["branch"], Path(task["worktree"]) if task["worktree"] else None)
+            await worktrees.delete_branch(task.repo, branch, task.worktree_path)
             merged["branch_deleted"] = True
         except worktrees.GitError as exc:
             merged["branch_deleted"] = False
             merged["branch_delete_error"] = str(exc)
-        payload = {"request_id": str(row["id"]), "branch": task["branch"], **merged}
-        await self.writer.write([NewEvent("task.merged", payload, task_id=task["id"], project_id=task["project_id"])])
+        payload = {"request_id": str(row["id"]), "branch": branch, **merged}
+        await self.writer.write([NewEvent("task.merged", payload, task_id=task.id, project_id=task.project_id)])
         return payload
 
     async def _discard(self, row: dict[str, Any]) -> dict[str, Any]:
-        task = await self._reviewable(row)
-        repo = Path(task["project_workdir"])
-        await worktrees.delete_branch(repo, task["branch"], Path(task["worktree"]) if task["worktree"] else None)
-        await self.q.execute("set_task_review", {"id": task["id"], "review": "discarded"})
-        payload = {"request_id": str(row["id"]), "branch": task["branch"]}
-        await self.writer.write([NewEvent("task.discarded", payload, task_id=task["id"],
-                                          project_id=task["project_id"])])
+        task, branch = await self._reviewable(row)
+        await worktrees.delete_branch(task.repo, branch, task.worktree_path)
+        await self.q.execute("set_task_review", {"id": task.id, "review": "discarded"})
+        payload = {"request_id": str(row["id"]), "branch": branch}
+        await self.writer.write([NewEvent("task.discarded", payload, task_id=task.id, project_id=task.project_id)])
         return payload
 
 
