@@ -3,8 +3,6 @@ executor carries them out and journals them (GET /api/project-requests/{id} show
 
 from __future__ import annotations
 
-from typing import Any
-
 from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,15 +13,12 @@ from ingress.problems import Problem
 from shared import projects
 
 
-async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    return await ingress_queries(request).one(name, params)
-
-
 async def create_project(request: Request) -> Response:
     spec = await body(request, ProjectIn)
-    if await _one(request, "check_slug_taken", {"slug": spec.slug}) is not None:
+    q = ingress_queries(request)
+    if await q.one("check_slug_taken", {"slug": spec.slug}) is not None:
         raise Problem(409, f"slug {spec.slug!r} is taken")
-    queued = await _one(request, "enqueue_project_request", {
+    queued = await q.one("enqueue_project_request", {
         "action": "create", "task_id": None, "args": Jsonb(spec.model_dump(exclude_none=True))})
     return respond(queued, 202)
 
@@ -65,7 +60,8 @@ async def task_diff(request: Request) -> Response:
 async def _review(request: Request, action: str) -> Response:
     task_id = path_uuid(request, "task_id")
     await body(request, ReviewIn, optional=True)
-    task = await _one(request, "get_task_review_state", {"id": task_id})
+    q = ingress_queries(request)
+    task = await q.one("get_task_review_state", {"id": task_id})
     if task is None:
         raise Problem(404, f"no task {task_id}")
     if task["branch"] is None:
@@ -78,8 +74,7 @@ async def _review(request: Request, action: str) -> Response:
         raise Problem(409, f"task {task_id}'s changes are not recorded yet")
     if task["review_pending"]:
         raise Problem(409, f"a merge or discard of task {task_id} is already queued")
-    queued = await _one(request, "enqueue_project_request", {"action": action, "task_id": task_id,
-                                                             "args": Jsonb({})})
+    queued = await q.one("enqueue_project_request", {"action": action, "task_id": task_id, "args": Jsonb({})})
     return respond(queued, 202)
 
 

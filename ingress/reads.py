@@ -19,22 +19,20 @@ FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial",
 STATUSES = ("pending", "running", *FINAL)
 
 
-async def _rows(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    return await ingress_queries(request).all(name, params)
-
-
 async def list_threads(request: Request) -> Response:
-    return respond({"threads": await _rows(request, "list_threads", {}), "default_thread_id": threads.DEFAULT_THREAD_ID})
+    return respond({"threads": await ingress_queries(request).all("list_threads"),
+                    "default_thread_id": threads.DEFAULT_THREAD_ID})
 
 
 async def pending_queue(request: Request) -> Response:
-    return respond({"pending": await _rows(request, "list_pending_chat", {"thread_id": query_uuid(request, "thread_id")})})
+    params = {"thread_id": query_uuid(request, "thread_id")}
+    return respond({"pending": await ingress_queries(request).all("list_pending_chat", params)})
 
 
 async def list_tasks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", STATUSES), "thread_id": query_uuid(request, "thread_id"),
               "running": query_bool(request, "running"), "limit": query_int(request, "limit", 100, lo=1, hi=1000)}
-    return respond({"tasks": await _rows(request, "list_tasks", params)})
+    return respond({"tasks": await ingress_queries(request).all("list_tasks", params)})
 
 
 async def get_task(request: Request) -> Response:
@@ -59,15 +57,16 @@ def _page(events: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any
 
 async def task_events(request: Request) -> Response:
     task_id = path_uuid(request, "task_id")
-    if await ingress_queries(request).one("get_task", {"id": task_id}) is None:
+    q = ingress_queries(request)
+    if await q.one("get_task", {"id": task_id}) is None:
         raise Problem(404, f"no task {task_id}")
     params = _events_params(request, task_id)
-    return respond(_page(await _rows(request, "list_events", params), params))
+    return respond(_page(await q.all("list_events", params), params))
 
 
 async def events(request: Request) -> Response:
     params = _events_params(request)
-    return respond(_page(await _rows(request, "list_events", params), params))
+    return respond(_page(await ingress_queries(request).all("list_events", params), params))
 
 
 # The records a thread's chat renders (see static/app.js); the rest of the journal is in Activity.
@@ -84,12 +83,13 @@ async def conversation(request: Request) -> Response:
     before = query_int(request, "before_seq", 0, lo=1) if request.query_params.get("before_seq") else None
     params = {"thread_id": path_uuid(request, "thread_id"), "after": query_int(request, "after_seq", 0),
               "before": before, "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
-    events = await _rows(request, "list_thread_conversation", params)
+    q = ingress_queries(request)
+    events = await q.all("list_thread_conversation", params)
     failed = [e for e in events if e["event_type"] == "turn.failed"]
     if failed:
         # a failed turn's record says whether its Retry is still open (no later run repeats the turn)
-        reruns = {r["retry_of"]: r["id"] for r in await _rows(request, "list_turn_reruns",
-                                                              {"ids": [e["task_id"] for e in failed]})}
+        reruns = {r["retry_of"]: r["id"]
+                  for r in await q.all("list_turn_reruns", {"ids": [e["task_id"] for e in failed]})}
         for e in failed:
             e["retried_by"] = reruns.get(e["task_id"])
     # more: older records exist before the first one returned (page back with before_seq = its seq)
@@ -115,9 +115,9 @@ async def project_state(request: Request) -> Response:
 async def context(request: Request) -> Response:
     """The orchestrator's working set for one thread (FR-006)."""
     thread_id = query_uuid(request, "thread_id") or threads.DEFAULT_THREAD_ID
-    thread = await ingress_queries(request).one("get_thread", {"id": thread_id})
-    tasks = await _rows(request, "list_tasks", {"status": None, "thread_id": thread_id, "running": None,
-                                                "limit": 50})
+    q = ingress_queries(request)
+    thread = await q.one("get_thread", {"id": thread_id})
+    tasks = await q.all("list_tasks", {"status": None, "thread_id": thread_id, "running": None, "limit": 50})
     turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ("pending", "running")), None)
     workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ("pending", "running")]
     return respond({
@@ -125,23 +125,22 @@ async def context(request: Request) -> Response:
         "thread_id": thread_id,
         "mode": thread["mode"] if thread else None,
         "current_turn": turn,
-        "pending_messages": await _rows(request, "list_pending_chat", {"thread_id": thread_id}),
+        "pending_messages": await q.all("list_pending_chat", {"thread_id": thread_id}),
         "running_workers": workers,
         "recent_handoffs": await read_surface.get_handoffs(request.app.state.db.pool, thread_id, 5),
-        "pending_asks": await _rows(request, "list_asks", {"status": "pending", "thread_id": thread_id,
-                                                           "limit": 20}),
+        "pending_asks": await q.all("list_asks", {"status": "pending", "thread_id": thread_id, "limit": 20}),
     })
 
 
 async def list_executors(request: Request) -> Response:
     """The executors sharing this database (the fleet)."""
-    return respond({"executors": await _rows(request, "list_executors", {})})
+    return respond({"executors": await ingress_queries(request).all("list_executors")})
 
 
 async def list_asks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", ("pending", "answered", "cancelled")),
               "thread_id": query_uuid(request, "thread_id"), "limit": query_int(request, "limit", 50, lo=1, hi=500)}
-    return respond({"asks": await _rows(request, "list_asks", params)})
+    return respond({"asks": await ingress_queries(request).all("list_asks", params)})
 
 
 # `petal-dispatch status`: what is open now, each part under its key
