@@ -26,10 +26,8 @@ CALL_WAIT_S = 2.0
 CALL_POLL_S = 0.1
 
 
-async def _event_id(source: AsyncConnectionPool | AsyncConnection[Any], name: str,
-                    params: dict[str, Any]) -> uuid.UUID | None:
+async def _event_id(q: Queries | Transaction, name: str, params: dict[str, Any]) -> uuid.UUID | None:
     """The event a query names, on a pooled connection or on the caller's (inside its transaction)."""
-    q = Queries(source, queries) if isinstance(source, AsyncConnectionPool) else Transaction(source, queries)
     row = await q.one(name, params)
     return row["event_id"] if row else None
 
@@ -45,7 +43,7 @@ async def spawn_parent(pool: AsyncConnectionPool, row: dict[str, Any]) -> uuid.U
     if dispatched is None or not dispatched["tool_use_id"]:
         return None
     for _ in range(int(CALL_WAIT_S / CALL_POLL_S)):
-        found = await _event_id(pool, "get_dispatching_call", {"id": row["id"]})
+        found = await _event_id(q, "get_dispatching_call", {"id": row["id"]})
         if found is not None:
             return found
         await asyncio.sleep(CALL_POLL_S)
@@ -53,7 +51,8 @@ async def spawn_parent(pool: AsyncConnectionPool, row: dict[str, Any]) -> uuid.U
 
 
 async def task_exit_event(source: AsyncConnectionPool | AsyncConnection[Any], task_id: uuid.UUID) -> uuid.UUID | None:
-    return await _event_id(source, "get_task_exit_event", {"id": task_id})
+    q = Queries(source, queries) if isinstance(source, AsyncConnectionPool) else Transaction(source, queries)
+    return await _event_id(q, "get_task_exit_event", {"id": task_id})
 
 
 def tool_parent(calls: dict[str, uuid.UUID], event_type: str, payload: Any, event_id: uuid.UUID) -> uuid.UUID | None:
