@@ -1,4 +1,5 @@
-"""`petal-dispatch executor`: the supervisor, its journal writer and its LISTEN connection, as one process."""
+"""`petal-dispatch executor`: the supervisor, its journal writer, its LISTEN connection, the harness MCP
+server and the loops beside them (settler, threads, projects, notifier, gate rules), as one process."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import contextlib
 import ipaddress
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
+from typing import Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import fleet, harness_mcp, notify, permission_prompt, projects, threads
+from executor import fleet, notify, projects, threads
+from executor import harness as harness_mcp
+from executor.harness import rules as gate_rules
 from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
 from executor.settler import Settler, SettlerConfig
@@ -81,18 +85,27 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
                 notify_config: notify.NotifyConfig | None = None,
                 project_roots: tuple[Path, ...] = (),
                 journal_hold_bytes: int = JOURNAL_HOLD_BYTES) -> None:
-    # started during an outage, it waits for the database instead of exiting
-    async with Database(dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait",
-                        stop=stop) as db:
+    """Run until `stop` is set or a loop ends on its own (a crash: raised here once everything is down).
+
+    Resources are entered on one exit stack and every long-lived loop runs in one task group, each loop's
+    stop pushed right after it starts: leaving unwinds in reverse, whether after a stop, a crashed loop or
+    a failed start. So the supervisor stops its children first (the MCP server and the listener still
+    serve them), then the settler settles what that caused, the other loops end, the MCP server stops,
+    the listener goes, and the journal writer flushes last."""
+    loops = _Loops(stop)
+    async with contextlib.AsyncExitStack() as stack:
+        # started during an outage, it waits for the database instead of exiting
+        db = await stack.enter_async_context(Database(
+            dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait", stop=stop))
         if stop.is_set():  # stopped while waiting for the database
             return
         writer = JournalWriter(db.pool, spill_dir=config.run_dir, hold_bytes=journal_hold_bytes)
         await writer.start()
+        stack.push_async_callback(writer.flush_and_stop)
+
+        # what can fail is made before any loop starts: a failed start unwinds only the above
         listener = db.listener(CHANNELS)
         wake = listener.subscribe(["task_pending", "stop_queue"])
-        listening = asyncio.create_task(listener.run(), name="listener")
-        with contextlib.suppress(TimeoutError):  # an outage right now: the listener goes on trying
-            await asyncio.wait_for(listener.connected.wait(), 30)
         harness = harness_mcp.Harness(db, writer, listener, ask_timeout_s)
         mcp_stop = asyncio.Event()
         mcp_config = Config()
@@ -100,65 +113,116 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         mcp_config.accesslog = None
         mcp_config.graceful_timeout = 2.0
         mcp_app = harness_mcp.asgi_app(harness_mcp.build(harness), mcp_host)
-        # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
-        serving_mcp = asyncio.create_task(
-            hypercorn_serve(mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait),  # type: ignore[arg-type]
-            name="harness-mcp")
         supervisor = Supervisor(db, writer, substrate, config)
         supervisor.on_credential_revoked = harness.forget
         conversations = threads.Threads(db.pool, writer)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, SettlerConfig(extract=extract, backoff_base_s=backoff_base_s), conversations.wake)
-        settle_sub = listener.subscribe(["task_changed"])
-        settling = asyncio.create_task(
-            _outliving_outages("settler", lambda: settler.run(settle_sub), db.availability), name="settler")
-        supervising = asyncio.create_task(supervisor.run(wake), name="supervisor")
-        thread_sub = listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])
-        delivering = asyncio.create_task(
-            _outliving_outages("threads", lambda: conversations.run(thread_sub), db.availability), name="threads")
         repos = projects.Projects(db.pool, writer, projects.ProjectsConfig(project_roots, config.keep_worktrees))
-        project_sub = listener.subscribe(["project_queue"])
-        managing = asyncio.create_task(
-            _outliving_outages("projects", lambda: repos.run(project_sub), db.availability), name="projects")
         notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig(),
                                    notify.Duty(dsn, notify.NOTIFIER_DUTY, config.name), name=config.name)
         await db.availability.retry(notifier.start, "notifier")
+        settle_sub = listener.subscribe(["task_changed"])
+        thread_sub = listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])
+        project_sub = listener.subscribe(["project_queue"])
         notify_sub = listener.subscribe(["journal", "notify_queue"])
-        notifying = asyncio.create_task(
-            _outliving_outages("notifier", lambda: notifier.run(notify_sub), db.availability), name="notifier")
         rule_sub = listener.subscribe(["gate_rule_queue"])
-        ruling = asyncio.create_task(_outliving_outages(
-            "gate-rules", lambda: permission_prompt.run_rule_queue(db.pool, writer, rule_sub), db.availability),
-            name="gate-rules")
-        stopping = asyncio.create_task(stop.wait())
+
+        # the loops: each one's stop is pushed as it starts, so they stop in the reverse order
+        group = await stack.enter_async_context(asyncio.TaskGroup())
+        listening = loops.start(group, "listener", listener.run())
+        stack.push_async_callback(_cancel, listening)
+        with contextlib.suppress(TimeoutError):  # an outage right now: the listener goes on trying
+            await asyncio.wait_for(listener.connected.wait(), 30)
+        # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
+        serving_mcp = loops.start(group, "harness-mcp", hypercorn_serve(
+            mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait))  # type: ignore[arg-type]
+        stack.push_async_callback(_stop_mcp, mcp_stop, serving_mcp)
+        side = [
+            loops.start(group, "threads", _outliving_outages(
+                "threads", lambda: conversations.run(thread_sub), db.availability)),
+            loops.start(group, "projects", _outliving_outages(
+                "projects", lambda: repos.run(project_sub), db.availability)),
+            loops.start(group, "notifier", _outliving_outages(
+                "notifier", lambda: notifier.run(notify_sub), db.availability)),
+            loops.start(group, "gate-rules", _outliving_outages(
+                "gate-rules", lambda: gate_rules.run_rule_queue(db.pool, writer, rule_sub),
+                db.availability)),
+        ]
+        stack.push_async_callback(_cancel, *side)
+        settling = loops.start(group, "settler", _outliving_outages(
+            "settler", lambda: settler.run(settle_sub), db.availability))
+        stack.push_async_callback(_settle_last, settling, settler)
+        supervising = loops.start(group, "supervisor", supervisor.run(wake))
+        stack.push_async_callback(_stop_supervisor, supervisor, supervising)
+        stack.callback(loops.close)  # from here on a loop that returns was stopped
+
+        await stop.wait()
+    loops.raise_crash()
+
+
+class _Loops:
+    """The executor's long-lived loops: one that ends before `stop` (a crash, or an unexpected return)
+    is logged and sets `stop`, so the executor comes down in order and `serve` raises its error."""
+
+    def __init__(self, stop: asyncio.Event):
+        self.stop = stop
+        self.closing = False
+        self.crashes: list[BaseException] = []
+
+    def close(self) -> None:
+        self.closing = True
+
+    def start(self, group: asyncio.TaskGroup, name: str, loop: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return group.create_task(self._watched(name, loop), name=name)
+
+    async def _watched(self, name: str, loop: Coroutine[Any, Any, None]) -> None:
         try:
-            await asyncio.wait({supervising, listening, stopping, serving_mcp, settling},
-                               return_when=asyncio.FIRST_COMPLETED)
-            supervisor.stop()
-            await supervising  # re-raises a supervisor crash (e.g. another executor holds the lock)
-            if serving_mcp.done():
-                serving_mcp.result()  # e.g. the MCP port is taken
-            if settling.done():
-                settling.result()
-            settling.cancel()
-            await asyncio.gather(settling, return_exceptions=True)
-            # the ends the stop itself caused; whatever is left is settled by the next start
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(settler.settle_pending(), FINAL_SETTLE_TIMEOUT_S)
-        finally:
-            settling.cancel()
-            delivering.cancel()
-            notifying.cancel()
-            managing.cancel()
-            ruling.cancel()
-            await asyncio.gather(settling, delivering, notifying, managing, ruling, return_exceptions=True)
-            mcp_stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(serving_mcp, 10)
-            listening.cancel()
-            stopping.cancel()
-            await asyncio.gather(listening, stopping, return_exceptions=True)
-            await writer.flush_and_stop()
+            await loop
+        except Exception as exc:  # noqa: BLE001 - said here, raised by serve once everything is down
+            if isinstance(exc, errors.PetalError):  # a refusal that says what is wrong (another executor...)
+                log.error("executor_loop_refused", loop=name, error=str(exc))
+            else:
+                log.exception("executor_loop_crashed", loop=name)
+            self.crashes.append(exc)
+            self.stop.set()
+            return
+        if not self.stop.is_set() and not self.closing:
+            log.error("executor_loop_ended", loop=name)
+            self.crashes.append(LoopEnded(f"the executor's {name} loop ended on its own"))
+            self.stop.set()
+
+    def raise_crash(self) -> None:
+        if self.crashes:
+            raise self.crashes[0]
+
+
+class LoopEnded(RuntimeError):
+    """One of the executor's long-lived loops returned although nobody stopped it."""
+
+
+async def _cancel(*tasks: asyncio.Task[None]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _stop_mcp(mcp_stop: asyncio.Event, serving: asyncio.Task[None]) -> None:
+    mcp_stop.set()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(serving, 10)
+
+
+async def _settle_last(settling: asyncio.Task[None], settler: Settler) -> None:
+    await _cancel(settling)
+    # the ends the stop itself caused; whatever is left is settled by the next start
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(settler.settle_pending(), FINAL_SETTLE_TIMEOUT_S)
+
+
+async def _stop_supervisor(supervisor: Supervisor, supervising: asyncio.Task[None]) -> None:
+    supervisor.stop()  # it stops its children and journals their ends before it returns
+    await asyncio.gather(supervising, return_exceptions=True)  # a crash is _Loops' to raise
 
 
 def is_loopback(host: str) -> bool:

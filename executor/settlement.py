@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor import briefs, extraction, policy
+from executor.harness import asks
 from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
@@ -119,12 +119,9 @@ async def apply_turn_policy(conn: AsyncConnection[Any], turn_id: uuid.UUID, *, b
                                           delay_s=decision.delay_s)
         facts.update(rerun_task_id=str(new_id) if new_id else None, delay_s=decision.delay_s)
     elif decision.action == policy.ESCALATE:
-        question = turn_question(turn, decision)
-        qid = await _ask(tx, {"id": turn_id, "thread_id": thread}, question)
-        facts["question_id"] = str(qid)
-        events = [NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": f"escalation-{qid}",
-                                              "questions": [question], "asked_by": "harness"},
-                           task_id=turn_id, session_id=thread)]
+        posted = await _ask(tx, {"id": turn_id, "thread_id": thread}, turn_question(turn, decision))
+        facts["question_id"] = str(posted.id)
+        events = [posted.event]
     if decision.action not in policy.RETRIES:
         # the harness will not run it again by itself: the chat's record offers the user's Retry
         facts["retry"] = {"method": "POST", "path": f"/api/threads/{thread}/retry", "body": {"task_id": str(turn_id)}}
@@ -188,11 +185,9 @@ async def apply_policy(conn: AsyncConnection[Any], worker_id: uuid.UUID, record_
             "requested_by": "policy", "retry_of": str(worker_id), "attempt": worker["attempt"] + 1,
             "delay_s": decision.delay_s}, task_id=new_id, project_id=worker["project_id"])]
     elif decision.action == policy.ESCALATE:
-        question = escalation_question(worker, decision, summary)
-        qid = await _ask(tx, worker, question)
-        facts["question_id"] = str(qid)
-        events = [NewEvent("question.asked", {"question_id": str(qid), "tool_use_id": f"escalation-{qid}",
-                                              "questions": [question], "asked_by": "harness"}, **ids)]
+        posted = await _ask(tx, worker, escalation_question(worker, decision, summary))
+        facts["question_id"] = str(posted.id)
+        events = [posted.event]
     else:
         text = _report_text(worker_id, record_type, worker["status"], decision, summary)
         await tx.execute("enqueue_harness_message", {"thread_id": worker["thread_id"], "text": text})
@@ -216,15 +211,14 @@ async def _retry(tx: Transaction, worker: dict[str, Any], brief: str, delay_s: f
     return new_id
 
 
-async def _ask(tx: Transaction, worker: dict[str, Any], question: dict[str, Any]) -> uuid.UUID:
-    row = await tx.one("insert_harness_question", {
-        "tool_use_id": f"escalation-{uuid.uuid4()}", "session_id": worker["thread_id"],
-        "task_id": worker["id"], "questions": Jsonb([question])})
-    assert row is not None  # INSERT … RETURNING gives its row
+async def _ask(tx: Transaction, worker: dict[str, Any], question: dict[str, Any]) -> asks.Posted:
+    """The escalation's question, through the harness's ask service, and its `escalations` row."""
+    posted = await asks.post(tx, [question], tool_use_id=f"escalation-{uuid.uuid4()}", task_id=worker["id"],
+                             session_id=worker["thread_id"], project_id=worker.get("project_id"))
+    assert posted is not None  # a fresh tool_use_id
     await tx.execute("insert_escalation", {"task_id": worker["id"], "thread_id": worker["thread_id"],
-                                           "question_id": row["id"]})
-    question_id: uuid.UUID = row["id"]
-    return question_id
+                                           "question_id": posted.id})
+    return posted
 
 
 class Settlement:

@@ -8,7 +8,7 @@ GET /api/queue) and go together, in order, in the next turn. A message sent whil
 ask_user_question answers that question as a reply instead; a harness report never does (it waits for
 the boundary). A failed turn is acted on by its settlement (executor/settlement.py: re-run, back off,
 escalate); the user's Retry of it is a `retry` control row, applied once the thread has no turn open.
-Answered approvals and late answers are carried out here too (executor/approvals.py).
+Answered approvals and late answers are carried out here too (executor/harness/approvals.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from executor import approvals, projects, settlement
+from executor import projects, settlement
+from executor.harness import approvals
 from executor.journal_writer import JournalWriter
 from executor.settlement import Settlement
 from executor.sql import queries

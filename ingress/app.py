@@ -228,12 +228,20 @@ def auth_config(settings: Settings) -> AuthConfig:
     return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes)
 
 
+# The shortest shared secret token mode accepts.
+MIN_TOKEN_CHARS = 16
+
+
 def create_app(settings: Settings, dsn: str) -> Starlette:
     from shared import errors
 
     auth = auth_config(settings)
     if auth.mode == "token" and not auth.token:
         raise errors.ConfigError("token mode needs PETAL_AUTH_TOKEN")
+    if auth.mode == "token" and auth.token and len(auth.token.get_secret_value()) < MIN_TOKEN_CHARS:
+        # the limiter slows guessing; it cannot make a short word safe
+        raise errors.ConfigError(f"PETAL_AUTH_TOKEN is too short: at least {MIN_TOKEN_CHARS} characters "
+                                 "(e.g. `openssl rand -hex 16`)")
     try:
         boundary = BoundaryConfig.build(settings.ingress_host, settings.ingress_port, settings.allowed_hosts,
                                         settings.trusted_proxies)

@@ -9,9 +9,11 @@ import uuid
 import psycopg
 from psycopg.types.json import Jsonb
 
-from executor import harness_mcp
+from executor.harness.asks import Asks
 from executor.journal_writer import JournalWriter
+from executor.sql import queries
 from shared.database import Database
+from shared.query import Queries
 from tests.pg import DB
 
 QUESTIONS = [{"question": "Go on?", "header": "Go", "multiSelect": False,
@@ -19,12 +21,12 @@ QUESTIONS = [{"question": "Go on?", "header": "Go", "multiSelect": False,
 
 
 class _Progress:
-    """Stands in for the MCP request context: only what _wait uses of it."""
+    """Stands in for the MCP request context: only what a wait uses of it."""
 
     def __init__(self) -> None:
         self.reports = 0
 
-    async def report_progress(self, progress: float, total: float | None, message: str) -> None:
+    async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         self.reports += 1
 
 
@@ -35,7 +37,7 @@ async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answe
         await asyncio.wait_for(listener.connected.wait(), 30)
         writer = JournalWriter(database.pool)
         await writer.start()
-        harness = harness_mcp.Harness(database, writer, listener, ask_timeout_s=60, progress_interval_s=0.3)
+        asks = Asks(Queries(database.pool, queries), writer, listener, timeout_s=60, progress_interval_s=0.3)
         ctx = _Progress()
         async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
             cur = await admin.execute("INSERT INTO questions (tool_use_id, questions) VALUES ('tool-mine', %s) "
@@ -43,7 +45,7 @@ async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answe
             mine = await cur.fetchone()
         assert mine is not None
         sub = listener.subscribe(["question_answered"])
-        waiting = asyncio.create_task(harness._wait(mine[0], sub, ctx))  # type: ignore[arg-type]
+        waiting = asyncio.create_task(asks.wait(mine[0], sub, ctx))
         async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
             # another question answered every 0.1 s for 1.5 s: never a quiet 0.3 s for this waiter
             for _ in range(15):
@@ -62,5 +64,5 @@ async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answe
         await writer.flush_and_stop()
         await listener.stop()
         listening.cancel()
-    assert final["answers"] == {"Go on?": "Yes"}
+    assert final.answers == {"Go on?": "Yes"}
     assert ctx.reports >= 3  # about one per 0.3 s of the 1.5 s

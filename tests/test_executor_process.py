@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 
 from executor import substrate
@@ -107,6 +108,32 @@ async def test_a_second_executor_on_the_same_database_refuses_to_start(db: DB, t
             with pytest.raises(errors.PetalError, match="another executor"):
                 async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)):
                     pass
+
+
+async def test_a_loop_that_crashes_brings_the_executor_down_in_order_and_exits_non_zero(
+    db: DB, tmp_path: Path
+) -> None:
+    # the projects loop cannot take back its claimed rows at start: a bug-like error, not an outage
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("REVOKE UPDATE ON project_queue FROM petal_executor")
+    log = tmp_path / "executor.log"
+    with ScriptedModelServer(Scenario.single({"text": "x"})) as model:
+        proc = _spawn_executor(_executor_env(db, model, tmp_path), log)
+        try:
+            rc = await asyncio.to_thread(proc.wait, 60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert rc not in (0, None), text
+    assert '"executor_loop_crashed"' in text and '"loop": "projects"' in text, text
+    # it came down in order, not cut off: the supervisor left its lease, the journal writer flushed
+    with psycopg.connect(db.admin_dsn) as conn:
+        stopped = conn.execute("SELECT stopped_at FROM executors").fetchall()
+        started = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'executor.started'").fetchone()
+    assert len(stopped) == 1 and stopped[0][0] is not None, text
+    assert started == (1,), text
 
 
 async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_as_crashed_and_exits_zero(

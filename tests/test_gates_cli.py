@@ -13,7 +13,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 from mcp.server.mcpserver import Context, MCPServer
 
-from executor import permission_prompt
+from executor.harness import permission
 from executor.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import claude_bin, claude_env
 from tests.web import free_port
@@ -22,16 +22,16 @@ CLI_TIMEOUT_S = 120  # a handful of tool calls; generous for a loaded machine
 
 
 @asynccontextmanager
-async def gate_server(context: Callable[[Context], Awaitable[permission_prompt.GateContext]],
-                      decided: list[permission_prompt.Outcome] | None = None) -> AsyncIterator[str]:
+async def gate_server(context: Callable[[Context], Awaitable[permission.GateContext]],
+                      decided: list[permission.Outcome] | None = None) -> AsyncIterator[str]:
     """A bare MCP server holding only the permission tool (no database: the harness wiring comes later)."""
-    mcp = MCPServer(permission_prompt.SERVER_NAME)
+    mcp = MCPServer(permission.SERVER_NAME)
 
-    async def record(outcome: permission_prompt.Outcome) -> None:
+    async def record(outcome: permission.Outcome) -> None:
         if decided is not None:
             decided.append(outcome)
 
-    permission_prompt.register(mcp, context, record)
+    permission.register_standalone(mcp, context, record)
     port = free_port()
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
@@ -52,7 +52,7 @@ async def _run_cli(model: ScriptedModelServer, tmp: Path, work: Path, home: Path
     config.write_text(json.dumps({"mcpServers": {"harness": {"type": "http", "url": url}}}))
     env = claude_env(model, home) | {"CLAUDE_CONFIG_DIR": str(tmp / "claude-config")}
     cmd = [claude_bin(), "-p", "--output-format", "stream-json", "--verbose", f"--mcp-config={config}",
-           "--strict-mcp-config", "--allowedTools", "Bash,Write", *permission_prompt.cli_args(), "--", "work"]
+           "--strict-mcp-config", "--allowedTools", "Bash,Write", *permission.cli_args(), "--", "work"]
     proc = await asyncio.create_subprocess_exec(*cmd, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                                                 limit=1 << 24)
@@ -89,10 +89,10 @@ async def test_an_autonomous_worker_runs_the_benign_calls_and_none_of_the_gated_
         {"tool_use": {"name": "Write", "input": {"file_path": str(work / "notes.txt"), "content": "notes"}}},
         {"text": "done"},
     ]
-    decided: list[permission_prompt.Outcome] = []
+    decided: list[permission.Outcome] = []
 
-    async def autonomous(ctx: Context) -> permission_prompt.GateContext:
-        return permission_prompt.GateContext(str(work), str(home), "autonomous")
+    async def autonomous(ctx: Context) -> permission.GateContext:
+        return permission.GateContext(str(work), str(home), "autonomous")
 
     with ScriptedModelServer(Scenario.single(*calls)) as model:
         async with gate_server(autonomous, decided) as url:
@@ -118,7 +118,7 @@ async def test_a_gate_that_cannot_check_a_call_refuses_it_visibly(tmp_path: Path
     work, home = tmp_path / "work", tmp_path / "home"
     (work / "sentinel-dir").mkdir(parents=True)
 
-    async def unknown_caller(ctx: Context) -> permission_prompt.GateContext:
+    async def unknown_caller(ctx: Context) -> permission.GateContext:
         raise LookupError("no task for this caller")
 
     with ScriptedModelServer(Scenario.single(_bash("ls"), {"text": "done"})) as model:

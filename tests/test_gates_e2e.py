@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from executor import briefs, permission_prompt
+from executor import briefs
+from executor.harness import permission
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
@@ -145,7 +146,7 @@ async def test_an_autonomous_worker_runs_the_benign_calls_and_every_gated_one_is
                    for b in e.payload["message"]["content"] if b.get("name") == "mcp__harness__permission_prompt"]
     # the CLI hides its permission prompt tool from the model (the tool also refuses a call whose request
     # id is not the call it asks about)
-    assert "No such tool available" in results[direct_id] or permission_prompt.NOT_FOR_THE_MODEL in results[direct_id]
+    assert "No such tool available" in results[direct_id] or permission.NOT_FOR_THE_MODEL in results[direct_id]
     decided = [e.payload for e in events if e.event_type == "gate.decided"]
     assert [(d["summary"], d["category"], d["decision"], d["decided_by"]) for d in decided] == [
         (f"Bash: {c}", cat, "deny", "autonomous_policy") for c, cat in GATED]
@@ -180,17 +181,17 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
             assert "destructive data op" in question["question"]
             assert "rm -f sentinel-a" in question["options"][0]["preview"]
             assert [o["label"] for o in question["options"]] == [
-                permission_prompt.ALLOW_ONCE, permission_prompt.ALLOW_TASK, permission_prompt.ALLOW_THREAD,
-                permission_prompt.DENY]
+                permission.ALLOW_ONCE, permission.ALLOW_TASK, permission.ALLOW_THREAD,
+                permission.DENY]
             worker = await _worker(h)
             assert worker is not None and worker["activity"] == "awaiting_user"
-            await _answer(http, card, permission_prompt.DENY)
+            await _answer(http, card, permission.DENY)
             card = await _until(lambda: _card(http, "rm -f sentinel-b"), "the second gate card")
             await _answer(http, card, response="keep b: it is a fixture")
             card = await _until(lambda: _card(http, "rm -f sentinel-c"), "the third gate card")
-            await _answer(http, card, permission_prompt.ALLOW_ONCE)
+            await _answer(http, card, permission.ALLOW_ONCE)
             card = await _until(lambda: _card(http, "outside.log"), "the fourth gate card")
-            await _answer(http, card, permission_prompt.ALLOW_TASK)
+            await _answer(http, card, permission.ALLOW_TASK)
             final = await h.wait_final(worker["id"], timeout=120)
             events = await h.events(worker["id"])
             asks = (await http.get("/api/asks", params={"limit": 50})).json()["asks"]
@@ -199,7 +200,7 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
     assert (work / "sentinel-a").exists() and (work / "sentinel-b").exists()
     assert not (work / "sentinel-c").exists()
     assert log.read_text() == "run\nrun\n"  # allowed for the task: the identical second call ran unasked
-    assert len([a for a in asks if a["tool_use_id"].startswith(permission_prompt.CARD_PREFIX)]) == 4
+    assert len([a for a in asks if a["tool_use_id"].startswith(permission.CARD_PREFIX)]) == 4
     results = _tool_results(events)
     calls = _commands(events)
     assert "the user refused it" in results[calls[0][0]]
@@ -240,7 +241,7 @@ async def test_an_executor_restart_while_a_card_waits_refuses_the_call_and_nothi
             final = await h.wait_final(worker["id"])
             events = await h.events(worker["id"])
             late = await http.post(f"/api/asks/{card['id']}/answer",
-                                   json={"answers": {card["questions"][0]["question"]: permission_prompt.ALLOW_ONCE}})
+                                   json={"answers": {card["questions"][0]["question"]: permission.ALLOW_ONCE}})
     assert (work / "sentinel").exists()
     assert final["status"] in ("cancelled", "crashed")
     [decided] = [e.payload for e in events if e.event_type == "gate.decided"]
@@ -365,7 +366,7 @@ async def test_an_executor_killed_while_a_card_waits_leaves_the_call_refused_and
                 [decided] = await _until(recorded, "the refusal to be recorded")
                 worker = await _worker(h)
                 late = await http.post(f"/api/asks/{card['id']}/answer", json={
-                    "answers": {card["questions"][0]["question"]: permission_prompt.ALLOW_ONCE}})
+                    "answers": {card["questions"][0]["question"]: permission.ALLOW_ONCE}})
     assert (work / "sentinel").exists()
     assert worker is not None and (worker["status"], worker["status_reason"]) == ("crashed", "executor_restart")
     assert (decided["decision"], decided["decided_by"], decided["category"], decided["summary"]) == (

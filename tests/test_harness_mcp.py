@@ -48,13 +48,21 @@ async def test_the_sdk_client_lists_the_tools_and_reads_handoffs_and_project_sta
         async with running_executor(db, model, tmp_path) as h:
             await wait_started(h)
             async with mcp_client(h.mcp_url or "", add_spawn(db, project=project).token) as client:
-                tools = {t.name for t in (await client.list_tools()).tools}
+                listed = (await client.list_tools()).tools
                 handoffs = _structured(await client.call_tool("get_handoffs", {"scope_id": str(task)}))
                 by_project = _structured(await client.call_tool("get_handoffs", {"scope_id": str(project)}))
                 state = _structured(await client.call_tool("get_project_state", {"project_id": str(project)}))
                 bad = await client.call_tool("get_handoffs", {"scope_id": "nope"})
-    assert tools == {"ask_user_question", "get_handoffs", "get_project_state", "check_ruled_out", "dispatch_worker",
-                     "permission_prompt"}
+    tools = {t.name: t for t in listed}
+    assert set(tools) == {"ask_user_question", "get_handoffs", "get_project_state", "check_ruled_out",
+                          "dispatch_worker", "permission_prompt"}
+    # each tool's result is typed: its output schema names the fields the CLI gets in structuredContent
+    fields = {name: set((t.output_schema or {}).get("properties", {})) for name, t in tools.items()}
+    assert fields["ask_user_question"] == {"questions", "answers", "response", "annotation"}
+    assert fields["get_handoffs"] == {"handoffs"} and fields["check_ruled_out"] == {"matches"}
+    assert {"project", "counts", "done", "blocked"} <= fields["get_project_state"]
+    assert fields["dispatch_worker"] == {"task_id", "status", "note"}
+    assert tools["permission_prompt"].output_schema is None  # one text block: the CLI refuses structuredContent
     assert handoffs["handoffs"][0]["goal"] == "speed up parsing" and by_project == handoffs
     assert state["counts"]["done"] == 1
     assert bad.is_error and "UUID" in bad.content[0].text  # type: ignore[attr-defined]

@@ -39,14 +39,14 @@ async def test_proxy_mode_needs_the_proxy_header_and_honours_the_allow_list(db: 
 async def test_token_mode_takes_a_bearer_token_or_the_login_cookie_which_also_opens_the_stream(
     db: DB, pool: AsyncConnectionPool
 ) -> None:
-    async with ingress_server(db.ingress_dsn, open_mode=False, auth_mode="token", auth_token="s3cret") as url:
+    async with ingress_server(db.ingress_dsn, open_mode=False, auth_mode="token", auth_token="s3cret-s3cret-s3cret") as url:
         async with httpx.AsyncClient(base_url=url) as http:
             wrong = await http.get("/api/threads", headers={"Authorization": "Bearer nope"})
             none = await http.get("/api/threads")
             page = await http.get("/", follow_redirects=False)
-            bearer = await http.get("/api/threads", headers={"Authorization": "Bearer s3cret"})
+            bearer = await http.get("/api/threads", headers={"Authorization": "Bearer s3cret-s3cret-s3cret"})
             bad_login = await http.post("/login", data={"token": "nope"})
-            login = await http.post("/login", data={"token": "s3cret"}, follow_redirects=False)
+            login = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"}, follow_redirects=False)
         cookie = login.cookies.get("petal_session")
         async with httpx.AsyncClient(base_url=url, cookies={"petal_session": cookie or ""}) as http:
             with_cookie = await http.get("/api/threads")
@@ -59,7 +59,7 @@ async def test_token_mode_takes_a_bearer_token_or_the_login_cookie_which_also_op
     assert page.status_code == 303 and page.headers["location"] == "/login"
     assert bearer.status_code == 200
     assert bad_login.status_code == 401
-    assert login.status_code == 303 and cookie and cookie != "s3cret"
+    assert login.status_code == 303 and cookie and cookie != "s3cret-s3cret-s3cret"
     set_cookie = login.headers["set-cookie"].lower()
     assert "httponly" in set_cookie and "samesite=strict" in set_cookie
     assert with_cookie.status_code == 200
@@ -90,3 +90,11 @@ def test_token_mode_without_a_token_refuses_to_start() -> None:
 
     with pytest.raises(errors.ConfigError, match="PETAL_AUTH_TOKEN"):
         create_app(Settings(auth_mode="token"), "dbname=x")
+
+
+def test_token_mode_refuses_a_short_token() -> None:
+    from ingress.app import create_app
+
+    with pytest.raises(errors.ConfigError, match="PETAL_AUTH_TOKEN is too short"):
+        create_app(Settings(auth_mode="token", auth_token="hunter2"), "dbname=x")
+    create_app(Settings(auth_mode="token", auth_token="a" * 16), "dbname=x")  # long enough: starts

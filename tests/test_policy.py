@@ -145,6 +145,9 @@ async def test_a_crashed_worker_is_retried_once_then_escalated_and_skip_is_carri
     question = ask["questions"][0]
     assert [o["label"] for o in question["options"]] == ["Retry", "Skip", "Stop the plan"]
     assert "crashed again" in question["question"] and ask["task_id"] == str(workers_at_ask[1]["id"])
+    # the escalation's record names the question the panel shows (the ask service's one record)
+    [asked] = [e.payload for e in events if e.event_type == "question.asked"]
+    assert (asked["question_id"], asked["tool_use_id"], asked["asked_by"]) == (ask["id"], ask["tool_use_id"], "harness")
     resolved = [e.payload for e in events if e.event_type == "escalation.resolved"]
     assert [(r["decision"], r["answer"]) for r in resolved] == [("skip", "Skip")]
     assert "Skip" in turn["brief"]
@@ -400,7 +403,7 @@ async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_close
 
     import psycopg
 
-    from executor import approvals
+    from executor.harness import approvals
     from executor.sql import queries
 
     thread, turn = uuid.uuid4(), uuid.uuid4()

@@ -24,7 +24,7 @@ import httpx
 import psycopg
 import pytest
 
-from executor.harness_mcp import TIMED_OUT
+from executor.harness.asks import TIMED_OUT
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB, Cluster

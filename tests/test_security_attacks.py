@@ -36,7 +36,7 @@ from tests.pg import DB
 from tests.push_standin import Subscriber
 from tests.web import ingress_server
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-s3cret-token"
 
 
 def _count(db: DB, query: str) -> int:

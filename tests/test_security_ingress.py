@@ -60,11 +60,11 @@ async def _send(http: httpx.AsyncClient, method: str, path: str, body: Any, head
 
 
 @pytest.mark.parametrize("mode", [{}, {"open_mode": False}, {"open_mode": False, "auth_mode": "token",
-                                                             "auth_token": "s3cret"}])
+                                                             "auth_token": "s3cret-s3cret-s3cret"}])
 async def test_every_route_and_the_stream_refuse_a_foreign_host_in_every_mode_and_write_nothing(
     db: DB, mode: dict[str, Any]
 ) -> None:
-    creds = {**USER, "Authorization": "Bearer s3cret"}
+    creds = {**USER, "Authorization": "Bearer s3cret-s3cret-s3cret"}
     before = _counts(db)
     async with ingress_server(db.ingress_dsn, **mode) as url, httpx.AsyncClient(base_url=url) as http:
         answers = {(m, p): await _send(http, m, p, b, {**FOREIGN, **creds}) for m, p, b in _routes()}
@@ -150,18 +150,18 @@ async def test_the_proxy_header_counts_only_from_a_trusted_proxy(db: DB) -> None
 
 # ---- token mode ----------------------------------------------------------------------------------------
 
-TOKEN = {"open_mode": False, "auth_mode": "token", "auth_token": "s3cret"}
+TOKEN = {"open_mode": False, "auth_mode": "token", "auth_token": "s3cret-s3cret-s3cret"}
 
 
 async def test_the_login_cookie_is_httponly_strict_and_secure_only_behind_a_trusted_https_proxy(db: DB) -> None:
     https = {"X-Forwarded-Proto": "https"}
     async with ingress_server(db.ingress_dsn, **TOKEN) as url, httpx.AsyncClient(base_url=url) as http:
-        plain = await http.post("/login", data={"token": "s3cret"})
-        behind = await http.post("/login", data={"token": "s3cret"}, headers=https)
+        plain = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"})
+        behind = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"}, headers=https)
         unicode = await http.post("/login", json={"token": "sécret"})
     async with ingress_server(db.ingress_dsn, trusted_proxies="10.9.9.9", **TOKEN) as url, \
             httpx.AsyncClient(base_url=url) as http:
-        spoofed = await http.post("/login", data={"token": "s3cret"}, headers=https)
+        spoofed = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"}, headers=https)
     for r in (plain, behind, spoofed):
         assert r.status_code == 303
         flags = {f.strip().lower() for f in r.headers["set-cookie"].split(";")}
@@ -175,10 +175,10 @@ async def test_the_login_cookie_is_httponly_strict_and_secure_only_behind_a_trus
 async def test_the_eleventh_wrong_token_in_a_minute_gets_429_and_other_clients_are_not_held_back(db: DB) -> None:
     async with ingress_server(db.ingress_dsn, **TOKEN) as url, httpx.AsyncClient(base_url=url) as http:
         wrong = [(await http.post("/login", data={"token": f"guess{i}"})).status_code for i in range(11)]
-        right_but_late = await http.post("/login", data={"token": "s3cret"})
-        bearer = await http.get("/api/threads", headers={"Authorization": "Bearer s3cret"})
+        right_but_late = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"})
+        bearer = await http.get("/api/threads", headers={"Authorization": "Bearer s3cret-s3cret-s3cret"})
         # behind the (trusted, loopback) proxy each user is the address it forwards
-        other = await http.post("/login", data={"token": "s3cret"}, headers={"X-Forwarded-For": "203.0.113.7"})
+        other = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"}, headers={"X-Forwarded-For": "203.0.113.7"})
     assert wrong == [401] * 10 + [429]
     assert right_but_late.status_code == 429 and int(right_but_late.headers["retry-after"]) > 0
     assert bearer.status_code == 429
@@ -212,8 +212,8 @@ async def test_an_oversized_chunked_login_body_is_413_not_500(db: DB) -> None:
             httpx.AsyncClient(base_url=url) as http:
         login = await http.post("/login", content=chunks(), headers={"Content-Type": "application/x-www-form-urlencoded"})
         chat = await http.post("/api/chat", content=chunks(), headers={"Content-Type": "application/json",
-                                                                        "Authorization": "Bearer s3cret"})
-        alive = await http.post("/login", data={"token": "s3cret"})
+                                                                        "Authorization": "Bearer s3cret-s3cret-s3cret"})
+        alive = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"})
     assert login.status_code == 413 and login.headers["content-type"] == "application/problem+json"
     assert login.request.headers["transfer-encoding"] == "chunked"
     assert chat.status_code == 413

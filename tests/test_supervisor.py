@@ -183,3 +183,37 @@ async def test_a_garbage_line_is_kept_as_unparsed_and_the_task_still_succeeds(db
     assert unparsed[0]["line"].startswith("not json at all") and unparsed[0]["invalid_utf8"] is True
     assert unparsed[1]["line"] == '{"broken": '
     assert events[-1].payload["unparsed"] == 2
+
+
+async def test_a_silent_run_is_marked_stalled_and_one_that_ignores_sigterm_is_killed_after_the_grace(
+    db: DB, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    # a "claude" that says nothing and ignores SIGTERM (its children inherit the ignore)
+    stubborn = tmp_path / "claude-stubborn"
+    stubborn.write_text("#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 0.2; done\n")
+    stubborn.chmod(0o755)
+    with ScriptedModelServer(Scenario.single({"text": "unused"})) as model:
+        sub = replace(substrate_for(model, tmp_path), claude_bin=str(stubborn))
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, sub,
+                                      config_for(tmp_path, stall_timeout_s=1, stop_grace_s=1)) as h:
+            task_id = await h.dispatch("say nothing")
+            stalled = await h.wait_task(task_id, lambda r: r["activity"] == "stalled", 30)
+            async with await psycopg.AsyncConnection.connect(db.ingress_dsn, autocommit=True) as ingress:
+                await ingress.execute("INSERT INTO stop_queue (task_id, reason) VALUES (%s, 'user')", [task_id])
+            row = await h.wait_final(task_id, timeout=30)
+            events = await h.events(task_id)
+
+    assert stalled["status"] == "running"
+    stall = next(e.payload for e in events if e.event_type == "task.stalled")
+    assert stall["threshold_s"] == 1 and stall["silent_s"] >= 1
+    signals = [(e.payload["signal"], e.payload["reason"]) for e in events if e.event_type == "task.signal_sent"]
+    assert signals == [("SIGTERM", "stop_requested"), ("SIGKILL", "grace_expired")]
+    assert (row["status"], row["status_reason"], row["exit_signal"]) == ("cancelled", "stop_requested", 9)
+    assert row["activity"] is None
+    exited = events[-1]
+    assert exited.event_type == "task.exited" and exited.payload["signal"] == "SIGKILL"
+    stop_at = next(e.created_at for e in events if e.event_type == "task.signal_sent")
+    kill_at = [e.created_at for e in events if e.event_type == "task.signal_sent"][1]
+    assert (kill_at - stop_at).total_seconds() >= 0.5  # the grace (1 s) was waited, not skipped

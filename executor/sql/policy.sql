@@ -20,11 +20,6 @@ SELECT %(new_id)s, project_id, parent_task_id, role, %(brief)s, plan_ref, workdi
 FROM tasks WHERE id = %(id)s
 RETURNING id, attempt, not_before
 
--- name: insert_harness_question --
-INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by)
-VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s, 'harness')
-RETURNING id
-
 -- name: insert_escalation --
 INSERT INTO escalations (task_id, thread_id, question_id) VALUES (%(task_id)s, %(thread_id)s, %(question_id)s)
 RETURNING id

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from mcp.server.mcpserver import Context
 
-from executor import gates, permission_prompt
+from executor import gates
+from executor.harness import permission
 from executor.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import FINAL, claude_bin, claude_env, running_executor
 from tests.pg import Cluster
@@ -35,14 +36,14 @@ async def _latencies(tmp: Path, calls: int, gated: bool) -> list[float]:
     work.mkdir()
     replies = [{"tool_use": {"name": "Bash", "input": {"command": f"echo {i}"}}} for i in range(calls)]
 
-    async def autonomous(ctx: Context) -> permission_prompt.GateContext:
-        return permission_prompt.GateContext(str(work), str(tmp / "home"), "autonomous")
+    async def autonomous(ctx: Context) -> permission.GateContext:
+        return permission.GateContext(str(work), str(tmp / "home"), "autonomous")
 
     with ScriptedModelServer(Scenario.single(*replies, {"text": "done"})) as model:
         async with gate_server(autonomous) as url:
             config = tmp / "mcp.json"
             config.write_text(json.dumps({"mcpServers": {"harness": {"type": "http", "url": url}}}))
-            flags = permission_prompt.cli_args() if gated else ["--allowedTools", "Bash"]
+            flags = permission.cli_args() if gated else ["--allowedTools", "Bash"]
             cmd = [claude_bin(), "-p", "--output-format", "stream-json", "--verbose", f"--mcp-config={config}",
                    "--strict-mcp-config", *flags, "--", "go"]
             env = claude_env(model, tmp / "home") | {"CLAUDE_CONFIG_DIR": str(tmp / f"config-{gated}")}

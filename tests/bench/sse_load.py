@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from tests.bench.stats import CpuClock
-from tests.web import sse_events
 
 # A generator process busier than this share of a core, or waiting for a CPU more than STARVED of the
 # time, may itself have capped the rate it reports.
@@ -30,41 +31,66 @@ STARVED = 0.2
 PROCESSES = max(2, min(8, (os.cpu_count() or 2) * 2))
 
 
-async def one_client(http: httpx.AsyncClient, path: str, expect: int, ready: asyncio.Event, counter: list[int],
+# One event block's id and its payload's send time: regexes over raw bytes, so a client costs little
+# more than reading its socket (httpx with a line-by-line SSE parser and json.loads per event took most
+# of a core at the rates that matter, and the generators, not the server, set the figure).
+_ID = re.compile(rb"^id: ?(\d+)$", re.MULTILINE)
+_SENT = re.compile(rb'"t": ?([0-9.eE+-]+)')
+
+
+async def one_client(url: str, path: str, expect: int, ready: asyncio.Event, counter: list[int],
                      lat: list[float], seqs: list[int]) -> None:
-    async with http.stream("GET", path) as response:
+    """One SSE client over a bare socket. HTTP/1.0, so the body arrives unframed (no chunked encoding to
+    undo) and ends when the server closes."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
+    try:
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")):
+            raise RuntimeError(f"stream refused: {head[:80]!r}")
         counter[0] += 1
         if counter[0] == counter[1]:
             ready.set()
-        async for ev in sse_events(response):
-            if ev.id is None:
-                continue
-            now = time.time()
-            data = json.loads(ev.data)
-            sent = (data.get("payload") or data).get("t")
-            if sent is not None:
-                lat.append(now - sent)
-            seqs.append(int(ev.id))
-            if len(seqs) >= expect:
+        buf = b""
+        while len(seqs) < expect:
+            chunk = await reader.read(1 << 16)
+            if not chunk:
                 return
+            now = time.time()
+            buf += chunk
+            cut = buf.rfind(b"\n\n")
+            if cut < 0:
+                continue
+            whole, buf = buf[:cut], buf[cut + 2:]
+            for block in whole.split(b"\n\n"):
+                found = _ID.search(block)
+                if found is None:
+                    continue  # a comment or heartbeat
+                seqs.append(int(found.group(1)))
+                sent = _SENT.search(block)
+                if sent is not None:
+                    lat.append(now - float(sent.group(1)))
+    finally:
+        writer.close()
 
 
 async def clients(url: str, path: str, n: int, expect: int, timeout: float) -> dict[str, object]:
-    limits = httpx.Limits(max_connections=n + 5, max_keepalive_connections=n + 5)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(timeout, connect=30)) as http:
-        ready = asyncio.Event()
-        counter = [0, n]
-        lats: list[list[float]] = [[] for _ in range(n)]
-        seqs: list[list[int]] = [[] for _ in range(n)]
-        tasks = [asyncio.create_task(one_client(http, path, expect, ready, counter, lats[i], seqs[i]))
-                 for i in range(n)]
-        await asyncio.wait_for(ready.wait(), 60)
-        print(json.dumps({"ready": True, "connected": counter[0]}), flush=True)
-        clock = CpuClock()
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        cpu, starved = clock.busy(), clock.starved()
-        for t in pending:
-            t.cancel()
+    ready = asyncio.Event()
+    counter = [0, n]
+    lats: list[list[float]] = [[] for _ in range(n)]
+    seqs: list[list[int]] = [[] for _ in range(n)]
+    tasks = [asyncio.create_task(one_client(url, path, expect, ready, counter, lats[i], seqs[i]))
+             for i in range(n)]
+    await asyncio.wait_for(ready.wait(), 60)
+    print(json.dumps({"ready": True, "connected": counter[0]}), flush=True)
+    clock = CpuClock()
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    cpu, starved = clock.busy(), clock.starved()
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
     complete = sum(1 for s in seqs if len(s) >= expect and s == sorted(s) and len(set(s)) == len(s))
     return {"complete": complete, "clients": n, "latencies": [x for lat in lats for x in lat],
             "max_latency": max((max(lat) for lat in lats if lat), default=None), "cpu": cpu, "starved": starved}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executor import gates, permission_prompt, policy, substrate
+from executor import gates, policy, substrate
+from executor.harness import permission
 
 
 def test_a_spawn_with_the_harness_goes_through_the_gate_and_pre_allows_no_way_around_it(tmp_path: Path) -> None:
@@ -34,21 +35,21 @@ def test_a_gate_the_harness_recorded_makes_a_clean_run_gated() -> None:
 
 def test_the_card_shows_the_exact_call_names_the_gate_and_offers_the_four_answers() -> None:
     verdict = gates.classify("Bash", {"command": "rm -rf data"}, "/srv/app", "/home/dev")
-    card = permission_prompt.approval_question("Bash", {"command": "rm -rf data"}, verdict, "worker", True)
+    card = permission.approval_question("Bash", {"command": "rm -rf data"}, verdict, "worker", True)
     assert "destructive data op" in card["question"] and "rm -rf data" in card["question"]
     assert [o["label"] for o in card["options"]] == ["Allow once", "Allow for this task",
                                                      "Always allow in this thread", "Deny"]
     assert "```sh\nrm -rf data\n```" in card["options"][0]["preview"]
     assert len(card["header"]) <= 12
-    alone = permission_prompt.approval_question("Bash", {"command": "rm -rf data"}, verdict, "worker", False)
+    alone = permission.approval_question("Bash", {"command": "rm -rf data"}, verdict, "worker", False)
     assert "Always allow in this thread" not in [o["label"] for o in alone["options"]]
 
 
 def test_an_edit_is_previewed_as_a_diff_and_a_fence_inside_the_content_cannot_close_it() -> None:
-    diff = permission_prompt.preview("Edit", {"file_path": "/etc/app.conf", "old_string": "a = 1",
+    diff = permission.preview("Edit", {"file_path": "/etc/app.conf", "old_string": "a = 1",
                                               "new_string": "a = 2"})
     assert "-a = 1" in diff and "+a = 2" in diff and diff.startswith("`/etc/app.conf`")
-    tricky = permission_prompt.preview("Write", {"file_path": "x.md", "content": "```\nnot the end\n```"})
+    tricky = permission.preview("Write", {"file_path": "x.md", "content": "```\nnot the end\n```"})
     assert tricky.count("````") == 2
 
 
@@ -72,7 +73,7 @@ def test_a_gate_card_is_notified_as_a_question_that_names_a_tool_call() -> None:
     from executor import notify
 
     verdict = gates.classify("Bash", {"command": "sudo true"}, "/srv/app", "/home/dev")
-    card = permission_prompt.approval_question("Bash", {"command": "sudo true"}, verdict, "worker", True)
+    card = permission.approval_question("Bash", {"command": "sudo true"}, verdict, "worker", True)
     note = notify.note_for({"event_type": "question.asked", "task_id": None, "session_id": None, "seq": 7,
                             "payload": {"questions": [card], "asked_by": "harness", "tool_use_id": "gate-toolu_1",
                                         "question_id": "q"}})

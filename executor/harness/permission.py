@@ -4,7 +4,7 @@ Every spawn with the harness MCP runs with `substrate.permission_args()`: a cons
 `ask`, so every Bash/edit call — pre-allowed ones too — reaches this tool, and the CLI fails closed (an
 error or timeout runs nothing). What the CLI does with it is recorded in docs/claude-cli.md ("Permission
 path"). The tool:
-- knows its caller by the spawn's credential (`Harness.caller`), and measures paths against the directory
+- knows its caller by the spawn's credential (executor/harness/identity.py), and measures paths against the directory
   the task's process was really started in;
 - allows at once what the classifier (executor/gates.py) allows — read-only calls, edits inside the tree;
 - for a gated call: a standing rule (gate_rules) decides if one covers it; else an autonomous thread is
@@ -12,12 +12,14 @@ path"). The tool:
   this task / Always allow in this thread / Deny, or a typed reason that goes back to the model);
 - journals every gated decision as `gate.decided` before it answers, so the worker's end can be derived
   from the harness's own record.
+
+Its result stays one text block, the JSON the CLI's contract needs (`{"behavior":"allow","updatedInput":…}`
+or `{"behavior":"deny","message":…}`): no output schema, no structuredContent, which the CLI refuses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import difflib
 import json
 import os
@@ -26,18 +28,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from psycopg.rows import dict_row
 
-from executor import gate_tables, gates, harness_mcp, substrate  # harness_mcp registers this module's tool: import cycle
-from executor.sql import queries
-from shared import aio, database, logs
+from executor import gate_tables, gates, substrate
+from executor.harness import asks
+from executor.harness.identity import Caller
+from executor.harness.identity import tool_use_id as call_tool_use_id
+from executor.harness.services import Harness
+from shared import logs
 from shared.models import NewEvent
-
-if TYPE_CHECKING:
-    from executor.harness_mcp import Caller, Harness
 
 log = logs.get(__name__)
 
@@ -89,8 +90,8 @@ def _register(mcp: MCPServer, decide: Decide) -> None:
         return await decide(ctx, tool_name, input, tool_use_id)
 
 
-def register(mcp: MCPServer, context: Callable[[Context], Awaitable[GateContext]],
-             on_decided: Callable[[Outcome], Awaitable[None]] | None = None) -> None:
+def register_standalone(mcp: MCPServer, context: Callable[[Context], Awaitable[GateContext]],
+                        on_decided: Callable[[Outcome], Awaitable[None]] | None = None) -> None:
     """The tool without a database: `context` says where the call runs; a gated call is refused even in an
     interactive thread (no one to ask). For probing the CLI and for the benchmark."""
 
@@ -110,9 +111,9 @@ def register(mcp: MCPServer, context: Callable[[Context], Awaitable[GateContext]
     _register(mcp, decide)
 
 
-def register_harness(mcp: MCPServer, harness: Harness) -> None:
+def register(server: MCPServer, harness: Harness) -> None:
     """The tool as the harness serves it: caller by credential, rules and cards from the store."""
-    _register(mcp, Gatekeeper(harness).decide)
+    _register(server, Gatekeeper(harness).decide)
 
 
 # ---- the approval card ------------------------------------------------------------------------------------
@@ -167,9 +168,7 @@ def _from_the_cli(ctx: Context, tool_use_id: str | None) -> bool:
     """The CLI asks about a call with that call's id both as the argument and as the request's
     `claudecode/toolUseId` (docs/claude-cli.md); a model calling the tool directly gets its own call's id
     in the meta, which it cannot know in advance to pass as the argument."""
-    raw: Any = ctx.request_context.meta or {}
-    meta = raw.model_dump() if hasattr(raw, "model_dump") else dict(raw)
-    return bool(tool_use_id) and meta.get(harness_mcp.TOOL_USE_META) == tool_use_id
+    return bool(tool_use_id) and call_tool_use_id(ctx) == tool_use_id
 
 
 # ---- the harness's gatekeeper -----------------------------------------------------------------------------
@@ -194,7 +193,9 @@ class Gatekeeper:
         found = self._workdirs.get(task_id)
         if found is not None:
             return found
-        [row] = await self._rows("gate_workdir", {"task_id": task_id})
+        row = await self.harness.q.one("gate_workdir", {"task_id": task_id})
+        if row is None:
+            raise LookupError(f"no task {task_id}")
         if row["spawned_in"] is None:
             if row["workdir"] is None:  # the spawn's record not yet written: never guess a directory
                 raise LookupError(f"the directory of task {task_id} is not known yet")
@@ -205,21 +206,16 @@ class Gatekeeper:
         self._workdirs[task_id] = found
         return found
 
-    async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.harness.db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries[name], params)
-            return await cur.fetchall() if cur.description else []
-
     async def decide(self, ctx: Context, tool_name: str, tool_input: dict[str, Any], tool_use_id: str | None) -> str:
         if not _from_the_cli(ctx, tool_use_id):
             # the model calling the tool itself: its answer would run nothing, but a card or a rule would
             return gates.permission_result("deny", tool_input, NOT_FOR_THE_MODEL)
         try:
-            caller = await self.harness.caller(ctx, TOOL_NAME)
+            caller = await self.harness.identities.caller(ctx, TOOL_NAME)
             verdict = gates.classify(tool_name, tool_input, await self._workdir(caller.task_id), self.home)
             if verdict.gated:
-                rows = await self._rows("gate_thread_mode", {"thread_id": caller.thread_id})
-                mode: gates.Mode = "interactive" if rows and rows[0]["mode"] == "interactive" else "autonomous"
+                found = await self.harness.q.one("gate_thread_mode", {"thread_id": caller.thread_id})
+                mode: gates.Mode = "interactive" if found and found["mode"] == "interactive" else "autonomous"
         except Exception:
             # fail closed, and visibly: a deny is listed in the run's permission_denials, an error is not
             log.exception("permission_prompt_failed", tool=tool_name, tool_use_id=tool_use_id)
@@ -246,7 +242,7 @@ class Gatekeeper:
 
     async def _rule(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
                     mode: gates.Mode, tool_use_id: str | None, ctx: Context) -> _Ruling:
-        rules = await self._rows("live_gate_rules", {"tool_name": tool_name, "task_id": caller.task_id,
+        rules = await self.harness.q.all("live_gate_rules", {"tool_name": tool_name, "task_id": caller.task_id,
                                                      "thread_id": caller.thread_id, "project_id": caller.project_id})
         for rule in rules:
             if gates.rule_covers(rule["pattern"], rule["tool_name"], tool_name, tool_input):
@@ -262,19 +258,20 @@ class Gatekeeper:
                    tool_use_id: str | None, ctx: Context) -> _Ruling:
         question = approval_question(tool_name, tool_input, verdict, caller.role, caller.thread_id is not None)
         card_id = f"{CARD_PREFIX}{tool_use_id or uuid.uuid4()}"
-        final = await self.harness.ask_user([question], card_id, caller, ctx, asked_by="harness")
-        extra = {"question_id": str(final["id"])} if final.get("id") else {}
-        choice = final["answers"].get(question["question"])
+        final = await self.harness.asks.ask([question], tool_use_id=card_id, caller=caller, progress=ctx,
+                                            asked_by="harness")
+        extra = {"question_id": str(final.id)}
+        choice = final.answers.get(question["question"])
         if choice in (ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD):
             if choice != ALLOW_ONCE:
                 extra |= await self._add_rule(caller, tool_name, tool_input, verdict,
                                               "task" if choice == ALLOW_TASK else "thread")
             return _Ruling("allow", "user", extra={**extra, "answer": choice})
-        if final["response"] == harness_mcp.TIMED_OUT and not choice:
+        if final.response == asks.TIMED_OUT and not choice:
             return _Ruling("deny", "timeout", gates.deny_message(
-                verdict, why=f"nobody approved it within {round(self.harness.ask_timeout_s)} s, so the approval "
+                verdict, why=f"nobody approved it within {round(self.harness.asks.timeout_s)} s, so the approval "
                              "timed out and the call was refused"), extra)
-        reason = choice if isinstance(choice, str) and choice != DENY else final["response"]
+        reason = choice if isinstance(choice, str) and choice != DENY else final.response
         said = f"the user refused it, saying: {reason!r}" if reason else "the user refused it"
         return _Ruling("deny", "user", gates.deny_message(verdict, why=said), {**extra, "answer": choice or reason})
 
@@ -285,11 +282,12 @@ class Gatekeeper:
             (v for k in gate_tables.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
         if not isinstance(pattern, str) or not pattern:
             return {}
-        [row] = await self._rows("insert_gate_rule", {
+        row = await self.harness.q.one("insert_gate_rule", {
             "scope": scope, "task_id": caller.task_id if scope == "task" else None,
             "session_id": caller.thread_id if scope == "thread" else None, "project_id": None,
             "tool_name": tool_name, "pattern": pattern, "decision": "allow", "category": verdict.category,
             "created_by": "user (approval card)"})
+        assert row is not None
         await self.harness.writer.put(NewEvent("gate.rule_added", {
             "rule_id": str(row["id"]), "scope": scope, "tool": tool_name, "pattern": pattern[:4000],
             "decision": "allow", "category": verdict.category}, tier="derived", task_id=caller.task_id,
@@ -311,70 +309,3 @@ class Gatekeeper:
             await self.harness.writer.write([event])
         else:
             await self.harness.writer.put(event)
-
-
-# ---- standing rules asked for from the page or the API (gate_rule_queue) ----------------------------------
-RULE_QUEUE_POLL_S = 5.0  # backstop for notifications lost while the LISTEN connection was down
-
-
-async def apply_rule_requests(pool: Any, writer: Any) -> int:
-    """Turn queued rule requests into gate_rules rows (journaled `gate.rule_added`); a request naming an
-    unknown thread or project fails with the reason. The number handled."""
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["claim_gate_rule_requests"])
-        claimed = await cur.fetchall()
-    for req in claimed:
-        params = {"id": req["id"], "status": "failed", "rule_id": None, "error": None}
-        async with pool.connection() as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries["gate_rule_scope_exists"], req)
-            if not (await cur.fetchone() or {}).get("found"):
-                params["error"] = f"no {req['scope']} {req['thread_id'] or req['project_id']}"
-            else:
-                await cur.execute(queries["insert_gate_rule"], {
-                    "scope": req["scope"], "session_id": req["thread_id"], "project_id": req["project_id"],
-                    "task_id": None, "tool_name": req["tool_name"], "pattern": req["pattern"], "decision": "allow",
-                    "category": None, "created_by": req["requested_by"]})
-                rule = await cur.fetchone()
-                assert rule is not None
-                params |= {"status": "done", "rule_id": rule["id"]}
-            await cur.execute(queries["finish_gate_rule_request"], params)
-        if params["status"] == "done":
-            await writer.put(NewEvent("gate.rule_added", {
-                "rule_id": str(params["rule_id"]), "scope": req["scope"], "tool": req["tool_name"],
-                "pattern": req["pattern"], "decision": "allow", "requested_by": req["requested_by"],
-                "request_id": str(req["id"])}, tier="derived", session_id=req["thread_id"],
-                project_id=req["project_id"]))
-    return len(claimed)
-
-
-async def record_orphaned_cards(pool: Any, writer: Any) -> int:
-    """Journal the refusal of calls whose approval card died with a killed executor (the restart closed the
-    card and crashed the task; the CLI's call failed, which it treats as a refusal)."""
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["orphaned_gate_cards"])
-        cards = await cur.fetchall()
-    for card in cards:
-        gate = ((card["questions"] or [{}])[0]).get("gate") or {}
-        await writer.write([NewEvent("gate.decided", {
-            **{k: gate.get(k) for k in ("category", "label", "reason", "tool", "summary")},
-            "tool_use_id": card["tool_use_id"].removeprefix(CARD_PREFIX), "question_id": str(card["id"]),
-            "decision": "deny", "decided_by": "executor_restart"}, tier="derived", task_id=card["task_id"],
-            session_id=card["session_id"], project_id=card["project_id"])])
-    return len(cards)
-
-
-async def run_rule_queue(pool: Any, writer: Any, sub: Any) -> None:
-    """Apply rule requests as they are queued (woken by the gate_rule_queue channel); record the refusal of
-    calls whose card a previous executor left open."""
-    async with pool.connection() as conn:
-        await conn.execute(queries["requeue_gate_rule_requests"])
-    while True:
-        try:
-            await apply_rule_requests(pool, writer)
-            await record_orphaned_cards(pool, writer)
-        except database.OUTAGE_ERRORS as exc:
-            await database.pause(pool, exc, "gate_rules")  # said once; the next pass retries
-        except Exception:  # noqa: BLE001 - the loop outlives a failed pass; the rows stay claimed for a restart
-            log.exception("gate_rule_requests_failed")
-        with contextlib.suppress(TimeoutError):
-            await aio.wait_for(sub.get(), RULE_QUEUE_POLL_S)

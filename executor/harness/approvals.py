@@ -18,14 +18,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor import briefs, dispatch
+from executor.harness import asks
 from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
+from shared.query import Queries, Transaction
 
 log = logs.get(__name__)
 
@@ -44,23 +44,16 @@ async def request(pool: AsyncConnectionPool, *, brief: str, thread_id: uuid.UUID
         DispatchRefused: as dispatch.request_task (nothing is recorded).
     """
     question = briefs.approval_question(brief)
-    async with pool.connection() as conn, conn.transaction():
+    async with Queries(pool, queries).transaction() as tx:
         task_id, events = await dispatch.request_on(
-            conn, brief=brief, project_id=project_id, plan_ref=plan_ref, allowed_tools=allowed_tools,
+            tx.conn, brief=brief, project_id=project_id, plan_ref=plan_ref, allowed_tools=allowed_tools,
             parent_task_id=asker_task_id, workdir=workdir, requested_by=requested_by, tool_use_id=tool_use_id)
-        await conn.execute(queries["await_approval"], {"id": task_id})
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries["insert_harness_question"], {
-                "tool_use_id": f"approval-{task_id}", "session_id": thread_id, "task_id": task_id,
-                "questions": Jsonb([question])})
-            row = await cur.fetchone()
-            assert row is not None
-        await conn.execute(queries["insert_approval"], {"task_id": task_id, "thread_id": thread_id,
-                                                        "question_id": row["id"]})
-        events.append(NewEvent("question.asked", {
-            "question_id": str(row["id"]), "tool_use_id": f"approval-{task_id}", "questions": [question],
-            "asked_by": "harness", "approval_for": str(task_id)}, task_id=task_id, session_id=thread_id))
-        await journal.append_on(conn, events)
+        await tx.execute("await_approval", {"id": task_id})
+        posted = await asks.post(tx, [question], tool_use_id=f"approval-{task_id}", task_id=task_id,
+                                 session_id=thread_id, approval_for=str(task_id))
+        assert posted is not None  # a new task's id: never asked before
+        await tx.execute("insert_approval", {"task_id": task_id, "thread_id": thread_id, "question_id": posted.id})
+        await journal.append_on(tx.conn, [*events, posted.event])
     return task_id
 
 
@@ -74,18 +67,16 @@ async def apply_answered(pool: AsyncConnectionPool) -> int:
     """Carry out every answered approval once; returns how many were acted on."""
     acted = 0
     while True:
-        async with pool.connection() as conn, conn.transaction():
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries["answered_approvals"])
-                rows = await cur.fetchall()
+        async with Queries(pool, queries).transaction() as tx:
+            rows = await tx.all("answered_approvals")
             for row in rows:
-                await _act(conn, row)
+                await _act(tx, row)
         acted += len(rows)
         if not rows:
             return acted
 
 
-async def _act(conn: Any, row: dict[str, Any]) -> None:
+async def _act(tx: Transaction, row: dict[str, Any]) -> None:
     task_id, thread = row["task_id"], row["thread_id"]
     choice = _choice(row["answers"])
     said = choice or row["response"] or "nothing (dismissed)"
@@ -97,30 +88,30 @@ async def _act(conn: Any, row: dict[str, Any]) -> None:
         # stopped meanwhile (Stop the plan, the Tasks view's Stop): nothing to start, nothing to ask
         decision, text = "task_ended", None
         if row["question_status"] == "pending":
-            await conn.execute(queries["close_question"], {"id": row["question_id"],
-                                                           "response": "the worker was stopped before an answer"})
+            await tx.execute("close_question", {"id": row["question_id"],
+                                                "response": "the worker was stopped before an answer"})
             events.append(NewEvent("question.cancelled", {"question_id": str(row["question_id"]),
                                                           "reason": "the worker was stopped"},
                                    task_id=task_id, session_id=thread))
     elif choice == briefs.APPROVE:
         decision = "approved"
-        await conn.execute(queries["release_approved_task"], {"id": task_id})
+        await tx.execute("release_approved_task", {"id": task_id})
         text = (f"[harness] The user approved worker {task_id}; it is starting now and its handoff comes back "
                 f"to you when it finishes.\nIts brief: {brief}")
     else:
         # Reject, a typed answer or a dismissal: the worker never runs
         decision = "rejected"
-        await conn.execute(queries["cancel_unapproved_task"], {"id": task_id})
+        await tx.execute("cancel_unapproved_task", {"id": task_id})
         events.append(NewEvent("task.dispatch_refused", {"brief": brief, "reason": "not approved by the user",
                                                          "answer": said}, task_id=task_id, session_id=thread,
                                project_id=row["project_id"]))
         text = (f"[harness] The user did not approve worker {task_id} (they answered {said!r}); nothing was "
                 f"started.\nIts brief: {brief}")
     if text is not None and thread is not None:
-        await conn.execute(queries["enqueue_harness_message"], {"thread_id": thread, "text": text})
+        await tx.one("enqueue_harness_message", {"thread_id": thread, "text": text})
     facts["decision"] = decision
-    await conn.execute(queries["resolve_approval"], {"id": row["id"], "decision": decision})
-    await journal.append_on(conn, [NewEvent("approval.resolved", facts, tier="derived", task_id=task_id,
+    await tx.execute("resolve_approval", {"id": row["id"], "decision": decision})
+    await journal.append_on(tx.conn, [NewEvent("approval.resolved", facts, tier="derived", task_id=task_id,
                                             session_id=thread, project_id=row["project_id"]), *events])
     log.info("approval_resolved", task_id=str(task_id), decision=decision)
 
@@ -145,21 +136,19 @@ async def deliver_late_answers(pool: AsyncConnectionPool) -> int:
     """Send each answer to a timed-out question to its thread once; returns how many were sent."""
     sent = 0
     while True:
-        async with pool.connection() as conn, conn.transaction():
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries["undelivered_late_answers"])
-                rows = await cur.fetchall()
-                for row in rows:
-                    chat_id = None
-                    if row["thread_id"] is not None:
-                        await cur.execute(queries["enqueue_harness_message"],
-                                          {"thread_id": row["thread_id"], "text": late_answer_text(row)})
-                        chat_id = (await cur.fetchone() or {}).get("id")
-                    await cur.execute(queries["record_late_answer"], {"question_id": row["id"], "chat_id": chat_id})
-                    await journal.append_on(conn, [NewEvent("question.answered", {
-                        "question_id": str(row["id"]), "answers": row["answers"] or {}, "response": row["response"],
-                        "late": True, "delivered_as": str(chat_id) if chat_id else None},
-                        task_id=row["task_id"], session_id=row["thread_id"])])
+        async with Queries(pool, queries).transaction() as tx:
+            rows = await tx.all("undelivered_late_answers")
+            for row in rows:
+                chat_id = None
+                if row["thread_id"] is not None:
+                    chat = await tx.one("enqueue_harness_message",
+                                        {"thread_id": row["thread_id"], "text": late_answer_text(row)})
+                    chat_id = chat["id"] if chat else None
+                await tx.one("record_late_answer", {"question_id": row["id"], "chat_id": chat_id})
+                await journal.append_on(tx.conn, [NewEvent("question.answered", {
+                    "question_id": str(row["id"]), "answers": row["answers"] or {}, "response": row["response"],
+                    "late": True, "delivered_as": str(chat_id) if chat_id else None},
+                    task_id=row["task_id"], session_id=row["thread_id"])])
         sent += len(rows)
         if not rows:
             return sent

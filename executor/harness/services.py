@@ -1,0 +1,27 @@
+"""What the harness's tools share: the store's queries, the journal, who is calling, and the ask service."""
+
+from __future__ import annotations
+
+import uuid
+
+from executor.harness.asks import PROGRESS_INTERVAL_S, Asks
+from executor.harness.identity import Identities
+from executor.journal_writer import JournalWriter
+from executor.sql import queries
+from shared.database import Database
+from shared.listener import Listener
+from shared.query import Queries
+
+
+class Harness:
+    def __init__(self, db: Database, writer: JournalWriter, listener: Listener, ask_timeout_s: float,
+                 progress_interval_s: float = PROGRESS_INTERVAL_S):
+        self.db = db
+        self.writer = writer
+        self.q = Queries(db.pool, queries)
+        self.identities = Identities(self.q, writer)
+        self.asks = Asks(self.q, writer, listener, ask_timeout_s, progress_interval_s)
+
+    def forget(self, task_id: uuid.UUID) -> None:
+        """A task's process exited: its credential no longer counts (the supervisor calls this)."""
+        self.identities.forget(task_id)

@@ -1,0 +1,105 @@
+"""`dispatch_worker`: the model asks for a headless worker; the harness records the request and the
+supervisor spawns it (lifecycle control stays in the harness). In an interactive thread the worker first
+waits for the user's approval (executor/harness/approvals.py)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from executor import briefs, dispatch, projects
+from executor.harness import approvals
+from executor.harness.identity import Caller, tool_use_id
+from executor.harness.results import Result
+from executor.harness.services import Harness
+from shared import read_surface
+from shared.models import NewEvent
+
+STARTED = "the harness runs it; its handoff comes back to you when it finishes"
+
+
+class Dispatched(Result):
+    task_id: str = Field(description="the worker's task id")
+    status: Literal["pending", "awaiting_approval"] = Field(
+        description="pending: the harness starts it; awaiting_approval: it starts when the user approves it")
+    note: str = Field(description="what happens next")
+
+
+class _Workers:
+    def __init__(self, harness: Harness):
+        self.harness = harness
+        self.pool = harness.db.pool
+
+    async def dispatch(self, ctx: Context, brief: str, plan_ref: str | None, project_id: str | None,
+                       allowed_tools: list[str] | None, override_ruled_out: str | None) -> Dispatched:
+        caller = await self.harness.identities.caller(ctx, "dispatch_worker")
+        try:
+            project = uuid.UUID(project_id) if project_id else caller.project_id
+        except ValueError:
+            raise ToolError(f"project_id {project_id!r} is not a UUID") from None
+        scope = project or caller.session_id
+        title = None
+        if plan_ref and project is not None:
+            try:  # a plan_ref the project's plan does not list is a mistake worth telling the model
+                title = await projects.plan_task_title(self.pool, project, plan_ref)
+            except projects.Refused as exc:
+                raise ToolError(f"dispatch refused: {exc}") from None
+        if not override_ruled_out:
+            matches = await read_surface.check_ruled_out(self.pool, scope, brief)
+            if matches:
+                found = [{"approach": m["approach"], "reason": m["reason"]} for m in matches]
+                await self.harness.writer.put(NewEvent("task.dispatch_refused", {
+                    "brief": brief, "reason": "matches a prior rule-out", "rule_outs": found},
+                    task_id=caller.task_id, session_id=caller.session_id, project_id=project))
+                raise ToolError("dispatch refused: the brief matches approaches already ruled out "
+                                f"{found}; change the brief, or pass override_ruled_out with the reason")
+        brief = await briefs.enrich(self.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
+        if title:  # the worker knows which plan task it is doing
+            brief = f"{brief}\n\n## Plan task {plan_ref}: {title}"
+        # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
+        mode = await self.harness.q.one("thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
+        if mode is not None and mode["mode"] == "interactive":
+            return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx))
+        try:
+            new_id = await dispatch.request_task(
+                self.pool, brief=brief, project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
+                parent_task_id=caller.task_id, requested_by=str(caller.session_id), tool_use_id=tool_use_id(ctx))
+        except dispatch.DispatchRefused as exc:
+            raise ToolError(f"dispatch refused: {exc}") from None
+        return Dispatched(task_id=str(new_id), status="pending", note=STARTED)
+
+    async def _approve(self, brief: str, caller: Caller, project: uuid.UUID | None, plan_ref: str | None,
+                       allowed_tools: list[str] | None, call_id: str | None) -> Dispatched:
+        """An interactive thread: the worker is recorded waiting for the user's Approve in the Asks panel,
+        and the call returns at once — the approval is durable state, not a wait that could time out; the
+        orchestrator hears the answer as a harness message."""
+        assert caller.thread_id is not None
+        try:
+            task_id = await approvals.request(
+                self.pool, brief=brief, thread_id=caller.thread_id, asker_task_id=caller.task_id,
+                project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
+                requested_by=str(caller.session_id), tool_use_id=call_id)
+        except dispatch.DispatchRefused as exc:
+            raise ToolError(f"dispatch refused: {exc}") from None
+        return Dispatched(task_id=str(task_id), status="awaiting_approval", note=approvals.AWAITING)
+
+
+def register(server: MCPServer, harness: Harness) -> None:
+    workers = _Workers(harness)
+
+    @server.tool(structured_output=True)
+    async def dispatch_worker(ctx: Context, brief: str, plan_ref: str | None = None, project_id: str | None = None,
+                              allowed_tools: list[str] | None = None,
+                              override_ruled_out: str | None = None) -> Dispatched:
+        """Ask the harness for a headless worker to carry out `brief`; returns its task id at once.
+
+        The harness spawns and supervises it; when it exits, its derived handoff comes back to you.
+        In an interactive thread it returns at once with status `awaiting_approval`: the worker starts
+        when the user approves it, and a harness message tells you the answer either way.
+        A brief matching a prior rule-out is refused unless override_ruled_out gives the reason.
+        """
+        return await workers.dispatch(ctx, brief, plan_ref, project_id, allowed_tools, override_ruled_out)
