@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
+from shared.query import Queries, Transaction
 
 MAX_HANDOFFS = 3
 MAX_RULE_OUTS = 10
@@ -28,12 +28,6 @@ INTERRUPTED = {"crashed", "cancelled", "rate_limited", "stalled"}
 # the input key that says most about a call, per common tool, before falling back to the whole input
 _CALL_KEYS = ("command", "file_path", "path", "pattern", "url", "query", "brief", "description")
 APPROVE, REJECT = "Approve", "Reject"
-
-
-async def _rows(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchall()
 
 
 def _bounded(lines: list[str]) -> str:
@@ -51,14 +45,15 @@ def _bounded(lines: list[str]) -> str:
 async def enrich(pool: AsyncConnectionPool, brief: str, *, scope: uuid.UUID, project_id: uuid.UUID | None,
                  plan_ref: str | None) -> str:
     sections = []
+    q = Queries(pool, queries)
     if project_id is not None and plan_ref:
-        handoffs = await _rows(pool, "plan_task_handoffs", {"project_id": project_id, "plan_ref": plan_ref,
-                                                            "limit": MAX_HANDOFFS})
+        handoffs = await q.all("list_plan_task_handoffs", {"project_id": project_id, "plan_ref": plan_ref,
+                                                           "limit": MAX_HANDOFFS})
         lines = [f"- [{h['payload'].get('status', '?')}] {h['payload'].get('current_state', '')} "
                  f"(next: {h['payload'].get('next_step', '')})" for h in handoffs]
         if lines:
             sections.append(f"## Earlier handoffs for {plan_ref} (newest first)\n{_bounded(lines)}")
-    rule_outs = await _rows(pool, "scope_rule_outs", {"scope": scope, "limit": MAX_RULE_OUTS})
+    rule_outs = await q.all("list_scope_rule_outs", {"scope": scope, "limit": MAX_RULE_OUTS})
     if rule_outs:
         lines = [f"- {r['approach']} — {r['reason']}" for r in rule_outs]
         sections.append(f"## Already ruled out here (do not retry these)\n{_bounded(lines)}")
@@ -80,9 +75,8 @@ async def earlier_attempt(conn: AsyncConnection[Any], attempt: Mapping[str, Any]
     """The section a retry's brief gets about the attempt it repeats (`attempt`: that task's row, with
     id, attempt, status, status_reason): how it ended and the tool calls it had made, bounded. Read on the
     settler's connection, inside its transaction."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["attempt_tool_calls"], {"task_id": attempt["id"], "limit": MAX_TOOL_CALLS})
-        calls = await cur.fetchall()
+    calls = await Transaction(conn, queries).all("list_attempt_tool_calls",
+                                                 {"task_id": attempt["id"], "limit": MAX_TOOL_CALLS})
     how = "was interrupted" if attempt["status"] in INTERRUPTED else "ended"
     head = (f"## An earlier attempt {how}\nAttempt {attempt['attempt']} of this brief {how} "
             f"({attempt['status']}: {attempt.get('status_reason') or 'no reason recorded'}) before it finished.")

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor.sql import queries
 from shared import errors, journal
 from shared.models import NewEvent
+from shared.query import Queries, Transaction
 
 
 class DispatchRefused(errors.PetalError):
@@ -47,13 +48,13 @@ async def request_task(
     Raises:
         DispatchRefused: empty brief, unknown project, or a working directory that does not exist.
     """
-    async with pool.connection() as conn, conn.transaction():
+    async with Queries(pool, queries).transaction() as tx:
         task_id, events = await request_on(
-            conn, brief=brief, role=role, project_id=project_id, session_id=session_id,
+            tx.conn, brief=brief, role=role, project_id=project_id, session_id=session_id,
             parent_task_id=parent_task_id, plan_ref=plan_ref, workdir=workdir, allowed_tools=allowed_tools,
             requested_by=requested_by, json_schema=json_schema, tool_use_id=tool_use_id,
             executor=executor, labels=labels)
-        await journal.append_on(conn, events)
+        await journal.append_on(tx.conn, events)
     return task_id
 
 
@@ -82,21 +83,21 @@ async def request_on(
     if not brief.strip():
         raise DispatchRefused("a task needs a non-empty brief")
     task_id = uuid.uuid4()
+    tx = Transaction(conn, queries)
     if workdir is None and project_id is not None:
-        row = await (await conn.execute(queries["project_workdir"], {"project_id": project_id})).fetchone()
+        row = await tx.one("project_workdir", {"project_id": project_id})
         if row is None:
             raise DispatchRefused(f"no project {project_id}")
-        workdir = Path(row[0]) if row[0] else None
+        workdir = Path(row["workdir"]) if row["workdir"] else None
     if workdir is not None and not workdir.is_dir():
         raise DispatchRefused(f"working directory {workdir} does not exist")
-    await conn.execute(queries["insert_task"], {
+    await tx.execute("insert_task", {
         "id": task_id, "project_id": project_id, "session_id": session_id, "parent_task_id": parent_task_id,
         "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
         "allowed_tools": list(allowed_tools) if allowed_tools is not None else None,
         "json_schema": Jsonb(json_schema) if json_schema is not None else None})
     if executor is not None or labels:
-        await conn.execute(queries["set_task_placement"],
-                           {"id": task_id, "executor": executor, "labels": list(labels)})
+        await tx.execute("set_task_placement", {"id": task_id, "executor": executor, "labels": list(labels)})
     return task_id, [NewEvent(
         "task.dispatch_requested",
         {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -24,24 +23,13 @@ from executor import dispatch, lineage, policy, worktrees
 from executor.sql import queries
 from shared import contract, journal, logs
 from shared.models import ContractField, NewEvent
+from shared.query import Queries, Transaction
 
 log = logs.get(__name__)
 
 MAX_RESULT_CHARS = 20_000
 MAX_MESSAGES = 6
 MAX_MESSAGE_CHARS = 4_000
-
-
-async def _one(conn: psycopg.AsyncConnection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchone() if cur.description else None
-
-
-async def _all(conn: psycopg.AsyncConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchall()
 
 
 def _texts(rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
@@ -78,9 +66,9 @@ async def request(pool: AsyncConnectionPool, worker_id: uuid.UUID, *, requested_
     Raises:
         DispatchRefused: there is no such task.
     """
-    async with pool.connection() as conn, conn.transaction():
-        extractor_id, events = await request_on(conn, worker_id, requested_by=requested_by)
-        await journal.append_on(conn, events)
+    async with Queries(pool, queries).transaction() as tx:
+        extractor_id, events = await request_on(tx.conn, worker_id, requested_by=requested_by)
+        await journal.append_on(tx.conn, events)
     return extractor_id
 
 
@@ -88,15 +76,16 @@ async def request_on(conn: psycopg.AsyncConnection, worker_id: uuid.UUID, *,
                      requested_by: str = "executor") -> tuple[uuid.UUID, list[NewEvent]]:
     """Insert an extractor task for a finished task inside the caller's transaction (the supervisor claims
     it once that commits); returns its id and the event to journal with it."""
-    worker = await _one(conn, "extraction_source", {"id": worker_id})
+    tx = Transaction(conn, queries)
+    worker = await tx.one("extraction_source", {"id": worker_id})
     if worker is None:
         raise dispatch.DispatchRefused(f"no task {worker_id}")
     version, fields = await contract.active_on(conn)
     schema = {**contract.schema_for(fields), "$comment": f"petal-dispatch contract version {version}"}
-    result, messages = _texts(await _all(conn, "worker_texts", {"id": worker_id, "limit": 40}))
+    result, messages = _texts(await tx.all("worker_texts", {"id": worker_id, "limit": 40}))
     brief = prompt(worker["brief"], result, messages, fields)
     extractor_id = uuid.uuid4()
-    await conn.execute(queries["insert_task"], {
+    await tx.execute("insert_task", {
         "id": extractor_id, "project_id": worker["project_id"], "session_id": None, "parent_task_id": worker_id,
         "role": "extractor", "brief": brief, "plan_ref": worker["plan_ref"], "workdir": None,
         "allowed_tools": None, "json_schema": Jsonb(schema)})
@@ -159,17 +148,18 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
     """Validate an ended extractor's output inside the caller's transaction; mark its worker
     extraction_failed when it fails. `extractor` is its task row (id, status, status_reason,
     parent_task_id, json_schema). None when the worker is gone."""
-    worker = await _one(conn, "extraction_source", {"id": extractor["parent_task_id"]})
+    tx = Transaction(conn, queries)
+    worker = await tx.one("extraction_source", {"id": extractor["parent_task_id"]})
     if worker is None:
         log.error("extraction_without_worker", extractor=str(extractor["id"]))
         return None
     schema = extractor["json_schema"]
-    result = await _one(conn, "task_result", {"id": extractor["id"]})
+    result = await tx.one("get_task_result", {"id": extractor["id"]})
     structured = ((result or {}).get("payload") or {}).get("structured_output")
     complaints = [] if structured is not None else _complaints(
-        await _all(conn, "schema_complaints", {"id": extractor["id"]}))
+        await tx.all("schema_complaints", {"id": extractor["id"]}))
     errors = verdict(schema, structured, f"{extractor['status']}: {extractor['status_reason']}", complaints)
-    seqs = await _one(conn, "raw_seq_range", {"id": worker["id"]})
+    seqs = await tx.one("raw_seq_range", {"id": worker["id"]})
     first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
     common = {"worker_task_id": str(worker["id"]), "extractor_task_id": str(extractor["id"]),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}
@@ -177,17 +167,17 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
            # under the extraction run that produced it (see executor/lineage.py)
            "parent_id": await lineage.task_exit_event(conn, extractor["id"])}
     if errors:
-        await conn.execute(queries["mark_extraction_failed"], {"id": worker["id"], "reason": errors[0][:200]})
+        await tx.execute("mark_extraction_failed", {"id": worker["id"], "reason": errors[0][:200]})
         log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])
         return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
                      [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
     assert isinstance(structured, dict)  # the verdict passed it
     status = worker["status"]
     if status == "extraction_failed":  # a re-extraction passed: the worker's own end counts again
-        restored = await _one(conn, "restore_exit_status", {"id": worker["id"]})
+        restored = await tx.one("restore_exit_status", {"id": worker["id"]})
         status = restored["status"] if restored else status
     # the gate evidence comes from the harness's and the exit's records, not the model
-    denials = await _one(conn, "exit_denials", {"id": worker["id"]}) or {}
+    denials = await tx.one("get_exit_denials", {"id": worker["id"]}) or {}
     handoff = handoff_of(structured, status, denials.get("denials") or [], denials.get("workdir"),
                          denials.get("decided"))
     recorded = await worktrees.artifacts(conn, worker["id"])  # a project worker's changes, as code recorded them

@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
+from shared.query import Queries, Transaction
 
 # The dispatching tool call's line and the MCP call race to the journal (the CLI prints the line, then
 # calls the tool); at spawn the line is nearly always there already, else wait this long for it.
@@ -25,14 +26,10 @@ CALL_WAIT_S = 2.0
 CALL_POLL_S = 0.1
 
 
-async def _one(source: AsyncConnectionPool | AsyncConnection[Any], name: str, params: dict[str, Any]) -> Any:
-    """The first column of the first row, on a pooled connection or on the caller's (inside its transaction)."""
-    if isinstance(source, AsyncConnectionPool):
-        async with source.connection() as conn:
-            row = await (await conn.execute(queries[name], params)).fetchone()
-    else:
-        row = await (await source.execute(queries[name], params)).fetchone()
-    return row[0] if row else None
+async def _event_id(q: Queries | Transaction, name: str, params: dict[str, Any]) -> uuid.UUID | None:
+    """The event a query names, on a pooled connection or on the caller's (inside its transaction)."""
+    row = await q.one(name, params)
+    return row["event_id"] if row else None
 
 
 async def spawn_parent(pool: AsyncConnectionPool, row: dict[str, Any]) -> uuid.UUID | None:
@@ -41,18 +38,21 @@ async def spawn_parent(pool: AsyncConnectionPool, row: dict[str, Any]) -> uuid.U
         return None
     if row.get("json_schema") is not None:  # an extractor: under the run it distils
         return await task_exit_event(pool, row["parent_task_id"])
-    if not await _one(pool, "dispatch_tool_use", {"id": row["id"]}):
+    q = Queries(pool, queries)
+    dispatched = await q.one("get_dispatch_tool_use", {"id": row["id"]})
+    if dispatched is None or not dispatched["tool_use_id"]:
         return None
     for _ in range(int(CALL_WAIT_S / CALL_POLL_S)):
-        found = await _one(pool, "dispatching_call", {"id": row["id"]})
+        found = await _event_id(q, "get_dispatching_call", {"id": row["id"]})
         if found is not None:
-            return found  # type: ignore[no-any-return]
+            return found
         await asyncio.sleep(CALL_POLL_S)
     return None
 
 
 async def task_exit_event(source: AsyncConnectionPool | AsyncConnection[Any], task_id: uuid.UUID) -> uuid.UUID | None:
-    return await _one(source, "task_exit_event", {"id": task_id})  # type: ignore[no-any-return]
+    q = Queries(source, queries) if isinstance(source, AsyncConnectionPool) else Transaction(source, queries)
+    return await _event_id(q, "get_task_exit_event", {"id": task_id})
 
 
 def tool_parent(calls: dict[str, uuid.UUID], event_type: str, payload: Any, event_id: uuid.UUID) -> uuid.UUID | None:

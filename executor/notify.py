@@ -20,7 +20,6 @@ from typing import Any, Literal, TypedDict
 import aiohttp
 import psycopg
 from cryptography.hazmat.primitives import serialization
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from pydantic import SecretStr
@@ -30,6 +29,7 @@ from pywebpush import WebPushException, webpush_async
 from executor.sql import queries
 from shared import aio, database, endpoints, logs
 from shared.listener import Subscription
+from shared.query import Queries
 
 log = logs.get(__name__)
 
@@ -193,6 +193,7 @@ class Notifier:
     def __init__(self, pool: AsyncConnectionPool, config: NotifyConfig, duty: Duty | None = None,
                  name: str | None = None):
         self.pool = pool
+        self.q = Queries(pool, queries)
         self.config = config
         self.vapid: Vapid | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -200,24 +201,20 @@ class Notifier:
         self.duty = duty
         self.name = name
 
-    async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries[name], params or {})
-            return await cur.fetchall() if cur.description else []
-
     async def start(self) -> None:
         self.vapid = configured_vapid(self.config) or await self._fleet_vapid()
-        await self._rows("store_push_key", {"public_key": public_key(self.vapid),
-                                            "ntfy": bool(self.config.ntfy_url)})
-        await self._rows("init_notify_cursor")  # a first start begins at the journal's head
+        await self.q.execute("store_push_key", {"public_key": public_key(self.vapid),
+                                                "ntfy": bool(self.config.ntfy_url)})
+        await self.q.execute("init_notify_cursor")  # a first start begins at the journal's head
 
     async def _fleet_vapid(self) -> Vapid:
         """One key for the whole fleet, in the database: the first executor's offer wins (a race of two
         starting together included); every other executor reads it."""
         offer = await asyncio.to_thread(candidate_vapid_pem, self.config)
-        await self._rows("offer_fleet_secret", {"name": VAPID_SECRET, "value": offer.decode(),
-                                                "created_by": self.name})
-        (row,) = await self._rows("fleet_secret", {"name": VAPID_SECRET})
+        await self.q.execute("offer_fleet_secret", {"name": VAPID_SECRET, "value": offer.decode(),
+                                                    "created_by": self.name})
+        row = await self.q.one("get_fleet_secret", {"name": VAPID_SECRET})
+        assert row is not None  # this executor's offer, or an earlier one
         return Vapid.from_pem(row["value"].encode())
 
     async def run(self, sub: Subscription) -> None:
@@ -243,16 +240,18 @@ class Notifier:
                 await self.duty.release()
 
     async def pass_once(self) -> list[Note]:
-        for req in await self._rows("claim_notify_requests"):
+        for req in await self.q.all("claim_notify_requests"):
             note = Note("test", "petal-dispatch", "Notifications work. This is the test you asked for.", "/#chat")
             outcome, detail = await self.deliver([note])
             await self._record(note, outcome, detail)
-            await self._rows("finish_notify_request", {"id": req["id"], "status": "done" if outcome == "sent" else "failed",
-                                                       "error": None if outcome == "sent" else outcome})
-        (cursor,) = await self._rows("notify_cursor")
-        rows = await self._rows("notify_candidates", {"after": cursor["last_seq"], "limit": PAGE})
+            await self.q.execute("finish_notify_request", {"id": req["id"],
+                                                           "status": "done" if outcome == "sent" else "failed",
+                                                           "error": None if outcome == "sent" else outcome})
+        cursor = await self.q.one("get_notify_cursor")
+        assert cursor is not None  # made by start()
+        rows = await self.q.all("list_notify_candidates", {"after": cursor["last_seq"], "limit": PAGE})
         if not rows:
-            await self._rows("advance_notify_cursor", {"seq": cursor["head"]})
+            await self.q.execute("advance_notify_cursor", {"seq": cursor["head"]})
             return []
         notes = [n for n in (note_for(r) for r in rows) if n is not None]
         due = await self._hold_back(notes)
@@ -267,7 +266,7 @@ class Notifier:
                 outcome, detail = await self.deliver([n])
                 await self._record(n, outcome, detail)
         last = rows[-1]["seq"] if len(rows) == PAGE else max(rows[-1]["seq"], cursor["head"])
-        await self._rows("advance_notify_cursor", {"seq": last})
+        await self.q.execute("advance_notify_cursor", {"seq": last})
         return due
 
     async def _hold_back(self, notes: list[Note]) -> list[Note]:
@@ -276,15 +275,15 @@ class Notifier:
         seen: set[tuple[str, str]] = set()
         for n in notes:
             if n.kind == "turn_finished" and n.thread_id is not None:
-                watched = await self._rows("thread_watched", {"thread_id": n.thread_id,
-                                                              "seconds": self.config.presence_s})
-                if watched and watched[0]["watched"]:
+                watched = await self.q.one("check_thread_watched", {"thread_id": n.thread_id,
+                                                                    "seconds": self.config.presence_s})
+                if watched is not None:
                     continue
             key = (n.kind, str(n.task_id or n.thread_id))
-            recent = await self._rows("recent_notification", {"kind": n.kind, "task_id": n.task_id,
-                                                              "thread_id": n.thread_id,
-                                                              "seconds": self.config.rate_limit_s})
-            if key in seen or recent[0]["recent"]:
+            recent = await self.q.one("check_recent_notification", {"kind": n.kind, "task_id": n.task_id,
+                                                                    "thread_id": n.thread_id,
+                                                                    "seconds": self.config.rate_limit_s})
+            if key in seen or recent is not None:
                 await self._record(n, "rate_limited", {})
                 continue
             seen.add(key)
@@ -304,7 +303,7 @@ class Notifier:
 
     async def deliver(self, notes: list[Note]) -> tuple[Outcome, Delivery]:
         """Send each note on every channel; ('sent' | 'no_channel' | 'failed', what happened)."""
-        subs = await self._rows("push_subscriptions")
+        subs = await self.q.all("list_push_subscriptions")
         if not subs and not self.config.ntfy_url:
             return "no_channel", {}
         ok, ntfy = False, None
@@ -328,7 +327,7 @@ class Notifier:
         # checked again here: a stored row (or a name that now resolves elsewhere) must not reach inside
         refused = await endpoints.refusal(s["endpoint"], allow_loopback=self.config.allow_loopback_push)
         if refused:
-            await self._rows("push_failed", {"id": s["id"], "error": refused[:300]})
+            await self.q.execute("mark_push_failed", {"id": s["id"], "error": refused[:300]})
             log.warning("push_endpoint_refused", reason=refused)
             return "refused"
         try:
@@ -337,15 +336,15 @@ class Notifier:
                                 aiohttp_session=http, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
         except WebPushException as exc:
             if exc.status_code in GONE:  # the browser unsubscribed or the subscription expired
-                await self._rows("delete_push_subscription", {"id": s["id"]})
+                await self.q.execute("delete_push_subscription", {"id": s["id"]})
                 log.info("push_subscription_removed", status=exc.status_code)
                 return f"gone {exc.status_code}"
-            await self._rows("push_failed", {"id": s["id"], "error": str(exc)[:300]})
+            await self.q.execute("mark_push_failed", {"id": s["id"], "error": str(exc)[:300]})
             return f"failed {exc.status_code}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            await self._rows("push_failed", {"id": s["id"], "error": repr(exc)[:300]})
+            await self.q.execute("mark_push_failed", {"id": s["id"], "error": repr(exc)[:300]})
             return "failed"
-        await self._rows("push_succeeded", {"id": s["id"]})
+        await self.q.execute("mark_push_succeeded", {"id": s["id"]})
         return "sent"
 
     async def _ntfy(self, note: Note) -> str:
@@ -362,7 +361,7 @@ class Notifier:
             return f"failed {type(exc).__name__}"
 
     async def _record(self, note: Note, outcome: str, detail: Delivery) -> None:
-        await self._rows("record_notification", {
+        await self.q.execute("record_notification", {
             "kind": note.kind, "task_id": note.task_id, "thread_id": note.thread_id, "seq": note.seq,
             "title": note.title, "body": note.body, "url": note.url, "outcome": outcome,
             "detail": Jsonb({**note.detail, **detail})})

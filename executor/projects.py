@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -25,6 +24,7 @@ from executor.sql import queries
 from shared import aio, database, logs, read_surface
 from shared.listener import Subscription
 from shared.models import NewEvent
+from shared.query import Queries
 
 log = logs.get(__name__)
 
@@ -83,11 +83,10 @@ class Projects:
     pool: AsyncConnectionPool
     writer: JournalWriter
     config: ProjectsConfig = field(default_factory=ProjectsConfig)
+    q: Queries = field(init=False, repr=False)
 
-    async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries[name], params or {})
-            return await cur.fetchall() if cur.description else []
+    def __post_init__(self) -> None:
+        self.q = Queries(self.pool, queries)
 
     async def run(self, sub: Subscription) -> None:
         wake = asyncio.Event()
@@ -99,7 +98,7 @@ class Projects:
 
         forwarding = asyncio.create_task(forward())
         try:
-            await self._rows("requeue_claimed_project_requests")
+            await self.q.execute("requeue_claimed_project_requests")
             while True:
                 wake.clear()
                 try:
@@ -115,7 +114,7 @@ class Projects:
             forwarding.cancel()
 
     async def apply(self) -> None:
-        for row in await self._rows("claim_project_requests"):
+        for row in await self.q.all("claim_project_requests"):
             status, error, result = "done", None, None
             try:
                 if row["action"] == "create":
@@ -131,12 +130,12 @@ class Projects:
                 log.exception("project_request_failed", request_id=str(row["id"]))
                 status, error = "failed", f"internal error: {exc!r}"[:500]
                 await self._refusal(row, error)
-            await self._rows("finish_project_request", {"id": row["id"], "status": status, "error": error,
-                                                        "result": Jsonb(result) if result is not None else None})
+            await self.q.execute("finish_project_request", {"id": row["id"], "status": status, "error": error,
+                                                            "result": Jsonb(result) if result is not None else None})
 
     async def sweep(self) -> None:
         """Record the changes of ended workers nobody recorded (e.g. a worker crashed by a restart)."""
-        for row in await self._rows("unrecorded_changes", {"grace_s": RECORD_GRACE_S}):
+        for row in await self.q.all("list_unrecorded_changes", {"grace_s": RECORD_GRACE_S}):
             await worktrees.record_changes(self.pool, self.writer, row["id"],
                                            keep_worktree=self.config.keep_worktrees)
 
@@ -145,10 +144,10 @@ class Projects:
             await self.writer.write([NewEvent("project.refused", {"request_id": str(row["id"]), "reason": reason,
                                                                   "args": row["args"]})])
         else:
-            task = await self._rows("task_worktree", {"id": row["task_id"]}) if row["task_id"] else []
+            task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
             await self.writer.write([NewEvent("task.merge_failed", {
                 "request_id": str(row["id"]), "action": row["action"], "reason": reason},
-                task_id=task[0]["id"] if task else None, project_id=task[0]["project_id"] if task else None)])
+                task_id=task.id if task else None, project_id=task.project_id if task else None)])
 
     # ---- create --------------------------------------------------------------------------------------
 
@@ -174,13 +173,12 @@ class Projects:
             plan = read_plan(repo, str(plan_path))
         if plan and not read_surface.plan_tasks(plan):
             raise Refused("the plan has no task lines (`- [ ] T-001 title`)")
-        if await self._rows("project_with_workdir", {"workdir": str(repo)}):
+        if await self.q.one("get_project_by_workdir", {"workdir": str(repo)}):
             raise Refused(f"{repo} is already a project")
-        made = await self._rows("insert_project", {"name": slug, "workdir": str(repo), "plan": plan,
-                                                   "plan_path": plan_path})
-        if not made:
+        made = await insert_project(self.pool, slug, workdir=str(repo), plan=plan, plan_path=plan_path)
+        if made is None:
             raise Refused(f"slug {slug!r} is taken")
-        project_id: uuid.UUID = made[0]["id"]
+        project_id = made
         branch, commit = await worktrees.head(repo)
         payload = {"slug": slug, "workdir": str(repo), "branch": branch, "commit": commit, "initialised": initialised,
                    "plan_tasks": len(read_surface.plan_tasks(plan)), "plan_path": plan_path}
@@ -190,44 +188,49 @@ class Projects:
 
     # ---- merge / discard -----------------------------------------------------------------------------
 
-    async def _reviewable(self, row: dict[str, Any]) -> dict[str, Any]:
-        found = await self._rows("task_worktree", {"id": row["task_id"]}) if row["task_id"] else []
-        if not found or found[0]["branch"] is None:
+    async def _reviewable(self, row: dict[str, Any]) -> tuple[worktrees.TaskWorktree, str]:
+        """The task whose branch a merge or discard acts on, and that branch."""
+        task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
+        if task is None or task.branch is None:
             raise Refused(f"task {row['task_id']} has no branch of a project")
-        task = found[0]
-        if task["status"] in ("pending", "running"):
-            raise Refused(f"task {task['id']} is still {task['status']}")
-        if task["review"] is not None:
-            raise Refused(f"the branch of task {task['id']} was already {task['review']}")
-        if task["changes_recorded_at"] is None:
-            raise Refused(f"task {task['id']}'s changes are not recorded yet; try again in a moment")
-        return task
+        if task.status in ("pending", "running"):
+            raise Refused(f"task {task.id} is still {task.status}")
+        if task.review is not None:
+            raise Refused(f"the branch of task {task.id} was already {task.review}")
+        if task.changes_recorded_at is None:
+            raise Refused(f"task {task.id}'s changes are not recorded yet; try again in a moment")
+        return task, task.branch
 
     async def _merge(self, row: dict[str, Any]) -> dict[str, Any]:
-        task = await self._reviewable(row)
-        repo = Path(task["project_workdir"])
-        merged = await worktrees.merge(repo, task["branch"], f"Merge {task['branch']} (task {task['id']})")
+        task, branch = await self._reviewable(row)
+        merged = await worktrees.merge(task.repo, branch, f"Merge {branch} (task {task.id})")
         # merged is merged: record it even if tidying up the branch fails
-        await self._rows("set_task_review", {"id": task["id"], "review": "merged"})
+        await self.q.execute("set_task_review", {"id": task.id, "review": "merged"})
         try:  # the branch is in the project's branch now: it and any kept worktree go
-            await worktrees.delete_branch(repo, task["branch"], Path(task["worktree"]) if task["worktree"] else None)
+            await worktrees.delete_branch(task.repo, branch, task.worktree_path)
             merged["branch_deleted"] = True
         except worktrees.GitError as exc:
             merged["branch_deleted"] = False
             merged["branch_delete_error"] = str(exc)
-        payload = {"request_id": str(row["id"]), "branch": task["branch"], **merged}
-        await self.writer.write([NewEvent("task.merged", payload, task_id=task["id"], project_id=task["project_id"])])
+        payload = {"request_id": str(row["id"]), "branch": branch, **merged}
+        await self.writer.write([NewEvent("task.merged", payload, task_id=task.id, project_id=task.project_id)])
         return payload
 
     async def _discard(self, row: dict[str, Any]) -> dict[str, Any]:
-        task = await self._reviewable(row)
-        repo = Path(task["project_workdir"])
-        await worktrees.delete_branch(repo, task["branch"], Path(task["worktree"]) if task["worktree"] else None)
-        await self._rows("set_task_review", {"id": task["id"], "review": "discarded"})
-        payload = {"request_id": str(row["id"]), "branch": task["branch"]}
-        await self.writer.write([NewEvent("task.discarded", payload, task_id=task["id"],
-                                          project_id=task["project_id"])])
+        task, branch = await self._reviewable(row)
+        await worktrees.delete_branch(task.repo, branch, task.worktree_path)
+        await self.q.execute("set_task_review", {"id": task.id, "review": "discarded"})
+        payload = {"request_id": str(row["id"]), "branch": branch}
+        await self.writer.write([NewEvent("task.discarded", payload, task_id=task.id, project_id=task.project_id)])
         return payload
+
+
+async def insert_project(pool: AsyncConnectionPool, slug: str, *, workdir: str | None, plan: str | None,
+                         plan_path: str | None = None) -> uuid.UUID | None:
+    """Register a project as given (the checks are the caller's); its id, or None when the slug is taken."""
+    made = await Queries(pool, queries).one("insert_project", {"name": slug, "workdir": workdir, "plan": plan,
+                                                               "plan_path": plan_path})
+    return made["id"] if made else None
 
 
 # ---- the supervisor's side ----------------------------------------------------------------------------
@@ -239,16 +242,14 @@ async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, row
     Raises:
         worktrees.GitError: the worktree could not be made (the task must not run in the main checkout).
     """
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["worktree_source"], {"id": row["id"]})
-        source = await cur.fetchone()
+    q = Queries(pool, queries)
+    source = await q.one("get_worktree_source", {"id": row["id"]})
     if source is None:
         return None
     wt = await worktrees.create(Path(source["workdir"]), row["id"], root, source["name"])
-    async with pool.connection() as conn:
-        await conn.execute(queries["set_task_worktree"], {
-            "id": row["id"], "worktree": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch,
-            "base_commit": wt.base_commit})
+    await q.execute("set_task_worktree", {
+        "id": row["id"], "worktree": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch,
+        "base_commit": wt.base_commit})
     await writer.put(NewEvent("task.worktree_created", {
         "path": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch, "base_commit": wt.base_commit},
         task_id=row["id"], project_id=source["project_id"]))
@@ -288,9 +289,7 @@ async def plan_task_title(pool: AsyncConnectionPool, project_id: uuid.UUID, plan
     Raises:
         Refused: the project has a plan and `plan_ref` is not one of its tasks.
     """
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["project_plan"], {"id": project_id})
-        row = await cur.fetchone()
+    row = await Queries(pool, queries).one("get_project_plan", {"id": project_id})
     tasks = read_surface.plan_tasks(row["plan"] if row else None)
     if not tasks:
         return None

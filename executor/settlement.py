@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from executor import briefs, extraction, policy
@@ -25,7 +25,7 @@ from executor.harness import asks
 from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
-from shared.query import Transaction
+from shared.query import Queries, Transaction
 
 log = logs.get(__name__)
 
@@ -82,31 +82,30 @@ def turn_question(turn: dict[str, Any], decision: policy.Decision) -> dict[str, 
     }
 
 
-async def rerun_turn(conn: Any, turn_id: uuid.UUID, *, requested_by: str, reason: str | None,
+async def rerun_turn(conn: AsyncConnection[Any], turn_id: uuid.UUID, *, requested_by: str, reason: str | None,
                      delay_s: float = 0.0) -> tuple[uuid.UUID | None, list[NewEvent]]:
     """Run a thread's turn again with the same messages (its brief), inside the caller's transaction;
     (None, []) when another run already repeats it (a turn is re-run at most once)."""
     new_id = uuid.uuid4()
-    cur = await conn.execute(queries["insert_turn_rerun"], {"new_id": new_id, "id": turn_id, "delay_s": delay_s})
-    row = await cur.fetchone()
+    row = await Transaction(conn, queries).one("insert_turn_rerun",
+                                               {"new_id": new_id, "id": turn_id, "delay_s": delay_s})
     if row is None:
         return None, []
-    thread_id, brief, attempt = row
+    thread_id, brief, attempt = row["session_id"], row["brief"], row["attempt"]
     return new_id, [NewEvent("task.dispatch_requested", {
         "role": "orchestrator", "brief": brief[:2000], "requested_by": requested_by, "rerun_of": str(turn_id),
         "retry_of": str(turn_id), "attempt": attempt, "reason": reason, "delay_s": delay_s},
         session_id=thread_id, task_id=new_id)]
 
 
-async def apply_turn_policy(conn: Any, turn_id: uuid.UUID, *, backoff_base_s: float,
+async def apply_turn_policy(conn: AsyncConnection[Any], turn_id: uuid.UUID, *, backoff_base_s: float,
                             started: bool = True) -> list[NewEvent]:
     """A thread's turn ended other than `success` (inside the settler's transaction): record it in the
     conversation (`turn.failed`: status, reason, the messages it carried, what is done) and act per the
     turns' policy — re-run it, back off, escalate, or leave it to the user's Retry. Its messages are never
     dropped: they run again, or stay in the chat with the error."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["settled_worker"], {"id": turn_id})
-        turn = await cur.fetchone()
+    tx = Transaction(conn, queries)
+    turn = await tx.one("get_settled_worker", {"id": turn_id})
     assert turn is not None
     thread = turn["session_id"]
     decision = policy.decide(turn["status"], turn["attempt"], backoff_base_s, started=started, role="orchestrator")
@@ -120,7 +119,7 @@ async def apply_turn_policy(conn: Any, turn_id: uuid.UUID, *, backoff_base_s: fl
                                           delay_s=decision.delay_s)
         facts.update(rerun_task_id=str(new_id) if new_id else None, delay_s=decision.delay_s)
     elif decision.action == policy.ESCALATE:
-        posted = await _ask(conn, {"id": turn_id, "thread_id": thread}, turn_question(turn, decision))
+        posted = await _ask(tx, {"id": turn_id, "thread_id": thread}, turn_question(turn, decision))
         facts["question_id"] = str(posted.id)
         events = [posted.event]
     if decision.action not in policy.RETRIES:
@@ -130,13 +129,12 @@ async def apply_turn_policy(conn: Any, turn_id: uuid.UUID, *, backoff_base_s: fl
     return [NewEvent("turn.failed", facts, tier="derived", task_id=turn_id, session_id=thread), *events]
 
 
-async def retry_turn(conn: Any, turn_id: uuid.UUID, thread_id: uuid.UUID, *,
+async def retry_turn(conn: AsyncConnection[Any], turn_id: uuid.UUID, thread_id: uuid.UUID, *,
                      requested_by: str) -> tuple[str | None, list[NewEvent]]:
     """The user's Retry of a failed turn (a thread-control row), inside the caller's transaction; returns
     (an error, or None) and the events. An escalation still open on the turn is answered by it."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["settled_worker"], {"id": turn_id})
-        turn = await cur.fetchone()
+    tx = Transaction(conn, queries)
+    turn = await tx.one("get_settled_worker", {"id": turn_id})
     if turn is None or turn["session_id"] != thread_id or turn["role"] != "orchestrator":
         return f"no turn {turn_id} in thread {thread_id}", []
     if turn["status"] in ("pending", "running", "success"):
@@ -144,26 +142,24 @@ async def retry_turn(conn: Any, turn_id: uuid.UUID, thread_id: uuid.UUID, *,
     new_id, events = await rerun_turn(conn, turn_id, requested_by=requested_by, reason="retried by the user")
     if new_id is None:
         return f"turn {turn_id} was already run again", []
-    cur = await conn.execute(queries["resolve_task_escalation"], {"task_id": turn_id, "decision": "retry"})
-    for esc_id, question_id in await cur.fetchall():
-        await conn.execute(queries["close_question"], {"id": question_id, "response": "retried from the chat"})
+    for esc in await tx.all("resolve_task_escalation", {"task_id": turn_id, "decision": "retry"}):
+        await tx.execute("close_question", {"id": esc["question_id"], "response": "retried from the chat"})
         events.append(NewEvent("escalation.resolved", {
-            "escalation_id": str(esc_id), "question_id": str(question_id), "answer": None,
+            "escalation_id": str(esc["id"]), "question_id": str(esc["question_id"]), "answer": None,
             "response": "retried from the chat", "decision": "retry", "retry_task_id": str(new_id)},
             tier="derived", task_id=turn_id, session_id=thread_id))
     return None, events
 
 
-async def apply_policy(conn: Any, worker_id: uuid.UUID, record_type: str, payload: dict[str, Any], *,
-                       backoff_base_s: float, started: bool = True) -> list[NewEvent]:
+async def apply_policy(conn: AsyncConnection[Any], worker_id: uuid.UUID, record_type: str,
+                       payload: dict[str, Any], *, backoff_base_s: float, started: bool = True) -> list[NewEvent]:
     """Act on a thread's worker's end inside the caller's transaction; returns the events to journal with it.
 
     `record_type` is what the end left: handoff, handoff.extraction_failed or task.exited. A worker
     outside a thread's loop gets nothing: its end stays visible and nobody acts on it.
     """
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["settled_worker"], {"id": worker_id})
-        worker = await cur.fetchone()
+    tx = Transaction(conn, queries)
+    worker = await tx.one("get_settled_worker", {"id": worker_id})
     if worker is None or worker["thread_id"] is None:
         return []
     summary = _summary(payload)
@@ -182,19 +178,19 @@ async def apply_policy(conn: Any, worker_id: uuid.UUID, record_type: str, payloa
                      f"({worker['status_reason']}). What came back from it:\n{summary}\n"
                      "Take this into account and do not repeat what failed.")
         brief = f"{brief}\n\n{await briefs.earlier_attempt(conn, worker)}"
-        new_id = await _retry(conn, worker, brief, decision.delay_s)
+        new_id = await _retry(tx, worker, brief, decision.delay_s)
         facts.update(retry_task_id=str(new_id), delay_s=decision.delay_s)
         events = [NewEvent("task.dispatch_requested", {
             "role": "worker", "brief": brief[:2000], "plan_ref": worker["plan_ref"],
             "requested_by": "policy", "retry_of": str(worker_id), "attempt": worker["attempt"] + 1,
             "delay_s": decision.delay_s}, task_id=new_id, project_id=worker["project_id"])]
     elif decision.action == policy.ESCALATE:
-        posted = await _ask(conn, worker, escalation_question(worker, decision, summary))
+        posted = await _ask(tx, worker, escalation_question(worker, decision, summary))
         facts["question_id"] = str(posted.id)
         events = [posted.event]
     else:
         text = _report_text(worker_id, record_type, worker["status"], decision, summary)
-        await conn.execute(queries["enqueue_harness_message"], {"thread_id": worker["thread_id"], "text": text})
+        await tx.execute("enqueue_harness_message", {"thread_id": worker["thread_id"], "text": text})
     log.info("policy_decision", worker=str(worker_id), **{k: v for k, v in facts.items() if k != "why"})
     return [NewEvent("policy.decision", facts, tier="derived", **ids), *events]
 
@@ -209,21 +205,19 @@ def _report_text(worker_id: uuid.UUID, record_type: str, status: str, decision: 
             f"{what}:\n{summary}")
 
 
-async def _retry(conn: Any, worker: dict[str, Any], brief: str, delay_s: float) -> uuid.UUID:
+async def _retry(tx: Transaction, worker: dict[str, Any], brief: str, delay_s: float) -> uuid.UUID:
     new_id = uuid.uuid4()
-    await conn.execute(queries["insert_retry"], {"new_id": new_id, "id": worker["id"], "brief": brief,
-                                                 "delay_s": delay_s})
+    await tx.execute("insert_retry", {"new_id": new_id, "id": worker["id"], "brief": brief, "delay_s": delay_s})
     return new_id
 
 
-async def _ask(conn: Any, worker: dict[str, Any], question: dict[str, Any]) -> asks.Posted:
+async def _ask(tx: Transaction, worker: dict[str, Any], question: dict[str, Any]) -> asks.Posted:
     """The escalation's question, through the harness's ask service, and its `escalations` row."""
-    tx = Transaction(conn, queries)
     posted = await asks.post(tx, [question], tool_use_id=f"escalation-{uuid.uuid4()}", task_id=worker["id"],
                              session_id=worker["thread_id"], project_id=worker.get("project_id"))
     assert posted is not None  # a fresh tool_use_id
-    await tx.one("insert_escalation", {"task_id": worker["id"], "thread_id": worker["thread_id"],
-                                       "question_id": posted.id})
+    await tx.execute("insert_escalation", {"task_id": worker["id"], "thread_id": worker["thread_id"],
+                                           "question_id": posted.id})
     return posted
 
 
@@ -231,7 +225,7 @@ class Settlement:
     """Escalations the user answered, carried out once (the threads loop runs this)."""
 
     def __init__(self, pool: AsyncConnectionPool, wake: Callable[[], None]):
-        self.pool = pool
+        self.q = Queries(pool, queries)
         self.wake = wake  # the threads loop: a harness message waits for it
 
     # ---- the user answered an escalation -----------------------------------------------------------
@@ -240,21 +234,17 @@ class Settlement:
         """Carry out every answered escalation once; returns how many were acted on."""
         acted = 0
         while True:
-            async with self.pool.connection() as conn, conn.transaction():
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(queries["answered_escalations"])
-                    rows = await cur.fetchall()
+            async with self.q.transaction() as tx:
+                rows = await tx.all("list_answered_escalations")
                 for row in rows:
-                    await self._act(conn, row)
+                    await self._act(tx, row)
             acted += len(rows)
             if not rows:
                 return acted
             self.wake()
 
-    async def _act(self, conn: Any, esc: dict[str, Any]) -> None:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries["settled_worker"], {"id": esc["task_id"]})
-            worker = await cur.fetchone()
+    async def _act(self, tx: Transaction, esc: dict[str, Any]) -> None:
+        worker = await tx.one("get_settled_worker", {"id": esc["task_id"]})
         assert worker is not None
         choices = list((esc["answers"] or {}).values())
         choice = choices[0] if choices else None
@@ -265,14 +255,15 @@ class Settlement:
                                  "answer": choice, "response": esc["response"]}
         events: list[NewEvent] = []
         if worker["role"] == "orchestrator":
-            decision, events = await self._act_on_turn(conn, worker, choice, facts)
+            decision, events = await self._act_on_turn(tx, worker, choice, facts)
         elif choice == policy.ESCALATION_REEXTRACT:
             # only the extractor runs again, on the journal the worker left; its gate settles the rest
             decision = "reextract"
-            extractor_id, events = await extraction.request_on(conn, worker["id"], requested_by="user (escalation)")
+            extractor_id, events = await extraction.request_on(tx.conn, worker["id"],
+                                                               requested_by="user (escalation)")
             facts["extractor_task_id"] = str(extractor_id)
         elif choice in (policy.ESCALATION_RETRY, policy.ESCALATION_RETRY_WORKER):
-            new_id = await _retry(conn, worker, worker["brief"], 0.0)
+            new_id = await _retry(tx, worker, worker["brief"], 0.0)
             decision = "retry"
             facts["retry_task_id"] = str(new_id)
             events.append(NewEvent("task.dispatch_requested", {
@@ -281,12 +272,10 @@ class Settlement:
                 task_id=new_id, project_id=worker["project_id"]))
         elif choice == policy.ESCALATION_STOP:
             decision = "stop_plan"
-            cur = await conn.execute(queries["cancel_thread_pending_workers"], {"thread_id": thread})
-            cancelled = [str(r[0]) for r in await cur.fetchall()]
-            cur = await conn.execute(queries["stop_thread_running_workers"], {"thread_id": thread})
-            stopped = [str(r[0]) for r in await cur.fetchall()]
+            cancelled = [str(r["id"]) for r in await tx.all("cancel_thread_pending_workers", {"thread_id": thread})]
+            stopped = [str(r["task_id"]) for r in await tx.all("stop_thread_running_workers", {"thread_id": thread})]
             facts.update(cancelled_tasks=cancelled, stop_requested=stopped)
-            await conn.execute(queries["enqueue_harness_message"], {"thread_id": thread, "text": (
+            await tx.execute("enqueue_harness_message", {"thread_id": thread, "text": (
                 f"[harness] Worker {worker['id']} ended {worker['status']}, and the user chose to stop the plan. "
                 f"Pending workers were cancelled ({len(cancelled)}) and running ones asked to stop ({len(stopped)}). "
                 "Do not dispatch more work unless the user asks; tell them where things stand.")})
@@ -294,23 +283,23 @@ class Settlement:
             # Skip, a typed answer, a dismissal: the piece is dropped and the orchestrator hears why
             decision = "skip" if choice == policy.ESCALATION_SKIP else "relay"
             said = choice or esc["response"] or "nothing"
-            await conn.execute(queries["enqueue_harness_message"], {"thread_id": thread, "text": (
+            await tx.execute("enqueue_harness_message", {"thread_id": thread, "text": (
                 f"[harness] Worker {worker['id']} ended {worker['status']}. Asked what to do, the user answered: "
                 f"{said!r}. The harness did not retry it; carry on accordingly.")})
         facts["decision"] = decision
-        await conn.execute(queries["resolve_escalation"], {"id": esc["id"], "decision": decision})
-        await journal.append_on(conn, [NewEvent("escalation.resolved", facts, tier="derived", task_id=worker["id"],
+        await tx.execute("resolve_escalation", {"id": esc["id"], "decision": decision})
+        await journal.append_on(tx.conn, [NewEvent("escalation.resolved", facts, tier="derived", task_id=worker["id"],
                                                 session_id=thread, project_id=worker["project_id"]), *events])
         log.info("escalation_resolved", worker=str(worker["id"]), decision=decision)
 
-    async def _act_on_turn(self, conn: Any, turn: dict[str, Any], choice: Any,
+    async def _act_on_turn(self, tx: Transaction, turn: dict[str, Any], choice: Any,
                            facts: dict[str, Any]) -> tuple[str, list[NewEvent]]:
         """A failed turn's escalation: Retry runs its messages again (queued like the chat's Retry, so it
         waits for any turn the thread has open meanwhile); anything else leaves them in the chat with the
         error and its Retry. The orchestrator is not told: it never saw these messages."""
         if choice != policy.ESCALATION_RETRY:
             return ("skip" if choice == policy.ESCALATION_SKIP else "relay"), []
-        cur = await conn.execute(queries["enqueue_turn_retry"], {"thread_id": turn["session_id"],
-                                                                 "task_id": turn["id"]})
-        facts["retry_queued"] = str((await cur.fetchone())[0])
+        queued = await tx.one("enqueue_turn_retry", {"thread_id": turn["session_id"], "task_id": turn["id"]})
+        assert queued is not None  # INSERT … RETURNING gives its row
+        facts["retry_queued"] = str(queued["id"])
         return "retry", []

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from executor import extraction, settlement
@@ -31,6 +31,7 @@ from executor.sql import queries
 from shared import aio, database, journal, logs
 from shared.listener import Subscription
 from shared.models import NewEvent
+from shared.query import Queries
 
 log = logs.get(__name__)
 
@@ -118,6 +119,7 @@ def retry_delay(failures: int, base_s: float, cap_s: float) -> float:
 class Settler:
     def __init__(self, pool: AsyncConnectionPool, config: SettlerConfig, on_settled: Callable[[], None] = lambda: None):
         self.pool = pool
+        self.q = Queries(pool, queries)
         self.config = config
         self.on_settled = on_settled  # the threads loop: a turn boundary or a harness message waits for it
         self._wake = asyncio.Event()
@@ -173,18 +175,15 @@ class Settler:
         ended: Ended | None = None
         step = Step.NOTHING
         try:
-            async with self.pool.connection() as conn, conn.transaction():
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(queries["claim_unsettled_task"], {"skip": skip})
-                    row = await cur.fetchone()
-                if row is None:
+            async with self.q.transaction() as tx:
+                ended = await tx.one("claim_unsettled_task", {"skip": skip}, into=Ended)
+                if ended is None:
                     return None
-                ended = Ended.from_row(row)
                 step = route(ended, extract=self.config.extract)
-                events = await self._carry_out(conn, ended, step)
-                await conn.execute(queries["mark_task_settled"], {"id": ended.id})
+                events = await self._carry_out(tx.conn, ended, step)
+                await tx.execute("mark_task_settled", {"id": ended.id})
                 if events:  # last: the journal head stays locked until the commit
-                    await journal.append_on(conn, events)
+                    await journal.append_on(tx.conn, events)
         except Exception:
             if ended is None:
                 raise  # the claim itself failed: the pass fails and the loop retries
@@ -201,7 +200,7 @@ class Settler:
             self.on_settled()
         return ended.id, True
 
-    async def _carry_out(self, conn: Any, ended: Ended, step: Step) -> list[NewEvent]:
+    async def _carry_out(self, conn: AsyncConnection[Any], ended: Ended, step: Step) -> list[NewEvent]:
         if step is Step.GATE:
             gated = await extraction.gate_on(conn, {"id": ended.id, "status": ended.status,
                                                     "status_reason": ended.status_reason,

@@ -18,7 +18,6 @@ import contextlib
 import uuid
 from typing import Any
 
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from executor import projects, settlement
@@ -29,6 +28,8 @@ from executor.sql import queries
 from shared import aio, database, journal, logs, threads
 from shared.listener import Subscription
 from shared.models import NewEvent
+from shared.query import Queries
+from shared.sql import queries as shared_queries
 
 log = logs.get(__name__)
 
@@ -41,15 +42,12 @@ REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
 class Threads:
     def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
         self.pool = pool
+        self.q = Queries(pool, queries)
+        self.shared = Queries(pool, shared_queries)
         self.writer = writer
         self._wake = asyncio.Event()
         # escalations the user answered; the settler (executor/settler.py) acts on ends and wakes us
         self.settlement = Settlement(pool, self.wake)
-
-    async def _rows(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries[name], params or {})
-            return await cur.fetchall() if cur.description else []
 
     def wake(self) -> None:
         self._wake.set()
@@ -83,7 +81,7 @@ class Threads:
     # ---- thread control ------------------------------------------------------------------------------
 
     async def apply_controls(self) -> None:
-        for row in await self._rows("claim_thread_controls"):
+        for row in await self.q.all("claim_thread_controls"):
             args = row["args"] or {}
             thread_id = row["thread_id"]
             status, error = "done", None
@@ -91,11 +89,11 @@ class Threads:
                 status, error = await self._retry_turn(thread_id, args.get("task_id"))
             elif row["action"] == "create":
                 project_id = args.get("project_id")
-                if project_id and not (await self._rows("project_exists", {"id": project_id}))[0]["exists"]:
-                    await self._rows("finish_thread_control", {"id": row["id"], "status": "failed",
-                                                               "error": f"no project {project_id}"})
+                if project_id and await self.shared.one("check_project_exists", {"id": project_id}) is None:
+                    await self.q.execute("finish_thread_control", {"id": row["id"], "status": "failed",
+                                                                   "error": f"no project {project_id}"})
                     continue
-                made = await self._rows("create_thread", {"id": thread_id, "title": args.get("title"),
+                made = await self.q.one("create_thread", {"id": thread_id, "title": args.get("title"),
                                                           "mode": args.get("mode") or "interactive",
                                                           "project_id": project_id})
                 if made:
@@ -108,13 +106,13 @@ class Threads:
                 changes = {"title": args.get("title") if row["action"] == "rename" else None,
                            "mode": args.get("mode") if row["action"] == "set_mode" else None,
                            "archive": row["action"] == "archive"}
-                if await self._rows("update_thread", {"id": thread_id, **changes}):
+                if await self.q.one("update_thread", {"id": thread_id, **changes}):
                     event = {"rename": "thread.renamed", "set_mode": "thread.mode_changed",
                              "archive": "thread.archived"}[row["action"]]
                     await self.writer.put(NewEvent(event, args, session_id=thread_id))
                 else:
                     status, error = "failed", f"no thread {thread_id}"
-            await self._rows("finish_thread_control", {"id": row["id"], "status": status, "error": error})
+            await self.q.execute("finish_thread_control", {"id": row["id"], "status": status, "error": error})
 
     async def _retry_turn(self, thread_id: uuid.UUID, task_id: Any) -> tuple[str, str | None]:
         """The user's Retry of a failed turn: its messages run again (claimed only once no turn is open)."""
@@ -122,40 +120,39 @@ class Threads:
             turn_id = uuid.UUID(str(task_id))
         except ValueError:
             return "failed", f"no turn {task_id!r}"
-        async with self.pool.connection() as conn, conn.transaction():
-            error, events = await settlement.retry_turn(conn, turn_id, thread_id, requested_by="user (retry)")
+        async with self.q.transaction() as tx:
+            error, events = await settlement.retry_turn(tx.conn, turn_id, thread_id, requested_by="user (retry)")
             if events:
-                await journal.append_on(conn, events)
+                await journal.append_on(tx.conn, events)
         log.info("turn_retry", thread=str(thread_id), turn=str(turn_id), error=error)
         return ("failed", error) if error else ("done", None)
 
     # ---- chat delivery -------------------------------------------------------------------------------
 
     async def deliver(self) -> None:
-        for row in await self._rows("threads_with_pending_chat"):
+        for row in await self.q.all("list_threads_with_pending_chat"):
             await self._deliver_thread(row["thread_id"])
 
     async def _deliver_thread(self, thread_id: uuid.UUID) -> None:
-        state = await self._rows("thread_state", {"id": thread_id})
-        if not state:
+        thread = await self.q.one("get_thread_state", {"id": thread_id})
+        if thread is None:
             if thread_id == threads.DEFAULT_THREAD_ID:
-                await self._rows("create_thread", {"id": thread_id, "title": "Default", "mode": "interactive",
-                                                   "project_id": None})
+                await self.q.execute("create_thread", {"id": thread_id, "title": "Default", "mode": "interactive",
+                                                       "project_id": None})
                 await self.writer.put(NewEvent("thread.created", {"title": "Default", "mode": "interactive"},
                                                session_id=thread_id))
                 return await self._deliver_thread(thread_id)
-            if not (await self._rows("thread_create_pending", {"id": thread_id}))[0]["exists"]:
-                await self._rows("fail_pending_chat", {"thread_id": thread_id, "error": f"no thread {thread_id}"})
+            if await self.q.one("check_thread_create_pending", {"id": thread_id}) is None:
+                await self.q.execute("fail_pending_chat", {"thread_id": thread_id, "error": f"no thread {thread_id}"})
             return None
-        thread = state[0]
         if thread["lifecycle"] == "archived":
-            await self._rows("fail_pending_chat", {"thread_id": thread_id, "error": "the thread is archived"})
+            await self.q.execute("fail_pending_chat", {"thread_id": thread_id, "error": "the thread is archived"})
             return None
         if thread["controls_pending"]:
             return None  # a rename or mode change queued before these messages applies first
-        blocked = await self._rows("blocked_question", {"thread_id": thread_id})
-        if blocked:
-            await self._reply_in_chat(thread_id, blocked[0]["id"])
+        blocked = await self.q.one("get_blocked_question", {"thread_id": thread_id})
+        if blocked is not None:
+            await self._reply_in_chat(thread_id, blocked["id"])
             return None
         if thread["turn_open"]:
             return None  # delivered at the boundary: the settler wakes us when the turn ends
@@ -163,47 +160,41 @@ class Threads:
         return None
 
     async def _reply_in_chat(self, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
-        async with self.pool.connection() as conn, conn.transaction():
-            async with conn.cursor(row_factory=dict_row) as cur:
-                # only the user answers the user's question; a harness report waits for the turn boundary
-                await cur.execute(queries["take_pending_chat"], {"thread_id": thread_id, "limit": 1, "origin": "user"})
-                messages = await cur.fetchall()
-                if not messages:
-                    return
-                msg = messages[0]
-                await cur.execute(queries["answer_in_chat"], {"id": question_id, "text": msg["text"]})
-                await journal.append_on(conn, [NewEvent(
-                    "task.user_message", {"text": msg["text"], "thread_id": str(thread_id), "origin": msg["origin"],
-                                          "answered_question": str(question_id)},
-                    session_id=thread_id, message_id=msg["id"])])
+        async with self.q.transaction() as tx:
+            # only the user answers the user's question; a harness report waits for the turn boundary
+            msg = await tx.one("take_pending_chat", {"thread_id": thread_id, "limit": 1, "origin": "user"})
+            if msg is None:
+                return
+            await tx.execute("answer_in_chat", {"id": question_id, "text": msg["text"]})
+            await journal.append_on(tx.conn, [NewEvent(
+                "task.user_message", {"text": msg["text"], "thread_id": str(thread_id), "origin": msg["origin"],
+                                      "answered_question": str(question_id)},
+                session_id=thread_id, message_id=msg["id"])])
 
     async def _start_turn(self, thread_id: uuid.UUID) -> None:
         turn_id = uuid.uuid4()
         # a project thread's turn knows its project: it runs as the project's, with the plan's state
-        project = await self._rows("thread_project", {"id": thread_id})
-        context = await projects.turn_context(self.pool, project[0]) if project else None
-        async with self.pool.connection() as conn, conn.transaction():
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries["lock_thread_for_turn"], {"id": thread_id})
-                await cur.execute(queries["thread_turn_open"], {"id": thread_id})
-                if (await cur.fetchone())["open"]:  # type: ignore[index]
-                    return  # another executor started the turn meanwhile: these messages wait for its end
-                await cur.execute(queries["take_pending_chat"],
-                                  {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN, "origin": None})
-                messages = await cur.fetchall()
+        project = await self.q.one("get_thread_project", {"id": thread_id})
+        context = await projects.turn_context(self.pool, project) if project else None
+        async with self.q.transaction() as tx:
+            await tx.execute("lock_thread_for_turn", {"id": thread_id})
+            if await tx.one("check_thread_turn_open", {"id": thread_id}) is not None:
+                return  # another executor started the turn meanwhile: these messages wait for its end
+            messages = await tx.all("take_pending_chat",
+                                    {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN, "origin": None})
             if not messages:
                 return
             brief = "\n\n".join(m["text"] for m in messages)
             if context:
                 brief = f"{brief}\n\n{context}"
-            await conn.execute(queries["insert_task"], {
-                "id": turn_id, "project_id": project[0]["id"] if project else None, "session_id": thread_id, "parent_task_id": None,
-                "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None, "allowed_tools": None,
-                "json_schema": None})
+            await tx.execute("insert_task", {
+                "id": turn_id, "project_id": project["id"] if project else None, "session_id": thread_id,
+                "parent_task_id": None, "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None,
+                "allowed_tools": None, "json_schema": None})
             events = [NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
                                {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
                                session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages]
             events.append(NewEvent("task.dispatch_requested", {"role": "orchestrator", "messages": len(messages)},
                                    session_id=thread_id, task_id=turn_id))
-            await journal.append_on(conn, events)
+            await journal.append_on(tx.conn, events)
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))

@@ -11,17 +11,18 @@ import asyncio
 import os
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import errors, logs
 from shared.models import NewEvent
+from shared.query import Queries, Transaction
 
 log = logs.get(__name__)
 
@@ -181,10 +182,34 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
             "diff_truncated": cut}
 
 
-async def _task(pool: AsyncConnectionPool, task_id: uuid.UUID) -> dict[str, Any] | None:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["task_worktree"], {"id": task_id})
-        return await cur.fetchone()
+@dataclass(frozen=True, slots=True)
+class TaskWorktree:
+    """A task of a project with its worktree, branch and review as recorded (`get_task_worktree`)."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    session_id: uuid.UUID | None
+    status: str
+    worktree: str | None
+    branch: str | None
+    base_branch: str | None
+    base_commit: str | None
+    changes_recorded_at: datetime | None
+    review: str | None
+    project_workdir: str | None
+
+    @property
+    def repo(self) -> Path:
+        assert self.project_workdir is not None  # a task with a branch is one of a project on a repository
+        return Path(self.project_workdir)
+
+    @property
+    def worktree_path(self) -> Path | None:
+        return Path(self.worktree) if self.worktree else None
+
+
+async def task_worktree(pool: AsyncConnectionPool, task_id: uuid.UUID) -> TaskWorktree | None:
+    return await Queries(pool, queries).one("get_task_worktree", {"id": task_id}, into=TaskWorktree)
 
 
 async def record_changes(pool: AsyncConnectionPool, writer: JournalWriter, task_id: uuid.UUID, *,
@@ -194,26 +219,27 @@ async def record_changes(pool: AsyncConnectionPool, writer: JournalWriter, task_
 
     Idempotent: a task whose changes are recorded already is left alone. Returns the record's payload,
     or None when the task has no worktree (or was done before)."""
-    row = await _task(pool, task_id)
-    if row is None or row["branch"] is None or row["changes_recorded_at"] is not None:
+    row = await task_worktree(pool, task_id)
+    if row is None or row.branch is None or row.changes_recorded_at is not None:
         return None
-    repo, worktree = Path(row["project_workdir"]), Path(row["worktree"]) if row["worktree"] else None
+    repo, worktree = row.repo, row.worktree_path
     try:
+        if row.base_commit is None:
+            raise GitError(f"no base commit recorded for branch {row.branch}")
         async with repo_lock(repo):
-            payload = await changes(repo, worktree, task_id, row["branch"], row["base_commit"])
-        payload["base_branch"] = row["base_branch"]
+            payload = await changes(repo, worktree, task_id, row.branch, row.base_commit)
+        payload["base_branch"] = row.base_branch
     except (GitError, OSError) as exc:
-        payload = {"branch": row["branch"], "error": str(exc)}
+        payload = {"branch": row.branch, "error": str(exc)}
         log.exception("record_changes_failed", task_id=str(task_id))
-    await writer.write([NewEvent("task.changes", payload, tier="derived", task_id=task_id, project_id=row["project_id"],
-                                 session_id=row["session_id"])])
-    async with pool.connection() as conn:
-        await conn.execute(queries["mark_changes_recorded"], {"id": task_id})
+    await writer.write([NewEvent("task.changes", payload, tier="derived", task_id=task_id, project_id=row.project_id,
+                                 session_id=row.session_id)])
+    await Queries(pool, queries).execute("mark_changes_recorded", {"id": task_id})
     if worktree is not None and not keep_worktree and "error" not in payload:
         try:
             await remove(repo, worktree)
             await writer.put(NewEvent("task.worktree_removed", {"path": str(worktree)}, task_id=task_id,
-                                      project_id=row["project_id"]))
+                                      project_id=row.project_id))
         except GitError:
             log.exception("worktree_remove_failed", task_id=str(task_id))
     return payload
@@ -280,9 +306,7 @@ async def delete_branch(repo: Path, branch: str, worktree: Path | None) -> None:
 
 async def artifacts(conn: AsyncConnection[Any], task_id: uuid.UUID) -> list[str]:
     """A worker's recorded changes as handoff artifacts (its branch, commits and files); [] when none."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries["latest_task_changes"], {"id": task_id})
-        row = await cur.fetchone()
+    row = await Transaction(conn, queries).one("get_latest_task_changes", {"id": task_id})
     c = row["payload"] if row else None
     if not c or "error" in c:
         return []

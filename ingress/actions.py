@@ -5,30 +5,21 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ingress import asks
-from ingress.http import body, path_uuid, pool, respond
+from ingress.http import body, ingress_queries, path_uuid, respond, shared_queries
 from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPatch
 from ingress.problems import Problem
-from ingress.sql import queries
 from shared import threads
 
 _FINAL_ASK = {"answered", "cancelled"}
 
 
-async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchone()
-
-
 async def _known_thread(request: Request, thread_id: uuid.UUID) -> None:
-    known = await _one(request, "thread_known", {"id": thread_id})
-    if not known or not next(iter(known.values())):
+    if await ingress_queries(request).one("check_thread_known", {"id": thread_id}) is None:
         raise Problem(404, f"no thread {thread_id}")
 
 
@@ -38,9 +29,10 @@ async def post_chat(request: Request) -> Response:
     if thread_id != threads.DEFAULT_THREAD_ID:  # the default thread is made on its first message
         await _known_thread(request, thread_id)
     params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id}
-    row = await _one(request, "enqueue_chat", params)
+    q = ingress_queries(request)
+    row = await q.one("enqueue_chat", params)
     if row is None:  # the same client_msg_id was queued before: this is a retry
-        row = await _one(request, "chat_by_client_msg_id", params)
+        row = await q.one("get_chat_by_client_msg_id", params)
         assert row is not None
         if row["text"] != msg.text or row["thread_id"] != params["thread_id"]:
             raise Problem(409, "client_msg_id was already used for a different message")
@@ -51,12 +43,12 @@ async def post_chat(request: Request) -> Response:
 async def stop_task(request: Request) -> Response:
     task_id = path_uuid(request, "task_id")
     stop = await body(request, StopIn, optional=True)
-    row = await _one(request, "task_status", {"id": task_id})
+    row = await shared_queries(request).one("get_task_status", {"id": task_id})
     if row is None:
         raise Problem(404, f"no task {task_id}")
     if row["status"] not in ("pending", "running"):
         raise Problem(409, f"task {task_id} already ended ({row['status']})")
-    queued = await _one(request, "enqueue_stop", {"task_id": task_id, "reason": stop.reason})
+    queued = await ingress_queries(request).one("enqueue_stop", {"task_id": task_id, "reason": stop.reason})
     return respond(queued, 202)
 
 
@@ -65,12 +57,11 @@ async def create_thread(request: Request) -> Response:
     thread_id = uuid.uuid4()  # the ingress names the thread, so the client can use it at once
     args = {"title": spec.title, "mode": spec.mode or "interactive"}
     if spec.project_id is not None:
-        known = await _one(request, "project_known", {"id": spec.project_id})
-        if not known or not known["exists"]:
+        if await shared_queries(request).one("check_project_exists", {"id": spec.project_id}) is None:
             raise Problem(404, f"no project {spec.project_id}")
         args["project_id"] = str(spec.project_id)
-    queued = await _one(request, "enqueue_thread_control",
-                        {"thread_id": thread_id, "action": "create", "args": Jsonb(args)})
+    queued = await ingress_queries(request).one("enqueue_thread_control",
+                                                {"thread_id": thread_id, "action": "create", "args": Jsonb(args)})
     return respond({**(queued or {}), "thread_id": thread_id}, 202)
 
 
@@ -83,8 +74,8 @@ async def patch_thread(request: Request) -> Response:
                          ("set_mode", {"mode": patch.mode} if patch.mode is not None else None),
                          ("archive", {} if patch.archived else None)):
         if args is not None:
-            queued.append(await _one(request, "enqueue_thread_control",
-                                     {"thread_id": thread_id, "action": action, "args": Jsonb(args)}))
+            queued.append(await ingress_queries(request).one(
+                "enqueue_thread_control", {"thread_id": thread_id, "action": action, "args": Jsonb(args)}))
     return respond({"thread_id": thread_id, "queued": queued}, 202)
 
 
@@ -94,7 +85,8 @@ async def retry_turn(request: Request) -> Response:
     thread_id = path_uuid(request, "thread_id")
     spec = await body(request, RetryIn, optional=True)
     await _known_thread(request, thread_id)
-    turn = await _one(request, "thread_turn", {"thread_id": thread_id, "task_id": spec.task_id})
+    q = ingress_queries(request)
+    turn = await q.one("get_thread_turn", {"thread_id": thread_id, "task_id": spec.task_id})
     if turn is None:
         raise Problem(404, f"no failed turn {spec.task_id or ''} in thread {thread_id}".replace("  ", " "))
     if turn["status"] in ("pending", "running", "success"):
@@ -103,14 +95,14 @@ async def retry_turn(request: Request) -> Response:
         raise Problem(409, f"turn {turn['id']} was already run again (task {turn['retried_by']})")
     if turn["retry_queued"] is not None:
         raise Problem(409, f"a retry of turn {turn['id']} is already queued")
-    queued = await _one(request, "enqueue_thread_control",
-                        {"thread_id": thread_id, "action": "retry", "args": Jsonb({"task_id": str(turn["id"])})})
+    queued = await q.one("enqueue_thread_control",
+                         {"thread_id": thread_id, "action": "retry", "args": Jsonb({"task_id": str(turn["id"])})})
     return respond({**(queued or {}), "task_id": turn["id"]}, 202)
 
 
 async def _question(request: Request) -> dict[str, Any]:
     ref = request.path_params["ask_id"]
-    row = await _one(request, "question_by_ref", {"ref": ref})
+    row = await ingress_queries(request).one("get_question_by_ref", {"ref": ref})
     if row is None:
         raise Problem(404, f"no question {ref!r} (use its id or its tool_use_id)")
     return row
@@ -120,7 +112,7 @@ async def _close(request: Request, row: dict[str, Any], status: str, answers: An
                  ) -> dict[str, Any]:
     if row["status"] in _FINAL_ASK:
         raise Problem(409, f"question already {row['status']}")
-    updated = await _one(request, "answer_question", {
+    updated = await ingress_queries(request).one("answer_question", {
         "id": row["id"], "status": status, "answers": Jsonb(answers) if answers is not None else None,
         "response": response})
     if updated is None:  # closed between our read and our write

@@ -22,7 +22,7 @@ from ingress import actions, gate_rules, notify, problems, reads, stream
 from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, GuardMiddleware, TokenLimiter, parse_login, same_secret,
                           too_many)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded, peer
-from ingress.http import pool
+from ingress.http import shared_queries
 from ingress.models import (AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, RetryIn, StopIn, ThreadIn,
                             ThreadPatch)
 from ingress import projects as project_routes
@@ -32,7 +32,9 @@ from ingress.sql import queries
 from shared import migrate
 from shared.database import Database
 from shared.errors import DatabaseRefused, DatabaseUnavailable
+from shared.query import Queries
 from shared.settings import Settings
+from shared.sql import queries as shared_sql
 
 # the repository's static/ (editable install), or the copy a wheel build packs inside `ingress`
 # A request waits at most this long for a database connection, so an outage answers 503 in seconds.
@@ -48,9 +50,8 @@ STATIC = next((p for p in (Path(__file__).resolve().parent.parent / "static",
 
 async def info(request: Request) -> Response:
     settings: Settings = request.app.state.settings
-    async with pool(request).connection() as conn:
-        row = await (await conn.execute(queries["journal_head"])).fetchone()
-        head = row[0] if row else 0  # the journal_head row exists from the first migration on
+    row = await shared_queries(request).one("get_journal_head")
+    head = row["last_seq"] if row else 0  # the journal_head row exists from the first migration on
     # journal_head: a client that loads its views and then streams from here misses nothing in between
     return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
                          "auth": request.app.state.auth.mode, "journal_head": head,
@@ -158,7 +159,7 @@ async def readyz(request: Request) -> Response:
     db: Database = request.app.state.db
     try:
         async with db.pool.connection(timeout=READYZ_TIMEOUT_S) as conn:
-            row = await (await conn.execute(queries["migrations_current"])).fetchone()
+            row = await (await conn.execute(queries["count_applied_migrations"])).fetchone()
             applied = row[0] if row else 0  # count(*): always one row
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         availability = db.availability
@@ -258,6 +259,8 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
         async with Database(dsn, name="petal-ingress", max_size=10, acquire_timeout_s=ACQUIRE_TIMEOUT_S,
                             at_start="serve") as db:
             app.state.db = db
+            app.state.queries = Queries(db.pool, queries)
+            app.state.shared_queries = Queries(db.pool, shared_sql)
             listener = db.listener(stream.CHANNELS)
             sub = listener.subscribe()
             broadcaster = stream.Broadcaster(db.pool, buffer=settings.sse_client_buffer)

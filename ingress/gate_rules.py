@@ -7,16 +7,14 @@ journals it. Revoking is the one direct write (the revoked_* columns), as answer
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
-from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, path_uuid, pool, query_bool, query_int, query_uuid, respond
+from ingress.http import body, ingress_queries, path_uuid, query_bool, query_int, query_uuid, respond
 from ingress.problems import Problem
-from ingress.sql import queries
 
 # the tools the gate sees; a rule for any other name could never match a call
 TOOLS = ("Bash", "Write", "Edit", "MultiEdit", "NotebookEdit", "Read")
@@ -41,12 +39,6 @@ class GateRuleIn(BaseModel):
         return self
 
 
-async def _all(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchall()
-
-
 def _user(request: Request) -> str:
     return str(getattr(request.state, "user", None) or "user")[:200]
 
@@ -54,13 +46,14 @@ def _user(request: Request) -> str:
 async def list_rules(request: Request) -> Response:
     params = {"thread_id": query_uuid(request, "thread_id"), "revoked": bool(query_bool(request, "revoked")),
               "limit": query_int(request, "limit", 100, lo=1, hi=500)}
-    return respond({"rules": await _all(request, "list_gate_rules", params),
-                    "requests": await _all(request, "pending_gate_rule_requests", params)})
+    q = ingress_queries(request)
+    return respond({"rules": await q.all("list_gate_rules", params),
+                    "requests": await q.all("list_pending_gate_rule_requests", params)})
 
 
 async def request_rule(request: Request) -> Response:
     rule = await body(request, GateRuleIn)
-    [row] = await _all(request, "enqueue_gate_rule", {
+    row = await ingress_queries(request).one("enqueue_gate_rule", {
         "scope": "thread" if rule.thread_id else "project", "thread_id": rule.thread_id,
         "project_id": rule.project_id, "tool_name": rule.tool_name, "pattern": rule.pattern.strip(),
         "requested_by": _user(request)})
@@ -69,9 +62,10 @@ async def request_rule(request: Request) -> Response:
 
 async def revoke_rule(request: Request) -> Response:
     rule_id = path_uuid(request, "rule_id")
-    found = await _all(request, "revoke_gate_rule", {"id": rule_id, "revoked_by": _user(request)})
-    if found:
-        return respond(found[0])
-    if await _all(request, "gate_rule_exists", {"id": rule_id}):
+    q = ingress_queries(request)
+    found = await q.one("revoke_gate_rule", {"id": rule_id, "revoked_by": _user(request)})
+    if found is not None:
+        return respond(found)
+    if await q.one("check_gate_rule_exists", {"id": rule_id}) is not None:
         raise Problem(409, "the rule is already revoked")
     raise Problem(404, f"no gate rule {rule_id}")

@@ -14,6 +14,7 @@ from starlette.responses import Response
 from ingress.auth import BodyTooLarge
 from ingress.problems import Problem
 from shared.database import Database, Pool
+from shared.query import Queries
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,6 +29,18 @@ def pool(request: Request) -> Pool:
     """The process's connection pool (the lifespan put its Database on the app's state)."""
     db: Database = request.app.state.db
     return db.pool
+
+
+def ingress_queries(request: Request) -> Queries:
+    """The ingress's named queries over the process's pool (made once, by the lifespan)."""
+    found: Queries = request.app.state.queries
+    return found
+
+
+def shared_queries(request: Request) -> Queries:
+    """The named queries both services share (shared/sql), over the same pool."""
+    found: Queries = request.app.state.shared_queries
+    return found
 
 
 def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:

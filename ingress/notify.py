@@ -5,30 +5,21 @@ Writes stay queue-style: a subscription row, a notify_queue row, a presence row.
 
 from __future__ import annotations
 
-from typing import Any
-
-from psycopg.rows import dict_row
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, pool, respond
+from ingress.http import body, ingress_queries, respond
 from ingress.models import PresenceIn, PushEndpointIn, PushSubscriptionIn
 from ingress.problems import Problem
-from ingress.sql import queries
 from shared import endpoints
 
 
-async def _one(request: Request, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params or {})
-        return await cur.fetchone()
-
-
 async def push_info(request: Request) -> Response:
-    config = await _one(request, "push_config")
-    count = await _one(request, "push_subscription_count")
+    q = ingress_queries(request)
+    config = await q.one("get_push_config")
+    count = await q.one("count_push_subscriptions")
     endpoint = request.query_params.get("endpoint")
-    mine = await _one(request, "push_subscription_by_endpoint", {"endpoint": endpoint}) if endpoint else None
+    mine = await q.one("get_push_subscription_by_endpoint", {"endpoint": endpoint}) if endpoint else None
     return respond({"public_key": config["public_key"] if config else None,
                     "subscriptions": count["subscriptions"] if count else 0,
                     "subscribed": mine is not None, "subscription": mine,
@@ -40,9 +31,10 @@ async def subscribe(request: Request) -> Response:
     refused = await endpoints.refusal(sub.endpoint, allow_loopback=request.app.state.settings.push_allow_loopback)
     if refused:  # the executor would POST there: no requests into this machine or its network (SSRF)
         raise Problem(422, f"endpoint: {refused}")
-    if await _one(request, "push_config") is None:
+    q = ingress_queries(request)
+    if await q.one("get_push_config") is None:
         raise Problem(409, "the executor has not published its VAPID key yet: start it, then try again")
-    row = await _one(request, "upsert_push_subscription", {
+    row = await q.one("upsert_push_subscription", {
         "endpoint": sub.endpoint, "p256dh": sub.keys.p256dh, "auth": sub.keys.auth,
         "user_agent": (request.headers.get("user-agent") or "")[:300]})
     return respond(row, 201)
@@ -50,16 +42,18 @@ async def subscribe(request: Request) -> Response:
 
 async def unsubscribe(request: Request) -> Response:
     target = await body(request, PushEndpointIn)
-    row = await _one(request, "delete_push_subscription_by_endpoint", {"endpoint": target.endpoint})
+    row = await ingress_queries(request).one("delete_push_subscription_by_endpoint",
+                                             {"endpoint": target.endpoint})
     if row is None:
         raise Problem(404, "no such subscription")
     return respond(row)
 
 
 async def test_notification(request: Request) -> Response:
-    return respond(await _one(request, "enqueue_notify", {"kind": "test"}), 202)
+    return respond(await ingress_queries(request).one("enqueue_notify", {"kind": "test"}), 202)
 
 
 async def presence(request: Request) -> Response:
     seen = await body(request, PresenceIn)
-    return respond(await _one(request, "upsert_presence", {"client_id": seen.client_id, "thread_id": seen.thread_id}))
+    return respond(await ingress_queries(request).one("upsert_presence",
+                                                      {"client_id": seen.client_id, "thread_id": seen.thread_id}))

@@ -3,32 +3,22 @@ executor carries them out and journals them (GET /api/project-requests/{id} show
 
 from __future__ import annotations
 
-from typing import Any
-
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, path_uuid, pool, query_choice, query_uuid, respond
+from ingress.http import body, ingress_queries, path_uuid, pool, query_choice, query_uuid, respond
 from ingress.models import ProjectIn, ReviewIn
 from ingress.problems import Problem
-from ingress.sql import queries
 from shared import projects
-
-
-async def _one(request: Request, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchone()
 
 
 async def create_project(request: Request) -> Response:
     spec = await body(request, ProjectIn)
-    taken = await _one(request, "slug_taken", {"slug": spec.slug})
-    if taken and taken["exists"]:
+    q = ingress_queries(request)
+    if await q.one("check_slug_taken", {"slug": spec.slug}) is not None:
         raise Problem(409, f"slug {spec.slug!r} is taken")
-    queued = await _one(request, "enqueue_project_request", {
+    queued = await q.one("enqueue_project_request", {
         "action": "create", "task_id": None, "args": Jsonb(spec.model_dump(exclude_none=True))})
     return respond(queued, 202)
 
@@ -70,7 +60,8 @@ async def task_diff(request: Request) -> Response:
 async def _review(request: Request, action: str) -> Response:
     task_id = path_uuid(request, "task_id")
     await body(request, ReviewIn, optional=True)
-    task = await _one(request, "task_review_state", {"id": task_id})
+    q = ingress_queries(request)
+    task = await q.one("get_task_review_state", {"id": task_id})
     if task is None:
         raise Problem(404, f"no task {task_id}")
     if task["branch"] is None:
@@ -83,8 +74,7 @@ async def _review(request: Request, action: str) -> Response:
         raise Problem(409, f"task {task_id}'s changes are not recorded yet")
     if task["review_pending"]:
         raise Problem(409, f"a merge or discard of task {task_id} is already queued")
-    queued = await _one(request, "enqueue_project_request", {"action": action, "task_id": task_id,
-                                                             "args": Jsonb({})})
+    queued = await q.one("enqueue_project_request", {"action": action, "task_id": task_id, "args": Jsonb({})})
     return respond(queued, 202)
 
 

@@ -4,46 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import path_uuid, pool, query_bool, query_choice, query_int, query_uuid, respond
+from ingress.http import ingress_queries, path_uuid, query_bool, query_choice, query_int, query_uuid, respond
 from ingress.problems import Problem
 from ingress.sql import queries
 from shared import read_surface, threads
+from shared.query import Queries
 
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
          "extraction_failed")
 STATUSES = ("pending", "running", *FINAL)
 
 
-async def _rows(request: Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool(request).connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchall()
-
-
 async def list_threads(request: Request) -> Response:
-    return respond({"threads": await _rows(request, "list_threads", {}), "default_thread_id": threads.DEFAULT_THREAD_ID})
+    return respond({"threads": await ingress_queries(request).all("list_threads"),
+                    "default_thread_id": threads.DEFAULT_THREAD_ID})
 
 
 async def pending_queue(request: Request) -> Response:
-    return respond({"pending": await _rows(request, "pending_chat", {"thread_id": query_uuid(request, "thread_id")})})
+    params = {"thread_id": query_uuid(request, "thread_id")}
+    return respond({"pending": await ingress_queries(request).all("list_pending_chat", params)})
 
 
 async def list_tasks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", STATUSES), "thread_id": query_uuid(request, "thread_id"),
               "running": query_bool(request, "running"), "limit": query_int(request, "limit", 100, lo=1, hi=1000)}
-    return respond({"tasks": await _rows(request, "list_tasks", params)})
+    return respond({"tasks": await ingress_queries(request).all("list_tasks", params)})
 
 
 async def get_task(request: Request) -> Response:
     task_id = path_uuid(request, "task_id")
-    rows = await _rows(request, "get_task", {"id": task_id})
-    if not rows:
+    task = await ingress_queries(request).one("get_task", {"id": task_id})
+    if task is None:
         raise Problem(404, f"no task {task_id}")
-    return respond(rows[0])
+    return respond(task)
 
 
 def _events_params(request: Request, task_id: Any = None) -> dict[str, Any]:
@@ -60,15 +57,16 @@ def _page(events: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any
 
 async def task_events(request: Request) -> Response:
     task_id = path_uuid(request, "task_id")
-    if not await _rows(request, "get_task", {"id": task_id}):
+    q = ingress_queries(request)
+    if await q.one("get_task", {"id": task_id}) is None:
         raise Problem(404, f"no task {task_id}")
     params = _events_params(request, task_id)
-    return respond(_page(await _rows(request, "list_events", params), params))
+    return respond(_page(await q.all("list_events", params), params))
 
 
 async def events(request: Request) -> Response:
     params = _events_params(request)
-    return respond(_page(await _rows(request, "list_events", params), params))
+    return respond(_page(await ingress_queries(request).all("list_events", params), params))
 
 
 # The records a thread's chat renders (see static/app.js); the rest of the journal is in Activity.
@@ -85,12 +83,13 @@ async def conversation(request: Request) -> Response:
     before = query_int(request, "before_seq", 0, lo=1) if request.query_params.get("before_seq") else None
     params = {"thread_id": path_uuid(request, "thread_id"), "after": query_int(request, "after_seq", 0),
               "before": before, "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
-    events = await _rows(request, "thread_conversation", params)
+    q = ingress_queries(request)
+    events = await q.all("list_thread_conversation", params)
     failed = [e for e in events if e["event_type"] == "turn.failed"]
     if failed:
         # a failed turn's record says whether its Retry is still open (no later run repeats the turn)
-        reruns = {r["retry_of"]: r["id"] for r in await _rows(request, "turn_reruns",
-                                                              {"ids": [e["task_id"] for e in failed]})}
+        reruns = {r["retry_of"]: r["id"]
+                  for r in await q.all("list_turn_reruns", {"ids": [e["task_id"] for e in failed]})}
         for e in failed:
             e["retried_by"] = reruns.get(e["task_id"])
     # more: older records exist before the first one returned (page back with before_seq = its seq)
@@ -116,30 +115,40 @@ async def project_state(request: Request) -> Response:
 async def context(request: Request) -> Response:
     """The orchestrator's working set for one thread (FR-006)."""
     thread_id = query_uuid(request, "thread_id") or threads.DEFAULT_THREAD_ID
-    thread = await _rows(request, "get_thread", {"id": thread_id})
-    tasks = await _rows(request, "list_tasks", {"status": None, "thread_id": thread_id, "running": None,
-                                                "limit": 50})
+    q = ingress_queries(request)
+    thread = await q.one("get_thread", {"id": thread_id})
+    tasks = await q.all("list_tasks", {"status": None, "thread_id": thread_id, "running": None, "limit": 50})
     turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ("pending", "running")), None)
     workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ("pending", "running")]
     return respond({
-        "thread": thread[0] if thread else None,
+        "thread": thread,
         "thread_id": thread_id,
-        "mode": thread[0]["mode"] if thread else None,
+        "mode": thread["mode"] if thread else None,
         "current_turn": turn,
-        "pending_messages": await _rows(request, "pending_chat", {"thread_id": thread_id}),
+        "pending_messages": await q.all("list_pending_chat", {"thread_id": thread_id}),
         "running_workers": workers,
         "recent_handoffs": await read_surface.get_handoffs(request.app.state.db.pool, thread_id, 5),
-        "pending_asks": await _rows(request, "list_asks", {"status": "pending", "thread_id": thread_id,
-                                                           "limit": 20}),
+        "pending_asks": await q.all("list_asks", {"status": "pending", "thread_id": thread_id, "limit": 20}),
     })
 
 
 async def list_executors(request: Request) -> Response:
     """The executors sharing this database (the fleet)."""
-    return respond({"executors": await _rows(request, "list_executors", {})})
+    return respond({"executors": await ingress_queries(request).all("list_executors")})
 
 
 async def list_asks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", ("pending", "answered", "cancelled")),
               "thread_id": query_uuid(request, "thread_id"), "limit": query_int(request, "limit", 50, lo=1, hi=500)}
-    return respond({"asks": await _rows(request, "list_asks", params)})
+    return respond({"asks": await ingress_queries(request).all("list_asks", params)})
+
+
+# `petal-dispatch status`: what is open now, each part under its key
+STATUS_PARTS = {"tasks": "list_open_tasks", "queue": "list_queued_messages", "asks": "list_pending_asks",
+                "last_events": "list_last_events", "executors": "list_executors"}
+
+
+async def status(pool: AsyncConnectionPool) -> dict[str, list[dict[str, Any]]]:
+    """Open tasks, queued messages, pending asks, the last events and the fleet (the operator's view)."""
+    q = Queries(pool, queries)
+    return {key: await q.all(name) for key, name in STATUS_PARTS.items()}

@@ -25,9 +25,11 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
 from ingress.problems import Problem
-from shared import aio, database, journal, logs
+from shared import aio, database, logs
 from shared.listener import RESYNC, Subscription
 from shared.models import Event
+from shared.query import Queries
+from shared.sql import queries as shared_sql
 
 log = logs.get(__name__)
 
@@ -73,6 +75,7 @@ class Broadcaster:
 
     def __init__(self, pool: AsyncConnectionPool, *, buffer: int):
         self.pool = pool
+        self.journal = Queries(pool, shared_sql)  # the journal's reads (shared/sql/journal.sql)
         self.frames: deque[Frame] = deque(maxlen=buffer)
         self.published = 0  # frames ever published; frame n lives at index n - self.first
         self.last_seq = 0
@@ -98,8 +101,7 @@ class Broadcaster:
 
     async def _catch_up(self) -> None:
         while True:
-            async with self.pool.connection() as conn:
-                events = await journal.read_since(conn, self.last_seq, limit=PAGE)
+            events = await _read_since(self.journal, self.last_seq)
             self._publish([event_frame(e) for e in events])  # encoded once, shared by every client
             if events:
                 self.last_seq = events[-1].seq
@@ -110,8 +112,9 @@ class Broadcaster:
         availability = database.availability(self.pool)
         while not self.closing.is_set():  # started during an outage: wait for the head
             try:
-                async with self.pool.connection() as conn:
-                    self.last_seq = await journal.head(conn)
+                head = await self.journal.one("get_journal_head")
+                assert head is not None  # the journal_head row exists from the first migration on
+                self.last_seq = head["last_seq"]
                 break
             except database.OUTAGE_ERRORS as exc:
                 await availability.pause(exc, "sse_broadcaster", self.closing)
@@ -183,7 +186,7 @@ async def stream(request: Request) -> EventSourceResponse:
     async def frames() -> AsyncIterator[bytes]:
         last = after
         try:
-            async for page in _replay(broadcaster.pool, last):
+            async for page in _replay(broadcaster.journal, last):
                 last = page[-1].seq or last
                 yield b"".join(f.raw for f in page)
             while True:
@@ -196,7 +199,7 @@ async def stream(request: Request) -> EventSourceResponse:
                         if f.seq <= last:
                             continue  # already sent by the replay
                         if f.seq > last + 1:  # a gap: fetch it rather than skip it
-                            async for page in _replay(broadcaster.pool, last, upto=f.seq - 1):
+                            async for page in _replay(broadcaster.journal, last, upto=f.seq - 1):
                                 out += [m.raw for m in page]
                                 last = page[-1].seq or last
                         last = f.seq
@@ -215,11 +218,16 @@ async def stream(request: Request) -> EventSourceResponse:
                                send_timeout=SEND_TIMEOUT_S, headers={"Cache-Control": "no-store"})
 
 
-async def _replay(pool: AsyncConnectionPool, after: int, upto: int | None = None) -> AsyncIterator[list[Frame]]:
+async def _read_since(journal: Queries, after: int) -> list[Event]:
+    """A page of committed events after `after`, in seq order."""
+    return await journal.all("read_journal", {"after": after, "limit": PAGE, "task_id": None, "session_id": None},
+                             into=Event)
+
+
+async def _replay(journal: Queries, after: int, upto: int | None = None) -> AsyncIterator[list[Frame]]:
     """Pages of frames for the committed events after `after` (up to `upto`), from the database."""
     while True:
-        async with pool.connection() as conn:
-            events = await journal.read_since(conn, after, limit=PAGE)
+        events = await _read_since(journal, after)
         page = [event_frame(e) for e in events if upto is None or e.seq <= upto]
         if page:
             yield page

@@ -166,20 +166,14 @@ def _cmd_project_create(args: argparse.Namespace, settings: Settings) -> int:
         raise errors.ConfigError(f"--workdir {args.workdir} is not a directory")
 
     async def create(pool: AsyncConnectionPool) -> dict[str, object]:
-        from psycopg import errors as pgerrors
-
+        from executor import projects
         from shared.read_surface import plan_tasks
-        from shared.sql import queries
 
-        try:
-            async with pool.connection() as conn:
-                row = await (await conn.execute(queries["create_project"], {
-                    "name": args.slug, "workdir": str(args.workdir.resolve()) if args.workdir else None,
-                    "plan": plan})).fetchone()
-        except pgerrors.UniqueViolation:
-            raise errors.ConfigError(f"a project {args.slug!r} exists already") from None
-        assert row is not None  # INSERT … RETURNING gives its row
-        return {"project_id": str(row[0]), "slug": args.slug, "plan_tasks": len(plan_tasks(plan))}
+        project_id = await projects.insert_project(
+            pool, args.slug, workdir=str(args.workdir.resolve()) if args.workdir else None, plan=plan)
+        if project_id is None:
+            raise errors.ConfigError(f"a project {args.slug!r} exists already")
+        return {"project_id": str(project_id), "slug": args.slug, "plan_tasks": len(plan_tasks(plan))}
 
     print(json.dumps(_with_pool(settings, create)))
     return 0
@@ -207,12 +201,9 @@ def _cmd_journal(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
     import uuid
 
-    from psycopg.rows import class_row
-
+    from shared import journal
     from shared.database import Database
     from shared.journal_view import line
-    from shared.models import Event
-    from shared.sql import queries
 
     def as_uuid(value: str | None, name: str) -> uuid.UUID | None:
         try:
@@ -220,7 +211,8 @@ def _cmd_journal(args: argparse.Namespace, settings: Settings) -> int:
         except ValueError:
             raise errors.ConfigError(f"--{name} takes an id (a UUID)") from None
 
-    params = {"task_id": as_uuid(args.task, "task"), "thread_id": as_uuid(args.thread, "thread"), "limit": 500}
+    task_id, thread_id = as_uuid(args.task, "task"), as_uuid(args.thread, "thread")
+    limit = 500
     info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
     async def run() -> None:
@@ -231,13 +223,12 @@ def _cmd_journal(args: argparse.Namespace, settings: Settings) -> int:
             after = 0
             try:
                 while True:
-                    async with db.pool.connection() as conn, conn.cursor(row_factory=class_row(Event)) as cur:
-                        await cur.execute(queries["journal_filtered"], {**params, "after": after})
-                        events = await cur.fetchall()
+                    events = await journal.read_lines(db.pool, after=after, task_id=task_id, thread_id=thread_id,
+                                                      limit=limit)
                     for e in events:
                         print(line(e), flush=True)
                         after = e.seq
-                    if len(events) == params["limit"]:
+                    if len(events) == limit:
                         continue
                     if sub is None:
                         return
@@ -256,22 +247,15 @@ def _cmd_journal(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from psycopg.rows import dict_row
-
+    from ingress import reads
     from shared.database import Database
     from shared.journal_view import inert
-    from shared.sql import queries
 
     info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
     async def gather() -> dict[str, list[dict[str, Any]]]:
-        out: dict[str, list[dict[str, Any]]] = {}
         async with Database(info.ingress_dsn, name="petal-status", max_size=1) as db:
-            async with db.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                for key in ("status_tasks", "status_queue", "status_asks", "status_last_events", "status_executors"):
-                    await cur.execute(queries[key])
-                    out[key.removeprefix("status_")] = await cur.fetchall()
-        return out
+            return await reads.status(db.pool)
 
     state = asyncio.run(gather())
     if args.json:
@@ -392,11 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args, settings)
+    except (errors.DatabaseUnavailable, psycopg.OperationalError) as exc:  # a named query's, or a raw connection's
+        print(f"petal-dispatch: cannot reach the database: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     except errors.PetalError as exc:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
-        return 2
-    except psycopg.OperationalError as exc:
-        print(f"petal-dispatch: cannot reach the database: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before a command set up its own stop: stopping is what was asked
         return 130

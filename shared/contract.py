@@ -13,12 +13,12 @@ from typing import Any
 
 import jsonschema
 import psycopg
-from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from shared import errors
 from shared.models import ContractField
+from shared.query import Queries, Transaction
 from shared.sql import queries
 
 _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -30,18 +30,16 @@ class ContractError(errors.PetalError):
 
 async def active(pool: AsyncConnectionPool) -> tuple[int, list[ContractField]]:
     """(version, active fields). The version is the newest row's id: any change makes a new one."""
-    async with pool.connection() as conn:
-        return await active_on(conn)
+    async with Queries(pool, queries).transaction() as tx:  # one snapshot: the version and its fields
+        return await active_on(tx.conn)
 
 
 async def active_on(conn: psycopg.AsyncConnection) -> tuple[int, list[ContractField]]:
     """`active`, read on the caller's connection (inside its transaction)."""
-    row = await (await conn.execute(queries["contract_version"])).fetchone()
+    tx = Transaction(conn, queries)
+    row = await tx.one("get_contract_version")
     assert row is not None  # an aggregate: always one row
-    version = row[0]
-    async with conn.cursor(row_factory=class_row(ContractField)) as cur:
-        await cur.execute(queries["active_contract"])
-        return int(version), await cur.fetchall()
+    return int(row["version"]), await tx.all("list_active_contract_fields", into=ContractField)
 
 
 def schema_for(fields: list[ContractField]) -> dict[str, Any]:
@@ -82,16 +80,16 @@ async def add_field(pool: AsyncConnectionPool, field_key: str, *, shape: dict[st
         jsonschema.Draft202012Validator.check_schema(shape)
     except jsonschema.SchemaError as exc:
         raise ContractError(f"shape is not a valid JSON Schema: {exc.message}") from None
-    async with pool.connection() as conn, conn.transaction():
-        current = await (await conn.execute(queries["current_field"], {"field_key": field_key})).fetchone()
+    async with Queries(pool, queries).transaction() as tx:
+        current = await tx.one("get_current_contract_field", {"field_key": field_key})
         if current and not supersede:
             raise ContractError(f"field {field_key!r} exists; contract rows are never edited: pass --supersede to "
                                 "add a row that replaces it")
         if supersede and not current:
             raise ContractError(f"no active field {field_key!r} to supersede")
-        row = await (await conn.execute(queries["insert_contract_field"], {
+        row = await tx.one("insert_contract_field", {
             "field_key": field_key, "required": required, "read_by": read_by or ["harness", "human"],
-            "semantics": semantics, "shape": Jsonb(shape), "supersedes": current[0] if current else None,
-            "retired": retire})).fetchone()
-    assert row is not None
-    return int(row[0])
+            "semantics": semantics, "shape": Jsonb(shape), "supersedes": current["id"] if current else None,
+            "retired": retire})
+    assert row is not None  # INSERT … RETURNING gives its row
+    return int(row["id"])

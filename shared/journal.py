@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import errors, logs
 from shared.models import Event, NewEvent
+from shared.query import Queries
 from shared.sql import queries
 
 log = logs.get(__name__)
@@ -249,12 +250,12 @@ async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retri
 
 async def register_event_type(pool: AsyncConnectionPool, name: str, tier: str, description: str = "") -> None:
     """Extend the open set of event types (an INSERT; a no-op when the name exists)."""
-    async with pool.connection() as conn:
-        await conn.execute(queries["register_event_type"], {"name": name, "tier": tier, "description": description})
+    await Queries(pool, queries).execute("register_event_type", {"name": name, "tier": tier,
+                                                                 "description": description})
 
 
 async def head(conn: psycopg.AsyncConnection) -> int:
-    cur = await conn.execute(queries["journal_head"])
+    cur = await conn.execute(queries["get_journal_head"])
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
@@ -274,3 +275,12 @@ async def read_since(
             queries["read_journal"], {"after": after, "limit": limit, "task_id": task_id, "session_id": session_id}
         )
         return await cur.fetchall()
+
+
+async def read_lines(pool: AsyncConnectionPool, *, after: int, task_id: uuid.UUID | None = None,
+                     thread_id: uuid.UUID | None = None, limit: int = 500) -> list[Event]:
+    """Events after a seq as `petal-dispatch journal` shows them: one task's, or one thread's with the
+    workers its turns dispatched (stream deltas left out)."""
+    return await Queries(pool, queries).all("read_journal_lines", {"after": after, "task_id": task_id,
+                                                                   "thread_id": thread_id, "limit": limit},
+                                            into=Event)

@@ -79,8 +79,8 @@ def _check_applied(applied: dict[int, tuple[str, str]], available: list[Migratio
 def status(dsn: str, directory: Path | None = None) -> MigrationStatus:
     available = discover(directory)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        exists = conn.execute(queries["migrations_table_exists"]).fetchone()
-        rows = conn.execute(queries["applied_migrations"]).fetchall() if exists and exists[0] else []
+        exists = conn.execute(queries["check_migrations_table_exists"]).fetchone()
+        rows = conn.execute(queries["list_applied_migrations"]).fetchall() if exists and exists[0] else []
     applied = {v: (n, c) for v, n, c in rows}
     _check_applied(applied, available)
     return MigrationStatus(
@@ -96,7 +96,7 @@ def migrate(dsn: str, directory: Path | None = None) -> list[Migration]:
         conn.execute(queries["lock_migrations"])
         try:
             conn.execute(queries["create_migrations_table"])
-            applied = {v: (n, c) for v, n, c in conn.execute(queries["applied_migrations"]).fetchall()}
+            applied = {v: (n, c) for v, n, c in conn.execute(queries["list_applied_migrations"]).fetchall()}
             _check_applied(applied, available)
             for mig in available:
                 if mig.version in applied:

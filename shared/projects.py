@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from shared import read_surface
+from shared.query import Queries
 from shared.sql import queries
 
 USAGE_GROUPS = ("task", "thread", "project", "day")
@@ -17,38 +17,31 @@ USAGE_FIELDS = ("runs", "input_tokens", "output_tokens", "cache_creation_input_t
                 "cost_usd")
 
 
-async def _rows(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchall()
-
-
 async def list_projects(pool: AsyncConnectionPool) -> list[dict[str, Any]]:
-    rows = await _rows(pool, "list_projects", {})
+    rows = await Queries(pool, queries).all("list_projects")
     for r in rows:
         r["plan_tasks"] = len(read_surface.plan_tasks(r.pop("plan")))
     return rows
 
 
 async def requests(pool: AsyncConnectionPool, limit: int = 50) -> list[dict[str, Any]]:
-    return await _rows(pool, "project_requests", {"limit": limit})
+    return await Queries(pool, queries).all("list_project_requests", {"limit": limit})
 
 
 async def request(pool: AsyncConnectionPool, request_id: uuid.UUID) -> dict[str, Any] | None:
-    rows = await _rows(pool, "project_request", {"id": request_id})
-    return rows[0] if rows else None
+    return await Queries(pool, queries).one("get_project_request", {"id": request_id})
 
 
 async def get_project(pool: AsyncConnectionPool, project_id: uuid.UUID) -> dict[str, Any] | None:
     """A project with each plan task's latest run, its handoffs (newest first), the branches waiting for
     review, the rollup and the usage."""
-    found = await _rows(pool, "project_detail", {"id": project_id})
-    if not found:
+    q = Queries(pool, queries)
+    project = await q.one("get_project_detail", {"id": project_id})
+    if project is None:
         return None
-    project = found[0]
-    runs = {r["plan_ref"]: r for r in await _rows(pool, "project_plan_runs", {"id": project_id})}
+    runs = {r["plan_ref"]: r for r in await q.all("list_project_plan_runs", {"id": project_id})}
     handoffs: dict[str, list[dict[str, Any]]] = {}
-    for h in await _rows(pool, "project_plan_handoffs", {"id": project_id, "limit": 500}):
+    for h in await q.all("list_project_plan_handoffs", {"id": project_id, "limit": 500}):
         kept = handoffs.setdefault(h["plan_ref"], [])
         if len(kept) < HANDOFFS_PER_PLAN_TASK:
             kept.append({"task_id": h["task_id"], "seq": h["seq"], "created_at": h["created_at"], **h["payload"]})
@@ -63,14 +56,13 @@ async def get_project(pool: AsyncConnectionPool, project_id: uuid.UUID) -> dict[
         **project,
         "plan_tasks": plan,
         "state": await read_surface.get_project_state(pool, project_id),
-        "branches_waiting": await _rows(pool, "project_branches_waiting", {"id": project_id}),
+        "branches_waiting": await q.all("list_project_branches_waiting", {"id": project_id}),
         "usage": await usage_total(pool, project_id=project_id),
     }
 
 
 async def task_changes(pool: AsyncConnectionPool, task_id: uuid.UUID) -> dict[str, Any] | None:
-    rows = await _rows(pool, "task_changes", {"id": task_id})
-    return rows[0] if rows else None
+    return await Queries(pool, queries).one("get_task_changes", {"id": task_id})
 
 
 async def usage(pool: AsyncConnectionPool, by: str, *, task_id: uuid.UUID | None = None,
@@ -78,8 +70,8 @@ async def usage(pool: AsyncConnectionPool, by: str, *, task_id: uuid.UUID | None
     """Tokens and cost summed from the runs' result lines, one row per task, thread, project or UTC day."""
     if by not in USAGE_GROUPS:
         raise ValueError(f"by is one of {', '.join(USAGE_GROUPS)}")
-    return await _rows(pool, "usage_by", {"by": by, "task_id": task_id, "thread_id": thread_id,
-                                          "project_id": project_id})
+    return await Queries(pool, queries).all("list_usage", {"by": by, "task_id": task_id, "thread_id": thread_id,
+                                                           "project_id": project_id})
 
 
 def total(rows: list[dict[str, Any]]) -> dict[str, Any]:

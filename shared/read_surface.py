@@ -10,9 +10,9 @@ import re
 import uuid
 from typing import Any
 
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from shared.query import Queries
 from shared.sql import queries
 
 # A rule-out matches a candidate when this share of its approach's words appear in the candidate.
@@ -22,18 +22,12 @@ STATE_BUDGET = 1_800
 _PLAN_LINE = re.compile(r"^\s*[-*] \[([ xX])\] ([A-Z][A-Z0-9]*-\d+)\b[:\s]*(.*)$", re.MULTILINE)
 
 
-async def _rows(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(queries[name], params)
-        return await cur.fetchall()
-
-
 async def get_handoffs(pool: AsyncConnectionPool, scope_id: uuid.UUID, limit: int = 10,
                        order: str = "desc") -> list[dict[str, Any]]:
     """Handoffs of a task, session (with the workers it dispatched) or project; newest first by default."""
     if order not in ("asc", "desc"):
         raise ValueError("order is asc or desc")
-    rows = await _rows(pool, "handoffs_for_scope", {"scope": scope_id, "limit": limit})
+    rows = await Queries(pool, queries).all("list_handoffs", {"scope": scope_id, "limit": limit})
     return rows if order == "desc" else list(reversed(rows))
 
 
@@ -45,11 +39,12 @@ def plan_tasks(plan: str | None) -> list[tuple[str, str, bool]]:
 async def get_project_state(pool: AsyncConnectionPool, project_id: uuid.UUID) -> dict[str, Any] | None:
     """Plan tasks done / in flight / failed / blocked / not started — a rollup bounded to about
     STATE_BUDGET characters however many tasks there are (lists are cut, counts stay exact)."""
-    project = await _rows(pool, "project_by_id", {"id": project_id})
-    if not project:
+    q = Queries(pool, queries)
+    project = await q.one("get_project", {"id": project_id})
+    if project is None:
         return None
-    plan = plan_tasks(project[0]["plan"])
-    latest = {t["plan_ref"] or str(t["id"]): t for t in await _rows(pool, "project_latest_tasks", {"id": project_id})}
+    plan = plan_tasks(project["plan"])
+    latest = {t["plan_ref"] or str(t["id"]): t for t in await q.all("list_project_latest_tasks", {"id": project_id})}
     buckets: dict[str, list[str]] = {"done": [], "in_flight": [], "failed": [], "blocked": [], "not_started": []}
     for ref, t in latest.items():
         if t["status"] == "success":
@@ -62,7 +57,7 @@ async def get_project_state(pool: AsyncConnectionPool, project_id: uuid.UUID) ->
             buckets["failed"].append(f"{ref} ({t['status']})")
     buckets["not_started"] = [ref for ref, _, checked in plan if ref not in latest and not checked]
     counts = {k: len(v) for k, v in buckets.items()}
-    state: dict[str, Any] = {"project": {"id": str(project[0]["id"]), "name": project[0]["name"]},
+    state: dict[str, Any] = {"project": {"id": str(project["id"]), "name": project["name"]},
                              "plan_tasks": len(plan), "counts": counts, **buckets}
     # keep the rollup small: trim the longest lists until it fits the budget
     while len(json.dumps(state)) > STATE_BUDGET:
@@ -76,5 +71,5 @@ async def get_project_state(pool: AsyncConnectionPool, project_id: uuid.UUID) ->
 
 async def check_ruled_out(pool: AsyncConnectionPool, scope_id: uuid.UUID, candidate: str) -> list[dict[str, Any]]:
     """Prior rule-outs in the scope similar to the candidate approach (a word-overlap lookup)."""
-    rows = await _rows(pool, "matching_rule_outs", {"scope": scope_id, "candidate": candidate})
+    rows = await Queries(pool, queries).all("list_matching_rule_outs", {"scope": scope_id, "candidate": candidate})
     return [r for r in rows if r["overlap"] >= RULE_OUT_OVERLAP]

@@ -54,3 +54,17 @@ async def test_status_shows_a_running_and_a_stalled_task_and_the_journal_reads_a
     assert any("tool result: ← hello-journal" in ln for ln in lines)
     assert any("exited SUCCESS" in ln for ln in lines)
     assert all(len(ln) < 240 for ln in lines)
+
+
+def test_project_create_registers_a_project_once(db: DB, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.md"
+    plan.write_text("- [ ] T-001 first\n- [x] T-002 second\n", encoding="utf-8")
+    first = _cli(db, "project", "create", "--slug", "cli-made", "--plan", str(plan), "--workdir", str(tmp_path))
+    again = _cli(db, "project", "create", "--slug", "cli-made")
+    assert first.returncode == 0, first.stderr
+    made = json.loads(first.stdout)
+    assert made["slug"] == "cli-made" and made["plan_tasks"] == 2
+    assert again.returncode == 2 and "a project 'cli-made' exists already" in again.stderr
+    status = _cli(db, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert set(json.loads(status.stdout)) == {"tasks", "queue", "asks", "last_events", "executors"}

@@ -46,7 +46,7 @@ def test_a_gated_handoff_measures_the_project_tree_from_the_directory_the_worker
                                                      ("task.exited", {"permission_denials": [denial]})], 1):
             conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "
                          "VALUES (gen_random_uuid(), %s, %s, %s, 'raw', %s)", [seq, task, event_type, Jsonb(payload)])
-        row = conn.execute(queries["exit_denials"], {"id": task}).fetchone()
+        row = conn.execute(queries["get_exit_denials"], {"id": task}).fetchone()
     assert row == ([denial], "/srv/app", [])
     # inside the tree it ran in, the denial was the allowed-tools set's, not a gate's
     assert policy.gate_decisions(row[0], row[1])[0]["gate"] == "tool not allowed"

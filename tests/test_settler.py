@@ -187,9 +187,11 @@ async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_esc
             # dispatch checks the directory; it can vanish before the worker is claimed (a queued retry, a
             # back-off): the row as dispatch leaves it, pointing at a directory that is gone
             worker = uuid.uuid4()
-            with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-                conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, workdir) "
-                             "VALUES (%s, %s, 'worker', 'build it', %s)", [worker, turn, str(tmp_path / "gone")])
+            # asynchronously: the executor runs on this event loop, and its settler may still hold the turn's
+            # row (the insert's foreign key waits for it), so a blocking insert would wait for itself
+            async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as conn:
+                await conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, workdir) "
+                                   "VALUES (%s, %s, 'worker', 'build it', %s)", [worker, turn, str(tmp_path / "gone")])
 
             async def escalation() -> dict[str, Any] | None:
                 asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]

@@ -1,4 +1,4 @@
--- name: attempt_tool_calls --
+-- name: list_attempt_tool_calls --
 -- The tool calls one attempt made, oldest first, each with whether its result came back before the
 -- attempt ended; `total` counts them all (the rows are bounded by %(limit)s).
 SELECT c.block ->> 'name' AS name, c.block -> 'input' AS input, count(*) OVER () AS total,

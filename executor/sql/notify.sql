@@ -5,13 +5,13 @@ ON CONFLICT (id) DO UPDATE SET public_key = EXCLUDED.public_key, ntfy = EXCLUDED
 -- name: init_notify_cursor --
 INSERT INTO notify_cursor (last_seq) SELECT last_seq FROM journal_head ON CONFLICT (id) DO NOTHING
 
--- name: notify_cursor --
+-- name: get_notify_cursor --
 SELECT c.last_seq, h.last_seq AS head FROM notify_cursor c, journal_head h
 
 -- name: advance_notify_cursor --
 UPDATE notify_cursor SET last_seq = greatest(last_seq, %(seq)s)
 
--- name: notify_candidates --
+-- name: list_notify_candidates --
 -- The records after the cursor that may call for a notification, with their task's role and brief.
 SELECT j.seq, j.event_type, j.task_id, j.session_id, j.payload, t.role, t.brief, t.session_id AS task_session
 FROM journal j LEFT JOIN tasks t ON t.id = j.task_id
@@ -19,32 +19,32 @@ WHERE j.seq > %(after)s AND j.event_type IN ('question.asked', 'task.stalled', '
 ORDER BY j.seq
 LIMIT %(limit)s
 
--- name: thread_watched --
-SELECT EXISTS (SELECT 1 FROM client_presence WHERE thread_id = %(thread_id)s
-               AND seen_at > now() - make_interval(secs => %(seconds)s)) AS watched
+-- name: check_thread_watched --
+SELECT true AS holds WHERE EXISTS (SELECT 1 FROM client_presence WHERE thread_id = %(thread_id)s
+                                   AND seen_at > now() - make_interval(secs => %(seconds)s))
 
--- name: recent_notification --
-SELECT EXISTS (
+-- name: check_recent_notification --
+SELECT true AS holds WHERE EXISTS (
     SELECT 1 FROM notifications
     WHERE kind = %(kind)s AND outcome IN ('sent', 'digested')
       AND created_at > now() - make_interval(secs => %(seconds)s)
       AND (task_id = %(task_id)s OR (%(task_id)s::uuid IS NULL AND thread_id IS NOT DISTINCT FROM %(thread_id)s::uuid))
-) AS recent
+)
 
 -- name: record_notification --
 INSERT INTO notifications (kind, task_id, thread_id, seq, title, body, url, outcome, detail)
 VALUES (%(kind)s, %(task_id)s, %(thread_id)s, %(seq)s, %(title)s, %(body)s, %(url)s, %(outcome)s, %(detail)s)
 
--- name: push_subscriptions --
+-- name: list_push_subscriptions --
 SELECT id, endpoint, p256dh, auth FROM push_subscriptions ORDER BY created_at
 
 -- name: delete_push_subscription --
 DELETE FROM push_subscriptions WHERE id = %(id)s
 
--- name: push_failed --
+-- name: mark_push_failed --
 UPDATE push_subscriptions SET last_error = %(error)s WHERE id = %(id)s
 
--- name: push_succeeded --
+-- name: mark_push_succeeded --
 UPDATE push_subscriptions SET last_success_at = now(), last_error = NULL WHERE id = %(id)s
 
 -- name: claim_notify_requests --
@@ -56,7 +56,7 @@ RETURNING q.id, q.kind
 -- name: finish_notify_request --
 UPDATE notify_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
 
--- name: fleet_secret --
+-- name: get_fleet_secret --
 SELECT value FROM fleet_secrets WHERE name = %(name)s
 
 -- name: offer_fleet_secret --

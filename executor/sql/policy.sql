@@ -1,4 +1,4 @@
--- name: settled_worker --
+-- name: get_settled_worker --
 -- A finished task and what the policy needs of it: its thread (when an orchestrator turn dispatched it)
 -- and whether its role follows the policy.
 SELECT w.id, w.role, w.session_id, w.status, w.status_reason, w.attempt, w.brief, w.plan_ref, w.project_id, w.workdir, w.allowed_tools,
@@ -24,7 +24,7 @@ RETURNING id, attempt, not_before
 INSERT INTO escalations (task_id, thread_id, question_id) VALUES (%(task_id)s, %(thread_id)s, %(question_id)s)
 RETURNING id
 
--- name: answered_escalations --
+-- name: list_answered_escalations --
 -- Escalations whose question is closed and whose decision is still owed; locked so one pass acts once.
 SELECT e.id, e.task_id, e.thread_id, e.question_id, q.status AS question_status, q.answers, q.response
 FROM escalations e JOIN questions q ON q.id = e.question_id
@@ -53,7 +53,7 @@ SELECT w.id, 'the user stopped the plan' FROM tasks w JOIN tasks p ON p.id = w.p
 WHERE p.session_id = %(thread_id)s AND w.status = 'running'
 RETURNING task_id
 
--- name: exit_denials --
+-- name: get_exit_denials --
 -- The gate evidence for a `gated` handoff: the harness's own gate decisions (gate.decided, in order), the
 -- permission denials the worker's exit recorded, and the directory it ran in (what "outside the project
 -- tree" is measured against).
@@ -67,13 +67,13 @@ SELECT (SELECT e.payload -> 'permission_denials' FROM journal e
 -- name: thread_mode --
 SELECT mode FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
--- name: plan_task_handoffs --
+-- name: list_plan_task_handoffs --
 -- Earlier handoffs of one plan task in a project (oldest first), for a new worker's brief.
 SELECT j.payload FROM journal j JOIN tasks t ON t.id = j.task_id
 WHERE j.event_type = 'handoff' AND t.project_id = %(project_id)s AND t.plan_ref = %(plan_ref)s
 ORDER BY j.seq DESC LIMIT %(limit)s
 
--- name: scope_rule_outs --
+-- name: list_scope_rule_outs --
 -- The approaches already ruled out in a scope (project, thread, or the workers a thread dispatched), newest first.
 SELECT r ->> 'approach' AS approach, r ->> 'reason' AS reason
 FROM journal j, jsonb_array_elements(

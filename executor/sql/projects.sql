@@ -18,10 +18,10 @@ INSERT INTO projects (name, workdir, plan, plan_path) VALUES (%(name)s, %(workdi
 ON CONFLICT (name) DO NOTHING
 RETURNING id
 
--- name: project_with_workdir --
+-- name: get_project_by_workdir --
 SELECT id FROM projects WHERE workdir = %(workdir)s
 
--- name: worktree_source --
+-- name: get_worktree_source --
 -- Whether a claimed task runs in a worktree of its own: a task of a project whose role asks for one.
 SELECT p.id AS project_id, p.name, p.workdir FROM tasks t
 JOIN projects p ON p.id = t.project_id
@@ -33,7 +33,7 @@ UPDATE tasks SET workdir = %(worktree)s, worktree = %(worktree)s, branch = %(bra
     base_branch = %(base_branch)s, base_commit = %(base_commit)s
 WHERE id = %(id)s
 
--- name: task_worktree --
+-- name: get_task_worktree --
 SELECT t.id, t.project_id, t.session_id, t.status, t.worktree, t.branch, t.base_branch, t.base_commit,
        t.changes_recorded_at, t.review, p.workdir AS project_workdir
 FROM tasks t JOIN projects p ON p.id = t.project_id
@@ -46,16 +46,13 @@ UPDATE tasks SET changes_recorded_at = now() WHERE id = %(id)s AND changes_recor
 UPDATE tasks SET review = %(review)s WHERE id = %(id)s AND review IS NULL
 RETURNING id
 
--- name: thread_project --
+-- name: get_thread_project --
 SELECT p.id, p.name, p.workdir, p.plan FROM sessions s JOIN projects p ON p.id = s.project_id WHERE s.id = %(id)s
 
--- name: project_exists --
-SELECT EXISTS (SELECT 1 FROM projects WHERE id = %(id)s)
-
--- name: project_plan --
+-- name: get_project_plan --
 SELECT name, plan FROM projects WHERE id = %(id)s
 
--- name: unrecorded_changes --
+-- name: list_unrecorded_changes --
 -- Ended workers whose changes were never recorded (the executor died between the end and the record, or
 -- the record failed). The grace keeps this sweep from racing the supervisor's own record of a fresh end.
 SELECT id FROM tasks
@@ -63,5 +60,5 @@ WHERE branch IS NOT NULL AND changes_recorded_at IS NULL AND status NOT IN ('pen
   AND coalesce(ended_at, created_at) < now() - make_interval(secs => %(grace_s)s)
 ORDER BY ended_at LIMIT 20
 
--- name: latest_task_changes --
+-- name: get_latest_task_changes --
 SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1

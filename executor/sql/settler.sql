@@ -21,7 +21,7 @@ LIMIT 1
 -- name: mark_task_settled --
 UPDATE tasks SET settled_at = now() WHERE id = %(id)s AND settled_at IS NULL
 
--- name: task_result --
+-- name: get_task_result --
 -- A run's last `result` line as journaled (an extractor's structured output is in it).
 SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.result' ORDER BY seq DESC LIMIT 1
 

@@ -26,10 +26,10 @@ SET title = coalesce(%(title)s, title), mode = coalesce(%(mode)s, mode),
 WHERE id = %(id)s AND role = 'orchestrator'
 RETURNING id
 
--- name: threads_with_pending_chat --
+-- name: list_threads_with_pending_chat --
 SELECT DISTINCT thread_id FROM chat_queue WHERE status = 'pending'
 
--- name: thread_state --
+-- name: get_thread_state --
 -- A turn is open until its end is settled: a failed turn's re-run is inserted by its settlement, and no
 -- later message may start a turn before that.
 SELECT s.id, s.lifecycle, s.mode,
@@ -39,11 +39,11 @@ SELECT s.id, s.lifecycle, s.mode,
            AS controls_pending
 FROM sessions s WHERE s.id = %(id)s AND s.role = 'orchestrator'
 
--- name: thread_create_pending --
-SELECT EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
-               AND status IN ('pending', 'claimed'))
+-- name: check_thread_create_pending --
+SELECT true AS holds WHERE EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
+                                   AND status IN ('pending', 'claimed'))
 
--- name: blocked_question --
+-- name: get_blocked_question --
 -- A question the thread's running turn is waiting on (a chat message answers it as a reply).
 SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
 WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND t.session_id = %(thread_id)s AND t.status = 'running'
@@ -72,12 +72,6 @@ RETURNING id
 -- name: enqueue_harness_message --
 INSERT INTO chat_queue (thread_id, text, origin) VALUES (%(thread_id)s, %(text)s, 'harness') RETURNING id
 
--- name: turn_thread --
--- The thread a task belongs to when it is (or was dispatched by) an orchestrator turn.
-SELECT p.session_id AS thread_id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
-JOIN sessions s ON s.id = p.session_id AND s.role = 'orchestrator'
-WHERE w.id = %(id)s
-
 -- name: count_turn --
 UPDATE sessions SET turns = turns + 1, lifecycle = 'running', updated_at = now() WHERE id = %(id)s
 
@@ -92,7 +86,7 @@ RETURNING id
 -- one step (the open-turn check runs after it, in a statement of its own, so it sees the other's commit).
 SELECT id FROM sessions WHERE id = %(id)s FOR UPDATE
 
--- name: thread_turn_open --
--- Open as in thread_state: until its end is settled.
-SELECT EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = %(id)s
-               AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)) AS open
+-- name: check_thread_turn_open --
+-- Open as in get_thread_state: until its end is settled.
+SELECT true AS holds WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = %(id)s
+                                   AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL))

@@ -3,7 +3,7 @@ INSERT INTO chat_queue (thread_id, text, client_msg_id) VALUES (%(thread_id)s, %
 ON CONFLICT (client_msg_id) DO NOTHING
 RETURNING id, thread_id, text, client_msg_id, status, created_at
 
--- name: chat_by_client_msg_id --
+-- name: get_chat_by_client_msg_id --
 SELECT id, thread_id, text, client_msg_id, status, created_at FROM chat_queue WHERE client_msg_id = %(client_msg_id)s
 
 -- name: enqueue_stop --
@@ -14,16 +14,14 @@ RETURNING id, task_id, status, created_at
 INSERT INTO thread_control_queue (thread_id, action, args) VALUES (%(thread_id)s, %(action)s, %(args)s)
 RETURNING id, thread_id, action, args, status, created_at
 
--- name: thread_known --
+-- name: check_thread_known --
 -- A thread exists once the executor made it, or while its creation waits in the queue.
-SELECT EXISTS (SELECT 1 FROM sessions WHERE id = %(id)s AND role = 'orchestrator')
-    OR EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
-               AND status IN ('pending', 'claimed', 'done'))
+SELECT true AS holds
+WHERE EXISTS (SELECT 1 FROM sessions WHERE id = %(id)s AND role = 'orchestrator')
+   OR EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
+              AND status IN ('pending', 'claimed', 'done'))
 
--- name: task_status --
-SELECT status FROM tasks WHERE id = %(id)s
-
--- name: question_by_ref --
+-- name: get_question_by_ref --
 SELECT id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at, answered_at,
        timed_out_at
 FROM questions
@@ -38,7 +36,7 @@ WHERE id = %(id)s AND status = 'pending'
 RETURNING id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at,
           answered_at, timed_out_at
 
--- name: thread_turn --
+-- name: get_thread_turn --
 -- One orchestrator turn of a thread (the given one, or else the thread's latest that ended other than
 -- success), with the run that already repeats it, if any, and a Retry already queued for it, if any.
 SELECT t.id, t.status, t.status_reason,

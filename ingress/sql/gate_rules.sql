@@ -15,7 +15,7 @@ WHERE (%(thread_id)s::uuid IS NULL
 ORDER BY r.revoked_at IS NOT NULL, r.created_at DESC
 LIMIT %(limit)s
 
--- name: pending_gate_rule_requests --
+-- name: list_pending_gate_rule_requests --
 SELECT id, scope, thread_id, project_id, tool_name, pattern, requested_by, status, error, rule_id, created_at
 FROM gate_rule_queue
 WHERE (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s) AND status IN ('pending', 'claimed', 'failed')
@@ -31,5 +31,5 @@ UPDATE gate_rules SET revoked_at = now(), revoked_by = %(revoked_by)s
 WHERE id = %(id)s AND revoked_at IS NULL
 RETURNING id, scope, tool_name, pattern, revoked_at, revoked_by
 
--- name: gate_rule_exists --
+-- name: check_gate_rule_exists --
 SELECT revoked_at FROM gate_rules WHERE id = %(id)s

@@ -1,7 +1,7 @@
--- name: push_config --
+-- name: get_push_config --
 SELECT public_key, ntfy, updated_at FROM push_config
 
--- name: push_subscription_count --
+-- name: count_push_subscriptions --
 SELECT count(*) AS subscriptions FROM push_subscriptions
 
 -- name: upsert_push_subscription --
@@ -13,7 +13,7 @@ RETURNING id, endpoint, created_at
 -- name: delete_push_subscription_by_endpoint --
 DELETE FROM push_subscriptions WHERE endpoint = %(endpoint)s RETURNING id
 
--- name: push_subscription_by_endpoint --
+-- name: get_push_subscription_by_endpoint --
 SELECT id, created_at, last_success_at, last_error FROM push_subscriptions WHERE endpoint = %(endpoint)s
 
 -- name: enqueue_notify --

@@ -2,13 +2,10 @@
 INSERT INTO project_queue (action, task_id, args) VALUES (%(action)s, %(task_id)s, %(args)s)
 RETURNING id, action, task_id, status, created_at
 
--- name: project_known --
-SELECT EXISTS (SELECT 1 FROM projects WHERE id = %(id)s)
+-- name: check_slug_taken --
+SELECT true AS holds FROM projects WHERE name = %(slug)s
 
--- name: slug_taken --
-SELECT EXISTS (SELECT 1 FROM projects WHERE name = %(slug)s)
-
--- name: task_review_state --
+-- name: get_task_review_state --
 SELECT t.id, t.status, t.branch, t.review, t.changes_recorded_at,
        EXISTS (SELECT 1 FROM project_queue q WHERE q.task_id = t.id AND q.status IN ('pending', 'claimed'))
            AS review_pending

@@ -9,7 +9,7 @@ WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = q.thread_id)
 ORDER BY created_at DESC
 
--- name: pending_chat --
+-- name: list_pending_chat --
 SELECT id, thread_id, text, client_msg_id, origin, status, created_at FROM chat_queue
 WHERE status IN ('pending', 'claimed') AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)
 ORDER BY created_at
@@ -59,13 +59,10 @@ WHERE (%(status)s::text IS NULL OR q.status = %(status)s::text)
 ORDER BY (q.status = 'pending') DESC, q.created_at DESC
 LIMIT %(limit)s
 
--- name: journal_head --
-SELECT last_seq FROM journal_head
-
--- name: migrations_current --
+-- name: count_applied_migrations --
 SELECT count(*) FROM schema_migrations
 
--- name: thread_conversation --
+-- name: list_thread_conversation --
 -- What a thread's chat renders: its own records and those of the workers its turns dispatched (and their
 -- retries), the newest `limit` of them (before `before`, when paging back), oldest first.
 SELECT * FROM (
@@ -79,7 +76,7 @@ SELECT * FROM (
     LIMIT %(limit)s
 ) newest ORDER BY seq
 
--- name: turn_reruns --
+-- name: list_turn_reruns --
 -- Which of these turns a later run already repeats (a failed turn's Retry is then spent).
 SELECT retry_of, id FROM tasks WHERE retry_of = ANY(%(ids)s::uuid[])
 
@@ -92,3 +89,20 @@ SELECT e.name, e.labels, e.capacity, e.version, e.epoch, e.started_at, e.renewed
        CASE WHEN e.lost_at IS NOT NULL THEN 'lost' WHEN e.stopped_at IS NOT NULL THEN 'stopped'
             WHEN e.lease_until < now() THEN 'expired' ELSE 'live' END AS state
 FROM executors e ORDER BY e.name
+
+-- name: list_open_tasks --
+-- `petal-dispatch status`: the tasks not ended, oldest first.
+SELECT id, role, status, activity, brief, last_output_at, started_at FROM tasks
+WHERE status IN ('pending', 'running') ORDER BY created_at
+
+-- name: list_queued_messages --
+SELECT id, thread_id, origin, left(text, 120) AS text, created_at FROM chat_queue
+WHERE status IN ('pending', 'claimed') ORDER BY created_at
+
+-- name: list_pending_asks --
+SELECT id, tool_use_id, task_id, questions, created_at FROM questions WHERE status = 'pending' ORDER BY created_at
+
+-- name: list_last_events --
+SELECT seq, event_type, task_id, created_at FROM (
+    SELECT seq, event_type, task_id, created_at FROM journal ORDER BY seq DESC LIMIT 5) last
+ORDER BY seq

@@ -1,6 +1,10 @@
 """Named queries, loaded once from the .sql files beside this module.
 
-Each query sits under a `-- name: verb_noun --` header; code says `queries["verb_noun"]`.
+Each query sits under a `-- name: verb_noun --` header and lives in one registry only (a query both
+services run is here, in shared/sql); code runs it through `shared.query.Queries(pool, queries)`.
+Verbs: `get_` one row, `list_` rows, `count_` a number, `check_` a row only when the thing holds (so
+`await q.one("check_…") is not None` is the answer), and what the statement does for writes
+(`insert_`, `claim_`, `mark_`, `enqueue_` …).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
--- name: active_contract --
+-- name: list_active_contract_fields --
 SELECT id, field_key, required, read_by, semantics, shape, supersedes, retired, created_at
 FROM contract_active ORDER BY id
 
--- name: all_contract --
-SELECT id, field_key, required, read_by, semantics, shape, supersedes, retired, created_at
-FROM contract ORDER BY id
+-- name: get_contract_version --
+SELECT coalesce(max(id), 0) AS version FROM contract
 
--- name: contract_version --
-SELECT coalesce(max(id), 0) FROM contract
-
--- name: current_field --
+-- name: get_current_contract_field --
 SELECT id FROM contract_active WHERE field_key = %(field_key)s
 
 -- name: insert_contract_field --

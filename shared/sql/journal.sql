@@ -19,7 +19,7 @@ WHERE NOT EXISTS (SELECT 1 FROM event_types e WHERE e.name = p.name AND e.tier =
 INSERT INTO event_types (name, tier, description) VALUES (%(name)s, %(tier)s, %(description)s)
 ON CONFLICT (name) DO NOTHING
 
--- name: journal_head --
+-- name: get_journal_head --
 SELECT last_seq FROM journal_head
 
 -- name: read_journal --
@@ -30,6 +30,21 @@ FROM journal
 WHERE seq > %(after)s
   AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
   AND (%(session_id)s::uuid IS NULL OR session_id = %(session_id)s::uuid)
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: read_journal_lines --
+-- The journal as `petal-dispatch journal` shows it: one task's, or one thread's with the workers its
+-- turns dispatched; the token-by-token stream events left out.
+SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
+FROM journal
+WHERE seq > %(after)s
+  AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
+  AND (%(thread_id)s::uuid IS NULL OR session_id = %(thread_id)s::uuid
+       OR task_id IN (SELECT id FROM tasks WHERE session_id = %(thread_id)s::uuid
+                      UNION SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+                            WHERE p.session_id = %(thread_id)s::uuid))
+  AND event_type <> 'stream.stream_event'
 ORDER BY seq
 LIMIT %(limit)s
 

@@ -13,11 +13,11 @@ SELECT pg_advisory_lock(hashtext('petal-dispatch.migrate'))
 -- name: unlock_migrations --
 SELECT pg_advisory_unlock(hashtext('petal-dispatch.migrate'))
 
--- name: applied_migrations --
+-- name: list_applied_migrations --
 SELECT version, name, checksum FROM schema_migrations ORDER BY version
 
 -- name: record_migration --
 INSERT INTO schema_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s)
 
--- name: migrations_table_exists --
-SELECT to_regclass('schema_migrations') IS NOT NULL
+-- name: check_migrations_table_exists --
+SELECT true AS holds WHERE to_regclass('schema_migrations') IS NOT NULL

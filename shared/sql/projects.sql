@@ -4,10 +4,13 @@ SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.created_at,
             AND t.changes_recorded_at IS NOT NULL) AS branches_waiting
 FROM projects p ORDER BY p.created_at DESC
 
--- name: project_detail --
+-- name: check_project_exists --
+SELECT true AS holds FROM projects WHERE id = %(id)s
+
+-- name: get_project_detail --
 SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.created_at FROM projects p WHERE p.id = %(id)s
 
--- name: project_plan_runs --
+-- name: list_project_plan_runs --
 -- The latest worker run of each plan task, and what became of its branch.
 SELECT DISTINCT ON (t.plan_ref) t.plan_ref, t.id AS task_id, t.status, t.activity, t.status_reason, t.attempt,
        t.branch, t.review, t.changes_recorded_at, t.started_at, t.ended_at
@@ -15,7 +18,7 @@ FROM tasks t
 WHERE t.project_id = %(id)s AND t.role = 'worker' AND t.plan_ref IS NOT NULL
 ORDER BY t.plan_ref, t.created_at DESC
 
--- name: project_plan_handoffs --
+-- name: list_project_plan_handoffs --
 -- The handoffs of a project's plan tasks, newest first (the caller groups them by plan task).
 SELECT t.plan_ref, j.task_id, j.seq, j.created_at, j.payload
 FROM journal j JOIN tasks t ON t.id = j.task_id
@@ -23,7 +26,7 @@ WHERE j.event_type = 'handoff' AND t.project_id = %(id)s AND t.plan_ref IS NOT N
 ORDER BY j.seq DESC
 LIMIT %(limit)s
 
--- name: project_branches_waiting --
+-- name: list_project_branches_waiting --
 -- Workers' branches with recorded changes that nobody merged or discarded yet.
 SELECT t.id AS task_id, t.plan_ref, t.status, t.branch, t.base_branch, t.ended_at,
        (SELECT jsonb_array_length(coalesce(j.payload -> 'files', '[]')) FROM journal j
@@ -32,15 +35,15 @@ FROM tasks t
 WHERE t.project_id = %(id)s AND t.branch IS NOT NULL AND t.review IS NULL AND t.changes_recorded_at IS NOT NULL
 ORDER BY t.ended_at DESC
 
--- name: project_requests --
+-- name: list_project_requests --
 SELECT id, action, task_id, args - 'plan' AS args, status, error, result, created_at, done_at
 FROM project_queue ORDER BY created_at DESC LIMIT %(limit)s
 
--- name: project_request --
+-- name: get_project_request --
 SELECT id, action, task_id, args - 'plan' AS args, status, error, result, created_at, done_at
 FROM project_queue WHERE id = %(id)s
 
--- name: task_changes --
+-- name: get_task_changes --
 SELECT t.id AS task_id, t.project_id, t.status, t.branch, t.base_branch, t.worktree, t.review,
        t.changes_recorded_at, j.seq, j.payload
 FROM tasks t
@@ -48,7 +51,7 @@ LEFT JOIN LATERAL (SELECT seq, payload FROM journal
                    WHERE task_id = t.id AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1) j ON true
 WHERE t.id = %(id)s
 
--- name: usage_by --
+-- name: list_usage --
 -- Tokens and cost from each run's result line, summed by task, thread, project or UTC day. A run belongs
 -- to a thread through its own session (a turn), its parent (a worker) or its grandparent (an extractor).
 WITH runs AS (

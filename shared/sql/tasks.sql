@@ -1,0 +1,2 @@
+-- name: get_task_status --
+SELECT status FROM tasks WHERE id = %(id)s
