@@ -59,7 +59,8 @@ async def one_client(url: str, path: str, expect: int, ready: asyncio.Event, cou
             if not chunk:
                 return
             now = time.time()
-            buf += chunk
+            # sse-starlette ends lines with CRLF, the bare server with LF
+            buf = (buf + chunk).replace(b"\r\n", b"\n")
             cut = buf.rfind(b"\n\n")
             if cut < 0:
                 continue
