@@ -85,7 +85,7 @@ async def request_on(
     task_id = uuid.uuid4()
     tx = Transaction(conn, queries)
     if workdir is None and project_id is not None:
-        row = await tx.one("project_workdir", {"project_id": project_id})
+        row = await tx.one("get_project_workdir", {"project_id": project_id})
         if row is None:
             raise DispatchRefused(f"no project {project_id}")
         workdir = Path(row["workdir"]) if row["workdir"] else None

@@ -77,12 +77,12 @@ async def request_on(conn: psycopg.AsyncConnection, worker_id: uuid.UUID, *,
     """Insert an extractor task for a finished task inside the caller's transaction (the supervisor claims
     it once that commits); returns its id and the event to journal with it."""
     tx = Transaction(conn, queries)
-    worker = await tx.one("extraction_source", {"id": worker_id})
+    worker = await tx.one("get_extraction_source", {"id": worker_id})
     if worker is None:
         raise dispatch.DispatchRefused(f"no task {worker_id}")
     version, fields = await contract.active_on(conn)
     schema = {**contract.schema_for(fields), "$comment": f"petal-dispatch contract version {version}"}
-    result, messages = _texts(await tx.all("worker_texts", {"id": worker_id, "limit": 40}))
+    result, messages = _texts(await tx.all("list_worker_texts", {"id": worker_id, "limit": 40}))
     brief = prompt(worker["brief"], result, messages, fields)
     extractor_id = uuid.uuid4()
     await tx.execute("insert_task", {
@@ -149,7 +149,7 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
     extraction_failed when it fails. `extractor` is its task row (id, status, status_reason,
     parent_task_id, json_schema). None when the worker is gone."""
     tx = Transaction(conn, queries)
-    worker = await tx.one("extraction_source", {"id": extractor["parent_task_id"]})
+    worker = await tx.one("get_extraction_source", {"id": extractor["parent_task_id"]})
     if worker is None:
         log.error("extraction_without_worker", extractor=str(extractor["id"]))
         return None
@@ -157,9 +157,9 @@ async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> G
     result = await tx.one("get_task_result", {"id": extractor["id"]})
     structured = ((result or {}).get("payload") or {}).get("structured_output")
     complaints = [] if structured is not None else _complaints(
-        await tx.all("schema_complaints", {"id": extractor["id"]}))
+        await tx.all("list_schema_complaints", {"id": extractor["id"]}))
     errors = verdict(schema, structured, f"{extractor['status']}: {extractor['status_reason']}", complaints)
-    seqs = await tx.one("raw_seq_range", {"id": worker["id"]})
+    seqs = await tx.one("get_raw_seq_range", {"id": worker["id"]})
     first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
     common = {"worker_task_id": str(worker["id"]), "extractor_task_id": str(extractor["id"]),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}

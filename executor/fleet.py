@@ -113,14 +113,14 @@ class Lease:
 
     async def _take_name(self, conn: psycopg.AsyncConnection) -> None:
         for _ in range(NAME_LOCK_ATTEMPTS):
-            row = await (await conn.execute(queries["fleet_name_lock"], {"name": self.name})).fetchone()
+            row = await (await conn.execute(queries["lock_fleet_name"], {"name": self.name})).fetchone()
             if row and row[0]:
                 return
-            stale = await (await conn.execute(queries["fleet_name_stale"],
+            stale = await (await conn.execute(queries["get_fleet_name_staleness"],
                                               {"name": self.name, "epoch": self.epoch})).fetchone()
             if not (stale and stale[0]):
                 break
-            await conn.execute(queries["fleet_end_stale_holder"], {"app": self._app})
+            await conn.execute(queries["end_stale_fleet_holder"], {"app": self._app})
             await asyncio.sleep(NAME_LOCK_RETRY_S)
         raise errors.PetalError(
             f"another executor named {self.name!r} is already running on this database "
@@ -139,7 +139,7 @@ class Lease:
         async with self._lock:
             started = time.monotonic()
             conn = await self._connect()
-            cur = await conn.execute(queries["fleet_join"], {
+            cur = await conn.execute(queries["join_fleet"], {
                 "name": self.name, "labels": list(self.config.labels), "capacity": self.config.capacity,
                 "lease_s": self.config.lease_s, "version": version()})
             row = await cur.fetchone()
@@ -190,7 +190,7 @@ class Lease:
 
     async def _renew_once(self) -> tuple[Any, ...] | None:
         conn = await self._connect()
-        cur = await conn.execute(queries["fleet_renew"], {"name": self.name, "epoch": self.epoch})
+        cur = await conn.execute(queries["renew_fleet_lease"], {"name": self.name, "epoch": self.epoch})
         return await cur.fetchone()
 
     async def confirm(self) -> bool:
@@ -229,7 +229,7 @@ class Lease:
     async def _reap_once(self) -> list[dict[str, Any]]:
         conn = await self._connect()
         async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries["fleet_reap"], {"name": self.name})
+            await cur.execute(queries["reap_fleet_lease"], {"name": self.name})
             return await cur.fetchall()
 
     async def run(self) -> None:
@@ -257,6 +257,6 @@ class Lease:
             return
         with contextlib.suppress(psycopg.Error):
             if self.epoch is not None and not self.fenced.is_set():
-                await self._conn.execute(queries["fleet_leave"], {"name": self.name, "epoch": self.epoch})
+                await self._conn.execute(queries["leave_fleet"], {"name": self.name, "epoch": self.epoch})
         await self._conn.close()
 

@@ -177,7 +177,7 @@ class JournalWriter:
         # Known types up front, so the first lines of a run don't each wait on a registration.
         async def load() -> set[tuple[str, str]]:
             async with self._pool.connection() as conn:
-                cur = await conn.execute(shared_queries["event_types"])
+                cur = await conn.execute(shared_queries["list_event_types"])
                 return {(name, tier) for name, tier in await cur.fetchall()}
 
         self._known_types = await self._availability.retry(load, "journal_writer")

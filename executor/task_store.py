@@ -13,6 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
 from shared.query import Queries
+from shared.sql import queries as shared_queries
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class TaskStore:
     def __init__(self, pool: AsyncConnectionPool):
         self.pool = pool  # for the helpers that still take a pool (projects, lineage, worktrees)
         self.q = Queries(pool, queries)
+        self.shared = Queries(pool, shared_queries)  # the queries both services run
 
     # ---- claiming ------------------------------------------------------------------------------------
 
@@ -135,7 +137,7 @@ class TaskStore:
         await self.q.execute("finish_stop_request", {"id": stop_id, "status": status, "error": error})
 
     async def task_status(self, task_id: uuid.UUID) -> str | None:
-        found = await self.q.one("task_status", {"id": task_id}, into=_Status)
+        found = await self.shared.one("get_task_status", {"id": task_id}, into=_Status)
         return found.status if found else None
 
     async def cancel_pending(self, task_id: uuid.UUID, reason: str) -> bool:
@@ -145,7 +147,7 @@ class TaskStore:
     # ---- spawning ------------------------------------------------------------------------------------
 
     async def role_profile(self, role: str) -> RoleProfile:
-        found = await self.q.one("role_profile", {"role": role}, into=RoleProfile)
+        found = await self.q.one("get_role_profile", {"role": role}, into=RoleProfile)
         return found or RoleProfile(role=role, system_prompt="", allowed_tools=[], use_mcp=False)
 
     async def open_session(self, session_id: uuid.UUID, *, project_id: uuid.UUID | None, role: str,
@@ -181,14 +183,14 @@ class TaskStore:
 
     async def asking_tasks(self, task_ids: list[uuid.UUID]) -> set[uuid.UUID]:
         """Which of these tasks wait on a pending question of theirs."""
-        return {r.task_id for r in await self.q.all("tasks_with_pending_questions", {"ids": task_ids},
+        return {r.task_id for r in await self.q.all("list_tasks_with_pending_questions", {"ids": task_ids},
                                                     into=_TaskId)}
 
     async def mark_stop_requested(self, task_id: uuid.UUID) -> None:
         await self.q.execute("mark_stop_requested", {"id": task_id})
 
     async def gate_denials(self, task_id: uuid.UUID) -> int:
-        found = await self.q.one("task_gate_denials", {"id": task_id}, into=_Denied)
+        found = await self.q.one("list_task_gate_denials", {"id": task_id}, into=_Denied)
         return found.denied if found else 0
 
     async def finish(self, task_id: uuid.UUID, end: TaskEnd, *, name: str, epoch: int | None) -> bool:
@@ -201,7 +203,7 @@ class TaskStore:
     # ---- reconciliation ------------------------------------------------------------------------------
 
     async def orphaned_tasks(self, name: str) -> list[OrphanedTask]:
-        return await self.q.all("orphaned_running_tasks", {"name": name}, into=OrphanedTask)
+        return await self.q.all("list_orphaned_running_tasks", {"name": name}, into=OrphanedTask)
 
     async def crash(self, task_id: uuid.UUID, reason: str) -> None:
         await self.q.execute("crash_task", {"id": task_id, "reason": reason})

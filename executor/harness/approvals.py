@@ -68,7 +68,7 @@ async def apply_answered(pool: AsyncConnectionPool) -> int:
     acted = 0
     while True:
         async with Queries(pool, queries).transaction() as tx:
-            rows = await tx.all("answered_approvals")
+            rows = await tx.all("list_answered_approvals")
             for row in rows:
                 await _act(tx, row)
         acted += len(rows)
@@ -137,7 +137,7 @@ async def deliver_late_answers(pool: AsyncConnectionPool) -> int:
     sent = 0
     while True:
         async with Queries(pool, queries).transaction() as tx:
-            rows = await tx.all("undelivered_late_answers")
+            rows = await tx.all("list_undelivered_late_answers")
             for row in rows:
                 chat_id = None
                 if row["thread_id"] is not None:

@@ -112,7 +112,7 @@ class Asks:
             posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
                                 session_id=caller.session_id, asked_by=asked_by)
             if posted is None:  # the same tool call again (a client retry): wait on the first row
-                row = await self.q.one("question_by_tool_use_id", {"tool_use_id": tool_use_id})
+                row = await self.q.one("get_question_by_tool_use_id", {"tool_use_id": tool_use_id})
                 assert row is not None
                 posted = Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=task_id,
                                                  session_id=caller.session_id, asked_by=asked_by))

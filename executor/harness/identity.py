@@ -128,7 +128,7 @@ class Identities:
         else:
             digest = hashlib.sha256(token.encode()).digest()
             try:
-                found = await self.q.one("harness_caller", {"token_sha256": digest}, into=_Credential)
+                found = await self.q.one("get_harness_caller", {"token_sha256": digest}, into=_Credential)
             except OUTAGE_ERRORS:
                 known = self._confirmed.get(digest)
                 if known is None:

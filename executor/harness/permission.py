@@ -193,7 +193,7 @@ class Gatekeeper:
         found = self._workdirs.get(task_id)
         if found is not None:
             return found
-        row = await self.harness.q.one("gate_workdir", {"task_id": task_id})
+        row = await self.harness.q.one("get_gate_workdir", {"task_id": task_id})
         if row is None:
             raise LookupError(f"no task {task_id}")
         if row["spawned_in"] is None:
@@ -214,7 +214,7 @@ class Gatekeeper:
             caller = await self.harness.identities.caller(ctx, TOOL_NAME)
             verdict = gates.classify(tool_name, tool_input, await self._workdir(caller.task_id), self.home)
             if verdict.gated:
-                found = await self.harness.q.one("gate_thread_mode", {"thread_id": caller.thread_id})
+                found = await self.harness.q.one("get_gate_thread_mode", {"thread_id": caller.thread_id})
                 mode: gates.Mode = "interactive" if found and found["mode"] == "interactive" else "autonomous"
         except Exception:
             # fail closed, and visibly: a deny is listed in the run's permission_denials, an error is not
@@ -242,7 +242,7 @@ class Gatekeeper:
 
     async def _rule(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
                     mode: gates.Mode, tool_use_id: str | None, ctx: Context) -> _Ruling:
-        rules = await self.harness.q.all("live_gate_rules", {"tool_name": tool_name, "task_id": caller.task_id,
+        rules = await self.harness.q.all("list_live_gate_rules", {"tool_name": tool_name, "task_id": caller.task_id,
                                                      "thread_id": caller.thread_id, "project_id": caller.project_id})
         for rule in rules:
             if gates.rule_covers(rule["pattern"], rule["tool_name"], tool_name, tool_input):

@@ -27,7 +27,7 @@ async def apply_rule_requests(q: Queries, writer: JournalWriter) -> int:
     for req in claimed:
         params = {"id": req["id"], "status": "failed", "rule_id": None, "error": None}
         async with q.transaction() as tx:
-            found = await tx.one("gate_rule_scope_exists", req)
+            found = await tx.one("get_gate_rule_scope", req)
             if not (found or {}).get("found"):
                 params["error"] = f"no {req['scope']} {req['thread_id'] or req['project_id']}"
             else:
@@ -50,7 +50,7 @@ async def apply_rule_requests(q: Queries, writer: JournalWriter) -> int:
 async def record_orphaned_cards(q: Queries, writer: JournalWriter) -> int:
     """Journal the refusal of calls whose approval card died with a killed executor (the restart closed the
     card and crashed the task; the CLI's call failed, which it treats as a refusal)."""
-    cards = await q.all("orphaned_gate_cards")
+    cards = await q.all("list_orphaned_gate_cards", {"card_prefix": CARD_PREFIX + "%"})
     for card in cards:
         gate = ((card["questions"] or [{}])[0]).get("gate") or {}
         await writer.write([NewEvent("gate.decided", {

@@ -61,7 +61,7 @@ class _Workers:
         if title:  # the worker knows which plan task it is doing
             brief = f"{brief}\n\n## Plan task {plan_ref}: {title}"
         # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
-        mode = await self.harness.q.one("thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
+        mode = await self.harness.q.one("get_thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
         if mode is not None and mode["mode"] == "interactive":
             return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx))
         try:

@@ -7,7 +7,7 @@ UPDATE tasks SET activity = 'awaiting_approval' WHERE id = %(id)s AND status = '
 INSERT INTO approvals (task_id, thread_id, question_id) VALUES (%(task_id)s, %(thread_id)s, %(question_id)s)
 RETURNING id
 
--- name: answered_approvals --
+-- name: list_answered_approvals --
 -- Approvals whose question is closed, or whose worker was stopped meanwhile (its question then closes
 -- unanswered), and whose decision is still owed; locked so one pass acts once.
 SELECT a.id, a.task_id, a.thread_id, a.question_id, q.answers, q.response, q.status AS question_status,
@@ -42,7 +42,7 @@ RETURNING id
 UPDATE questions SET timed_out_at = now() WHERE id = %(id)s AND status = 'pending' AND timed_out_at IS NULL
 RETURNING id
 
--- name: undelivered_late_answers --
+-- name: list_undelivered_late_answers --
 -- Answers to questions that had timed out, not yet sent to their thread (the asking turn's own thread,
 -- or the thread whose turn dispatched the asking worker); locked so one pass delivers each once.
 SELECT q.id, q.task_id, q.questions, q.answers, q.response,

@@ -1,4 +1,4 @@
--- name: gate_workdir --
+-- name: get_gate_workdir --
 -- The directory a task's process was started in, as the supervisor journaled it (and the task row's own
 -- directory, set when it was dispatched with one): what the permission tool measures paths against.
 SELECT (SELECT s.payload ->> 'workdir' FROM journal s
@@ -6,10 +6,10 @@ SELECT (SELECT s.payload ->> 'workdir' FROM journal s
        t.workdir
 FROM tasks t WHERE t.id = %(task_id)s
 
--- name: gate_thread_mode --
+-- name: get_gate_thread_mode --
 SELECT mode FROM sessions WHERE id = %(thread_id)s AND role = 'orchestrator'
 
--- name: live_gate_rules --
+-- name: list_live_gate_rules --
 -- The standing rules that may cover a call of this task: its own, its thread's, its project's; newest first.
 SELECT id, scope, tool_name, pattern, decision, category
 FROM gate_rules
@@ -25,7 +25,7 @@ VALUES (%(scope)s, %(session_id)s, %(project_id)s, %(task_id)s, %(tool_name)s, %
         %(category)s, %(created_by)s)
 RETURNING id
 
--- name: task_gate_denials --
+-- name: list_task_gate_denials --
 -- How many of a task's calls its gate refused (the harness's own record: a tool error or a timeout is
 -- missing from the CLI's permission_denials).
 SELECT count(*) AS denied FROM journal
@@ -38,7 +38,7 @@ FROM (SELECT id FROM gate_rule_queue WHERE status = 'pending' ORDER BY created_a
 WHERE q.id = picked.id
 RETURNING q.id, q.scope, q.thread_id, q.project_id, q.tool_name, q.pattern, q.requested_by
 
--- name: gate_rule_scope_exists --
+-- name: get_gate_rule_scope --
 SELECT CASE WHEN %(scope)s = 'thread'
             THEN EXISTS (SELECT 1 FROM sessions WHERE id = %(thread_id)s AND role = 'orchestrator')
             ELSE EXISTS (SELECT 1 FROM projects WHERE id = %(project_id)s) END AS found
@@ -51,12 +51,12 @@ WHERE id = %(id)s
 -- After a restart: requests a dead executor claimed are taken again.
 UPDATE gate_rule_queue SET status = 'pending' WHERE status = 'claimed'
 
--- name: orphaned_gate_cards --
+-- name: list_orphaned_gate_cards --
 -- Approval cards whose executor died while they waited: the restart crashed the task and closed the card,
 -- but no gate.decided says the call was refused (the dying harness could not write it).
 SELECT q.id, q.tool_use_id, q.task_id, t.session_id, t.project_id, q.questions
 FROM questions q JOIN tasks t ON t.id = q.task_id
-WHERE q.tool_use_id LIKE 'gate-%%' AND q.status = 'cancelled'
+WHERE q.tool_use_id LIKE %(card_prefix)s AND q.status = 'cancelled'
   AND t.status = 'crashed' AND t.status_reason = 'executor_restart'
   AND NOT EXISTS (SELECT 1 FROM journal j WHERE j.task_id = q.task_id AND j.event_type = 'gate.decided'
                   AND j.payload ->> 'question_id' = q.id::text)

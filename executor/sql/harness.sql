@@ -8,7 +8,7 @@ ON CONFLICT (task_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, sessio
 -- name: revoke_harness_credential --
 UPDATE harness_credentials SET revoked_at = now() WHERE task_id = %(task_id)s AND revoked_at IS NULL
 
--- name: harness_caller --
+-- name: get_harness_caller --
 -- Who holds a credential: its task, the spawn's session, and the thread (an orchestrator turn's own
 -- session, or the session of the orchestrator turn that dispatched the task).
 SELECT c.task_id, c.session_id, c.revoked_at, t.status, t.role,

@@ -64,7 +64,7 @@ SELECT (SELECT e.payload -> 'permission_denials' FROM journal e
        coalesce((SELECT jsonb_agg(g.payload ORDER BY g.seq) FROM journal g
                  WHERE g.task_id = %(id)s AND g.event_type = 'gate.decided'), '[]') AS decided
 
--- name: thread_mode --
+-- name: get_thread_mode --
 SELECT mode FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: list_plan_task_handoffs --

@@ -8,7 +8,7 @@ VALUES (%(id)s, %(project_id)s, %(session_id)s, %(parent_task_id)s, %(role)s, %(
 -- Where a task may run (in the dispatch's transaction): a named executor and/or labels it must carry.
 UPDATE tasks SET placement_executor = %(executor)s, required_labels = %(labels)s::text[] WHERE id = %(id)s
 
--- name: project_workdir --
+-- name: get_project_workdir --
 SELECT workdir FROM projects WHERE id = %(project_id)s
 
 -- name: claim_pending_tasks --
@@ -38,7 +38,7 @@ WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
           t.allowed_tools, t.attempt, t.json_schema
 
--- name: role_profile --
+-- name: get_role_profile --
 SELECT role, system_prompt, allowed_tools, use_mcp FROM role_profiles WHERE role = %(role)s
 
 -- name: insert_session --
@@ -80,9 +80,6 @@ WHERE t.id = u.id
 -- name: mark_stop_requested --
 UPDATE tasks SET stop_requested_at = now() WHERE id = %(id)s
 
--- name: task_status --
-SELECT status FROM tasks WHERE id = %(id)s
-
 -- name: cancel_pending_task --
 UPDATE tasks SET status = 'cancelled', status_reason = %(reason)s, ended_at = now()
 WHERE id = %(id)s AND status = 'pending'
@@ -104,12 +101,12 @@ RETURNING q.id, q.task_id, q.reason
 -- name: finish_stop_request --
 UPDATE stop_queue SET status = %(status)s, error = %(error)s, done_at = now() WHERE id = %(id)s
 
--- name: tasks_with_pending_questions --
+-- name: list_tasks_with_pending_questions --
 -- a question that timed out no longer holds its asker (the tool returned): it may stall again
 SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND timed_out_at IS NULL
                                           AND task_id = ANY(%(ids)s::uuid[])
 
--- name: orphaned_running_tasks --
+-- name: list_orphaned_running_tasks --
 -- This executor's own (an earlier run of its name; unnamed rows predate the fleet): others' are theirs.
 SELECT id, pid, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, attempt,
        json_schema
@@ -163,7 +160,7 @@ VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s, %(asked_by)
 ON CONFLICT (tool_use_id) DO NOTHING
 RETURNING id
 
--- name: question_by_tool_use_id --
+-- name: get_question_by_tool_use_id --
 SELECT id FROM questions WHERE tool_use_id = %(tool_use_id)s
 
 -- name: get_question --
@@ -174,24 +171,21 @@ UPDATE questions SET status = 'cancelled', response = %(response)s
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id
 
--- name: running_task_scope --
-SELECT id, project_id, session_id FROM tasks WHERE id = %(id)s
-
--- name: extraction_source --
+-- name: get_extraction_source --
 SELECT t.id, t.role, t.brief, t.status, t.project_id, t.session_id, t.plan_ref, p.extract_on_exit
 FROM tasks t LEFT JOIN role_profiles p ON p.role = t.role
 WHERE t.id = %(id)s
 
--- name: worker_texts --
+-- name: list_worker_texts --
 -- The worker's last assistant lines and its result line, newest first (bounded by the caller's limit).
 SELECT event_type, payload FROM journal
 WHERE task_id = %(id)s AND event_type IN ('stream.assistant', 'stream.result')
 ORDER BY seq DESC LIMIT %(limit)s
 
--- name: raw_seq_range --
+-- name: get_raw_seq_range --
 SELECT min(seq), max(seq) FROM journal WHERE task_id = %(id)s AND tier = 'raw'
 
--- name: schema_complaints --
+-- name: list_schema_complaints --
 -- What the CLI told the extractor about its StructuredOutput calls (tool results that were errors).
 SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.user' ORDER BY seq
 
@@ -199,12 +193,12 @@ SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.user
 UPDATE tasks SET status = 'extraction_failed', status_reason = 'validation gate: ' || %(reason)s
 WHERE id = %(id)s AND status = 'success'
 
--- name: fleet_name_lock --
+-- name: lock_fleet_name --
 -- Held on the lease's own session for the executor's life: a second executor of the same name refuses to
 -- start (a dead holder's lock goes with its connection, so a restart after a crash is not refused).
 SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor:' || %(name)s))
 
--- name: fleet_join --
+-- name: join_fleet --
 -- (Re)join: a new epoch fences every write of a previous run of this name.
 INSERT INTO executors (name, labels, capacity, epoch, lease_s, lease_until, version, started_at, renewed_at)
 VALUES (%(name)s, %(labels)s, %(capacity)s, 1, %(lease_s)s, now() + make_interval(secs => %(lease_s)s),
@@ -215,18 +209,18 @@ SET labels = EXCLUDED.labels, capacity = EXCLUDED.capacity, epoch = executors.ep
     started_at = now(), renewed_at = now(), lost_at = NULL, stopped_at = NULL
 RETURNING epoch
 
--- name: fleet_renew --
+-- name: renew_fleet_lease --
 -- Refused once a survivor declared this run lost (or a newer run of the name joined): the run is fenced.
 -- An expired lease nobody took over is renewed (a lone executor outlives a database outage).
 UPDATE executors SET lease_until = now() + make_interval(secs => lease_s), renewed_at = now()
 WHERE name = %(name)s AND epoch = %(epoch)s AND lost_at IS NULL AND stopped_at IS NULL
 RETURNING epoch
 
--- name: fleet_leave --
+-- name: leave_fleet --
 UPDATE executors SET stopped_at = now(), lease_until = now()
 WHERE name = %(name)s AND epoch = %(epoch)s AND lost_at IS NULL
 
--- name: fleet_reap --
+-- name: reap_fleet_lease --
 -- One survivor (the row update serialises them) takes over each executor whose lease expired: its running
 -- tasks crash (executor_lost; the settler applies the policy), their credentials and pending questions die.
 WITH lost AS (
@@ -255,14 +249,14 @@ SELECT 'task', executor_name, NULL, NULL, id, id, session_id, project_id FROM cr
 UNION ALL
 SELECT 'question', NULL, NULL, NULL, id, task_id, NULL, NULL FROM cancelled
 
--- name: fleet_name_stale --
+-- name: get_fleet_name_staleness --
 -- Whether a session still holding the name's lock is a dead one: the name's lease is not live, or it is
 -- this very run's (its own earlier session, cut off half-open). No row yet: a namesake is joining.
 SELECT coalesce((SELECT (e.epoch = %(epoch)s) IS TRUE OR e.lost_at IS NOT NULL OR e.stopped_at IS NOT NULL
                         OR e.lease_until < now()
                  FROM executors e WHERE e.name = %(name)s), false) AS stale
 
--- name: fleet_end_stale_holder --
+-- name: end_stale_fleet_holder --
 -- A half-open or dead session keeps its advisory lock until the server notices (TCP keepalive, hours):
 -- end the name's other lease sessions, which only a stale holder can have here.
 SELECT pg_terminate_backend(pid) FROM pg_stat_activity

@@ -68,5 +68,5 @@ WITH head AS (
 )
 SELECT last_seq, pg_notify('journal', last_seq::text), (SELECT count(*) FROM inserted) FROM head
 
--- name: event_types --
+-- name: list_event_types --
 SELECT name, tier FROM event_types

@@ -11,14 +11,8 @@ PACKAGES = ("executor.sql", "ingress.sql", "shared.sql")
 VERBS = {"get", "list", "count", "check", "read", "find", "insert", "create", "update", "upsert", "delete", "set",
          "mark", "claim", "requeue", "finish", "enqueue", "take", "fail", "answer", "resolve", "cancel", "stop",
          "restore", "record", "store", "offer", "advance", "init", "try", "lock", "unlock", "register", "append",
-         "copy", "revoke", "grant", "pin", "touch", "crash", "close", "await", "release", "apply"}
-# .sql files whose names are still being changed elsewhere; their renames are listed where they are owned
-NOT_YET_RENAMED = {"supervisor.sql", "harness.sql", "approvals.sql", "gates.sql"}
-# names that code being changed elsewhere still reads (executor/harness_mcp.py: thread_mode;
-# executor/journal_writer.py: event_types)
-NOT_YET_RENAMED_NAMES = {"thread_mode", "event_types"}
-# the executor's own copy of the shared get_task_status goes once the supervisor reads the shared one
-KNOWN_DUPLICATES = {frozenset({"executor.sql:task_status", "shared.sql:get_task_status"})}
+         "copy", "revoke", "grant", "pin", "touch", "crash", "close", "await", "release", "apply", "join", "renew",
+         "leave", "reap", "end"}
 _HEADER = re.compile(r"^-- name: (\w+)\s*--\s*$", re.MULTILINE)
 
 
@@ -40,15 +34,14 @@ def test_the_same_statement_is_not_kept_under_two_names() -> None:
         for name, sql in load(package).items():
             bodies.setdefault(_body(sql), set()).add(f"{package}:{name}")
     twice = [frozenset(names) for names in bodies.values() if len(names) > 1]
-    assert [names for names in twice if names not in KNOWN_DUPLICATES] == []
+    assert twice == []
 
 
 def test_query_names_start_with_a_verb() -> None:
     bad = []
     for package in PACKAGES:
         for entry in resources.files(package).iterdir():
-            if entry.name.endswith(".sql") and entry.name not in NOT_YET_RENAMED:
+            if entry.name.endswith(".sql"):
                 bad += [f"{package}/{entry.name}: {name}" for name in _HEADER.findall(entry.read_text())
-                        if name not in NOT_YET_RENAMED_NAMES
-                        and ("_" not in name or name.split("_", 1)[0] not in VERBS)]
+                        if ("_" not in name or name.split("_", 1)[0] not in VERBS)]
     assert bad == []
