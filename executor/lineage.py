@@ -32,18 +32,19 @@ async def _event_id(q: Queries | Transaction, name: str, params: dict[str, Any])
     return row["event_id"] if row else None
 
 
-async def spawn_parent(pool: AsyncConnectionPool, row: dict[str, Any]) -> uuid.UUID | None:
+async def spawn_parent(pool: AsyncConnectionPool, task_id: uuid.UUID, parent_task_id: uuid.UUID | None, *,
+                       extractor: bool) -> uuid.UUID | None:
     """The event a task's `task.spawned` hangs under (None for a root: a turn, a plain dispatch)."""
-    if row.get("parent_task_id") is None:
+    if parent_task_id is None:
         return None
-    if row.get("json_schema") is not None:  # an extractor: under the run it distils
-        return await task_exit_event(pool, row["parent_task_id"])
+    if extractor:  # under the run it distils
+        return await task_exit_event(pool, parent_task_id)
     q = Queries(pool, queries)
-    dispatched = await q.one("get_dispatch_tool_use", {"id": row["id"]})
+    dispatched = await q.one("get_dispatch_tool_use", {"id": task_id})
     if dispatched is None or not dispatched["tool_use_id"]:
         return None
     for _ in range(int(CALL_WAIT_S / CALL_POLL_S)):
-        found = await _event_id(q, "get_dispatching_call", {"id": row["id"]})
+        found = await _event_id(q, "get_dispatching_call", {"id": task_id})
         if found is not None:
             return found
         await asyncio.sleep(CALL_POLL_S)

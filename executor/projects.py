@@ -235,7 +235,7 @@ async def insert_project(pool: AsyncConnectionPool, slug: str, *, workdir: str |
 
 # ---- the supervisor's side ----------------------------------------------------------------------------
 
-async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, row: dict[str, Any],
+async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, task_id: uuid.UUID,
                            root: Path) -> Path | None:
     """Before a task spawns: its own worktree when it is a worker of a project (else None, run as before).
 
@@ -243,16 +243,16 @@ async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, row
         worktrees.GitError: the worktree could not be made (the task must not run in the main checkout).
     """
     q = Queries(pool, queries)
-    source = await q.one("get_worktree_source", {"id": row["id"]})
+    source = await q.one("get_worktree_source", {"id": task_id})
     if source is None:
         return None
-    wt = await worktrees.create(Path(source["workdir"]), row["id"], root, source["name"])
+    wt = await worktrees.create(Path(source["workdir"]), task_id, root, source["name"])
     await q.execute("set_task_worktree", {
-        "id": row["id"], "worktree": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch,
+        "id": task_id, "worktree": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch,
         "base_commit": wt.base_commit})
     await writer.put(NewEvent("task.worktree_created", {
         "path": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch, "base_commit": wt.base_commit},
-        task_id=row["id"], project_id=source["project_id"]))
+        task_id=task_id, project_id=source["project_id"]))
     return wt.path
 
 

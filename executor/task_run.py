@@ -191,7 +191,7 @@ class TaskRunner:
         task_id = task.id
         # a worker of a project runs in a git worktree of its own, never in the project's checkout
         try:
-            isolated = await projects.prepare_worktree(self.store.pool, self.writer, task.row(),
+            isolated = await projects.prepare_worktree(self.store.pool, self.writer, task.id,
                                                        self.config.worktree_root)
         except (worktrees.GitError, OSError) as exc:
             await self._finish_unspawned(task, "failed", f"could not make the worker's git worktree: {exc}")
@@ -201,7 +201,8 @@ class TaskRunner:
             await self._finish_unspawned(task, "skipped", f"working directory {workdir} does not exist")
             return
         profile = await self.store.role_profile(task.role)
-        parent_id = await lineage.spawn_parent(self.store.pool, task.row())
+        parent_id = await lineage.spawn_parent(self.store.pool, task.id, task.parent_task_id,
+                                               extractor=task.json_schema is not None)
         # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
         # the first turn; any other task is a conversation of its own.
         session_id = task.session_id or uuid.uuid4()

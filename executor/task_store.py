@@ -5,7 +5,7 @@ Rows come back as frozen dataclasses."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -31,10 +31,6 @@ class ClaimedTask:
     allowed_tools: list[str] | None
     attempt: int
     json_schema: dict[str, Any] | None
-
-    def row(self) -> dict[str, Any]:
-        """As a row, for the helpers that take one (projects.prepare_worktree, lineage.spawn_parent)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
