@@ -148,8 +148,8 @@ async def main(n: int) -> None:
         try:
             await wait_up(url)
             await wait_up(bare_url, "/")
-            print(f"before: {stats.machine_load()}; {PROCESSES} load generator processes; a trial counts when each "
-                  f"used < {HEADROOM} of a core and waited for a CPU < {STARVED} of the time")
+            print(f"before: {stats.machine_load()}; {PROCESSES} load generator processes; a passing trial counts, a failing "
+                  f"one only when each used < {HEADROOM} of a core and waited for a CPU < {STARVED} of the time")
             async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=2, open=False) as pool:
                 # (a) latency
                 r = await clients_trial(url, "/api/stream", 10, 1000, lambda: append_at(pool, 200, 1000))
