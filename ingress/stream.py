@@ -51,10 +51,21 @@ RECONNECT_MS = 5_000
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One SSE event, framed once (by the library) and shared as bytes by every client."""
+    """One SSE event, framed once (by the library) and shared as bytes by every client.
+
+    In the ring, a frame also says where it stands in the journal's order, so that a client can take a
+    whole batch without looking at each frame: `after`, the latest seq published before it; `upto`, the
+    latest at or with it; `breaks`, how many frames so far did not follow on from the seq before them."""
 
     seq: int | None
     raw: bytes
+    after: int = 0
+    upto: int = 0
+    breaks: int = 0
+
+    @property
+    def follows_on(self) -> bool:
+        return self.seq is None or self.seq == self.after + 1
 
 
 def frame(seq: int | None, event: str, data: str) -> Frame:
@@ -82,6 +93,10 @@ class Broadcaster:
         self.closing = asyncio.Event()
         self._tick: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.clients = 0
+        self._upto = 0  # the latest seq published
+        self._breaks = 0
+        # the last batch joined for a client: every client at the same cursor takes the same bytes
+        self._joined: tuple[int, int, bytes] = (-1, 0, b"")
 
     @property
     def first(self) -> int:
@@ -90,7 +105,15 @@ class Broadcaster:
     def _publish(self, frames: list[Frame]) -> None:
         if not frames:
             return
-        self.frames.extend(frames)
+        placed = []
+        for f in frames:
+            after = self._upto
+            if f.seq is not None:
+                if f.seq != after + 1:
+                    self._breaks += 1
+                self._upto = max(self._upto, f.seq)
+            placed.append(Frame(f.seq, f.raw, after, self._upto, self._breaks))
+        self.frames.extend(placed)
         self.published += len(frames)
         tick, self._tick = self._tick, asyncio.get_running_loop().create_future()
         tick.set_result(None)
@@ -114,7 +137,7 @@ class Broadcaster:
             try:
                 head = await self.journal.one("get_journal_head")
                 assert head is not None  # the journal_head row exists from the first migration on
-                self.last_seq = head["last_seq"]
+                self.last_seq = self._upto = head["last_seq"]
                 break
             except database.OUTAGE_ERRORS as exc:
                 await availability.pause(exc, "sse_broadcaster", self.closing)
@@ -141,6 +164,15 @@ class Client:
     def __init__(self, broadcaster: Broadcaster, cursor: int):
         self.b = broadcaster
         self.cursor = cursor
+        self.taken_at = cursor  # where the last batch `next` returned began (in frames ever published)
+
+    def joined(self, batch: list[Frame]) -> bytes:
+        """The batch as one write, joined once for every client that takes the same frames."""
+        at, n, raw = self.b._joined
+        if at != self.taken_at or n != len(batch):
+            raw = b"".join([f.raw for f in batch])
+            self.b._joined = (self.taken_at, len(batch), raw)
+        return raw
 
     async def next(self, most: int = 256) -> list[Frame] | None:
         """The frames waiting for this client (at least one); None when the server is shutting down.
@@ -154,6 +186,7 @@ class Client:
             if self.cursor < b.published:
                 start = self.cursor - b.first
                 taken = list(itertools.islice(b.frames, start, start + most))
+                self.taken_at = self.cursor
                 self.cursor += len(taken)
                 return taken
             closing = asyncio.ensure_future(b.closing.wait())
@@ -193,6 +226,12 @@ async def stream(request: Request) -> EventSourceResponse:
                 batch = await client.next()
                 if batch is None:
                     return
+                head = batch[0]
+                if head.after == last and head.follows_on and batch[-1].breaks == head.breaks:
+                    # the usual case: the batch follows on from what this client has, without a gap
+                    last = batch[-1].upto
+                    yield client.joined(batch)
+                    continue
                 out: list[bytes] = []
                 for f in batch:
                     if f.seq is not None:

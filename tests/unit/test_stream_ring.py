@@ -1,0 +1,39 @@
+"""The SSE ring's order bookkeeping: what lets a client take a whole batch without a look at each frame."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ingress.stream import Broadcaster, Frame
+
+
+def _ring() -> Broadcaster:
+    pool: Any = None  # the ring's bookkeeping reads nothing
+    return Broadcaster(pool, buffer=100)
+
+
+async def test_frames_that_follow_on_keep_the_break_count_and_a_gap_raises_it() -> None:
+    b = _ring()
+    b._publish([Frame(1, b"a"), Frame(2, b"b"), Frame(None, b"signal"), Frame(3, b"c")])
+    placed = list(b.frames)
+    assert [(f.after, f.upto, f.breaks, f.follows_on) for f in placed] == [
+        (0, 1, 0, True), (1, 2, 0, True), (2, 2, 0, True), (2, 3, 0, True)]
+    b._publish([Frame(5, b"e")])  # 4 is missing: a client must fetch it, not take the batch whole
+    gap = b.frames[-1]
+    assert (gap.after, gap.upto, gap.breaks, gap.follows_on) == (3, 5, 1, False)
+    b._publish([Frame(4, b"late")])  # behind the latest: also not taken whole
+    late = b.frames[-1]
+    assert (late.after, late.upto, late.breaks, late.follows_on) == (5, 5, 2, False)
+
+
+async def test_clients_at_the_same_cursor_share_one_joined_write() -> None:
+    b = _ring()
+    first, second = b.subscribe(), b.subscribe()
+    b._publish([Frame(1, b"id: 1\n\n"), Frame(2, b"id: 2\n\n")])
+    one, two = await first.next(), await second.next()
+    assert one is not None and two is not None
+    joined = first.joined(one)
+    assert joined == b"id: 1\n\nid: 2\n\n" and second.joined(two) is joined
+    b._publish([Frame(3, b"id: 3\n\n")])
+    three = await first.next()
+    assert three is not None and first.joined(three) == b"id: 3\n\n"
