@@ -184,8 +184,11 @@ class Client:
             if self.cursor < b.first:
                 raise Overflow()
             if self.cursor < b.published:
-                start = self.cursor - b.first
-                taken = list(itertools.islice(b.frames, start, start + most))
+                # counted from the ring's newest end, where a client's cursor is: a deque walks from an
+                # end, and from the oldest this was a walk over the whole ring per client per wake-up
+                behind = b.published - self.cursor
+                taken = list(itertools.islice(reversed(b.frames), behind - min(behind, most), behind))
+                taken.reverse()
                 self.taken_at = self.cursor
                 self.cursor += len(taken)
                 return taken

@@ -37,3 +37,13 @@ async def test_clients_at_the_same_cursor_share_one_joined_write() -> None:
     b._publish([Frame(3, b"id: 3\n\n")])
     three = await first.next()
     assert three is not None and first.joined(three) == b"id: 3\n\n"
+
+
+async def test_a_client_takes_its_frames_in_order_at_most_a_batch_at_a_time() -> None:
+    b = _ring()
+    client = b.subscribe()
+    b._publish([Frame(i, str(i).encode()) for i in range(1, 11)])
+    assert [f.seq for f in await client.next(most=4) or []] == [1, 2, 3, 4]
+    assert [f.seq for f in await client.next(most=4) or []] == [5, 6, 7, 8]
+    b._publish([Frame(11, b"11")])
+    assert [f.seq for f in await client.next(most=4) or []] == [9, 10, 11]
