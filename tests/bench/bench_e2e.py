@@ -102,7 +102,7 @@ async def executor_started(admin_dsn: str, count: int) -> None:
 
 async def bench_overhead(url: str, turns: int, cli_env: dict[str, str], config_dir: Path, mcp_url: str,
                          tmp: Path) -> None:
-    harness, direct = [], []
+    harness, direct, to_spawn, after_spawn = [], [], [], []
     mcp_file = tmp / "direct-mcp.json"
     mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, {}, None)))
     env = substrate.build_env(substrate.SubstrateConfig(config_dir=config_dir, base_env=cli_env), "bench-direct")
@@ -112,7 +112,7 @@ async def bench_overhead(url: str, turns: int, cli_env: dict[str, str], config_d
         for i in range(turns + 1):  # the first turn of each kind warms caches and is not counted
             t0 = time.perf_counter()
             (await http.post("/api/chat", json={"text": f"turn {i}"})).raise_for_status()
-            _, spawned = await stream.until(lambda ev: ev.event == "task.spawned")
+            spawned_at, spawned = await stream.until(lambda ev: ev.event == "task.spawned")
             first, _ = await stream.until(lambda ev: ev.event.startswith("stream."))
             await stream.until(lambda ev: ev.event == "task.exited")
             payload = json.loads(spawned.data)["payload"]
@@ -121,10 +121,14 @@ async def bench_overhead(url: str, turns: int, cli_env: dict[str, str], config_d
             if i:
                 harness.append(first - t0)
                 direct.append(alone)
+                to_spawn.append(spawned_at - t0)
+                after_spawn.append(first - spawned_at)
         stream.task.cancel()
     print(f"(a) {turns} turns, each next to a direct spawn of its own command line")
     print(f"    POST /api/chat -> first stream line at an SSE client: {stats.summary(harness)}")
     print(f"    CLI alone, spawn -> first stdout line:                {stats.summary(direct)}")
+    print(f"      of which POST -> task.spawned at the client: {stats.summary(to_spawn)}")
+    print(f"      and task.spawned -> first stream line:      {stats.summary(after_spawn)}")
     h50, d50 = stats.percentile(harness, 50), stats.percentile(direct, 50)
     if h50 is not None and d50 is not None:
         print(f"    the harness adds {100 * (h50 - d50) / d50:+.1f}% at p50 ({(h50 - d50) * 1000:+.1f} ms)"
