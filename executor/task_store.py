@@ -34,21 +34,10 @@ class ClaimedTask:
 
 
 @dataclass(frozen=True)
-class OrphanedTask:
-    """A task a dead run of this executor left running."""
+class OrphanedTask(ClaimedTask):
+    """A task a dead run of this executor left running: a claimed task and the process it had."""
 
-    id: uuid.UUID
     pid: int | None
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    role: str
-    brief: str
-    plan_ref: str | None
-    workdir: str | None
-    allowed_tools: list[str] | None
-    attempt: int
-    json_schema: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
