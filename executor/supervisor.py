@@ -5,7 +5,6 @@ rejoins when fenced, and wakes on notifications. The watchdog (executor/watchdog
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,9 @@ from shared.listener import Subscription
 from shared.models import NewEvent
 
 log = logs.get(__name__)
+
+# the channel of a new task: its wake-up needs only a claim
+TASK_PENDING = "task_pending"
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Supervisor:
         self.config = config
         self.store = TaskStore(db.pool)
         self._wake = asyncio.Event()
+        self._stops_due = True  # whether the next pass also claims stop requests
         self._stopping = asyncio.Event()
         self.ready = asyncio.Event()
         self._claimed: list[ClaimedTask] = []
@@ -111,6 +114,7 @@ class Supervisor:
         self._wake.set()
 
     def wake(self) -> None:
+        self._stops_due = True
         self._wake.set()
 
     async def run(self, wake_on: Subscription | None = None) -> None:
@@ -137,15 +141,21 @@ class Supervisor:
                     await leasing
                     await self._rejoin()
                     leasing = asyncio.create_task(self.lease.run(), name="lease")
+                # a new task's wake-up claims only tasks (a spawn waits on it); anything else also stops
+                stops_due, self._stops_due = self._stops_due, False
                 try:
-                    await self._claim_stops()
+                    if stops_due:
+                        await self._claim_stops()
                     await self._claim_tasks()
                 except OUTAGE_ERRORS as exc:
+                    self._stops_due = True
                     await availability.pause(exc, "supervisor", self._stopping)
                     continue
                 availability.succeeded()
-                with contextlib.suppress(TimeoutError):
+                try:
                     await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
+                except TimeoutError:
+                    self._stops_due = True  # the poll: whatever a lost notification would have said
         finally:
             await self._stop_children("executor_shutdown")
             leasing.cancel()
@@ -187,7 +197,9 @@ class Supervisor:
 
     async def _forward_wakeups(self, sub: Subscription) -> None:
         while True:
-            await sub.get()
+            note = await sub.get()
+            if note.channel != TASK_PENDING:
+                self._stops_due = True
             self._wake.set()
 
     async def _stop_children(self, reason: str) -> None:

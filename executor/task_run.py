@@ -22,7 +22,7 @@ from executor.fleet import Lease
 from executor.journal_writer import Fenced, JournalWriter
 from executor.task_store import ClaimedTask, TaskEnd, TaskStore
 from executor.watchdog import record_activity
-from shared import journal, lifeline, logs
+from shared import aio, journal, lifeline, logs
 from shared.database import OUTAGE_ERRORS, Availability
 from shared.models import NewEvent
 
@@ -189,27 +189,37 @@ class TaskRunner:
         """Spawn a claimed task's process and supervise it until it is reaped. An outage error before the
         process exists leaves the task claimed, to start again; from the spawn on, the run goes on."""
         task_id = task.id
-        # a worker of a project runs in a git worktree of its own, never in the project's checkout
+        # What the spawn needs is asked for at once, not one round trip after another: each is on the way to
+        # the process's first line. The event its task.spawned hangs under is needed only after the spawn.
+        parent_lookup = asyncio.ensure_future(lineage.spawn_parent(
+            self.store.pool, task.id, task.parent_task_id, extractor=task.json_schema is not None))
+        parent_lookup.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is read or moot
         try:
-            isolated = await projects.prepare_worktree(self.store.pool, self.writer, task.id,
-                                                       self.config.worktree_root)
-        except (worktrees.GitError, OSError) as exc:
-            await self._finish_unspawned(task, "failed", f"could not make the worker's git worktree: {exc}")
-            return
-        workdir = isolated or Path(task.workdir or self.config.default_workdir)
-        if not workdir.is_dir():
-            await self._finish_unspawned(task, "skipped", f"working directory {workdir} does not exist")
-            return
-        profile = await self.store.role_profile(task.role)
-        parent_id = await lineage.spawn_parent(self.store.pool, task.id, task.parent_task_id,
-                                               extractor=task.json_schema is not None)
-        # A task of a conversation that goes on (a thread's turn) reuses its session and resumes it after
-        # the first turn; any other task is a conversation of its own.
-        session_id = task.session_id or uuid.uuid4()
-        # resumed only if the CLI stored it: a first turn that failed before that starts it again
-        resume = bool(task.session_id) and await asyncio.to_thread(
-            substrate.session_stored, self.substrate, str(session_id))
-        mcp_path = await self._write_mcp_config(task_id, session_id) if profile.use_mcp else None
+            isolated, profile, resume = await asyncio.gather(
+                self._worktree(task), self.store.role_profile(task.role),
+                # a thread's turn resumes its session only if the CLI stored it: a first turn that failed
+                # before that starts it again
+                asyncio.to_thread(substrate.session_stored, self.substrate, str(task.session_id))
+                if task.session_id else aio.resolved(False))
+            if isinstance(isolated, str):
+                parent_lookup.cancel()
+                await self._finish_unspawned(task, "failed", isolated)
+                return
+            workdir = isolated or Path(task.workdir or self.config.default_workdir)
+            if not workdir.is_dir():
+                parent_lookup.cancel()
+                await self._finish_unspawned(task, "skipped", f"working directory {workdir} does not exist")
+                return
+            # A task of a conversation that goes on (a thread's turn) reuses its session; any other task is
+            # a conversation of its own.
+            session_id = task.session_id or uuid.uuid4()
+            mcp_path, _ = await asyncio.gather(
+                self._write_mcp_config(task_id, session_id) if profile.use_mcp else aio.resolved(None),
+                self.store.open_session(session_id, project_id=task.project_id, role=task.role,
+                                        executor=self.lease.name))
+        except BaseException:
+            parent_lookup.cancel()
+            raise
         spec = substrate.SpawnSpec(
             role=task.role,
             prompt=task.brief,
@@ -221,22 +231,23 @@ class TaskRunner:
             json_schema=task.json_schema,
         )
         cmd = substrate.build_command(self.substrate, spec)
-        await self.store.open_session(session_id, project_id=task.project_id, role=task.role,
-                                      executor=self.lease.name)
+        env = substrate.build_env(self.substrate, str(task_id))
         try:
+            # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
+            # Bash-tool children itself (they run in their own session, out of reach of a group signal)
+            argv, preexec = lifeline.spawn_dying_with_parent(cmd, signal.SIGTERM, path=env.get("PATH"))
             proc = await asyncio.create_subprocess_exec(
-                *cmd,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=workdir,
-                env=substrate.build_env(self.substrate, str(task_id)),
+                env=env,
                 start_new_session=True,
-                # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
-                # Bash-tool children itself (they run in their own session, out of reach of a group signal)
-                preexec_fn=lifeline.die_with_parent(signal.SIGTERM),
+                preexec_fn=preexec,
             )
         except OSError as exc:
+            parent_lookup.cancel()
             if mcp_path is not None:
                 mcp_path.unlink(missing_ok=True)
             await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
@@ -247,6 +258,7 @@ class TaskRunner:
         self.runs[task_id] = r
         # the process runs from here on, database or not: the row learns its pid now or once it is back
         await self.save(r, lambda: self.store.set_process(task_id, proc.pid, session_id))
+        parent_id = await self._spawn_parent(parent_lookup, task_id)
         # queued before any line of the task: the single writer keeps that order in the journal
         spawned = self._event(r, "task.spawned", {
             "pid": proc.pid, "role": task.role, "argv": cmd, "workdir": str(workdir),
@@ -257,6 +269,24 @@ class TaskRunner:
         child = asyncio.create_task(self._supervise(r, task), name=f"task-{task_id}")
         self.children.add(child)
         child.add_done_callback(self.children.discard)
+
+    async def _worktree(self, task: ClaimedTask) -> Path | str | None:
+        """A worker of a project runs in a git worktree of its own, never in the project's checkout: its path,
+        None for any other task, or why it could not be made."""
+        try:
+            return await projects.prepare_worktree(self.store.pool, self.writer, task.id, self.config.worktree_root)
+        except (worktrees.GitError, OSError) as exc:
+            return f"could not make the worker's git worktree: {exc}"
+
+    @staticmethod
+    async def _spawn_parent(lookup: asyncio.Future[uuid.UUID | None], task_id: uuid.UUID) -> uuid.UUID | None:
+        """The looked-up parent of a run's task.spawned; the process runs already, so a failed lookup costs
+        the tree one link, never the run."""
+        try:
+            return await lookup
+        except Exception:  # noqa: BLE001 - see above
+            log.exception("spawn_parent_failed", task_id=str(task_id))
+            return None
 
     def _event(self, r: Running, event_type: str, payload: Any, created_at: datetime | None = None,
                payload_json: str | None = None, parent_id: uuid.UUID | None = None) -> NewEvent:

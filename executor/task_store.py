@@ -138,10 +138,8 @@ class TaskStore:
     async def open_session(self, session_id: uuid.UUID, *, project_id: uuid.UUID | None, role: str,
                            executor: str) -> None:
         """The session a run speaks in: running, one more turn, pinned to its first turn's executor."""
-        await self.q.execute("insert_session", {"id": session_id, "project_id": project_id, "role": role,
-                                                "lifecycle": "running"})
-        await self.q.execute("count_turn", {"id": session_id})
-        await self.q.execute("pin_session", {"id": session_id, "name": executor})
+        await self.q.execute("upsert_running_session", {"id": session_id, "project_id": project_id, "role": role,
+                                                        "name": executor})
 
     async def end_session(self, session_id: uuid.UUID, lifecycle: str, substrate_session_id: str | None) -> None:
         await self.q.execute("update_session", {"id": session_id, "lifecycle": lifecycle,

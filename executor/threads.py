@@ -14,7 +14,6 @@ Answered approvals and late answers are carried out here too (executor/harness/a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from typing import Any
 
@@ -38,6 +37,12 @@ POLL_S = 1.0
 MAX_MESSAGES_PER_TURN = 50
 REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
 
+# A pass's queries are on the way to every turn's spawn, so a wake-up runs only the passes its source can
+# have given work: a chat message needs delivering, a thread control applying first. Anything else (an
+# answered question, a settled end, a resync after a reconnect) and every poll run them all.
+PASSES = frozenset({"controls", "escalations", "approvals", "deliver"})
+PASSES_BY_CHANNEL = {"chat_queue": frozenset({"deliver"}), "thread_control_queue": frozenset({"controls", "deliver"})}
+
 
 class Threads:
     def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
@@ -46,37 +51,51 @@ class Threads:
         self.shared = Queries(pool, shared_queries)
         self.writer = writer
         self._wake = asyncio.Event()
+        self._due: set[str] = set(PASSES)  # the passes the wake-ups so far asked for
         # escalations the user answered; the settler (executor/settler.py) acts on ends and wakes us
         self.settlement = Settlement(pool, self.wake)
 
-    def wake(self) -> None:
+    def wake(self, passes: frozenset[str] = PASSES) -> None:
+        self._due |= passes
         self._wake.set()
 
     async def run(self, sub: Subscription) -> None:
         async def forward() -> None:
             while True:
-                await sub.get()
-                self._wake.set()
+                note = await sub.get()
+                self.wake(PASSES_BY_CHANNEL.get(note.channel, PASSES))
 
         forwarding = asyncio.create_task(forward())
         try:
             while True:
                 self._wake.clear()
+                due, self._due = self._due, set()
                 try:
-                    await self.apply_controls()
-                    await self.settlement.apply_escalations()
-                    # decisions the user owes outlive any tool call: approvals, answers given after a timeout
-                    await approvals.apply_answered(self.pool)
-                    await approvals.deliver_late_answers(self.pool)
-                    await self.deliver()
+                    await self.run_passes(due)
                 except database.OUTAGE_ERRORS as exc:
+                    self._due |= PASSES
                     await database.pause(self.pool, exc, "threads")  # said once; the next pass retries
                 except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
+                    self._due |= PASSES
                     log.exception("threads_pass_failed")
-                with contextlib.suppress(TimeoutError):
+                try:
                     await aio.wait_for(self._wake.wait(), POLL_S)
+                except TimeoutError:
+                    self._due |= PASSES  # the poll: whatever a lost notification would have said
         finally:
             forwarding.cancel()
+
+    async def run_passes(self, due: set[str] | frozenset[str]) -> None:
+        if "controls" in due:
+            await self.apply_controls()
+        if "escalations" in due:
+            await self.settlement.apply_escalations()
+        if "approvals" in due:
+            # decisions the user owes outlive any tool call: approvals, answers given after a timeout
+            await approvals.apply_answered(self.pool)
+            await approvals.deliver_late_answers(self.pool)
+        if "deliver" in due:
+            await self.deliver()
 
     # ---- thread control ------------------------------------------------------------------------------
 
@@ -150,13 +169,12 @@ class Threads:
             return None
         if thread["controls_pending"]:
             return None  # a rename or mode change queued before these messages applies first
-        blocked = await self.q.one("get_blocked_question", {"thread_id": thread_id})
-        if blocked is not None:
-            await self._reply_in_chat(thread_id, blocked["id"])
+        if thread["blocked_question"] is not None:
+            await self._reply_in_chat(thread_id, thread["blocked_question"])
             return None
         if thread["turn_open"]:
             return None  # delivered at the boundary: the settler wakes us when the turn ends
-        await self._start_turn(thread_id)
+        await self._start_turn(thread_id, thread["project_id"])
         return None
 
     async def _reply_in_chat(self, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
@@ -171,10 +189,10 @@ class Threads:
                                       "answered_question": str(question_id)},
                 session_id=thread_id, message_id=msg["id"])])
 
-    async def _start_turn(self, thread_id: uuid.UUID) -> None:
+    async def _start_turn(self, thread_id: uuid.UUID, project_id: uuid.UUID | None) -> None:
         turn_id = uuid.uuid4()
         # a project thread's turn knows its project: it runs as the project's, with the plan's state
-        project = await self.q.one("get_thread_project", {"id": thread_id})
+        project = await self.q.one("get_thread_project", {"id": thread_id}) if project_id else None
         context = await projects.turn_context(self.pool, project) if project else None
         async with self.q.transaction() as tx:
             await tx.execute("lock_thread_for_turn", {"id": thread_id})

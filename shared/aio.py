@@ -18,3 +18,8 @@ async def wait_for(aw: Awaitable[T], seconds: float) -> T:
     """
     async with asyncio.timeout(seconds):
         return await aw
+
+
+async def resolved(value: T) -> T:
+    """An awaitable of a value at hand (a branch of a gather that has nothing to ask)."""
+    return value

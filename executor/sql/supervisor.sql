@@ -46,9 +46,13 @@ INSERT INTO sessions (id, project_id, role, lifecycle, substrate_session_id)
 VALUES (%(id)s, %(project_id)s, %(role)s, %(lifecycle)s, %(id)s::text)
 ON CONFLICT (id) DO UPDATE SET lifecycle = EXCLUDED.lifecycle, updated_at = now()
 
--- name: pin_session --
--- The first turn's executor stays the session's: its CLI config directory holds what `--resume` reads.
-UPDATE sessions SET executor_name = %(name)s WHERE id = %(id)s AND executor_name IS NULL
+-- name: upsert_running_session --
+-- The session a run speaks in: running, one more turn, and pinned to its first turn's executor (its CLI
+-- config directory holds what `--resume` reads). One statement: it is on the way to every spawn.
+INSERT INTO sessions (id, project_id, role, lifecycle, substrate_session_id, turns, executor_name)
+VALUES (%(id)s, %(project_id)s, %(role)s, 'running', %(id)s::text, 1, %(name)s)
+ON CONFLICT (id) DO UPDATE SET lifecycle = 'running', turns = sessions.turns + 1, updated_at = now(),
+                               executor_name = coalesce(sessions.executor_name, EXCLUDED.executor_name)
 
 -- name: update_session --
 UPDATE sessions

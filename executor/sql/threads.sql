@@ -31,23 +31,21 @@ SELECT DISTINCT thread_id FROM chat_queue WHERE status = 'pending'
 
 -- name: get_thread_state --
 -- A turn is open until its end is settled: a failed turn's re-run is inserted by its settlement, and no
--- later message may start a turn before that.
-SELECT s.id, s.lifecycle, s.mode,
+-- later message may start a turn before that. blocked_question: a question the thread's running turn is
+-- waiting on (a chat message answers it as a reply).
+SELECT s.id, s.lifecycle, s.mode, s.project_id,
        EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id
                AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)) AS turn_open,
        EXISTS (SELECT 1 FROM thread_control_queue c WHERE c.thread_id = s.id AND c.status IN ('pending', 'claimed'))
-           AS controls_pending
+           AS controls_pending,
+       (SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
+        WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND t.session_id = s.id AND t.status = 'running'
+        ORDER BY q.created_at LIMIT 1) AS blocked_question
 FROM sessions s WHERE s.id = %(id)s AND s.role = 'orchestrator'
 
 -- name: check_thread_create_pending --
 SELECT true AS holds WHERE EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
                                    AND status IN ('pending', 'claimed'))
-
--- name: get_blocked_question --
--- A question the thread's running turn is waiting on (a chat message answers it as a reply).
-SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
-WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND t.session_id = %(thread_id)s AND t.status = 'running'
-ORDER BY q.created_at LIMIT 1
 
 -- name: take_pending_chat --
 -- origin NULL takes every message (a turn boundary); 'user' only the user's own (a reply in chat that
@@ -71,9 +69,6 @@ RETURNING id
 
 -- name: enqueue_harness_message --
 INSERT INTO chat_queue (thread_id, text, origin) VALUES (%(thread_id)s, %(text)s, 'harness') RETURNING id
-
--- name: count_turn --
-UPDATE sessions SET turns = turns + 1, lifecycle = 'running', updated_at = now() WHERE id = %(id)s
 
 -- name: enqueue_turn_retry --
 -- A Retry answered in an escalation goes the way of the chat's Retry: applied once no turn is open.

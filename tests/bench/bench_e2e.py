@@ -1,6 +1,6 @@
 """What the harness adds to a turn, and what its services weigh, each next to a baseline from the same run.
 
-    python -m tests.bench.bench_e2e [--turns 25] [--clients 200] [--workers 8]
+    python -m tests.bench.bench_e2e [--turns 40] [--clients 200] [--workers 8]
 
 The ingress and the executor run as their own processes, the real CLI against the scripted model.
 (a) POST /api/chat -> the turn's first stream line at an SSE client, next to the CLI's own
@@ -131,8 +131,17 @@ async def bench_overhead(url: str, turns: int, cli_env: dict[str, str], config_d
     print(f"      and task.spawned -> first stream line:      {stats.summary(after_spawn)}")
     h50, d50 = stats.percentile(harness, 50), stats.percentile(direct, 50)
     if h50 is not None and d50 is not None:
-        print(f"    the harness adds {100 * (h50 - d50) / d50:+.1f}% at p50 ({(h50 - d50) * 1000:+.1f} ms)"
-              "  (goal <= 10%)")
+        print(f"    p50 against p50: the harness adds {100 * (h50 - d50) / d50:+.1f}% ({(h50 - d50) * 1000:+.1f} ms)")
+    # The CLI's own start varies by +-100 ms from one run to the next (a resumed session's history, the
+    # node start), so two independent p50s of a few dozen runs differ by several percent on their own.
+    # Each turn and its direct spawn ran back to back with the same command line: their difference is
+    # the harness's, and its median is the figure the goal is about.
+    paired = [(h - d) / d for h, d in zip(harness, direct, strict=True)]
+    extra = stats.percentile([h - d for h, d in zip(harness, direct, strict=True)], 50)
+    p50 = stats.percentile(paired, 50)
+    if p50 is not None and extra is not None:
+        print(f"    per turn, next to its own direct spawn: the harness adds {100 * p50:+.1f}% at p50 "
+              f"({extra * 1000:+.1f} ms at p50; n={len(paired)})  (goal <= 10%)")
 
 
 def replayer(tmp: Path, pace_s: float, repeats: int) -> Path:
@@ -211,7 +220,7 @@ async def main(turns: int, clients: int, workers: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--turns", type=int, default=25, help="measured turns (a p50 needs 20)")
+    parser.add_argument("--turns", type=int, default=40, help="measured turns (a p50 needs 20)")
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--workers", type=int, default=8)
     args = parser.parse_args()

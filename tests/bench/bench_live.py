@@ -9,8 +9,9 @@ One orchestrator turn of the real claude CLI on the scripted model prints `--lin
   sse       when a plain SSE client (httpx, this process) received it from /api/stream
   received  when the page's script got the chunk holding its SSE frame (the stream reader's read())
   dom       when the page's MutationObserver saw its text inserted into Chat
-  painted   after the next frame that painted it (a requestAnimationFrame, then the first task after
-            that frame: the usual "after next paint" mark)
+  painted   after the frame that painted it: the first task after that frame (the usual "after next
+            paint" mark: a requestAnimationFrame, then a posted task; inserted by a frame's own animation
+            callbacks, as Chat renders, the frame is that one and the task is posted at once)
 Page times are performance.timeOrigin + now(), on the same clock as this process's. Percentiles are exact
 nearest-rank samples with their counts (tests/bench/stats.py); a p99 needs 1,000 lines. The goal:
 printed -> painted p99 within 2x of the commit -> SSE client p99 of the same run. The executor, the
@@ -44,7 +45,7 @@ from tests.web import ingress_server, sse_events
 # the prototype when called, so from its next read on every chunk is timed as the page's script gets it.
 WATCH = """() => {
   const now = () => performance.timeOrigin + performance.now();
-  window.__rx = {}; window.__dom = {}; window.__paint = {}; window.__long = [];
+  window.__rx = {}; window.__dom = {}; window.__frame = {}; window.__paint = {}; window.__long = [];
   const decoder = new TextDecoder();
   let tail = "";
   const read = ReadableStreamDefaultReader.prototype.read;
@@ -60,6 +61,27 @@ WATCH = """() => {
       return r;
     });
   };
+  // Whether script runs inside a frame's animation callbacks: what those insert is painted by that same
+  // frame, so its "after paint" mark is the first task after it. A requestAnimationFrame asked for from
+  // there would wait for the frame after (16.7 ms later at 60 Hz), and count it against the page.
+  // Flagged until the microtasks the callback queued (the MutationObserver's among them) have run.
+  let inFrame = null;
+  const raf = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = (cb) => raf((ts) => {
+    inFrame = performance.timeOrigin + ts;
+    try { cb(ts); } finally { queueMicrotask(() => { inFrame = null; }); }
+  });
+  // fn(frame start, painted): the frame that paints what was just inserted starts at its animation
+  // callbacks' timestamp (the wait before it is the display's refresh), and is painted by the first task
+  // after it
+  const afterPaint = (fn) => {
+    const post = (frame) => {
+      const ch = new MessageChannel();
+      ch.port1.onmessage = () => fn(frame, now());
+      ch.port2.postMessage(null);
+    };
+    if (inFrame !== null) post(inFrame); else raf((ts) => post(performance.timeOrigin + ts));
+  };
   let pending = [];
   const mark = (el, t) => {
     const m = /bench line (\d+)\./.exec(el.textContent);
@@ -74,11 +96,7 @@ WATCH = """() => {
     if (!pending.length) return;
     const batch = pending;
     pending = [];
-    requestAnimationFrame(() => {
-      const ch = new MessageChannel();
-      ch.port1.onmessage = () => { const p = now(); for (const k of batch) window.__paint[k] = p; };
-      ch.port2.postMessage(null);
-    });
+    afterPaint((f, p) => { for (const k of batch) { window.__frame[k] = f; window.__paint[k] = p; } });
   }).observe(document.getElementById("messages"), { childList: true, subtree: true });
   try {
     new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__long.push(e.duration); })
@@ -136,7 +154,8 @@ async def main(lines: int, partial: bool) -> None:
                                 break
                             await asyncio.sleep(0.5)
                         await asyncio.sleep(0.2)
-                        page_marks = await page.evaluate("[window.__rx, window.__dom, window.__paint, window.__long]")
+                        page_marks = await page.evaluate(
+                            "[window.__rx, window.__dom, window.__frame, window.__paint, window.__long]")
                     await asyncio.sleep(1)
                     stop.set()
                     for t in side:
@@ -155,12 +174,13 @@ async def main(lines: int, partial: bool) -> None:
         finally:
             cluster.drop(db)
     rx = {int(k): v / 1000 for k, v in page_marks[0].items()}
-    dom, paint = ({int(k): v / 1000 for k, v in m.items()} for m in page_marks[1:3])
-    long_tasks: list[float] = page_marks[3]
+    dom, frame, paint = ({int(k): v / 1000 for k, v in m.items()} for m in page_marks[1:4])
+    long_tasks: list[float] = page_marks[4]
     notified = sorted(commits)
     stages: dict[str, list[float]] = {name: [] for name in (
         "printed -> committed", "commit -> SSE client", "commit -> page received", "page received -> DOM",
-        "DOM -> painted", "printed -> DOM", "printed -> painted", "commit -> painted", "printed -> SSE client")}
+        "DOM -> painted", "  DOM -> frame start", "  frame start -> painted", "printed -> DOM", "printed -> painted",
+        "printed -> painted, less the frame wait", "commit -> painted", "printed -> SSE client")}
 
     def add(name: str, a: float | None, b: float | None) -> None:
         if a is not None and b is not None:
@@ -178,13 +198,17 @@ async def main(lines: int, partial: bool) -> None:
         add("commit -> page received", committed, rx.get(seq))
         add("page received -> DOM", rx.get(seq), dom.get(k))
         add("DOM -> painted", dom.get(k), paint.get(k))
+        add("  DOM -> frame start", dom.get(k), frame.get(k))
+        add("  frame start -> painted", frame.get(k), paint.get(k))
+        if k in frame and k in dom:
+            add("printed -> painted, less the frame wait", printed + (frame[k] - dom[k]), paint.get(k))
         add("printed -> DOM", printed, dom.get(k))
         add("printed -> painted", printed, paint.get(k))
         add("commit -> painted", committed, paint.get(k))
         add("printed -> SSE client", printed, arrived.get(seq))
     print(json.dumps({"lines": lines, "received": len(rx), "in_dom": len(dom), "painted": len(paint)}))
     for name, values in stages.items():
-        print(f"  {name:<26} {stats.summary(values)}")
+        print(f"  {name:<40} {stats.summary(values)}")
     if deltas:
         # token deltas: journaled and sent like any line (the page does not draw them)
         d_stages: dict[str, list[float]] = {"printed -> committed": [], "commit -> SSE client": [],
@@ -210,6 +234,10 @@ async def main(lines: int, partial: bool) -> None:
     for end in ("painted", "DOM"):
         ratio = stats.ratio(stages[f"printed -> {end}"], stages["commit -> SSE client"], 99)
         print(f"  p99 printed -> {end} / commit -> SSE client: {stats.fmt_ratio(ratio, 'goal <= 2')}")
+    # The wait for the display's next frame (0 to 16.7 ms at 60 Hz) is the display's, not the harness's:
+    # the page cannot paint sooner than the frame after the text is in.
+    ratio = stats.ratio(stages["printed -> painted, less the frame wait"], stages["commit -> SSE client"], 99)
+    print(f"  p99 printed -> painted less the frame wait / commit -> SSE client: {stats.fmt_ratio(ratio, 'printed')}")
     # like for like (both from the print, so the journal's commit is in both): what the page adds
     ratio = stats.ratio(stages["printed -> painted"], stages["printed -> SSE client"], 99)
     print(f"  p99 printed -> painted / printed -> SSE client: {stats.fmt_ratio(ratio, 'printed')}")
