@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from executor import gate_tables
 from shared import journal
 
 # Environment that keeps the CLI from calling home; the executor's own environment passes through.
@@ -42,9 +43,30 @@ ROLE_MARKER = "[petal-role: {role}]"
 # it off. An ask rule has no transport to fail; the tool itself fails closed.
 PERMISSION_TOOL = "mcp__harness__permission_prompt"
 GATED_TOOLS = ("Bash", "Write", "Edit", "MultiEdit", "NotebookEdit")
+
+
+def _read_rule(pattern: str) -> str:
+    """The gate's fnmatch pattern of a secret path as a CLI `Read(...)` rule (gitignore style: `//` starts an
+    absolute path, `**` spans directories; fnmatch's `*` spans them too)."""
+    if not pattern.startswith("/"):
+        pattern = "/**/" + pattern.removeprefix("*/")
+    if pattern.endswith("/*"):
+        pattern = pattern[:-1] + "**"
+    return f"Read(/{pattern})"
+
+
+# Reads are not asked for in general (every Read, Glob and Grep would cost a round trip), only reads of the
+# paths the gate calls secret, wherever they are (observed on 2.1.328: `Read(//**/.env)` sends a Read of the
+# tree's `.env`, of one outside it or under HOME to the tool, a project's `allow: ["Read"]` and the role's
+# `--allowedTools Read` notwithstanding, and leaves other reads alone).
+READ_ASK_RULES = tuple(dict.fromkeys(
+    [_read_rule(name) for name in gate_tables.SECRET_NAMES]
+    + [_read_rule(f"{d}/*") for d in gate_tables.SECRET_DIRS]
+    + [_read_rule(path) for path in gate_tables.SECRET_PATHS]))
 # Per the CLI's settings schema, sandbox auto-allow passes Bash calls by everything but deny rules and
 # command-specific ask rules: off, so a project's sandbox settings cannot open that door.
-_PERMISSION_SETTINGS = {"permissions": {"ask": list(GATED_TOOLS)}, "sandbox": {"autoAllowBashIfSandboxed": False}}
+_PERMISSION_SETTINGS = {"permissions": {"ask": [*GATED_TOOLS, *READ_ASK_RULES]},
+                        "sandbox": {"autoAllowBashIfSandboxed": False}}
 
 _TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")  # whole names (fullmatch: no trailing newline)
 _API_ERROR_TEXT = re.compile(r"\bAPI Error: (\d{3})\b")
@@ -79,6 +101,9 @@ class SpawnSpec:
 
 def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     cmd = [config.claude_bin, "-p", "--output-format", "stream-json", "--verbose"]
+    # The operator's own flags come first: where one names a flag the harness sets below (a permission
+    # mode, settings), the CLI takes the last, the harness's, so none weakens the gate.
+    cmd += [*config.extra_args, *spec.extra_args]
     # The harness chooses the conversation id so it is known before the process starts.
     cmd += ["--resume", spec.session_uuid] if spec.resume else ["--session-id", spec.session_uuid]
     cmd += ["--append-system-prompt", "\n\n".join(p for p in (ROLE_MARKER.format(role=spec.role), spec.system_prompt) if p)]
@@ -98,7 +123,6 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
         # use mean the same in its default draft, and our own gate validates as 2020-12.
         cli_schema = {k: v for k, v in spec.json_schema.items() if k != "$schema"}
         cmd += ["--json-schema", json.dumps(cli_schema)]
-    cmd += [*config.extra_args, *spec.extra_args]
     # "--" ends the options, so a prompt that starts with "-" is still the prompt.
     cmd += ["--", spec.prompt]
     return cmd

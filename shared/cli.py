@@ -36,7 +36,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
     info = dbserver.resolve(settings, auto_migrate=False, start=False)  # read-only: never starts a server
     state = migrate.status(info.admin_dsn or info.executor_dsn)
-    dsns = {"admin": info.admin_dsn, "executor": info.executor_dsn, "ingress": info.ingress_dsn}
+    # shown, never their passwords (a terminal's scrollback and a pasted bug report are not secret)
+    dsns = {role: dbserver.redacted(dsn) if dsn else dsn for role, dsn in
+            (("admin", info.admin_dsn), ("executor", info.executor_dsn), ("ingress", info.ingress_dsn))}
     report = {
         "server": info.location,
         "embedded": info.embedded,

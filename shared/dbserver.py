@@ -62,6 +62,15 @@ def role_dsn(admin_dsn: str, role: str) -> str:
     return make_conninfo("", **params)
 
 
+def redacted(dsn: str) -> str:
+    """The DSN to show a person: its password, if it has one, replaced by ***."""
+    params = conninfo_to_dict(dsn)
+    if not params.get("password"):
+        return dsn
+    params["password"] = "***"
+    return make_conninfo("", **params)
+
+
 def describe(dsn: str) -> str:
     p = conninfo_to_dict(dsn)
     host = p.get("host", "localhost")

@@ -5,7 +5,7 @@
 import { loadFeed, feedEvent, renderFeed } from "./js/activity.js";
 import { api, nextFrame, soon } from "./js/api.js";
 import { loadAsks, renderAsks } from "./js/asks.js";
-import { belongs, followScroll, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
+import { belongs, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
 import { loadContext } from "./js/context.js";
 import { $, h } from "./js/dom.js";
 import { disableNotify, enableNotify, presence, renderNotify, testNotify } from "./js/notify.js";
@@ -81,7 +81,6 @@ function showTab() {
 
 async function start() {
   $("#composer").addEventListener("submit", send);
-  followScroll();
   $("#composer-text").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) $("#composer").requestSubmit();
   });

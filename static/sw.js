@@ -13,7 +13,12 @@ self.addEventListener("push", (event) => {
 
 self.addEventListener("notificationclick", (event) => {
   event.notification.close();
-  const url = new URL(event.notification.data?.url || "/", self.location.origin).href;
+  // only a page of this origin: a notification never sends the reader anywhere else
+  let url = self.location.origin + "/";
+  try {
+    const to = new URL(event.notification.data?.url || "/", self.location.origin);
+    if (to.origin === self.location.origin) url = to.href;
+  } catch { /* not a URL: the home page */ }
   event.waitUntil((async () => {
     const pages = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
     for (const page of pages) {

@@ -82,3 +82,14 @@ def test_a_bad_database_url_fails_with_a_clear_message_and_no_traceback(tmp_path
     out = _run(["db", "status"], tmp_path, DATABASE_URL="postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2")
     assert out.returncode == 2
     assert "petal-dispatch:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_db_status_never_prints_a_password(tmp_path: Path, empty_db) -> None:  # type: ignore[no-untyped-def]
+    secret = "s3cret-pw-4a7f"
+    params = psycopg.conninfo.conninfo_to_dict(empty_db.admin_dsn)
+    url = psycopg.conninfo.make_conninfo("", **{**params, "password": secret})  # trust auth takes any password
+    for args in (["db", "status"], ["db", "status", "--json"]):
+        out = _run(args, tmp_path / "var", DATABASE_URL=url)
+        assert out.returncode == 0, out.stderr
+        assert secret not in out.stdout + out.stderr
+        assert "***" in out.stdout  # the DSN is still shown, its password masked

@@ -304,11 +304,11 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
         delivering = [Threads(d.pool, JournalWriter(d.pool)) for d in (a, b)]
         with psycopg.connect(db.admin_dsn) as conn:
             conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'first')", [thread])
-        await delivering[0]._start_turn(thread)
+        await delivering[0]._start_turn(thread, None)
         # the second executor saw no open turn a moment before the first started one, then a message came
         with psycopg.connect(db.admin_dsn) as conn:
             conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'second')", [thread])
-        await delivering[1]._start_turn(thread)
+        await delivering[1]._start_turn(thread, None)
     with psycopg.connect(db.admin_dsn) as conn:
         turns = conn.execute("SELECT brief FROM tasks WHERE session_id = %s", [thread]).fetchall()
         waiting = conn.execute("SELECT text FROM chat_queue WHERE status = 'pending'").fetchall()

@@ -156,3 +156,35 @@ async def test_calls_the_cli_would_allow_unasked_reach_the_gate_whatever_the_pro
     texts = _tool_results(lines)
     assert "hi" in texts[0] and "TREE-SECRET-VALUE" not in "".join(texts)
     assert [d["tool_input"] for d in result["permission_denials"]] == [c["tool_use"]["input"] for c in calls[1:]]
+
+
+async def test_a_read_of_a_secret_file_reaches_the_gate_wherever_it_is_and_other_reads_do_not(tmp_path: Path) -> None:
+    """The read rules are per path: a secret read is asked for (the project allowing Read notwithstanding),
+    in the tree, outside it and under HOME; an ordinary read makes no round trip."""
+    work, home, outside = tmp_path / "work", tmp_path / "home", tmp_path / "outside"
+    for d in (work / ".claude", work / "sub", home / ".ssh", outside):
+        d.mkdir(parents=True)
+    (work / ".claude" / "settings.json").write_text(json.dumps({"permissions": {"allow": ["Read"]}}))
+    (work / "README.md").write_text("an ordinary file\n")
+    secrets = {work / ".env": "TREE-SECRET", work / "sub" / ".env.local": "SUB-SECRET",
+               home / ".ssh" / "id_rsa": "KEY-SECRET", outside / ".env": "OUTSIDE-SECRET"}
+    for path, value in secrets.items():
+        path.write_text(f"{value}\n")
+    reads = [work / "README.md", *secrets]
+    checked: list[str] = []
+    decided: list[permission.Outcome] = []
+
+    async def autonomous(ctx: Context) -> permission.GateContext:
+        checked.append("call")
+        return permission.GateContext(str(work), str(home), "autonomous")
+
+    calls = [{"tool_use": {"name": "Read", "input": {"file_path": str(p)}}} for p in reads]
+    with ScriptedModelServer(Scenario.single(*calls, {"text": "done"})) as model:
+        async with gate_server(autonomous, decided) as url:
+            lines = await _run_cli(model, tmp_path, work, home, url)
+
+    texts = _tool_results(lines)
+    assert "an ordinary file" in texts[0]
+    assert len(checked) == len(secrets)  # the ordinary read was not asked for
+    assert [(o.tool_name, o.verdict.category, o.decision) for o in decided] == [("Read", "secrets", "deny")] * 4
+    assert not any(value in "".join(texts) for value in secrets.values())

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from executor import policy
+from executor import policy, threads
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
@@ -234,8 +234,10 @@ def _tool_results(events: list[Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(300)
 async def test_an_interactive_dispatch_returns_at_once_and_the_worker_waits_for_approval_across_a_restart(
-    db: DB, tmp_path: Path
+    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # no poll to fall back on: the answers' own wake-ups must carry the approvals out
+    monkeypatch.setattr(threads, "POLL_S", 600.0)
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness] The user approved", replies=[{"text": "good, it runs"}]),
         Rule(role="orchestrator", match_last="[harness] The user did not approve", replies=[{"text": "dropped"}]),

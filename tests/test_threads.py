@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
+from executor import threads as executor_threads
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import threads
 from tests.harness import Harness, running_executor
@@ -248,8 +250,10 @@ async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waitin
 
 
 async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archived_thread_takes_no_message(
-    db: DB, tmp_path: Path
+    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # no poll to fall back on: the controls' and the messages' own wake-ups must carry them
+    monkeypatch.setattr(executor_threads, "POLL_S", 600.0)
     with ScriptedModelServer(Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "hi"}])])) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:

@@ -110,6 +110,59 @@ async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_ea
                 await _one_final_reply(page)
 
 
+async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows_only_a_reader_at_the_bottom(
+    db: DB, tmp_path: Path
+) -> None:
+    lines = 40
+    replies: list[dict[str, object]] = [
+        {"text": f"tail line {k}.", "tool_use": {"name": "mcp__harness__get_handoffs",
+                                                  "input": {"scope_id": str(DEFAULT_THREAD_ID)}}}
+        for k in range(lines)]
+    replies.append({"text": FINAL_TEXT, "delay_s": 0.2})
+    running = "SELECT id FROM tasks WHERE role = 'orchestrator' AND status = 'running'"
+    with ScriptedModelServer(Scenario(rules=[Rule(role="orchestrator", replies=replies)])) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url) as page:
+                await page.fill("#composer-text", "go")
+                await page.click("#composer button")
+                turn = None
+                for _ in range(600):
+                    with psycopg.connect(db.admin_dsn) as conn:
+                        row = conn.execute(running).fetchone()
+                    if row:
+                        turn = row[0]
+                        break
+                    await asyncio.sleep(0.1)
+                assert turn is not None, "the turn never ran"
+                await page.evaluate(f"location.hash = '#task/{turn}'")
+                events = page.locator("#task-detail ol.events")
+                # opened mid-run, it reads what was printed so far, then tails: a reader at the bottom sees the
+                # newest line as it lands, once the list is taller than the screen too
+                await page.wait_for_function("() => document.body.scrollHeight > 2 * window.innerHeight",
+                                             timeout=60_000)
+                await expect(events.locator("li").last).to_be_in_viewport()
+                # scrolled up, the reader stays where they are while lines keep landing
+                await page.evaluate("window.scrollTo(0, 0)")
+                at = await events.locator("li", has_text="tail line").count()
+                await expect(events.locator("li", has_text=f"tail line {at + 3}.")).to_have_count(1, timeout=60_000)
+                assert await page.evaluate("window.scrollY") == 0
+                assert _count(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'stream.result'", []) == 0
+                # back at the bottom, followed again to the end
+                await page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+                await expect(events.locator("li", has_text="result: success")).to_be_in_viewport(timeout=60_000)
+                await expect(page.locator("#task-detail h2 .chip")).to_have_text("success", timeout=30_000)
+                await page.wait_for_timeout(500)  # a late duplicate would show up here
+                with psycopg.connect(db.admin_dsn) as conn:
+                    in_db = [r[0] for r in conn.execute(
+                        "SELECT seq FROM journal WHERE task_id = %s AND event_type <> 'stream.stream_event'"
+                        " ORDER BY seq", [turn]).fetchall()]
+                kinds = [int(k.split()[0].lstrip("#")) for k in await events.locator(".kind").all_inner_texts()]
+                shown = list(dict.fromkeys(kinds))  # an assistant line's text and tool call share its seq
+                assert shown == in_db, "the task view is not the journal: a gap, a duplicate or out of order"
+                texts = [t for t in await events.locator("li").all_inner_texts() if "tail line" in t]
+                assert [t.split("\n")[-1].strip() for t in texts] == [f"tail line {k}." for k in range(lines)]
+
+
 async def _one_final_reply(page: Page) -> None:
     await expect(page.locator("#messages .msg.assistant")).to_have_text(FINAL_TEXT, timeout=60_000)
     await expect(page.locator("#messages .msg.live")).to_have_count(0)

@@ -1,6 +1,6 @@
 // Chat: the focused thread's conversation, its undelivered messages, the turn status and the composer.
 import { api, confirmed, refused } from "./api.js";
-import { $, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
+import { $, Follow, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
 import { Progress, isLive } from "./live.js";
 import { md } from "./markdown.js";
 import { FINAL, S, currentTab, taskState } from "./state.js";
@@ -161,21 +161,8 @@ function workerActivity(taskId) {
   h("summary", {}, "what it is doing ", progress.counter), progress.fold, progress.list);
 }
 
-function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
-export function scrollChat(force) { if (force || S.stick) window.scrollTo(0, document.body.scrollHeight); }
-
-// Following the bottom is the reader's choice, read from their scrolling: scrolling up away from the
-// bottom stops it, scrolling back down to it resumes it. Text arriving never moves the page up, so a
-// render need not measure the page (a forced layout) to know, and a burst taller than the margin
-// arriving between two frames does not unstick the reader.
-let lastY = 0;
-export function followScroll() {
-  window.addEventListener("scroll", () => {
-    const y = window.scrollY;
-    if (currentTab() === "chat" && (y < lastY || !S.stick)) S.stick = atBottom(); // not another view's scrolling
-    lastY = y;
-  }, { passive: true });
-}
+const follow = new Follow(() => currentTab() === "chat");  // not another view's scrolling
+export function scrollChat(force) { follow.scroll(force); }
 
 function recordSig(e) {
   return e.event_type === "task.dispatch_requested" ? taskState(S.tasks.get(e.task_id)) : "";

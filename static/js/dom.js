@@ -54,3 +54,22 @@ export class Keyed {
   }
   prune() { for (const k of this.nodes.keys()) if (!this.used.has(k)) this.nodes.delete(k); this.used = new Set(); }
 }
+
+// Following the bottom is the reader's choice, read from their scrolling: scrolling up away from the
+// bottom stops it, scrolling back down to it resumes it. Text arriving never moves the page up, so a
+// render need not measure the page (a forced layout) to know, and a burst taller than the margin
+// arriving between two frames does not unstick the reader. One per view that grows at the bottom;
+// `active()` says whether the page's scrolling is that view's.
+export class Follow {
+  constructor(active) {
+    this.stick = true;
+    let lastY = 0;
+    window.addEventListener("scroll", () => {
+      const y = window.scrollY;
+      if (active() && (y < lastY || !this.stick)) this.stick = atBottom();
+      lastY = y;
+    }, { passive: true });
+  }
+  scroll(force) { if (force || this.stick) window.scrollTo(0, document.body.scrollHeight); }
+}
+function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }

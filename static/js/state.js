@@ -25,7 +25,6 @@ export const S = {
   live: new Map(),           // task id → Progress of the focused thread's running turns (js/live.js)
   workers: new Map(),        // task id → Progress of the focused thread's workers (folded under their dispatch)
   liveLoaded: new Set(),     // tasks whose earlier events were read back
-  stick: true,               // Chat follows the bottom as it grows (js/chat.js followScroll)
 };
 
 export function currentTab() {

@@ -1,10 +1,10 @@
 // Tasks: the list (stalls unmissable), and one task's detail with its events and handoff.
-import { api, confirmed, refused } from "./api.js";
+import { api, confirmed, nextFrame, refused } from "./api.js";
 import { loadLiveTurns, renderConversation, renderTurnStatus } from "./chat.js";
-import { $, Keyed, chip, firstLine, h, reconcile, short, sleep, when } from "./dom.js";
+import { $, Follow, Keyed, chip, firstLine, h, reconcile, short, sleep, when } from "./dom.js";
 import { toolLabel } from "./live.js";
 import { md } from "./markdown.js";
-import { S, taskState } from "./state.js";
+import { S, currentTab, taskState } from "./state.js";
 
 export async function loadTasks() {
   const [all, mine] = await Promise.all([api("/api/tasks?limit=200"), api(`/api/tasks?limit=500&thread_id=${S.thread}`)]);
@@ -34,7 +34,8 @@ export function renderTasks() {
 
 export async function loadDetail(id, fresh) {
   if (fresh || !S.detail || S.detail.id !== id) {
-    S.detail = { id, task: null, events: new Map(), handoff: null, children: new Map() };
+    S.detail = { id, task: null, events: new Map(), fresh: [], shownSeq: 0, handoff: null, children: new Map() };
+    follow.stick = true;
   }
   const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
     api(`/api/handoffs?scope_id=${id}&limit=1`)]);
@@ -110,26 +111,48 @@ function renderHandoff(x) {
     x.gate_decisions ? [h("dt", {}, "gates"), h("dd", {}, list(x.gate_decisions, (g) => `${g.gate}: ${g.decision_point}`))] : null);
 }
 
-// A running task's events are tailed in place: each arrives once (keyed by event id), in seq order.
+// A running task's events are tailed in place: each arrives once (keyed by event id), in seq order. A burst
+// is drawn once, in the next frame; events that follow on from the last one shown are appended without
+// walking the list (the usual case while tailing a worker), anything else is put in order.
 export function detailEvent(e, render = true) {
   if (!S.detail || e.task_id !== S.detail.id || S.detail.events.has(e.event_id)) return;
   S.detail.events.set(e.event_id, e);
-  if (render) renderDetailEvents();
+  S.detail.fresh.push(e);
+  if (render) nextFrame("render-detail", appendDetailEvents);
 }
 
 const eventNodes = new Keyed();
+const follow = new Follow(() => currentTab() === "tasks" && !!S.detail);
+const childSig = (e) => (S.detail.children?.get(e.event_id) || []).map((k) => `${k.id}:${taskState(k)}`).join();
+const eventNode = (e) => eventNodes.get(e.event_id, childSig(e), () => renderEvent(e));
+
+function appendDetailEvents() {
+  const d = S.detail;
+  const list = $("#task-detail ol.events");
+  if (!list || !d || !d.fresh.length) return;
+  const fresh = d.fresh.sort((a, b) => a.seq - b.seq);
+  d.fresh = [];
+  if (fresh[0].seq <= d.shownSeq) { renderDetailEvents(); return; }
+  for (const e of fresh) list.append(...[eventNode(e)].flat().filter(Boolean));
+  d.shownSeq = fresh.at(-1).seq;
+  shown(d);
+}
 
 function renderDetailEvents() {
+  const d = S.detail;
   const list = $("#task-detail ol.events");
-  if (!list || !S.detail) return;
-  const follow = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
-  const events = [...S.detail.events.values()].sort((a, b) => a.seq - b.seq);
-  const sig = (e) => (S.detail.children?.get(e.event_id) || []).map((k) => `${k.id}:${taskState(k)}`).join();
-  const nodes = events.flatMap((e) => eventNodes.get(e.event_id, sig(e), () => renderEvent(e)));
+  if (!list || !d) return;
+  d.fresh = [];
+  const events = [...d.events.values()].sort((a, b) => a.seq - b.seq);
+  reconcile(list, events.flatMap(eventNode).filter(Boolean));
   eventNodes.prune();
-  reconcile(list, nodes);
-  $("#task-detail .events-count").textContent = `Events (${events.length})`;
-  if (follow && S.detail.task?.status === "running") window.scrollTo(0, document.body.scrollHeight);
+  d.shownSeq = events.at(-1)?.seq ?? 0;
+  shown(d);
+}
+
+function shown(d) {
+  $("#task-detail .events-count").textContent = `Events (${d.events.size})`;
+  if (d.task?.status === "running") follow.scroll(false);
 }
 
 export function renderDetail() {

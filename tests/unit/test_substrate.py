@@ -131,6 +131,23 @@ def test_the_command_line_names_the_session_and_ends_options_before_the_prompt(t
     assert resumed[resumed.index("--resume") + 1] == "u-1" and "--session-id" not in resumed
 
 
+def test_an_operators_extra_flags_come_before_the_gates_so_the_gates_win(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the CLI takes the last of a repeated flag (observed on 2.1.328: `--permission-mode plan --permission-mode
+    # default` runs in default), so a flag given before the harness's cannot weaken the gate
+    weakening = ("--permission-mode", "bypassPermissions", "--settings", '{"permissions": {"allow": ["Bash"]}}')
+    cfg = substrate.SubstrateConfig(claude_bin="claude", extra_args=weakening)
+    spec = substrate.SpawnSpec(role="worker", prompt="p", session_uuid="u-1", mcp_config=tmp_path / "m.json",
+                               extra_args=("--permission-mode", "acceptEdits"))
+    cmd = substrate.build_command(cfg, spec)
+
+    def last(flag: str) -> str:
+        return cmd[len(cmd) - 1 - cmd[::-1].index(flag) + 1]
+
+    assert last("--permission-mode") == "default"
+    assert last("--settings") == substrate.permission_args()[-1]
+    assert cmd.index("bypassPermissions") < cmd.index("--permission-prompt-tool")
+
+
 def test_the_environment_passes_through_but_scrubs_stdout_logging_and_sets_the_knobs() -> None:
     cfg = substrate.SubstrateConfig(base_env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:1", "ANTHROPIC_LOG": "debug"},
                                     max_retries=2, api_timeout_ms=5000)
