@@ -5,7 +5,8 @@
 The ingress and the executor run as their own processes, the real CLI against the scripted model.
 (a) POST /api/chat -> the turn's first stream line at an SSE client, next to the CLI's own
     spawn -> first stdout line for the very command line the executor ran (read from its
-    task.spawned event), spawned directly between the turns (goal: the harness adds <= 10%).
+    task.spawned event), in the environment the executor gives it, spawned directly between the
+    turns (goal: the harness adds <= 10%).
 (b) resident memory of the ingress and the executor at rest, then with 200 SSE clients connected
     (load generator processes) and 8 workers streaming (the executor restarted with a replayer as
     its `claude`, printing a recorded stream-json transcript line by line).
@@ -100,12 +101,16 @@ async def executor_started(admin_dsn: str, count: int) -> None:
     raise RuntimeError("the executor never started")
 
 
-async def bench_overhead(url: str, turns: int, cli_env: dict[str, str], config_dir: Path, mcp_url: str,
+async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], config_dir: Path, mcp_url: str,
                          tmp: Path) -> None:
     harness, direct, to_spawn, after_spawn = [], [], [], []
     mcp_file = tmp / "direct-mcp.json"
     mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, {}, None)))
-    env = substrate.build_env(substrate.SubstrateConfig(config_dir=config_dir, base_env=cli_env), "bench-direct")
+    # The environment the executor gives its CLI, built the same way from the executor's own: what the CLI
+    # costs depends on it (NODE_EXTRA_CA_CERTS, for one, makes every node start read a certificate bundle).
+    env = substrate.build_env(substrate.SubstrateConfig(
+        config_dir=config_dir, base_env=executor_env,
+        max_retries=int(executor_env["PETAL_CLAUDE_MAX_RETRIES"])), "bench-direct")
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, read=None)) as http:
         stream = Stream(http)
         await asyncio.wait_for(stream.connected.wait(), 30)
@@ -205,7 +210,7 @@ async def main(turns: int, clients: int, workers: int) -> None:
             await wait_up(url)
             await executor_started(db.admin_dsn, 1)
             print(f"before: {stats.machine_load()}")
-            await bench_overhead(url, turns, cli_env, config_dir, mcp_url, tmp)
+            await bench_overhead(url, turns, env, config_dir, mcp_url, tmp)
             stop(executor)
             executor = start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
             await executor_started(db.admin_dsn, 2)
