@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -286,7 +286,7 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
         middleware=[Middleware(BoundaryMiddleware, config=boundary),
                     Middleware(GuardMiddleware, config=auth, boundary=boundary, limiter=limiter)],
         exception_handlers={problems.Problem: problems.handle_problem, HTTPException: problems.handle_http,
-                            BodyTooLarge: problems.handle_too_large,
+                            BodyTooLarge: problems.handle_too_large, ClientDisconnect: problems.handle_client_gone,
                             ValidationError: problems.handle_validation, psycopg.DataError: problems.handle_data_error,
                             # one place for "the database is away": refused, cut, or no connection in time
                             psycopg.OperationalError: problems.handle_unavailable,

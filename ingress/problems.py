@@ -52,6 +52,12 @@ async def handle_too_large(request: Request, exc: Exception) -> Response:
     return problem(413, "body too large")
 
 
+async def handle_client_gone(request: Request, exc: Exception) -> Response:
+    # a client that dropped off mid-request (a phone losing its network): nothing was done, no one is left to
+    # answer, and it is no error of the server's
+    return problem(400, "the client went away before its request body arrived")
+
+
 async def handle_data_error(request: Request, exc: Exception) -> Response:
     # the database refused a value (a safety net behind the input checks): the statement wrote nothing
     return problem(422, f"a value cannot be stored: {str(exc).splitlines()[0]}")

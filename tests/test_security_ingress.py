@@ -3,6 +3,8 @@ every mode, proxy trust, token-mode cookies and limits, and push endpoints that 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -218,6 +220,30 @@ async def test_an_oversized_chunked_login_body_is_413_not_500(db: DB) -> None:
     assert login.request.headers["transfer-encoding"] == "chunked"
     assert chat.status_code == 413
     assert alive.status_code == 303
+
+
+@pytest.mark.parametrize(("path", "kind", "mode"), [("/api/chat", "application/json", {}),
+                                                    ("/login", "application/x-www-form-urlencoded", TOKEN)])
+async def test_a_client_gone_before_its_body_arrived_is_no_error_and_writes_nothing(
+    db: DB, caplog: pytest.LogCaptureFixture, path: str, kind: str, mode: dict[str, Any]
+) -> None:
+    """A phone that drops off mid-POST: nothing queued, no traceback in the ingress's log, the next request served."""
+    async with ingress_server(db.ingress_dsn, **mode) as url, httpx.AsyncClient(base_url=url) as http:
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(2):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {kind}\r\n"
+                         f"Content-Length: 1000\r\n\r\ntext=half a mess".encode())
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.close()
+        await asyncio.sleep(0.5)
+        after = await http.get("/healthz")
+    assert after.status_code == 200
+    with psycopg.connect(db.admin_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM chat_queue").fetchone() == (0,)
+    noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not noisy, [r.getMessage() for r in noisy]
 
 
 # ---- headers -------------------------------------------------------------------------------------------
