@@ -9,9 +9,11 @@ One orchestrator turn of the real claude CLI on the scripted model prints `--lin
   sse       when a plain SSE client (httpx, this process) received it from /api/stream
   received  when the page's script got the chunk holding its SSE frame (the stream reader's read())
   dom       when the page's MutationObserver saw its text inserted into Chat
+  frame     the timestamp of that frame (its animation callbacks'): DOM -> frame is the wait for the
+            display's next frame, frame -> painted that frame's own work
   painted   after the frame that painted it: the first task after that frame (the usual "after next
             paint" mark: a requestAnimationFrame, then a posted task; inserted by a frame's own animation
-            callbacks, as Chat renders, the frame is that one and the task is posted at once)
+            callbacks (a render in requestAnimationFrame), the frame is that one and the task is posted at once)
 Page times are performance.timeOrigin + now(), on the same clock as this process's. Percentiles are exact
 nearest-rank samples with their counts (tests/bench/stats.py); a p99 needs 1,000 lines. The goal:
 printed -> painted p99 within 2x of the commit -> SSE client p99 of the same run. The executor, the
