@@ -97,6 +97,7 @@ async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_ea
                 assert await page.evaluate("window.scrollY") == 0
                 # back in Chat at the bottom, followed again
                 await page.click("a[data-tab='chat']")
+                await expect(page.locator("#messages")).to_be_visible()
                 await page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
                 await expect(live.locator(".step.text", has_text=f"step line {lines - 1}.")).to_be_in_viewport(
                     timeout=60_000)
@@ -147,7 +148,15 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
                 await expect(events.locator("li", has_text=f"tail line {at + 3}.")).to_have_count(1, timeout=60_000)
                 assert await page.evaluate("window.scrollY") == 0
                 assert _count(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'stream.result'", []) == 0
-                # back at the bottom, followed again to the end
+                # another view's reader is not moved for the task view
+                await page.click("a[data-tab='chat']")
+                await page.evaluate("window.scrollTo(0, 0)")
+                at = await events.locator("li", has_text="tail line").count()
+                await expect(events.locator("li", has_text=f"tail line {at + 3}.")).to_have_count(1, timeout=60_000)
+                assert await page.evaluate("window.scrollY") == 0
+                # back in the task view at the bottom, followed again to the end
+                await page.evaluate(f"location.hash = '#task/{turn}'")
+                await expect(page.locator("#task-detail")).to_be_visible()
                 await page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
                 await expect(events.locator("li", has_text="result: success")).to_be_in_viewport(timeout=60_000)
                 await expect(page.locator("#task-detail h2 .chip")).to_have_text("success", timeout=30_000)

@@ -192,7 +192,7 @@ export function renderConversation() {
   rendered.prune();
   reconcile($("#messages"), items);
   renderTurnStatus();
-  if (!keepPlace && currentTab() === "chat") scrollChat(false); // another view is not scrolled for Chat
+  if (!keepPlace) scrollChat(false); // only while Chat is shown (js/dom.js Follow)
 }
 
 export function renderTurnStatus() {

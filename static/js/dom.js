@@ -62,6 +62,7 @@ export class Keyed {
 // `active()` says whether the page's scrolling is that view's.
 export class Follow {
   constructor(active) {
+    this.active = active;
     this.stick = true;
     let lastY = 0;
     window.addEventListener("scroll", () => {
@@ -70,6 +71,7 @@ export class Follow {
       lastY = y;
     }, { passive: true });
   }
-  scroll(force) { if (force || this.stick) window.scrollTo(0, document.body.scrollHeight); }
+  // only while the view is the one shown: another view's reader is never moved
+  scroll(force) { if (this.active() && (force || this.stick)) window.scrollTo(0, document.body.scrollHeight); }
 }
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }

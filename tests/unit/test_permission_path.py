@@ -17,7 +17,11 @@ def test_a_spawn_with_the_harness_goes_through_the_gate_and_pre_allows_no_way_ar
     assert cmd[cmd.index("--permission-mode") + 1] == "default"
     assert cmd[cmd.index("--allowedTools") + 1] == "Read,Glob"
     settings = json.loads(cmd[cmd.index("--settings") + 1])
-    assert set(settings["permissions"]["ask"]) == {"Bash", "Write", "Edit", "MultiEdit", "NotebookEdit"}
+    # every call of a gated tool, and reads of the paths the gate calls secret (never Read as a whole)
+    asked = settings["permissions"]["ask"]
+    assert {"Bash", "Write", "Edit", "MultiEdit", "NotebookEdit"} <= set(asked) and "Read" not in asked
+    assert {"Read(//**/.env)", "Read(//**/.ssh/**)", "Read(//**/*.pem)"} <= set(asked)
+    assert set(asked) - set(substrate.GATED_TOOLS) == set(substrate.READ_ASK_RULES)
     assert "hooks" not in settings  # no hook to fail open or be switched off by a project's settings
     assert settings["sandbox"]["autoAllowBashIfSandboxed"] is False
     # without the harness there is no tool to ask: the flags would leave the CLI waiting on nothing
