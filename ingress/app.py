@@ -217,7 +217,7 @@ def shutdown_trigger(app: Starlette, stop: asyncio.Event) -> Callable[[], Awaita
         await stop.wait()
         broadcaster = getattr(app.state, "broadcaster", None)
         if broadcaster is not None:
-            broadcaster.closing.set()
+            broadcaster.close()
 
     return trigger
 

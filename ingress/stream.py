@@ -18,7 +18,6 @@ import json
 from collections.abc import AsyncIterator
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -115,8 +114,16 @@ class Broadcaster:
             placed.append(Frame(f.seq, f.raw, after, self._upto, self._breaks))
         self.frames.extend(placed)
         self.published += len(frames)
+        self._wake_clients()
+
+    def _wake_clients(self) -> None:
         tick, self._tick = self._tick, asyncio.get_running_loop().create_future()
         tick.set_result(None)
+
+    def close(self) -> None:
+        """Shutting down: every client's stream ends now, even mid-flood (it resumes by seq)."""
+        self.closing.set()
+        self._wake_clients()
 
     def subscribe(self) -> Client:
         self.clients += 1
@@ -192,12 +199,9 @@ class Client:
                 self.taken_at = self.cursor
                 self.cursor += len(taken)
                 return taken
-            closing = asyncio.ensure_future(b.closing.wait())
-            try:
-                waiters: list[asyncio.Future[Any]] = [b._tick, closing]
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closing.cancel()
+            # the one future every waiting client shares (published frames and the close resolve it);
+            # shielded, so a client's stream ending cancels its own wait, not everyone's
+            await asyncio.shield(b._tick)
 
     def close(self) -> None:
         self.b.clients -= 1
@@ -289,6 +293,6 @@ async def running(broadcaster: Broadcaster, sub: Subscription) -> AsyncIterator[
     try:
         yield
     finally:
-        broadcaster.closing.set()
+        broadcaster.close()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
