@@ -194,6 +194,7 @@ class TaskRunner:
         parent_lookup = asyncio.ensure_future(lineage.spawn_parent(
             self.store.pool, task.id, task.parent_task_id, extractor=task.json_schema is not None))
         parent_lookup.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is read or moot
+        proc = None
         try:
             isolated, profile, resume = await asyncio.gather(
                 self._worktree(task), self.store.role_profile(task.role),
@@ -202,12 +203,10 @@ class TaskRunner:
                 asyncio.to_thread(substrate.session_stored, self.substrate, str(task.session_id))
                 if task.session_id else aio.resolved(False))
             if isinstance(isolated, str):
-                parent_lookup.cancel()
                 await self._finish_unspawned(task, "failed", isolated)
                 return
             workdir = isolated or Path(task.workdir or self.config.default_workdir)
             if not workdir.is_dir():
-                parent_lookup.cancel()
                 await self._finish_unspawned(task, "skipped", f"working directory {workdir} does not exist")
                 return
             # A task of a conversation that goes on (a thread's turn) reuses its session; any other task is
@@ -217,41 +216,41 @@ class TaskRunner:
                 self._write_mcp_config(task_id, session_id) if profile.use_mcp else aio.resolved(None),
                 self.store.open_session(session_id, project_id=task.project_id, role=task.role,
                                         executor=self.lease.name))
-        except BaseException:
-            parent_lookup.cancel()
-            raise
-        spec = substrate.SpawnSpec(
-            role=task.role,
-            prompt=task.brief,
-            session_uuid=str(session_id),
-            resume=resume,
-            allowed_tools=tuple(task.allowed_tools if task.allowed_tools is not None else profile.allowed_tools),
-            system_prompt=profile.system_prompt,
-            mcp_config=mcp_path,
-            json_schema=task.json_schema,
-        )
-        cmd = substrate.build_command(self.substrate, spec)
-        env = substrate.build_env(self.substrate, str(task_id))
-        try:
-            # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
-            # Bash-tool children itself (they run in their own session, out of reach of a group signal)
-            argv, preexec = lifeline.spawn_dying_with_parent(cmd, signal.SIGTERM, path=env.get("PATH"))
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=workdir,
-                env=env,
-                start_new_session=True,
-                preexec_fn=preexec,
+            spec = substrate.SpawnSpec(
+                role=task.role,
+                prompt=task.brief,
+                session_uuid=str(session_id),
+                resume=resume,
+                allowed_tools=tuple(task.allowed_tools if task.allowed_tools is not None
+                                    else profile.allowed_tools),
+                system_prompt=profile.system_prompt,
+                mcp_config=mcp_path,
+                json_schema=task.json_schema,
             )
-        except OSError as exc:
-            parent_lookup.cancel()
-            if mcp_path is not None:
-                mcp_path.unlink(missing_ok=True)
-            await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
-            return
+            cmd = substrate.build_command(self.substrate, spec)
+            env = substrate.build_env(self.substrate, str(task_id))
+            try:
+                # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
+                # Bash-tool children itself (they run in their own session, out of reach of a group signal)
+                argv, preexec = lifeline.spawn_dying_with_parent(cmd, signal.SIGTERM, path=env.get("PATH"))
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    cwd=workdir,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                )
+            except OSError as exc:
+                if mcp_path is not None:
+                    mcp_path.unlink(missing_ok=True)
+                await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
+                return
+        finally:
+            if proc is None:
+                parent_lookup.cancel()  # no process, no task.spawned to hang under anything
         started = time.monotonic()
         r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path)

@@ -33,6 +33,17 @@ def _count(dsn: str, sql: str, params: list[object]) -> int:
         return int(conn.execute(sql, params).fetchone()[0])  # type: ignore[index]
 
 
+def _long_turn(label: str, lines: int, *, final_delay_s: float) -> Scenario:
+    """One orchestrator turn of `lines` steps ("<label> k." and a harness tool call each), then FINAL_TEXT
+    in slow tokens."""
+    replies: list[dict[str, object]] = [
+        {"text": f"{label} {k}.", "tool_use": {"name": "mcp__harness__get_handoffs",
+                                               "input": {"scope_id": str(DEFAULT_THREAD_ID)}}}
+        for k in range(lines)]
+    replies.append({"text": FINAL_TEXT, "delay_s": final_delay_s})
+    return Scenario(rules=[Rule(role="orchestrator", replies=replies)])
+
+
 async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_then_exactly_one_reply(
     db: DB, tmp_path: Path
 ) -> None:
@@ -67,12 +78,8 @@ async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_ea
     db: DB, tmp_path: Path
 ) -> None:
     lines = 60
-    replies: list[dict[str, object]] = [
-        {"text": f"step line {k}.", "tool_use": {"name": "mcp__harness__get_handoffs",
-                                                  "input": {"scope_id": str(DEFAULT_THREAD_ID)}}}
-        for k in range(lines)]
-    replies.append({"text": FINAL_TEXT, "delay_s": 0.3})  # slow tokens: time to read the folded card
-    with ScriptedModelServer(Scenario(rules=[Rule(role="orchestrator", replies=replies)])) as model:
+    # slow tokens at the end: time to read the folded card
+    with ScriptedModelServer(_long_turn("step line", lines, final_delay_s=0.3)) as model:
         async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
             async with page_at(b, url) as page:
                 await page.fill("#composer-text", "go")
@@ -115,13 +122,8 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
     db: DB, tmp_path: Path
 ) -> None:
     lines = 40
-    replies: list[dict[str, object]] = [
-        {"text": f"tail line {k}.", "tool_use": {"name": "mcp__harness__get_handoffs",
-                                                  "input": {"scope_id": str(DEFAULT_THREAD_ID)}}}
-        for k in range(lines)]
-    replies.append({"text": FINAL_TEXT, "delay_s": 0.2})
     running = "SELECT id FROM tasks WHERE role = 'orchestrator' AND status = 'running'"
-    with ScriptedModelServer(Scenario(rules=[Rule(role="orchestrator", replies=replies)])) as model:
+    with ScriptedModelServer(_long_turn("tail line", lines, final_delay_s=0.2)) as model:
         async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
             async with page_at(b, url) as page:
                 await page.fill("#composer-text", "go")
