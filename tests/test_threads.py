@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ import pytest
 
 from executor import threads as executor_threads
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
-from shared import threads
+from executor.sql import queries as executor_queries
+from shared import journal, threads
+from shared.models import NewEvent
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.web import ingress_server
@@ -284,3 +287,22 @@ async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archiv
     assert [t for t, _ in changes] == ["thread.renamed", "thread.archived"] and changes[0][1]["title"] == "Renamed"
     assert late.status_code == 202 and refused == ("failed", "the thread is archived")
     assert len(turns) == 1  # no turn for the archived thread
+
+
+async def test_a_journal_append_naming_the_thread_is_not_blocked_by_a_turn_starting_on_it(db: DB) -> None:
+    # A turn's start holds its thread's row and then appends; the journal writer may meanwhile be
+    # appending an event that names the thread (holding the journal head while its key is checked).
+    # The thread's lock must not block that check, or the two deadlock (1 s lost, one side aborted).
+    thread = uuid.uuid4()
+    async with await psycopg.AsyncConnection.connect(db.executor_dsn, autocommit=True) as conn:
+        await conn.execute(executor_queries["create_thread"],
+                           {"id": thread, "title": "t", "mode": "interactive", "project_id": None})
+    async with await psycopg.AsyncConnection.connect(db.executor_dsn) as turn, \
+            await psycopg.AsyncConnection.connect(db.executor_dsn) as writer:
+        async with turn.transaction():
+            await turn.execute(executor_queries["lock_thread_for_turn"], {"id": thread})
+            async with writer.transaction():  # the writer's batch, while the turn's lock is held
+                await asyncio.wait_for(journal.append_on(writer, [NewEvent("thread.created", {}, session_id=thread)]), 5)
+            await journal.append_on(turn, [NewEvent("thread.created", {"second": True}, session_id=thread)])
+        cur = await turn.execute("SELECT payload FROM journal WHERE session_id = %s ORDER BY seq", [thread])
+        assert [r[0] for r in await cur.fetchall()] == [{}, {"second": True}]

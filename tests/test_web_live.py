@@ -28,6 +28,11 @@ pytestmark = pytest.mark.timeout(300)
 FINAL_TEXT = "Nothing has been handed off yet, so there is nothing to build on and I will start fresh."
 
 
+ENDLESS_ANIMATIONS = """() => document.getAnimations()
+  .filter((a) => a.effect.getComputedTiming().iterations === Infinity)
+  .map((a) => `${a.animationName || "?"} on ${a.effect.target?.className || a.effect.target?.id}`)"""
+
+
 def _count(dsn: str, sql: str, params: list[object]) -> int:
     with psycopg.connect(dsn) as conn:
         return int(conn.execute(sql, params).fetchone()[0])  # type: ignore[index]
@@ -64,6 +69,10 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                 assert _count(db.admin_dsn, results, []) == 0
                 await expect(live.locator(".step.tool")).to_have_text("reading handoffs")
                 await expect(live.locator(".step.tool.done")).to_have_count(1, timeout=30_000)
+                # the page animates nothing endlessly while a turn runs: it would render every display
+                # frame for the whole turn, and make each live line wait for the next one
+                await expect(page.locator("#turn-status")).to_be_visible()
+                assert await page.evaluate(ENDLESS_ANIMATIONS) == []
                 await shot(page, "chat-live-390")
                 # a page opened mid-turn reads back what the turn already printed, once
                 async with page_at(b, url, DESKTOP) as second:

@@ -79,7 +79,9 @@ RETURNING id
 -- name: lock_thread_for_turn --
 -- Executors of a fleet deliver chat concurrently: the thread's row lock makes "no turn open → start one"
 -- one step (the open-turn check runs after it, in a statement of its own, so it sees the other's commit).
-SELECT id FROM sessions WHERE id = %(id)s FOR UPDATE
+-- NO KEY UPDATE, not UPDATE: a journal append naming the thread checks its key FOR KEY SHARE while it
+-- holds the journal head, and this transaction appends next; FOR UPDATE would deadlock the two.
+SELECT id FROM sessions WHERE id = %(id)s FOR NO KEY UPDATE
 
 -- name: check_thread_turn_open --
 -- Open as in get_thread_state: until its end is settled.

@@ -1,5 +1,5 @@
 // Chat: the focused thread's conversation, its undelivered messages, the turn status and the composer.
-import { api, confirmed, refused } from "./api.js";
+import { api, confirmed, nextFrame, refused } from "./api.js";
 import { $, Follow, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
 import { Progress, isLive } from "./live.js";
 import { md } from "./markdown.js";
@@ -116,7 +116,14 @@ export function liveEvent(e) {
   }
   if (hasResult(e.task_id)) return false;
   if (!S.live.has(e.task_id)) S.live.set(e.task_id, new Progress(e.task_id));
-  return S.live.get(e.task_id).add(e);
+  const progress = S.live.get(e.task_id);
+  if (!progress.add(e)) return false;
+  // a step put into a turn already shown needs no render of the conversation, only the follow
+  if (progress.node.isConnected && !progress.node.hidden) {
+    nextFrame("follow-chat", () => scrollChat(false));
+    return false;
+  }
+  return true;
 }
 
 function workerProgress(taskId) {

@@ -17,9 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,12 +29,10 @@ import psycopg
 from executor import dispatch, substrate
 from executor.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
-from tests.bench import stats
-from tests.bench.bench_sse import wait_up
+from tests.bench import services, stats
 from tests.bench.sse_load import Generators
-from tests.harness import claude_bin, claude_env
 from tests.pg import Cluster
-from tests.web import SSEEvent, free_port, sse_events
+from tests.web import SSEEvent, sse_events
 
 TRANSCRIPT = Path(__file__).parent.parent / "transcripts" / "partial_messages.jsonl"
 
@@ -76,29 +71,6 @@ async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str) ->
     await proc.stdout.read()
     await proc.wait()
     return first
-
-
-def start(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "shared.cli", name], env=env)
-
-
-def stop(*procs: subprocess.Popen[bytes]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.wait(30)
-
-
-async def executor_started(admin_dsn: str, count: int) -> None:
-    """Until `count` executors have reconciled on this database (a restart is the second)."""
-    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
-        for _ in range(600):
-            cur = await conn.execute("SELECT count(*) FROM journal WHERE event_type = 'executor.started'")
-            row = await cur.fetchone()
-            if row and row[0] >= count:
-                return
-            await asyncio.sleep(0.1)
-    raise RuntimeError("the executor never started")
 
 
 async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], config_dir: Path, mcp_url: str,
@@ -192,34 +164,19 @@ async def main(turns: int, clients: int, workers: int) -> None:
         tmp = Path(tmpdir)
         cluster = Cluster.start(tmp / "pg")
         db = cluster.create_migrated()
-        port, mcp_port = free_port(), free_port()
-        workdir = tmp / "work"
-        workdir.mkdir()
-        config_dir = tmp / "claude-config"
-        cli_env = claude_env(model, tmp / "home")
-        url, mcp_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mcp_port}/harness-mcp/"
-        env = {**os.environ, **cli_env, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port),
-               "PETAL_MCP_PORT": str(mcp_port), "PETAL_EXECUTOR_DSN": db.executor_dsn,
-               "PETAL_INGRESS_DSN": db.ingress_dsn, "PETAL_DATA_DIR": str(tmp / "var"),
-               "PETAL_LOG_LEVEL": "warning", "PETAL_CLAUDE_BIN": claude_bin(),
-               "PETAL_CLAUDE_CONFIG_DIR": str(config_dir), "PETAL_WORKDIR": str(workdir),
-               "PETAL_CLAUDE_MAX_RETRIES": "0", "PETAL_MAX_WORKERS": str(max(workers, 1))}
-        ingress = start("ingress", env)
-        executor = start("executor", env)
+        env = services.service_env(db, model, tmp, workers=workers)
         try:
-            await wait_up(url)
-            await executor_started(db.admin_dsn, 1)
-            print(f"before: {stats.machine_load()}")
-            await bench_overhead(url, turns, env, config_dir, mcp_url, tmp)
-            stop(executor)
-            executor = start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
-            await executor_started(db.admin_dsn, 2)
-            await asyncio.sleep(1)
-            await bench_memory(url, db.admin_dsn, db.executor_dsn, ingress.pid, executor.pid, clients, workers,
-                               workdir)
-            print(f"after: {stats.machine_load()}")
+            async with services.running(db, env) as svc:
+                print(f"before: {stats.machine_load()}")
+                await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp)
+                services.stop(svc.executor)
+                svc.executor = services.start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
+                await services.executor_started(db.admin_dsn, 2)
+                await asyncio.sleep(1)
+                await bench_memory(svc.url, db.admin_dsn, db.executor_dsn, svc.ingress.pid, svc.executor.pid,
+                                   clients, workers, svc.workdir)
+                print(f"after: {stats.machine_load()}")
         finally:
-            stop(ingress, executor)
             cluster.drop_all()
 
 
