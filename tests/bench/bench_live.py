@@ -10,7 +10,9 @@ One orchestrator turn of the real claude CLI on the scripted model prints `--lin
   received  when the page's script got the chunk holding its SSE frame (the stream reader's read())
   dom       when the page's MutationObserver saw its text inserted into Chat
   frame     the timestamp of that frame (its animation callbacks'): DOM -> frame is the wait for the
-            display's next frame, frame -> painted that frame's own work
+            display's next frame, frame -> painted that frame's own work. A page that renders nothing
+            between lines gets its frame at once, stamped with the display's last refresh: then DOM ->
+            frame is negative (no wait) and frame -> painted holds the time since that refresh
   painted   after the frame that painted it: the first task after that frame (the usual "after next
             paint" mark: a requestAnimationFrame, then a posted task; inserted by a frame's own animation
             callbacks (a render in requestAnimationFrame), the frame is that one and the task is posted at once)
@@ -295,7 +297,9 @@ async def main(lines: int, partial: bool) -> None:
         add("  DOM -> frame start", dom.get(k), frame.get(k))
         add("  frame start -> painted", frame.get(k), paint.get(k))
         if k in frame and k in dom:
-            add("printed -> painted, less the frame wait", printed + (frame[k] - dom[k]), paint.get(k))
+            # a frame the browser began before the text went in (its timestamp is the display's last
+            # refresh: an idle page's frame comes at once) kept it waiting for nothing
+            add("printed -> painted, less the frame wait", printed + max(0.0, frame[k] - dom[k]), paint.get(k))
         add("printed -> DOM", printed, dom.get(k))
         add("printed -> painted", printed, paint.get(k))
         add("commit -> painted", committed, paint.get(k))
