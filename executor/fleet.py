@@ -235,6 +235,7 @@ class Lease:
     async def run(self) -> None:
         """Renew and reap until cancelled; returns when this run is fenced."""
         while not self.fenced.is_set():
+            wait_s = self.interval_s
             try:
                 if await self.renew():
                     await self.reap()
@@ -246,10 +247,15 @@ class Lease:
                 if not self._renew_failing:  # said once per outage
                     self._renew_failing = True
                     log.warning("lease_renew_failed", name=self.name, error=str(exc))
+                if isinstance(exc, TimeoutError):
+                    # The attempt hung for an interval and its connection was abandoned (a half-open link):
+                    # try a new one now. Waiting another interval first would leave the next attempt at the
+                    # lease's very end, so a survivor would take over a run the database can still reach.
+                    wait_s = 0.0
             if self.fenced.is_set():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.fenced.wait(), self.interval_s)
+                await asyncio.wait_for(self.fenced.wait(), wait_s)
 
     async def leave(self) -> None:
         """A clean stop: the row says stopped (no alert, nothing to take over); the name lock is released."""

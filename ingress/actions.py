@@ -127,7 +127,9 @@ async def answer_ask(request: Request) -> Response:
         raise Problem(409, f"question already {row['status']}")
     answers = asks.normalise(row["questions"], answer)
     closed = await _close(request, row, "answered", answers, answer.response)
-    if row["timed_out_at"] is None:
+    # Told from the row as our update left it, not as first read: the asking tool may have stopped waiting
+    # in between (it marks the row late only while it is pending, so one of the two always sees the other).
+    if closed["timed_out_at"] is None:
         return respond(closed)  # the asking tool returns this answer
     # the tool had stopped waiting: the answer is accepted and goes to the thread as a message (202)
     return respond({**closed, "late": True,

@@ -351,7 +351,17 @@ async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_ou
                 # alpha's connections stall without an error (a half-open link); the server keeps its
                 # session, and with it the name's lock, for hours
                 proxy.freeze_existing()
-                await asyncio.sleep(LEASE_S * 3)
+                # the lease's time left, watched through the freeze: a hung renewal is abandoned after an
+                # interval (a third of the lease) and a new connection renews at once, with about a third
+                # of the lease to spare (waiting another interval first would leave none)
+                least = LEASE_S
+                async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as watch:
+                    end = time.monotonic() + LEASE_S * 3
+                    while time.monotonic() < end:
+                        cur = await watch.execute("SELECT extract(epoch FROM lease_until - now())::float8"
+                                                  " FROM executors WHERE name = 'alpha'")
+                        least = min(least, (await cur.fetchone() or [0.0])[0])
+                        await asyncio.sleep(0.05)
                 age = fleet.one("SELECT extract(epoch FROM now() - renewed_at)::float8 FROM executors"
                                 " WHERE name = 'alpha'")
                 after = fleet.rows("SELECT epoch, lost_at FROM executors WHERE name = 'alpha'")
@@ -362,6 +372,7 @@ async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_ou
                 fleet.stop_all()
     assert lost == [] and after == [(epoch, None)], fleet.logs()
     assert age < LEASE_S and row == [("running", "alpha")]
+    assert least > LEASE_S / 3 / 3, least  # a third of the interval left at the least
 
 
 async def test_a_sessions_next_turn_waits_for_the_executor_of_its_first_turn(db: DB, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from executor.sql import queries as executor_queries
 from shared import journal
 from shared.models import NewEvent
 from tests.pg import DB
@@ -190,6 +191,33 @@ async def test_answers_are_checked_against_the_stored_question_and_a_question_cl
     assert dismissed.status_code == 200 and dismissed.json()["response"] == "Not now, do the docs first"
     assert dismissed.json()["status"] == "answered" and dismissed.json()["answers"] == {}
     assert cancel_closed.status_code == 409 and missing.status_code == 404
+
+
+async def test_an_answer_to_a_question_that_timed_out_between_its_read_and_its_write_is_told_late(db: DB) -> None:
+    # The asking tool may stop waiting after the ingress read the question and before its answer lands.
+    # The answer is then late (202: the thread gets it as a message), not what the tool returned (200).
+    qid = _ask(db, "toolu_race")
+    answer = {"answers": {"Which database?": "Postgres", "Which extras?": ["Auth"]}}
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http, \
+            await psycopg.AsyncConnection.connect(db.executor_dsn) as executor:
+        async with executor.transaction():
+            # the tool's timeout, not yet committed: the ingress reads the row as pending and on time, and
+            # its write waits for this transaction
+            await executor.execute(executor_queries["mark_question_timed_out"], {"id": qid})
+            post = asyncio.create_task(http.post("/api/asks/toolu_race/answer", json=answer))
+            async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
+                for _ in range(300):
+                    cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                              " AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE questions SET status%%'")
+                    if (await cur.fetchone() or [0])[0]:
+                        break
+                    assert not post.done(), post.result().text
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError("the answer's write never waited on the question's row")
+        answered = await post
+    assert answered.status_code == 202, answered.text
+    assert answered.json()["late"] is True and answered.json()["status"] == "answered"
 
 
 @pytest.mark.parametrize(
