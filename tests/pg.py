@@ -8,7 +8,9 @@ TEMPLATE), so every test starts from the same schema and nothing leaks between t
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -135,3 +137,17 @@ class Cluster:
             names = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [self.prefix + "%"])
             for (name,) in names.fetchall():
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+async def lock_waiter(admin_dsn: str, where: str, params: list[Any] | None = None, timeout: float = 30) -> int:
+    """The pid of a session of this database waiting on a lock and matching `where` (SQL over
+    pg_stat_activity), once there is one: how a test knows a racing statement has reached its lock."""
+    deadline = time.monotonic() + timeout
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        while True:
+            cur = await conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                                     f" AND wait_event_type = 'Lock' AND ({where})", params or [])
+            if row := await cur.fetchone():
+                return int(row[0])
+            assert time.monotonic() < deadline, f"no session waited on a lock where {where}"
+            await asyncio.sleep(0.01)

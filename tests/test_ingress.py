@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor.sql import queries as executor_queries
 from shared import journal
 from shared.models import NewEvent
-from tests.pg import DB
+from tests.pg import DB, lock_waiter
 from tests.web import collect, ingress_server
 
 TABLES = ("journal", "tasks", "sessions", "chat_queue", "stop_queue", "thread_control_queue", "questions",
@@ -205,16 +205,7 @@ async def test_an_answer_to_a_question_that_timed_out_between_its_read_and_its_w
             # its write waits for this transaction
             await executor.execute(executor_queries["mark_question_timed_out"], {"id": qid})
             post = asyncio.create_task(http.post("/api/asks/toolu_race/answer", json=answer))
-            async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
-                for _ in range(300):
-                    cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                                              " AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE questions SET status%%'")
-                    if (await cur.fetchone() or [0])[0]:
-                        break
-                    assert not post.done(), post.result().text
-                    await asyncio.sleep(0.02)
-                else:
-                    raise AssertionError("the answer's write never waited on the question's row")
+            await lock_waiter(db.admin_dsn, "query LIKE '%%UPDATE questions SET status%%'")
         answered = await post
     assert answered.status_code == 202, answered.text
     assert answered.json()["late"] is True and answered.json()["status"] == "answered"

@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared import errors, journal
 from shared.database import Database
 from shared.models import NewEvent
-from tests.pg import DB, Cluster
+from tests.pg import DB, Cluster, lock_waiter
 
 
 def _events(n: int, **kw: object) -> list[NewEvent]:
@@ -117,20 +117,6 @@ async def test_append_notifies_journal_once_per_batch_with_the_last_seq(
     assert sub.queue.empty()
 
 
-async def _wait_for_lock_waiter(admin_dsn: str, application_name: str) -> int:
-    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
-        for _ in range(500):
-            cur = await conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
-                [application_name],
-            )
-            row = await cur.fetchone()
-            if row:
-                return int(row[0])
-            await asyncio.sleep(0.01)
-    raise AssertionError("the append never waited on the journal head")
-
-
 async def test_append_survives_its_connection_dropping_mid_batch_and_writes_the_batch_once(db: DB) -> None:
     async with Database(db.executor_dsn, name="dropped-appender", max_size=2) as appender:
         blocker = await psycopg.AsyncConnection.connect(db.admin_dsn)
@@ -138,7 +124,7 @@ async def test_append_survives_its_connection_dropping_mid_batch_and_writes_the_
         await blocker.execute("SELECT * FROM journal_head FOR UPDATE")
         batch = _events(50)
         task = asyncio.create_task(journal.append(appender.pool, batch))
-        pid = await _wait_for_lock_waiter(db.admin_dsn, "dropped-appender")
+        pid = await lock_waiter(db.admin_dsn, "application_name = %s", ["dropped-appender"])
         async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as killer:
             await killer.execute("SELECT pg_terminate_backend(%s)", [pid])
         await blocker.commit()

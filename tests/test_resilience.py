@@ -27,7 +27,7 @@ import pytest
 from executor.harness.asks import TIMED_OUT
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
-from tests.pg import DB, Cluster
+from tests.pg import DB, Cluster, lock_waiter
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
 from tests.test_asks import Q1, _round_trip, asking
 from tests.test_executor_process import _executor_env
@@ -102,7 +102,7 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
             # hold the writer's next append mid-transaction, so the outage certainly cuts a write off
             locker = await psycopg.AsyncConnection.connect(odb.admin_dsn)
             await locker.execute("LOCK TABLE journal IN SHARE MODE")  # readers go on; INSERTs wait
-            await _writer_waiting_on_a_lock(odb.admin_dsn)
+            await lock_waiter(odb.admin_dsn, "application_name LIKE 'petal-executor%%'")
             # stopped and started in a thread: this event loop, which runs both services, goes on meanwhile
             await asyncio.to_thread(server.down)
             with contextlib.suppress(psycopg.Error):
@@ -137,17 +137,6 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
             "SELECT j.payload, t.status FROM journal j JOIN tasks t ON t.id = j.task_id"
             " WHERE j.task_id = %s AND j.event_type = 'task.exited'", [worker]).fetchone()  # type: ignore[misc]
     assert status == "success" and deltas == words and lines == exited["lines"]
-
-
-async def _writer_waiting_on_a_lock(admin_dsn: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            if conn.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-                            " AND application_name LIKE 'petal-executor%%' AND wait_event_type = 'Lock'").fetchone():
-                return
-        assert time.monotonic() < deadline, "the journal writer never waited on the lock"
-        await asyncio.sleep(0.05)
 
 
 async def _journaled(admin_dsn: str, task_id: uuid.UUID, event_type: str, timeout: float = 60) -> None:

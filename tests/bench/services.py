@@ -28,7 +28,6 @@ from tests.web import free_port
 class Services:
     url: str
     mcp_url: str
-    env: dict[str, str]
     config_dir: Path
     workdir: Path
     ingress: subprocess.Popen[bytes]
@@ -79,7 +78,7 @@ async def running(db: DB, env: dict[str, str]) -> AsyncIterator[Services]:
     caller left in `executor`: a benchmark may restart it with another environment)."""
     ingress = start("ingress", env)
     svc = Services(f"http://127.0.0.1:{env['PETAL_INGRESS_PORT']}",
-                   f"http://127.0.0.1:{env['PETAL_MCP_PORT']}/harness-mcp/", env,
+                   f"http://127.0.0.1:{env['PETAL_MCP_PORT']}/harness-mcp/",
                    Path(env["PETAL_CLAUDE_CONFIG_DIR"]), Path(env["PETAL_WORKDIR"]), ingress, start("executor", env))
     try:
         await wait_up(svc.url)
