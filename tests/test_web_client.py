@@ -220,7 +220,10 @@ async def test_a_new_thread_approves_a_worker_from_its_pinned_card_and_the_worke
     handoff = {"goal": "count the files", "current_state": "there are 3 files", "next_step": "none",
                "ruled_out": [], "status": "success", "artifacts": []}
     scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "The worker counted 3 files."}]),
+        # The approval's notice is a turn of its own; only the worker's report gets the final reply, so
+        # the page is quiet once that reply shows (a click on a card the follow-scroll moves can miss).
+        Rule(role="orchestrator", match_last="finished", replies=[{"text": "The worker counted 3 files."}]),
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "Noted."}]),
         Rule(role="orchestrator", replies=[
             {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files here"}}},
             {"text": "A worker is counting."}]),
