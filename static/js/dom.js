@@ -64,14 +64,21 @@ export class Follow {
   constructor(active) {
     this.active = active;
     this.stick = true;
-    let lastY = 0;
+    this.lastY = 0;
     window.addEventListener("scroll", () => {
       const y = window.scrollY;
-      if (active() && (y < lastY || !this.stick)) this.stick = atBottom();
-      lastY = y;
+      if (active() && (y < this.lastY || !this.stick)) this.stick = atBottom();
+      this.lastY = y;
     }, { passive: true });
   }
-  // only while the view is the one shown: another view's reader is never moved
-  scroll(force) { if (this.active() && (force || this.stick)) window.scrollTo(0, document.body.scrollHeight); }
+  // only while the view is the one shown: another view's reader is never moved. The position it moves
+  // to is remembered at once: scroll events come once a frame, so a reader scrolling up in the same
+  // frame would otherwise look to have never left the old position, and stay followed.
+  scroll(force) {
+    if (!this.active() || !(force || this.stick)) return;
+    window.scrollTo(0, document.body.scrollHeight);
+    this.lastY = window.scrollY;
+    this.stick = true;
+  }
 }
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
