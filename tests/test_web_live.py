@@ -127,6 +127,39 @@ async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_ea
                 await _one_final_reply(page)
 
 
+async def test_a_press_holds_a_followed_chat_still_until_it_lifts_then_the_follow_catches_up(
+    db: DB, tmp_path: Path
+) -> None:
+    at_bottom = "() => window.innerHeight + window.scrollY >= document.body.scrollHeight - 80"
+    with ScriptedModelServer(_long_turn("held line", 60, final_delay_s=0.3)) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url) as page:
+                await page.fill("#composer-text", "go")
+                await page.click("#composer button")
+                texts = page.locator("#messages .msg.live .step.text")
+                await page.wait_for_function("() => document.body.scrollHeight > 1.5 * window.innerHeight",
+                                             timeout=60_000)
+                await expect(texts.last).to_be_in_viewport()
+                # a finger down on a line in view: the lines landing meanwhile do not move the page under it
+                box = await texts.last.bounding_box()
+                assert box is not None
+                x, y = box["x"] + 4, box["y"] + box["height"] / 2
+                under = "([x, y]) => document.elementFromPoint(x, y)?.textContent"
+                await page.mouse.move(x, y)
+                await page.mouse.down()
+                pressed = await page.evaluate(under, [x, y])
+                assert pressed and pressed.startswith("held line")
+                at = await texts.count()
+                await expect(texts.filter(has_text=f"held line {at + 3}.")).to_have_count(1, timeout=60_000)
+                assert await page.evaluate(under, [x, y]) == pressed
+                assert not await page.evaluate(at_bottom)
+                # lifted, the reader is still followed: the held scroll runs a moment later
+                await page.mouse.up()
+                await page.wait_for_function(at_bottom, timeout=10_000)
+                assert _count(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'stream.result'", []) == 0
+                await _one_final_reply(page)
+
+
 async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows_only_a_reader_at_the_bottom(
     db: DB, tmp_path: Path
 ) -> None:

@@ -55,6 +55,29 @@ export class Keyed {
   prune() { for (const k of this.nodes.keys()) if (!this.used.has(k)) this.nodes.delete(k); this.used = new Set(); }
 }
 
+// A finger (or button) pressed on the page holds every follow until a moment after it lifts: the page
+// does not move between the press and the release, so a tap lands on what it was aimed at. The scroll
+// held back runs then. While pressed, the page's own moves (the browser's scroll anchoring as lines
+// fold above) are not the reader scrolling away. A press the browser takes for a pan or a zoom
+// (pointercancel) ends the hold at once, and the pan is read as the reader's scrolling again.
+const follows = new Set();
+const press = { down: false, timer: 0 };
+const RELEASE_MS = 250;
+window.addEventListener("pointerdown", () => { press.down = true; clearTimeout(press.timer); },
+  { capture: true, passive: true });
+window.addEventListener("pointerup", () => {
+  clearTimeout(press.timer);
+  press.timer = setTimeout(() => {
+    press.down = false;
+    for (const f of follows) if (f.held) f.scroll(false);
+  }, RELEASE_MS);
+}, { capture: true, passive: true });
+window.addEventListener("pointercancel", () => {
+  clearTimeout(press.timer);
+  press.down = false;
+  for (const f of follows) f.held = false; // the next line follows, unless the pan went up first
+}, { capture: true, passive: true });
+
 // Following the bottom is the reader's choice, read from their scrolling: scrolling up away from the
 // bottom stops it, scrolling back down to it resumes it. Text arriving never moves the page up, so a
 // render need not measure the page (a forced layout) to know, and a burst taller than the margin
@@ -65,9 +88,11 @@ export class Follow {
     this.active = active;
     this.stick = true;
     this.lastY = 0;
+    this.held = false;
+    follows.add(this);
     window.addEventListener("scroll", () => {
       const y = window.scrollY;
-      if (active() && (y < this.lastY || !this.stick)) this.stick = atBottom();
+      if (active() && !press.down && (y < this.lastY || !this.stick)) this.stick = atBottom();
       this.lastY = y;
     }, { passive: true });
   }
@@ -76,9 +101,12 @@ export class Follow {
   // frame would otherwise look to have never left the old position, and stay followed.
   scroll(force) {
     if (!this.active() || !(force || this.stick)) return;
+    if (!force && press.down) { this.held = true; return; }
+    this.held = false;
     window.scrollTo(0, document.body.scrollHeight);
     this.lastY = window.scrollY;
     this.stick = true;
   }
 }
+
 function atBottom() { return window.innerHeight + window.scrollY >= document.body.scrollHeight - 80; }
