@@ -25,6 +25,7 @@ from tests.web import free_port, ingress_server
 
 pytestmark = pytest.mark.timeout(300)
 
+RESULTS = "SELECT count(*) FROM journal WHERE event_type = 'stream.result'"  # a turn's end in the journal
 FINAL_TEXT = "Nothing has been handed off yet, so there is nothing to build on and I will start fresh."
 
 
@@ -56,7 +57,6 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
         {"text": "Let me look at the handoffs first.",
          "tool_use": {"name": "mcp__harness__get_handoffs", "input": {"scope_id": str(DEFAULT_THREAD_ID)}}},
         {"text": FINAL_TEXT, "delay_s": 0.4}])])  # slow tokens: the reply takes ~7 s to arrive
-    results = "SELECT count(*) FROM journal WHERE event_type = 'stream.result'"
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
             async with page_at(b, url) as page:
@@ -66,7 +66,7 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                 await expect(live.locator(".step.text")).to_have_text("Let me look at the handoffs first.",
                                                                       timeout=60_000)
                 # on screen while the turn has no result in the journal yet
-                assert _count(db.admin_dsn, results, []) == 0
+                assert _count(db.admin_dsn, RESULTS, []) == 0
                 await expect(live.locator(".step.tool")).to_have_text("reading handoffs")
                 await expect(live.locator(".step.tool.done")).to_have_count(1, timeout=30_000)
                 # the page animates nothing endlessly while a turn runs: it would render every display
@@ -77,7 +77,7 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                 # a page opened mid-turn reads back what the turn already printed, once
                 async with page_at(b, url, DESKTOP) as second:
                     await expect(second.locator("#messages .msg.live .step.text")).to_have_count(1)
-                    assert _count(db.admin_dsn, results, []) == 0
+                    assert _count(db.admin_dsn, RESULTS, []) == 0
                     await shot(second, "chat-live-1280")
                     await _one_final_reply(second)
                 await _one_final_reply(page)
@@ -123,7 +123,7 @@ async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_ea
                 await folded.locator("summary").click()
                 texts = await live.locator(".step.text").all_inner_texts()
                 assert texts == [f"step line {k}." for k in range(lines)]
-                assert _count(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'stream.result'", []) == 0
+                assert _count(db.admin_dsn, RESULTS, []) == 0
                 await _one_final_reply(page)
 
 
@@ -156,7 +156,7 @@ async def test_a_press_holds_a_followed_chat_still_until_it_lifts_then_the_follo
                 # lifted, the reader is still followed: the held scroll runs a moment later
                 await page.mouse.up()
                 await page.wait_for_function(at_bottom, timeout=10_000)
-                assert _count(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'stream.result'", []) == 0
+                assert _count(db.admin_dsn, RESULTS, []) == 0
                 await _one_final_reply(page)
 
 
@@ -191,7 +191,7 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
                 at = await events.locator("li", has_text="tail line").count()
                 await expect(events.locator("li", has_text=f"tail line {at + 3}.")).to_have_count(1, timeout=60_000)
                 assert await page.evaluate("window.scrollY") == 0
-                assert _count(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'stream.result'", []) == 0
+                assert _count(db.admin_dsn, RESULTS, []) == 0
                 # another view's reader is not moved for the task view, a reader who scrolls up in the very
                 # frame Chat is shown (and scrolled to its bottom) too
                 await page.evaluate("""() => {
