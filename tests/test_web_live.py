@@ -136,26 +136,31 @@ async def test_a_press_holds_a_followed_chat_still_until_it_lifts_then_the_follo
             async with page_at(b, url) as page:
                 await page.fill("#composer-text", "go")
                 await page.click("#composer button")
-                texts = page.locator("#messages .msg.live .step.text")
+                live = page.locator("#messages .msg.live")
+                texts = live.locator(".step.text")
                 await page.wait_for_function("() => document.body.scrollHeight > 1.5 * window.innerHeight",
                                              timeout=60_000)
                 await expect(texts.last).to_be_in_viewport()
-                # a finger down on a line in view: the lines landing meanwhile do not move the page under it
+                # a finger down on a line in view: the lines landing meanwhile (past the fold's threshold
+                # too) do not move the page under it
                 box = await texts.last.bounding_box()
                 assert box is not None
                 x, y = box["x"] + 4, box["y"] + box["height"] / 2
-                under = "([x, y]) => document.elementFromPoint(x, y)?.textContent"
+                under = """([x, y]) => { const s = document.elementFromPoint(x, y)?.closest(".step");
+                                         return s ? `${s.dataset.seq} ${s.textContent}` : null; }"""
                 await page.mouse.move(x, y)
                 await page.mouse.down()
                 pressed = await page.evaluate(under, [x, y])
-                assert pressed and pressed.startswith("held line")
+                assert pressed, "the press did not land on a step"
                 at = await texts.count()
-                await expect(texts.filter(has_text=f"held line {at + 3}.")).to_have_count(1, timeout=60_000)
+                await expect(texts.filter(has_text=f"held line {at + 6}.")).to_have_count(1, timeout=60_000)
                 assert await page.evaluate(under, [x, y]) == pressed
                 assert not await page.evaluate(at_bottom)
-                # lifted, the reader is still followed: the held scroll runs a moment later
+                # lifted, the reader is still followed (the held scroll runs a moment later) and the
+                # earlier steps fold again
                 await page.mouse.up()
                 await page.wait_for_function(at_bottom, timeout=10_000)
+                await expect(live.locator("details.earlier")).to_be_visible()
                 assert _count(db.admin_dsn, RESULTS, []) == 0
                 await _one_final_reply(page)
 

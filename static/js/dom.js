@@ -63,6 +63,7 @@ export class Keyed {
 const follows = new Set();
 const press = { down: false, timer: 0 };
 const RELEASE_MS = 250;
+export const pressed = () => press.down; // what a view restructures above the reader waits for the release
 window.addEventListener("pointerdown", () => { press.down = true; clearTimeout(press.timer); },
   { capture: true, passive: true });
 window.addEventListener("pointerup", () => {

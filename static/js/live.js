@@ -1,7 +1,7 @@
 // Live progress of running work, read from the journal as it is written: a turn's (or a worker's)
 // assistant text as it arrives and its tool calls as compact lines, keyed by event id, so a replay or a
 // reload that overlaps the stream shows each once. The final reply replaces it when the `result` lands.
-import { firstLine, h } from "./dom.js";
+import { firstLine, h, pressed } from "./dom.js";
 import { md } from "./markdown.js";
 
 const base = (p) => String(p ?? "").split("/").filter(Boolean).pop() || String(p ?? "");
@@ -96,7 +96,9 @@ export class Progress {
       while (!later(after)) after = after.nextElementSibling;
       list.insertBefore(el, after);
     }
-    if (this.list.childElementCount <= SHOWN) return;
+    // not under a finger: folding moves the steps above it (the browser's scroll anchoring does not
+    // always make up for steps moved out from under it); the next step after the release folds them
+    if (this.list.childElementCount <= SHOWN || pressed()) return;
     while (this.list.childElementCount > SHOWN) this.earlier.append(this.list.firstElementChild);
     this.fold.hidden = false;
     const n = this.earlier.childElementCount;
