@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from shared import contract, journal, read_surface
 from shared.models import NewEvent
 from tests.harness import Harness, running_executor
 from tests.pg import DB
+from tests.wait import until
 
 HANDOFF = {"goal": "speed up the parser", "current_state": "parser rewritten with a table", "next_step": "benchmark it",
            "ruled_out": [{"approach": "SQLite as the journal store", "reason": "no LISTEN/NOTIFY"}],
@@ -42,20 +42,14 @@ async def _extract(db: DB, tmp: Path, sc: Scenario) -> tuple[Harness, uuid.UUID,
         async with running_executor(db, model, tmp, extract=True) as h:
             worker = await h.dispatch("make the parser faster", workdir=tmp / "work")
             await h.wait_final(worker)
-            deadline = time.monotonic() + 90
-            while True:  # the extractor runs after the worker; wait for its derived record
-                derived = [e for e in await h.events(worker) if e.tier == "derived"]
-                if derived:
-                    break
-                assert time.monotonic() < deadline, "no derived record"
-                await asyncio_sleep(0.1)
+            # the extractor runs after the worker; wait for its derived record
+            await until(lambda: _events_where(h, worker, lambda e: e.tier == "derived"), "a derived record", 90)
             return h, worker, await h.events(worker), await h.task(worker)
 
 
-async def asyncio_sleep(s: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(s)
+async def _events_where(h: Harness, task_id: uuid.UUID, keep: Any, at_least: int = 1) -> list[Any] | None:
+    found = [e for e in await h.events(task_id) if keep(e)]
+    return found if len(found) >= at_least else None
 
 
 async def test_a_valid_extraction_stores_a_handoff_with_the_fields_the_seq_range_and_the_harness_status(
@@ -195,19 +189,14 @@ async def test_reextract_runs_extraction_again_and_keeps_the_old_handoff(db: DB,
         async with running_executor(db, model, tmp_path, extract=True) as h:
             worker = await h.dispatch("make the parser faster", workdir=tmp_path / "work")
             await h.wait_final(worker)
-            deadline = time.monotonic() + 60
-            while not [e for e in await h.events(worker) if e.event_type == "handoff"]:
-                assert time.monotonic() < deadline
-                await asyncio_sleep(0.1)
+            is_handoff = lambda e: e.event_type == "handoff"  # noqa: E731
+            await until(lambda: _events_where(h, worker, is_handoff), "the first handoff", 60)
             env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
             out = subprocess.run([sys.executable, "-m", "shared.cli", "reextract", str(worker)], env=env,
                                  capture_output=True, text=True, timeout=60)
             assert out.returncode == 0, out.stderr
             second = uuid.UUID(json.loads(out.stdout)["extractor_task_id"])
-            while len([e for e in await h.events(worker) if e.event_type == "handoff"]) < 2:
-                assert time.monotonic() < deadline + 60
-                await asyncio_sleep(0.1)
-            handoffs = [e for e in await h.events(worker) if e.event_type == "handoff"]
+            handoffs = await until(lambda: _events_where(h, worker, is_handoff, 2), "the second handoff", 60)
     first, again = handoffs
     assert again.payload["extractor_task_id"] == str(second) != first.payload["extractor_task_id"]
     assert first.seq < again.seq and first.payload["goal"] == again.payload["goal"] == HANDOFF["goal"]

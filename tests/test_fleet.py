@@ -21,10 +21,11 @@ from shared import journal, threads
 from shared.database import Database
 from shared.models import NewEvent
 from tests.pg import DB
-from tests.resilience import check_invariants, settled
 from tests.push_standin import StandIn
+from tests.resilience import check_invariants, settled
 from tests.test_executor_process import _executor_env, _task_processes
 from tests.test_resilience import post_chat
+from tests.wait import until
 from tests.web import free_port, ingress_server
 
 LEASE_S = 3.0
@@ -78,11 +79,7 @@ class Fleet:
         return rows[0][0] if rows else None
 
     async def until(self, check: Any, what: str, timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (value := check()):
-            assert time.monotonic() < deadline, f"timed out: {what}\n{self.logs()}"
-            await asyncio.sleep(0.1)
-        return value
+        return await until(check, lambda: f"{what}\n{self.logs()}", timeout)
 
     async def dispatch(self, n: int = 1, **kw: Any) -> list[uuid.UUID]:
         async with Database(self.db.executor_dsn, name="test-dispatcher", max_size=1) as d:

@@ -30,6 +30,7 @@ from shared.models import NewEvent
 from tests.pg import DB, Cluster
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
 from tests.test_executor_process import _executor_env
+from tests.wait import until
 from tests.web import free_port
 
 pytestmark = [pytest.mark.resilience, pytest.mark.timeout(420)]
@@ -104,11 +105,7 @@ def _one(admin_dsn: str, query: str, params: list[Any] | None = None) -> Any:
 
 
 async def _until(check: Any, what: str, timeout: float, logs: list[Path]) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"{what}\n" + "\n".join(p.read_text()[-2000:] for p in logs)
-        await asyncio.sleep(0.2)
-    return found
+    return await until(check, lambda: f"{what}\n" + "\n".join(p.read_text()[-2000:] for p in logs), timeout, every=0.2)
 
 
 async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(

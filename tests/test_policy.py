@@ -8,10 +8,8 @@ import json
 import os
 import re
 import signal
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -21,20 +19,10 @@ from executor import policy, threads
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
+from tests.wait import until
 from tests.web import ingress_server
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
-
-
-async def _until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 120) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def _rows(h: Harness, sql: str, *params: Any) -> list[dict[str, Any]]:
@@ -124,14 +112,14 @@ async def test_a_crashed_worker_is_retried_once_then_escalated_and_skip_is_carri
                     ws = await _workers(h)
                     return ws[n - 1] if len(ws) >= n and ws[n - 1]["status"] == "running" and ws[n - 1]["pid"] \
                         else None
-                worker = await _until(running, f"worker attempt {attempt} to run")
+                worker = await until(running, f"worker attempt {attempt} to run")
                 await asyncio.sleep(0.5)  # let it print its first lines
                 os.kill(worker["pid"], signal.SIGKILL)
-            ask = await _until(lambda: _pending_ask(http), "the escalation question")
+            ask = await until(lambda: _pending_ask(http), "the escalation question")
             workers_at_ask = await _workers(h)
             await _answer(http, ask, policy.ESCALATION_SKIP)
-            events = await _until(lambda: _events_with(h, "escalation.resolved"), "the escalation to be acted on")
-            turn = await _until(lambda: _turn_containing(h, "the user answered"), "the orchestrator to hear of it")
+            events = await until(lambda: _events_with(h, "escalation.resolved"), "the escalation to be acted on")
+            turn = await until(lambda: _turn_containing(h, "the user answered"), "the orchestrator to hear of it")
             await asyncio.sleep(1)
             workers = await _workers(h)
     decisions = [e.payload for e in events if e.event_type == "policy.decision"]
@@ -178,7 +166,7 @@ async def test_a_rate_limited_worker_is_retried_after_the_back_off(db: DB, tmp_p
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "autonomous")
             await http.post("/api/chat", json={"text": "get the numbers", "thread_id": thread})
-            await _until(lambda: _turn_containing(h, "[harness] Worker"), "the clean retry's report")
+            await until(lambda: _turn_containing(h, "[harness] Worker"), "the clean retry's report")
             workers = await _workers(h)
             events = await h.events()
     decisions = [e.payload for e in events if e.event_type == "policy.decision"]
@@ -207,14 +195,14 @@ async def test_a_gated_worker_records_its_denials_and_stop_the_plan_stops_the_th
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "autonomous")
             await http.post("/api/chat", json={"text": "set things up", "thread_id": thread})
-            ask = await _until(lambda: _pending_ask(http), "the escalation question")
+            ask = await until(lambda: _pending_ask(http), "the escalation question")
             await _answer(http, ask, policy.ESCALATION_STOP)
-            await _until(lambda: _turn_containing(h, "chose to stop the plan"), "the orchestrator to hear of it")
+            await until(lambda: _turn_containing(h, "chose to stop the plan"), "the orchestrator to hear of it")
 
             async def all_ended() -> list[dict[str, Any]] | None:
                 ws = await _workers(h)
                 return ws if ws and all(w["status"] not in ("pending", "running") for w in ws) else None
-            workers = await _until(all_ended, "every worker to end")
+            workers = await until(all_ended, "every worker to end")
             events = await h.events()
     assert [w["status"] for w in workers] == ["gated", "cancelled"]
     handoff = next(e.payload for e in events if e.event_type == "handoff" and e.task_id == workers[0]["id"])
@@ -265,11 +253,11 @@ async def test_an_interactive_dispatch_returns_at_once_and_the_worker_waits_for_
                 drop = await _thread(http, "interactive")
                 await http.post("/api/chat", json={"text": "tidy up", "thread_id": keep})
                 await http.post("/api/chat", json={"text": "wipe things", "thread_id": drop})
-                approve = await _until(lambda: approval_for(http, "clear the cache"), "the first approval")
-                reject = await _until(lambda: approval_for(http, "wipe the disk"), "the second approval")
+                approve = await until(lambda: approval_for(http, "clear the cache"), "the first approval")
+                reject = await until(lambda: approval_for(http, "wipe the disk"), "the second approval")
                 # the dispatching turns ended without waiting for anybody
-                first_turn = await _until(lambda: turn_ended(h, keep, "tidy up"), "the dispatching turn")
-                await _until(lambda: turn_ended(h, drop, "wipe things"), "the other dispatching turn")
+                first_turn = await until(lambda: turn_ended(h, keep, "tidy up"), "the dispatching turn")
+                await until(lambda: turn_ended(h, drop, "wipe things"), "the other dispatching turn")
                 await asyncio.sleep(1.0)
                 waiting = await _workers(h)
                 waiting_rows = await _rows(h, "SELECT brief, status, activity FROM tasks WHERE role = 'worker' "
@@ -279,9 +267,9 @@ async def test_an_interactive_dispatch_returns_at_once_and_the_worker_waits_for_
             await _answer(http, approve, "Approve")
             async with running_executor(db, model, tmp_path, extract=True) as h:
                 await _answer(http, reject, "Reject")
-                await _until(lambda: _turn_containing(h, "[harness] The user approved"), "the approval to be told")
-                await _until(lambda: _turn_containing(h, "[harness] The user did not approve"), "the rejection")
-                await _until(lambda: _turn_containing(h, "[harness] Worker"), "the approved worker's report")
+                await until(lambda: _turn_containing(h, "[harness] The user approved"), "the approval to be told")
+                await until(lambda: _turn_containing(h, "[harness] The user did not approve"), "the rejection")
+                await until(lambda: _turn_containing(h, "[harness] Worker"), "the approved worker's report")
                 workers = await _workers(h)
                 events = await h.events()
     result = _tool_results(turn_events)[0]
@@ -320,7 +308,7 @@ async def test_two_threads_take_turns_at_the_same_time_without_mixing_messages(d
                 turns = await _rows(h, "SELECT session_id::text AS thread, brief, status, started_at, ended_at "
                                        "FROM tasks WHERE role = 'orchestrator' ORDER BY created_at")
                 return turns if len(turns) == 2 and all(t["status"] == "success" for t in turns) else None
-            turns = await _until(both_done, "both turns")
+            turns = await until(both_done, "both turns")
     by_thread = {t["thread"]: t for t in turns}
     assert by_thread[a]["brief"] == "message for A" and by_thread[b]["brief"] == "message for B"
     ta, tb = by_thread[a], by_thread[b]
@@ -346,10 +334,10 @@ async def test_an_escalation_answered_while_the_executor_is_down_is_acted_on_whe
             async with running_executor(db, model, tmp_path, extract=True) as h:
                 thread = await _thread(http, "autonomous")
                 await http.post("/api/chat", json={"text": "fix the proxy", "thread_id": thread})
-                ask = await _until(lambda: _pending_ask(http), "the escalation question")
+                ask = await until(lambda: _pending_ask(http), "the escalation question")
             await _answer(http, ask, policy.ESCALATION_RETRY)  # no executor is running now
             async with running_executor(db, model, tmp_path, extract=True) as h:
-                await _until(lambda: _turn_containing(h, "[harness] Worker"), "the retried worker's report")
+                await until(lambda: _turn_containing(h, "[harness] Worker"), "the retried worker's report")
                 workers = await _workers(h)
                 events = await h.events()
     resolved = [e.payload for e in events if e.event_type == "escalation.resolved"]
@@ -374,10 +362,10 @@ async def test_an_extraction_failure_offers_re_extract_which_runs_only_the_extra
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "autonomous")
             await http.post("/api/chat", json={"text": "write the notes", "thread_id": thread})
-            ask = await _until(lambda: _pending_ask(http), "the extraction_failed escalation")
+            ask = await until(lambda: _pending_ask(http), "the extraction_failed escalation")
             failed = await _workers(h)
             await _answer(http, ask, policy.ESCALATION_REEXTRACT)
-            turn = await _until(lambda: _turn_containing(h, "[harness] Worker"), "the orchestrator to get the handoff")
+            turn = await until(lambda: _turn_containing(h, "[harness] Worker"), "the orchestrator to get the handoff")
             workers = await _workers(h)
             extractors = await _rows(h, "SELECT status, parent_task_id FROM tasks WHERE role = 'extractor' "
                                         "ORDER BY created_at")

@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psycopg
@@ -27,23 +25,13 @@ from tests.harness import config_for, running_executor, running_supervisor, subs
 from tests.pg import DB
 from tests.resilience import settled
 from tests.test_executor_process import _executor_env, _spawn_executor
+from tests.wait import until
 from tests.web import ingress_server
 
-T = TypeVar("T")
 
 SETTLEMENT_MIGRATION = 13  # migrations/0013_settlement.sql
 HANDOFF = {"goal": "count the files", "current_state": "three files counted", "next_step": "none",
            "ruled_out": [], "status": "success", "artifacts": []}
-
-
-async def _until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 90) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 def _one(admin_dsn: str, sql: str, *params: Any) -> Any:
@@ -86,7 +74,7 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
 
                 async def running_worker() -> uuid.UUID | None:
                     return _one(db.admin_dsn, "SELECT id FROM tasks WHERE role = 'worker' AND status = 'running'")
-                worker = await _until(running_worker, "the worker to run")
+                worker = await until(running_worker, "the worker to run")
                 # Hold settlement off: FOR KEY SHARE lets the supervisor's updates through but not the
                 # settler's FOR UPDATE SKIP LOCKED claim. The executor then dies before it can settle.
                 async with await psycopg.AsyncConnection.connect(db.admin_dsn) as holder:
@@ -95,7 +83,7 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                     async def ended() -> str | None:
                         status = _one(db.admin_dsn, "SELECT status FROM tasks WHERE id = %s", worker)
                         return status if status not in ("pending", "running") else None
-                    status = await _until(ended, "the worker's end to commit")
+                    status = await until(ended, "the worker's end to commit")
                     await asyncio.sleep(1.5)  # the settler had its chances (task_changed and a poll) and passed
                     unsettled = _one(db.admin_dsn, "SELECT settled_at IS NULL FROM tasks WHERE id = %s", worker)
                     extractors_before = _one(db.admin_dsn, "SELECT count(*) FROM tasks WHERE parent_task_id = %s",
@@ -108,7 +96,7 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                 async def report_turn() -> int | None:
                     return _one(db.admin_dsn, "SELECT count(*) FROM tasks WHERE role = 'orchestrator' "
                                               "AND brief LIKE %s AND status = 'success'", f"[harness] Worker {worker}%")
-                await _until(report_turn, "the orchestrator to hear of the worker", timeout=120)
+                await until(report_turn, "the orchestrator to hear of the worker", timeout=120)
                 await settled(db.admin_dsn)
             finally:
                 executor.send_signal(signal.SIGTERM)
@@ -152,7 +140,7 @@ async def test_a_settlement_step_that_raises_leaves_the_end_unsettled_logged_and
         conn.execute("DROP TRIGGER refuse ON chat_queue")
     looping = asyncio.create_task(settler.run())
     try:
-        await _until(lambda: asyncio.to_thread(
+        await until(lambda: asyncio.to_thread(
             _one, db.admin_dsn, "SELECT settled_at IS NOT NULL FROM tasks WHERE id = %s", worker), "the retry", 15)
         await asyncio.sleep(0.5)  # a further pass must not settle it again
     finally:
@@ -183,7 +171,7 @@ async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_esc
 
             async def ended_turn() -> uuid.UUID | None:
                 return _one(db.admin_dsn, "SELECT id FROM tasks WHERE session_id = %s AND status = 'success'", thread)
-            turn = await _until(ended_turn, "the first turn")
+            turn = await until(ended_turn, "the first turn")
             # dispatch checks the directory; it can vanish before the worker is claimed (a queued retry, a
             # back-off): the row as dispatch leaves it, pointing at a directory that is gone
             worker = uuid.uuid4()
@@ -196,7 +184,7 @@ async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_esc
             async def escalation() -> dict[str, Any] | None:
                 asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
                 return next((a for a in asks if a["task_id"] == str(worker)), None)
-            ask = await _until(escalation, "the escalation")
+            ask = await until(escalation, "the escalation")
             chat = (await http.get(f"/api/threads/{thread}/conversation")).json()["events"]
             text = ask["questions"][0]["question"]
             await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {text: policy.ESCALATION_SKIP}})
@@ -204,7 +192,7 @@ async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_esc
             async def told() -> int | None:
                 return _one(db.admin_dsn, "SELECT count(*) FROM tasks WHERE session_id = %s AND brief LIKE %s",
                             thread, f"%Worker {worker} ended skipped%")
-            await _until(told, "the orchestrator to hear of it")
+            await until(told, "the orchestrator to hear of it")
             row = await h.task(worker)
     assert row["status"] == "skipped" and "does not exist" in row["status_reason"] and row["settled_at"]
     mine = [e for e in chat if e["task_id"] == str(worker)]
@@ -231,7 +219,7 @@ async def test_a_worker_whose_cli_cannot_be_started_escalates_instead_of_being_r
 
                 async def question() -> uuid.UUID | None:
                     return _one(db.admin_dsn, "SELECT question_id FROM escalations WHERE task_id = %s", worker)
-                await _until(question, "the escalation", 30)
+                await until(question, "the escalation", 30)
             finally:
                 settling.cancel()
                 await asyncio.gather(settling, return_exceptions=True)

@@ -7,10 +7,8 @@ import asyncio
 import json
 import os
 import signal
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -19,20 +17,10 @@ from executor import policy
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
+from tests.wait import until
 from tests.web import ingress_server
 
-T = TypeVar("T")
 MESSAGE = "summarise the open issues"
-
-
-async def _until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 120) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def _turns(h: Harness) -> list[dict[str, Any]]:
@@ -49,9 +37,8 @@ async def _kill_turn(h: Harness, model: ScriptedModelServer, n: int) -> None:
         turns = await _turns(h)
         turn = turns[n - 1] if len(turns) >= n else None
         return turn if turn and turn["status"] == "running" and turn["pid"] else None
-    turn = await _until(running, f"turn {n} to run")
-    await _until(lambda: asyncio.sleep(0, result=sum(r.role == "orchestrator" for r in model.requests) >= n),
-                 f"turn {n} to reach the model")
+    turn = await until(running, f"turn {n} to run")
+    await until(lambda: sum(r.role == "orchestrator" for r in model.requests) >= n, f"turn {n} to reach the model")
     await asyncio.sleep(0.3)
     os.kill(turn["pid"], signal.SIGKILL)
 
@@ -78,7 +65,7 @@ async def test_a_crashed_turn_shows_an_error_record_runs_again_once_then_escalat
             async def escalation() -> dict[str, Any] | None:
                 asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
                 return asks[0] if asks else None
-            ask = await _until(escalation, "the turn's escalation")
+            ask = await until(escalation, "the turn's escalation")
             after_two = await _turns(h)
             chat = await _conversation(http, thread)
 
@@ -89,7 +76,7 @@ async def test_a_crashed_turn_shows_an_error_record_runs_again_once_then_escalat
             async def third_done() -> list[dict[str, Any]] | None:
                 turns = await _turns(h)
                 return turns if len(turns) == 3 and turns[2]["status"] == "success" else None
-            turns = await _until(third_done, "the retried turn")
+            turns = await until(third_done, "the retried turn")
             again = await http.post(f"/api/threads/{thread}/retry", json={"task_id": str(after_two[1]["id"])})
             on_success = await http.post(f"/api/threads/{thread}/retry", json={"task_id": str(turns[2]["id"])})
             chat_after = await _conversation(http, thread)
@@ -135,7 +122,7 @@ async def test_a_retry_of_an_unknown_or_unfailed_turn_is_refused_and_queues_noth
             async def done() -> list[dict[str, Any]] | None:
                 turns = await _turns(h)
                 return turns if turns and turns[0]["status"] == "success" else None
-            (turn,) = await _until(done, "the turn")
+            (turn,) = await until(done, "the turn")
             nothing_failed = await http.post(f"/api/threads/{thread}/retry", json={})
             succeeded = await http.post(f"/api/threads/{thread}/retry", json={"task_id": str(turn["id"])})
             elsewhere = await http.post(f"/api/threads/{turn['id']}/retry", json={"task_id": str(turn["id"])})
@@ -163,7 +150,7 @@ async def test_retry_answered_in_a_failed_turns_escalation_runs_its_messages_onc
             async def escalation() -> dict[str, Any] | None:
                 asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
                 return asks[0] if asks else None
-            ask = await _until(escalation, "the turn's escalation")
+            ask = await until(escalation, "the turn's escalation")
             model.scenario.rules[:] = [Rule(role="orchestrator", replies=[{"text": "done this time"}])]
             text = ask["questions"][0]["question"]
             answered = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {text: policy.ESCALATION_RETRY}})
@@ -171,7 +158,7 @@ async def test_retry_answered_in_a_failed_turns_escalation_runs_its_messages_onc
             async def third_done() -> list[dict[str, Any]] | None:
                 turns = await _turns(h)
                 return turns if len(turns) == 3 and turns[2]["status"] == "success" else None
-            turns = await _until(third_done, "the retried turn")
+            turns = await until(third_done, "the retried turn")
             chat = await _conversation(http, thread)
     assert answered.status_code == 200, answered.text
     assert [(t["brief"], t["attempt"]) for t in turns] == [(MESSAGE, 1), (MESSAGE, 2), (MESSAGE, 3)]
@@ -192,13 +179,13 @@ async def test_a_rate_limited_turn_runs_its_messages_again_after_the_back_off(db
             async def limited() -> list[dict[str, Any]] | None:
                 turns = await _turns(h)
                 return turns if turns and turns[0]["status"] == "rate_limited" else None
-            await _until(limited, "the rate-limited turn")
+            await until(limited, "the rate-limited turn")
             model.scenario.rules[:] = [Rule(role="orchestrator", replies=[{"text": "here is the summary"}])]
 
             async def second_done() -> list[dict[str, Any]] | None:
                 turns = await _turns(h)
                 return turns if len(turns) == 2 and turns[1]["status"] == "success" else None
-            await _until(second_done, "the backed-off re-run")
+            await until(second_done, "the backed-off re-run")
             conn = await h._conn()
             rows = await (await conn.execute(
                 "SELECT ended_at, not_before, started_at, brief FROM tasks WHERE role = 'orchestrator' "

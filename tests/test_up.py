@@ -10,13 +10,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from tests.harness import claude_bin
+from tests.wait import until_blocking
 from tests.web import free_port
 
 
@@ -156,15 +156,6 @@ def _post(url: str, body: dict[str, Any]) -> Any:
         return json.load(r)
 
 
-def _until(what: str, probe: Callable[[], Any], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -215,7 +206,7 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
             return sorted((t for t in _get(f"{base}/api/tasks?thread_id={thread}")["tasks"] if t["role"] == "worker"),
                           key=lambda t: t["attempt"])
 
-        _until("the worker's Bash call", lambda: (data / "demo-project" / "step-one.txt").exists())
+        until_blocking(lambda: (data / "demo-project" / "step-one.txt").exists(), "the worker's Bash call")
         first = workers()[0]
         claude, bash = first["pid"], [p for p in _task_procs(first["id"]) if p != first["pid"]]
         assert _alive(claude) and bash, "the worker and its Bash child run"
@@ -225,13 +216,13 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
         killed_at = time.monotonic()
         # the worker's claude and its Bash child go with the executor, before any new executor could sweep them
         try:
-            _until("the worker to die with the executor", lambda: not any(_alive(p) for p in [claude, *bash]),
+            until_blocking(lambda: not any(_alive(p) for p in [claude, *bash]), "the worker to die with the executor",
                    timeout=5)
         except AssertionError:
             left = [(p, psutil.Process(p).status(), psutil.Process(p).cmdline()) for p in [claude, *bash] if _alive(p)]
             raise AssertionError(f"still running: {left}") from None
         gone_after = time.monotonic() - killed_at
-        retry = _until("the retry", lambda: len(workers()) > 1 and workers()[1])
+        retry = until_blocking(lambda: len(workers()) > 1 and workers()[1], "the retry")
         crashed = _get(f"{base}/api/tasks/{first['id']}/events")["events"]
         postmaster = int((data / "pgdata" / "postmaster.pid").read_text().split()[0])
     finally:
@@ -249,7 +240,7 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
     assert "An earlier attempt was interrupted" in retry["brief"]
     assert "echo one > step-one.txt && sleep 300" in retry["brief"]
     assert rc == 0
-    _until("the embedded PostgreSQL to stop", lambda: not _alive(postmaster), timeout=20)
+    until_blocking(lambda: not _alive(postmaster), "the embedded PostgreSQL to stop", timeout=20)
 
 
 def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> None:
@@ -273,7 +264,7 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
                 return None
             return pid if pid != first and _alive(pid) else None
 
-        second = _until("PostgreSQL to be started again", restarted, timeout=60)
+        second = until_blocking(restarted, "PostgreSQL to be started again", timeout=60)
 
         def ready() -> bool:
             try:
@@ -281,7 +272,7 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
             except OSError:
                 return False
 
-        _until("the ingress to be ready again", ready, timeout=60)
+        until_blocking(ready, "the ingress to be ready again", timeout=60)
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGINT)
@@ -289,7 +280,7 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
         proc.stdout.close()  # type: ignore[union-attr]
     assert any(e["event"] == "database_restarted" for e in _log_events(tmp_path / "up.log"))
     assert rc == 0
-    _until("the restarted PostgreSQL to stop", lambda: not _alive(second), timeout=20)
+    until_blocking(lambda: not _alive(second), "the restarted PostgreSQL to stop", timeout=20)
 
 
 def test_a_clean_stop_stops_postgresql_even_after_an_earlier_up_was_killed(tmp_path: Path) -> None:
@@ -308,7 +299,7 @@ def test_a_clean_stop_stops_postgresql_even_after_an_earlier_up_was_killed(tmp_p
     first.kill()  # SIGKILL: no clean-up at all; its pid stays in the server's handle list
     first.wait()
     first.stdout.close()  # type: ignore[union-attr]
-    _until("its services to die with it", lambda: not any(_alive(p) for p in services), timeout=10)
+    until_blocking(lambda: not any(_alive(p) for p in services), "its services to die with it", timeout=10)
     postmaster = int((data / "pgdata" / "postmaster.pid").read_text().split()[0])
     assert _alive(postmaster)  # left running by the killed up
     second = start()
@@ -316,4 +307,4 @@ def test_a_clean_stop_stops_postgresql_even_after_an_earlier_up_was_killed(tmp_p
     second.send_signal(signal.SIGINT)
     assert second.wait(60) == 0
     second.stdout.close()  # type: ignore[union-attr]
-    _until("PostgreSQL to stop", lambda: not _alive(postmaster), timeout=20)
+    until_blocking(lambda: not _alive(postmaster), "PostgreSQL to stop", timeout=20)

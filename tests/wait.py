@@ -1,0 +1,41 @@
+"""Waiting in tests: for a condition, with a deadline. A fixed sleep standing in for a condition is slow when
+the machine is idle and flaky when it is loaded; a fixed sleep is right only for a window in which something
+must *not* happen."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def _said(what: str | Callable[[], str]) -> str:
+    return what() if callable(what) else what  # a callable is read only on failure (logs, the last rows)
+
+
+async def until(check: Callable[[], Any], what: str | Callable[[], str], timeout: float = 120,
+                every: float = 0.1) -> Any:
+    """`check()`'s first truthy value (`check` may return an awaitable); fails naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {_said(what)}")
+        await asyncio.sleep(every)
+
+
+def until_blocking(check: Callable[[], Any], what: str | Callable[[], str], timeout: float = 120,
+                   every: float = 0.1) -> Any:
+    """`until` for a test with no event loop of its own."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {_said(what)}")
+        time.sleep(every)
+    return value
