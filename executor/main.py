@@ -21,6 +21,8 @@ from executor import harness as harness_mcp
 from executor.harness import rules as gate_rules
 from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal_writer import JournalWriter
+from executor.gateway import parse_allowlist
+from executor.sandbox import SandboxPolicy, install_root
 from executor.settler import Settler, SettlerConfig
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
@@ -53,8 +55,30 @@ def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateCon
     )
 
 
-def supervisor_config(settings: Settings) -> SupervisorConfig:
+def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy | None:
+    """Every spawn's sandbox, or None on the operator's explicit PETAL_SANDBOX=off (logged). Fails closed:
+    SandboxUnavailable, naming the cause and the fix, where the sandbox cannot run."""
+    if settings.sandbox == "off":
+        log.warning("sandbox_off", detail="PETAL_SANDBOX=off: workers run unsandboxed, as this service's user, "
+                    "and reach what it reaches")
+        return None
+    data_dir = settings.data_dir.resolve()
+    hidden = [data_dir, Path(env.get("HOME") or Path.home())]
+    if settings.worktree_dir is not None:
+        hidden.append(settings.worktree_dir.resolve())
+    allow = [a for a in settings.sandbox_allow.split(",") if a.strip()]
+    try:
+        parse_allowlist(allow)
+    except ValueError as exc:
+        raise errors.ConfigError(f"PETAL_SANDBOX_ALLOW: {exc}") from None
+    # the CLI's install stays visible where it lies in a hidden home (a cache under ~/.cache)
+    exposed = [root for root in (install_root(settings.claude_bin, env.get("PATH")),) if root is not None]
+    return SandboxPolicy.find(hidden=hidden, allow=allow, exposed=exposed, path=env.get("PATH"))
+
+
+def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None = None) -> SupervisorConfig:
     return SupervisorConfig(
+        sandbox=sandbox,
         mcp_url=f"http://{settings.mcp_host}:{settings.mcp_port}{harness_mcp.PATH}",
         mcp_timeout_ms=int((settings.ask_timeout_s + MCP_TIMEOUT_MARGIN_S) * 1000),
         max_workers=settings.max_workers,
@@ -260,6 +284,7 @@ def main(settings: Settings) -> int:
     check_bind(settings)
     ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
     dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
+    policy = sandbox_policy(settings, os.environ)  # before anything starts: no unsandboxed spawn, ever
     info = dbserver.resolve(settings)
     database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
 
@@ -268,7 +293,7 @@ def main(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings), stop,
+        await serve(info.executor_dsn, substrate_config(settings, os.environ), supervisor_config(settings, policy), stop,
                     mcp_host=settings.mcp_host, mcp_port=settings.mcp_port, ask_timeout_s=settings.ask_timeout_s,
                     backoff_base_s=settings.backoff_base_s, notify_config=notify_config(settings),
                     project_roots=settings.project_root_paths, journal_hold_bytes=settings.journal_hold_bytes)

@@ -46,6 +46,23 @@ def signal_group(pid: int, sig: int) -> bool:
         return False
 
 
+def signal_inside(pid: int, sig: int, skip_exe: str) -> bool:
+    """Signal what runs inside a sandbox whose launcher (`skip_exe`, bubblewrap) is `pid`: every descendant but
+    the launcher's own processes. Signalled itself, bubblewrap's monitor would die at once and take the
+    sandbox down with SIGKILL, so the CLI could neither clean up nor exit with its own status. False if gone."""
+    try:
+        inside = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return False
+    sent = False
+    for proc in inside:
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.exe() != skip_exe:
+                proc.send_signal(sig)
+                sent = True
+    return sent
+
+
 def find_by_env(var: str, value: str, *, exclude: set[int] | None = None) -> list[psutil.Process]:
     """Processes whose environment holds var=value: a task's processes, including orphans that left its
     process group (the CLI's Bash tool runs commands in their own session)."""

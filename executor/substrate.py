@@ -123,8 +123,8 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
         # use mean the same in its default draft, and our own gate validates as 2020-12.
         cli_schema = {k: v for k, v in spec.json_schema.items() if k != "$schema"}
         cmd += ["--json-schema", json.dumps(cli_schema)]
-    # "--" ends the options, so a prompt that starts with "-" is still the prompt.
-    cmd += ["--", spec.prompt]
+    # The prompt is not on the command line (another process of the user reads /proc/<pid>/cmdline): `-p` with
+    # no prompt argument reads it from stdin, which the runner writes and closes.
     return cmd
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from executor import fleet, process, substrate
 from executor.journal_writer import JournalWriter
 from executor.reconcile import reconcile
+from executor.sandbox import SandboxPolicy
 from executor.task_run import USER_STOP, RunConfig, Running, TaskRunner
 from executor.task_store import ClaimedTask, TaskStore
 from executor.watchdog import Limits, Watchdog
@@ -59,12 +60,14 @@ class SupervisorConfig:
     lease_s: float = fleet.DEFAULT_LEASE_S
     # every executor reads one CLI config directory: a thread's turns need not stay where the first ran
     shared_claude_config: bool = False
+    # every spawn's sandbox (None: unsandboxed, the operator's explicit PETAL_SANDBOX=off)
+    sandbox: SandboxPolicy | None = None
 
     def run_config(self) -> RunConfig:
         return RunConfig(stop_grace_s=self.stop_grace_s, drain_timeout_s=self.drain_timeout_s,
                          default_workdir=self.default_workdir, run_dir=self.run_dir,
                          worktree_root=self.worktree_root, keep_worktrees=self.keep_worktrees,
-                         mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms)
+                         mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms, sandbox=self.sandbox)
 
 
 class Supervisor:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import time
 import uuid
@@ -17,7 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from executor import lineage, process, projects, substrate, worktrees
+from executor import lineage, process, projects, sandbox, substrate, worktrees
+from executor.gateway import Gateway
+from executor.gateway import parse_allowlist as gateway_allow
 from executor.fleet import Lease
 from executor.journal_writer import Fenced, JournalWriter
 from executor.task_store import ClaimedTask, TaskEnd, TaskStore
@@ -68,6 +71,8 @@ class RunConfig:
     keep_worktrees: bool
     mcp_url: str | None
     mcp_timeout_ms: int | None
+    # every spawn sandboxed (None: the operator's explicit PETAL_SANDBOX=off)
+    sandbox: sandbox.SandboxPolicy | None = None
 
 
 @dataclass
@@ -88,6 +93,7 @@ class Running:
     stop_asked: asyncio.Event = field(default_factory=asyncio.Event)  # the run's own coroutine carries it out
     killed: bool = False
     mcp_config: Path | None = None
+    gateway: Gateway | None = None  # the sandbox's ways out, closed when the process has exited
     revoke_pending: bool = False  # the database was away when its process exited: revoked once the end is recorded
     # row updates an outage held back, applied in order once the database is back
     unsaved: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -195,6 +201,7 @@ class TaskRunner:
             self.store.pool, task.id, task.parent_task_id, extractor=task.json_schema is not None))
         parent_lookup.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is read or moot
         proc = None
+        gateway: Gateway | None = None
         try:
             isolated, profile, resume = await asyncio.gather(
                 self._worktree(task), self.store.role_profile(task.role),
@@ -230,12 +237,17 @@ class TaskRunner:
             cmd = substrate.build_command(self.substrate, spec)
             env = substrate.build_env(self.substrate, str(task_id))
             try:
+                argv = cmd
+                if self.config.sandbox is not None:
+                    gateway = await self._open_gateway(task_id)
+                    argv, env = self._sandboxed(self.config.sandbox, gateway, workdir, mcp_path, cmd, env)
                 # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
                 # Bash-tool children itself (they run in their own session, out of reach of a group signal)
-                argv, preexec = lifeline.spawn_dying_with_parent(cmd, signal.SIGTERM, path=env.get("PATH"))
+                argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
+                    # the prompt goes on stdin, never in argv (another process's /proc/<pid>/cmdline)
+                    stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
                     cwd=workdir,
@@ -246,6 +258,8 @@ class TaskRunner:
             except OSError as exc:
                 if mcp_path is not None:
                     mcp_path.unlink(missing_ok=True)
+                if gateway is not None:
+                    await gateway.close()
                 await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
                 return
         finally:
@@ -253,14 +267,18 @@ class TaskRunner:
                 parent_lookup.cancel()  # no process, no task.spawned to hang under anything
         started = time.monotonic()
         r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
-                    proc=proc, started=started, last_output=started, mcp_config=mcp_path)
+                    proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway)
         self.runs[task_id] = r
+        feeding = asyncio.create_task(self._feed_prompt(proc, spec.prompt))
+        self.children.add(feeding)
+        feeding.add_done_callback(self.children.discard)
         # the process runs from here on, database or not: the row learns its pid now or once it is back
         await self.save(r, lambda: self.store.set_process(task_id, proc.pid, session_id))
         parent_id = await self._spawn_parent(parent_lookup, task_id)
         # queued before any line of the task: the single writer keeps that order in the journal
         spawned = self._event(r, "task.spawned", {
             "pid": proc.pid, "role": task.role, "argv": cmd, "workdir": str(workdir),
+            "sandbox": "bwrap" if gateway is not None else "off",
             "attempt": task.attempt, "plan_ref": task.plan_ref,
             "executor": self.lease.name, "executor_epoch": self.lease.epoch}, parent_id=parent_id)
         r.spawned_id = spawned.event_id
@@ -268,6 +286,50 @@ class TaskRunner:
         child = asyncio.create_task(self._supervise(r, task), name=f"task-{task_id}")
         self.children.add(child)
         child.add_done_callback(self.children.discard)
+
+    @staticmethod
+    async def _feed_prompt(proc: asyncio.subprocess.Process, prompt: str) -> None:
+        """The brief on the process's stdin, then end of input (`claude -p` reads its prompt from there)."""
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(prompt.encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
+            await proc.stdin.wait_closed()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it died before reading: its exit says why
+
+    async def _open_gateway(self, task_id: uuid.UUID) -> Gateway:
+        forwards: dict[int, tuple[str, int]] = {}
+        for port, target in (sandbox.loopback_port(self.config.mcp_url),
+                             sandbox.loopback_port(self.substrate.base_env.get("ANTHROPIC_BASE_URL"))):
+            if port is not None and target is not None:
+                forwards[port] = target
+        assert self.config.sandbox is not None
+        allow = (*sandbox.cli_hosts(self.substrate.base_env), *self.config.sandbox.allow)
+        return await Gateway.open(self.config.run_dir / "sandbox" / str(task_id), forwards,
+                                  gateway_allow(allow), label=str(task_id))
+
+    def _sandboxed(self, policy: sandbox.SandboxPolicy, gateway: Gateway, workdir: Path, mcp_path: Path | None,
+                   cmd: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of a spawn inside its sandbox."""
+        git_rw, git_ro = sandbox.git_parts(workdir)
+        home = Path(self.substrate.base_env.get("HOME") or Path.home())
+        config_home = substrate.config_home(self.substrate)
+        writable = [config_home, *git_rw]
+        if self.substrate.config_dir is None and not self.substrate.base_env.get("CLAUDE_CONFIG_DIR"):
+            writable += [p for p in (home / ".claude.json",) if p.exists()]
+        readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None)]
+        readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
+        readonly += policy.exposed
+        found = shutil.which(cmd[0], path=env.get("PATH"))
+        if found is not None and not sandbox.visible(Path(found), policy):
+            readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
+        config_home.mkdir(parents=True, exist_ok=True)
+        box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
+                               hidden=sandbox.other_sessions(config_home, workdir),
+                               ports=tuple(gateway.forwards), sockets_dir=gateway.directory)
+        return sandbox.wrap(policy, box, cmd), {**env, **sandbox.proxy_env(), "TMPDIR": "/tmp"}
 
     async def _worktree(self, task: ClaimedTask) -> Path | str | None:
         """A worker of a project runs in a git worktree of its own, never in the project's checkout: its path,
@@ -337,6 +399,8 @@ class TaskRunner:
         readers = [asyncio.create_task(self._read_stdout(r)), asyncio.create_task(self._read_stderr(r))]
         try:
             rc = await self._until_exit(r)
+            if r.gateway is not None:
+                await r.gateway.close()
             if r.mcp_config is not None:
                 await self._revoke_mcp_config(r)
             done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)
@@ -435,7 +499,10 @@ class TaskRunner:
         await r.stop_asked.wait()
         if not _alive(r):
             return
-        sent = process.signal_group(r.proc.pid, signal.SIGTERM)
+        if r.gateway is not None and self.config.sandbox is not None:
+            sent = process.signal_inside(r.proc.pid, signal.SIGTERM, self.config.sandbox.bwrap)
+        else:
+            sent = process.signal_group(r.proc.pid, signal.SIGTERM)
         await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGTERM", "reason": r.stop_reason,
                                                                   "delivered": sent}))
         try:

@@ -13,6 +13,8 @@ from shared.errors import ConfigError
 # proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
 AuthMode = Literal["proxy", "token"]
 LogFormat = Literal["auto", "json", "console"]
+# bwrap: every spawn runs in a bubblewrap sandbox (executor/sandbox.py); off: the operator's explicit opt-out
+SandboxMode = Literal["bwrap", "off"]
 LogLevel = Annotated[Literal["debug", "info", "warning", "error", "critical"],
                      BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)]
 
@@ -44,6 +46,9 @@ class Settings(BaseSettings):
     allowed_hosts: str = ""
     # Peers (addresses or CIDRs) whose X-Authentik-Username / X-Forwarded-* headers count.
     trusted_proxies: str = "127.0.0.0/8,::1"
+    # A secret the proxy adds to every request (X-Petal-Proxy-Secret): required in proxy mode, at least 16
+    # characters. Being on a trusted address is not enough: any local process is on loopback.
+    proxy_secret: SecretStr | None = None
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     sse_heartbeat_s: float = Field(default=15.0, gt=0)
     # recent SSE frames kept in memory; a client further behind is cut off (it resumes by Last-Event-ID)
@@ -97,6 +102,11 @@ class Settings(BaseSettings):
     worktree_dir: Path | None = None
     keep_worktrees: bool = False
     claude_bin: str = "claude"
+    # Every spawn sandboxed (off: workers run as this user with its reach; logged, shown in /api/info and the
+    # page). The hosts its tools may reach through the sandbox's proxy (comma-separated host or host:port;
+    # the model API is always reachable by the CLI itself); a project may add its own.
+    sandbox: SandboxMode = "bwrap"
+    sandbox_allow: str = ""
     claude_config_dir: Path | None = None
     # The CLI's retry and timeout knobs (unset: the CLI's defaults, which hold a dead API for minutes).
     claude_max_retries: int | None = Field(default=None, ge=0)

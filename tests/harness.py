@@ -22,6 +22,7 @@ from executor.main import serve
 from executor.journal_writer import JournalWriter
 from executor.notify import NotifyConfig
 from executor.scripted_model import ScriptedModelServer
+from executor.sandbox import SandboxPolicy, install_root
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
 from shared.database import Database
@@ -164,11 +165,24 @@ async def running_supervisor(
             await writer.flush_and_stop()
 
 
+@functools.cache
+def _sandbox_programs() -> SandboxPolicy:
+    root = install_root(claude_bin(), os.environ.get("PATH"))
+    return SandboxPolicy.find(exposed=[root] if root is not None else [])
+
+
+def sandbox_for(tmp: Path, allow: tuple[str, ...] = ()) -> SandboxPolicy:
+    """The sandbox every test's spawns run in, as the executor builds it: the test's data directory (`tmp`) and
+    the CLI's HOME hidden."""
+    base = _sandbox_programs()
+    return replace(base, hidden=(*base.hidden, tmp.resolve(), (tmp / "home").resolve()), allow=allow)
+
+
 def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
     workdir = tmp / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     base = SupervisorConfig(stall_timeout_s=60, stop_grace_s=5, poll_interval_s=0.5, watchdog_interval_s=0.2,
-                            default_workdir=workdir, run_dir=tmp / "run")
+                            default_workdir=workdir, run_dir=tmp / "run", sandbox=sandbox_for(tmp))
     return replace(base, **kw)
 
 
@@ -206,3 +220,18 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
             await harness.close()
             stop.set()
             await asyncio.wait_for(task, 60)
+
+
+def live_in_group(pgid: int) -> list[tuple[int, str]]:
+    """The processes of a process group that still run. A sandbox's exited bubblewrap init can wait as a zombie
+    until the machine's init reaps it: dead, so not counted."""
+    import psutil
+
+    live = []
+    for proc in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                live.append((proc.pid, str(proc.info["name"])))
+        except (OSError, psutil.Error):
+            continue
+    return live
