@@ -282,9 +282,9 @@ async def _outliving_outages(name: str, run: Callable[[], Awaitable[None]], avai
 
 def main(settings: Settings) -> int:
     check_bind(settings)
+    policy = sandbox_policy(settings, os.environ)  # before anything starts: no unsandboxed spawn, ever
     ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
     dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
-    policy = sandbox_policy(settings, os.environ)  # before anything starts: no unsandboxed spawn, ever
     info = dbserver.resolve(settings)
     database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
 

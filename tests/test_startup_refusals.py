@@ -99,3 +99,29 @@ def test_read_only_commands_say_the_database_is_down_and_start_nothing(tmp_path:
     empty = _run(["status"], _env(tmp_path / "none"))
     _one_line_error(empty, "database is down")
     assert not (tmp_path / "none" / "pgdata").exists()
+
+
+@pytest.mark.parametrize("service", ["executor", "up"])
+@pytest.mark.parametrize("missing", ["bwrap", "socat"])
+def test_without_the_sandbox_programs_the_start_is_refused_in_one_line_naming_the_install(
+        service: str, missing: str, tmp_path: Path) -> None:
+    # a PATH with everything the start needs but the one program
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for prog in ("bwrap", "socat", "bash", "git", "setpriv", "node", "true"):
+        found = shutil.which(prog)
+        if found and prog != missing:
+            (bin_dir / prog).symlink_to(found)
+    data = tmp_path / "var"
+    out = _run([service], _env(data, PATH=str(bin_dir)))
+    _one_line_error(out, missing, "apt-get install bubblewrap socat", "PETAL_SANDBOX=off")
+    assert not (data / "pgdata").exists()  # refused before any database was started
+
+
+def test_with_the_sandbox_off_the_executor_says_so_before_anything_else(taken_port: int, tmp_path: Path) -> None:
+    """PETAL_SANDBOX=off is the explicit opt-out, even without bubblewrap: logged first (here the taken port
+    then stops the start)."""
+    env = _env(tmp_path / "var", PETAL_SANDBOX="off", PETAL_MCP_PORT=str(taken_port), PATH="/nonexistent")
+    out = _run(["executor"], env)
+    _one_line_error(out, "in use")
+    assert "sandbox_off" in out.stdout + out.stderr and "unsandboxed" in out.stdout + out.stderr
