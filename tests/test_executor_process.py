@@ -155,12 +155,16 @@ async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_as_
     assert _task_processes(task_id) == []
 
 
-async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(db: DB, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandboxed", [False, True])
+async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(
+        db: DB, tmp_path: Path, sandboxed: bool) -> None:
+    """Unsandboxed, the sweep by environment finds the Bash child that left claude's session; sandboxed, the
+    SIGKILL of the sandbox takes its whole PID namespace down, so nothing is left to sweep."""
     scenario = Scenario.single({"tool_use": {"name": "Bash", "input": {"command": "tail -f /dev/null", "timeout": 600000}}},
                                {"text": "slept"})
     with ScriptedModelServer(scenario) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
-                                      config_for(tmp_path)) as h:
+                                      config_for(tmp_path, **({} if sandboxed else {"sandbox": None}))) as h:
             # no harness MCP here, so no permission path: the task pre-allows Bash itself
             task_id = await h.dispatch("sleep a while", allowed_tools=["Bash"])
             row = await h.wait_task(task_id, lambda r: r["pid"] is not None)
@@ -172,7 +176,7 @@ async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(
             final = await h.wait_final(task_id, timeout=30)
             events = await h.events(task_id)
     assert final["status"] == "crashed"
-    assert events[-1].payload.get("swept_pids"), events[-1].payload
+    assert bool(events[-1].payload.get("swept_pids")) is not sandboxed, events[-1].payload
     assert _task_processes(task_id) == []
 
 
