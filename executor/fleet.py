@@ -69,6 +69,7 @@ class FleetConfig:
     labels: tuple[str, ...] = ()
     capacity: int = 4
     lease_s: float = DEFAULT_LEASE_S
+    sandbox: str = "bwrap"  # or "off": shown to the user as "workers are not isolated"
 
 
 class Lease:
@@ -141,7 +142,7 @@ class Lease:
             conn = await self._connect()
             cur = await conn.execute(queries["join_fleet"], {
                 "name": self.name, "labels": list(self.config.labels), "capacity": self.config.capacity,
-                "lease_s": self.config.lease_s, "version": version()})
+                "lease_s": self.config.lease_s, "version": version(), "sandbox": self.config.sandbox})
             row = await cur.fetchone()
             assert row is not None
             self.epoch = int(row[0])

@@ -18,7 +18,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor import worktrees
+from executor import gateway, worktrees
 from executor.journal_writer import JournalWriter
 from executor.sql import queries
 from shared import aio, database, logs, read_surface
@@ -31,6 +31,8 @@ log = logs.get(__name__)
 POLL_S = 2.0
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 MAX_PLAN_CHARS = 200_000
+# a project's own sandbox allowlist entries (its package registries)
+MAX_ALLOW = 100
 # an ended worker's changes are the supervisor's to record for this long; after it, the sweep records them
 RECORD_GRACE_S = 60.0
 
@@ -156,6 +158,7 @@ class Projects:
         slug = str(args.get("slug") or "")
         if not SLUG.match(slug):
             raise Refused(f"slug {slug!r} must be 1-63 of a-z 0-9 . _ - (starting with a letter or digit)")
+        allow = sandbox_allow(args.get("sandbox_allow"))  # checked before anything is made
         repo = check_workdir(str(args.get("workdir") or ""), self.config.resolved_roots())
         top = await worktrees.toplevel(repo)
         initialised = False
@@ -175,13 +178,14 @@ class Projects:
             raise Refused("the plan has no task lines (`- [ ] T-001 title`)")
         if await self.q.one("get_project_by_workdir", {"workdir": str(repo)}):
             raise Refused(f"{repo} is already a project")
-        made = await insert_project(self.pool, slug, workdir=str(repo), plan=plan, plan_path=plan_path)
+        made = await insert_project(self.pool, slug, workdir=str(repo), plan=plan, plan_path=plan_path,
+                                    sandbox_allow=allow)
         if made is None:
             raise Refused(f"slug {slug!r} is taken")
         project_id = made
         branch, commit = await worktrees.head(repo)
         payload = {"slug": slug, "workdir": str(repo), "branch": branch, "commit": commit, "initialised": initialised,
-                   "plan_tasks": len(read_surface.plan_tasks(plan)), "plan_path": plan_path}
+                   "plan_tasks": len(read_surface.plan_tasks(plan)), "plan_path": plan_path, "sandbox_allow": allow}
         await self.writer.write([NewEvent("project.created", payload, project_id=project_id)])
         log.info("project_created", slug=slug, workdir=str(repo))
         return {"project_id": str(project_id), **payload}
@@ -225,11 +229,27 @@ class Projects:
         return payload
 
 
+def sandbox_allow(raw: Any) -> list[str]:
+    """A project's additions to its workers' sandbox allowlist, checked (Refused naming the bad entry)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(e, str) for e in raw) or len(raw) > MAX_ALLOW:
+        raise Refused(f"sandbox_allow must be a list of at most {MAX_ALLOW} host or host:port strings")
+    entries = [e.strip() for e in raw if e.strip()]
+    for entry in entries:
+        try:
+            gateway.Allow.parse(entry)
+        except ValueError:
+            raise Refused(f"sandbox_allow: {entry!r} is not a host, host:port or *.domain") from None
+    return entries
+
+
 async def insert_project(pool: AsyncConnectionPool, slug: str, *, workdir: str | None, plan: str | None,
-                         plan_path: str | None = None) -> uuid.UUID | None:
+                         plan_path: str | None = None, sandbox_allow: list[str] | None = None) -> uuid.UUID | None:
     """Register a project as given (the checks are the caller's); its id, or None when the slug is taken."""
     made = await Queries(pool, queries).one("insert_project", {"name": slug, "workdir": workdir, "plan": plan,
-                                                               "plan_path": plan_path})
+                                                               "plan_path": plan_path,
+                                                               "sandbox_allow": sandbox_allow or []})
     return made["id"] if made else None
 
 

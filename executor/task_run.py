@@ -239,7 +239,7 @@ class TaskRunner:
             try:
                 argv = cmd
                 if self.config.sandbox is not None:
-                    gateway = await self._open_gateway(task_id)
+                    gateway = await self._open_gateway(task_id, task.project_id)
                     argv, env = self._sandboxed(self.config.sandbox, gateway, workdir, mcp_path, cmd, env)
                 # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
                 # Bash-tool children itself (they run in their own session, out of reach of a group signal)
@@ -299,14 +299,15 @@ class TaskRunner:
         except (BrokenPipeError, ConnectionResetError):
             pass  # it died before reading: its exit says why
 
-    async def _open_gateway(self, task_id: uuid.UUID) -> Gateway:
+    async def _open_gateway(self, task_id: uuid.UUID, project_id: uuid.UUID | None) -> Gateway:
         forwards: dict[int, tuple[str, int]] = {}
         for port, target in (sandbox.loopback_port(self.config.mcp_url),
                              sandbox.loopback_port(self.substrate.base_env.get("ANTHROPIC_BASE_URL"))):
             if port is not None and target is not None:
                 forwards[port] = target
         assert self.config.sandbox is not None
-        allow = (*sandbox.cli_hosts(self.substrate.base_env), *self.config.sandbox.allow)
+        allow = (*sandbox.cli_hosts(self.substrate.base_env), *self.config.sandbox.allow,
+                 *await self.store.project_sandbox_allow(project_id))
         return await Gateway.open(self.config.run_dir / "sandbox" / str(task_id), forwards,
                                   gateway_allow(allow), label=str(task_id))
 

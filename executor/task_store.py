@@ -131,6 +131,13 @@ class TaskStore:
 
     # ---- spawning ------------------------------------------------------------------------------------
 
+    async def project_sandbox_allow(self, project_id: uuid.UUID | None) -> list[str]:
+        """What a project adds to its workers' sandbox allowlist (none for a task outside a project)."""
+        if project_id is None:
+            return []
+        row = await self.q.one("project_sandbox_allow", {"project_id": project_id})
+        return list(row["sandbox_allow"]) if row else []
+
     async def role_profile(self, role: str) -> RoleProfile:
         found = await self.q.one("get_role_profile", {"role": role}, into=RoleProfile)
         return found or RoleProfile(role=role, system_prompt="", allowed_tools=[], use_mcp=False)

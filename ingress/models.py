@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -135,6 +135,10 @@ class ProjectIn(_Body):
     plan_path: str | None = Field(default=None, min_length=1, max_length=1000,
                                   description="a plan file in the repository, relative to workdir")
     init: bool = False
+    sandbox_allow: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
+        default=None, max_length=100,
+        description="hosts the project's workers may reach from their sandbox (host, host:port or *.domain: "
+                    "its package registries), besides the operator's PETAL_SANDBOX_ALLOW")
 
     @model_validator(mode="after")
     def _one_plan(self) -> ProjectIn:

@@ -22,7 +22,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
-from tests.harness import Harness, running_executor, sandbox_for
+from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
 from tests.web import ingress_server
@@ -229,18 +229,24 @@ async def test_a_sandboxed_worker_still_tests_commits_and_downloads_from_the_all
             {"text": "done"}]
         scenario = Scenario(rules=[Rule(role="worker", match="use the tree", replies=replies)])
         with ScriptedModelServer(scenario) as model:
-            async with running_executor(db, model, tmp_path, project_roots=(roots,),
-                                        sandbox=sandbox_for(tmp_path, allow=(f"127.0.0.2:{port}",))) as h, \
+            async with running_executor(db, model, tmp_path, project_roots=(roots,)) as h, \
                     ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http_client:
-                made = await http_client.post("/api/projects", json={"slug": "tree", "workdir": str(repo)})
+                # the project widens its workers' allowlist by its "registry" (the operator's list is empty)
+                made = await http_client.post("/api/projects", json={
+                    "slug": "tree", "workdir": str(repo), "sandbox_allow": [f"127.0.0.2:{port}"]})
                 request_id = made.json()["id"]
                 project = await until(lambda: _project_done(http_client, request_id), "the project")
+                bad = await http_client.post("/api/projects", json={
+                    "slug": "bad", "workdir": str(repo), "sandbox_allow": ["registry.example.org:https"]})
+                refused = await until(lambda: _request_ended(http_client, bad.json()["id"]), "the refusal")
                 task_id = await h.dispatch("use the tree", project_id=uuid.UUID(project["result"]["project_id"]))
                 final = await h.wait_task(task_id, lambda r: r["changes_recorded_at"] is not None
                                           and r["status"] not in ("pending", "running"), 120)
                 events = await h.events(task_id)
     results = _tool_results(events)
     assert final["status"] == "success", results
+    assert project["result"]["sandbox_allow"] == [f"127.0.0.2:{port}"]  # recorded with the project
+    assert refused["status"] == "failed" and "registry.example.org:https" in refused["error"]
     assert "OK" in results[0] and "Ran 1 test" in results[0]
     assert "fetched" in results[1]
     assert "refused" in results[2] and "403" in results[2]
@@ -259,3 +265,8 @@ async def _project_done(http_client: httpx.AsyncClient, request_id: str) -> dict
     row = (await http_client.get(f"/api/project-requests/{request_id}")).json()
     assert row["status"] != "failed", row
     return row if row["status"] == "done" else None
+
+
+async def _request_ended(http_client: httpx.AsyncClient, request_id: str) -> dict[str, Any] | None:
+    row = (await http_client.get(f"/api/project-requests/{request_id}")).json()
+    return row if row["status"] in ("done", "failed") else None

@@ -14,7 +14,8 @@ UPDATE project_queue SET status = %(status)s, error = %(error)s, result = %(resu
 WHERE id = %(id)s
 
 -- name: insert_project --
-INSERT INTO projects (name, workdir, plan, plan_path) VALUES (%(name)s, %(workdir)s, %(plan)s, %(plan_path)s)
+INSERT INTO projects (name, workdir, plan, plan_path, sandbox_allow)
+VALUES (%(name)s, %(workdir)s, %(plan)s, %(plan_path)s, %(sandbox_allow)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING id
 

@@ -168,7 +168,9 @@ RETURNING id
 SELECT id FROM questions WHERE tool_use_id = %(tool_use_id)s
 
 -- name: get_question --
-SELECT id, status, answers, response, answered_via FROM questions WHERE id = %(id)s
+-- answered_by: who answered (the ingress's request identity, or the chat message's sender); an answer
+-- without it was not written by the ingress and is not the user's
+SELECT id, status, answers, response, answered_via, answered_by FROM questions WHERE id = %(id)s
 
 -- name: close_question --
 UPDATE questions SET status = 'cancelled', response = %(response)s
@@ -204,11 +206,11 @@ SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor:' || %(name)s))
 
 -- name: join_fleet --
 -- (Re)join: a new epoch fences every write of a previous run of this name.
-INSERT INTO executors (name, labels, capacity, epoch, lease_s, lease_until, version, started_at, renewed_at)
+INSERT INTO executors (name, labels, capacity, epoch, lease_s, lease_until, version, started_at, renewed_at, sandbox)
 VALUES (%(name)s, %(labels)s, %(capacity)s, 1, %(lease_s)s, now() + make_interval(secs => %(lease_s)s),
-        %(version)s, now(), now())
+        %(version)s, now(), now(), %(sandbox)s)
 ON CONFLICT (name) DO UPDATE
-SET labels = EXCLUDED.labels, capacity = EXCLUDED.capacity, epoch = executors.epoch + 1,
+SET labels = EXCLUDED.labels, capacity = EXCLUDED.capacity, epoch = executors.epoch + 1, sandbox = EXCLUDED.sandbox,
     lease_s = EXCLUDED.lease_s, lease_until = EXCLUDED.lease_until, version = EXCLUDED.version,
     started_at = now(), renewed_at = now(), lost_at = NULL, stopped_at = NULL
 RETURNING epoch
@@ -265,3 +267,7 @@ SELECT coalesce((SELECT (e.epoch = %(epoch)s) IS TRUE OR e.lost_at IS NOT NULL O
 -- end the name's other lease sessions, which only a stale holder can have here.
 SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 WHERE application_name = %(app)s AND pid <> pg_backend_pid()
+
+-- name: project_sandbox_allow --
+-- The hosts a project's workers may reach through their sandbox's proxy, besides the operator's.
+SELECT sandbox_allow FROM projects WHERE id = %(project_id)s
