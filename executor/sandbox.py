@@ -217,6 +217,22 @@ def other_sessions(config_home: Path, workdir: Path) -> tuple[Path, ...]:
     return tuple(hidden)
 
 
+# What in the CLI's config directory every later spawn obeys (hooks and permissions in settings, the user's
+# standing instructions): read-only in a spawn, so no worker plants something for the next one. Made empty where
+# missing, so a worker cannot create it either.
+OBEYED_CONFIG = {"settings.json": "{}\n", "CLAUDE.md": ""}
+
+
+def obeyed_config(config_home: Path) -> tuple[Path, ...]:
+    paths = []
+    for name, empty in OBEYED_CONFIG.items():
+        path = config_home / name
+        if not path.exists():
+            path.write_text(empty)
+        paths.append(path)
+    return tuple(paths)
+
+
 def _is_real_dir(path: Path) -> bool:
     """A directory that is not a symlink (a tmpfs is mounted on the link's target, which is listed itself)."""
     return path.is_dir() and not path.is_symlink()

@@ -65,8 +65,7 @@ READ_ASK_RULES = tuple(dict.fromkeys(
     + [_read_rule(path) for path in gate_tables.SECRET_PATHS]))
 # Per the CLI's settings schema, sandbox auto-allow passes Bash calls by everything but deny rules and
 # command-specific ask rules: off, so a project's sandbox settings cannot open that door.
-_PERMISSION_SETTINGS = {"permissions": {"ask": [*GATED_TOOLS, *READ_ASK_RULES]},
-                        "sandbox": {"autoAllowBashIfSandboxed": False}}
+_ASK_RULES = [*GATED_TOOLS, *READ_ASK_RULES]
 
 _TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")  # whole names (fullmatch: no trailing newline)
 _API_ERROR_TEXT = re.compile(r"\bAPI Error: (\d{3})\b")
@@ -114,8 +113,10 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     if spec.mcp_config is not None:
         # the harness is there to answer: every non-read-only call goes through its gate, and no
         # allowed-tools entry (a profile's or a dispatch's) pre-allows a way around it
-        cmd += permission_args()
+        cmd += permission_args(deny_rules(config))
         allowed = tuple(t for t in allowed if t.split("(", 1)[0].strip() not in GATED_TOOLS)
+    else:
+        cmd += ["--settings", json.dumps({"permissions": {"deny": deny_rules(config)}})]
     if allowed:
         cmd += ["--allowedTools", ",".join(allowed)]
     if spec.json_schema is not None:
@@ -128,11 +129,21 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     return cmd
 
 
-def permission_args() -> list[str]:
+def permission_args(deny: list[str] | None = None) -> list[str]:
     """The flags that send every Bash/edit call to the harness's permission tool. The default mode: not
     bypassPermissions (which skips asking) nor dontAsk (which denies instead of asking)."""
+    settings = {"permissions": {"ask": _ASK_RULES, "deny": deny or []},
+                "sandbox": {"autoAllowBashIfSandboxed": False}}
     return ["--permission-prompt-tool", PERMISSION_TOOL, "--permission-mode", "default",
-            "--settings", json.dumps(_PERMISSION_SETTINGS)]
+            "--settings", json.dumps(settings)]
+
+
+def deny_rules(config: SubstrateConfig) -> list[str]:
+    """What the CLI's own tools (Read, Grep, Glob, Edit, Write run inside the CLI, not in a shell) never touch,
+    whatever the gate would say: the CLI's config directory (its login, other conversations, the settings every
+    spawn obeys) and /proc (the CLI's own environment holds its API key). The sandbox hides the rest."""
+    home = config_home(config).resolve()
+    return [f"{tool}(/{path})" for path in (f"{home}/**", "/proc/**") for tool in ("Read", "Edit")]
 
 
 def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:

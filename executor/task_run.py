@@ -322,11 +322,11 @@ class TaskRunner:
             writable += [p for p in (home / ".claude.json",) if p.exists()]
         readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None)]
         readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
-        readonly += policy.exposed
+        config_home.mkdir(parents=True, exist_ok=True)
+        readonly += [*policy.exposed, *sandbox.obeyed_config(config_home)]
         found = shutil.which(cmd[0], path=env.get("PATH"))
         if found is not None and not sandbox.visible(Path(found), policy):
             readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
-        config_home.mkdir(parents=True, exist_ok=True)
         box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
                                hidden=sandbox.other_sessions(config_home, workdir),
                                ports=tuple(gateway.forwards), sockets_dir=gateway.directory)

@@ -135,7 +135,7 @@ class TaskStore:
         """What a project adds to its workers' sandbox allowlist (none for a task outside a project)."""
         if project_id is None:
             return []
-        row = await self.q.one("project_sandbox_allow", {"project_id": project_id})
+        row = await self.q.one("get_project_sandbox_allow", {"project_id": project_id})
         return list(row["sandbox_allow"]) if row else []
 
     async def role_profile(self, role: str) -> RoleProfile:

@@ -63,6 +63,8 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
         Rule(role="worker", match="attack run", replies=[
             _tool("Bash", command="python3 attack.py"),
             _tool("Grep", pattern="Bearer", path=str(mcp_dir), output_mode="content"),
+            _tool("Read", file_path="/proc/self/environ"),
+            _tool("Read", file_path=str(tmp / "claude-config" / "settings.json")),
             {"text": "done"}]),
         Rule(role="worker", match="sibling", replies=[{"stall": {"seconds": None}}]),
     ])
@@ -105,7 +107,8 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     got = await _attack(db, tmp_path, sandboxed=True)
     report = got["report"]
     assert report is not None and report["ran"], "the script did not run: the sandbox must keep the tree usable"
-    assert got["final"]["status"] == "success"
+    # its two denied reads are listed: the run ends gated, not success
+    assert got["final"]["status"] == "gated" and got["final"]["status_reason"] == "permission_denials"
     # nothing written outside the tree, whatever the script believed
     assert not (tmp_path / "outside" / "pwned").exists()
     # the ingress: no connection, no message, no token found
@@ -127,6 +130,10 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     grep = _tool_results(got["events"])[1]
     assert str(got["final"]["id"]) in grep
     assert got["sibling"] not in grep
+    # the CLI's own Read tool is denied /proc (its environment holds the API key) and its config directory
+    environ, settings = _tool_results(got["events"])[2:4]
+    assert "sk-ant-fake" not in environ and "denied" in environ.lower(), environ
+    assert "denied" in settings.lower(), settings
     assert got["ready"] == 200
 
 

@@ -268,6 +268,6 @@ SELECT coalesce((SELECT (e.epoch = %(epoch)s) IS TRUE OR e.lost_at IS NOT NULL O
 SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 WHERE application_name = %(app)s AND pid <> pg_backend_pid()
 
--- name: project_sandbox_allow --
+-- name: get_project_sandbox_allow --
 -- The hosts a project's workers may reach through their sandbox's proxy, besides the operator's.
 SELECT sandbox_allow FROM projects WHERE id = %(project_id)s

@@ -116,7 +116,7 @@ def test_invalid_utf8_is_replaced_and_flagged_not_dropped() -> None:
     assert line.payload == {"line": "bad \ufffd\ufffd bytes", "invalid_utf8": True}
 
 
-def test_the_command_line_names_the_session_and_ends_options_before_the_prompt(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_command_line_names_the_session_and_never_carries_the_prompt(tmp_path) -> None:  # type: ignore[no-untyped-def]
     cfg = substrate.SubstrateConfig(claude_bin="claude")
     spec = substrate.SpawnSpec(role="worker", prompt="--not-a-flag", session_uuid="u-1",
                                allowed_tools=("Bash", "Read"), mcp_config=tmp_path / "m.json")
@@ -124,7 +124,8 @@ def test_the_command_line_names_the_session_and_ends_options_before_the_prompt(t
     assert cmd[:5] == ["claude", "-p", "--output-format", "stream-json", "--verbose"]
     assert cmd[cmd.index("--session-id") + 1] == "u-1"
     assert f"--mcp-config={tmp_path / 'm.json'}" in cmd and "--strict-mcp-config" in cmd
-    assert cmd[-2:] == ["--", "--not-a-flag"]
+    # the prompt goes on stdin: another process reads argv in /proc/<pid>/cmdline
+    assert "--not-a-flag" not in cmd
     assert "[petal-role: worker]" in cmd[cmd.index("--append-system-prompt") + 1]
     resumed = substrate.build_command(cfg, substrate.SpawnSpec(role="orchestrator", prompt="p", session_uuid="u-1",
                                                                resume=True))
@@ -144,7 +145,7 @@ def test_an_operators_extra_flags_come_before_the_gates_so_the_gates_win(tmp_pat
         return cmd[len(cmd) - 1 - cmd[::-1].index(flag) + 1]
 
     assert last("--permission-mode") == "default"
-    assert last("--settings") == substrate.permission_args()[-1]
+    assert last("--settings") == substrate.permission_args(substrate.deny_rules(cfg))[-1]
     assert cmd.index("bypassPermissions") < cmd.index("--permission-prompt-tool")
 
 
@@ -167,3 +168,14 @@ def test_the_harness_secrets_never_reach_a_child() -> None:
     assert "DATABASE_URL" not in env
     # what the CLI itself needs passes through
     assert env["HOME"] == "/home/u" and env["ANTHROPIC_API_KEY"] == "sk-test"
+
+
+def test_the_clis_own_tools_are_denied_its_config_directory_and_proc_with_or_without_the_gate(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = substrate.SubstrateConfig(claude_bin="claude", config_dir=tmp_path / "cfg")
+    for mcp in (tmp_path / "m.json", None):
+        cmd = substrate.build_command(cfg, substrate.SpawnSpec(role="worker", prompt="p", session_uuid="u",
+                                                               mcp_config=mcp))
+        settings = json.loads(cmd[len(cmd) - 1 - cmd[::-1].index("--settings") + 1])
+        assert f"Read(/{tmp_path / 'cfg'}/**)" in settings["permissions"]["deny"]
+        assert "Read(//proc/**)" in settings["permissions"]["deny"]
+        assert "Edit(//proc/**)" in settings["permissions"]["deny"]
