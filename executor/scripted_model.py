@@ -288,8 +288,8 @@ class ScriptedModelServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, scenario: Scenario, port: int = 0):
-        super().__init__(("127.0.0.1", port), _Handler)
+    def __init__(self, scenario: Scenario, port: int = 0, host: str = "127.0.0.1"):
+        super().__init__((host, port), _Handler)
         self.scenario = scenario
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -298,7 +298,7 @@ class ScriptedModelServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"http://{self.server_address[0]}:{self.server_address[1]}"
 
     def record(self, request: Request) -> None:
         with self._lock:

@@ -277,3 +277,18 @@ async def _project_done(http_client: httpx.AsyncClient, request_id: str) -> dict
 async def _request_ended(http_client: httpx.AsyncClient, request_id: str) -> dict[str, Any] | None:
     row = (await http_client.get(f"/api/project-requests/{request_id}")).json()
     return row if row["status"] in ("done", "failed") else None
+
+
+async def test_the_clis_model_traffic_goes_through_the_sandboxs_proxy_when_its_api_is_not_on_loopback(
+        db: DB, tmp_path: Path) -> None:
+    """The production path: the model API is not a forwarded loopback port, so the CLI reaches it through the
+    gateway's proxy (HTTPS_PROXY), which admits the API's host. A model on 127.0.0.2 stands in for it."""
+    scenario = Scenario(rules=[Rule(role="worker", replies=[{"text": "through the proxy"}])])
+    with ScriptedModelServer(scenario, host="127.0.0.2") as model:
+        async with running_executor(db, model, tmp_path) as h:
+            task_id = await h.dispatch("say it")
+            final = await h.wait_final(task_id)
+            events = await h.events(task_id)
+    assert final["status"] == "success", [e.payload for e in events if e.event_type == "task.stderr"]
+    assert any(e.event_type == "stream.assistant" for e in events)
+    assert model.requests, "the model was never asked"
