@@ -298,7 +298,8 @@ class ScriptedModelServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://{self.server_address[0]}:{self.server_address[1]}"
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
 
     def record(self, request: Request) -> None:
         with self._lock:

@@ -107,6 +107,7 @@ async function start() {
   setInterval(presence, 20_000);
   S.info = await api("/api/info");
   $("#demo").hidden = !S.info.demo;
+  $("#unsandboxed").hidden = S.info.workers_isolated !== false;
   S.lastSeq = S.info.journal_head; // views load next; the stream replays anything after this point
   await loadThreads();
   await Promise.all([loadTasks(), loadConversation(), loadQueue(), loadAsks(), loadFeed()]);

@@ -94,11 +94,12 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
             final = await h.wait_final(worker["id"], timeout=120)
             events = await h.events(worker["id"])
             ready = (await http.get("/readyz")).status_code
+            info = (await http.get("/api/info")).json()
             async with await psycopg.AsyncConnection.connect(db.admin_dsn) as conn:
                 injected = (await (await conn.execute(
                     "SELECT count(*) FROM chat_queue WHERE text LIKE 'injected%%'")).fetchone())[0]  # type: ignore[index]
     report_path = work / "attack-report.json"
-    return {"final": final, "events": events, "ready": ready, "injected": injected, "tmp": tmp,
+    return {"final": final, "events": events, "ready": ready, "info": info, "injected": injected, "tmp": tmp,
             "report": json.loads(report_path.read_text()) if report_path.exists() else None, "sibling": str(sibling_id),
             "sockets": sockets}
 
@@ -135,6 +136,7 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     assert "sk-ant-fake" not in environ and "denied" in environ.lower(), environ
     assert "denied" in settings.lower(), settings
     assert got["ready"] == 200
+    assert got["info"]["workers_isolated"] is True and got["info"]["unsandboxed_executors"] == []
 
 
 async def test_with_the_sandbox_off_the_same_channels_are_open(db: DB, tmp_path: Path) -> None:
@@ -145,6 +147,8 @@ async def test_with_the_sandbox_off_the_same_channels_are_open(db: DB, tmp_path:
     assert (tmp_path / "outside" / "pwned").read_text() == "pwned"
     assert report["ingress_tcp"]["ok"] and report["ingress_chat_open"]["value"] == 202
     assert got["injected"] == 1
+    # the opt-out is visible: the executor's own row says so, and /api/info (the page's banner) reads it
+    assert got["info"]["workers_isolated"] is False and len(got["info"]["unsandboxed_executors"]) == 1
     assert report["postgres_tcp"]["ok"]
     present = [i for i, s in enumerate(got["sockets"]) if Path(s).exists()]
     assert all(report[f"postgres_unix_{i}"]["ok"] for i in present)

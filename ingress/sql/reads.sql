@@ -48,7 +48,8 @@ FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: list_asks --
 SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
-       q.asked_by, q.created_at, q.answered_at, q.timed_out_at, q.timed_out_at IS NOT NULL AS late,
+       q.asked_by, q.created_at, q.answered_at, q.answered_by, q.answered_via, q.timed_out_at,
+       q.timed_out_at IS NOT NULL AS late,
        coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
 FROM questions q
 LEFT JOIN tasks t ON t.id = q.task_id
@@ -83,7 +84,7 @@ SELECT retry_of, id FROM tasks WHERE retry_of = ANY(%(ids)s::uuid[])
 -- name: list_executors --
 -- The fleet: each executor's labels, load against capacity, lease age, version and state (live; stopped:
 -- a clean stop; lost: a survivor took it over; expired: not renewed, not yet taken over).
-SELECT e.name, e.labels, e.capacity, e.version, e.epoch, e.started_at, e.renewed_at, e.lost_at,
+SELECT e.name, e.labels, e.capacity, e.version, e.epoch, e.started_at, e.renewed_at, e.lost_at, e.sandbox,
        (SELECT count(*) FROM tasks t WHERE t.executor_name = e.name AND t.status = 'running')::int AS load,
        round(extract(epoch FROM now() - e.renewed_at)::numeric, 1)::float8 AS lease_age_s,
        CASE WHEN e.lost_at IS NOT NULL THEN 'lost' WHEN e.stopped_at IS NOT NULL THEN 'stopped'
@@ -106,3 +107,8 @@ SELECT id, tool_use_id, task_id, questions, created_at FROM questions WHERE stat
 SELECT seq, event_type, task_id, created_at FROM (
     SELECT seq, event_type, task_id, created_at FROM journal ORDER BY seq DESC LIMIT 5) last
 ORDER BY seq
+
+-- name: list_unsandboxed_executors --
+-- Live executors whose spawns run unsandboxed (PETAL_SANDBOX=off): the page warns while there is one.
+SELECT name FROM executors
+WHERE sandbox = 'off' AND stopped_at IS NULL AND lost_at IS NULL AND lease_until > now() ORDER BY name
