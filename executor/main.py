@@ -63,7 +63,8 @@ def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy 
                     "and reach what it reaches")
         return None
     data_dir = settings.data_dir.resolve()
-    hidden = [data_dir, Path(env.get("HOME") or Path.home())]
+    # the data directory, the home, and every project's checkout: a spawn sees its own tree, not another's
+    hidden = [data_dir, Path(env.get("HOME") or Path.home()), *settings.project_root_paths]
     if settings.worktree_dir is not None:
         hidden.append(settings.worktree_dir.resolve())
     allow = [a for a in settings.sandbox_allow.split(",") if a.strip()]
