@@ -102,7 +102,10 @@ def _r(category: str, subs: str | None = None, *, unless: str = "", flags: str |
 RUNS_COMMANDS = r"(system|subprocess|popen|exec|spawn|child_process|`|%x)"
 INTERPRETERS = frozenset("python perl ruby node deno php".split())
 _INSTALL = "install i in add isntall ci update upgrade up"
-_NOT_LOCAL = r"^(?!.*://(localhost|127\.0\.0\.1|\[::1\])[:/]).*"  # a call to a loopback service stays local
+# A state-changing HTTP call is a cross-service change whatever its host: loopback is no exception, since the
+# ingress, the harness and anything else the machine serves listen there (a POST to the ingress can answer
+# the user's questions). A plain GET stays allowed, to any host.
+_METHODS = r"(POST|PUT|PATCH|DELETE)\b"
 _SQL_DESTRUCTIVE = (r"\b(drop\s+(table|database|schema|index|view)|truncate|delete\s+from\s+[\w.\"]+\s*(;|$|\"|'))"
                     r"|flushall|flushdb|dropDatabase")
 
@@ -182,8 +185,18 @@ COMMANDS: dict[str, tuple[CommandRule, ...]] = {
     "aws": (_r(CROSS_SERVICE),), "gcloud": (_r(CROSS_SERVICE),), "az": (_r(CROSS_SERVICE),),
     "kill": (_r(CROSS_SERVICE, args=r"(^|\s)-1(\s|$)"),), "pkill": (_r(CROSS_SERVICE),),
     "killall": (_r(CROSS_SERVICE),), "crontab": (_r(CROSS_SERVICE, args=r"^(?!-l$)"),), "at": (_r(CROSS_SERVICE),),
-    "curl": (_r(CROSS_SERVICE, args=_NOT_LOCAL + r"(-X\s*|--request[\s=])(POST|PUT|PATCH|DELETE)\b"),
-             _r(CROSS_SERVICE, args=_NOT_LOCAL + r"(^|\s)(-d|--data\S*|-F|--form|-T|--upload-file)\s")),
+    # -X POST, -XPOST, -sX POST, --request=POST; a body (-d/-F/-T, also in a cluster or with the value attached:
+    # -sd@f, -d{…}; --data*, --form*, --upload-file, --json)
+    "curl": (_r(CROSS_SERVICE, args=r"(^|\s)(-(?-i:[a-zA-Z]*X)\s*|--request[\s=])" + _METHODS),
+             _r(CROSS_SERVICE, args=r"(^|\s)(-(?-i:[a-zA-Z]*[dFT])|--(data|form|json|upload-file)(-[\w-]+)?(\s|=|$))")),
+    "wget": (_r(CROSS_SERVICE, args=r"(^|\s)--(post|body)-(data|file)(\s|=|$)"),
+             _r(CROSS_SERVICE, args=r"(^|\s)--method[\s=]" + _METHODS)),
+    # HTTPie and xh: an explicit method, a form/raw body, or a data item (name=value, name:=json, name@file;
+    # name==value is a query parameter, Name:value a header) which makes the request a POST
+    **{n: (_r(CROSS_SERVICE, args=r"(^|\s)" + _METHODS + r"(\s|$)"),
+           _r(CROSS_SERVICE, args=r"(^|\s)(-(?-i:[a-zA-Z]*f)|--form|--multipart|--raw)(\s|=|$)"),
+           _r(CROSS_SERVICE, args=r"\s[^\s=:@/?-][^\s=:@/?]*(=(?!=)|:=|@)"))
+       for n in "http https xh xhs".split()},
     "rsync": (_r(CROSS_SERVICE, args=r"(^|\s)[\w.@-]+:\S*"),),
 }
 

@@ -183,7 +183,7 @@ class Threads:
             msg = await tx.one("take_pending_chat", {"thread_id": thread_id, "limit": 1, "origin": "user"})
             if msg is None:
                 return
-            await tx.execute("answer_in_chat", {"id": question_id, "text": msg["text"]})
+            await tx.execute("answer_in_chat", {"id": question_id, "text": msg["text"], "chat_id": msg["id"]})
             await journal.append_on(tx.conn, [NewEvent(
                 "task.user_message", {"text": msg["text"], "thread_id": str(thread_id), "origin": msg["origin"],
                                       "answered_question": str(question_id)},

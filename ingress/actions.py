@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingress import asks
-from ingress.http import body, ingress_queries, path_uuid, respond, shared_queries
+from ingress.http import body, ingress_queries, path_uuid, respond, shared_queries, who
 from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPatch
 from ingress.problems import Problem
 from shared import threads
@@ -28,7 +28,7 @@ async def post_chat(request: Request) -> Response:
     thread_id = msg.thread_id or threads.DEFAULT_THREAD_ID
     if thread_id != threads.DEFAULT_THREAD_ID:  # the default thread is made on its first message
         await _known_thread(request, thread_id)
-    params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id}
+    params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id, "sent_by": who(request)}
     q = ingress_queries(request)
     row = await q.one("enqueue_chat", params)
     if row is None:  # the same client_msg_id was queued before: this is a retry
@@ -112,9 +112,11 @@ async def _close(request: Request, row: dict[str, Any], status: str, answers: An
                  ) -> dict[str, Any]:
     if row["status"] in _FINAL_ASK:
         raise Problem(409, f"question already {row['status']}")
+    # answered_by: who answered, from the authenticated request; the executor honours an answer as the
+    # user's only when it carries this mark
     updated = await ingress_queries(request).one("answer_question", {
         "id": row["id"], "status": status, "answers": Jsonb(answers) if answers is not None else None,
-        "response": response})
+        "response": response, "answered_by": who(request)})
     if updated is None:  # closed between our read and our write
         raise Problem(409, "question was closed meanwhile")
     return updated

@@ -232,7 +232,8 @@ def auth_config(settings: Settings) -> AuthConfig:
 MIN_TOKEN_CHARS = 16
 
 
-def create_app(settings: Settings, dsn: str) -> Starlette:
+def check_auth(settings: Settings) -> str | None:
+    """The refusals of an auth set-up that cannot work, each one line naming the setting; the proxy secret."""
     from shared import errors
 
     auth = auth_config(settings)
@@ -242,9 +243,25 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
         # the limiter slows guessing; it cannot make a short word safe
         raise errors.ConfigError(f"PETAL_AUTH_TOKEN is too short: at least {MIN_TOKEN_CHARS} characters "
                                  "(e.g. `openssl rand -hex 16`)")
+    secret = (settings.proxy_secret.get_secret_value() if settings.proxy_secret else "") or None
+    if auth.mode == "proxy" and secret is None:
+        # the identity header alone would let any local process (a worker's script) be the user
+        raise errors.ConfigError("proxy mode needs PETAL_PROXY_SECRET: set it to a random string "
+                                 "(`openssl rand -hex 32`) and have the proxy send it as X-Petal-Proxy-Secret")
+    if secret is not None and len(secret) < MIN_TOKEN_CHARS:
+        raise errors.ConfigError(f"PETAL_PROXY_SECRET is too short: at least {MIN_TOKEN_CHARS} characters "
+                                 "(e.g. `openssl rand -hex 32`)")
+    return secret
+
+
+def create_app(settings: Settings, dsn: str) -> Starlette:
+    from shared import errors
+
+    auth = auth_config(settings)
+    secret = check_auth(settings)
     try:
         boundary = BoundaryConfig.build(settings.ingress_host, settings.ingress_port, settings.allowed_hosts,
-                                        settings.trusted_proxies)
+                                        settings.trusted_proxies, secret)
     except ValueError as exc:
         raise errors.ConfigError(str(exc)) from None
     limiter = TokenLimiter()

@@ -1,7 +1,8 @@
 """Authentication and request hygiene as pure ASGI middleware (no BaseHTTPMiddleware around SSE).
 
 Modes: open (trust the network), proxy (X-Authentik-Username set by the fronting proxy, optionally
-limited to an allow-list; counted only from a trusted proxy's address), token (a shared secret: bearer
+limited to an allow-list; counted only from the proxy itself: a peer in PETAL_TRUSTED_PROXIES that sends
+PETAL_PROXY_SECRET as X-Petal-Proxy-Secret), token (a shared secret: bearer
 header, or the cookie /login sets; wrong guesses are rate-limited per client).
 """
 
@@ -164,6 +165,10 @@ class GuardMiddleware:
                 # the identity header is only as good as whoever set it: only a trusted proxy may
                 status, reason = 401, (f"{peer(scope)} is not a trusted proxy (PETAL_TRUSTED_PROXIES): requests "
                                        "must come through the authenticating proxy")
+            elif self.config.mode == "proxy" and not self.boundary.secret_matches(scope):
+                # any process on the machine is on loopback: only the proxy knows the secret
+                status, reason = 401, ("missing or wrong proxy secret (X-Petal-Proxy-Secret): requests must come "
+                                       "through the authenticating proxy")
             bearer = headers.get(b"authorization", b"").lower().startswith(b"bearer ")
             if self.config.mode == "token" and bearer:
                 client = forwarded(self.boundary, scope)[1]

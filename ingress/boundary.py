@@ -6,13 +6,16 @@ static files included), in every auth mode, open mode too.
   its own name as Host, so it is answered 421 before anything runs (DNS rebinding).
 - Origin: a state-changing request a browser sends from another origin is refused with 403 (CSRF). A
   request with neither Origin nor Referer is not a browser's cross-site request (curl, scripts): allowed.
-- Proxies: forwarded headers (the identity header, X-Forwarded-Proto/-For) count only when the peer is
-  in PETAL_TRUSTED_PROXIES.
+- Proxies: forwarded headers (the identity header, X-Forwarded-Proto/-For) count only from the proxy
+  itself: a peer in PETAL_TRUSTED_PROXIES that, when PETAL_PROXY_SECRET is set (always in proxy mode), also
+  sends the secret as X-Petal-Proxy-Secret (compared in constant time). Loopback alone proves nothing:
+  every process on the machine is on loopback.
 - Every response carries the page's security headers (CSP, nosniff, no referrer, no framing).
 """
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -24,6 +27,7 @@ from ingress.problems import problem
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+PROXY_SECRET_HEADER = b"x-petal-proxy-secret"
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # No inline script anywhere; styles inline only for the sandboxed HTML previews (which inherit this policy).
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -83,9 +87,12 @@ class BoundaryConfig:
     trusted_proxies: tuple[Network, ...]
     # bound to 0.0.0.0 / ::, reached by any of the machine's addresses: an IP literal cannot be rebound
     any_ip_port: int | None = None
+    # what the proxy sends as X-Petal-Proxy-Secret (utf-8); None: the peer's address alone decides
+    proxy_secret: bytes | None = None
 
     @classmethod
-    def build(cls, bind_host: str, bind_port: int, allowed_hosts: str, trusted_proxies: str) -> BoundaryConfig:
+    def build(cls, bind_host: str, bind_port: int, allowed_hosts: str, trusted_proxies: str,
+              proxy_secret: str | None = None) -> BoundaryConfig:
         names = set(LOOPBACK_NAMES)
         bind = bind_host.strip("[]").lower()
         any_ip = None
@@ -98,7 +105,8 @@ class BoundaryConfig:
         except ValueError:
             names.add(bind)
         hosts = {(n, bind_port) for n in names} | set(parse_hosts(allowed_hosts))
-        return cls(frozenset(hosts), parse_networks(trusted_proxies), any_ip)
+        return cls(frozenset(hosts), parse_networks(trusted_proxies), any_ip,
+                   proxy_secret.encode("utf-8", "surrogatepass") if proxy_secret else None)
 
     def host_allowed(self, value: str, default_ports: tuple[int, ...] = (80, 443), *, any_ip: bool = True) -> bool:
         parsed = _split_host(value)
@@ -131,6 +139,18 @@ class BoundaryConfig:
             return False
         return any(ip in net for net in self.trusted_proxies)
 
+    def secret_matches(self, scope: Scope) -> bool:
+        """The request carries the proxy secret (always true when none is configured)."""
+        if self.proxy_secret is None:
+            return True
+        given = _header(scope, PROXY_SECRET_HEADER)
+        # bytes, compared in constant time whatever their length or content
+        return given is not None and hmac.compare_digest(given.encode("latin-1"), self.proxy_secret)
+
+    def from_proxy(self, scope: Scope) -> bool:
+        """The request came through the proxy: a trusted peer that knows the secret."""
+        return self.trusts(peer(scope)) and self.secret_matches(scope)
+
 
 def _is_ip(name: str) -> bool:
     try:
@@ -155,9 +175,9 @@ def peer(scope: Scope) -> str | None:
 
 def forwarded(config: BoundaryConfig, scope: Scope) -> tuple[str, str]:
     """(scheme, client address) as the original client saw them: the proxy's headers count only when the
-    peer is a trusted proxy."""
+    request came through the proxy (a trusted peer, with the secret when one is set)."""
     scheme, client = scope.get("scheme", "http"), peer(scope) or "unknown"
-    if config.trusts(peer(scope)):
+    if config.from_proxy(scope):
         proto = (_header(scope, b"x-forwarded-proto") or "").split(",")[0].strip().lower()
         if proto in ("http", "https"):
             scheme = proto

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, ingress_queries, path_uuid, query_bool, query_int, query_uuid, respond
+from ingress.http import body, ingress_queries, path_uuid, query_bool, query_int, query_uuid, respond, who
 from ingress.problems import Problem
 
 # the tools the gate sees; a rule for any other name could never match a call
@@ -39,10 +39,6 @@ class GateRuleIn(BaseModel):
         return self
 
 
-def _user(request: Request) -> str:
-    return str(getattr(request.state, "user", None) or "user")[:200]
-
-
 async def list_rules(request: Request) -> Response:
     params = {"thread_id": query_uuid(request, "thread_id"), "revoked": bool(query_bool(request, "revoked")),
               "limit": query_int(request, "limit", 100, lo=1, hi=500)}
@@ -56,14 +52,14 @@ async def request_rule(request: Request) -> Response:
     row = await ingress_queries(request).one("enqueue_gate_rule", {
         "scope": "thread" if rule.thread_id else "project", "thread_id": rule.thread_id,
         "project_id": rule.project_id, "tool_name": rule.tool_name, "pattern": rule.pattern.strip(),
-        "requested_by": _user(request)})
+        "requested_by": who(request)})
     return respond(row, 202)
 
 
 async def revoke_rule(request: Request) -> Response:
     rule_id = path_uuid(request, "rule_id")
     q = ingress_queries(request)
-    found = await q.one("revoke_gate_rule", {"id": rule_id, "revoked_by": _user(request)})
+    found = await q.one("revoke_gate_rule", {"id": rule_id, "revoked_by": who(request)})
     if found is not None:
         return respond(found)
     if await q.one("check_gate_rule_exists", {"id": rule_id}) is not None:

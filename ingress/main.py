@@ -9,7 +9,7 @@ import signal
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from ingress.app import create_app, shutdown_trigger
+from ingress.app import check_auth, create_app, shutdown_trigger
 from shared import database, dbserver, errors, logs, ports
 from shared.settings import Settings
 
@@ -43,6 +43,7 @@ def hypercorn_config(settings: Settings) -> Config:
 
 def main(settings: Settings) -> int:
     check_bind(settings)
+    check_auth(settings)  # before waiting for the database: an auth set-up that cannot work says so at once
     ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
     info = dbserver.resolve(settings)
     database.wait_for_schema(info.ingress_dsn, "petal-ingress")  # started during an outage: it waits

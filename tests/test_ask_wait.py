@@ -57,8 +57,9 @@ async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answe
                                     [Jsonb({"Go on?": "No"}), row[0]])
                 await asyncio.sleep(0.1)
             assert not waiting.done()
-            await admin.execute("UPDATE questions SET status = 'answered', answers = %s WHERE tool_use_id = 'tool-mine'",
-                                [Jsonb({"Go on?": "Yes"})])
+            # answered_by: as the ingress answers (an answer without it is not the user's)
+            await admin.execute("UPDATE questions SET status = 'answered', answers = %s, answered_by = 'travis' "
+                                "WHERE tool_use_id = 'tool-mine'", [Jsonb({"Go on?": "Yes"})])
         final = await asyncio.wait_for(waiting, 10)
         sub.close()
         await writer.flush_and_stop()

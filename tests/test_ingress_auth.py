@@ -16,12 +16,14 @@ from shared.settings import Settings
 from tests.pg import DB
 from tests.web import collect, ingress_server
 
+SECRET = "proxy-s3cret-proxy-s3cret"
+PROXY = {"X-Petal-Proxy-Secret": SECRET}  # what the proxy adds to every request
 USER = {"X-Authentik-Username": "travis"}
 
 
 async def test_proxy_mode_needs_the_proxy_header_and_honours_the_allow_list(db: DB) -> None:
-    async with ingress_server(db.ingress_dsn, open_mode=False, allowed_users="travis, ana") as url, \
-            httpx.AsyncClient(base_url=url) as http:
+    async with ingress_server(db.ingress_dsn, open_mode=False, allowed_users="travis, ana", proxy_secret=SECRET) as url, \
+            httpx.AsyncClient(base_url=url, headers=PROXY) as http:
         missing = await http.get("/api/threads")
         stranger = await http.get("/api/threads", headers={"X-Authentik-Username": "mallory"})
         allowed = await http.get("/api/threads", headers=USER)
@@ -76,7 +78,7 @@ def test_open_mode_on_a_non_loopback_address_refuses_to_start_unless_forced() ->
         check_bind(Settings(open_mode=True, ingress_host="0.0.0.0"))
     check_bind(Settings(open_mode=True, ingress_host="0.0.0.0", force_open=True))
     check_bind(Settings(open_mode=True, ingress_host="127.0.0.1"))
-    check_bind(Settings(open_mode=False, ingress_host="0.0.0.0"))
+    check_bind(Settings(open_mode=False, ingress_host="0.0.0.0", proxy_secret=SECRET))
 
     env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_HOST": "0.0.0.0", "PETAL_EXECUTOR_DSN": "dbname=x",
            "PETAL_INGRESS_DSN": "dbname=x"}

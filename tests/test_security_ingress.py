@@ -25,7 +25,8 @@ from tests.push_standin import StandIn, Subscriber
 from tests.web import ingress_server
 
 FOREIGN = {"Host": "attacker.example"}
-USER = {"X-Authentik-Username": "travis"}
+SECRET = "proxy-s3cret-proxy-s3cret"
+USER = {"X-Authentik-Username": "travis", "X-Petal-Proxy-Secret": SECRET}  # the proxy adds both
 ID = str(uuid.uuid4())
 
 
@@ -61,7 +62,7 @@ async def _send(http: httpx.AsyncClient, method: str, path: str, body: Any, head
     return await http.request(method, path, json=body, headers=headers)
 
 
-@pytest.mark.parametrize("mode", [{}, {"open_mode": False}, {"open_mode": False, "auth_mode": "token",
+@pytest.mark.parametrize("mode", [{}, {"open_mode": False, "proxy_secret": SECRET}, {"open_mode": False, "auth_mode": "token",
                                                              "auth_token": "s3cret-s3cret-s3cret"}])
 async def test_every_route_and_the_stream_refuse_a_foreign_host_in_every_mode_and_write_nothing(
     db: DB, mode: dict[str, Any]
@@ -135,13 +136,13 @@ def test_the_allowed_names_are_the_binds_loopback_names_and_address_and_bad_sett
 # ---- proxy trust ---------------------------------------------------------------------------------------
 
 async def test_the_proxy_header_counts_only_from_a_trusted_proxy(db: DB) -> None:
-    async with ingress_server(db.ingress_dsn, open_mode=False, trusted_proxies="10.9.9.9") as url, \
+    async with ingress_server(db.ingress_dsn, open_mode=False, trusted_proxies="10.9.9.9", proxy_secret=SECRET) as url, \
             httpx.AsyncClient(base_url=url) as http:
         forged = await http.get("/api/threads", headers=USER)
         forged_stream = await _send(http, "GET", "/api/stream", None, USER)
         forged_write = await http.post("/api/chat", json={"text": "x"}, headers=USER)
         health = await http.get("/healthz")
-    async with ingress_server(db.ingress_dsn, open_mode=False, trusted_proxies="127.0.0.1") as url, \
+    async with ingress_server(db.ingress_dsn, open_mode=False, trusted_proxies="127.0.0.1", proxy_secret=SECRET) as url, \
             httpx.AsyncClient(base_url=url) as http:
         trusted = await http.get("/api/threads", headers=USER)
     assert forged.status_code == 401 and "PETAL_TRUSTED_PROXIES" in forged.json()["detail"]

@@ -32,6 +32,7 @@ log = logs.get(__name__)
 AWAITING = ("awaiting the user's approval; you will be told with a harness message when they answer. "
             "Nothing runs until then: end your turn, or carry on with something else.")
 MAX_BRIEF_CHARS = 600
+NOT_THE_USERS = "an answer that did not come from the user (ignored)"
 
 
 async def request(pool: AsyncConnectionPool, *, brief: str, thread_id: uuid.UUID, asker_task_id: uuid.UUID,
@@ -78,11 +79,16 @@ async def apply_answered(pool: AsyncConnectionPool) -> int:
 
 async def _act(tx: Transaction, row: dict[str, Any]) -> None:
     task_id, thread = row["task_id"], row["thread_id"]
-    choice = _choice(row["answers"])
-    said = choice or row["response"] or "nothing (dismissed)"
+    # only the user's answer approves: one closed without the ingress's mark (answered_by) rejects
+    users = asks.honoured({"status": row["question_status"], "answered_by": row["answered_by"]})
+    choice = _choice(row["answers"]) if users else None
+    said = (choice or row["response"] or "nothing (dismissed)") if users else NOT_THE_USERS
     brief = row["brief"][:MAX_BRIEF_CHARS]
     facts: dict[str, Any] = {"approval_id": str(row["id"]), "question_id": str(row["question_id"]),
-                             "answer": choice, "response": row["response"]}
+                             "answer": choice, "response": row["response"], "answered_by": row["answered_by"]}
+    if not users:
+        facts["refused_answer"] = "no answering identity: not written by the ingress"
+        log.warning("answer_not_honoured", question_id=str(row["question_id"]), task_id=str(task_id))
     events: list[NewEvent] = []
     if row["task_status"] != "pending":
         # stopped meanwhile (Stop the plan, the Tasks view's Stop): nothing to start, nothing to ask

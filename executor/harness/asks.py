@@ -27,7 +27,7 @@ from executor import watchdog
 from executor.harness.identity import Caller
 from executor.journal_writer import JournalWriter
 from executor.task_store import TaskStore
-from shared import aio
+from shared import aio, logs
 from shared.listener import RESYNC, Listener, Subscription
 from shared.models import NewEvent
 from shared.query import Queries, Transaction
@@ -39,6 +39,12 @@ TIMED_OUT = "Timed out waiting for user input"
 TIMED_OUT_STATUS = "timed_out"  # the wait's outcome (the row stays pending, marked late)
 DISMISSED = "The user dismissed the question without answering"
 WENT_AWAY = "the asking process went away"
+# An answer that does not carry the ingress's mark (answered_by) was written some other way than by the user:
+# it is not acted on (the question ends as if dismissed, and the record says why).
+NOT_THE_USERS = ("Refused: the question was closed with an answer that did not come from the user (it carries "
+                 "no answering identity), so it was not acted on")
+
+log = logs.get(__name__)
 
 Answers = dict[str, str | list[str]]
 
@@ -60,6 +66,13 @@ class Answer:
     answers: Answers = field(default_factory=dict)
     response: str | None = None
     answered_via: str | None = None
+    answered_by: str | None = None  # who answered (the ingress's request identity); None: not the user
+
+
+def honoured(row: dict[str, Any]) -> bool:
+    """An answered row counts as the user's only when it carries who answered (written by the ingress, or
+    from a chat message the ingress queued); a cancellation needs no mark (it approves nothing)."""
+    return row["status"] != "answered" or bool(row.get("answered_by"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +152,12 @@ class Asks:
                                    "response": response}
         if final.status == TIMED_OUT_STATUS:
             payload["late_answer"] = "accepted: it goes to the thread as a message"
+        if final.answered_by is not None:
+            payload["answered_by"] = final.answered_by
+        if final.response == NOT_THE_USERS:
+            payload["refused_answer"] = "no answering identity: not written by the ingress"
         await self.writer.put(NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
-        return Answer(qid, final.status, final.answers, response, final.answered_via)
+        return Answer(qid, final.status, final.answers, response, final.answered_via, final.answered_by)
 
     async def wait(self, qid: uuid.UUID, sub: Subscription, progress: Progress, *, late_ok: bool = False) -> Answer:
         """Until the question is closed, or the timeout: then it is closed (or, `late_ok`, marked late)."""
@@ -150,7 +167,11 @@ class Asks:
             row = await self.q.one("get_question", {"id": qid})
             assert row is not None
             if row["status"] != "pending":
-                return Answer(qid, row["status"], row["answers"] or {}, row["response"], row["answered_via"])
+                if not honoured(row):
+                    log.warning("answer_not_honoured", question_id=str(qid), answered_via=row["answered_via"])
+                    return Answer(qid, "cancelled", {}, NOT_THE_USERS, row["answered_via"])
+                return Answer(qid, row["status"], row["answers"] or {}, row["response"], row["answered_via"],
+                              row["answered_by"])
             left = deadline - time.monotonic()
             if left <= 0:
                 if late_ok:

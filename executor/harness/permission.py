@@ -260,12 +260,18 @@ class Gatekeeper:
         card_id = f"{CARD_PREFIX}{tool_use_id or uuid.uuid4()}"
         final = await self.harness.asks.ask([question], tool_use_id=card_id, caller=caller, progress=ctx,
                                             asked_by="harness")
-        extra = {"question_id": str(final.id)}
+        extra: dict[str, Any] = {"question_id": str(final.id)}
+        if final.answered_by is not None:
+            extra["answered_by"] = final.answered_by
+        if final.response == asks.NOT_THE_USERS:
+            # closed by a write that does not carry the ingress's mark: not the user's approval
+            return _Ruling("deny", "unverified_answer", gates.deny_message(
+                verdict, why="its approval card was closed by an answer that did not come from the user"), extra)
         choice = final.answers.get(question["question"])
-        if choice in (ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD):
+        if choice in (ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD) and final.answered_by:
             if choice != ALLOW_ONCE:
                 extra |= await self._add_rule(caller, tool_name, tool_input, verdict,
-                                              "task" if choice == ALLOW_TASK else "thread")
+                                              "task" if choice == ALLOW_TASK else "thread", final.answered_by)
             return _Ruling("allow", "user", extra={**extra, "answer": choice})
         if final.response == asks.TIMED_OUT and not choice:
             return _Ruling("deny", "timeout", gates.deny_message(
@@ -276,8 +282,9 @@ class Gatekeeper:
         return _Ruling("deny", "user", gates.deny_message(verdict, why=said), {**extra, "answer": choice or reason})
 
     async def _add_rule(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
-                        scope: str) -> dict[str, Any]:
-        """A standing allow for exactly this call (the command, or the path), in the task or its thread."""
+                        scope: str, answered_by: str) -> dict[str, Any]:
+        """A standing allow for exactly this call (the command, or the path), in the task or its thread, made
+        by `answered_by` (who answered the card)."""
         pattern = tool_input.get("command") if tool_name == "Bash" else next(
             (v for k in gate_tables.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
         if not isinstance(pattern, str) or not pattern:
@@ -286,12 +293,12 @@ class Gatekeeper:
             "scope": scope, "task_id": caller.task_id if scope == "task" else None,
             "session_id": caller.thread_id if scope == "thread" else None, "project_id": None,
             "tool_name": tool_name, "pattern": pattern, "decision": "allow", "category": verdict.category,
-            "created_by": "user (approval card)"})
+            "created_by": answered_by})
         assert row is not None
         await self.harness.writer.put(NewEvent("gate.rule_added", {
             "rule_id": str(row["id"]), "scope": scope, "tool": tool_name, "pattern": pattern[:4000],
-            "decision": "allow", "category": verdict.category}, tier="derived", task_id=caller.task_id,
-            session_id=caller.session_id, project_id=caller.project_id))
+            "decision": "allow", "category": verdict.category, "created_by": answered_by}, tier="derived",
+            task_id=caller.task_id, session_id=caller.session_id, project_id=caller.project_id))
         return {"rule_id": str(row["id"]), "rule_scope": scope}
 
     async def _journal(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], tool_use_id: str | None,

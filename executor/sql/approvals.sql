@@ -9,9 +9,10 @@ RETURNING id
 
 -- name: list_answered_approvals --
 -- Approvals whose question is closed, or whose worker was stopped meanwhile (its question then closes
--- unanswered), and whose decision is still owed; locked so one pass acts once.
+-- unanswered), and whose decision is still owed; locked so one pass acts once. answered_by: who answered (an
+-- answer without it is not the user's: executor/harness/approvals.py does not act on it).
 SELECT a.id, a.task_id, a.thread_id, a.question_id, q.answers, q.response, q.status AS question_status,
-       t.status AS task_status, t.brief, t.project_id
+       q.answered_by, t.status AS task_status, t.brief, t.project_id
 FROM approvals a JOIN questions q ON q.id = a.question_id JOIN tasks t ON t.id = a.task_id
 WHERE a.status = 'open' AND (q.status <> 'pending' OR t.status <> 'pending')
 ORDER BY a.created_at
@@ -44,7 +45,8 @@ RETURNING id
 
 -- name: list_undelivered_late_answers --
 -- Answers to questions that had timed out, not yet sent to their thread (the asking turn's own thread,
--- or the thread whose turn dispatched the asking worker); locked so one pass delivers each once.
+-- or the thread whose turn dispatched the asking worker); locked so one pass delivers each once. Only
+-- the user's answers (answered_by: written by the ingress) are sent on.
 SELECT q.id, q.task_id, q.questions, q.answers, q.response,
        coalesce((SELECT s.id FROM tasks t JOIN sessions s ON s.id = t.session_id AND s.role = 'orchestrator'
                  WHERE t.id = q.task_id),
@@ -53,7 +55,7 @@ SELECT q.id, q.task_id, q.questions, q.answers, q.response,
                  WHERE t.id = q.task_id)) AS thread_id,
        (SELECT t.role FROM tasks t WHERE t.id = q.task_id) AS asked_by_role
 FROM questions q
-WHERE q.timed_out_at IS NOT NULL AND q.status = 'answered'
+WHERE q.timed_out_at IS NOT NULL AND q.status = 'answered' AND q.answered_by IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM late_answers l WHERE l.question_id = q.id)
 ORDER BY q.answered_at
 FOR UPDATE OF q SKIP LOCKED

@@ -26,7 +26,13 @@ RETURNING id
 
 -- name: list_answered_escalations --
 -- Escalations whose question is closed and whose decision is still owed; locked so one pass acts once.
-SELECT e.id, e.task_id, e.thread_id, e.question_id, q.status AS question_status, q.answers, q.response
+-- An answer without answered_by was not written by the ingress: it is not the user's, so no choice is read
+-- from it (the escalation is relayed, nothing retried).
+SELECT e.id, e.task_id, e.thread_id, e.question_id, q.status AS question_status, q.answered_by,
+       CASE WHEN q.status = 'answered' AND q.answered_by IS NULL THEN NULL ELSE q.answers END AS answers,
+       CASE WHEN q.status = 'answered' AND q.answered_by IS NULL
+            THEN 'nothing the harness could act on: an answer that did not come from the user was ignored'
+            ELSE q.response END AS response
 FROM escalations e JOIN questions q ON q.id = e.question_id
 WHERE e.status = 'open' AND q.status <> 'pending'
 ORDER BY e.created_at

@@ -63,9 +63,12 @@ UPDATE chat_queue SET status = 'failed', error = %(error)s, done_at = now()
 WHERE thread_id = %(thread_id)s AND status = 'pending'
 
 -- name: answer_in_chat --
-UPDATE questions SET status = 'answered', answers = '{}'::jsonb, response = %(text)s, answered_via = 'chat'
+-- The reply is the user's as far as its message is: answered_by is who sent it through the ingress (a message
+-- written any other way has none, and its answer is not acted on as the user's).
+UPDATE questions SET status = 'answered', answers = '{}'::jsonb, response = %(text)s, answered_via = 'chat',
+                     answered_by = (SELECT c.sent_by FROM chat_queue c WHERE c.id = %(chat_id)s)
 WHERE id = %(id)s AND status = 'pending'
-RETURNING id
+RETURNING id, answered_by
 
 -- name: enqueue_harness_message --
 INSERT INTO chat_queue (thread_id, text, origin) VALUES (%(thread_id)s, %(text)s, 'harness') RETURNING id

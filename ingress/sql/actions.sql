@@ -1,5 +1,6 @@
 -- name: enqueue_chat --
-INSERT INTO chat_queue (thread_id, text, client_msg_id) VALUES (%(thread_id)s, %(text)s, %(client_msg_id)s)
+INSERT INTO chat_queue (thread_id, text, client_msg_id, sent_by)
+VALUES (%(thread_id)s, %(text)s, %(client_msg_id)s, %(sent_by)s)
 ON CONFLICT (client_msg_id) DO NOTHING
 RETURNING id, thread_id, text, client_msg_id, status, created_at
 
@@ -23,18 +24,20 @@ WHERE EXISTS (SELECT 1 FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: get_question_by_ref --
 SELECT id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at, answered_at,
-       timed_out_at
+       timed_out_at, answered_by, answered_via
 FROM questions
 WHERE id = (CASE WHEN %(ref)s ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
                  THEN %(ref)s::uuid END)
    OR tool_use_id = %(ref)s
 
 -- name: answer_question --
--- Only a pending question changes; the row's trigger refuses anything else as well.
-UPDATE questions SET status = %(status)s, answers = %(answers)s, response = %(response)s
+-- Only a pending question changes; the row's trigger refuses anything else as well. answered_by: who, from
+-- the authenticated request (the mark the executor needs to act on the answer as the user's).
+UPDATE questions SET status = %(status)s, answers = %(answers)s, response = %(response)s,
+                     answered_by = %(answered_by)s
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id, tool_use_id, source_session_uuid, task_id, questions, status, answers, response, created_at,
-          answered_at, timed_out_at
+          answered_at, timed_out_at, answered_by, answered_via
 
 -- name: get_thread_turn --
 -- One orchestrator turn of a thread (the given one, or else the thread's latest that ended other than

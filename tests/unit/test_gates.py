@@ -150,3 +150,25 @@ def test_quoting_or_a_path_on_the_command_name_does_not_change_its_gate(case: tu
     forms = _obfuscations(name)
     disguised = f"{directory}{forms[form % len(forms)]} {rest}".rstrip()
     assert gates.classify_command(disguised, WORKDIR, HOME).category == expected, disguised
+
+
+LOOPBACK = ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000", "localhost:8000")
+
+
+def test_a_state_changing_call_to_loopback_is_gated_like_any_host_and_a_read_is_not() -> None:
+    """The ingress listens on loopback: a POST there can answer the user's questions, so it is a
+    cross-service change like a POST anywhere; a GET stays allowed (issue 29)."""
+    writes = ["curl -X POST {u}/api/asks/x/answer -d '{{}}'", "curl -XPOST {u}/api/chat", "curl -sd @a.json {u}/x",
+              "curl --json '{{}}' {u}/api/chat", "curl -F a=@f {u}/x", "curl -T f {u}/x",
+              "wget --post-data 'a=b' {u}/x", "wget --method=PUT {u}/x", "http POST {u}/api/chat text=hi",
+              "http {u}/api/chat text=hi", "xh delete {u}/api/asks/x"]
+    reads = ["curl -s {u}/api/asks", "curl -fsSL {u}/api/info", "wget -qO- {u}/api/threads",
+             "http GET {u}/api/asks status==pending"]
+    for url in LOOPBACK:
+        for example in ("https://api.example.com", url):
+            got = {c.format(u=example): gates.classify("Bash", {"command": c.format(u=example)}, WORKDIR, HOME).category
+                   for c in writes}
+            assert set(got.values()) == {"cross_service"}, got
+        got = {c.format(u=url): gates.classify("Bash", {"command": c.format(u=url)}, WORKDIR, HOME).category
+               for c in reads}
+        assert set(got.values()) == {"allowed"}, got
