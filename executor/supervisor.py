@@ -162,6 +162,7 @@ class Supervisor:
                     self._stops_due = True  # the poll: whatever a lost notification would have said
         finally:
             await self._stop_children("executor_shutdown")
+            self.runner.close_gateways()
             leasing.cancel()
             for t in side:
                 t.cancel()

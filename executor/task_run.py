@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -119,6 +120,7 @@ class TaskRunner:
         self.children: set[asyncio.Task[None]] = set()
         # told when a spawn's credential dies (the harness MCP forgets the callers it confirmed)
         self.on_credential_revoked: Callable[[uuid.UUID], None] | None = None
+        self._gateways: Path | None = None
 
     async def wait(self, timeout: float) -> None:
         """Until every run is reaped, or the timeout."""
@@ -184,6 +186,11 @@ class TaskRunner:
             self.availability.failed(exc, "credential_revoke")
         except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
             log.exception("credential_revoke_failed", task_id=str(r.task_id))
+
+    def close_gateways(self) -> None:
+        """At the executor's end: its gateways' directory (each gateway removes its own as its spawn ends)."""
+        if self._gateways is not None:
+            shutil.rmtree(self._gateways, ignore_errors=True)
 
     def sweep_mcp_configs(self) -> None:
         """Configs left by processes of a previous executor (a crash): their credentials are dead anyway."""
@@ -308,8 +315,15 @@ class TaskRunner:
         assert self.config.sandbox is not None
         allow = (*sandbox.cli_hosts(self.substrate.base_env), *self.config.sandbox.allow,
                  *await self.store.project_sandbox_allow(project_id))
-        return await Gateway.open(self.config.run_dir / "sandbox" / str(task_id), forwards,
-                                  gateway_allow(allow), label=str(task_id))
+        return await Gateway.open(self._gateway_root() / task_id.hex[:16], forwards, gateway_allow(allow),
+                                  label=str(task_id))
+
+    def _gateway_root(self) -> Path:
+        """Where this executor's gateways keep their sockets: a 0700 directory of its own in the system's temporary
+        directory, not under the data directory, whose path can be longer than a Unix socket's (108 bytes)."""
+        if self._gateways is None or not self._gateways.is_dir():
+            self._gateways = Path(tempfile.mkdtemp(prefix="petal-gw-"))
+        return self._gateways
 
     def _sandboxed(self, policy: sandbox.SandboxPolicy, gateway: Gateway, workdir: Path, mcp_path: Path | None,
                    cmd: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:

@@ -296,3 +296,15 @@ async def test_the_clis_model_traffic_goes_through_the_sandboxs_proxy_when_its_a
     assert final["status"] == "success", [e.payload for e in events if e.event_type == "task.stderr"]
     assert any(e.event_type == "stream.assistant" for e in events)
     assert model.requests, "the model was never asked"
+
+
+async def test_a_data_directory_with_a_long_path_still_spawns_sandboxed(db: DB, tmp_path: Path) -> None:
+    """A Unix socket's path holds at most 108 bytes: the gateways' sockets live in a short directory of their
+    own, not under the data directory."""
+    deep = tmp_path / ("a-long-directory-name-" * 6) / ("and-another-one-" * 4)
+    deep.mkdir(parents=True)
+    with ScriptedModelServer(Scenario(rules=[Rule(role="worker", replies=[{"text": "fine"}])])) as model:
+        async with running_executor(db, model, deep) as h:
+            final = await h.wait_final(await h.dispatch("say it"))
+    assert len(str(deep / "run")) > 108
+    assert final["status"] == "success"
