@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -339,7 +340,9 @@ class TaskRunner:
         config_home.mkdir(parents=True, exist_ok=True)
         readonly += [*policy.exposed, *sandbox.obeyed_config(config_home)]
         found = shutil.which(cmd[0], path=env.get("PATH"))
-        if found is not None and not sandbox.visible(Path(found), policy):
+        if found is None:  # said here, as an unsandboxed spawn would, not as the launcher's exit 127
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cmd[0])
+        if not sandbox.visible(Path(found), policy):
             readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
         box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
                                hidden=sandbox.other_sessions(config_home, workdir),

@@ -161,9 +161,9 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
     work.mkdir(parents=True)
     for name in ("sentinel-a", "sentinel-b", "sentinel-c"):
         (work / name).write_text(name)
-    log = tmp_path / "outside.log"
+    log = work / ".env"  # a write the secrets gate asks about, inside the tree (the sandbox keeps any other)
     replies = [_bash("rm -f sentinel-a"), _bash("rm -f sentinel-b"), _bash("rm -f sentinel-c"),
-               _bash("echo run >> ../outside.log"), _bash("echo run >> ../outside.log"), {"text": "done"}]
+               _bash("echo run >> .env"), _bash("echo run >> .env"), {"text": "done"}]
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
         Rule(role="orchestrator", replies=[_dispatch("asking run"), {"text": "dispatched"}]),
@@ -190,7 +190,7 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
             await _answer(http, card, response="keep b: it is a fixture")
             card = await _until(lambda: _card(http, "rm -f sentinel-c"), "the third gate card")
             await _answer(http, card, permission.ALLOW_ONCE)
-            card = await _until(lambda: _card(http, "outside.log"), "the fourth gate card")
+            card = await _until(lambda: _card(http, "echo run >> .env"), "the fourth gate card")
             await _answer(http, card, permission.ALLOW_TASK)
             final = await h.wait_final(worker["id"], timeout=120)
             events = await h.events(worker["id"])
@@ -208,11 +208,11 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
     decided = [(e.payload["summary"], e.payload["decision"], e.payload["decided_by"]) for e in events
                if e.event_type == "gate.decided"]
     assert decided == [("Bash: rm -f sentinel-a", "deny", "user"), ("Bash: rm -f sentinel-b", "deny", "user"),
-                       ("Bash: rm -f sentinel-c", "allow", "user"), ("Bash: echo run >> ../outside.log", "allow", "user"),
-                       ("Bash: echo run >> ../outside.log", "allow", "rule")]
+                       ("Bash: rm -f sentinel-c", "allow", "user"), ("Bash: echo run >> .env", "allow", "user"),
+                       ("Bash: echo run >> .env", "allow", "rule")]
     assert final["status"] == "gated"  # the user's refusals are gates that fired
     [rule] = rules
-    assert (rule["scope"], rule["pattern"], rule["uses"]) == ("task", "echo run >> ../outside.log", 1)
+    assert (rule["scope"], rule["pattern"], rule["uses"]) == ("task", "echo run >> .env", 1)
 
 
 async def test_an_executor_restart_while_a_card_waits_refuses_the_call_and_nothing_runs(
@@ -285,7 +285,7 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
         Rule(role="orchestrator", match_last="second",
              replies=[{"text": "-"}, _dispatch("rule run 2"), {"text": "dispatched"}]),
         Rule(role="orchestrator", replies=[_dispatch("rule run 1"), {"text": "dispatched"}]),
-        Rule(role="worker", match="rule run", replies=[_bash("echo ran >> ../rule.log"), {"text": "done"}]),
+        Rule(role="worker", match="rule run", replies=[_bash("echo ran >> .env"), {"text": "done"}]),
         _handoff(),
     ])
     with ScriptedModelServer(scenario) as model:
@@ -298,7 +298,7 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
                         {"pattern": "x", "thread_id": thread, "project_id": thread}):
                 refused = await http.post("/api/gate-rules", json=bad)
                 assert refused.status_code == 422, (bad, refused.text)
-            queued = await http.post("/api/gate-rules", json={"pattern": "echo ran >> ../rule.log",
+            queued = await http.post("/api/gate-rules", json={"pattern": "echo ran >> .env",
                                                                "thread_id": thread})
             assert queued.status_code == 202, queued.text
 
@@ -312,7 +312,7 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
             # a clean run's handoff still lists the gate its call passed, and by what
             handoff = (await h.wait_event(first["id"], "handoff")).payload
             assert [(g["summary"], g["decision"], g["decided_by"]) for g in handoff["gate_decisions"]] == [
-                ("Bash: echo ran >> ../rule.log", "allow", "rule")]
+                ("Bash: echo ran >> .env", "allow", "rule")]
 
             revoked = await http.delete(f"/api/gate-rules/{rule['id']}")
             assert revoked.status_code == 200 and revoked.json()["revoked_at"]
@@ -329,7 +329,7 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
             assert (await h.wait_final(later["id"]))["status"] == "gated"
             listed = (await http.get("/api/gate-rules", params={"thread_id": thread, "revoked": "true"})).json()
             decided = [e.payload for e in await h.events() if e.event_type == "gate.decided"]
-    assert (tmp_path / "rule.log").read_text() == "ran\n"  # only while the rule was live
+    assert (tmp_path / "work" / ".env").read_text() == "ran\n"  # only while the rule was live
     assert [(d["decision"], d["decided_by"]) for d in decided] == [("allow", "rule"), ("deny", "autonomous_policy")]
     assert listed["rules"][0]["uses"] == 1 and listed["rules"][0]["revoked_at"]
 
