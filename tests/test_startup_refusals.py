@@ -125,3 +125,20 @@ def test_with_the_sandbox_off_the_executor_says_so_before_anything_else(taken_po
     out = _run(["executor"], env)
     _one_line_error(out, "in use")
     assert "sandbox_off" in out.stdout + out.stderr and "unsandboxed" in out.stdout + out.stderr
+
+
+def test_where_the_kernel_refuses_the_namespaces_the_start_is_refused_with_bubblewraps_reason(
+        tmp_path: Path) -> None:
+    """User namespaces disabled (a container without the privilege, a sysctl): bubblewrap is there but cannot
+    start; its own reason is in the one line, with the fix. A stand-in bwrap answers as the real one does then."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the kernel "
+                    "does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    data = tmp_path / "var"
+    out = _run(["executor"], _env(data, PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    _one_line_error(out, "No permissions to creating new namespace", "unprivileged_userns_clone",
+                    "PETAL_SANDBOX=off")
+    assert not (data / "pgdata").exists()
