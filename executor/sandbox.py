@@ -87,7 +87,7 @@ class SandboxPolicy:
         """Start an empty sandbox with every namespace a spawn gets: SandboxUnavailable with bubblewrap's own
         reason when the kernel refuses (user namespaces disabled, a container without the privilege)."""
         argv = [self.bwrap, "--die-with-parent", *_NAMESPACES, "--ro-bind", "/", "/", "--proc", "/proc",
-                "--dev", "/dev", "--", "/bin/true"]
+                *_PROC_READ_ONLY, "--dev", "/dev", "--", "/bin/true"]
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -100,7 +100,13 @@ class SandboxPolicy:
                 "PETAL_SANDBOX=off to run workers unsandboxed")
 
 
-_NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+# A user namespace of its own with every capability dropped and no further user namespace: run by root,
+# bubblewrap would otherwise keep root's capabilities inside (mount, remount / read-write, write sysctls).
+_NAMESPACES = ("--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc",
+               "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+# The kernel's knobs stay read-only whoever runs the sandbox (a uid 0 inside still owns them by their mode).
+_PROC_READ_ONLY = ("--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
+                   "/proc/sysrq-trigger")
 
 
 @dataclass(frozen=True)
@@ -185,7 +191,7 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str]) -> list[str]
     # data directory) and what is hidden inside a bound one stays hidden (the data directory inside the tree)
     mounts.sort(key=lambda m: len(m.path.parts))
     args = [policy.bwrap, "--die-with-parent", *_NAMESPACES, "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", "--tmpfs", "/tmp"]
+            "--proc", "/proc", *_PROC_READ_ONLY, "--tmpfs", "/tmp"]
     for m in mounts:
         args += m.args()
     if box.sockets_dir is not None:

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import http.server
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -110,6 +111,10 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     assert report is not None and report["ran"], "the script did not run: the sandbox must keep the tree usable"
     # its two denied reads are listed: the run ends gated, not success
     assert got["final"]["status"] == "gated" and got["final"]["status_reason"] == "permission_denials"
+    # no capability, no mount, the kernel's knobs read-only (bubblewrap run by root keeps root's otherwise)
+    assert int(report["capabilities"]["value"], 16) == 0
+    assert report["kernel_knobs"]["value"] == {"/proc/sys/kernel/core_pattern": False, "/proc/sysrq-trigger": False}
+    assert report["mount"]["value"] is False
     # nothing written outside the tree, whatever the script believed
     assert not (tmp_path / "outside" / "pwned").exists()
     # the ingress: no connection, no message, no token found
@@ -145,6 +150,9 @@ async def test_with_the_sandbox_off_the_same_channels_are_open(db: DB, tmp_path:
     report = got["report"]
     assert report is not None and report["ran"]
     assert (tmp_path / "outside" / "pwned").read_text() == "pwned"
+    if os.geteuid() == 0:  # root unsandboxed: every capability, the kernel's knobs writable
+        assert int(report["capabilities"]["value"], 16) != 0
+        assert report["kernel_knobs"]["value"]["/proc/sys/kernel/core_pattern"] is True
     assert report["ingress_tcp"]["ok"] and report["ingress_chat_open"]["value"] == 202
     assert got["injected"] == 1
     # the opt-out is visible: the executor's own row says so, and /api/info (the page's banner) reads it

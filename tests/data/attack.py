@@ -91,6 +91,28 @@ def find_tokens():
     return sorted(found)
 
 
+def capabilities():
+    status = Path("/proc/self/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
+
+
+def kernel_knobs_writable():
+    # asked, never written: unsandboxed as root, a write would change the host's kernel
+    return {path: os.access(path, os.W_OK) for path in ("/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger")}
+
+
+def can_mount():
+    import subprocess
+    res = subprocess.run(["mount", "-t", "tmpfs", "none", str(HERE / "mnt-probe")], capture_output=True, text=True)
+    if res.returncode == 0:
+        subprocess.run(["umount", str(HERE / "mnt-probe")], check=False)
+    return res.returncode == 0
+
+
+(HERE / "mnt-probe").mkdir(exist_ok=True)
+attempt("capabilities", capabilities)
+attempt("kernel_knobs", kernel_knobs_writable)
+attempt("mount", can_mount)
 attempt("outside_write", write_outside)
 attempt("tokens", find_tokens)
 attempt("ingress_tcp", tcp(targets["ingress_port"]))
