@@ -162,8 +162,11 @@ def git_parts(workdir: Path) -> tuple[list[Path], list[Path]]:
     branch = _branch_dir(gitdir, common)
     if branch is not None:
         writable.append(branch)
+    # alternates would lend the repository objects from wherever a worker points them
+    (common / "objects" / "info").mkdir(parents=True, exist_ok=True)
+    # HEAD too: pointed at the base branch, the executor's commit of uncommitted work would land there
     readonly = [common, dot_git, gitdir / "commondir", gitdir / "gitdir", gitdir / "config.worktree",
-                gitdir / "hooks"]
+                gitdir / "hooks", gitdir / "HEAD", common / "objects" / "info"]
     return [p for p in writable if p.exists()], [p for p in readonly if p.exists()]
 
 

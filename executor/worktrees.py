@@ -36,6 +36,13 @@ BRANCH_PREFIX = "petal/"
 FALLBACK_IDENTITY = ("petal-dispatch", "petal-dispatch@localhost")
 
 _locks: dict[tuple[int, str], asyncio.Lock] = {}
+# For git run by the executor, outside any sandbox, in a tree a worker wrote: nothing in it may choose a command
+# to run. A nested repository's own config (its fsmonitor) would run when status recursed into it, and hooks
+# would run on commit. (The repository's config and hooks are read-only to the worker; these hold whatever
+# they say.) Passed on to the git processes git itself starts (GIT_CONFIG_PARAMETERS).
+UNTRUSTED_TREE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "submodule.recurse=false",
+                  "-c", "diff.ignoreSubmodules=all", "-c", "status.submoduleSummary=false",
+                  "-c", "core.untrackedCache=false", "-c", "protocol.allow=never")
 
 
 class GitError(errors.PetalError):
@@ -158,12 +165,17 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
     first (removing the worktree would lose it, and only a commit can be merged)."""
     auto_commit = None
     if worktree is not None and worktree.is_dir():
-        dirty = (await git(worktree, "status", "--porcelain", "--untracked-files=all")).out.strip()
+        dirty = (await git(worktree, *UNTRUSTED_TREE, "status", "--porcelain", "--untracked-files=all")).out.strip()
         if dirty:
-            await git(worktree, "add", "--all")
-            await git(worktree, *await _identity(worktree), "commit", "--quiet", "--no-verify", "-m",
-                      f"petal-dispatch: work left uncommitted by task {task_id}")
-            auto_commit = (await git(worktree, "rev-parse", "HEAD")).out.strip()
+            # a commit lands where the worktree's HEAD points: only ever on the task's own branch
+            head = (await git(worktree, *UNTRUSTED_TREE, "symbolic-ref", "--quiet", "HEAD", check=False)).out.strip()
+            if head != f"refs/heads/{branch}":
+                raise GitError(f"the worktree's HEAD is {head or 'detached'}, not {branch}: its uncommitted work "
+                               "was not committed")
+            await git(worktree, *UNTRUSTED_TREE, "add", "--all")
+            await git(worktree, *UNTRUSTED_TREE, *await _identity(worktree), "commit", "--quiet", "--no-verify",
+                      "-m", f"petal-dispatch: work left uncommitted by task {task_id}")
+            auto_commit = (await git(worktree, *UNTRUSTED_TREE, "rev-parse", "HEAD")).out.strip()
     span = f"{base}..{branch}"
     log_out = (await git(repo, "log", f"--max-count={MAX_COMMITS}", "--format=%H%x1f%an%x1f%s", span)).out
     commits = [dict(zip(("sha", "author", "subject"), line.split("\x1f"), strict=False))

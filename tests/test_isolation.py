@@ -187,9 +187,21 @@ except Exception as exc:
     print("refused", url, exc)
 '''
 # what a hostile repository would do to the project's repository through git's files
-_GIT_ATTACK = '''import subprocess, pathlib
-common = pathlib.Path(subprocess.run(["git", "rev-parse", "--git-common-dir"], capture_output=True, text=True).stdout.strip())
+_GIT_ATTACK = '''import subprocess, pathlib, sys
+marker = sys.argv[1]
+run = lambda *a: subprocess.run(list(a), check=True, capture_output=True, text=True).stdout.strip()
+common = pathlib.Path(run("git", "rev-parse", "--git-common-dir"))
+gitdir = pathlib.Path(run("git", "rev-parse", "--git-dir"))
+# a nested repository whose own config runs a command when the executor's git status recurses into it
+ident = ["-c", "user.name=A", "-c", "user.email=a@example.invalid"]
+run("git", "init", "-q", "sub")
+run("git", "-C", "sub", "config", "core.fsmonitor", f"touch {marker}")
+run("git", "-C", "sub", *ident, "commit", "-q", "--allow-empty", "-m", "x")
+run("git", "update-index", "--add", "--cacheinfo", f"160000,{run('git', '-C', 'sub', 'rev-parse', 'HEAD')},sub")
+pathlib.Path("left-uncommitted.txt").write_text("for the executor to commit")
 for what, fn in [
+    ("point HEAD at main", lambda: (gitdir / "HEAD").write_text("ref: refs/heads/main\\n")),
+    ("plant alternates", lambda: (common / "objects" / "info" / "alternates").write_text("/nonexistent\\n")),
     ("move main", lambda: subprocess.run(["git", "update-ref", "refs/heads/main", "HEAD"], check=True, capture_output=True)),
     ("plant a hook", lambda: (common / "hooks" / "post-merge").write_text("#!/bin/sh\\ntouch /tmp/owned\\n")),
     ("set fsmonitor", lambda: subprocess.run(["git", "config", "core.fsmonitor", "touch /tmp/owned"], check=True, capture_output=True)),
@@ -242,7 +254,7 @@ async def test_a_sandboxed_worker_still_tests_commits_and_downloads_from_the_all
             _tool("Bash", command="python3 -m unittest -q 2>&1"),
             _tool("Bash", command=f"python3 fetch.py http://127.0.0.2:{port}/pkg.txt pkg.txt"),
             _tool("Bash", command=f"python3 fetch.py http://127.0.0.2:{other}/pkg.txt other.txt"),
-            _tool("Bash", command="python3 gitattack.py"),
+            _tool("Bash", command=f"python3 gitattack.py {tmp_path / 'fsmonitor-ran'}"),
             _tool("Bash", command="git add pkg.txt && git -c user.name=W -c user.email=w@example.invalid "
                                   "commit -qm 'add the package' && git log --oneline | head -1"),
             {"text": "done"}]
@@ -270,7 +282,11 @@ async def test_a_sandboxed_worker_still_tests_commits_and_downloads_from_the_all
     assert "fetched" in results[1]
     assert "refused" in results[2] and "403" in results[2]
     assert all(f"REFUSED {what}" in results[3] for what in
-               ("move main", "plant a hook", "set fsmonitor", "relink the worktree")), results[3]
+               ("move main", "plant a hook", "set fsmonitor", "relink the worktree", "point HEAD at main",
+                "plant alternates")), results[3]
+    # the executor's own git, run after the worker in the tree it wrote, ran nothing the tree chose
+    assert not (tmp_path / "fsmonitor-ran").exists()
+    assert not (repo / ".git" / "objects" / "info" / "alternates").exists()
     assert "add the package" in results[4]
     changes = next(e.payload for e in events if e.event_type == "task.changes")
     assert "add the package" in [c["subject"] for c in changes["commits"]]
