@@ -13,6 +13,7 @@ for everything else). Threat model and what remains: docs/threat-model.md.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -112,10 +113,13 @@ _PROC_READ_ONLY = ("--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/pro
 @dataclass(frozen=True)
 class Mount:
     kind: str  # --bind, --ro-bind, --tmpfs
-    path: Path
+    path: Path  # where it appears inside
+    source: Path | None = None  # what is bound there (None: the same path outside)
 
     def args(self) -> list[str]:
-        return [self.kind, str(self.path)] if self.kind == "--tmpfs" else [self.kind, str(self.path), str(self.path)]
+        if self.kind == "--tmpfs":
+            return [self.kind, str(self.path)]
+        return [self.kind, str(self.source or self.path), str(self.path)]
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ class SpawnBox:
     readonly: tuple[Path, ...] = ()
     # hidden though inside the tree or a writable directory (other conversations in the CLI's config directory)
     hidden: tuple[Path, ...] = ()
+    # (inside, outside): a directory of the spawn's own shown in another's place (its conversations' directory)
+    bound: tuple[tuple[Path, Path], ...] = ()
     # loopback ports forwarded in: port → the gateway's socket for it
     ports: tuple[int, ...] = ()
     sockets_dir: Path | None = None
@@ -190,6 +196,7 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str]) -> list[str]
     mounts += [Mount("--bind", p) for p in box.writable]
     mounts += [Mount("--tmpfs", p) for p in box.hidden]
     mounts += [Mount("--ro-bind", p) for p in box.readonly]
+    mounts += [Mount("--bind", inside, outside) for inside, outside in box.bound]
     # a parent's mount first, so what is bound inside a hidden directory stays visible (a worktree inside the
     # data directory) and what is hidden inside a bound one stays hidden (the data directory inside the tree)
     mounts.sort(key=lambda m: len(m.path.parts))
@@ -213,33 +220,73 @@ def session_dir(config_home: Path, workdir: Path) -> Path:
     return config_home / "projects" / re.sub(r"[^A-Za-z0-9]", "-", str(workdir))
 
 
-def other_sessions(config_home: Path, workdir: Path) -> tuple[Path, ...]:
-    """What of the CLI's config directory a spawn must not read: every other directory's conversations, and
-    the per-session state of every conversation (edit backups, todos, shell snapshots), which it starts
-    afresh. The login and settings stay (the CLI needs them)."""
-    if not config_home.is_dir():
-        return ()
-    own = session_dir(config_home, workdir)
-    own.mkdir(parents=True, exist_ok=True)
-    hidden = [p for p in config_home.iterdir() if _is_real_dir(p) and p.name != "projects"]
-    hidden += [p for p in (config_home / "projects").iterdir() if _is_real_dir(p) and p != own]
-    return tuple(hidden)
+@dataclass(frozen=True)
+class ConfigView:
+    """How a spawn sees the CLI's config directory."""
+
+    hidden: tuple[Path, ...]
+    writable: tuple[Path, ...]
+    readonly: tuple[Path, ...]
+    # the spawn's own conversations directory, shown where the CLI looks for its working directory's
+    bound: tuple[tuple[Path, Path], ...]
 
 
-# What in the CLI's config directory every later spawn obeys (hooks and permissions in settings, the user's
-# standing instructions): read-only in a spawn, so no worker plants something for the next one. Made empty where
-# missing, so a worker cannot create it either.
+# The login and the CLI's state file: the CLI rewrites both (a token refresh, its counters).
+CLI_STATE = (".credentials.json", ".claude.json")
+# What in the config directory every spawn obeys (hooks and permissions in settings, the user's standing
+# instructions, their agents, commands and skills): read-only, so no worker plants something for the next one.
+# The two files are made empty where missing, so a worker cannot create them either.
 OBEYED_CONFIG = {"settings.json": "{}\n", "CLAUDE.md": ""}
+OBEYED_DIRS = ("agents", "commands", "skills", "output-styles")
+# Per spawn, under the config directory (hard links need the same file system): its own conversations directory.
+SPAWNS_DIR = ".petal-spawns"
 
 
-def obeyed_config(config_home: Path) -> tuple[Path, ...]:
-    paths = []
-    for name, empty in OBEYED_CONFIG.items():
-        path = config_home / name
-        if not path.exists():
-            path.write_text(empty)
-        paths.append(path)
-    return tuple(paths)
+def spawn_sessions(config_home: Path, key: str) -> Path:
+    return config_home / SPAWNS_DIR / key
+
+
+def config_view(config_home: Path, workdir: Path, session_uuid: str, key: str) -> ConfigView:
+    """A spawn's view of the CLI's config directory, on a whitelist: an empty tmpfs in its place, with its login and
+    state file read-write, what every spawn obeys read-only, and in its working directory's conversations
+    directory only its own conversation: a private directory holding a hard link to the conversation's file (and
+    its side directory) when it goes on, where the CLI appends, and where it starts a new one
+    (`keep_session` moves that into place after the exit). Everything else the CLI writes goes with the spawn,
+    and no spawn sees another conversation, of its own directory or any other, whenever it was started."""
+    config_home.mkdir(parents=True, exist_ok=True)
+    for name, empty in {**OBEYED_CONFIG, ".claude.json": "{}\n"}.items():
+        if not (config_home / name).exists():
+            (config_home / name).write_text(empty)
+    real = session_dir(config_home, workdir)
+    real.mkdir(parents=True, exist_ok=True)
+    private = spawn_sessions(config_home, key)
+    if private.exists():
+        shutil.rmtree(private)
+    private.mkdir(parents=True, mode=0o700)
+    bound = [(real, private)]
+    transcript = real / f"{session_uuid}.jsonl"
+    if transcript.is_file():
+        os.link(transcript, private / transcript.name)
+    if (real / session_uuid).is_dir():
+        (private / session_uuid).mkdir()
+        bound.append((real / session_uuid, real / session_uuid))
+    writable = [config_home / name for name in CLI_STATE if (config_home / name).is_file()]
+    readonly = [config_home / name for name in (*OBEYED_CONFIG, *OBEYED_DIRS) if (config_home / name).exists()]
+    return ConfigView(hidden=(config_home,), writable=tuple(writable), readonly=tuple(readonly), bound=tuple(bound))
+
+
+def keep_session(config_home: Path, workdir: Path, session_uuid: str, key: str) -> None:
+    """After the spawn: its conversation, if it started one, into its working directory's conversations directory
+    (a conversation that went on was appended in place, through the hard link); nothing else it left there."""
+    private = spawn_sessions(config_home, key)
+    real = session_dir(config_home, workdir)
+    try:
+        for name in (f"{session_uuid}.jsonl", session_uuid):
+            made, there = private / name, real / name
+            if (made.is_file() or made.is_dir()) and not made.is_symlink() and not there.exists():
+                os.replace(made, there)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _is_real_dir(path: Path) -> bool:

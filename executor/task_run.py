@@ -96,6 +96,7 @@ class Running:
     killed: bool = False
     mcp_config: Path | None = None
     gateway: Gateway | None = None  # the sandbox's ways out, closed when the process has exited
+    workdir: Path | None = None
     revoke_pending: bool = False  # the database was away when its process exited: revoked once the end is recorded
     # row updates an outage held back, applied in order once the database is back
     unsaved: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -248,7 +249,8 @@ class TaskRunner:
                 argv = cmd
                 if self.config.sandbox is not None:
                     gateway = await self._open_gateway(task_id, task.project_id)
-                    argv, env = self._sandboxed(self.config.sandbox, gateway, workdir, mcp_path, cmd, env)
+                    argv, env = self._sandboxed(self.config.sandbox, gateway, workdir, mcp_path, cmd, env, task_id,
+                                                spec.session_uuid)
                 # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
                 # Bash-tool children itself (they run in their own session, out of reach of a group signal)
                 argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
@@ -268,6 +270,8 @@ class TaskRunner:
                     mcp_path.unlink(missing_ok=True)
                 if gateway is not None:
                     await gateway.close()
+                    shutil.rmtree(sandbox.spawn_sessions(substrate.config_home(self.substrate), task_id.hex),
+                                  ignore_errors=True)
                 await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
                 return
         finally:
@@ -275,7 +279,8 @@ class TaskRunner:
                 parent_lookup.cancel()  # no process, no task.spawned to hang under anything
         started = time.monotonic()
         r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
-                    proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway)
+                    proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway,
+                    workdir=workdir)
         self.runs[task_id] = r
         feeding = asyncio.create_task(self._feed_prompt(proc, spec.prompt))
         self.children.add(feeding)
@@ -327,27 +332,34 @@ class TaskRunner:
         return self._gateways
 
     def _sandboxed(self, policy: sandbox.SandboxPolicy, gateway: Gateway, workdir: Path, mcp_path: Path | None,
-                   cmd: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+                   cmd: list[str], env: dict[str, str], task_id: uuid.UUID, session_uuid: str
+                   ) -> tuple[list[str], dict[str, str]]:
         """The command line and environment of a spawn inside its sandbox."""
         git_rw, git_ro = sandbox.git_parts(workdir)
         home = Path(self.substrate.base_env.get("HOME") or Path.home())
-        config_home = substrate.config_home(self.substrate)
-        writable = [config_home, *git_rw]
+        config = sandbox.config_view(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
+        writable = [*config.writable, *git_rw]
         if self.substrate.config_dir is None and not self.substrate.base_env.get("CLAUDE_CONFIG_DIR"):
             writable += [p for p in (home / ".claude.json",) if p.exists()]
-        readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None)]
+        readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None), *config.readonly, *policy.exposed]
         readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
-        config_home.mkdir(parents=True, exist_ok=True)
-        readonly += [*policy.exposed, *sandbox.obeyed_config(config_home)]
         found = shutil.which(cmd[0], path=env.get("PATH"))
         if found is None:  # said here, as an unsandboxed spawn would, not as the launcher's exit 127
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cmd[0])
         if not sandbox.visible(Path(found), policy):
             readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
         box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
-                               hidden=sandbox.other_sessions(config_home, workdir),
-                               ports=tuple(gateway.forwards), sockets_dir=gateway.directory)
+                               hidden=config.hidden, bound=config.bound, ports=tuple(gateway.forwards),
+                               sockets_dir=gateway.directory)
         return sandbox.wrap(policy, box, cmd), {**env, **sandbox.proxy_env(), "TMPDIR": "/tmp"}
+
+    def _keep_session(self, r: Running) -> None:
+        """A sandboxed spawn's new conversation into place for the next turn's `--resume`."""
+        assert r.workdir is not None
+        try:
+            sandbox.keep_session(substrate.config_home(self.substrate), r.workdir, str(r.session_id), r.task_id.hex)
+        except OSError:  # the next turn starts the conversation afresh (session_stored): logged, not fatal
+            log.exception("keep_session_failed", task_id=str(r.task_id))
 
     async def _worktree(self, task: ClaimedTask) -> Path | str | None:
         """A worker of a project runs in a git worktree of its own, never in the project's checkout: its path,
@@ -419,6 +431,7 @@ class TaskRunner:
             rc = await self._until_exit(r)
             if r.gateway is not None:
                 await r.gateway.close()
+                self._keep_session(r)
             if r.mcp_config is not None:
                 await self._revoke_mcp_config(r)
             done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)

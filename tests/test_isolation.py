@@ -89,6 +89,7 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
                 "pg_port": int(pg.get("port") or 5432), "pg_sockets": sockets,
                 "sibling_mcp_config": str(mcp_dir / f"mcp-{sibling_id}.json"),
                 "sibling_pid": sibling["pid"], "data_dir": str(tmp / "run"),
+                "claude_config": str(tmp / "claude-config"),
             }))
             await http.post("/api/chat", json={"text": "run the attack", "thread_id": thread_id})
             worker = await until(lambda: _worker(h, "attack run"), "the attack worker", timeout=120)
@@ -101,7 +102,7 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
                     "SELECT count(*) FROM chat_queue WHERE text LIKE 'injected%%'")).fetchone())[0]  # type: ignore[index]
     report_path = work / "attack-report.json"
     return {"final": final, "events": events, "ready": ready, "info": info, "injected": injected, "tmp": tmp,
-            "report": json.loads(report_path.read_text()) if report_path.exists() else None, "sibling": str(sibling_id),
+            "report": json.loads(report_path.read_text()) if report_path.exists() else None, "sibling": str(sibling_id), "sibling_session": str(sibling["session_id"]),
             "sockets": sockets}
 
 
@@ -130,6 +131,8 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     assert not report["sibling_cmdline"]["ok"] and not report["sibling_environ"]["ok"]
     # of the data directory, it sees its own MCP config and nothing else
     assert report["data_dir_listing"]["value"] == [str(tmp_path / "run" / "mcp" / f"mcp-{got['final']['id']}.json")]
+    # of the CLI's conversations, only its own (the sibling runs in the same directory)
+    assert report["conversations"]["value"] == [f"{got['final']['session_id']}.jsonl"]
     # only the sandbox's own processes are visible (its init, the forwarders, the CLI and the script's shell)
     assert all(p < 100 for p in report["processes"]["value"]), report["processes"]
     # the model's own Grep of the data directory finds its own credential, never the sibling's
@@ -162,6 +165,7 @@ async def test_with_the_sandbox_off_the_same_channels_are_open(db: DB, tmp_path:
     assert all(report[f"postgres_unix_{i}"]["ok"] for i in present)
     assert "Bearer" in report["sibling_mcp_config"]["value"]
     assert "PETAL_TASK_ID" in report["sibling_environ"]["value"]
+    assert f"{got['sibling_session']}.jsonl" in report["conversations"]["value"]
     # even unsandboxed, a brief never travels in argv
     assert "launch code" not in report["sibling_cmdline"]["value"]
     assert got["sibling"] in _tool_results(got["events"])[1]
