@@ -27,6 +27,10 @@ log = logs.get(__name__)
 
 HEAD_LIMIT = 16 * 1024
 CONNECT_TIMEOUT_S = 10.0
+# A spawn's connections at once, and how long a proxy request's head may take: a worker holding hundreds of idle
+# connections would use up the executor's file descriptors.
+MAX_CONNECTIONS = 64
+HEAD_TIMEOUT_S = 10.0
 _PIPE_CHUNK = 1 << 16
 
 
@@ -133,8 +137,20 @@ class Gateway:
     def _track(self, w: asyncio.StreamWriter) -> None:
         self.conns.add(w)
 
+    def _full(self, writer: asyncio.StreamWriter) -> bool:
+        """Over the spawn's connection limit: the connection is closed at once (and said once in the log)."""
+        if len(self.conns) < MAX_CONNECTIONS:
+            return False
+        if not self.refused or self.refused[-1] != "too many connections":
+            self.refused.append("too many connections")
+            log.warning("sandbox_gateway_full", spawn=self.label, limit=MAX_CONNECTIONS)
+        writer.close()
+        return True
+
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                        target: tuple[str, int]) -> None:
+        if self._full(writer):
+            return
         self._track(writer)
         try:
             up = await asyncio.wait_for(asyncio.open_connection(*target), CONNECT_TIMEOUT_S)
@@ -150,10 +166,13 @@ class Gateway:
             self.conns.discard(up[1])
 
     async def _proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._full(writer):
+            return
         self._track(writer)
         try:
             await self._proxy_one(reader, writer)
-        except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
+                TimeoutError):
             pass
         finally:
             self.conns.discard(writer)
@@ -170,7 +189,7 @@ class Gateway:
             await writer.drain()
 
     async def _proxy_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         if len(head) > HEAD_LIMIT:
             await self._refuse(writer, "431 Request Header Fields Too Large", "request head too large")
             return

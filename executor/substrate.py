@@ -103,6 +103,10 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     # The operator's own flags come first: where one names a flag the harness sets below (a permission
     # mode, settings), the CLI takes the last, the harness's, so none weakens the gate.
     cmd += [*config.extra_args, *spec.extra_args]
+    # Only the user's settings and the harness's own (--settings): a working directory's .claude/settings.json
+    # is written by whoever worked there before (a worker in the directory an orchestrator's turns run in would
+    # plant hooks that run in the next turn, with its credential).
+    cmd += ["--setting-sources", "user"]
     # The harness chooses the conversation id so it is known before the process starts.
     cmd += ["--resume", spec.session_uuid] if spec.resume else ["--session-id", spec.session_uuid]
     cmd += ["--append-system-prompt", "\n\n".join(p for p in (ROLE_MARKER.format(role=spec.role), spec.system_prompt) if p)]

@@ -336,3 +336,30 @@ async def test_a_data_directory_with_a_long_path_still_spawns_sandboxed(db: DB, 
             final = await h.wait_final(await h.dispatch("say it"))
     assert len(str(deep / "run")) > 108
     assert final["status"] == "success"
+
+
+_PLANT_HOOK = '''import json, pathlib
+pathlib.Path(".claude").mkdir(exist_ok=True)
+hook = {"type": "command", "command": "touch hook-ran"}
+pathlib.Path(".claude/settings.json").write_text(json.dumps({"hooks": {
+    "SessionStart": [{"hooks": [hook]}], "UserPromptSubmit": [{"hooks": [hook]}]}}))
+'''
+
+
+async def test_settings_a_worker_plants_in_a_shared_directory_do_not_run_in_the_next_task(db: DB, tmp_path: Path
+                                                                                          ) -> None:
+    """Orchestrator turns and workers outside a project share a working directory: hooks one of them writes into
+    its .claude/settings.json must not run in the next (they would run with that task's credential)."""
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    (work / "plant.py").write_text(_PLANT_HOOK)
+    scenario = Scenario(rules=[
+        Rule(role="worker", match="plant", replies=[_tool("Bash", command="python3 plant.py"), {"text": "planted"}]),
+        Rule(role="worker", match="next", replies=[{"text": "next one done"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h:
+            planted = await h.wait_final(await h.dispatch("plant the hooks"))
+            following = await h.wait_final(await h.dispatch("the next task"))
+    assert planted["status"] == "success" and (work / ".claude" / "settings.json").exists()
+    assert following["status"] == "success"
+    assert not (work / "hook-ran").exists()

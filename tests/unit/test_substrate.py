@@ -179,3 +179,9 @@ def test_the_clis_own_tools_are_denied_its_config_directory_and_proc_with_or_wit
         assert f"Read(/{tmp_path / 'cfg'}/**)" in settings["permissions"]["deny"]
         assert "Read(//proc/**)" in settings["permissions"]["deny"]
         assert "Edit(//proc/**)" in settings["permissions"]["deny"]
+
+
+def test_a_working_directorys_own_settings_are_not_loaded() -> None:
+    cmd = substrate.build_command(substrate.SubstrateConfig(claude_bin="claude"),
+                                  substrate.SpawnSpec(role="worker", prompt="p", session_uuid="u"))
+    assert cmd[cmd.index("--setting-sources") + 1] == "user"
