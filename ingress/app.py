@@ -22,7 +22,7 @@ from ingress import actions, gate_rules, notify, problems, reads, stream
 from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, GuardMiddleware, TokenLimiter, parse_login, same_secret,
                           too_many)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded, peer
-from ingress.http import shared_queries
+from ingress.http import ingress_queries, shared_queries
 from ingress.models import (AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, RetryIn, StopIn, ThreadIn,
                             ThreadPatch)
 from ingress import projects as project_routes
@@ -52,9 +52,12 @@ async def info(request: Request) -> Response:
     settings: Settings = request.app.state.settings
     row = await shared_queries(request).one("get_journal_head")
     head = row["last_seq"] if row else 0  # the journal_head row exists from the first migration on
+    # from the executors' own rows, not this process's settings: the executor decides how it spawns
+    unsandboxed = [r["name"] for r in await ingress_queries(request).all("list_unsandboxed_executors")]
     # journal_head: a client that loads its views and then streams from here misses nothing in between
     return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
                          "auth": request.app.state.auth.mode, "journal_head": head,
+                         "workers_isolated": not unsandboxed, "unsandboxed_executors": unsandboxed,
                          # the SSE heartbeat: a client that hears nothing for two of these reconnects
                          "heartbeat_s": settings.sse_heartbeat_s})
 
