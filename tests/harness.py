@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import socket
@@ -235,3 +236,16 @@ def live_in_group(pgid: int) -> list[tuple[int, str]]:
         except (OSError, psutil.Error):
             continue
     return live
+
+
+def cli_pid(pid: int) -> int:
+    """The `claude` process of a spawn: `pid` itself unsandboxed, else the one inside the sandbox that `pid`
+    (bubblewrap) started."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    for candidate in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            if Path(candidate.exe()).resolve() == Path(claude_bin()).resolve():
+                return int(candidate.pid)
+    raise AssertionError(f"no claude process under pid {pid}")

@@ -26,7 +26,7 @@ import pytest
 
 from executor.harness.asks import TIMED_OUT
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
-from tests.harness import config_for, running_executor, running_supervisor, substrate_for
+from tests.harness import cli_pid, config_for, live_in_group, running_executor, running_supervisor, substrate_for
 from tests.pg import DB, Cluster, lock_waiter
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
 from tests.test_asks import Q1, _round_trip, asking
@@ -498,7 +498,7 @@ async def test_a_stop_the_cli_does_not_obey_is_followed_by_sigkill_after_the_gra
             task_id = await h.dispatch("wait forever")
             await h.wait_event(task_id, "stream.system.init")
             pid = (await h.task(task_id))["pid"]
-            os.kill(pid, signal.SIGSTOP)  # the real CLI, frozen: SIGTERM stays pending, only SIGKILL acts
+            os.kill(cli_pid(pid), signal.SIGSTOP)  # the real CLI, frozen: SIGTERM stays pending, only SIGKILL acts
             async with await psycopg.AsyncConnection.connect(db.ingress_dsn, autocommit=True) as ingress:
                 await ingress.execute("INSERT INTO stop_queue (task_id, reason) VALUES (%s, 'user')", [task_id])
             row = await h.wait_final(task_id, timeout=30)
@@ -508,8 +508,7 @@ async def test_a_stop_the_cli_does_not_obey_is_followed_by_sigkill_after_the_gra
     assert (sent[1].created_at - sent[0].created_at).total_seconds() >= grace_s * 0.95
     assert row["status"] == "cancelled" and row["status_reason"] == "stop_requested"
     assert row["exit_signal"] == signal.SIGKILL
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pid, 0)
+    assert live_in_group(pid) == []
 
 
 # ---- restarts ----------------------------------------------------------------------------------------------
