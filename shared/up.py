@@ -222,12 +222,15 @@ def _post_demo_message(url: str) -> None:
     _post(f"{url}/api/chat", {"text": DEMO_MESSAGE, "thread_id": thread["thread_id"]})
 
 
-def preflight(settings: Settings, env: Mapping[str, str]) -> None:
+def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> None:
     """The refusals `up` makes before it starts anything, each one line naming what is wrong."""
     from executor.main import sandbox_policy  # the same refusal the executor makes: no unsandboxed worker
-    from ingress.main import check_bind  # the same refusal the ingress itself makes
+    from ingress.app import check_auth
+    from ingress.main import check_bind  # the same refusals the ingress itself makes
 
     check_bind(settings)
+    if not demo and not settings.open_mode:  # the demo opens the page itself (open mode on loopback)
+        check_auth(settings)
     sandbox_policy(settings, env)
     ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
     ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
@@ -241,7 +244,7 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scena
     if scenario is not None and not scenario.is_file():
         raise errors.ConfigError(f"no scenario file {scenario}")
     claude = _demo_claude(settings) if demo else find_claude(settings)
-    preflight(settings, env)
+    preflight(settings, env, demo=demo)
     embedded = None if _external(settings) else dbserver.embedded(settings)
     try:
         info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates

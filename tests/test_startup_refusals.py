@@ -142,3 +142,13 @@ def test_where_the_kernel_refuses_the_namespaces_the_start_is_refused_with_bubbl
     _one_line_error(out, "No permissions to creating new namespace", "unprivileged_userns_clone",
                     "PETAL_SANDBOX=off")
     assert not (data / "pgdata").exists()
+
+
+def test_up_in_proxy_mode_without_the_proxy_secret_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Not a crash-looping ingress under `up`: the same one line the ingress would give, at once."""
+    data = tmp_path / "var"
+    env = _env(data, OPEN_MODE="0")
+    env.pop("PETAL_PROXY_SECRET", None)
+    out = _run(["up"], env)
+    _one_line_error(out, "PETAL_PROXY_SECRET")
+    assert not (data / "pgdata").exists()
