@@ -1,6 +1,6 @@
 """What the worker sandbox costs, sandboxed against unsandboxed in the same run.
 
-    python -m tests.bench.bench_sandbox [--turns 40] [--tasks 10] [--calls 100]
+    python -m tests.bench.bench_sandbox [--turns 40] [--tasks 12] [--calls 105] [--rounds 4]
 
 The real executor supervisor and the real CLI against the scripted model, one supervisor sandboxed (every spawn
 in bubblewrap with its gateway, as in production) and one with the sandbox off, in alternating rounds so the
@@ -116,7 +116,7 @@ async def main(turns: int, tasks: int, calls: int, rounds: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=40)
-    parser.add_argument("--tasks", type=int, default=10)
+    parser.add_argument("--tasks", type=int, default=12)
     parser.add_argument("--calls", type=int, default=105)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
