@@ -166,19 +166,36 @@ def _cmd_contract_add(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_project_create(args: argparse.Namespace, settings: Settings) -> int:
-    plan = args.plan.read_text(encoding="utf-8") if args.plan else None
-    if args.workdir and not args.workdir.is_dir():
-        raise errors.ConfigError(f"--workdir {args.workdir} is not a directory")
+    from executor import projects
+
+    workdir: Path | None = None
+    if args.workdir is not None:
+        # the API's check and message (executor/projects.py): under PETAL_PROJECT_ROOTS once `..` and
+        # symlinks are resolved, and a directory; a relative path is taken from here, as a shell would
+        given = args.workdir if args.workdir.is_absolute() else Path.cwd() / args.workdir
+        roots = projects.ProjectsConfig(settings.project_root_paths).resolved_roots()
+        try:
+            workdir = projects.check_workdir(str(given), roots)
+        except projects.Refused as exc:
+            raise errors.ConfigError(str(exc)) from None
+    plan = plan_path = None
+    if args.plan is not None:
+        if not args.plan.is_file():
+            raise errors.ConfigError(f"--plan {args.plan} is not a file")
+        plan = args.plan.read_text(encoding="utf-8")
+        where = args.plan.resolve()
+        # as the API stores it: relative to the workdir when the plan is in it, else where it was read from
+        plan_path = str(where.relative_to(workdir)) if workdir and workdir in where.parents else str(where)
 
     async def create(pool: AsyncConnectionPool) -> dict[str, object]:
-        from executor import projects
         from shared.read_surface import plan_tasks
 
         project_id = await projects.insert_project(
-            pool, args.slug, workdir=str(args.workdir.resolve()) if args.workdir else None, plan=plan)
+            pool, args.slug, workdir=str(workdir) if workdir else None, plan=plan, plan_path=plan_path)
         if project_id is None:
             raise errors.ConfigError(f"a project {args.slug!r} exists already")
-        return {"project_id": str(project_id), "slug": args.slug, "plan_tasks": len(plan_tasks(plan))}
+        return {"project_id": str(project_id), "slug": args.slug, "workdir": str(workdir) if workdir else None,
+                "plan_path": plan_path, "plan_tasks": len(plan_tasks(plan))}
 
     print(json.dumps(_with_pool(settings, create)))
     return 0
@@ -291,6 +308,13 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _data_dir_option(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`--data-dir`, as `up` takes it: the same directory finds the server `up --data-dir` started."""
+    p.add_argument("--data-dir", type=Path,
+                   help="data directory (default: PETAL_DATA_DIR, else ./var); the one given to `up --data-dir`")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -311,13 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     p.add_argument("--task", help="only this task's events")
     p.add_argument("--thread", help="only this thread's events (its turns and the workers they dispatched)")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_journal)
 
     p = sub.add_parser("status", help="open tasks (running / awaiting user / stalled), queued messages, pending asks")
     p.add_argument("--json", action="store_true")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_status)
 
     p = sub.add_parser("migrate", help="apply pending database migrations")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_migrate)
 
     p = sub.add_parser("executor", help="run the executor: supervisor, journal writer, harness MCP")
@@ -335,12 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--project", help="project id to file it under")
     p.add_argument("--role", default="worker", help="the role to record (default: worker)")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_import_transcript)
 
     contract_cmd = sub.add_parser("contract", help="the handoff contract").add_subparsers(dest="contract_command",
                                                                                          required=True)
     p = contract_cmd.add_parser("list", help="the active contract fields and the schema they make")
     p.add_argument("--json", action="store_true")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_contract_list)
     p = contract_cmd.add_parser("add", help="add a field (an INSERT; rows are never edited)")
     p.add_argument("field")
@@ -349,22 +378,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--semantics", required=True, help="what the field means")
     p.add_argument("--read-by", default="harness,human", help="who reads it (comma-separated)")
     p.add_argument("--supersede", action="store_true", help="replace the active row of an existing field")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_contract_add)
 
     project_cmd = sub.add_parser("project", help="projects").add_subparsers(dest="project_command", required=True)
     p = project_cmd.add_parser("create", help="load a project (its plan: markdown with `- [ ] T-001 title` lines)")
     p.add_argument("--slug", required=True)
-    p.add_argument("--plan", type=Path)
-    p.add_argument("--workdir", type=Path)
+    p.add_argument("--plan", type=Path, help="the plan file (stored with its path: relative to --workdir when in it)")
+    p.add_argument("--workdir", type=Path,
+                   help="the project's directory: under PETAL_PROJECT_ROOTS (default: your home), as the API checks")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_project_create)
 
     p = sub.add_parser("reextract", help="run extraction again for a task (a new handoff; the old one stays)")
     p.add_argument("task_id")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_reextract)
 
     db = sub.add_parser("db", help="database commands").add_subparsers(dest="db_command", required=True)
     p = db.add_parser("status", help="where the server is, each role's DSN, whether migrations are current")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _data_dir_option(p)
     p.set_defaults(handler=_cmd_db_status)
     return parser
 
@@ -379,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.ConfigError as exc:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "data_dir", None) is not None:  # `--data-dir` wins over PETAL_DATA_DIR, as for `up`
+        settings = settings.model_copy(update={"data_dir": args.data_dir})
     logs.configure(settings.log_level, settings.log_format)
     handler: Handler = args.handler
     try:

@@ -93,3 +93,47 @@ def test_db_status_never_prints_a_password(tmp_path: Path, empty_db) -> None:  #
         assert out.returncode == 0, out.stderr
         assert secret not in out.stdout + out.stderr
         assert "***" in out.stdout  # the DSN is still shown, its password masked
+
+
+def test_every_command_that_reads_the_store_finds_a_server_by_data_dir_as_up_does(tmp_path: Path) -> None:
+    """`up --data-dir X` starts the server in X: `status`, `journal`, `db status`, `contract` and `project`
+    find it with the same `--data-dir X`, with no PETAL_DATA_DIR set (and from another directory)."""
+    data_dir = tmp_path / "elsewhere"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "PETAL_DATABASE_URL", "PETAL_DATA_DIR", "PETAL_EXECUTOR_DSN",
+                        "PETAL_INGRESS_DSN")}
+    env.update(PETAL_LOG_FORMAT="json", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    migrated = subprocess.run([sys.executable, "-m", "shared.cli", "migrate", "--data-dir", str(data_dir)], env=env,
+                              cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
+    # the server stays up while the script runs (as under `up`); each command is asked with --data-dir only
+    script = (
+        "import json, os, subprocess, sys\n"
+        "from shared import dbserver, settings\n"
+        "dbserver.resolve(settings.load().model_copy(update={'data_dir': __import__('pathlib').Path(sys.argv[1])}))\n"
+        "out = {}\n"
+        "for name, cmd in [('db', ['db', 'status', '--json']), ('status', ['status', '--json']),\n"
+        "                  ('journal', ['journal']), ('contract', ['contract', 'list', '--json']),\n"
+        "                  ('project', ['project', 'create', '--slug', 'by-data-dir'])]:\n"
+        "    r = subprocess.run([sys.executable, '-m', 'shared.cli', *cmd, '--data-dir', sys.argv[1]],\n"
+        "                       capture_output=True, text=True)\n"
+        "    out[name] = [r.returncode, r.stdout, r.stderr]\n"
+        "r = subprocess.run([sys.executable, '-m', 'shared.cli', 'status', '--json'], capture_output=True, text=True)\n"
+        "out['without'] = [r.returncode, r.stdout, r.stderr]\n"
+        "print(json.dumps(out))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script, str(data_dir)], env=env, cwd=cwd, capture_output=True,
+                         text=True, timeout=240)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    for name in ("db", "status", "journal", "contract", "project"):
+        assert out[name][0] == 0, (name, out[name][2])
+    assert json.loads(out["db"][1])["embedded"] is True
+    assert set(json.loads(out["status"][1])) >= {"tasks", "queue", "asks", "executors"}
+    assert json.loads(out["contract"][1])["fields"]
+    assert json.loads(out["project"][1])["slug"] == "by-data-dir"
+    # the control: without --data-dir (and no PETAL_DATA_DIR) it looks in ./var of its directory, finds nothing
+    assert out["without"][0] == 2 and "the database is down" in out["without"][2]
+    assert not (cwd / "var").exists()

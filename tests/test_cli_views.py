@@ -8,13 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
+import pytest
+
+from executor import projects
 from executor.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import DB
 
 
-def _cli(db: DB, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
+def _cli(db: DB, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn, **extra}
     return subprocess.run([sys.executable, "-m", "shared.cli", *args], env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -56,15 +60,44 @@ async def test_status_shows_a_running_and_a_stalled_task_and_the_journal_reads_a
     assert all(len(ln) < 240 for ln in lines)
 
 
-def test_project_create_registers_a_project_once(db: DB, tmp_path: Path) -> None:
-    plan = tmp_path / "plan.md"
+def test_project_create_registers_a_project_once_with_its_plan_path(db: DB, tmp_path: Path) -> None:
+    roots = tmp_path / "roots"
+    workdir = roots / "shop"
+    workdir.mkdir(parents=True)
+    plan = workdir / "plan.md"
     plan.write_text("- [ ] T-001 first\n- [x] T-002 second\n", encoding="utf-8")
-    first = _cli(db, "project", "create", "--slug", "cli-made", "--plan", str(plan), "--workdir", str(tmp_path))
+    first = _cli(db, "project", "create", "--slug", "cli-made", "--plan", str(plan), "--workdir", str(workdir),
+                 PETAL_PROJECT_ROOTS=str(roots))
     again = _cli(db, "project", "create", "--slug", "cli-made")
     assert first.returncode == 0, first.stderr
     made = json.loads(first.stdout)
-    assert made["slug"] == "cli-made" and made["plan_tasks"] == 2
+    assert made["slug"] == "cli-made" and made["plan_tasks"] == 2 and made["plan_path"] == "plan.md"
     assert again.returncode == 2 and "a project 'cli-made' exists already" in again.stderr
+    with psycopg.connect(db.admin_dsn) as conn:
+        stored = conn.execute("SELECT workdir, plan_path FROM projects WHERE name = 'cli-made'").fetchone()
+    assert stored == (str(workdir.resolve()), "plan.md")
     status = _cli(db, "status", "--json")
     assert status.returncode == 0, status.stderr
     assert set(json.loads(status.stdout)) == {"tasks", "queue", "asks", "last_events", "executors"}
+
+
+def test_project_create_refuses_a_workdir_outside_the_roots_with_the_apis_own_message(
+    db: DB, tmp_path: Path
+) -> None:
+    roots, outside = tmp_path / "roots", tmp_path / "elsewhere"
+    roots.mkdir()
+    outside.mkdir()
+    (roots / "link").symlink_to(outside)
+    cases = {"outside": str(outside), "symlink": str(roots / "link"), "dotdot": f"{roots}/../elsewhere",
+             "missing": str(roots / "nope")}
+    refused = {name: _cli(db, "project", "create", "--slug", f"cli-{name}", "--workdir", workdir,
+                          PETAL_PROJECT_ROOTS=str(roots)) for name, workdir in cases.items()}
+    for name, workdir in cases.items():
+        with pytest.raises(projects.Refused) as api:  # the very check the executor runs for POST /api/projects
+            projects.check_workdir(workdir, [roots.resolve()])
+        assert refused[name].returncode == 2, refused[name].stdout
+        assert refused[name].stderr.strip() == f"petal-dispatch: {api.value}"
+    assert "outside the allowed project roots" in refused["outside"].stderr
+    assert "set PETAL_PROJECT_ROOTS" in refused["symlink"].stderr
+    with psycopg.connect(db.admin_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM projects").fetchone() == (0,)
