@@ -26,7 +26,7 @@ from executor.sandbox import SandboxPolicy, install_root
 from executor.settler import Settler, SettlerConfig
 from executor.substrate import SubstrateConfig
 from executor.supervisor import Supervisor, SupervisorConfig
-from shared import database, dbserver, errors, logs, ports
+from shared import database, datalock, dbserver, errors, logs, ports
 from shared.database import OUTAGE_ERRORS, Availability, Database
 from shared.settings import Settings
 
@@ -284,8 +284,18 @@ async def _outliving_outages(name: str, run: Callable[[], Awaitable[None]], avai
 def main(settings: Settings) -> int:
     check_bind(settings)
     policy = sandbox_policy(settings, os.environ)  # before anything starts: no unsandboxed spawn, ever
-    ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
     dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
+    # one executor per data directory (`up` runs its own under this lock): a second is refused at once,
+    # naming the holder, before it binds a port or writes anything
+    held = datalock.acquire(settings, datalock.EXECUTOR)
+    try:
+        ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
+        return _run(settings, policy)
+    finally:
+        held.release()
+
+
+def _run(settings: Settings, policy: SandboxPolicy | None) -> int:
     info = dbserver.resolve(settings)
     database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
 

@@ -36,6 +36,7 @@ POLL_S = 1.0
 # most messages one turn carries; the rest wait for the next boundary
 MAX_MESSAGES_PER_TURN = 50
 REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
+ARCHIVED = "thread archived"  # the response of a question its thread's archiving closed
 
 # A pass's queries are on the way to every turn's spawn, so a wake-up runs only the passes its source can
 # have given work: a chat message needs delivering, a thread control applying first. Anything else (an
@@ -100,6 +101,25 @@ class Threads:
     # ---- thread control ------------------------------------------------------------------------------
 
     async def apply_controls(self) -> None:
+        await self._claim_controls()
+        await self.settle_archived()  # also what an earlier run left: archived stays archived across restarts
+
+    async def settle_archived(self) -> None:
+        """Archived threads run nothing and ask nothing: their queued turns are cancelled, a running turn is
+        stopped, and their pending questions are closed as "thread archived" (journaled, for the history)."""
+        for row in await self.q.all("cancel_archived_turns"):
+            log.info("archived_turn_cancelled", thread=str(row["session_id"]), turn=str(row["id"]))
+        for row in await self.q.all("stop_archived_turns"):
+            log.info("archived_turn_stopped", turn=str(row["task_id"]))
+        closed = await self.q.all("close_archived_questions", {"response": ARCHIVED})
+        events = [NewEvent("question.cancelled", {"question_id": str(r["id"]), "tool_use_id": r["tool_use_id"],
+                                                  "answers": {}, "response": ARCHIVED},
+                           task_id=r["task_id"], session_id=r["thread_id"])
+                  for r in closed if not r["asker_running"]]  # a waiting tool call journals its own close
+        if events:
+            await self.writer.put_many(events)
+
+    async def _claim_controls(self) -> None:
         for row in await self.q.all("claim_thread_controls"):
             args = row["args"] or {}
             thread_id = row["thread_id"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import dbserver, errors, lifeline, logs, ports
+from shared import datalock, dbserver, errors, lifeline, logs, ports
 from shared.settings import Settings
 
 log = logs.get(__name__)
@@ -152,6 +153,24 @@ def _wait_ready(url: str, services: list[Service]) -> None:
     raise errors.PetalError(f"the ingress was not ready within {READY_TIMEOUT_S:.0f} s")
 
 
+def _wait_listening(host: str, port: int, services: list[Service]) -> None:
+    """Until the harness MCP accepts connections (the executor says so in its log), so the page's URL
+    is the last line `up` prints at start-up."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for s in services:
+            if s.proc is not None and s.proc.poll() is not None:
+                raise errors.PetalError(f"the {s.name} exited during start-up (exit {s.proc.returncode}; "
+                                        "its error is above)")
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            time.sleep(0.1)  # the server's own start-up line follows its bind
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise errors.PetalError(f"the harness MCP server did not listen on {host}:{port} within {READY_TIMEOUT_S:.0f} s")
+
+
 def _stop(children: list[subprocess.Popen[bytes]] | list[subprocess.Popen[str]]) -> None:
     for child in children:
         if child.poll() is None:
@@ -216,14 +235,35 @@ def _post(url: str, body: dict[str, object]) -> dict[str, object]:
     return answer
 
 
-def _post_demo_message(url: str) -> None:
+DEMO_THREAD_FILE = "demo-thread"
+
+
+def _get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def _post_demo_message(url: str, data_dir: Path) -> None:
+    """The demo's thread is made once per data directory (its id kept in DEMO_THREAD_FILE) and its first
+    message sent once: a later `up --demo` on the same directory reuses both."""
+    marker = data_dir / DEMO_THREAD_FILE
+    known = marker.read_text().strip() if marker.is_file() else ""
+    if known:
+        listed = _get(f"{url}/api/threads")
+        threads = listed.get("threads") if isinstance(listed, dict) else None
+        # reused unless the user archived it (then the demo starts over in a new thread)
+        if any(isinstance(t, dict) and str(t.get("id")) == known and t.get("lifecycle") != "archived"
+               for t in threads or []):
+            return
     # an autonomous thread: the demo's worker starts without an approval (interactive threads ask first)
     thread = _post(f"{url}/api/threads", {"title": "Demo", "mode": "autonomous"})
+    marker.write_text(f"{thread['thread_id']}\n")
     _post(f"{url}/api/chat", {"text": DEMO_MESSAGE, "thread_id": thread["thread_id"]})
 
 
-def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> None:
-    """The refusals `up` makes before it starts anything, each one line naming what is wrong."""
+def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> datalock.DataDirLock:
+    """The refusals `up` makes before it starts anything, each one line naming what is wrong; returns the
+    data directory's `up` lock, held until `up` ends (a second `up` on it is refused, naming this one)."""
     from executor.main import sandbox_policy  # the same refusal the executor makes: no unsandboxed worker
     from ingress.app import check_auth
     from ingress.main import check_bind  # the same refusals the ingress itself makes
@@ -232,9 +272,27 @@ def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False)
     if not demo and not settings.open_mode:  # the demo opens the page itself (open mode on loopback)
         check_auth(settings)
     sandbox_policy(settings, env)
-    ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
-    ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
     dbserver.check_data_dir(settings)
+    # before the ports: a second `up` on this data directory is told who holds it, whatever its ports
+    held = datalock.acquire(settings, datalock.UP)
+    try:
+        datalock.probe(settings, datalock.EXECUTOR)  # a bare `executor` on it: ours would be refused
+        ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
+        ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def auth_warning(settings: Settings, *, demo: bool = False) -> str | None:
+    """One line, with the fix, when the auth mode will refuse a plain browser on this machine: proxy mode
+    on loopback, where no proxy stands in front to vouch for the user."""
+    if demo or settings.open_mode or settings.auth_mode != "proxy" or not is_loopback_bind(settings):
+        return None
+    return ("proxy mode: a browser that does not come through your proxy gets 401 here; for a local try "
+            "set OPEN_MODE=1, or use token mode (PETAL_AUTH_MODE=token, PETAL_AUTH_TOKEN=$(openssl rand -hex 16)) "
+            "and sign in at /login")
 
 
 def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scenario: Path | None = None) -> int:
@@ -244,14 +302,17 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scena
     if scenario is not None and not scenario.is_file():
         raise errors.ConfigError(f"no scenario file {scenario}")
     claude = _demo_claude(settings) if demo else find_claude(settings)
-    preflight(settings, env, demo=demo)
-    embedded = None if _external(settings) else dbserver.embedded(settings)
-    try:
-        info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
-        return _supervise(settings, env, info, embedded, claude, demo=demo, scenario=scenario)
-    finally:
-        if embedded is not None:
-            embedded.release()  # stops the server: no live process holds another handle
+    with preflight(settings, env, demo=demo):
+        warning = auth_warning(settings, demo=demo)
+        if warning is not None:
+            log.warning("auth_refuses_plain_browser", detail=warning)
+        embedded = None if _external(settings) else dbserver.embedded(settings)
+        try:
+            info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
+            return _supervise(settings, env, info, embedded, claude, demo=demo, scenario=scenario)
+        finally:
+            if embedded is not None:
+                embedded.release()  # stops the server: no live process holds another handle
 
 
 def _external(settings: Settings) -> bool:
@@ -283,10 +344,13 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
         host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host
         url = f"http://{host}:{settings.ingress_port}"
         _wait_ready(url, services)
+        _wait_listening(settings.mcp_host, settings.mcp_port, services)  # its "Running on" line comes first
         if demo and scenario is None:
-            _post_demo_message(url)
+            _post_demo_message(url, settings.data_dir.resolve())
         what = "the demo (a scripted model, not Claude)" if demo else "petal-dispatch"
-        print(f"{what} is up: {url}/  (database: {info.location}; Ctrl-C stops everything)", flush=True)
+        page = f"{url}/login" if not demo and not settings.open_mode and settings.auth_mode == "token" else f"{url}/"
+        # the last start-up line: the page to open
+        print(f"{what} is up: {page}  (database: {info.location}; Ctrl-C stops everything)", flush=True)
         while not stop["signal"]:
             if database is not None:
                 database.watch(time.monotonic())

@@ -122,8 +122,10 @@ class Asks:
         task_id = caller.task_id
         # subscribe before the row exists, so an answer can never arrive unseen
         with self.listener.subscribe(["question_answered"]) as sub:
-            posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
-                                session_id=caller.session_id, asked_by=asked_by)
+            posted = await self._adopt(questions, tool_use_id=tool_use_id, caller=caller, asked_by=asked_by)
+            if posted is None:
+                posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
+                                    session_id=caller.session_id, asked_by=asked_by)
             if posted is None:  # the same tool call again (a client retry): wait on the first row
                 row = await self.q.one("get_question_by_tool_use_id", {"tool_use_id": tool_use_id})
                 assert row is not None
@@ -158,6 +160,20 @@ class Asks:
             payload["refused_answer"] = "no answering identity: not written by the ingress"
         await self.writer.put(NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
         return Answer(qid, final.status, final.answers, response, final.answered_via, final.answered_by)
+
+    async def _adopt(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller,
+                     asked_by: str) -> Posted | None:
+        """The row these questions already have, when a re-run turn (or the same session, its first asker
+        gone) asks them again: a second pending row is never added (executor/sql/asks.sql)."""
+        row = await self.q.one("adopt_asked_question", {
+            "questions": Jsonb(questions), "asked_by": asked_by, "session_id": caller.session_id,
+            "task_id": caller.task_id})
+        if row is None:
+            return None
+        log.info("question_reasked", question_id=str(row["id"]), status=row["status"], tool_use_id=tool_use_id)
+        return Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=caller.task_id,
+                                       session_id=caller.session_id, asked_by=asked_by,
+                                       reasked_from=row["tool_use_id"]))
 
     async def wait(self, qid: uuid.UUID, sub: Subscription, progress: Progress, *, late_ok: bool = False) -> Answer:
         """Until the question is closed, or the timeout: then it is closed (or, `late_ok`, marked late)."""

@@ -90,3 +90,34 @@ SELECT id FROM sessions WHERE id = %(id)s FOR NO KEY UPDATE
 -- Open as in get_thread_state: until its end is settled.
 SELECT true AS holds WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = %(id)s
                                    AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL))
+
+-- name: cancel_archived_turns --
+-- A turn queued in a thread before it was archived (a delayed re-run) does not run: it ends as cancelled,
+-- settled (nothing is re-run or escalated for it).
+UPDATE tasks t SET status = 'cancelled', status_reason = 'thread archived', ended_at = now(), settled_at = now()
+FROM sessions s
+WHERE s.id = t.session_id AND s.lifecycle = 'archived' AND t.role = 'orchestrator' AND t.status = 'pending'
+RETURNING t.id, t.session_id
+
+-- name: stop_archived_turns --
+-- A turn running in a thread the user archived is stopped (once: a stop already asked for is not repeated).
+INSERT INTO stop_queue (task_id, reason)
+SELECT t.id, 'thread archived' FROM tasks t JOIN sessions s ON s.id = t.session_id
+WHERE s.lifecycle = 'archived' AND t.role = 'orchestrator' AND t.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM stop_queue q WHERE q.task_id = t.id)
+RETURNING task_id
+
+-- name: close_archived_questions --
+-- An archived thread's pending questions (its turns', its workers', and the harness's about it) are closed
+-- as "thread archived": they leave the Asks panel and show so in its history. `asker_running`: a live tool
+-- call waits on the row and journals the close itself.
+UPDATE questions q SET status = 'cancelled', response = %(response)s, answered_at = now()
+FROM (SELECT q2.id, s.id AS thread_id, t.id AS task_id, coalesce(t.status = 'running', false) AS asker_running
+      FROM questions q2
+      LEFT JOIN tasks t ON t.id = q2.task_id
+      LEFT JOIN tasks p ON p.id = t.parent_task_id
+      JOIN sessions s ON s.id IN (q2.source_session_uuid, t.session_id, p.session_id)
+      WHERE q2.status = 'pending' AND s.role = 'orchestrator' AND s.lifecycle = 'archived'
+      FOR UPDATE OF q2 SKIP LOCKED) closed
+WHERE q.id = closed.id AND q.status = 'pending'
+RETURNING q.id, q.tool_use_id, closed.thread_id, closed.task_id, closed.asker_running

@@ -1,0 +1,24 @@
+-- name: adopt_asked_question --
+-- The same questions asked again — by the re-run of a turn an executor's stop cut off, or in the same
+-- session while the first asker is gone — take over the existing row instead of adding a second: a pending
+-- row waits for its answer under the new call (one pending ask per tool call, across restarts); the answer
+-- the user gave to the cut-off turn (its re-run chain, through retry_of) answers the re-run at once.
+WITH RECURSIVE chain(id) AS (
+    SELECT retry_of FROM tasks WHERE id = %(task_id)s AND retry_of IS NOT NULL
+    UNION
+    SELECT t.retry_of FROM tasks t JOIN chain c ON t.id = c.id WHERE t.retry_of IS NOT NULL
+), found AS (
+    SELECT q.id FROM questions q LEFT JOIN tasks t ON t.id = q.task_id
+    WHERE q.questions = %(questions)s AND q.asked_by = %(asked_by)s
+      AND ((q.status = 'pending' AND q.source_session_uuid = %(session_id)s
+            AND (t.id IS NULL OR t.id = %(task_id)s OR t.status <> 'running'))
+           OR (q.status = 'answered' AND q.answered_by IS NOT NULL AND q.task_id IN (SELECT id FROM chain)))
+    ORDER BY (q.status = 'pending') DESC, q.created_at DESC
+    LIMIT 1
+    FOR UPDATE OF q SKIP LOCKED
+)
+UPDATE questions q
+SET task_id = CASE WHEN q.status = 'pending' THEN %(task_id)s ELSE q.task_id END,
+    timed_out_at = CASE WHEN q.status = 'pending' THEN NULL ELSE q.timed_out_at END
+FROM found WHERE q.id = found.id
+RETURNING q.id, q.tool_use_id, q.status
