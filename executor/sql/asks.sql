@@ -8,7 +8,7 @@ WITH RECURSIVE chain(id) AS (
     UNION
     SELECT t.retry_of FROM tasks t JOIN chain c ON t.id = c.id WHERE t.retry_of IS NOT NULL
 ), found AS (
-    SELECT q.id FROM questions q LEFT JOIN tasks t ON t.id = q.task_id
+    SELECT q.id, q.tool_use_id, q.status FROM questions q LEFT JOIN tasks t ON t.id = q.task_id
     WHERE q.questions = %(questions)s AND q.asked_by = %(asked_by)s
       AND ((q.status = 'pending' AND q.source_session_uuid = %(session_id)s
             AND (t.id IS NULL OR t.id = %(task_id)s OR t.status <> 'running'))
@@ -16,9 +16,10 @@ WITH RECURSIVE chain(id) AS (
     ORDER BY (q.status = 'pending') DESC, q.created_at DESC
     LIMIT 1
     FOR UPDATE OF q SKIP LOCKED
+), moved AS (
+    -- an answered row is left as it is (answered questions are not written again)
+    UPDATE questions q SET task_id = %(task_id)s, timed_out_at = NULL
+    FROM found WHERE q.id = found.id AND found.status = 'pending'
+    RETURNING q.id
 )
-UPDATE questions q
-SET task_id = CASE WHEN q.status = 'pending' THEN %(task_id)s ELSE q.task_id END,
-    timed_out_at = CASE WHEN q.status = 'pending' THEN NULL ELSE q.timed_out_at END
-FROM found WHERE q.id = found.id
-RETURNING q.id, q.tool_use_id, q.status
+SELECT found.id, found.tool_use_id, found.status FROM found
