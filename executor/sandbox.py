@@ -214,10 +214,36 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str]) -> list[str]
     return args
 
 
+# The CLI cuts a long directory name for its conversations to this many characters and adds a hash of the path.
+SLUG_MAX = 200
+
+
 def session_dir(config_home: Path, workdir: Path) -> Path:
-    """Where the CLI keeps the conversations started in `workdir` (every character but letters and digits of
-    the absolute path as "-")."""
-    return config_home / "projects" / re.sub(r"[^A-Za-z0-9]", "-", str(workdir))
+    """Where the CLI keeps the conversations started in `workdir`: every character but letters and digits of the
+    absolute path as "-"; past 200 characters, the first 200, "-", and the path's Java-style string hash in
+    base 36 (observed on 2.1.328: a 264-character path gave 200 + "-ab5c1e")."""
+    slug = re.sub(r"[^A-Za-z0-9]", "-", str(workdir))
+    if len(slug) <= SLUG_MAX:
+        return config_home / "projects" / slug
+    return config_home / "projects" / f"{slug[:SLUG_MAX]}-{_base36(abs(_string_hash(str(workdir))))}"
+
+
+def _string_hash(text: str) -> int:
+    """JavaScript's `hash = (hash << 5) - hash + charCode | 0` over UTF-16 code units (a signed 32-bit int)."""
+    h = 0
+    units = text.encode("utf-16-le")
+    for i in range(0, len(units), 2):
+        h = (h * 31 + int.from_bytes(units[i:i + 2], "little")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while n:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+    return out or "0"
 
 
 @dataclass(frozen=True)

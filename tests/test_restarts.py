@@ -181,7 +181,7 @@ def test_a_reasked_identical_question_takes_over_the_pending_row_and_a_rerun_get
 
     from executor.sql import queries
 
-    adopt = queries["adopt_asked_question"]
+    adopt = queries["take_asked_question"]
     asked = [{"question": "Which way?", "header": "Way", "multiSelect": False,
               "options": [{"label": "A", "description": ""}, {"label": "B", "description": ""}]}]
     thread = uuid.uuid4()

@@ -165,7 +165,7 @@ class Asks:
                      asked_by: str) -> Posted | None:
         """The row these questions already have, when a re-run turn (or the same session, its first asker
         gone) asks them again: a second pending row is never added (executor/sql/asks.sql)."""
-        row = await self.q.one("adopt_asked_question", {
+        row = await self.q.one("take_asked_question", {
             "questions": Jsonb(questions), "asked_by": asked_by, "session_id": caller.session_id,
             "task_id": caller.task_id})
         if row is None:

@@ -1,4 +1,4 @@
--- name: adopt_asked_question --
+-- name: take_asked_question --
 -- The same questions asked again — by the re-run of a turn an executor's stop cut off, or in the same
 -- session while the first asker is gone — take over the existing row instead of adding a second: a pending
 -- row waits for its answer under the new call (one pending ask per tool call, across restarts); the answer

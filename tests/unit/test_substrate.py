@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +186,14 @@ def test_a_working_directorys_own_settings_are_not_loaded() -> None:
     cmd = substrate.build_command(substrate.SubstrateConfig(claude_bin="claude"),
                                   substrate.SpawnSpec(role="worker", prompt="p", session_uuid="u"))
     assert cmd[cmd.index("--setting-sources") + 1] == "user"
+
+
+def test_the_conversations_directory_of_a_long_working_directory_is_cut_and_hashed_as_the_cli_does() -> None:
+    from executor import sandbox
+
+    # observed: the pinned CLI kept a 264-character path's conversations in this directory
+    deep = Path("/tmp/pytest-of-root/pytest-77/test_a_data_directory_with_a_l0/" + "a-long-directory-name-" * 6 + "/"
+                + "and-another-one-" * 4 + "/work")
+    got = sandbox.session_dir(Path("/cfg"), deep).name
+    assert len(got) == 207 and got.endswith("-ab5c1e") and got.startswith("-tmp-pytest-of-root-pytest-77-")
+    assert sandbox.session_dir(Path("/cfg"), Path("/srv/w")).name == "-srv-w"
