@@ -70,9 +70,13 @@ async def test_every_view_passes_axe_at_both_sizes_and_a_question_is_answered_by
                 for size, viewport in (("1280", DESKTOP), ("390", PHONE)):
                     await page.set_viewport_size(viewport)  # type: ignore[arg-type]
                     await check_views(page, views, size)
-                # the keyboard alone: into the card, choose, submit
+                # the keyboard alone: open the docked card, choose, submit
                 await page.evaluate("location.hash = '#chat'")
                 await expect(card).to_be_visible()
+                await card.locator(".bar .toggle").focus()
+                await page.keyboard.press("Enter")
+                await expect(card.locator(".bar .toggle")).to_have_attribute("aria-expanded", "true")
+                assert await axe_violations(page) == []  # opened, too
                 await card.locator("input[type='radio']").first.focus()
                 await page.keyboard.press("Space")
                 await expect(card.locator("input[type='radio']").first).to_be_checked()

@@ -164,6 +164,12 @@ async def test_an_ask_is_a_card_that_survives_a_reload_and_its_answer_lets_the_r
                 await expect(page.locator("#ask-count")).to_be_hidden()
                 await page.click("a[data-tab='chat']")
                 await expect(page.locator(".msg.assistant")).to_contain_text("Going left", timeout=60_000)
+                # the answer given shows in Chat, and in Asks history
+                for where in ("#messages .msg.note.answered", "#ask-history li"):
+                    if where.startswith("#ask"):
+                        await page.click("a[data-tab='asks']")
+                    for chosen in ("Left", "Types, Benchmarks"):
+                        await expect(page.locator(f"{where} .answer", has_text=chosen)).to_have_count(1)
             answered = (await http.get("/api/asks", params={"status": "answered"})).json()["asks"]
     assert answered[0]["answers"] == {"Which way should the refactor go?": "Left",
                                       "Which checks should run?": ["Types", "Benchmarks"]}
@@ -240,12 +246,15 @@ async def test_a_new_thread_approves_a_worker_from_its_pinned_card_and_the_worke
                 await expect(page.locator("#messages")).to_contain_text("Thread started (interactive)", timeout=20_000)
                 await page.fill("#composer-text", "how many files?")
                 await page.click("#composer button")
+                diffs: list[str] = []
+                page.on("request", lambda r: diffs.append(r.url) if r.url.endswith("/diff") else None)
                 card = page.locator("#pinned-asks .ask")
-                await expect(card).to_contain_text("start a worker", timeout=60_000)
-                await card.locator("details.preview summary").click()
-                await expect(card.locator("details.preview")).to_contain_text("count the files here")
-                await card.locator(".option label", has_text="Approve").click()
-                await card.locator("button[type='submit']").click()
+                await expect(card.locator(".bar")).to_contain_text("count the files here", timeout=60_000)
+                await card.locator(".bar .toggle").click()
+                # the brief inline, Approve / Reject only
+                await expect(card.locator(".brief-text")).to_contain_text("count the files here")
+                await expect(card.locator("input")).to_have_count(0)
+                await card.locator("button.approve").click()
                 worker = page.locator(".msg.worker", has_text="count the files here")
                 await expect(worker).to_have_count(1, timeout=30_000)
                 await expect(page.locator(".msg.worker", has_text="there are 3 files")).to_have_count(1, timeout=90_000)
@@ -253,9 +262,29 @@ async def test_a_new_thread_approves_a_worker_from_its_pinned_card_and_the_worke
                                                                                 timeout=60_000)
                 await expect(worker.locator(".chip")).to_have_text("success")
                 await shot(page, "chat-worker-1280")
-                await worker.locator("a").click()
+                await worker.locator("a", has_text="open the task").click()
                 await expect(page.locator("#task-detail h2")).to_contain_text("worker")
                 await expect(page.locator("#task-detail dl").nth(1)).to_contain_text("there are 3 files")
+                # the extractor shows what it derived, and for whom; titles come from briefs, not harness text
+                await page.click("a[data-tab='tasks']")
+                extractor = page.locator("#task-list li", has_text="extractor")
+                await expect(extractor.locator(".brief")).to_contain_text("Handoff of worker")
+                await expect(page.locator("#task-list .brief", has_text="[harness]")).to_have_count(0)
+                await extractor.locator("a").click()
+                await expect(page.locator("#task-detail .derived-for")).to_contain_text("The handoff of worker")
+                await expect(page.locator("#task-detail dl").nth(1)).to_contain_text("there are 3 files")
+                assert diffs == []  # no task here is in a project: no diff is asked for
+                # the scripted model's costs are not dollars: the demo shows tokens only
+                await page.locator("#task-detail .derived-for a").click()
+                await expect(page.locator("#task-detail h2")).to_contain_text("worker")
+                await expect(page.locator("#task-detail .usage")).to_contain_text("$")
+                demo = {**(await (await page.request.get(url + "/api/info")).json()), "demo": True}
+                await page.route("**/api/info", lambda route: asyncio.ensure_future(route.fulfill(json=demo)))
+                await page.reload()
+                await expect(page.locator("body[data-ready='1']")).to_have_count(1)
+                await expect(page.locator("#demo")).to_be_visible()
+                await expect(page.locator("#task-detail .usage")).to_contain_text("tokens")
+                await expect(page.locator("#task-detail .usage")).not_to_contain_text("$")
                 await page.click("a[data-tab='context']")
                 await expect(page.locator("#context-body")).to_contain_text("there are 3 files")
                 await page.click("a[data-tab='activity']")

@@ -1,5 +1,5 @@
 """The page's layout in a real Chromium against the real ingress and PostgreSQL: a docked question keeps
-its actions on screen and never hides the composer, at phone and desktop sizes."""
+its actions on screen (folded to a bar, the composer too), at phone and desktop sizes."""
 
 from __future__ import annotations
 
@@ -60,8 +60,14 @@ async def test_a_docked_question_keeps_its_buttons_and_the_composer_on_screen(db
             async with page_at(b, url, viewport) as page:
                 card = page.locator(f"#pinned-asks .ask[data-ask-id='{ask}']")
                 await expect(card.locator("fieldset")).to_have_count(n)
+                # docked as a bar: the bar's Answer and the composer on screen
+                for selector in (f"#pinned-asks .ask[data-ask-id='{ask}'] .bar .toggle", "#composer-text",
+                                 "#composer button"):
+                    await _reachable(page, selector)
+                # opened in place of the composer: its actions on screen, whatever its length
+                await card.locator(".bar .toggle").click()
                 for selector in (f"#pinned-asks .ask[data-ask-id='{ask}'] button[type='submit']",
                                  f"#pinned-asks .ask[data-ask-id='{ask}'] .actions button.dismiss",
-                                 "#composer-text", "#composer button"):
+                                 f"#pinned-asks .ask[data-ask-id='{ask}'] .bar .toggle"):
                     await _reachable(page, selector)
                 await shot(page, f"ask-docked-{n}q-{viewport['width']}")

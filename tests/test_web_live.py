@@ -332,6 +332,7 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             hung: list[object] = []
             await page.route("**/api/asks/*/answer", lambda route: hung.append(route))
             card = page.locator(f"#pinned-asks .ask[data-ask-id='{qid}']")
+            await card.locator(".bar .toggle").click()
             await card.locator(".option label", has_text="Yes").click()
             await card.locator("button[type='submit']").click()
             await expect(card.locator(".status")).to_have_text("Sending your answer…", timeout=1_000)

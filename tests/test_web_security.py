@@ -99,6 +99,7 @@ async def test_hostile_text_in_every_rendered_field_runs_nothing_and_the_page_wo
             for pg, seen in ((page, dialogs), (strict, strict_dialogs)):
                 card = pg.locator("#pinned-asks .ask")
                 await expect(card).to_have_count(1, timeout=60_000)
+                await card.locator(".bar .toggle").click()
                 for summary in await card.locator("details.preview summary").all():
                     await summary.click()
                 await _nothing_ran(pg, seen)

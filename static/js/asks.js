@@ -1,12 +1,29 @@
 // Asks: the question cards, in the Asks view and docked above the composer in Chat.
 import { api, confirmed, refused, soon } from "./api.js";
-import { $, h, reconcile, short } from "./dom.js";
+import { $, firstLine, h, reconcile, short, when } from "./dom.js";
 import { preview } from "./markdown.js";
 import { S, threadName } from "./state.js";
 
 export async function loadAsks() {
-  S.asks = (await api("/api/asks?status=pending&limit=100")).asks;
+  const [pending, answered] = await Promise.all([api("/api/asks?status=pending&limit=100"),
+    api("/api/asks?status=answered&limit=20").catch(() => ({ asks: [] }))]);
+  S.asks = pending.asks;
+  S.answered = answered.asks;
   renderAsks();
+}
+
+// what was chosen, in words: "Left", "Types, Benchmarks", or the reply given instead
+export function answerText(answers, response) {
+  const one = (v) => (v && typeof v === "object" && !Array.isArray(v) ? v.other : String(v));
+  const parts = Object.entries(answers || {}).map(([q, v]) => [q, Array.isArray(v) ? v.map(one).join(", ") : one(v)]);
+  return { parts, response: response || null };
+}
+
+// An approval: the harness asking whether to start a worker (executor/briefs.py approval_question)
+function isApproval(a) {
+  const q = a.questions?.[0];
+  return a.asked_by === "harness" && a.questions.length === 1 && !q.multiSelect
+    && q.options?.length === 2 && q.options[0].label === "Approve" && q.options[1].label === "Reject";
 }
 
 function askThread(a) { return a.thread_scope; }
@@ -32,7 +49,26 @@ export function renderAsks() {
   placeCards($("#ask-cards"), cards, cards.length ? cards : [h("p", { class: "empty", tabindex: "-1" },
     scoped ? "No questions wait on this thread." : "No questions are waiting. When Claude needs you, they land here.")]);
   const pinned = cardsFor(mine, cardCache.pinned, "pinned");
+  // an open card stands in for the composer; with none open (or its card gone) the composer is back, first,
+  // so the focus a leaving card hands on can land there
+  $("#view-chat").classList.toggle("ask-open", pinned.some((c) => !c.classList.contains("collapsed")));
   placeCards($("#pinned-asks"), pinned, pinned);
+  renderHistory();
+}
+
+// Asks history: what was answered, and with what
+function renderHistory() {
+  const list = $("#ask-history");
+  const items = (S.answered || []).map((a) => {
+    const { parts, response } = answerText(a.answers, a.response);
+    return h("li", { "data-ask-id": a.id },
+      h("div", { class: "from" }, a.asked_by === "harness" ? "The harness asked" : "Claude asked",
+        a.answered_at ? ` · answered ${when(a.answered_at)}` : "", a.answered_by ? ` by ${a.answered_by}` : ""),
+      parts.map(([q, v]) => h("div", { class: "qa" }, h("span", { class: "q" }, q), " ", h("b", { class: "answer" }, v))),
+      response ? h("div", { class: "qa" }, "reply: ", h("b", { class: "answer" }, response)) : null);
+  });
+  $("#ask-history-head").hidden = !items.length;
+  list.replaceChildren(...items);
 }
 
 // Focus follows the cards: a card that leaves with the focus in it hands it to the next card (or the
@@ -51,11 +87,49 @@ function placeCards(container, cards, nodes) {
 
 function askCard(a, where) {
   const label = `${where}-ask-${a.id}`;
-  const form = h("form", { class: "ask", "data-ask-id": a.id, tabindex: "-1", "aria-labelledby": label });
+  const approval = isApproval(a);
+  const form = h("form", { class: `ask${approval ? " approval" : ""}`, "data-ask-id": a.id, tabindex: "-1", "aria-labelledby": label });
   const thread = S.threads.find((t) => t.id === askThread(a));
-  form.append(h("div", { class: "from", id: label }, a.asked_by === "harness" ? "The harness asks" : "Claude asks",
+  const who = a.asked_by === "harness" ? "The harness asks" : "Claude asks";
+  const from = h("div", { class: "from", id: label }, who,
     thread ? ` · ${threadName(thread)}` : "", a.task_id ? [" · ", h("a", { href: `#task/${a.task_id}` }, `task ${short(a.task_id)}`)] : null,
-    a.late ? h("span", { class: "late", title: "Claude stopped waiting; your answer goes to the thread as a message" }, " · late") : null));
+    a.late ? h("span", { class: "late", title: "Claude stopped waiting; your answer goes to the thread as a message" }, " · late") : null);
+  const body = h("div", { class: "body", id: `${label}-body` });
+  if (where === "pinned") {
+    // docked: a one-line bar that opens in place (the conversation keeps the rest of the screen)
+    const more = a.questions.length > 1 ? `+${a.questions.length - 1} more` : "";
+    const toggle = h("button", { type: "button", class: "toggle", "aria-expanded": "false", "aria-controls": body.id },
+      "Answer");
+    toggle.addEventListener("click", () => expand(form, form.classList.contains("collapsed")));
+    form.classList.add("collapsed");
+    form.append(h("div", { class: "bar" },
+      h("span", { class: "summary" }, h("b", {}, `${approval ? "Start a worker?" : who + ":"} `),
+        approval ? firstLine(a.questions[0].options[0].preview, 120) : firstLine(a.questions[0]?.question, 120)),
+      more ? h("span", { class: "more" }, more) : null, toggle));
+  }
+  body.append(from);
+  const error = h("p", { class: "error", role: "alert" });
+  if (approval) {
+    const q = a.questions[0];
+    const brief = h("div", { class: "brief-text clamped", id: `${label}-brief` }, q.options[0].preview || "");
+    const all = h("button", { type: "button", class: "secondary small show-all", "aria-expanded": "false", "aria-controls": brief.id },
+      "Show the whole brief");
+    all.addEventListener("click", () => {
+      const open = brief.classList.toggle("clamped") === false;
+      all.setAttribute("aria-expanded", String(open));
+      all.textContent = open ? "Show less" : "Show the whole brief";
+    });
+    body.append(h("p", { class: "q" }, q.question), brief, all);
+    const decide = (choice) => submitAnswer(a, { answers: { [q.question]: choice } }, form, error);
+    body.append(h("div", { class: "actions" },
+      h("button", { type: "button", class: "approve", onclick: () => decide("Approve") }, "Approve"),
+      h("button", { type: "button", class: "secondary reject", onclick: () => decide("Reject") }, "Reject"),
+      h("button", { type: "button", class: "secondary retry", hidden: true }, "Retry"),
+      h("p", { class: "status", role: "status" }), error));
+    form.append(body);
+    form.addEventListener("submit", (ev) => ev.preventDefault());
+    return form;
+  }
   a.questions.forEach((q, qi) => {
     const name = `${a.id}-${qi}`;
     const fieldset = h("fieldset", { class: "question", "data-question": q.question });
@@ -71,17 +145,28 @@ function askCard(a, where) {
     }
     fieldset.append(options, h("input", { class: "other", name: `${name}-other`, placeholder: "Other (type your own answer)",
       "aria-label": `Other answer to: ${q.question}` }));
-    form.append(fieldset);
+    body.append(fieldset);
   });
-  const error = h("p", { class: "error", role: "alert" });
-  form.append(h("div", { class: "actions" },
+  body.append(h("div", { class: "actions" },
     h("button", { type: "submit" }, "Submit"),
-    h("input", { class: "reply", name: "reply", placeholder: "…or dismiss with a reply", "aria-label": "Reply instead" }),
+    h("input", { class: "reply", name: "reply", placeholder: "…or reply instead", "aria-label": "Reply instead" }),
     h("button", { type: "button", class: "secondary dismiss", onclick: () => dismiss(a, form, error) }, "Dismiss"),
     h("button", { type: "button", class: "secondary retry", hidden: true }, "Retry"),
     h("p", { class: "status", role: "status" }), error));
+  form.append(body);
   form.addEventListener("submit", (ev) => { ev.preventDefault(); answer(a, form, error); });
   return form;
+}
+
+// a docked card opens in place of the composer and closes back to its bar
+function expand(form, open) {
+  form.classList.toggle("collapsed", !open);
+  const toggle = form.querySelector(".bar .toggle");
+  toggle.setAttribute("aria-expanded", String(open));
+  toggle.textContent = open ? "Later" : "Answer";
+  renderAsks();
+  if (open) (form.querySelector(".body input, .body button") || form).focus();
+  else toggle.focus();
 }
 
 async function answer(a, form, error) {

@@ -2,6 +2,7 @@
 import { api, confirmed, nextFrame, refused } from "./api.js";
 import { $, Follow, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
 import { Progress, isLive } from "./live.js";
+import { answerText } from "./asks.js";
 import { md } from "./markdown.js";
 import { FINAL, S, currentTab, taskState } from "./state.js";
 
@@ -55,8 +56,14 @@ function renderRecord(e) {
     case "task.user_message":
       return h("li", { class: "msg user", ...key }, p.text);
     case "thread.harness_message":
-      return h("li", { class: "msg note", ...key }, h("details", {}, h("summary", {}, "the harness told the orchestrator"),
-        h("pre", {}, p.text)));
+      return harnessNote(p.text, key);
+    case "question.answered": {
+      const { parts, response } = answerText(p.answers, p.response);
+      if (!parts.length && !response) return null;
+      return h("li", { class: "msg note answered", ...key }, h("span", { class: "title" }, "You answered"),
+        parts.map(([q, v]) => h("div", { class: "qa" }, h("span", { class: "q" }, firstLine(q, 100)), " → ", h("b", { class: "answer" }, v))),
+        response ? h("div", { class: "qa" }, "reply: ", h("b", { class: "answer" }, response)) : null);
+    }
     case "stream.result": {
       if (e.session_id !== S.thread) return null; // a worker's final text belongs to its task
       const text = typeof p.result === "string" ? p.result : (p.errors || []).join("\n") || p.subtype;
@@ -103,6 +110,28 @@ function renderRecord(e) {
     default:
       return null;
   }
+}
+
+// A harness report ("[harness] Worker <uuid> finished. Its handoff: …") is a compact system note: its first
+// line with the ids shortened and linked to their task, the whole text folded under it.
+const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/gi;
+export function harnessLine(text, n = 160) {
+  const line = firstLine(String(text ?? "").replace(/^\[harness\]\s*/, ""), n).replace(/:$/, "");
+  const out = [];
+  let at = 0;
+  for (const m of line.matchAll(UUID)) {
+    out.push(line.slice(at, m.index), h("a", { href: `#task/${m[0]}`, class: "task-link", title: m[0] }, short(m[0])));
+    at = m.index + m[0].length;
+  }
+  out.push(line.slice(at));
+  return out;
+}
+
+function harnessNote(text, attrs, pending = "") {
+  const rest = String(text ?? "").split("\n").slice(1).join("\n").trim();
+  return h("li", { class: "msg note harness", ...attrs }, h("span", { class: "title" }, "Harness: "), harnessLine(text),
+    pending ? h("span", { class: "meta" }, ` — ${pending}`) : null,
+    rest ? h("details", {}, h("summary", {}, "what it told the orchestrator"), h("pre", {}, rest)) : null);
 }
 
 // A running turn of the focused thread: its assistant text and tool calls as they are journaled. A
@@ -188,9 +217,10 @@ export function renderConversation() {
   for (const progress of S.live.values()) entries.push({ seq: progress.firstSeq, node: progress.node });
   const items = entries.filter((x) => x.node).sort((a, b) => a.seq - b.seq).map((x) => x.node);
   for (const q of S.queue) {
-    items.push(rendered.get(`queue:${q.id}`, `${q.status}`, () => h("li", { class: "msg user pending", "data-queue-id": q.id },
-      q.origin === "harness" ? "(harness report) " + firstLine(q.text) : q.text,
-      h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…"))));
+    items.push(rendered.get(`queue:${q.id}`, `${q.status}`, () => (q.origin === "harness"
+      ? harnessNote(q.text, { "data-queue-id": q.id }, "waiting for the next turn")
+      : h("li", { class: "msg user pending", "data-queue-id": q.id }, q.text,
+        h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…")))));
   }
   for (const item of S.outbox.values()) {
     if (item.thread === S.thread) items.push(rendered.get(`out:${item.id}`, item.state, () => outboxItem(item)));

@@ -1,7 +1,8 @@
 // Context: the orchestrator's working set for the focused thread, its project and its standing gate rules.
 import { api } from "./api.js";
+import { harnessLine } from "./chat.js";
 import { $, chip, firstLine, h, short } from "./dom.js";
-import { S, currentTab, taskState, threadName } from "./state.js";
+import { S, currentTab, taskState, taskTitle, threadName, usageText } from "./state.js";
 
 export async function loadContext() {
   if (currentTab() !== "context") return;
@@ -24,7 +25,7 @@ function renderProject(p) {
     : [h("span", { class: "chip" }, t.checked ? "checked" : "not started")];
   return [
     h("h3", {}, `Project ${p.slug}`),
-    h("p", {}, h("code", {}, p.workdir), ` · ${(u.input_tokens || 0) + (u.output_tokens || 0)} tokens · $${(u.cost_usd || 0).toFixed(4)}`),
+    h("p", {}, h("code", {}, p.workdir), ` · ${usageText(u)}`),
     h("ul", { class: "plan" }, p.plan_tasks.length ? p.plan_tasks.map((t) => h("li", {}, h("b", {}, t.ref), " ", t.title || "", " ", ...run(t),
       t.handoffs[0] ? h("div", { class: "handoff-line" }, t.handoffs[0].current_state || "") : null))
       : h("li", { class: "empty" }, "No plan.")),
@@ -41,11 +42,11 @@ function renderContext(c, project) {
   const turn = c.current_turn;
   $("#context-body").replaceChildren(
     h("p", {}, "Thread: ", c.thread ? threadName(c.thread) : "(not started)", " · mode ", c.mode || "interactive",
-      c.usage?.runs ? ` · ${c.usage.input_tokens + c.usage.output_tokens} tokens · $${c.usage.cost_usd.toFixed(4)}` : ""),
+      c.usage?.runs ? ` · ${usageText(c.usage)}` : ""),
     h("h3", {}, "Current turn"),
-    turn ? h("p", {}, chip(taskState(turn)), " ", firstLine(turn.brief)) : h("p", { class: "empty" }, "No turn is running."),
-    ...section("Pending messages", c.pending_messages, (m) => firstLine(m.text), "None waiting."),
-    ...section("Running workers", c.running_workers, (w) => [chip(taskState(w)), " ", h("a", { href: `#task/${w.id}` }, firstLine(w.brief))], "None running."),
+    turn ? h("p", {}, chip(taskState(turn)), " ", taskTitle(turn)) : h("p", { class: "empty" }, "No turn is running."),
+    ...section("Pending messages", c.pending_messages, (m) => (m.origin === "harness" ? ["Harness: ", harnessLine(m.text)] : firstLine(m.text)), "None waiting."),
+    ...section("Running workers", c.running_workers, (w) => [chip(taskState(w)), " ", h("a", { href: `#task/${w.id}` }, taskTitle(w))], "None running."),
     ...section("Recent handoffs", c.recent_handoffs, (x) => [chip(x.payload.status || "success"), " ", x.payload.current_state || x.payload.goal || ""], "No handoffs yet."),
     ...section("Questions waiting", c.pending_asks, (a) => a.questions[0]?.question || "", "None."),
     ...renderProject(project));

@@ -1,5 +1,5 @@
 // The page's state: a cache of what the API and the stream said, never a source of truth.
-import { short } from "./dom.js";
+import { firstLine, short } from "./dom.js";
 
 export const TABS = ["chat", "tasks", "asks", "activity", "context"];
 export const FINAL = new Set(["success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
@@ -39,3 +39,24 @@ export function taskState(t) {
 }
 
 export function threadName(t) { return t.title || (t.id === S.defaultThread ? "Default" : `Thread ${short(t.id)}`); }
+
+// A task's title: its brief's first line. A turn run on a harness report is named for what it reports on,
+// never by the report's text; an extractor by the worker it derives a handoff for.
+const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/i;
+export function taskTitle(t, n = 120) {
+  if (!t) return "";
+  const brief = String(t.brief ?? "");
+  if (t.role === "extractor") return `Handoff of worker ${short(t.parent_task_id)}`;
+  if (brief.startsWith("[harness]")) {
+    const worker = brief.match(UUID);
+    const user = brief.split("\n\n").find((part) => part.trim() && !part.startsWith("[harness]") && !/^[-\w ]+:/.test(part));
+    return worker ? `Turn on the report of worker ${short(worker[0])}` : firstLine(user || "Turn on a harness report", n);
+  }
+  return firstLine(brief, n);
+}
+
+// Dollar costs mean nothing for the scripted (demo) model: tokens only.
+export function usageText(u) {
+  const tokens = `${(u.input_tokens || 0) + (u.output_tokens || 0)} tokens`;
+  return S.info?.demo ? tokens : `${tokens} · $${(u.cost_usd || 0).toFixed(4)}`;
+}

@@ -4,7 +4,7 @@ import { loadLiveTurns, renderConversation, renderTurnStatus } from "./chat.js";
 import { $, Follow, Keyed, chip, firstLine, h, reconcile, short, sleep, when } from "./dom.js";
 import { toolLabel } from "./live.js";
 import { md } from "./markdown.js";
-import { S, currentTab, taskState } from "./state.js";
+import { S, currentTab, taskState, taskTitle, usageText } from "./state.js";
 
 export async function loadTasks() {
   const [all, mine] = await Promise.all([api("/api/tasks?limit=200"), api(`/api/tasks?limit=500&thread_id=${S.thread}`)]);
@@ -28,7 +28,7 @@ export function renderTasks() {
     ...stalled.map((t) => h("a", { href: `#task/${t.id}` }, `${t.role} ${short(t.id)}`)), " — silent past the threshold."] : []));
   const items = tasks.map((t) => h("li", { class: taskState(t) },
     h("a", { href: `#task/${t.id}` }, chip(taskState(t)), h("span", { class: "role" }, t.role),
-      h("span", { class: "brief" }, firstLine(t.brief)), h("span", { class: "role" }, when(t.created_at)))));
+      h("span", { class: "brief" }, taskTitle(t)), h("span", { class: "role" }, when(t.created_at)))));
   $("#task-list").replaceChildren(...(items.length ? items : [h("li", { class: "empty" }, "No tasks yet. Workers appear here the moment they are dispatched.")]));
 }
 
@@ -37,10 +37,13 @@ export async function loadDetail(id, fresh) {
     S.detail = { id, task: null, events: new Map(), fresh: [], shownSeq: 0, handoff: null, children: new Map() };
     follow.stick = true;
   }
-  const [task, events, handoffs] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`),
-    api(`/api/handoffs?scope_id=${id}&limit=1`)]);
-  // a project worker's recorded changes (404: not a project worker; 409: not recorded yet) and its usage
-  const [changes, usage] = await Promise.all([api(`/api/tasks/${id}/diff`).catch(() => null),
+  const [task, events] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`)]);
+  // an extractor derives the handoff of its parent (the worker): that is what it shows
+  const scope = task.role === "extractor" && task.parent_task_id ? task.parent_task_id : id;
+  // a project worker's recorded changes (409: not recorded yet; a task outside a project has none to ask
+  // for) and its usage
+  const [handoffs, changes, usage] = await Promise.all([api(`/api/handoffs?scope_id=${scope}&limit=1`),
+    task.project_id && task.role === "worker" ? api(`/api/tasks/${id}/diff`).catch(() => null) : null,
     api(`/api/usage?by=task&task_id=${id}`).catch(() => null)]);
   if (!S.detail || S.detail.id !== id) return;
   S.detail.changes = changes;
@@ -49,7 +52,7 @@ export async function loadDetail(id, fresh) {
   if (!S.detail || S.detail.id !== id) return;
   S.detail.task = task;
   for (const e of events.events) detailEvent(e, false);
-  S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === id)?.payload || null;
+  S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === scope)?.payload || null;
   renderDetail();
 }
 
@@ -69,7 +72,7 @@ async function childrenByParent(id) {
 function childList(e) {
   const kids = S.detail?.children?.get(e.event_id);
   return kids ? h("ul", { class: "children" }, kids.map((k) => h("li", {},
-    h("a", { href: `#task/${k.id}` }, `${k.role} ${short(k.id)}`), " ", chip(taskState(k)), " ", firstLine(k.brief, 80)))) : null;
+    h("a", { href: `#task/${k.id}` }, `${k.role} ${short(k.id)}`), " ", chip(taskState(k)), " ", taskTitle(k, 80)))) : null;
 }
 
 function blocksOf(e) {
@@ -171,13 +174,16 @@ export function renderDetail() {
     h("a", { href: "#tasks" }, "← all tasks"),
     h("h2", {}, `${t.role} ${short(t.id)} `, chip(taskState(t))),
     h("dl", {},
-      h("dt", {}, "brief"), h("dd", {}, h("details", { class: "brief", open }, h("summary", {}, firstLine(t.brief)), h("pre", {}, t.brief))),
+      h("dt", {}, "brief"), h("dd", {}, h("details", { class: "brief", open }, h("summary", {}, taskTitle(t)), h("pre", {}, t.brief))),
       h("dt", {}, "reason"), h("dd", {}, t.status_reason || "—"),
       h("dt", {}, "attempt"), h("dd", {}, String(t.attempt)),
       h("dt", {}, "last output"), h("dd", {}, t.last_output_at ? new Date(t.last_output_at).toLocaleString() : "—")),
     live ? stopControl(t) : "",
-    d.usage?.runs ? h("p", { class: "usage" }, `${d.usage.input_tokens + d.usage.output_tokens} tokens · $${d.usage.cost_usd.toFixed(4)}`) : "",
-    h("h3", {}, "Handoff"), renderHandoff(d.handoff),
+    d.usage?.runs ? h("p", { class: "usage" }, usageText(d.usage)) : "",
+    ...(t.role === "extractor" ? [h("h3", {}, "Derived"), h("p", { class: "derived-for" }, "The handoff of ",
+      h("a", { href: `#task/${t.parent_task_id}` }, `worker ${short(t.parent_task_id)}`),
+      d.handoff ? "" : ` — ${live ? "not derived yet" : "none recorded (see its events)"}`), d.handoff ? renderHandoff(d.handoff) : ""]
+      : [h("h3", {}, "Handoff"), renderHandoff(d.handoff)]),
     d.changes ? renderChanges(t, d.changes) : "");
   renderDetailEvents();
 }
@@ -197,7 +203,7 @@ function renderDiff(text) {
 
 function renderChanges(t, c) {
   const files = c.files || [];
-  const open = !c.review && !c.error;
+  const open = !c.review && !c.error && files.length > 0;  // nothing to merge or discard without changes
   const into = c.base_branch || "the project's branch";
   return h("section", { class: "changes" },
     h("h3", {}, `Changes on ${c.branch}`, c.review ? [" ", chip(c.review)] : null),
