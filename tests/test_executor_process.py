@@ -81,8 +81,9 @@ async def test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_n
         first.wait(10)
         # its own session does not save it: the parent-death signal set at spawn ends it
         deadline = time.monotonic() + 5
-        while _task_processes(task_id):
-            assert time.monotonic() < deadline, "the claude process outlived its executor"
+        while survivors := _task_processes(task_id):
+            assert time.monotonic() < deadline, ("the claude process outlived its executor: "
+                                                 f"{[(p.pid, p.name(), p.status()) for p in survivors]}")
             await asyncio.sleep(0.1)
         # a process of the task that survives all the same (one that ignores SIGTERM) is the sweep's
         survivor = subprocess.Popen(["sleep", "300"], env={**os.environ, substrate.TASK_ENV_VAR: str(task_id)},
