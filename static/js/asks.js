@@ -53,18 +53,19 @@ export function renderAsks() {
   // so the focus a leaving card hands on can land there
   $("#view-chat").classList.toggle("ask-open", pinned.some((c) => !c.classList.contains("collapsed")));
   placeCards($("#pinned-asks"), pinned, pinned);
-  renderHistory();
+  renderHistory(scoped);
 }
 
 // Asks history: what was answered, and with what
-function renderHistory() {
+function renderHistory(scoped) {
   const list = $("#ask-history");
-  const items = (S.answered || []).map((a) => {
+  const answered = (S.answered || []).filter((a) => !scoped || askThread(a) === S.thread || S.threadTasks.has(a.task_id));
+  const items = answered.map((a) => {
     const { parts, response } = answerText(a.answers, a.response);
     return h("li", { "data-ask-id": a.id },
       h("div", { class: "from" }, a.asked_by === "harness" ? "The harness asked" : "Claude asked",
         a.answered_at ? ` · answered ${when(a.answered_at)}` : "", a.answered_by ? ` by ${a.answered_by}` : ""),
-      parts.map(([q, v]) => h("div", { class: "qa" }, h("span", { class: "q" }, q), " ", h("b", { class: "answer" }, v))),
+      parts.map(([q, v]) => h("div", { class: "qa" }, h("span", { class: "q" }, q), " → ", h("b", { class: "answer" }, v))),
       response ? h("div", { class: "qa" }, "reply: ", h("b", { class: "answer" }, response)) : null);
   });
   $("#ask-history-head").hidden = !items.length;
