@@ -137,6 +137,7 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         mcp_config = Config()
         mcp_config.bind = [f"{mcp_host}:{mcp_port}"]
         mcp_config.accesslog = None
+        mcp_config.errorlog = logs.foreign("hypercorn.error")  # in the log style of every other line
         mcp_config.graceful_timeout = 2.0
         mcp_app = harness_mcp.asgi_app(harness_mcp.build(harness), mcp_host)
         supervisor = Supervisor(db, writer, substrate, config)

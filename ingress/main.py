@@ -36,6 +36,7 @@ def hypercorn_config(settings: Settings) -> Config:
     config = Config()
     config.bind = [f"{settings.ingress_host}:{settings.ingress_port}"]
     config.accesslog = None
+    config.errorlog = logs.foreign("hypercorn.error")  # "Running on …" in the log style of every other line
     config.graceful_timeout = 5.0
     config.keep_alive_timeout = 75.0
     return config

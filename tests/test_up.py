@@ -27,7 +27,8 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
     mcp_port = free_port()
     cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
            "--data-dir", str(tmp_path / "var")]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    err = (tmp_path / "up.err").open("w")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert f"http://127.0.0.1:{port}/" in line, line
@@ -51,6 +52,13 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
         rc = proc.wait(60)
         proc.stdout.close()  # type: ignore[union-attr]
     assert rc == 0
+    err.close()
+    # one log style: every line the services and their libraries wrote is a JSON record (hypercorn's and the MCP
+    # SDK's own handlers would print "[…] [INFO] Running on …" and rich console lines)
+    lines = [ln for ln in (tmp_path / "up.err").read_text().splitlines() if ln.strip()]
+    assert lines and all(ln.startswith("{") for ln in lines), [ln for ln in lines if not ln.startswith("{")][:5]
+    running = [json.loads(ln) for ln in lines if "Running on" in ln]
+    assert len(running) == 2 and {r["logger"] for r in running} == {"hypercorn.error"}
     deadline = time.monotonic() + 20
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
         assert time.monotonic() < deadline, "a child outlived up"
