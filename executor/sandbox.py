@@ -34,11 +34,15 @@ ALWAYS_HIDDEN = (Path("/etc/petal-dispatch"), Path("/var/lib/postgresql"), Path(
 INSTALL_HINT = "apt-get install bubblewrap socat"
 # In the sandbox, before the CLI: one forwarder per loopback port (`port=socket`: TCP → the gateway's Unix
 # socket), and the CLI started only once each one accepts (its MCP connection must not race the forwarder's bind).
+# The launcher then waits for the CLI (passing a stop's signal on) and exits with its status, rather than exec it:
+# bubblewrap's init ends the sandbox when its first child ends, so a CLI that dies for any reason takes the
+# forwarders with it — also when the executor died while bubblewrap was still starting, before the sandbox's init
+# had asked to die with its parent (seen once: an init and its forwarders outlived a killed executor).
 _LAUNCHER = r"""
 ports=()
 while [ "$1" != "--" ]; do
   port=${1%%=*}
-  socat "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$SOCKETS/${1#*=}" &
+  socat "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$SOCKETS/${1#*=}" </dev/null >/dev/null &
   ports+=("$port"); shift
 done
 shift
@@ -46,7 +50,15 @@ for p in "${ports[@]}"; do
   for _ in $(seq 2000); do (: >"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break; sleep 0.005; done
 done
 unset SOCKETS
-exec "$@"
+"$@" <&0 &
+cli=$!
+trap 'kill -TERM "$cli" 2>/dev/null' TERM
+trap 'kill -INT "$cli" 2>/dev/null' INT
+while :; do
+  wait "$cli"; status=$?
+  kill -0 "$cli" 2>/dev/null || break
+done
+exit "$status"
 """
 
 
