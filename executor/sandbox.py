@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -150,8 +150,6 @@ class SpawnBox:
     # loopback ports forwarded in: port → the gateway's socket for it
     ports: tuple[int, ...] = ()
     sockets_dir: Path | None = None
-    # the spawn's environment inside (what the launcher and the CLI see)
-    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def git_parts(workdir: Path) -> tuple[list[Path], list[Path]]:

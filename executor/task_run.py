@@ -351,7 +351,7 @@ class TaskRunner:
         box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
                                hidden=config.hidden, bound=config.bound, ports=tuple(gateway.forwards),
                                sockets_dir=gateway.directory)
-        return sandbox.wrap(policy, box, cmd), {**env, **sandbox.proxy_env(), "TMPDIR": "/tmp"}
+        return sandbox.wrap(policy, box, cmd), {**env, **sandbox.proxy_env()}
 
     def _keep_session(self, r: Running) -> None:
         """A sandboxed spawn's new conversation into place for the next turn's `--resume`."""

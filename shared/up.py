@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,39 +136,43 @@ class DatabaseWatch:
             log.warning("database_restarted", pid=self.server.pid())
 
 
-def _wait_ready(url: str, services: list[Service]) -> None:
+def _wait_for(ready: Callable[[], bool], services: list[Service], what: str) -> None:
+    """Until `ready()`, or a service exits (its error is above), or the start-up timeout."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         for s in services:
             if s.proc is not None and s.proc.poll() is not None:
                 raise errors.PetalError(f"the {s.name} exited during start-up (exit {s.proc.returncode}; "
                                         "its error is above)")
+        if ready():
+            return
+        time.sleep(0.2)
+    raise errors.PetalError(f"{what} within {READY_TIMEOUT_S:.0f} s")
+
+
+def _wait_ready(url: str, services: list[Service]) -> None:
+    def ready() -> bool:
         try:
             with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return
+                return bool(response.status == 200)
         except OSError:
-            pass
-        time.sleep(0.2)
-    raise errors.PetalError(f"the ingress was not ready within {READY_TIMEOUT_S:.0f} s")
+            return False
+
+    _wait_for(ready, services, "the ingress was not ready")
 
 
 def _wait_listening(host: str, port: int, services: list[Service]) -> None:
     """Until the harness MCP accepts connections (the executor says so in its log), so the page's URL
     is the last line `up` prints at start-up."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        for s in services:
-            if s.proc is not None and s.proc.poll() is not None:
-                raise errors.PetalError(f"the {s.name} exited during start-up (exit {s.proc.returncode}; "
-                                        "its error is above)")
+    def listening() -> bool:
         try:
             socket.create_connection((host, port), timeout=1).close()
-            time.sleep(0.1)  # the server's own start-up line follows its bind
-            return
         except OSError:
-            time.sleep(0.1)
-    raise errors.PetalError(f"the harness MCP server did not listen on {host}:{port} within {READY_TIMEOUT_S:.0f} s")
+            return False
+        time.sleep(0.1)  # the server's own start-up line follows its bind
+        return True
+
+    _wait_for(listening, services, f"the harness MCP server did not listen on {host}:{port}")
 
 
 def _stop(children: list[subprocess.Popen[bytes]] | list[subprocess.Popen[str]]) -> None:

@@ -5,15 +5,12 @@ against the scripted model)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psycopg
@@ -30,23 +27,14 @@ from shared import errors
 from shared.settings import Settings
 from tests.harness import running_executor
 from tests.pg import DB
+from tests.wait import until
 from tests.web import ingress_server
 
-T = TypeVar("T")
 SECRET = "proxy-s3cret-proxy-s3cret"
 PROXY = {"open_mode": False, "proxy_secret": SECRET}
 # what Traefik sends: the user Authentik admitted, and the secret its headers middleware adds
 THROUGH_PROXY = {"X-Authentik-Username": "travis", "X-Petal-Proxy-Secret": SECRET}
 
-
-async def _until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 120) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 # ---- proxy mode: the proxy's secret, not the peer's address ------------------------------------------------
@@ -170,17 +158,17 @@ async def test_a_gate_card_answered_by_a_direct_sql_write_is_not_an_approval_and
             made = await http.post("/api/threads", json={"title": "forged", "mode": "interactive"})
             thread = made.json()["thread_id"]
             await http.post("/api/chat", json={"text": "go", "thread_id": thread})
-            dispatch_card = await _until(lambda: _card(http, "start a worker"), "the dispatch card")
+            dispatch_card = await until(lambda: _card(http, "start a worker"), "the dispatch card")
             approved = await http.post(f"/api/asks/{dispatch_card['id']}/answer",
                                        json={"answers": {dispatch_card["questions"][0]["question"]: briefs.APPROVE}})
             assert approved.status_code == 200, approved.text
-            card = await _until(lambda: _card(http, "rm -f sentinel-a"), "the first gate card")
+            card = await until(lambda: _card(http, "rm -f sentinel-a"), "the first gate card")
             # what an injected worker did with the database: approve its own card with a plain UPDATE
             with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
                 conn.execute("UPDATE questions SET status = 'answered', answers = %s WHERE id = %s",
                              [Jsonb({card["questions"][0]["question"]: permission.ALLOW_THREAD}), card["id"]])
             # the negative control: the user's own answer, through the ingress, is acted on
-            card = await _until(lambda: _card(http, "rm -f sentinel-b"), "the second gate card")
+            card = await until(lambda: _card(http, "rm -f sentinel-b"), "the second gate card")
             allowed = await http.post(f"/api/asks/{card['id']}/answer", json={
                 "answers": {card["questions"][0]["question"]: permission.ALLOW_TASK}})
             assert allowed.status_code == 200, allowed.text
