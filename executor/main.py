@@ -16,16 +16,19 @@ from typing import Any
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
-from executor import fleet, notify, projects, threads
 from executor import harness as harness_mcp
-from executor.harness import rules as gate_rules
-from executor.journal_writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
-from executor.journal_writer import JournalWriter
-from executor.gateway import parse_allowlist
-from executor.sandbox import SandboxPolicy, install_root
-from executor.settler import Settler, SettlerConfig
-from executor.substrate import SubstrateConfig
-from executor.supervisor import Supervisor, SupervisorConfig
+from executor.gates import rules as gate_rules
+from executor.journal.writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
+from executor.journal.writer import JournalWriter
+from executor.notify import notifier as notify
+from executor.projects import service as projects
+from executor.run import fleet
+from executor.run.substrate import SubstrateConfig
+from executor.run.supervisor import Supervisor, SupervisorConfig
+from executor.sandbox.bwrap import SandboxPolicy, install_root
+from executor.sandbox.gateway import parse_allowlist
+from executor.settle import threads
+from executor.settle.settler import Settler, SettlerConfig
 from shared import database, datalock, dbserver, errors, logs, ports
 from shared.database import OUTAGE_ERRORS, Availability, Database
 from shared.settings import Settings

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import UTC, datetime
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -19,14 +19,32 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ingress import actions, gate_rules, notify, problems, reads, stream
-from ingress.auth import (COOKIE, AuthConfig, BodyTooLarge, GuardMiddleware, TokenLimiter, parse_login, same_secret,
-                          too_many)
+from ingress import projects as project_routes
+from ingress.auth import (
+    COOKIE,
+    AuthConfig,
+    BodyTooLarge,
+    GuardMiddleware,
+    TokenLimiter,
+    parse_login,
+    same_secret,
+    too_many,
+)
 from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded, peer
 from ingress.http import ingress_queries, shared_queries
-from ingress.models import (AnswerIn, ChatIn, PresenceIn, PushEndpointIn, PushSubscriptionIn, RetryIn, StopIn, ThreadIn,
-                            ThreadPatch)
-from ingress import projects as project_routes
-from ingress.models import ProjectIn, ReviewIn
+from ingress.models import (
+    AnswerIn,
+    ChatIn,
+    PresenceIn,
+    ProjectIn,
+    PushEndpointIn,
+    PushSubscriptionIn,
+    RetryIn,
+    ReviewIn,
+    StopIn,
+    ThreadIn,
+    ThreadPatch,
+)
 from ingress.openapi import SEQ, UUID, Op, Param, document
 from ingress.sql import queries
 from shared import migrate

@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool

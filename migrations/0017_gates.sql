@@ -3,7 +3,7 @@
 
 -- A standing rule covers later identical calls within its scope (a thread = its orchestrator session,
 -- a project, or one task) until revoked. `pattern` is an exact command or path, or a command prefix
--- ending in ':*' that only covers a single simple command (executor/gates.py rule_covers).
+-- ending in ':*' that only covers a single simple command (executor/gates/classify.py rule_covers).
 CREATE TABLE gate_rules (
     id          uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     scope       text NOT NULL CHECK (scope IN ('thread', 'project', 'task')),

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
-from pydantic import SecretStr
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import SecretStr
 
 from shared import errors, logs, migrate
 from shared.settings import Settings

@@ -21,7 +21,7 @@ from psycopg import sql
 from shared import aio, logs
 
 if TYPE_CHECKING:
-    from shared.database import Availability
+    from shared.availability import Availability
 
 log = logs.get(__name__)
 

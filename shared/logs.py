@@ -7,7 +7,6 @@ import sys
 
 import structlog
 
-
 # Libraries that log through the standard library with handlers of their own (hypercorn's "Running on …", the MCP
 # SDK's rich console lines): routed through the same renderer, so a terminal shows one style.
 FOREIGN_LOGGERS = ("hypercorn.error", "mcp")

@@ -13,7 +13,7 @@ from shared.errors import ConfigError
 # proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
 AuthMode = Literal["proxy", "token"]
 LogFormat = Literal["auto", "json", "console"]
-# bwrap: every spawn runs in a bubblewrap sandbox (executor/sandbox.py); off: the operator's explicit opt-out
+# bwrap: every spawn runs in a bubblewrap sandbox (executor/sandbox/bwrap.py); off: the operator's explicit opt-out
 SandboxMode = Literal["bwrap", "off"]
 LogLevel = Annotated[Literal["debug", "info", "warning", "error", "critical"],
                      BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)]

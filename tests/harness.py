@@ -18,14 +18,15 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from executor import cli_install, dispatch
+from executor.journal.writer import JournalWriter
 from executor.main import serve
-from executor.journal_writer import JournalWriter
-from executor.notify import NotifyConfig
-from executor.scripted_model import ScriptedModelServer
-from executor.sandbox import SandboxPolicy, install_root
-from executor.substrate import SubstrateConfig
-from executor.supervisor import Supervisor, SupervisorConfig
+from executor.notify.notifier import NotifyConfig
+from executor.run.substrate import SubstrateConfig
+from executor.run.supervisor import Supervisor, SupervisorConfig
+from executor.sandbox.bwrap import SandboxPolicy, install_root
+from executor.settle import dispatch
+from petal_dispatch import cli_install
+from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared.database import Database
 from shared.models import Event
 from tests.pg import DB

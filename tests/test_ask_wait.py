@@ -9,8 +9,8 @@ import uuid
 import psycopg
 from psycopg.types.json import Jsonb
 
-from executor.harness.asks import Asks
-from executor.journal_writer import JournalWriter
+from executor.asks import Asks
+from executor.journal.writer import JournalWriter
 from executor.sql import queries
 from shared.database import Database
 from shared.query import Queries

@@ -12,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from executor.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.web import ingress_server
@@ -205,7 +205,7 @@ async def test_a_restart_cancels_questions_whose_process_died(db: DB, tmp_path: 
 async def test_a_question_that_timed_out_in_a_thread_stays_answerable_and_the_late_answer_comes_as_a_message(
     db: DB, tmp_path: Path
 ) -> None:
-    from executor.scripted_model import Rule
+    from petal_dispatch.demo.scripted_model import Rule
 
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness] A late answer", replies=[{"text": "noted, SQLite then"}]),

@@ -15,7 +15,7 @@ def _run(args: list[str], data_dir: Path, **env: str) -> subprocess.CompletedPro
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_DATABASE_URL")}
     base.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json", **env)
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args], env=base, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "petal_dispatch.cli", *args], env=base, capture_output=True, text=True, timeout=120
     )
 
 
@@ -28,7 +28,7 @@ def test_migrate_twice_on_the_embedded_server_then_status_reports_it_current(tmp
     script = ("import subprocess, sys\n"
               "from shared import dbserver, settings\n"
               "dbserver.resolve(settings.load())\n"
-              "print(subprocess.run([sys.executable, '-m', 'shared.cli', 'db', 'status', '--json'], "
+              "print(subprocess.run([sys.executable, '-m', 'petal_dispatch.cli', 'db', 'status', '--json'], "
               "capture_output=True, text=True).stdout)\n")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json")
@@ -105,7 +105,7 @@ def test_every_command_that_reads_the_store_finds_a_server_by_data_dir_as_up_doe
     env.update(PETAL_LOG_FORMAT="json", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    migrated = subprocess.run([sys.executable, "-m", "shared.cli", "migrate", "--data-dir", str(data_dir)], env=env,
+    migrated = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "migrate", "--data-dir", str(data_dir)], env=env,
                               cwd=cwd, capture_output=True, text=True, timeout=120)
     assert migrated.returncode == 0, migrated.stderr
     # the server stays up while the script runs (as under `up`); each command is asked with --data-dir only
@@ -117,10 +117,10 @@ def test_every_command_that_reads_the_store_finds_a_server_by_data_dir_as_up_doe
         "for name, cmd in [('db', ['db', 'status', '--json']), ('status', ['status', '--json']),\n"
         "                  ('journal', ['journal']), ('contract', ['contract', 'list', '--json']),\n"
         "                  ('project', ['project', 'create', '--slug', 'by-data-dir'])]:\n"
-        "    r = subprocess.run([sys.executable, '-m', 'shared.cli', *cmd, '--data-dir', sys.argv[1]],\n"
+        "    r = subprocess.run([sys.executable, '-m', 'petal_dispatch.cli', *cmd, '--data-dir', sys.argv[1]],\n"
         "                       capture_output=True, text=True)\n"
         "    out[name] = [r.returncode, r.stdout, r.stderr]\n"
-        "r = subprocess.run([sys.executable, '-m', 'shared.cli', 'status', '--json'], capture_output=True, text=True)\n"
+        "r = subprocess.run([sys.executable, '-m', 'petal_dispatch.cli', 'status', '--json'], capture_output=True, text=True)\n"
         "out['without'] = [r.returncode, r.stdout, r.stderr]\n"
         "print(json.dumps(out))\n"
     )

@@ -11,15 +11,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from executor import projects
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.projects import service as projects
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import DB
 
 
 def _cli(db: DB, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn, **extra}
-    return subprocess.run([sys.executable, "-m", "shared.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "petal_dispatch.cli", *args], env=env, capture_output=True, text=True,
                           timeout=60)
 
 

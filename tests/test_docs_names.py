@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import AliasChoices
 
-from executor import substrate
-from shared.cli import build_parser
+from executor.run import substrate
+from petal_dispatch.cli import build_parser
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,9 +28,9 @@ NOT_SETTINGS = {
     "PETAL_TEST_PG_IMAGE": ("tests: a PostgreSQL container image to run the suite against", "tests/pg.py"),
     "PETAL_CHROMIUM": ("tests: the Chromium the browser tests drive", "tests/test_web_client.py"),
     "PETAL_CLAUDE_VERSION": ("install-claude and the tests: which CLI to install (read by the command itself)",
-                             "shared/cli.py"),
+                             "petal_dispatch/cli.py"),
     substrate.TASK_ENV_VAR: ("set by the executor on every spawn (its task id), never read as a setting",
-                             "executor/substrate.py"),
+                             "executor/run/substrate.py"),
 }
 
 VARIABLE = re.compile(r"\b(?:PETAL_[A-Z0-9_]*[A-Z0-9]|DATABASE_URL|OPEN_MODE)\b")

@@ -15,8 +15,8 @@ import psutil
 import psycopg
 import pytest
 
-from executor import substrate
-from executor.scripted_model import Scenario, ScriptedModelServer
+from executor.run import substrate
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import errors
 from tests.harness import claude_bin, claude_env, config_for, running_supervisor, substrate_for
 from tests.pg import DB
@@ -45,13 +45,13 @@ def _executor_env(db: DB, model: ScriptedModelServer, tmp: Path) -> dict[str, st
 
 def _spawn_executor(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "shared.cli", "executor"], env=env,
+        return subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "executor"], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
 async def _dispatch_until_running(db: DB, tmp: Path, log: Path) -> uuid.UUID:
     """Dispatch a worker that waits forever and return once its claude process exists."""
-    from executor import dispatch
+    from executor.settle import dispatch
     from shared.database import Database
 
     async with Database(db.executor_dsn, name="test-dispatcher") as d:
@@ -64,7 +64,7 @@ async def _dispatch_until_running(db: DB, tmp: Path, log: Path) -> uuid.UUID:
 
 
 def _task_processes(task_id: object) -> list[psutil.Process]:
-    from executor import process
+    from executor.run import process
 
     return [p for p in process.find_by_env(substrate.TASK_ENV_VAR, str(task_id))
             if p.status() != psutil.STATUS_ZOMBIE]

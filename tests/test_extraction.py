@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from executor import extraction
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.settle import extraction
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import contract, journal, read_surface
 from shared.models import NewEvent
 from tests.harness import Harness, running_executor
@@ -126,12 +126,12 @@ async def test_a_field_added_to_the_contract_is_required_next_time_and_old_hando
     h, first_worker, events, _ = await _extract(db, tmp_path, scenario(structured(HANDOFF), {"text": "done"}))
     assert [e.event_type for e in events if e.tier == "derived"] == ["handoff"]
     env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
-    added = subprocess.run([sys.executable, "-m", "shared.cli", "contract", "add", "risk", "--required",
+    added = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "contract", "add", "risk", "--required",
                             "--shape", '{"type": "string"}', "--semantics", "the biggest risk left"],
                            env=env, capture_output=True, text=True, timeout=60)
-    again = subprocess.run([sys.executable, "-m", "shared.cli", "contract", "add", "risk", "--shape", "{}",
+    again = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "contract", "add", "risk", "--shape", "{}",
                             "--semantics", "x"], env=env, capture_output=True, text=True, timeout=60)
-    listed = subprocess.run([sys.executable, "-m", "shared.cli", "contract", "list", "--json"], env=env,
+    listed = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "contract", "list", "--json"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert added.returncode == 0, added.stderr
     assert again.returncode == 2 and "never edited" in again.stderr
@@ -168,7 +168,7 @@ async def test_project_state_stays_under_its_bound_with_500_tasks(pool: AsyncCon
     plan = "\n".join(f"- [ ] T-{i:03d} task number {i}" for i in range(1, 601))
     (tmp_path / "plan.md").write_text(plan)
     env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "project", "create", "--slug", "big", "--plan",
+    out = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "project", "create", "--slug", "big", "--plan",
                           str(tmp_path / "plan.md")], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     project = uuid.UUID(json.loads(out.stdout)["project_id"])
@@ -192,7 +192,7 @@ async def test_reextract_runs_extraction_again_and_keeps_the_old_handoff(db: DB,
             is_handoff = lambda e: e.event_type == "handoff"  # noqa: E731
             await until(lambda: _events_where(h, worker, is_handoff), "the first handoff", 60)
             env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
-            out = subprocess.run([sys.executable, "-m", "shared.cli", "reextract", str(worker)], env=env,
+            out = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "reextract", str(worker)], env=env,
                                  capture_output=True, text=True, timeout=60)
             assert out.returncode == 0, out.stderr
             second = uuid.UUID(json.loads(out.stdout)["extractor_task_id"])

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from executor import dispatch
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.settle import dispatch
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal, threads
 from shared.database import Database
 from shared.models import NewEvent
@@ -61,7 +61,7 @@ class Fleet:
 
     async def start(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
         with self.log(name).open("ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "executor"],
+            proc = subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "executor"],
                                     env=_env(self.db, self.model, self.tmp, name, **extra),
                                     stdout=out, stderr=subprocess.STDOUT)
         self.procs[name] = proc
@@ -125,10 +125,10 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
             epochs = dict(fleet.rows("SELECT name, epoch FROM executors"))
             # a second executor named alpha (--name over the environment) refuses to run, in one line, and
             # changes nothing
-            same = subprocess.run([sys.executable, "-m", "shared.cli", "executor", "--name", "alpha"],
+            same = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "executor", "--name", "alpha"],
                                   capture_output=True, timeout=60, env=_env(db, model, tmp_path, "gamma"))
             epochs_after = dict(fleet.rows("SELECT name, epoch FROM executors"))
-            status = subprocess.run([sys.executable, "-m", "shared.cli", "status"], capture_output=True, timeout=60,
+            status = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "status"], capture_output=True, timeout=60,
                                     env=_env(db, model, tmp_path, "alpha"), text=True)
             async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
                 listed = (await http.get("/api/executors")).json()["executors"]
@@ -289,8 +289,8 @@ async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the
 
 
 async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at_once(db: DB) -> None:
-    from executor.journal_writer import JournalWriter
-    from executor.threads import Threads
+    from executor.journal.writer import JournalWriter
+    from executor.settle.threads import Threads
 
     thread = threads.DEFAULT_THREAD_ID
     with psycopg.connect(db.admin_dsn) as conn:

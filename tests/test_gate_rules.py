@@ -9,7 +9,7 @@ import pytest
 from psycopg import errors as pgerrors
 from psycopg.types.json import Jsonb
 
-from executor import policy
+from executor.settle import policy
 from executor.sql import queries
 from tests.pg import DB
 

@@ -14,7 +14,7 @@ from hypercorn.config import Config
 from mcp.server.mcpserver import Context, MCPServer
 
 from executor.harness import permission
-from executor.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import claude_bin, claude_env
 from tests.web import free_port
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from executor import gateway
-from executor.gateway import Gateway, parse_allowlist
+from executor.sandbox import gateway
+from executor.sandbox.gateway import Gateway, parse_allowlist
 
 
 @asynccontextmanager

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import DB
 from tests.resilience import check_invariants, settled

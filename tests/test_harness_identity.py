@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from executor import main as executor_main
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import errors
 from shared.settings import Settings
 from tests.harness import running_executor
@@ -140,7 +140,7 @@ def test_a_non_loopback_mcp_host_refuses_to_start_unless_forced(tmp_path: Path) 
     # were the check missing, the executor would fail later, on this unreachable database instead
     env.update(PETAL_MCP_HOST="0.0.0.0", DATABASE_URL="postgresql://petal@127.0.0.1:1/none",
                PETAL_DATA_DIR=str(tmp_path / "var"))
-    done = subprocess.run([sys.executable, "-m", "shared.cli", "executor"], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "executor"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode != 0
     assert "PETAL_MCP_HOST=0.0.0.0" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -10,7 +10,7 @@ import httpx
 import psycopg
 from psycopg.types.json import Jsonb
 
-from executor.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB

@@ -18,11 +18,11 @@ import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor import briefs
-from executor.harness import asks as harness_asks
+from executor import asks as harness_asks
 from executor.harness import permission
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.settle import briefs
 from ingress.app import check_auth, create_app
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import errors
 from shared.settings import Settings
 from tests.harness import running_executor
@@ -85,7 +85,7 @@ def test_proxy_mode_refuses_to_start_without_a_proxy_secret_or_with_a_short_one(
     # the service itself: one line, before it waits for any database
     env = {k: v for k, v in os.environ.items() if k not in ("OPEN_MODE", "PETAL_PROXY_SECRET")}
     env.update(PETAL_AUTH_MODE="proxy", PETAL_EXECUTOR_DSN="dbname=x", PETAL_INGRESS_DSN="dbname=x")
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "ingress"], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "ingress"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "proxy mode needs PETAL_PROXY_SECRET" in out.stderr, out.stderr
 
@@ -194,7 +194,7 @@ async def test_a_gate_card_answered_by_a_direct_sql_write_is_not_an_approval_and
 
 async def test_a_dispatch_approval_written_around_the_ingress_does_not_release_the_worker(
         pool: AsyncConnectionPool, db: DB, tmp_path: Path) -> None:
-    from executor.harness import approvals
+    from executor.settle import approvals
 
     thread, turn = uuid.uuid4(), uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:

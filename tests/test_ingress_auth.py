@@ -82,7 +82,7 @@ def test_open_mode_on_a_non_loopback_address_refuses_to_start_unless_forced() ->
 
     env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_HOST": "0.0.0.0", "PETAL_EXECUTOR_DSN": "dbname=x",
            "PETAL_INGRESS_DSN": "dbname=x"}
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "ingress"], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "ingress"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "refusing open mode" in out.stderr
 

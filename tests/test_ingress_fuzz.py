@@ -11,7 +11,8 @@ from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.pg import DB
 from tests.web import ingress_server

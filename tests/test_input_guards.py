@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import threads
 from tests.harness import Harness, running_executor
 from tests.pg import DB

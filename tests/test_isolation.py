@@ -22,7 +22,7 @@ import httpx
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until

@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg_pool import AsyncConnectionPool
 
 from shared import errors, journal

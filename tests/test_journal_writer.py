@@ -6,7 +6,7 @@ import uuid
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from executor.journal_writer import JournalWriter
+from executor.journal.writer import JournalWriter
 from shared import errors, journal
 from shared.models import NewEvent
 

@@ -13,7 +13,7 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.web import ingress_server

@@ -14,8 +14,8 @@ import psycopg
 from playwright.async_api import expect
 from pydantic import SecretStr
 
-from executor.notify import Notifier, NotifyConfig
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.notify.notifier import Notifier, NotifyConfig
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal
 from shared.database import Database
 from shared.models import NewEvent

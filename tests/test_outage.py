@@ -23,8 +23,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from executor.journal_writer import SPILL_NAME, JournalWriter
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.journal.writer import SPILL_NAME, JournalWriter
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared.database import Database
 from shared.models import NewEvent
 from tests.pg import DB, Cluster
@@ -67,7 +67,7 @@ def _stop_postgres(server: OwnServer) -> None:
 
 def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "shared.cli", command], env=env, stdout=out,
+        return subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", command], env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
 
 

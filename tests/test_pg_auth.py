@@ -147,7 +147,7 @@ def test_read_only_commands_use_the_passfile_against_the_running_server(embedded
     env.update(PETAL_DATA_DIR=str(embedded.data_dir), PETAL_LOG_FORMAT="json")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "shared.cli", *args], cwd=ROOT, env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "petal_dispatch.cli", *args], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=60)
 
     status = run("db", "status", "--json")
@@ -231,7 +231,7 @@ def test_the_commands_that_write_the_data_directory_make_it_private_whatever_the
     data_dir = tmp_path / "var"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_DATABASE_URL")}
     env.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json")
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "migrate"], cwd=ROOT, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "migrate"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120, preexec_fn=lambda: os.umask(0o022) and None)
     assert out.returncode == 0, out.stderr
     assert data_dir.stat().st_mode & 0o7777 == DATA_DIR_MODE

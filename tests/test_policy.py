@@ -15,8 +15,8 @@ import httpx
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from executor import policy, threads
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.settle import policy, threads
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
@@ -393,7 +393,7 @@ async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_close
 
     import psycopg
 
-    from executor.harness import approvals
+    from executor.settle import approvals
     from executor.sql import queries
 
     thread, turn = uuid.uuid4(), uuid.uuid4()

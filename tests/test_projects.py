@@ -7,8 +7,8 @@ import asyncio
 import subprocess
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,9 +17,10 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from executor import projects, worktrees
-from executor.journal_writer import JournalWriter
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.journal.writer import JournalWriter
+from executor.projects import service as projects
+from executor.projects import worktrees
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB
 from tests.web import ingress_server

@@ -24,8 +24,8 @@ import httpx
 import psycopg
 import pytest
 
-from executor.harness.asks import TIMED_OUT
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.asks import TIMED_OUT
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import cli_pid, config_for, live_in_group, running_executor, running_supervisor, substrate_for
 from tests.pg import DB, Cluster, lock_waiter
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
@@ -195,7 +195,7 @@ async def _listening_again(admin_dsn: str, killed: list[int], timeout: float = 3
 
 def _spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "shared.cli", "executor"], env=env, stdout=out,
+        return subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "executor"], env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
 
 

@@ -47,7 +47,7 @@ class Up:
     def __init__(self, tmp_path: Path, data: Path, *args: str, log: str = "up.log", **env: str):
         self.port, self.mcp_port = free_port(), free_port()
         self.log = tmp_path / log
-        cmd = [sys.executable, "-m", "shared.cli", "up", *args, "--port", str(self.port), "--mcp-port",
+        cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", *args, "--port", str(self.port), "--mcp-port",
                str(self.mcp_port), "--data-dir", str(data)]
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(cmd, env=_env(tmp_path, **env), stdout=subprocess.PIPE, stderr=out, text=True)
@@ -68,11 +68,11 @@ def test_a_second_up_or_executor_on_a_data_directory_in_use_is_refused_naming_th
     try:
         port, mcp_port = free_port(), free_port()
         started = time.monotonic()
-        second = subprocess.run([sys.executable, "-m", "shared.cli", "up", "--demo", "--port", str(port),
+        second = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "up", "--demo", "--port", str(port),
                                  "--mcp-port", str(mcp_port), "--data-dir", str(data)],
                                 env=_env(tmp_path), capture_output=True, text=True, timeout=60)
         took = time.monotonic() - started
-        bare = subprocess.run([sys.executable, "-m", "shared.cli", "executor"], capture_output=True, text=True,
+        bare = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "executor"], capture_output=True, text=True,
                               timeout=60, env=_env(tmp_path, PETAL_DATA_DIR=str(data), PETAL_MCP_PORT=str(free_port()),
                                                    PETAL_EXECUTOR_DSN="postgresql://nobody@127.0.0.1:1/none"))
         time.sleep(3)  # long enough for a crash-looping executor to have been restarted
@@ -161,7 +161,7 @@ def test_three_demo_restarts_keep_one_demo_thread_and_one_pending_question_per_t
 
 
 def test_up_warns_in_one_line_with_the_fix_when_the_auth_mode_refuses_a_plain_browser() -> None:
-    from shared import up
+    from petal_dispatch import up
     from shared.settings import Settings
 
     base = Settings().model_copy(update={"open_mode": False, "ingress_host": "127.0.0.1"})

@@ -23,11 +23,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from executor.notify import Note, Notifier, NotifyConfig
-from executor.refusals import REFUSALS_PER_WINDOW, RefusalBudget
-from executor.scripted_model import Scenario, ScriptedModelServer
-from executor.substrate import SubstrateConfig, build_env
+from executor.harness.refusals import REFUSALS_PER_WINDOW, RefusalBudget
+from executor.notify.notifier import Note, Notifier, NotifyConfig
+from executor.run.substrate import SubstrateConfig, build_env
 from ingress.auth import PEER_FAILURES_PER_WINDOW
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
 from shared.settings import Settings
 from tests.harness import running_executor
@@ -176,7 +176,7 @@ def test_the_terminal_views_show_control_sequences_from_model_text_inert(db: DB)
         conn.execute("UPDATE journal_head SET last_seq = 3")
         conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (gen_random_uuid(), %s)", [hostile])
     env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
-    outputs = {cmd: subprocess.run([sys.executable, "-m", "shared.cli", cmd], env=env, capture_output=True,
+    outputs = {cmd: subprocess.run([sys.executable, "-m", "petal_dispatch.cli", cmd], env=env, capture_output=True,
                                    text=True, timeout=60) for cmd in ("journal", "status")}
     for cmd, out in outputs.items():
         assert out.returncode == 0, out.stderr
@@ -229,12 +229,12 @@ def test_a_process_of_the_same_user_cannot_read_a_running_services_environment(d
            "PETAL_NTFY_TOKEN": "tk-secret-probe"}
     err = tmp_path / "cli.err"
     with err.open("wb") as sink:
-        service = subprocess.Popen(_without_caps(sys.executable, "-m", "shared.cli", "journal", "--follow"), env=env,
+        service = subprocess.Popen(_without_caps(sys.executable, "-m", "petal_dispatch.cli", "journal", "--follow"), env=env,
                                    stdout=subprocess.DEVNULL, stderr=sink)
     other = subprocess.Popen(_without_caps("sleep", "60"), env=env)  # not ours: readable, as before
     try:
         deadline = time.monotonic() + 30
-        while b"shared.cli" not in Path(f"/proc/{service.pid}/cmdline").read_bytes() or not _connected(service.pid):
+        while b"petal_dispatch.cli" not in Path(f"/proc/{service.pid}/cmdline").read_bytes() or not _connected(service.pid):
             assert service.poll() is None, err.read_text()
             assert time.monotonic() < deadline, "the CLI never connected"
             time.sleep(0.1)

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from executor.notify import Note, Notifier, NotifyConfig
+from executor.notify.notifier import Note, Notifier, NotifyConfig
 from ingress.app import OPS
 from ingress.auth import FailureLimiter
 from ingress.boundary import BoundaryConfig

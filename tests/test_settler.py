@@ -17,9 +17,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from executor import policy
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
-from executor.settler import Settler, SettlerConfig
+from executor.settle import policy
+from executor.settle.settler import Settler, SettlerConfig
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import migrate
 from tests.harness import config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB
@@ -27,7 +27,6 @@ from tests.resilience import settled
 from tests.test_executor_process import _executor_env, _spawn_executor
 from tests.wait import until
 from tests.web import ingress_server
-
 
 SETTLEMENT_MIGRATION = 13  # migrations/0013_settlement.sql
 HANDOFF = {"goal": "count the files", "current_state": "three files counted", "next_step": "none",

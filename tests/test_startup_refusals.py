@@ -25,7 +25,7 @@ def _env(data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def _run(args: list[str], env: dict[str, str], prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*(prefix or []), sys.executable, "-m", "shared.cli", *args], env=env, capture_output=True,
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "petal_dispatch.cli", *args], env=env, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from executor.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import Harness, config_for, live_in_group, running_supervisor, substrate_for
 from tests.pg import DB
 
@@ -80,7 +80,7 @@ async def test_a_500_from_the_api_ends_failed(db: DB, tmp_path: Path) -> None:
 async def test_a_missing_working_directory_is_refused_at_dispatch_and_skipped_at_spawn(
     db: DB, tmp_path: Path
 ) -> None:
-    from executor import dispatch
+    from executor.settle import dispatch
 
     with ScriptedModelServer(Scenario.single({"text": "x"})) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),

@@ -13,9 +13,9 @@ import httpx
 import psycopg
 import pytest
 
-from executor import threads as executor_threads
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.settle import threads as executor_threads
 from executor.sql import queries as executor_queries
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal, threads
 from shared.models import NewEvent
 from tests.harness import Harness, running_executor

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from executor import transcript
+from executor.run import transcript
 from tests.harness import FINAL
 from tests.pg import DB
 
@@ -85,13 +85,13 @@ async def test_import_journals_every_non_empty_line_and_derives_the_status(
 def test_the_command_prints_a_json_summary(db: DB, tmp_path: Path) -> None:
     env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
     path = Path(__file__).parent / "transcripts" / "garbage.jsonl"
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "import-transcript", str(path)], env=env,
+    out = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "import-transcript", str(path)], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["events"] == 4 and summary["unparsed"] == 2 and summary["status"] == "success"
 
-    missing = subprocess.run([sys.executable, "-m", "shared.cli", "import-transcript", str(tmp_path / "no.jsonl")],
+    missing = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "import-transcript", str(tmp_path / "no.jsonl")],
                              env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no such file" in missing.stderr
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from executor import policy
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from executor.settle import policy
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until

@@ -25,7 +25,7 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN")}
     env.update(OPEN_MODE="1", PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
     mcp_port = free_port()
-    cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
+    cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
            "--data-dir", str(tmp_path / "var")]
     err = (tmp_path / "up.err").open("w")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -69,14 +69,14 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
 
 def test_up_without_the_claude_cli_refuses_and_names_the_install_command(tmp_path: Path) -> None:
     env = {**os.environ, "PETAL_CLAUDE_BIN": "no-such-claude-binary", "OPEN_MODE": "1"}
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "up", "--data-dir", str(tmp_path / "var")],
+    out = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "up", "--data-dir", str(tmp_path / "var")],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "npm install -g @anthropic-ai/claude-code" in out.stderr
 
 
 def test_a_scenario_needs_the_demo_and_a_real_file_and_a_bad_one_starts_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "OPEN_MODE": "1"}
-    base = [sys.executable, "-m", "shared.cli", "up", "--data-dir", str(tmp_path / "var")]
+    base = [sys.executable, "-m", "petal_dispatch.cli", "up", "--data-dir", str(tmp_path / "var")]
     alone = subprocess.run([*base, "--scenario", str(tmp_path / "s.json")], env=env, capture_output=True, text=True,
                            timeout=60)
     missing = subprocess.run([*base, "--demo", "--scenario", str(tmp_path / "s.json")], env=env, capture_output=True,
@@ -91,7 +91,7 @@ def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cl
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN",
                                                             "OPEN_MODE")}
     env.update(PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
-    cmd = [sys.executable, "-m", "shared.cli", "up", "--demo", "--port", str(port), "--mcp-port", str(mcp_port),
+    cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", "--demo", "--port", str(port), "--mcp-port", str(mcp_port),
            "--data-dir", str(tmp_path / "var")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -200,7 +200,7 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps(INTERRUPTED_SCENARIO))
     data = tmp_path / "var"
-    cmd = [sys.executable, "-m", "shared.cli", "up", "--demo", "--scenario", str(scenario), "--port", str(port),
+    cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", "--demo", "--scenario", str(scenario), "--port", str(port),
            "--mcp-port", str(mcp_port), "--data-dir", str(data)]
     with (tmp_path / "up.log").open("w") as log:
         proc = subprocess.Popen(cmd, env=_up_env(tmp_path), stdout=subprocess.PIPE, stderr=log, text=True)
@@ -219,7 +219,7 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
         claude, bash = first["pid"], [p for p in _task_procs(first["id"]) if p != first["pid"]]
         assert _alive(claude) and bash, "the worker and its Bash child run"
         executor = next(p for p in psutil.Process(proc.pid).children()
-                        if p.cmdline()[-2:] == ["shared.cli", "executor"])
+                        if p.cmdline()[-2:] == ["petal_dispatch.cli", "executor"])
         os.kill(executor.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         # the worker's claude and its Bash child go with the executor, before any new executor could sweep them
@@ -255,7 +255,7 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
     port, mcp_port = free_port(), free_port()
     data = tmp_path / "var"
     env = {**_up_env(tmp_path), "OPEN_MODE": "1"}
-    cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
+    cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
            "--data-dir", str(data)]
     with (tmp_path / "up.log").open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -296,7 +296,7 @@ def test_a_clean_stop_stops_postgresql_even_after_an_earlier_up_was_killed(tmp_p
     env = {**_up_env(tmp_path), "OPEN_MODE": "1"}
 
     def start() -> subprocess.Popen[str]:
-        cmd = [sys.executable, "-m", "shared.cli", "up", "--port", str(free_port()), "--mcp-port", str(free_port()),
+        cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", "--port", str(free_port()), "--mcp-port", str(free_port()),
                "--data-dir", str(data)]
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert "is up" in p.stdout.readline()  # type: ignore[union-attr]

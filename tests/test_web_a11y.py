@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, expect
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.test_web_client import DESKTOP, PHONE, browser, page_at, shot

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.web import free_port, ingress_server

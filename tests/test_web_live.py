@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from playwright.async_api import Page, expect
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal
 from shared.models import NewEvent
 from shared.threads import DEFAULT_THREAD_ID

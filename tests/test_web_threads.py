@@ -12,7 +12,7 @@ import httpx
 import psycopg
 from playwright.async_api import Page, expect
 
-from executor.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import journal
 from shared.models import NewEvent
 from tests.harness import running_executor

@@ -3,7 +3,7 @@
 Every spawn's `--mcp-config` carries a random credential as `Authorization: Bearer <token>` (see
 substrate.mcp_config); the store keeps its hash with the task and session it was granted to. A call without
 a valid one is refused before anything is done, and only the refusal is journaled (`harness.call_refused`,
-within a per-peer budget: executor/refusals.py).
+within a per-peer budget: executor/harness/refusals.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from executor.journal_writer import JournalWriter
-from executor.refusals import RefusalBudget
+from executor.harness.refusals import RefusalBudget
+from executor.journal.writer import JournalWriter
+from executor.run.caller import Caller
 from shared import logs
 from shared.database import OUTAGE_ERRORS
 from shared.models import NewEvent
@@ -33,19 +34,6 @@ CREDENTIAL_HEADER = "authorization"
 IGNORED_IDENTITY_HEADERS = ("x-petal-session", "x-petal-task")
 # The CLI's id of the tool call being served, in the request's `_meta` (docs/claude-cli.md).
 TOOL_USE_META = "claudecode/toolUseId"
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who is calling, as resolved from the per-spawn credential alone (never from what the call declares)."""
-
-    task_id: uuid.UUID
-    session_id: uuid.UUID
-    # the orchestrator conversation the call belongs to: its own session for a turn, the dispatching
-    # turn's session for a worker; None for a task outside any thread
-    thread_id: uuid.UUID | None
-    project_id: uuid.UUID | None
-    role: str
 
 
 @dataclass(frozen=True, slots=True)

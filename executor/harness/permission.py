@@ -6,7 +6,7 @@ error or timeout runs nothing). What the CLI does with it is recorded in docs/cl
 path"). The tool:
 - knows its caller by the spawn's credential (executor/harness/identity.py), and measures paths against the directory
   the task's process was really started in;
-- allows at once what the classifier (executor/gates.py) allows — read-only calls, edits inside the tree;
+- allows at once what the classifier (executor/gates/classify.py) allows — read-only calls, edits inside the tree;
 - for a gated call: a standing rule (gate_rules) decides if one covers it; else an autonomous thread is
   refused at once, and an interactive one gets an approval card in the Asks panel (Allow once / Allow for
   this task / Always allow in this thread / Deny, or a typed reason that goes back to the model);
@@ -32,11 +32,14 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 
-from executor import gate_tables, gates, substrate
-from executor.harness import asks
-from executor.harness.identity import Caller
+from executor import asks
+from executor.gates import classify as gates
+from executor.gates import tables as gate_tables
+from executor.gates.rules import CARD_PREFIX
 from executor.harness.identity import tool_use_id as call_tool_use_id
 from executor.harness.services import Harness
+from executor.run import substrate
+from executor.run.caller import Caller
 from shared import logs
 from shared.models import NewEvent
 
@@ -46,7 +49,6 @@ TOOL_NAME = substrate.PERMISSION_TOOL.rsplit("__", 1)[-1]
 SERVER_NAME = "harness"
 ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD, DENY = ("Allow once", "Allow for this task", "Always allow in this thread",
                                               "Deny")
-CARD_PREFIX = "gate-"  # an approval card's tool_use_id (the notifier names such cards)
 PREVIEW_CHARS = 3_500
 WORKDIR_CACHE = 1_000  # tasks whose directory is kept (far more than ever run at once)
 CANNOT_CHECK = ("Refused: the harness could not check this call at its hard gates. Do not retry it; say so in "

@@ -8,7 +8,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from executor.harness import asks
+from executor import asks
 from executor.harness.identity import tool_use_id
 from executor.harness.results import Result
 from executor.harness.services import Harness

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from executor.harness.asks import PROGRESS_INTERVAL_S, Asks
+from executor.asks import PROGRESS_INTERVAL_S, Asks
 from executor.harness.identity import Identities
-from executor.journal_writer import JournalWriter
+from executor.journal.writer import JournalWriter
 from executor.sql import queries
 from shared.database import Database
 from shared.listener import Listener

@@ -1,6 +1,6 @@
 """`dispatch_worker`: the model asks for a headless worker; the harness records the request and the
 supervisor spawns it (lifecycle control stays in the harness). In an interactive thread the worker first
-waits for the user's approval (executor/harness/approvals.py)."""
+waits for the user's approval (executor/settle/approvals.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from executor import briefs, dispatch, projects
-from executor.harness import approvals
-from executor.harness.identity import Caller, tool_use_id
+from executor.harness.identity import tool_use_id
 from executor.harness.results import Result
 from executor.harness.services import Harness
+from executor.projects import service as projects
+from executor.run.caller import Caller
+from executor.settle import approvals, briefs, dispatch
 from shared import read_surface
 from shared.models import NewEvent
 

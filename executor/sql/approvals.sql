@@ -10,7 +10,7 @@ RETURNING id
 -- name: list_answered_approvals --
 -- Approvals whose question is closed, or whose worker was stopped meanwhile (its question then closes
 -- unanswered), and whose decision is still owed; locked so one pass acts once. answered_by: who answered (an
--- answer without it is not the user's: executor/harness/approvals.py does not act on it).
+-- answer without it is not the user's: executor/settle/approvals.py does not act on it).
 SELECT a.id, a.task_id, a.thread_id, a.question_id, q.answers, q.response, q.status AS question_status,
        q.answered_by, t.status AS task_status, t.brief, t.project_id
 FROM approvals a JOIN questions q ON q.id = a.question_id JOIN tasks t ON t.id = a.task_id

@@ -19,7 +19,7 @@ export function answerText(answers, response) {
   return { parts, response: response || null };
 }
 
-// An approval: the harness asking whether to start a worker (executor/briefs.py approval_question)
+// An approval: the harness asking whether to start a worker (executor/settle/briefs.py approval_question)
 function isApproval(a) {
   const q = a.questions?.[0];
   return a.asked_by === "harness" && a.questions.length === 1 && !q.multiSelect

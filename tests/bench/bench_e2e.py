@@ -26,8 +26,9 @@ import httpx
 import psutil
 import psycopg
 
-from executor import dispatch, substrate
-from executor.scripted_model import Scenario, ScriptedModelServer
+from executor.run import substrate
+from executor.settle import dispatch
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
 from tests.bench import services, stats
 from tests.bench.sse_load import Generators

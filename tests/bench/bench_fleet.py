@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from executor import dispatch
-from executor.scripted_model import Scenario, ScriptedModelServer
+from executor.settle import dispatch
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import Cluster
 

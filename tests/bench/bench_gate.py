@@ -23,9 +23,9 @@ from pathlib import Path
 
 from mcp.server.mcpserver import Context
 
-from executor import gates
+from executor.gates import classify as gates
 from executor.harness import permission
-from executor.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.bench import stats
 from tests.harness import FINAL, claude_bin, claude_env, running_executor
 from tests.pg import Cluster

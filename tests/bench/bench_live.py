@@ -46,7 +46,7 @@ import httpx
 import psycopg
 from playwright.async_api import Browser, Page
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared.threads import DEFAULT_THREAD_ID
 from tests.bench import services, stats
 from tests.harness import claude_bin

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 
-from executor.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.bench import stats
 from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import Cluster

@@ -26,8 +26,9 @@ from pathlib import Path
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from executor import dispatch, process, substrate
-from executor.scripted_model import Scenario, ScriptedModelServer
+from executor.run import process, substrate
+from executor.settle import dispatch
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import journal
 from shared.listener import Listener
 from shared.models import NewEvent

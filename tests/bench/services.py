@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from executor.scripted_model import ScriptedModelServer
+from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from tests.bench.bench_sse import wait_up
 from tests.harness import claude_bin, claude_env
 from tests.pg import DB
@@ -50,7 +50,7 @@ def service_env(db: DB, model: ScriptedModelServer, tmp: Path, *, workers: int =
 
 
 def start(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "shared.cli", name], env=env)
+    return subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", name], env=env)
 
 
 def stop(*procs: subprocess.Popen[bytes]) -> None:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from executor.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import claude_bin
 
 HERE = Path(__file__).parent

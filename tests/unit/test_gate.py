@@ -1,8 +1,8 @@
-"""The validation gate's verdict and the stored handoff (executor/extraction.py), as pure functions."""
+"""The validation gate's verdict and the stored handoff (executor/settle/extraction.py), as pure functions."""
 
 from __future__ import annotations
 
-from executor import extraction
+from executor.settle import extraction
 
 SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
           "properties": {"goal": {"type": "string"}, "ruled_out": {"type": "array"}}, "required": ["goal"]}

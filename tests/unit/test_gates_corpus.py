@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import gates
+from executor.gates import classify as gates
 
 CORPUS = Path(__file__).parent.parent / "data" / "gate_corpus.tsv"
 WORKDIR, HOME = "/srv/app", "/home/dev"

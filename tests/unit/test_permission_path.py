@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executor import gates, policy, substrate
+from executor.gates import classify as gates
 from executor.harness import permission
+from executor.run import substrate
+from executor.settle import policy
 
 
 def test_a_spawn_with_the_harness_goes_through_the_gate_and_pre_allows_no_way_around_it(tmp_path: Path) -> None:
@@ -75,7 +77,7 @@ def test_gate_decisions_list_every_gate_the_harness_decided_and_the_cli_s_own_de
 
 
 def test_a_gate_card_is_notified_as_a_question_that_names_a_tool_call() -> None:
-    from executor import notify
+    from executor.notify import notifier as notify
 
     verdict = gates.classify("Bash", {"command": "sudo true"}, "/srv/app", "/home/dev")
     card = permission.approval_question("Bash", {"command": "sudo true"}, verdict, "worker", True)

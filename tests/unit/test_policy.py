@@ -1,10 +1,10 @@
-"""The not-clean-return policy's decisions (executor/policy.py), as pure functions."""
+"""The not-clean-return policy's decisions (executor/settle/policy.py), as pure functions."""
 
 from __future__ import annotations
 
 import pytest
 
-from executor import policy
+from executor.settle import policy
 
 
 def test_the_policy_table_retries_within_budget_then_escalates() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared import errors, settings as settings_mod
+from shared import errors
+from shared import settings as settings_mod
 from shared.settings import Settings
 
 SECRETS = {"auth_token": "tok-s3cret", "vapid_private_key": "vapid-s3cret", "ntfy_token": "ntfy-s3cret",

@@ -1,4 +1,4 @@
-"""Settlement routing (executor/settler.py): which step an end calls for, from what the store holds."""
+"""Settlement routing (executor/settle/settler.py): which step an end calls for, from what the store holds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from executor.settler import Ended, Step, retry_delay, route
+from executor.settle.settler import Ended, Step, retry_delay, route
 
 THREAD = uuid.uuid4()
 SCHEMA = {"type": "object"}

@@ -1,11 +1,11 @@
-"""Why the harness stopped a run decides its status (executor/task_run.py `end_outcome`, pure)."""
+"""Why the harness stopped a run decides its status (executor/run/task_run.py `end_outcome`, pure)."""
 
 from __future__ import annotations
 
 import json
 
-from executor import substrate
-from executor.task_run import end_outcome
+from executor.run import substrate
+from executor.run.task_run import end_outcome
 
 OK = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "terminal_reason": "completed"}
 

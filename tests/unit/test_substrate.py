@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import substrate
+from executor.run import substrate
 
 
 def _facts(*objs: dict) -> substrate.TurnFacts:  # type: ignore[type-arg]
@@ -189,7 +189,7 @@ def test_a_working_directorys_own_settings_are_not_loaded() -> None:
 
 
 def test_the_conversations_directory_of_a_long_working_directory_is_cut_and_hashed_as_the_cli_does() -> None:
-    from executor import sandbox
+    from executor.sandbox import bwrap as sandbox
 
     # observed: the pinned CLI kept a 264-character path's conversations in this directory
     deep = Path("/tmp/pytest-of-root/pytest-77/test_a_data_directory_with_a_l0/" + "a-long-directory-name-" * 6 + "/"

@@ -1,8 +1,8 @@
-"""The watchdog's judgement of one live run (executor/watchdog.py `assess`, pure)."""
+"""The watchdog's judgement of one live run (executor/run/watchdog.py `assess`, pure)."""
 
 from __future__ import annotations
 
-from executor.watchdog import AWAITING_USER, MAX_RUNTIME, RUNNING, STALLED, Limits, Verdict, Watched, assess
+from executor.run.watchdog import AWAITING_USER, MAX_RUNTIME, RUNNING, STALLED, Limits, Verdict, Watched, assess
 
 LIMITS = Limits(stall_timeout_s=60.0, max_runtime_s=None)
 

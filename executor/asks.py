@@ -1,0 +1,211 @@
+"""The ask service: questions the harness puts in the user's Asks panel, journaled both ways.
+
+One implementation for every question:
+- `Asks.ask` puts questions up and waits for the answer, with progress notifications while it waits and
+  a timeout — the model's `ask_user_question` (executor/harness/questions.py) and the permission path's
+  approval cards (executor/harness/permission.py);
+- `post` records a question inside the caller's transaction and returns its `question.asked` record,
+  without a wait: a dispatch awaiting approval (executor/settle/approvals.py) and the policy's
+  escalations (executor/settle/settlement.py), whose answers are carried out from the store later.
+
+A task's activity (awaiting_user while a question waits) is written through `TaskStore.save_activity`,
+the one writer of `tasks.activity`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from psycopg.types.json import Jsonb
+
+from executor.journal.writer import JournalWriter
+from executor.run.caller import Caller
+from executor.run.task_store import TaskStore
+from shared import aio, logs
+from shared.listener import RESYNC, Listener, Subscription
+from shared.models import NewEvent
+from shared.query import Queries, Transaction
+
+# Progress is sent this often while a question waits: the CLI aborts a call silent for 300 s (or for
+# CLAUDE_CODE_MCP_TOOL_IDLE_TIMEOUT), and a progress notification resets that clock.
+PROGRESS_INTERVAL_S = 5.0
+TIMED_OUT = "Timed out waiting for user input"
+TIMED_OUT_STATUS = "timed_out"  # the wait's outcome (the row stays pending, marked late)
+DISMISSED = "The user dismissed the question without answering"
+WENT_AWAY = "the asking process went away"
+# An answer that does not carry the ingress's mark (answered_by) was written some other way than by the user:
+# it is not acted on (the question ends as if dismissed, and the record says why).
+NOT_THE_USERS = ("Refused: the question was closed with an answer that did not come from the user (it carries "
+                 "no answering identity), so it was not acted on")
+
+log = logs.get(__name__)
+
+Answers = dict[str, str | list[str]]
+
+
+class Progress(Protocol):
+    """What a wait needs of the MCP request: a way to say it is still waiting (the SDK's Context)."""
+
+    async def report_progress(self, progress: float, total: float | None = None,
+                              message: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """How a question ended: answered, cancelled (dismissed, timed out, or its asker gone) or timed_out (the
+    row stays open, marked late, for a thread to hear a late answer)."""
+
+    id: uuid.UUID
+    status: str
+    answers: Answers = field(default_factory=dict)
+    response: str | None = None
+    answered_via: str | None = None
+    answered_by: str | None = None  # who answered (the ingress's request identity); None: not the user
+
+
+def honoured(row: dict[str, Any]) -> bool:
+    """An answered row counts as the user's only when it carries who answered (written by the ingress, or
+    from a chat message the ingress queued); a cancellation needs no mark (it approves nothing)."""
+    return row["status"] != "answered" or bool(row.get("answered_by"))
+
+
+@dataclass(frozen=True, slots=True)
+class Posted:
+    id: uuid.UUID
+    event: NewEvent  # its `question.asked` record, for the caller to journal with its own writes
+
+
+def asked(question_id: uuid.UUID, questions: list[dict[str, Any]], *, tool_use_id: str, task_id: uuid.UUID | None,
+          session_id: uuid.UUID | None, project_id: uuid.UUID | None = None, asked_by: str = "harness",
+          **facts: Any) -> NewEvent:
+    """The `question.asked` record of a question."""
+    return NewEvent("question.asked", {"question_id": str(question_id), "tool_use_id": tool_use_id,
+                                       "questions": questions, "asked_by": asked_by, **facts},
+                    task_id=task_id, session_id=session_id, project_id=project_id)
+
+
+async def post(run: Queries | Transaction, questions: list[dict[str, Any]], *, tool_use_id: str,
+               task_id: uuid.UUID | None, session_id: uuid.UUID | None, project_id: uuid.UUID | None = None,
+               asked_by: str = "harness", **facts: Any) -> Posted | None:
+    """Record a question (in `run`'s transaction, if it is one); None if `tool_use_id` was asked already."""
+    row = await run.one("insert_question", {"tool_use_id": tool_use_id, "session_id": session_id,
+                                            "task_id": task_id, "questions": Jsonb(questions),
+                                            "asked_by": asked_by})
+    if row is None:
+        return None
+    qid: uuid.UUID = row["id"]
+    return Posted(qid, asked(qid, questions, tool_use_id=tool_use_id, task_id=task_id, session_id=session_id,
+                             project_id=project_id, asked_by=asked_by, **facts))
+
+
+class Asks:
+    """Questions that wait for their answer, for the length of one tool call."""
+
+    def __init__(self, q: Queries, writer: JournalWriter, listener: Listener, timeout_s: float,
+                 progress_interval_s: float = PROGRESS_INTERVAL_S):
+        self.q = q
+        self.writer = writer
+        self.listener = listener
+        self.timeout_s = timeout_s
+        self.progress_interval_s = progress_interval_s
+        self.tasks = TaskStore(q.pool)  # a task's activity: TaskStore.save_activity, its one writer
+
+    async def ask(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller, progress: Progress,
+                  asked_by: str = "model") -> Answer:
+        """Put questions in the Asks panel and wait for the answer (journaled both ways)."""
+        task_id = caller.task_id
+        # subscribe before the row exists, so an answer can never arrive unseen
+        with self.listener.subscribe(["question_answered"]) as sub:
+            posted = await self._adopt(questions, tool_use_id=tool_use_id, caller=caller, asked_by=asked_by)
+            if posted is None:
+                posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
+                                    session_id=caller.session_id, asked_by=asked_by)
+            if posted is None:  # the same tool call again (a client retry): wait on the first row
+                row = await self.q.one("get_question_by_tool_use_id", {"tool_use_id": tool_use_id})
+                assert row is not None
+                posted = Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=task_id,
+                                                 session_id=caller.session_id, asked_by=asked_by))
+            qid = posted.id
+            await self.writer.put(posted.event)
+            await self.tasks.save_activity(task_id, "awaiting_user")
+            try:
+                # in a thread the question outlives the wait: a late answer goes to the thread as a message
+                final = await self.wait(qid, sub, progress, late_ok=caller.thread_id is not None)
+            except BaseException:
+                # the caller went away (the CLI was stopped): the question can never be delivered
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.q.one("close_question", {"id": qid, "response": WENT_AWAY}))
+                raise
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.tasks.save_activity(task_id, "running"))
+        response = final.response
+        if final.status == "cancelled" and response is None:
+            response = DISMISSED
+        event = {"answered": "question.answered", TIMED_OUT_STATUS: "question.timed_out"}.get(
+            final.status, "question.cancelled")
+        payload: dict[str, Any] = {"question_id": str(qid), "tool_use_id": tool_use_id, "answers": final.answers,
+                                   "response": response}
+        if final.status == TIMED_OUT_STATUS:
+            payload["late_answer"] = "accepted: it goes to the thread as a message"
+        if final.answered_by is not None:
+            payload["answered_by"] = final.answered_by
+        if final.response == NOT_THE_USERS:
+            payload["refused_answer"] = "no answering identity: not written by the ingress"
+        await self.writer.put(NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
+        return Answer(qid, final.status, final.answers, response, final.answered_via, final.answered_by)
+
+    async def _adopt(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller,
+                     asked_by: str) -> Posted | None:
+        """The row these questions already have, when a re-run turn (or the same session, its first asker
+        gone) asks them again: a second pending row is never added (executor/sql/asks.sql)."""
+        row = await self.q.one("take_asked_question", {
+            "questions": Jsonb(questions), "asked_by": asked_by, "session_id": caller.session_id,
+            "task_id": caller.task_id})
+        if row is None:
+            return None
+        log.info("question_reasked", question_id=str(row["id"]), status=row["status"], tool_use_id=tool_use_id)
+        return Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=caller.task_id,
+                                       session_id=caller.session_id, asked_by=asked_by,
+                                       reasked_from=row["tool_use_id"]))
+
+    async def wait(self, qid: uuid.UUID, sub: Subscription, progress: Progress, *, late_ok: bool = False) -> Answer:
+        """Until the question is closed, or the timeout: then it is closed (or, `late_ok`, marked late)."""
+        deadline = time.monotonic() + self.timeout_s
+        reports = 0
+        while True:
+            row = await self.q.one("get_question", {"id": qid})
+            assert row is not None
+            if row["status"] != "pending":
+                if not honoured(row):
+                    log.warning("answer_not_honoured", question_id=str(qid), answered_via=row["answered_via"])
+                    return Answer(qid, "cancelled", {}, NOT_THE_USERS, row["answered_via"])
+                return Answer(qid, row["status"], row["answers"] or {}, row["response"], row["answered_via"],
+                              row["answered_by"])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if late_ok:
+                    if await self.q.one("mark_question_timed_out", {"id": qid}) is None:
+                        continue  # answered in the same instant: the answer wins
+                    return Answer(qid, TIMED_OUT_STATUS, {}, TIMED_OUT)
+                if await self.q.one("close_question", {"id": qid, "response": TIMED_OUT}) is None:
+                    continue  # answered in the same instant: the answer wins
+                return Answer(qid, "cancelled", {}, TIMED_OUT)
+            try:
+                await aio.wait_for(_news_of(sub, str(qid)), min(left, self.progress_interval_s))
+            except TimeoutError:
+                reports += 1
+                with contextlib.suppress(Exception):
+                    await progress.report_progress(reports, None, "waiting for the user's answer")
+
+
+async def _news_of(sub: Subscription, qid: str) -> None:
+    """Until a notification says this question changed, or a resync says anything may have. Another
+    question's answer is no news: re-reading the row for it cost every waiter a query per answer."""
+    while (note := await sub.get()) is not RESYNC and note.payload != qid:
+        pass

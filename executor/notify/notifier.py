@@ -1,0 +1,367 @@
+"""Notifications: reach the user when Claude needs them, a worker stalls, or a turn finishes unwatched.
+
+The notifier reads the journal after its own cursor (kept in the database, so a restart neither
+repeats nor skips one), turns the few record types that need a person into short notifications, holds
+back repeats (one per task per kind per `rate_limit_s`), folds a burst into one digest, and sends them by
+Web Push (VAPID; RFC 8291 encryption by pywebpush) to every subscribed browser and, when configured, to an
+ntfy topic. Payloads are a title, one line and a deep link: never a secret or a transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+import aiohttp
+import psycopg
+from cryptography.hazmat.primitives import serialization
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from py_vapid import Vapid
+from pydantic import SecretStr
+from pywebpush import WebPushException, webpush_async
+
+from executor.sql import queries
+from shared import aio, database, endpoints, logs
+from shared.listener import Subscription
+from shared.query import Queries
+
+log = logs.get(__name__)
+
+LINE_CHARS = 140
+POLL_S = 2.0
+PAGE = 500
+SEND_TIMEOUT_S = 10.0
+PUSH_TTL_S = 3600
+GONE = (404, 410)
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    data_dir: Path = Path("./var")
+    vapid_private_key: SecretStr | None = None  # PEM or base64url DER; generated into data_dir when unset
+    vapid_subject: str = "mailto:admin@localhost"
+    ntfy_url: str | None = None
+    ntfy_token: SecretStr | None = None
+    public_url: str = ""  # the page's address, for absolute links (ntfy's Click)
+    rate_limit_s: float = 60.0
+    digest_after: int = 3  # more than this many in one pass become one digest
+    presence_s: float = 60.0  # a page seen this recently is watching its thread
+    allow_loopback_push: bool = False  # test-only: a loopback push stand-in
+
+
+class Delivery(TypedDict, total=False):
+    push: list[str]  # one outcome per subscribed browser
+    ntfy: str | None  # the ntfy topic's outcome (None: not configured)
+
+
+Outcome = Literal["sent", "no_channel", "failed"]
+
+
+@dataclass
+class Note:
+    kind: str
+    title: str
+    body: str
+    url: str
+    task_id: Any = None
+    thread_id: Any = None
+    seq: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> str:
+        return json.dumps({"title": self.title, "body": self.body, "url": self.url,
+                           "tag": f"{self.kind}-{self.task_id or self.thread_id or 'all'}"})
+
+
+def _line(text: Any, n: int = LINE_CHARS) -> str:
+    first = str(text or "").strip().split("\n")[0]
+    return first if len(first) <= n else first[: n - 1] + "…"
+
+
+VAPID_SECRET = "vapid_private_pem"
+NOTIFIER_DUTY = "notifier"
+# how often a notifier without the duty tries to take it (its holder may have died)
+DUTY_RETRY_S = 2.0
+
+
+def configured_vapid(config: NotifyConfig) -> Vapid | None:
+    """The VAPID key from the setting, if one is set (then every executor of the fleet must have the same)."""
+    if not config.vapid_private_key:
+        return None
+    key = config.vapid_private_key.get_secret_value().strip()
+    if key.startswith("-----BEGIN"):
+        return Vapid.from_pem(key.encode())
+    return Vapid.from_string(private_key=key)
+
+
+def candidate_vapid_pem(config: NotifyConfig) -> bytes:
+    """The key this executor offers the fleet: a data directory's key from before the fleet, else a new one."""
+    path = config.data_dir / "vapid_private.pem"
+    if path.exists():
+        return bytes(Vapid.from_file(str(path)).private_pem())
+    vapid = Vapid()
+    vapid.generate_keys()
+    return bytes(vapid.private_pem())
+
+
+class Duty:
+    """A once-per-fleet job: whoever holds the session advisory lock does it; when the holder's session ends
+    (its executor died), the next `held()` of a survivor takes it."""
+
+    def __init__(self, dsn: str, duty: str, holder: str = ""):
+        self.dsn = dsn
+        self.duty = duty
+        self.holder = holder  # shown in pg_stat_activity: who holds the duty
+        self._conn: psycopg.AsyncConnection | None = None
+        self._failing = False
+
+    async def held(self) -> bool:
+        if self._conn is not None and not self._conn.closed:
+            try:
+                await self._conn.execute("SELECT 1")
+                return True
+            except psycopg.Error:
+                await self._conn.close()  # the lock went with the session
+        try:
+            name = f"petal-duty:{self.duty}:{self.holder}"[:63]
+            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, application_name=name)
+            cur = await self._conn.execute(queries["try_duty_lock"], {"duty": self.duty})
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            if not self._failing:  # said once per outage
+                self._failing = True
+                log.warning("duty_check_failed", duty=self.duty, error=str(exc))
+            return False
+        self._failing = False
+        if row and row[0]:
+            log.info("duty_taken", duty=self.duty)
+            return True
+        await self._conn.close()
+        self._conn = None
+        return False
+
+    async def release(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
+def public_key(vapid: Vapid) -> str:
+    raw = vapid.public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def note_for(row: dict[str, Any]) -> Note | None:
+    """The notification a journal record calls for, or None (most records call for none)."""
+    p = row["payload"] or {}
+    if row["event_type"] == "question.asked":
+        questions = p.get("questions") or [{}]
+        by_harness = p.get("asked_by") == "harness"
+        escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
+        kind = "escalation" if escalation else "question"
+        gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
+        title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
+                 else "Approve a worker?" if by_harness else "Claude asks")
+        return Note(kind, title, _line(questions[0].get("question")), "/#asks", row["task_id"],
+                    row["session_id"], row["seq"], {"question_id": p.get("question_id")})
+    if row["event_type"] == "task.stalled":
+        return Note("stalled", f"A {row['role'] or 'task'} stalled",
+                    _line(f"Silent for {round(p.get('silent_s', 0))} s: {_line(row['brief'], 80)}"),
+                    f"/#task/{row['task_id']}", row["task_id"], row["task_session"], row["seq"])
+    if row["event_type"] == "executor.lost":
+        crashed = len(p.get("crashed_tasks") or [])
+        return Note("executor_lost", f"Executor {_line(p.get('name'), 60)} lost",
+                    _line(f"Its lease expired; {crashed} running task(s) crashed and go through the policy "
+                          f"(taken over by {p.get('taken_over_by')})."),
+                    "/#context", None, None, row["seq"], {"executor": p.get("name")})
+    if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
+        result = (p.get("result") or {})
+        status = p.get("status")
+        body = "The orchestrator replied." if status == "success" else f"The turn ended {status}."
+        return Note("turn_finished", "Reply ready" if status == "success" else "Turn ended", body,
+                    f"/#chat/{row['task_session']}", row["task_id"], row["task_session"], row["seq"],
+                    {"status": status, "subtype": result.get("subtype")})
+    return None
+
+
+class Notifier:
+    def __init__(self, pool: AsyncConnectionPool, config: NotifyConfig, duty: Duty | None = None,
+                 name: str | None = None):
+        self.pool = pool
+        self.q = Queries(pool, queries)
+        self.config = config
+        self.vapid: Vapid | None = None
+        self.session: aiohttp.ClientSession | None = None
+        # with several executors on one database only the duty's holder notifies (one push per event)
+        self.duty = duty
+        self.name = name
+
+    async def start(self) -> None:
+        self.vapid = configured_vapid(self.config) or await self._fleet_vapid()
+        await self.q.execute("store_push_key", {"public_key": public_key(self.vapid),
+                                                "ntfy": bool(self.config.ntfy_url)})
+        await self.q.execute("init_notify_cursor")  # a first start begins at the journal's head
+
+    async def _fleet_vapid(self) -> Vapid:
+        """One key for the whole fleet, in the database: the first executor's offer wins (a race of two
+        starting together included); every other executor reads it."""
+        offer = await asyncio.to_thread(candidate_vapid_pem, self.config)
+        await self.q.execute("offer_fleet_secret", {"name": VAPID_SECRET, "value": offer.decode(),
+                                                    "created_by": self.name})
+        row = await self.q.one("get_fleet_secret", {"name": VAPID_SECRET})
+        assert row is not None  # this executor's offer, or an earlier one
+        return Vapid.from_pem(row["value"].encode())
+
+    async def run(self, sub: Subscription) -> None:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)) as session:
+                self.session = session
+                while True:
+                    with contextlib.suppress(TimeoutError):
+                        await aio.wait_for(sub.get(), DUTY_RETRY_S if self.duty is not None else POLL_S)
+                    await asyncio.sleep(0.1)  # let a burst land, then take it in one pass
+                    while not sub.queue.empty():
+                        sub.queue.get_nowait()
+                    if self.duty is not None and not await self.duty.held():
+                        continue  # another executor notifies; this one takes over if that one dies
+                    try:
+                        await self.pass_once()
+                    except database.OUTAGE_ERRORS as exc:
+                        await database.pause(self.pool, exc, "notifier")  # said once; the next pass retries
+                    except Exception:  # noqa: BLE001 - the notifier outlives a failed pass; the poll retries
+                        log.exception("notify_pass_failed")
+        finally:
+            if self.duty is not None:
+                await self.duty.release()
+
+    async def pass_once(self) -> list[Note]:
+        for req in await self.q.all("claim_notify_requests"):
+            note = Note("test", "petal-dispatch", "Notifications work. This is the test you asked for.", "/#chat")
+            outcome, detail = await self.deliver([note])
+            await self._record(note, outcome, detail)
+            await self.q.execute("finish_notify_request", {"id": req["id"],
+                                                           "status": "done" if outcome == "sent" else "failed",
+                                                           "error": None if outcome == "sent" else outcome})
+        cursor = await self.q.one("get_notify_cursor")
+        assert cursor is not None  # made by start()
+        rows = await self.q.all("list_notify_candidates", {"after": cursor["last_seq"], "limit": PAGE})
+        if not rows:
+            await self.q.execute("advance_notify_cursor", {"seq": cursor["head"]})
+            return []
+        notes = [n for n in (note_for(r) for r in rows) if n is not None]
+        due = await self._hold_back(notes)
+        if len(due) > self.config.digest_after:
+            digest = self._digest(due)
+            outcome, detail = await self.deliver([digest])
+            for n in due:
+                await self._record(n, "digested" if outcome == "sent" else outcome, detail)
+            await self._record(digest, outcome, detail)
+        else:
+            for n in due:
+                outcome, detail = await self.deliver([n])
+                await self._record(n, outcome, detail)
+        last = rows[-1]["seq"] if len(rows) == PAGE else max(rows[-1]["seq"], cursor["head"])
+        await self.q.execute("advance_notify_cursor", {"seq": last})
+        return due
+
+    async def _hold_back(self, notes: list[Note]) -> list[Note]:
+        """Drop what the rate limit holds back, and turns someone is watching."""
+        due: list[Note] = []
+        seen: set[tuple[str, str]] = set()
+        for n in notes:
+            if n.kind == "turn_finished" and n.thread_id is not None:
+                watched = await self.q.one("check_thread_watched", {"thread_id": n.thread_id,
+                                                                    "seconds": self.config.presence_s})
+                if watched is not None:
+                    continue
+            key = (n.kind, str(n.task_id or n.thread_id))
+            recent = await self.q.one("check_recent_notification", {"kind": n.kind, "task_id": n.task_id,
+                                                                    "thread_id": n.thread_id,
+                                                                    "seconds": self.config.rate_limit_s})
+            if key in seen or recent is not None:
+                await self._record(n, "rate_limited", {})
+                continue
+            seen.add(key)
+            due.append(n)
+        return due
+
+    @staticmethod
+    def _digest(notes: list[Note]) -> Note:
+        kinds: dict[str, int] = {}
+        for n in notes:
+            kinds[n.kind] = kinds.get(n.kind, 0) + 1
+        words = {"question": "question", "escalation": "escalation", "stalled": "stalled task",
+                 "turn_finished": "finished turn"}
+        parts = [f"{c} {words.get(k, k)}{'s' if c > 1 else ''}" for k, c in kinds.items()]
+        url = "/#asks" if kinds.get("question") or kinds.get("escalation") else "/#tasks"
+        return Note("digest", f"{len(notes)} things need you", _line(", ".join(parts)), url)
+
+    async def deliver(self, notes: list[Note]) -> tuple[Outcome, Delivery]:
+        """Send each note on every channel; ('sent' | 'no_channel' | 'failed', what happened)."""
+        subs = await self.q.all("list_push_subscriptions")
+        if not subs and not self.config.ntfy_url:
+            return "no_channel", {}
+        ok, ntfy = False, None
+        pushed: list[str] = []
+        # push endpoints are user-supplied: their connections refuse inside addresses (ntfy is configured)
+        async with endpoints.guarded_session(allow_loopback=self.config.allow_loopback_push,
+                                             timeout_s=SEND_TIMEOUT_S) as push_http:
+            for note in notes:
+                for s in subs:
+                    result = await self._push(s, note, push_http)
+                    pushed.append(result)
+                    ok = ok or result == "sent"
+                if self.config.ntfy_url:
+                    ntfy = await self._ntfy(note)
+                    ok = ok or ntfy == "sent"
+        return ("sent" if ok else "failed"), Delivery(push=pushed, ntfy=ntfy)
+
+    async def _push(self, s: dict[str, Any], note: Note, http: aiohttp.ClientSession) -> str:
+        assert self.vapid is not None
+        info = {"endpoint": s["endpoint"], "keys": {"p256dh": s["p256dh"], "auth": s["auth"]}}
+        # checked again here: a stored row (or a name that now resolves elsewhere) must not reach inside
+        refused = await endpoints.refusal(s["endpoint"], allow_loopback=self.config.allow_loopback_push)
+        if refused:
+            await self.q.execute("mark_push_failed", {"id": s["id"], "error": refused[:300]})
+            log.warning("push_endpoint_refused", reason=refused)
+            return "refused"
+        try:
+            await webpush_async(info, note.payload(), vapid_private_key=self.vapid,
+                                vapid_claims={"sub": self.config.vapid_subject}, ttl=PUSH_TTL_S,
+                                aiohttp_session=http, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
+        except WebPushException as exc:
+            if exc.status_code in GONE:  # the browser unsubscribed or the subscription expired
+                await self.q.execute("delete_push_subscription", {"id": s["id"]})
+                log.info("push_subscription_removed", status=exc.status_code)
+                return f"gone {exc.status_code}"
+            await self.q.execute("mark_push_failed", {"id": s["id"], "error": str(exc)[:300]})
+            return f"failed {exc.status_code}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            await self.q.execute("mark_push_failed", {"id": s["id"], "error": repr(exc)[:300]})
+            return "failed"
+        await self.q.execute("mark_push_succeeded", {"id": s["id"]})
+        return "sent"
+
+    async def _ntfy(self, note: Note) -> str:
+        assert self.session is not None and self.config.ntfy_url
+        headers = {"Title": note.title, "Tags": note.kind}
+        if self.config.public_url:
+            headers["Click"] = self.config.public_url.rstrip("/") + note.url
+        if self.config.ntfy_token:
+            headers["Authorization"] = f"Bearer {self.config.ntfy_token.get_secret_value()}"
+        try:
+            async with self.session.post(self.config.ntfy_url, data=note.body.encode(), headers=headers) as r:
+                return "sent" if r.status < 300 else f"failed {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return f"failed {type(exc).__name__}"
+
+    async def _record(self, note: Note, outcome: str, detail: Delivery) -> None:
+        await self.q.execute("record_notification", {
+            "kind": note.kind, "task_id": note.task_id, "thread_id": note.thread_id, "seq": note.seq,
+            "title": note.title, "body": note.body, "url": note.url, "outcome": outcome,
+            "detail": Jsonb({**note.detail, **detail})})

@@ -1,0 +1,321 @@
+"""Projects: carries out `project_queue` rows — register a project on a git repository, merge or discard a
+worker's branch. Every outcome is journaled; a refusal is the row's `failed` status with the reason.
+
+A project's workdir must be a directory under one of the configured roots once `..` and symlinks are
+resolved, and a git repository's top level (or be initialised on request). Nothing is created otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from executor.journal.writer import JournalWriter
+from executor.projects import worktrees
+from executor.sandbox import gateway
+from executor.sql import queries
+from shared import aio, database, logs, read_surface
+from shared.listener import Subscription
+from shared.models import NewEvent
+from shared.query import Queries
+
+log = logs.get(__name__)
+
+POLL_S = 2.0
+SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+MAX_PLAN_CHARS = 200_000
+# a project's own sandbox allowlist entries (its package registries)
+MAX_ALLOW = 100
+# an ended worker's changes are the supervisor's to record for this long; after it, the sweep records them
+RECORD_GRACE_S = 60.0
+
+
+class Refused(Exception):
+    """A request that cannot be carried out as given; the message is the reason the user sees."""
+
+
+@dataclass(frozen=True)
+class ProjectsConfig:
+    # a project's workdir must lie under one of these (resolved); empty: the service user's home
+    roots: tuple[Path, ...] = ()
+    keep_worktrees: bool = False
+
+    def resolved_roots(self) -> list[Path]:
+        return [r.expanduser().resolve() for r in (self.roots or (Path.home(),))]
+
+
+def check_workdir(raw: str, roots: list[Path]) -> Path:
+    """The resolved workdir, or Refused with the reason (pure but for the filesystem lookups)."""
+    given = Path(raw)
+    if not given.is_absolute():
+        raise Refused(f"workdir must be an absolute path (got {raw!r})")
+    if ".." in given.parts:
+        raise Refused(f"workdir may not contain '..' (got {raw!r}); give the real path")
+    resolved = given.resolve()
+    if not any(resolved == root or root in resolved.parents for root in roots):
+        raise Refused(f"workdir {resolved} is outside the allowed project roots "
+                      f"({', '.join(str(r) for r in roots)}; set PETAL_PROJECT_ROOTS)")
+    if not resolved.is_dir():
+        raise Refused(f"workdir {resolved} does not exist or is not a directory")
+    return resolved
+
+
+def read_plan(repo: Path, plan_path: str) -> str:
+    """The plan file's text; it must lie inside the repository."""
+    target = (repo / plan_path).resolve()
+    if repo not in target.parents:
+        raise Refused(f"plan_path {plan_path!r} is outside the repository")
+    if not target.is_file():
+        raise Refused(f"plan_path {plan_path!r} is not a file in the repository")
+    text = target.read_text(encoding="utf-8", errors="replace")
+    if len(text) > MAX_PLAN_CHARS:
+        raise Refused(f"plan_path {plan_path!r} is larger than {MAX_PLAN_CHARS} characters")
+    return text
+
+
+@dataclass
+class Projects:
+    pool: AsyncConnectionPool
+    writer: JournalWriter
+    config: ProjectsConfig = field(default_factory=ProjectsConfig)
+    q: Queries = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.q = Queries(self.pool, queries)
+
+    async def run(self, sub: Subscription) -> None:
+        wake = asyncio.Event()
+
+        async def forward() -> None:
+            while True:
+                await sub.get()
+                wake.set()
+
+        forwarding = asyncio.create_task(forward())
+        try:
+            await self.q.execute("requeue_claimed_project_requests")
+            while True:
+                wake.clear()
+                try:
+                    await self.apply()
+                    await self.sweep()
+                except database.OUTAGE_ERRORS as exc:
+                    await database.pause(self.pool, exc, "projects")  # said once; the next pass retries
+                except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
+                    log.exception("projects_pass_failed")
+                with contextlib.suppress(TimeoutError):
+                    await aio.wait_for(wake.wait(), POLL_S)
+        finally:
+            forwarding.cancel()
+
+    async def apply(self) -> None:
+        for row in await self.q.all("claim_project_requests"):
+            status, error, result = "done", None, None
+            try:
+                if row["action"] == "create":
+                    result = await self._create(row)
+                elif row["action"] == "merge":
+                    result = await self._merge(row)
+                else:
+                    result = await self._discard(row)
+            except (Refused, worktrees.GitError, OSError) as exc:
+                status, error = "failed", str(exc)
+                await self._refusal(row, error)
+            except Exception as exc:  # noqa: BLE001 - a request is never left claimed: it fails visibly
+                log.exception("project_request_failed", request_id=str(row["id"]))
+                status, error = "failed", f"internal error: {exc!r}"[:500]
+                await self._refusal(row, error)
+            await self.q.execute("finish_project_request", {"id": row["id"], "status": status, "error": error,
+                                                            "result": Jsonb(result) if result is not None else None})
+
+    async def sweep(self) -> None:
+        """Record the changes of ended workers nobody recorded (e.g. a worker crashed by a restart)."""
+        for row in await self.q.all("list_unrecorded_changes", {"grace_s": RECORD_GRACE_S}):
+            await worktrees.record_changes(self.pool, self.writer, row["id"],
+                                           keep_worktree=self.config.keep_worktrees)
+
+    async def _refusal(self, row: dict[str, Any], reason: str) -> None:
+        if row["action"] == "create":
+            await self.writer.write([NewEvent("project.refused", {"request_id": str(row["id"]), "reason": reason,
+                                                                  "args": row["args"]})])
+        else:
+            task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
+            await self.writer.write([NewEvent("task.merge_failed", {
+                "request_id": str(row["id"]), "action": row["action"], "reason": reason},
+                task_id=task.id if task else None, project_id=task.project_id if task else None)])
+
+    # ---- create --------------------------------------------------------------------------------------
+
+    async def _create(self, row: dict[str, Any]) -> dict[str, Any]:
+        args = row["args"] or {}
+        slug = str(args.get("slug") or "")
+        if not SLUG.match(slug):
+            raise Refused(f"slug {slug!r} must be 1-63 of a-z 0-9 . _ - (starting with a letter or digit)")
+        allow = sandbox_allow(args.get("sandbox_allow"))  # checked before anything is made
+        repo = check_workdir(str(args.get("workdir") or ""), self.config.resolved_roots())
+        top = await worktrees.toplevel(repo)
+        initialised = False
+        if top is None:
+            if not args.get("init"):
+                raise Refused(f"{repo} is not a git repository (ask for init to create one)")
+            await worktrees.init(repo)
+            initialised = True
+        elif top != repo:
+            raise Refused(f"{repo} is inside the git repository {top}; use its top level as the workdir")
+        elif (await worktrees.head(repo))[1] is None:
+            raise Refused(f"{repo} has no commit yet: workers branch from a commit")
+        plan, plan_path = args.get("plan"), args.get("plan_path")
+        if plan_path:
+            plan = read_plan(repo, str(plan_path))
+        if plan and not read_surface.plan_tasks(plan):
+            raise Refused("the plan has no task lines (`- [ ] T-001 title`)")
+        if await self.q.one("get_project_by_workdir", {"workdir": str(repo)}):
+            raise Refused(f"{repo} is already a project")
+        made = await insert_project(self.pool, slug, workdir=str(repo), plan=plan, plan_path=plan_path,
+                                    sandbox_allow=allow)
+        if made is None:
+            raise Refused(f"slug {slug!r} is taken")
+        project_id = made
+        branch, commit = await worktrees.head(repo)
+        payload = {"slug": slug, "workdir": str(repo), "branch": branch, "commit": commit, "initialised": initialised,
+                   "plan_tasks": len(read_surface.plan_tasks(plan)), "plan_path": plan_path, "sandbox_allow": allow}
+        await self.writer.write([NewEvent("project.created", payload, project_id=project_id)])
+        log.info("project_created", slug=slug, workdir=str(repo))
+        return {"project_id": str(project_id), **payload}
+
+    # ---- merge / discard -----------------------------------------------------------------------------
+
+    async def _reviewable(self, row: dict[str, Any]) -> tuple[worktrees.TaskWorktree, str]:
+        """The task whose branch a merge or discard acts on, and that branch."""
+        task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
+        if task is None or task.branch is None:
+            raise Refused(f"task {row['task_id']} has no branch of a project")
+        if task.status in ("pending", "running"):
+            raise Refused(f"task {task.id} is still {task.status}")
+        if task.review is not None:
+            raise Refused(f"the branch of task {task.id} was already {task.review}")
+        if task.changes_recorded_at is None:
+            raise Refused(f"task {task.id}'s changes are not recorded yet; try again in a moment")
+        return task, task.branch
+
+    async def _merge(self, row: dict[str, Any]) -> dict[str, Any]:
+        task, branch = await self._reviewable(row)
+        merged = await worktrees.merge(task.repo, branch, f"Merge {branch} (task {task.id})")
+        # merged is merged: record it even if tidying up the branch fails
+        await self.q.execute("set_task_review", {"id": task.id, "review": "merged"})
+        try:  # the branch is in the project's branch now: it and any kept worktree go
+            await worktrees.delete_branch(task.repo, branch, task.worktree_path)
+            merged["branch_deleted"] = True
+        except worktrees.GitError as exc:
+            merged["branch_deleted"] = False
+            merged["branch_delete_error"] = str(exc)
+        payload = {"request_id": str(row["id"]), "branch": branch, **merged}
+        await self.writer.write([NewEvent("task.merged", payload, task_id=task.id, project_id=task.project_id)])
+        return payload
+
+    async def _discard(self, row: dict[str, Any]) -> dict[str, Any]:
+        task, branch = await self._reviewable(row)
+        await worktrees.delete_branch(task.repo, branch, task.worktree_path)
+        await self.q.execute("set_task_review", {"id": task.id, "review": "discarded"})
+        payload = {"request_id": str(row["id"]), "branch": branch}
+        await self.writer.write([NewEvent("task.discarded", payload, task_id=task.id, project_id=task.project_id)])
+        return payload
+
+
+def sandbox_allow(raw: Any) -> list[str]:
+    """A project's additions to its workers' sandbox allowlist, checked (Refused naming the bad entry)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(e, str) for e in raw) or len(raw) > MAX_ALLOW:
+        raise Refused(f"sandbox_allow must be a list of at most {MAX_ALLOW} host or host:port strings")
+    entries = [e.strip() for e in raw if e.strip()]
+    for entry in entries:
+        try:
+            gateway.Allow.parse(entry)
+        except ValueError:
+            raise Refused(f"sandbox_allow: {entry!r} is not a host, host:port or *.domain") from None
+    return entries
+
+
+async def insert_project(pool: AsyncConnectionPool, slug: str, *, workdir: str | None, plan: str | None,
+                         plan_path: str | None = None, sandbox_allow: list[str] | None = None) -> uuid.UUID | None:
+    """Register a project as given (the checks are the caller's); its id, or None when the slug is taken."""
+    made = await Queries(pool, queries).one("insert_project", {"name": slug, "workdir": workdir, "plan": plan,
+                                                               "plan_path": plan_path,
+                                                               "sandbox_allow": sandbox_allow or []})
+    return made["id"] if made else None
+
+
+# ---- the supervisor's side ----------------------------------------------------------------------------
+
+async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, task_id: uuid.UUID,
+                           root: Path) -> Path | None:
+    """Before a task spawns: its own worktree when it is a worker of a project (else None, run as before).
+
+    Raises:
+        worktrees.GitError: the worktree could not be made (the task must not run in the main checkout).
+    """
+    q = Queries(pool, queries)
+    source = await q.one("get_worktree_source", {"id": task_id})
+    if source is None:
+        return None
+    wt = await worktrees.create(Path(source["workdir"]), task_id, root, source["name"])
+    await q.execute("set_task_worktree", {
+        "id": task_id, "worktree": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch,
+        "base_commit": wt.base_commit})
+    await writer.put(NewEvent("task.worktree_created", {
+        "path": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch, "base_commit": wt.base_commit},
+        task_id=task_id, project_id=source["project_id"]))
+    return wt.path
+
+
+# A project thread's turn carries this much about its project, at most (it is a prompt, not a report).
+TURN_CONTEXT_CHARS = 3_000
+
+
+async def turn_context(pool: AsyncConnectionPool, project: dict[str, Any]) -> str:
+    """What an orchestrator turn of a project thread is told about its project: slug, workdir and a
+    bounded summary of the plan's state (get_project_state, and the titles of the tasks not started)."""
+    state = await read_surface.get_project_state(pool, project["id"]) or {}
+    titles = {ref: title for ref, title, _ in read_surface.plan_tasks(project.get("plan"))}
+    counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in (state.get("counts") or {}).items())
+    lines = [f"[project {project['name']} · project_id {project['id']} · workdir {project['workdir']}]",
+             f"Plan: {state.get('plan_tasks', 0)} tasks ({counts or 'no runs yet'})."]
+    for bucket in ("done", "in_flight", "failed", "blocked"):
+        if state.get(bucket):
+            lines.append(f"{bucket.replace('_', ' ').capitalize()}: {', '.join(state[bucket])}")
+    waiting = [f"{ref} {titles.get(ref, '')}".strip() for ref in state.get("not_started", [])]
+    if waiting:
+        lines.append("Not started: " + "; ".join(waiting))
+    lines.append("Dispatch a plan task with mcp__harness__dispatch_worker(brief=..., plan_ref=\"T-…\"): the "
+                 "project is this thread's by default; each worker gets its own git worktree and branch, "
+                 "and the user reviews and merges its changes.")
+    text = "\n".join(lines)
+    if len(text) > TURN_CONTEXT_CHARS:
+        text = text[:TURN_CONTEXT_CHARS] + " … (cut; see get_project_state)"
+    return text
+
+
+async def plan_task_title(pool: AsyncConnectionPool, project_id: uuid.UUID, plan_ref: str) -> str | None:
+    """The plan task's title, for a worker's brief; None when the project has no plan to check against.
+
+    Raises:
+        Refused: the project has a plan and `plan_ref` is not one of its tasks.
+    """
+    row = await Queries(pool, queries).one("get_project_plan", {"id": project_id})
+    tasks = read_surface.plan_tasks(row["plan"] if row else None)
+    if not tasks:
+        return None
+    for ref, title, _ in tasks:
+        if ref == plan_ref:
+            return title
+    raise Refused(f"plan_ref {plan_ref!r} is not a task of the project's plan "
+                  f"({', '.join(ref for ref, _, _ in tasks[:20])})")

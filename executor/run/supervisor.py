@@ -1,0 +1,256 @@
+"""The supervisor's claim loop: claims dispatched tasks and stop requests, starts runs (executor/run/task_run.py),
+rejoins when fenced, and wakes on notifications. The watchdog (executor/run/watchdog.py) and reconciliation
+(executor/run/reconcile.py) run beside it; every row goes through executor/run/task_store.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executor.journal.writer import JournalWriter
+from executor.run import fleet, process, substrate
+from executor.run.reconcile import reconcile
+from executor.run.task_run import USER_STOP, RunConfig, Running, TaskRunner
+from executor.run.task_store import ClaimedTask, TaskStore
+from executor.run.watchdog import Limits, Watchdog
+from executor.sandbox.bwrap import SandboxPolicy
+from shared import aio, logs
+from shared.database import OUTAGE_ERRORS, Database
+from shared.listener import Subscription
+from shared.models import NewEvent
+
+log = logs.get(__name__)
+
+# the channel of a new task: its wake-up needs only a claim
+TASK_PENDING = "task_pending"
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    max_workers: int = 4
+    # silence longer than this marks a running task stalled (a separate limit from max_runtime_s)
+    stall_timeout_s: float = 180.0
+    # SIGTERM first (the CLI cleans up its children), SIGKILL after this grace
+    stop_grace_s: float = 10.0
+    max_runtime_s: float | None = None
+    # backstop for notifications lost while the LISTEN connection was down
+    poll_interval_s: float = 1.0
+    watchdog_interval_s: float = 1.0
+    # after exit, how long readers may drain the pipes (a surviving grandchild can hold them open)
+    drain_timeout_s: float = 5.0
+    default_workdir: Path = Path(".")
+    run_dir: Path = Path("./var/run")
+    mcp_url: str | None = None
+    # the per-spawn MCP server timeout: a human may take a while to answer ask_user_question
+    mcp_timeout_ms: int | None = 600_000
+    # where workers of a project get their git worktrees (None: beside run_dir), and whether they stay
+    worktree_dir: Path | None = None
+    keep_worktrees: bool = False
+
+    @property
+    def worktree_root(self) -> Path:
+        return (self.worktree_dir or self.run_dir.parent / "worktrees").resolve()
+    # the fleet: this executor's name (unique among live ones), labels and lease (executor/run/fleet.py)
+    name: str = field(default_factory=fleet.default_name)
+    labels: tuple[str, ...] = ()
+    lease_s: float = fleet.DEFAULT_LEASE_S
+    # every executor reads one CLI config directory: a thread's turns need not stay where the first ran
+    shared_claude_config: bool = False
+    # every spawn's sandbox (None: unsandboxed, the operator's explicit PETAL_SANDBOX=off)
+    sandbox: SandboxPolicy | None = None
+
+    def run_config(self) -> RunConfig:
+        return RunConfig(stop_grace_s=self.stop_grace_s, drain_timeout_s=self.drain_timeout_s,
+                         default_workdir=self.default_workdir, run_dir=self.run_dir,
+                         worktree_root=self.worktree_root, keep_worktrees=self.keep_worktrees,
+                         mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms, sandbox=self.sandbox)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        db: Database,
+        writer: JournalWriter,
+        substrate_config: substrate.SubstrateConfig,
+        config: SupervisorConfig,
+    ):
+        self.db = db
+        self.writer = writer
+        self.substrate = substrate_config
+        self.config = config
+        self.store = TaskStore(db.pool)
+        self._wake = asyncio.Event()
+        self._stops_due = True  # whether the next pass also claims stop requests
+        self._stopping = asyncio.Event()
+        self.ready = asyncio.Event()
+        self._claimed: list[ClaimedTask] = []
+        self.lease = fleet.Lease(db.dsn, fleet.FleetConfig(
+            name=config.name, labels=config.labels, capacity=config.max_workers, lease_s=config.lease_s,
+            sandbox="off" if config.sandbox is None else "bwrap"),
+            on_reaped=writer.write)
+        self.runner = TaskRunner(self.store, writer, substrate_config, config.run_config(), self.lease,
+                                 db.availability, on_reaped=self._wake.set)
+        self.watchdog = Watchdog(self.store, writer, self.runner, lambda: self.runner.runs.values(),
+                                 Limits(config.stall_timeout_s, config.max_runtime_s),
+                                 config.watchdog_interval_s, db.availability)
+
+    @property
+    def running(self) -> dict[uuid.UUID, Running]:
+        return self.runner.runs
+
+    @property
+    def on_credential_revoked(self) -> Callable[[uuid.UUID], None] | None:
+        """Told when a spawn's credential dies (the harness MCP forgets the callers it confirmed)."""
+        return self.runner.on_credential_revoked
+
+    @on_credential_revoked.setter
+    def on_credential_revoked(self, callback: Callable[[uuid.UUID], None] | None) -> None:
+        self.runner.on_credential_revoked = callback
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._stops_due = True
+        self._wake.set()
+
+    async def run(self, wake_on: Subscription | None = None) -> None:
+        """Supervise until stop(); then stop children, journal their ends, and return. A database outage
+        of any length only pauses claiming: running tasks go on, and the loop resumes when it returns."""
+        availability = self.db.availability
+        await availability.retry(self.lease.join, "lease")  # refuses a live executor of the same name
+        self.writer.fence = self.lease
+        side: list[asyncio.Task[None]] = []
+        leasing = asyncio.create_task(self.lease.run(), name="lease")
+        try:
+            self.runner.sweep_mcp_configs()
+            await availability.retry(self.reconcile, "reconcile")
+            side.append(asyncio.create_task(self.watchdog.run(), name="watchdog"))
+            if wake_on is not None:
+                side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
+            side.append(asyncio.create_task(self._forward_fence(), name="fence"))
+            self.ready.set()
+            while not self._stopping.is_set():
+                self._wake.clear()
+                if leasing.done() and not self.lease.fenced.is_set():
+                    leasing.result()  # the lease cannot be held (a namesake took the name): stop here
+                if self.lease.fenced.is_set():
+                    await leasing
+                    await self._rejoin()
+                    leasing = asyncio.create_task(self.lease.run(), name="lease")
+                # a new task's wake-up claims only tasks (a spawn waits on it); anything else also stops
+                stops_due, self._stops_due = self._stops_due, False
+                try:
+                    if stops_due:
+                        await self._claim_stops()
+                    await self._claim_tasks()
+                except OUTAGE_ERRORS as exc:
+                    self._stops_due = True
+                    await availability.pause(exc, "supervisor", self._stopping)
+                    continue
+                availability.succeeded()
+                try:
+                    await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
+                except TimeoutError:
+                    self._stops_due = True  # the poll: whatever a lost notification would have said
+        finally:
+            await self._stop_children("executor_shutdown")
+            self.runner.close_gateways()
+            leasing.cancel()
+            for t in side:
+                t.cancel()
+            await asyncio.gather(leasing, *side, return_exceptions=True)
+            await self.writer.drain()
+            await self.lease.leave()
+
+    async def reconcile(self) -> dict[str, Any]:
+        """After a restart nothing stays "running" (executor/run/reconcile.py)."""
+        return await reconcile(self.store, self.writer, self.lease, self.config.labels, self.config.lease_s)
+
+    async def _forward_fence(self) -> None:
+        while True:
+            await self.lease.fenced.wait()
+            self._wake.set()
+            await asyncio.sleep(self.config.poll_interval_s)
+
+    async def _rejoin(self) -> None:
+        """Taken over by a survivor (this process was paused or cut off past its lease): its tasks were
+        crashed and retried elsewhere, so its processes must not go on. Kill them (and their Bash children)
+        before claiming anything, then join again with a new epoch. Their ends are not written: fenced."""
+        lost = list(self.running.values())
+        for r in lost:
+            self.runner.kill_fenced(r)
+        killed = await asyncio.to_thread(lambda: [
+            pid for r in lost for pid in process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))])
+        await self.runner.wait(self.config.drain_timeout_s + 5)
+        await self.writer.drain()  # what the fenced run still queued is dropped, not carried into the new one
+        old_epoch = self.lease.epoch
+        await self.lease.join()
+        log.error("executor_rejoined", name=self.lease.name, old_epoch=old_epoch, epoch=self.lease.epoch,
+                  killed_tasks=[str(r.task_id) for r in lost])
+        await self.writer.write([NewEvent("executor.fenced", {
+            "name": self.lease.name, "old_epoch": old_epoch, "epoch": self.lease.epoch,
+            "killed_tasks": [str(r.task_id) for r in lost], "killed_pids": killed})])
+        await self.reconcile()
+
+    async def _forward_wakeups(self, sub: Subscription) -> None:
+        while True:
+            note = await sub.get()
+            if note.channel != TASK_PENDING:
+                self._stops_due = True
+            self._wake.set()
+
+    async def _stop_children(self, reason: str) -> None:
+        for r in list(self.running.values()):
+            await self.runner.request_stop(r, reason)
+        await self.runner.wait(self.config.stop_grace_s + self.config.drain_timeout_s + 5)
+
+    # ---- claiming ------------------------------------------------------------------------------------
+
+    async def _claim_tasks(self) -> None:
+        # A claimed task whose start an outage cut short is still ours: start it before claiming more.
+        await self._start_claimed()
+        free = self.config.max_workers - len(self.running)
+        if free <= 0 or self._stopping.is_set():
+            return
+        self._claimed += await self.store.claim_tasks(
+            free, name=self.lease.name, epoch=self.lease.epoch, labels=list(self.config.labels),
+            shared_config=self.config.shared_claude_config)
+        await self._start_claimed()
+
+    async def _start_claimed(self) -> None:
+        while self._claimed:
+            await self.runner.start(self._claimed[0])  # an outage error leaves it first in line
+            self._claimed.pop(0)
+
+    async def _claim_stops(self) -> None:
+        for stop in await self.store.claim_stops(self.lease.name):
+            await self._handle_stop(stop.id, stop.task_id, stop.reason)
+
+    async def _handle_stop(self, stop_id: uuid.UUID, task_id: uuid.UUID, reason: str | None) -> None:
+        status, error = "done", None
+        current = await self.store.task_status(task_id)
+        cancelled_pending = current == "pending" and await self.store.cancel_pending(task_id, "stop_requested")
+        if current is None:
+            status, error = "failed", f"no task {task_id}"
+        else:
+            await self.writer.put(NewEvent("task.stop_requested", {"stop_id": str(stop_id), "reason": reason},
+                                           task_id=task_id))
+            r = self.running.get(task_id)
+            if r is not None:
+                await self.runner.request_stop(r, USER_STOP)
+            elif cancelled_pending:
+                await self.writer.put(NewEvent("task.exited", {"status": "cancelled", "reason": "stop_requested",
+                                                               "spawned": False}, task_id=task_id))
+            elif current == "running":
+                status, error = "failed", "task is running but not under this executor"
+            else:
+                error = f"task already {current}"
+        await self.store.finish_stop(stop_id, status, error)

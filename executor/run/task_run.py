@@ -1,0 +1,584 @@
+"""One run of one task, from spawn to reap: its `claude` process, every line it prints journaled, its stop
+(SIGTERM, the grace, SIGKILL), its exit turned into a status, its credential revoked with it."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from executor.journal.writer import Fenced, JournalWriter
+from executor.projects import service as projects
+from executor.projects import worktrees
+from executor.run import lineage, process, substrate
+from executor.run.fleet import Lease
+from executor.run.task_store import ClaimedTask, TaskEnd, TaskStore
+from executor.sandbox import bwrap as sandbox
+from executor.sandbox.gateway import Gateway
+from executor.sandbox.gateway import parse_allowlist as gateway_allow
+from shared import aio, journal, lifeline, logs
+from shared.database import OUTAGE_ERRORS, Availability
+from shared.models import NewEvent
+
+log = logs.get(__name__)
+
+# Stops the harness sends for its own reasons are not the user's cancellation: the executor's shutdown
+# (a deploy) cut the run off like a crash, and the runtime cap is a failure; the policy retries both.
+HARNESS_STOPS = {"executor_shutdown": "crashed", "max_runtime": "failed"}
+USER_STOP = "stop_requested"
+
+
+def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None,
+                gate_denials: int = 0) -> substrate.Outcome:
+    """A run's status from its exit, why the harness stopped it (if it did) and how many of its calls the
+    harness refused at a gate (pure)."""
+    if stop_reason is None or stop_reason not in HARNESS_STOPS:
+        outcome = substrate.derive_status(returncode, facts, stop_requested=stop_reason is not None,
+                                          gate_denials=gate_denials)
+        return substrate.Outcome(outcome.status, stop_reason or outcome.reason)
+    outcome = substrate.derive_status(returncode, facts, gate_denials=gate_denials)
+    if outcome.status == "success":
+        return outcome  # it finished before the stop took effect
+    return substrate.Outcome(HARNESS_STOPS[stop_reason], stop_reason)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _alive(r: Running) -> bool:
+    return r.proc.returncode is None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # SIGTERM first (the CLI cleans up its children), SIGKILL after this grace
+    stop_grace_s: float
+    # after exit, how long readers may drain the pipes (a surviving grandchild can hold them open)
+    drain_timeout_s: float
+    default_workdir: Path
+    run_dir: Path
+    worktree_root: Path
+    keep_worktrees: bool
+    mcp_url: str | None
+    mcp_timeout_ms: int | None
+    # every spawn sandboxed (None: the operator's explicit PETAL_SANDBOX=off)
+    sandbox: sandbox.SandboxPolicy | None = None
+
+
+@dataclass
+class Running:
+    task_id: uuid.UUID
+    session_id: uuid.UUID
+    project_id: uuid.UUID | None
+    role: str
+    proc: asyncio.subprocess.Process
+    started: float
+    facts: substrate.TurnFacts = field(default_factory=substrate.TurnFacts)
+    last_output: float = 0.0
+    last_output_at: datetime | None = None
+    output_dirty: bool = False
+    stalled_since: float | None = None
+    awaiting_user: bool = False
+    stop_reason: str | None = None
+    stop_asked: asyncio.Event = field(default_factory=asyncio.Event)  # the run's own coroutine carries it out
+    killed: bool = False
+    mcp_config: Path | None = None
+    gateway: Gateway | None = None  # the sandbox's ways out, closed when the process has exited
+    workdir: Path | None = None
+    revoke_pending: bool = False  # the database was away when its process exited: revoked once the end is recorded
+    # row updates an outage held back, applied in order once the database is back
+    unsaved: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    saving: bool = False
+    spawned_id: uuid.UUID | None = None  # its task.spawned event: the parent of its task.exited
+    tool_calls: dict[str, uuid.UUID] = field(default_factory=dict)  # tool_use_id → the line that made the call
+
+
+class TaskRunner:
+    """Starts runs and sees each through to its reaping; `runs` are those whose process lives (or whose
+    end is being recorded)."""
+
+    def __init__(self, store: TaskStore, writer: JournalWriter, substrate_config: substrate.SubstrateConfig,
+                 config: RunConfig, lease: Lease, availability: Availability, on_reaped: Callable[[], None]):
+        self.store = store
+        self.writer = writer
+        self.substrate = substrate_config
+        self.config = config
+        self.lease = lease
+        self.availability = availability
+        self.on_reaped = on_reaped  # a run ended: room for another
+        self.runs: dict[uuid.UUID, Running] = {}
+        self.children: set[asyncio.Task[None]] = set()
+        # told when a spawn's credential dies (the harness MCP forgets the callers it confirmed)
+        self.on_credential_revoked: Callable[[uuid.UUID], None] | None = None
+        self._gateways: Path | None = None
+
+    async def wait(self, timeout: float) -> None:
+        """Until every run is reaped, or the timeout."""
+        if self.children:
+            await asyncio.wait(self.children, timeout=timeout)
+
+    # ---- spawning ------------------------------------------------------------------------------------
+
+    async def _finish_unspawned(self, task: ClaimedTask, status: str, reason: str) -> None:
+        await self.writer.write([NewEvent("task.exited", {"status": status, "reason": reason, "spawned": False},
+                                          task_id=task.id, project_id=task.project_id)])
+        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
+        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
+        # An executor that dies here leaves it to the project loop's sweep.
+        try:
+            await worktrees.record_changes(self.store.pool, self.writer, task.id,
+                                           keep_worktree=self.config.keep_worktrees)
+        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
+            log.exception("record_changes_failed", task_id=str(task.id))
+        await self._finish_task(task.id, TaskEnd(status, reason, None, None, None))
+
+    async def _finish_task(self, task_id: uuid.UUID, end: TaskEnd) -> bool:
+        """The final status, fenced by this run's claim: False when a survivor took the task over."""
+        done = await self.store.finish(task_id, end, name=self.lease.name, epoch=self.lease.epoch)
+        if not done:
+            log.warning("final_status_refused", task_id=str(task_id), status=end.status, epoch=self.lease.epoch)
+        return done
+
+    @property
+    def _mcp_dir(self) -> Path:
+        return self.config.run_dir / "mcp"
+
+    async def _write_mcp_config(self, task_id: uuid.UUID, session_id: uuid.UUID) -> Path | None:
+        """The per-spawn MCP config carrying a fresh credential; only its hash reaches the database."""
+        if not self.config.mcp_url:
+            return None
+        token = secrets.token_urlsafe(32)
+        await self.store.grant_credential(hashlib.sha256(token.encode()).digest(), task_id, session_id)
+        # the credential is the caller's identity: readable by this user only, from the first byte
+        self._mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self._mcp_dir, 0o700)  # an older or hand-made directory may be wider
+        path = self._mcp_dir / f"mcp-{task_id}.json"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(substrate.mcp_config(self.config.mcp_url, token, self.config.mcp_timeout_ms)))
+        return path
+
+    async def _revoke_mcp_config(self, r: Running) -> None:
+        """The credential dies with its process, before the task's end is settled (a Bash grandchild that
+        survives the CLI and read the config cannot call as the task meanwhile)."""
+        assert r.mcp_config is not None
+        r.mcp_config.unlink(missing_ok=True)
+        if self.on_credential_revoked is not None:
+            self.on_credential_revoked(r.task_id)
+        try:
+            await self.store.revoke_credential(r.task_id)
+            r.revoke_pending = False
+        except OUTAGE_ERRORS as exc:
+            # the database is away: the harness already forgot the caller (above); the task's final status
+            # refuses the credential until it is revoked, once the end is recorded
+            r.revoke_pending = True
+            self.availability.failed(exc, "credential_revoke")
+        except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
+            log.exception("credential_revoke_failed", task_id=str(r.task_id))
+
+    def close_gateways(self) -> None:
+        """At the executor's end: its gateways' directory (each gateway removes its own as its spawn ends)."""
+        if self._gateways is not None:
+            shutil.rmtree(self._gateways, ignore_errors=True)
+
+    def sweep_mcp_configs(self) -> None:
+        """Configs left by processes of a previous executor (a crash): their credentials are dead anyway."""
+        if self._mcp_dir.is_dir():
+            for stale in self._mcp_dir.glob("mcp-*.json"):
+                stale.unlink(missing_ok=True)
+
+    async def start(self, task: ClaimedTask) -> None:
+        """Spawn a claimed task's process and supervise it until it is reaped. An outage error before the
+        process exists leaves the task claimed, to start again; from the spawn on, the run goes on."""
+        task_id = task.id
+        # What the spawn needs is asked for at once, not one round trip after another: each is on the way to
+        # the process's first line. The event its task.spawned hangs under is needed only after the spawn.
+        parent_lookup = asyncio.ensure_future(lineage.spawn_parent(
+            self.store.pool, task.id, task.parent_task_id, extractor=task.json_schema is not None))
+        parent_lookup.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is read or moot
+        proc = None
+        gateway: Gateway | None = None
+        try:
+            isolated, profile, resume = await asyncio.gather(
+                self._worktree(task), self.store.role_profile(task.role),
+                # a thread's turn resumes its session only if the CLI stored it: a first turn that failed
+                # before that starts it again
+                asyncio.to_thread(substrate.session_stored, self.substrate, str(task.session_id))
+                if task.session_id else aio.resolved(False))
+            if isinstance(isolated, str):
+                await self._finish_unspawned(task, "failed", isolated)
+                return
+            workdir = isolated or Path(task.workdir or self.config.default_workdir)
+            if not workdir.is_dir():
+                await self._finish_unspawned(task, "skipped", f"working directory {workdir} does not exist")
+                return
+            # A task of a conversation that goes on (a thread's turn) reuses its session; any other task is
+            # a conversation of its own.
+            session_id = task.session_id or uuid.uuid4()
+            mcp_path, _ = await asyncio.gather(
+                self._write_mcp_config(task_id, session_id) if profile.use_mcp else aio.resolved(None),
+                self.store.open_session(session_id, project_id=task.project_id, role=task.role,
+                                        executor=self.lease.name))
+            spec = substrate.SpawnSpec(
+                role=task.role,
+                prompt=task.brief,
+                session_uuid=str(session_id),
+                resume=resume,
+                allowed_tools=tuple(task.allowed_tools if task.allowed_tools is not None
+                                    else profile.allowed_tools),
+                system_prompt=profile.system_prompt,
+                mcp_config=mcp_path,
+                json_schema=task.json_schema,
+            )
+            cmd = substrate.build_command(self.substrate, spec)
+            env = substrate.build_env(self.substrate, str(task_id))
+            try:
+                argv = cmd
+                if self.config.sandbox is not None:
+                    gateway = await self._open_gateway(task_id, task.project_id)
+                    argv, env = self._sandboxed(self.config.sandbox, gateway, workdir, mcp_path, cmd, env, task_id,
+                                                spec.session_uuid)
+                # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
+                # Bash-tool children itself (they run in their own session, out of reach of a group signal)
+                argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    # the prompt goes on stdin, never in argv (another process's /proc/<pid>/cmdline)
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    cwd=workdir,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                )
+            except OSError as exc:
+                if mcp_path is not None:
+                    mcp_path.unlink(missing_ok=True)
+                if gateway is not None:
+                    await gateway.close()
+                    shutil.rmtree(sandbox.spawn_sessions(substrate.config_home(self.substrate), task_id.hex),
+                                  ignore_errors=True)
+                await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
+                return
+        finally:
+            if proc is None:
+                parent_lookup.cancel()  # no process, no task.spawned to hang under anything
+        started = time.monotonic()
+        r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
+                    proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway,
+                    workdir=workdir)
+        self.runs[task_id] = r
+        feeding = asyncio.create_task(self._feed_prompt(proc, spec.prompt))
+        self.children.add(feeding)
+        feeding.add_done_callback(self.children.discard)
+        # the process runs from here on, database or not: the row learns its pid now or once it is back
+        await self.save(r, lambda: self.store.set_process(task_id, proc.pid, session_id))
+        parent_id = await self._spawn_parent(parent_lookup, task_id)
+        # queued before any line of the task: the single writer keeps that order in the journal
+        spawned = self._event(r, "task.spawned", {
+            "pid": proc.pid, "role": task.role, "argv": cmd, "workdir": str(workdir),
+            "sandbox": "bwrap" if gateway is not None else "off",
+            "attempt": task.attempt, "plan_ref": task.plan_ref,
+            "executor": self.lease.name, "executor_epoch": self.lease.epoch}, parent_id=parent_id)
+        r.spawned_id = spawned.event_id
+        await self.writer.put(spawned)
+        child = asyncio.create_task(self._supervise(r, task), name=f"task-{task_id}")
+        self.children.add(child)
+        child.add_done_callback(self.children.discard)
+
+    @staticmethod
+    async def _feed_prompt(proc: asyncio.subprocess.Process, prompt: str) -> None:
+        """The brief on the process's stdin, then end of input (`claude -p` reads its prompt from there)."""
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(prompt.encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
+            await proc.stdin.wait_closed()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it died before reading: its exit says why
+
+    async def _open_gateway(self, task_id: uuid.UUID, project_id: uuid.UUID | None) -> Gateway:
+        forwards: dict[int, tuple[str, int]] = {}
+        for port, target in (sandbox.loopback_port(self.config.mcp_url),
+                             sandbox.loopback_port(self.substrate.base_env.get("ANTHROPIC_BASE_URL"))):
+            if port is not None and target is not None:
+                forwards[port] = target
+        assert self.config.sandbox is not None
+        allow = (*sandbox.cli_hosts(self.substrate.base_env), *self.config.sandbox.allow,
+                 *await self.store.project_sandbox_allow(project_id))
+        return await Gateway.open(self._gateway_root() / task_id.hex[:16], forwards, gateway_allow(allow),
+                                  label=str(task_id))
+
+    def _gateway_root(self) -> Path:
+        """Where this executor's gateways keep their sockets: a 0700 directory of its own in the system's temporary
+        directory, not under the data directory, whose path can be longer than a Unix socket's (108 bytes)."""
+        if self._gateways is None or not self._gateways.is_dir():
+            self._gateways = Path(tempfile.mkdtemp(prefix="petal-gw-"))
+        return self._gateways
+
+    def _sandboxed(self, policy: sandbox.SandboxPolicy, gateway: Gateway, workdir: Path, mcp_path: Path | None,
+                   cmd: list[str], env: dict[str, str], task_id: uuid.UUID, session_uuid: str
+                   ) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of a spawn inside its sandbox."""
+        git_rw, git_ro = sandbox.git_parts(workdir)
+        home = Path(self.substrate.base_env.get("HOME") or Path.home())
+        config = sandbox.config_view(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
+        writable = [*config.writable, *git_rw]
+        if self.substrate.config_dir is None and not self.substrate.base_env.get("CLAUDE_CONFIG_DIR"):
+            writable += [p for p in (home / ".claude.json",) if p.exists()]
+        readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None), *config.readonly, *policy.exposed]
+        readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
+        found = shutil.which(cmd[0], path=env.get("PATH"))
+        if found is None:  # said here, as an unsandboxed spawn would, not as the launcher's exit 127
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cmd[0])
+        if not sandbox.visible(Path(found), policy):
+            readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
+        box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
+                               hidden=config.hidden, bound=config.bound, ports=tuple(gateway.forwards),
+                               sockets_dir=gateway.directory)
+        return sandbox.wrap(policy, box, cmd), {**env, **sandbox.proxy_env()}
+
+    def _keep_session(self, r: Running) -> None:
+        """A sandboxed spawn's new conversation into place for the next turn's `--resume`."""
+        assert r.workdir is not None
+        try:
+            sandbox.keep_session(substrate.config_home(self.substrate), r.workdir, str(r.session_id), r.task_id.hex)
+        except OSError:  # the next turn starts the conversation afresh (session_stored): logged, not fatal
+            log.exception("keep_session_failed", task_id=str(r.task_id))
+
+    async def _worktree(self, task: ClaimedTask) -> Path | str | None:
+        """A worker of a project runs in a git worktree of its own, never in the project's checkout: its path,
+        None for any other task, or why it could not be made."""
+        try:
+            return await projects.prepare_worktree(self.store.pool, self.writer, task.id, self.config.worktree_root)
+        except (worktrees.GitError, OSError) as exc:
+            return f"could not make the worker's git worktree: {exc}"
+
+    @staticmethod
+    async def _spawn_parent(lookup: asyncio.Future[uuid.UUID | None], task_id: uuid.UUID) -> uuid.UUID | None:
+        """The looked-up parent of a run's task.spawned; the process runs already, so a failed lookup costs
+        the tree one link, never the run."""
+        try:
+            return await lookup
+        except Exception:  # noqa: BLE001 - see above
+            log.exception("spawn_parent_failed", task_id=str(task_id))
+            return None
+
+    def _event(self, r: Running, event_type: str, payload: Any, created_at: datetime | None = None,
+               payload_json: str | None = None, parent_id: uuid.UUID | None = None) -> NewEvent:
+        return NewEvent(event_type, payload, task_id=r.task_id, session_id=r.session_id, project_id=r.project_id,
+                        created_at=created_at, payload_json=payload_json, parent_id=parent_id)
+
+    # ---- running ---------------------------------------------------------------------------------------
+
+    async def _mark_output(self, r: Running) -> None:
+        r.last_output = time.monotonic()
+        r.last_output_at = _now()
+        r.output_dirty = True
+        if r.stalled_since is not None:  # rare: only the first output after a stall awaits anything
+            stalled_for = r.last_output - r.stalled_since
+            r.stalled_since = None
+            await self.writer.put(self._event(r, "task.resumed", {"stalled_for_s": round(stalled_for, 3)}))
+            await self.set_activity(r, "running")
+
+    async def _read_stdout(self, r: Running) -> None:
+        assert r.proc.stdout is not None
+        task_id, session_id, project_id = r.task_id, r.session_id, r.project_id
+        async for chunk in process.iter_line_chunks(r.proc.stdout):
+            events = []
+            read_at = _now()
+            for raw, event_id in zip(chunk, journal.new_event_ids(len(chunk))):
+                if not raw.strip():
+                    continue
+                line = substrate.classify(raw)
+                r.facts.feed(line)
+                parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event_id)
+                # A line kept as printed is stored from its text: its parsed value is let go here rather
+                # than held while queued (a flood's queued values cost more in garbage collection than in
+                # parsing).
+                events.append(NewEvent(line.event_type, line.payload if line.payload_json is None else None,
+                                       task_id=task_id, session_id=session_id, project_id=project_id,
+                                       created_at=read_at, payload_json=line.payload_json, parent_id=parent,
+                                       event_id=event_id))
+            if events:
+                await self._mark_output(r)
+                await self.writer.put_many(events)
+
+    async def _read_stderr(self, r: Running) -> None:
+        assert r.proc.stderr is not None
+        async for raw in process.iter_lines(r.proc.stderr):
+            if raw.strip():
+                await self.writer.put(self._event(r, "task.stderr", {"line": raw.decode("utf-8", "replace")}))
+
+    async def _supervise(self, r: Running, task: ClaimedTask) -> None:
+        readers = [asyncio.create_task(self._read_stdout(r)), asyncio.create_task(self._read_stderr(r))]
+        try:
+            rc = await self._until_exit(r)
+            if r.gateway is not None:
+                await r.gateway.close()
+                self._keep_session(r)
+            if r.mcp_config is not None:
+                await self._revoke_mcp_config(r)
+            done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)
+            for t in pending:
+                t.cancel()
+            for t in done:
+                if t.exception() is not None:
+                    log.error("reader_failed", task_id=str(r.task_id), error=repr(t.exception()))
+            await self._finish(r, task, rc, drained=not pending)
+        except Fenced:
+            log.warning("run_fenced", task_id=str(r.task_id))  # taken over: its end is the survivor's to write
+        except Exception:
+            log.exception("supervise_failed", task_id=str(r.task_id))
+            raise
+        finally:
+            self.runs.pop(r.task_id, None)
+            self.on_reaped()
+
+    async def _until_exit(self, r: Running) -> int:
+        """The process's exit status; a stop asked meanwhile is carried out here, beside the wait."""
+        async with asyncio.TaskGroup() as tg:
+            stopping = tg.create_task(self._stop_when_asked(r), name=f"stop-{r.task_id}")
+            rc = await r.proc.wait()
+            if not r.stop_asked.is_set():
+                stopping.cancel()
+            # else: it sees the exit at its next step and returns (its journal lines are not cut short)
+        return rc
+
+    async def _finish(self, r: Running, task: ClaimedTask, rc: int, *, drained: bool) -> None:
+        # After a SIGKILL (ours or anyone's), or any death by signal, the CLI could not clean up: its
+        # Bash children survive in their own session. A clean or SIGTERM exit kills them itself.
+        swept: list[int] = []
+        if rc < 0 or r.killed:
+            swept = await asyncio.to_thread(
+                lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
+            )
+        # the harness's own gate refusals (a gate that failed or timed out is missing from permission_denials)
+        gated = await self.availability.retry(lambda: self.store.gate_denials(r.task_id), "gate_denials")
+        outcome = end_outcome(rc, r.facts, r.stop_reason, gated)
+        reason = outcome.reason
+        payload: dict[str, object] = {
+            "status": outcome.status,
+            "reason": reason,
+            "exit_code": rc if rc >= 0 else None,
+            "signal": substrate.signal_name(-rc) if rc < 0 else None,
+            "duration_s": round(time.monotonic() - r.started, 3),
+            "lines": r.facts.lines,
+            "unparsed": r.facts.unparsed,
+            "result": r.facts.result_summary(),
+            "substrate_session_id": r.facts.substrate_session_id,
+        }
+        if r.facts.permission_denials:
+            payload["permission_denials"] = r.facts.permission_denials
+        if swept:
+            payload["swept_pids"] = swept
+        if not drained:
+            payload["pipes_left_open"] = True
+        # durable in the journal before the task row says so: the journal is the record
+        await self.writer.write([self._event(r, "task.exited", payload, parent_id=r.spawned_id)])
+        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
+        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
+        # An executor that dies here leaves it to the project loop's sweep.
+        try:
+            await worktrees.record_changes(self.store.pool, self.writer, r.task_id,
+                                           keep_worktree=self.config.keep_worktrees)
+        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
+            log.exception("record_changes_failed", task_id=str(r.task_id))
+        await self._finish_task(r.task_id, TaskEnd(
+            outcome.status, reason, rc if rc >= 0 else None, -rc if rc < 0 else None, r.last_output_at))
+        await self.store.end_session(r.session_id, "idle" if task.session_id else "ended",
+                                     r.facts.substrate_session_id)
+        if r.mcp_config is not None:
+            r.mcp_config.unlink(missing_ok=True)
+            if r.revoke_pending:
+                await self._revoke_mcp_config(r)
+        # the settler acts on the end from here (woken by the status change), reading the store, not r.facts
+        log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
+
+    # ---- stopping ------------------------------------------------------------------------------------
+
+    async def request_stop(self, r: Running, reason: str) -> None:
+        """Ask a run to stop (the first reason given is the one kept); the run's own coroutine sends the
+        signals. Returns once the row says a stop was asked (or the database is found away)."""
+        if r.stop_reason is not None or r.proc.returncode is not None:
+            return
+        r.stop_reason = reason
+        try:
+            await self.store.mark_stop_requested(r.task_id)
+        except OUTAGE_ERRORS as exc:
+            # the stop must happen whether or not the row can say so (the journal will)
+            self.availability.failed(exc, "stop")
+        r.stop_asked.set()
+
+    async def _stop_when_asked(self, r: Running) -> None:
+        """SIGTERM, wait the grace, SIGKILL, wait: each step only while the process lives."""
+        await r.stop_asked.wait()
+        if not _alive(r):
+            return
+        if r.gateway is not None and self.config.sandbox is not None:
+            sent = process.signal_inside(r.proc.pid, signal.SIGTERM, self.config.sandbox.bwrap)
+        else:
+            sent = process.signal_group(r.proc.pid, signal.SIGTERM)
+        await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGTERM", "reason": r.stop_reason,
+                                                                  "delivered": sent}))
+        try:
+            await asyncio.wait_for(r.proc.wait(), self.config.stop_grace_s)
+            return
+        except TimeoutError:
+            pass
+        if not _alive(r):  # it ended as the grace ran out
+            return
+        sent = process.signal_group(r.proc.pid, signal.SIGKILL)
+        r.killed = True
+        await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGKILL", "reason": "grace_expired",
+                                                                  "delivered": sent}))
+        await r.proc.wait()
+
+    def kill_fenced(self, r: Running) -> None:
+        """Taken over: the run must not go on for a moment longer (no grace)."""
+        r.stop_reason = r.stop_reason or "executor_fenced"
+        r.killed = True
+        process.signal_group(r.proc.pid, signal.SIGKILL)
+
+    # ---- the row, through outages --------------------------------------------------------------------
+
+    async def set_activity(self, r: Running, activity: str) -> None:
+        await self.save(r, lambda: self.store.save_activity(r.task_id, activity))
+
+    async def save(self, r: Running, write: Callable[[], Awaitable[None]]) -> None:
+        """A running task's row update that must not stop the task when the database is away: kept, in
+        order, and applied by the watchdog once it is back (the journal has the events meanwhile)."""
+        r.unsaved.append(write)
+        await self.apply_unsaved(r)
+
+    async def apply_unsaved(self, r: Running) -> None:
+        if r.saving:  # the reader and the watchdog may both get here: one applies, in order
+            return
+        r.saving = True
+        try:
+            while r.unsaved:
+                try:
+                    await r.unsaved[0]()
+                except OUTAGE_ERRORS as exc:
+                    self.availability.failed(exc, "task_row")
+                    return
+                r.unsaved.pop(0)
+        finally:
+            r.saving = False

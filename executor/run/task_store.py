@@ -1,0 +1,207 @@
+"""The supervisor's reads and writes of tasks, sessions, stop requests and credentials, by name, over
+`shared/query.py` (SQL in executor/sql/supervisor.sql, a few shared with threads, gates and the harness).
+Rows come back as frozen dataclasses."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from executor.sql import queries
+from shared.query import Queries
+from shared.sql import queries as shared_queries
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A task this executor claimed (or found running after a restart): what its spawn needs."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID | None
+    session_id: uuid.UUID | None
+    parent_task_id: uuid.UUID | None
+    role: str
+    brief: str
+    plan_ref: str | None
+    workdir: str | None
+    allowed_tools: list[str] | None
+    attempt: int
+    json_schema: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class OrphanedTask(ClaimedTask):
+    """A task a dead run of this executor left running: a claimed task and the process it had."""
+
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    id: uuid.UUID
+    task_id: uuid.UUID
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class RoleProfile:
+    role: str
+    system_prompt: str
+    allowed_tools: list[str]
+    use_mcp: bool
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """How many claimed queue rows of a dead run went back to pending."""
+
+    chat: int
+    stop: int
+    thread_control: int
+
+
+@dataclass(frozen=True)
+class ClosedQuestion:
+    id: uuid.UUID
+    task_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """A run's final status as its row records it."""
+
+    status: str
+    reason: str
+    exit_code: int | None
+    exit_signal: int | None
+    last_output_at: datetime | None
+
+
+@dataclass(frozen=True)
+class _Id:
+    id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class _TaskId:
+    task_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class _Status:
+    status: str
+
+
+@dataclass(frozen=True)
+class _Denied:
+    denied: int
+
+
+class TaskStore:
+    def __init__(self, pool: AsyncConnectionPool):
+        self.pool = pool  # for the helpers that still take a pool (projects, lineage, worktrees)
+        self.q = Queries(pool, queries)
+        self.shared = Queries(pool, shared_queries)  # the queries both services run
+
+    # ---- claiming ------------------------------------------------------------------------------------
+
+    async def claim_tasks(self, n: int, *, name: str, epoch: int | None, labels: list[str],
+                          shared_config: bool) -> list[ClaimedTask]:
+        return await self.q.all("claim_pending_tasks", {
+            "n": n, "name": name, "epoch": epoch, "labels": labels, "shared_config": shared_config},
+            into=ClaimedTask)
+
+    async def claim_stops(self, name: str) -> list[StopRequest]:
+        return await self.q.all("claim_stop_requests", {"name": name}, into=StopRequest)
+
+    async def finish_stop(self, stop_id: uuid.UUID, status: str, error: str | None) -> None:
+        await self.q.execute("finish_stop_request", {"id": stop_id, "status": status, "error": error})
+
+    async def task_status(self, task_id: uuid.UUID) -> str | None:
+        found = await self.shared.one("get_task_status", {"id": task_id}, into=_Status)
+        return found.status if found else None
+
+    async def cancel_pending(self, task_id: uuid.UUID, reason: str) -> bool:
+        """Cancel a task not started yet; False when it is no longer pending."""
+        return await self.q.one("cancel_pending_task", {"id": task_id, "reason": reason}, into=_Id) is not None
+
+    # ---- spawning ------------------------------------------------------------------------------------
+
+    async def project_sandbox_allow(self, project_id: uuid.UUID | None) -> list[str]:
+        """What a project adds to its workers' sandbox allowlist (none for a task outside a project)."""
+        if project_id is None:
+            return []
+        row = await self.q.one("get_project_sandbox_allow", {"project_id": project_id})
+        return list(row["sandbox_allow"]) if row else []
+
+    async def role_profile(self, role: str) -> RoleProfile:
+        found = await self.q.one("get_role_profile", {"role": role}, into=RoleProfile)
+        return found or RoleProfile(role=role, system_prompt="", allowed_tools=[], use_mcp=False)
+
+    async def open_session(self, session_id: uuid.UUID, *, project_id: uuid.UUID | None, role: str,
+                           executor: str) -> None:
+        """The session a run speaks in: running, one more turn, pinned to its first turn's executor."""
+        await self.q.execute("upsert_running_session", {"id": session_id, "project_id": project_id, "role": role,
+                                                        "name": executor})
+
+    async def end_session(self, session_id: uuid.UUID, lifecycle: str, substrate_session_id: str | None) -> None:
+        await self.q.execute("update_session", {"id": session_id, "lifecycle": lifecycle,
+                                                "substrate_session_id": substrate_session_id})
+
+    async def grant_credential(self, token_sha256: bytes, task_id: uuid.UUID, session_id: uuid.UUID) -> None:
+        await self.q.execute("grant_harness_credential", {"token_sha256": token_sha256, "task_id": task_id,
+                                                          "session_id": session_id})
+
+    async def revoke_credential(self, task_id: uuid.UUID) -> None:
+        await self.q.execute("revoke_harness_credential", {"task_id": task_id})
+
+    # ---- running -------------------------------------------------------------------------------------
+
+    async def set_process(self, task_id: uuid.UUID, pid: int, session_id: uuid.UUID) -> None:
+        await self.q.execute("set_task_process", {"id": task_id, "pid": pid, "session_id": session_id})
+
+    async def save_activity(self, task_id: uuid.UUID, activity: str) -> None:
+        """The one writer of `tasks.activity` (running, awaiting_user, stalled), as the task's row shows it."""
+        await self.q.execute("set_task_activity", {"id": task_id, "activity": activity})
+
+    async def touch_output(self, task_ids: list[uuid.UUID], ats: list[datetime]) -> None:
+        await self.q.execute("touch_tasks_output", {"ids": task_ids, "ats": ats})
+
+    async def asking_tasks(self, task_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of these tasks wait on a pending question of theirs."""
+        return {r.task_id for r in await self.q.all("list_tasks_with_pending_questions", {"ids": task_ids},
+                                                    into=_TaskId)}
+
+    async def mark_stop_requested(self, task_id: uuid.UUID) -> None:
+        await self.q.execute("mark_stop_requested", {"id": task_id})
+
+    async def gate_denials(self, task_id: uuid.UUID) -> int:
+        found = await self.q.one("list_task_gate_denials", {"id": task_id}, into=_Denied)
+        return found.denied if found else 0
+
+    async def finish(self, task_id: uuid.UUID, end: TaskEnd, *, name: str, epoch: int | None) -> bool:
+        """The final status, fenced by this run's claim: False when a survivor took the task over."""
+        return await self.q.one("finish_task", {
+            "id": task_id, "status": end.status, "reason": end.reason, "exit_code": end.exit_code,
+            "exit_signal": end.exit_signal, "last_output_at": end.last_output_at, "name": name, "epoch": epoch},
+            into=_Id) is not None
+
+    # ---- reconciliation ------------------------------------------------------------------------------
+
+    async def orphaned_tasks(self, name: str) -> list[OrphanedTask]:
+        return await self.q.all("list_orphaned_running_tasks", {"name": name}, into=OrphanedTask)
+
+    async def crash(self, task_id: uuid.UUID, reason: str) -> None:
+        await self.q.execute("crash_task", {"id": task_id, "reason": reason})
+
+    async def requeue_claimed(self, name: str, stale_s: float) -> Requeued:
+        found = await self.q.one("requeue_claimed", {"name": name, "stale_s": stale_s}, into=Requeued)
+        assert found is not None  # an aggregate: always one row
+        return found
+
+    async def cancel_orphaned_questions(self) -> list[ClosedQuestion]:
+        return await self.q.all("cancel_orphaned_questions", into=ClosedQuestion)

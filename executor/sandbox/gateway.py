@@ -1,0 +1,256 @@
+"""One sandboxed spawn's ways out (executor/sandbox/bwrap.py): Unix sockets in a directory of its own, which the
+sandbox's forwarders reach from inside its network namespace.
+
+- `<port>.sock` for each loopback service the CLI itself needs (the harness MCP; a model server on loopback in
+  tests and the demo): piped to that port and nowhere else.
+- `proxy.sock`: an HTTP proxy (CONNECT for TLS, absolute-URI requests for plain HTTP) that lets through only the
+  hosts on the spawn's allowlist, and never to a loopback, private or link-local address unless that very address
+  is on it (a name on the list that resolves to 127.0.0.1 does not open the ingress). Refusals are answered 403
+  with the reason, and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import ipaddress
+import shutil
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared import logs
+
+log = logs.get(__name__)
+
+HEAD_LIMIT = 16 * 1024
+CONNECT_TIMEOUT_S = 10.0
+# A spawn's connections at once, and how long a proxy request's head may take: a worker holding hundreds of idle
+# connections would use up the executor's file descriptors.
+MAX_CONNECTIONS = 64
+HEAD_TIMEOUT_S = 10.0
+_PIPE_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Allow:
+    """One allowlist entry: `host`, `host:port` or `*.domain` (any port of a bare host)."""
+
+    host: str
+    port: int | None
+
+    @classmethod
+    def parse(cls, entry: str) -> Allow:
+        entry = entry.strip().lower()
+        if not entry:
+            raise ValueError("an empty allowlist entry")
+        host, port = entry, None
+        if entry.startswith("["):  # [v6]:port
+            host, _, rest = entry[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else None
+        elif entry.count(":") == 1:
+            host, _, p = entry.partition(":")
+            port = int(p)
+        return cls(host, port)
+
+    def covers(self, host: str, port: int) -> bool:
+        if self.port is not None and self.port != port:
+            return False
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:])
+        return host == self.host
+
+    @property
+    def is_address(self) -> bool:
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(self.host)
+            return True
+        return False
+
+
+def parse_allowlist(entries: Sequence[str]) -> tuple[Allow, ...]:
+    return tuple(Allow.parse(e) for e in entries if e.strip())
+
+
+def _internal(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified or ip.is_multicast \
+        or ip.is_reserved
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(_PIPE_CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+async def _splice(a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                  b: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+    await asyncio.gather(_pipe(a[0], b[1]), _pipe(b[0], a[1]))
+
+
+class Gateway:
+    """The sockets of one spawn; `close` removes them (and cuts what is still connected)."""
+
+    def __init__(self, directory: Path, forwards: dict[int, tuple[str, int]], allow: Sequence[Allow], label: str):
+        self.directory = directory
+        self.forwards = forwards
+        self.allow = tuple(allow)
+        self.label = label
+        self.servers: list[asyncio.Server] = []
+        self.conns: set[asyncio.StreamWriter] = set()
+        self.refused: list[str] = []
+
+    @classmethod
+    async def open(cls, directory: Path, forwards: dict[int, tuple[str, int]], allow: Sequence[Allow],
+                   label: str) -> Gateway:
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(mode=0o700, parents=True)
+        gw = cls(directory, forwards, allow, label)
+        try:
+            for port, target in forwards.items():
+                gw.servers.append(await asyncio.start_unix_server(
+                    functools.partial(gw._forward, target=target), path=str(directory / f"{port}.sock")))
+            gw.servers.append(await asyncio.start_unix_server(gw._proxy, path=str(directory / "proxy.sock")))
+        except BaseException:
+            await gw.close()
+            raise
+        return gw
+
+    async def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        for w in list(self.conns):
+            with contextlib.suppress(Exception):
+                w.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _track(self, w: asyncio.StreamWriter) -> None:
+        self.conns.add(w)
+
+    def _full(self, writer: asyncio.StreamWriter) -> bool:
+        """Over the spawn's connection limit: the connection is closed at once (and said once in the log)."""
+        if len(self.conns) < MAX_CONNECTIONS:
+            return False
+        if not self.refused or self.refused[-1] != "too many connections":
+            self.refused.append("too many connections")
+            log.warning("sandbox_gateway_full", spawn=self.label, limit=MAX_CONNECTIONS)
+        writer.close()
+        return True
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       target: tuple[str, int]) -> None:
+        if self._full(writer):
+            return
+        self._track(writer)
+        try:
+            up = await asyncio.wait_for(asyncio.open_connection(*target), CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            writer.close()
+            self.conns.discard(writer)
+            return
+        self._track(up[1])
+        try:
+            await _splice((reader, writer), up)
+        finally:
+            self.conns.discard(writer)
+            self.conns.discard(up[1])
+
+    async def _proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._full(writer):
+            return
+        self._track(writer)
+        try:
+            await self._proxy_one(reader, writer)
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
+                TimeoutError):
+            pass
+        finally:
+            self.conns.discard(writer)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _refuse(self, writer: asyncio.StreamWriter, status: str, why: str) -> None:
+        self.refused.append(why)
+        log.warning("sandbox_proxy_refused", spawn=self.label, reason=why)
+        body = f"petal-dispatch sandbox: {why}\n".encode()
+        writer.write(f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                     "Connection: close\r\n\r\n".encode() + body)
+        with contextlib.suppress(Exception):
+            await writer.drain()
+
+    async def _proxy_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        if len(head) > HEAD_LIMIT:
+            await self._refuse(writer, "431 Request Header Fields Too Large", "request head too large")
+            return
+        request_line, _, rest = head.partition(b"\r\n")
+        method, target, version = request_line.decode("latin-1").split(" ", 2)
+        if method.upper() == "CONNECT":
+            host, port = _split_host_port(target, 443)
+            path_part = b""
+        else:
+            if not target.lower().startswith("http://"):
+                await self._refuse(writer, "400 Bad Request", f"not a proxy request: {target[:200]}")
+                return
+            authority, slash, path = target[7:].partition("/")
+            host, port = _split_host_port(authority, 80)
+            path_part = ("/" + path if slash else "/").encode("latin-1")
+        address = await self._permitted(host, port)
+        if isinstance(address, str) and address.startswith("!"):
+            await self._refuse(writer, "403 Forbidden", address[1:])
+            return
+        try:
+            up = await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            await self._refuse(writer, "502 Bad Gateway", f"{host}:{port} unreachable: {exc}")
+            return
+        self._track(up[1])
+        try:
+            if method.upper() == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+            else:
+                headers = [h for h in rest.split(b"\r\n") if h and not h.lower().startswith(b"proxy-")]
+                up[1].write(b" ".join([method.encode(), path_part, version.encode()]) + b"\r\n"
+                            + b"\r\n".join(headers) + b"\r\n\r\n")
+            await _splice((reader, writer), up)
+        finally:
+            self.conns.discard(up[1])
+
+    async def _permitted(self, host: str, port: int) -> str:
+        """The address to connect to, or "!" and why not."""
+        host = host.lower().strip("[]")
+        rule = next((a for a in self.allow if a.covers(host, port)), None)
+        if rule is None:
+            return f"!{host}:{port} is not on the sandbox's allowlist"
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            return f"!{host}: {exc}"
+        addresses = [str(info[4][0]) for info in infos]
+        # every address must be public, or be exactly the address the entry names
+        for address in addresses:
+            if _internal(address) and not (rule.is_address and ipaddress.ip_address(rule.host)
+                                           == ipaddress.ip_address(address)):
+                return f"!{host}:{port} resolves to {address}, an internal address"
+        return addresses[0]
+
+
+def _split_host_port(authority: str, default: int) -> tuple[str, int]:
+    if authority.startswith("["):
+        host, _, rest = authority[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else default
+    host, sep, port = authority.rpartition(":")
+    if sep and port.isdigit():
+        return host, int(port)
+    return authority, default

@@ -1,0 +1,189 @@
+"""The derived layer's write path: an extractor run per finished worker, and the validation gate.
+
+The extractor is an ordinary task (role `extractor`, parent = the worker's task), journaled like any
+other. It runs with `--json-schema`: the CLI then offers a StructuredOutput tool, checks the call's
+input against the schema and lets the model correct itself within the run, and hands the object back
+as `result.structured_output` — so no prose has to be parsed. That key is absent when the model never
+produced a valid object: an extraction failure. The gate then validates the object again, here, with
+jsonschema (the conclusion is checked by our code, not taken on the CLI's or the model's word).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from executor.projects import worktrees
+from executor.run import lineage
+from executor.settle import dispatch, policy
+from executor.sql import queries
+from shared import contract, journal, logs
+from shared.models import ContractField, NewEvent
+from shared.query import Queries, Transaction
+
+log = logs.get(__name__)
+
+MAX_RESULT_CHARS = 20_000
+MAX_MESSAGES = 6
+MAX_MESSAGE_CHARS = 4_000
+
+
+def _texts(rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """(final result text, last assistant texts oldest first) from newest-first journal rows."""
+    result = next((r["payload"].get("result") for r in rows
+                   if r["event_type"] == "stream.result" and isinstance(r["payload"].get("result"), str)), "")
+    messages = []
+    for r in rows:
+        if r["event_type"] != "stream.assistant":
+            continue
+        blocks = (r["payload"].get("message") or {}).get("content") or []
+        text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        if text.strip():
+            messages.append(text[:MAX_MESSAGE_CHARS])
+    return result[:MAX_RESULT_CHARS], list(reversed(messages[:MAX_MESSAGES]))
+
+
+def prompt(brief: str, result: str, messages: list[str], fields: list[ContractField]) -> str:
+    lines = [f"- {f.field_key}{' (required)' if f.required else ''}: {f.semantics}" for f in fields]
+    recent = "\n\n".join(f"[message {i + 1}]\n{m}" for i, m in enumerate(messages)) or "(none)"
+    return (
+        "Distil this worker's run into a handoff.\n\n"
+        f"## What the worker was asked\n{brief}\n\n"
+        f"## The worker's final report\n{result or '(no final report)'}\n\n"
+        f"## Its last messages\n{recent}\n\n"
+        "## The handoff's fields\n" + "\n".join(lines) + "\n\n"
+        "Call the StructuredOutput tool once with these fields."
+    )
+
+
+async def request(pool: AsyncConnectionPool, worker_id: uuid.UUID, *, requested_by: str = "executor") -> uuid.UUID:
+    """Queue an extractor run for a finished task; returns the extractor's task id.
+
+    Raises:
+        DispatchRefused: there is no such task.
+    """
+    async with Queries(pool, queries).transaction() as tx:
+        extractor_id, events = await request_on(tx.conn, worker_id, requested_by=requested_by)
+        await journal.append_on(tx.conn, events)
+    return extractor_id
+
+
+async def request_on(conn: psycopg.AsyncConnection, worker_id: uuid.UUID, *,
+                     requested_by: str = "executor") -> tuple[uuid.UUID, list[NewEvent]]:
+    """Insert an extractor task for a finished task inside the caller's transaction (the supervisor claims
+    it once that commits); returns its id and the event to journal with it."""
+    tx = Transaction(conn, queries)
+    worker = await tx.one("get_extraction_source", {"id": worker_id})
+    if worker is None:
+        raise dispatch.DispatchRefused(f"no task {worker_id}")
+    version, fields = await contract.active_on(conn)
+    schema = {**contract.schema_for(fields), "$comment": f"petal-dispatch contract version {version}"}
+    result, messages = _texts(await tx.all("list_worker_texts", {"id": worker_id, "limit": 40}))
+    brief = prompt(worker["brief"], result, messages, fields)
+    extractor_id = uuid.uuid4()
+    await tx.execute("insert_task", {
+        "id": extractor_id, "project_id": worker["project_id"], "session_id": None, "parent_task_id": worker_id,
+        "role": "extractor", "brief": brief, "plan_ref": worker["plan_ref"], "workdir": None,
+        "allowed_tools": None, "json_schema": Jsonb(schema)})
+    return extractor_id, [NewEvent("task.dispatch_requested", {
+        "role": "extractor", "brief": brief[:2000], "plan_ref": worker["plan_ref"], "workdir": None,
+        "requested_by": requested_by, "parent_task_id": str(worker_id)},
+        task_id=extractor_id, project_id=worker["project_id"])]
+
+
+def _complaints(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for r in rows:
+        content = (r["payload"].get("message") or {}).get("content")
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("is_error"):
+                text = block.get("content")
+                out.append(text if isinstance(text, str) else json.dumps(text))
+    return out
+
+
+def verdict(schema: dict[str, Any], structured: Any, ended: str, complaints: list[str]) -> list[str]:
+    """Why the extractor's output fails the gate (empty when it passes). `ended` says how its run ended,
+    `complaints` what the CLI told it about its StructuredOutput calls (pure; no I/O)."""
+    if structured is None:
+        return ([f"the extractor returned no structured output (its run ended {ended})"]
+                + [f"the CLI said: {c[:500]}" for c in complaints])
+    if not isinstance(structured, dict):
+        return [f"(root): the output is {type(structured).__name__}, not a JSON object"]
+    return contract.validate(schema, structured)
+
+
+def handoff_of(structured: dict[str, Any], worker_status: str, denials: list[Any],
+               workdir: str | None = None, decided: list[Any] | None = None) -> dict[str, Any]:
+    """The stored handoff: the model's fields, with the status (and gate evidence) from the exit's record.
+
+    Gate evidence goes on every gated run, and on any run whose calls were decided at a gate (`decided`:
+    the harness's own `gate.decided` records)."""
+    handoff = dict(structured)
+    claimed = handoff.get("status")
+    handoff["status"] = worker_status  # the exit-derived status, never the model's claim
+    if claimed is not None and claimed != worker_status:
+        handoff["claimed_status"] = claimed
+    if worker_status == "gated" or decided:
+        handoff["gate_decisions"] = policy.gate_decisions([d for d in denials if isinstance(d, dict)], workdir,
+                                                          decided)
+    return handoff
+
+
+@dataclass(frozen=True)
+class Gated:
+    """What the gate concluded about a worker's run: the record it stored and the events to journal."""
+
+    worker_id: uuid.UUID
+    record_type: str  # handoff or handoff.extraction_failed
+    payload: dict[str, Any]
+    events: list[NewEvent]
+
+
+async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> Gated | None:
+    """Validate an ended extractor's output inside the caller's transaction; mark its worker
+    extraction_failed when it fails. `extractor` is its task row (id, status, status_reason,
+    parent_task_id, json_schema). None when the worker is gone."""
+    tx = Transaction(conn, queries)
+    worker = await tx.one("get_extraction_source", {"id": extractor["parent_task_id"]})
+    if worker is None:
+        log.error("extraction_without_worker", extractor=str(extractor["id"]))
+        return None
+    schema = extractor["json_schema"]
+    result = await tx.one("get_task_result", {"id": extractor["id"]})
+    structured = ((result or {}).get("payload") or {}).get("structured_output")
+    complaints = [] if structured is not None else _complaints(
+        await tx.all("list_schema_complaints", {"id": extractor["id"]}))
+    errors = verdict(schema, structured, f"{extractor['status']}: {extractor['status_reason']}", complaints)
+    seqs = await tx.one("get_raw_seq_range", {"id": worker["id"]})
+    first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
+    common = {"worker_task_id": str(worker["id"]), "extractor_task_id": str(extractor["id"]),
+              "raw_seq_range": [first, last], "contract": schema.get("$comment")}
+    ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"],
+           # under the extraction run that produced it (see executor/run/lineage.py)
+           "parent_id": await lineage.task_exit_event(conn, extractor["id"])}
+    if errors:
+        await tx.execute("mark_extraction_failed", {"id": worker["id"], "reason": errors[0][:200]})
+        log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])
+        return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
+                     [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
+    assert isinstance(structured, dict)  # the verdict passed it
+    status = worker["status"]
+    if status == "extraction_failed":  # a re-extraction passed: the worker's own end counts again
+        restored = await tx.one("restore_exit_status", {"id": worker["id"]})
+        status = restored["status"] if restored else status
+    # the gate evidence comes from the harness's and the exit's records, not the model
+    denials = await tx.one("get_exit_denials", {"id": worker["id"]}) or {}
+    handoff = handoff_of(structured, status, denials.get("denials") or [], denials.get("workdir"),
+                         denials.get("decided"))
+    recorded = await worktrees.artifacts(conn, worker["id"])  # a project worker's changes, as code recorded them
+    if recorded:
+        handoff["artifacts"] = [*(handoff.get("artifacts") or []), *recorded]
+    return Gated(worker["id"], "handoff", handoff,
+                 [NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])

@@ -1,0 +1,227 @@
+"""The settler: what must happen after a task ends is done by a loop over the store, not by callbacks.
+
+A task's end is committed by the supervisor (its final status, after its `task.exited` record). The
+settler claims ended tasks whose `settled_at` is still empty (`FOR UPDATE SKIP LOCKED`), decides what the
+end calls for with a pure function (`route`), and writes that step's rows, its journal records and the
+settled marker in ONE transaction. A step that must start something (an extractor run, a retry) inserts
+the task row in that transaction and the supervisor claims it. So an executor that dies between a task's
+end and its settlement settles it after the restart, exactly once; a step that raises rolls back, is
+logged, and is retried with a growing delay — never lost.
+
+It wakes on `task_changed` (every end is a status change) with a poll as the backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from executor.settle import extraction, settlement
+from executor.sql import queries
+from shared import aio, database, journal, logs
+from shared.listener import Subscription
+from shared.models import NewEvent
+from shared.query import Queries
+
+log = logs.get(__name__)
+
+SHUTDOWN = "executor_shutdown"  # the reason the supervisor gives a run its own stop cut off
+
+
+@dataclass(frozen=True)
+class SettlerConfig:
+    # whether finished workers are extracted and gated (off, an end is only marked settled)
+    extract: bool = True
+    backoff_base_s: float = 30.0
+    # backstop for task_changed notifications lost while the LISTEN connection was down
+    poll_interval_s: float = 1.0
+    # a settlement that raised is retried after this, doubled per failure up to the cap
+    retry_base_s: float = 1.0
+    retry_cap_s: float = 60.0
+
+
+class Step(enum.StrEnum):
+    GATE = "gate"  # an extractor ended: validate its output, store the handoff or the failure, apply the policy
+    EXTRACT = "extract"  # a worker with output ended: start its extractor (the policy waits for the handoff)
+    POLICY = "policy"  # a thread's worker ended with nothing to extract: apply the policy to the end itself
+    TELL_THREAD = "tell_thread"  # an orchestrator turn ended: the thread delivers what waited for the boundary
+    RERUN_TURN = "rerun_turn"  # a turn cut off by the executor's shutdown: run its messages again
+    TURN_FAILED = "turn_failed"  # a turn ended otherwise: record it in the chat and apply the turns' policy
+    NOTHING = "nothing"  # nobody acts on this end; it stays visible
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An ended task as settlement sees it, read from the store."""
+
+    id: uuid.UUID
+    role: str
+    status: str
+    status_reason: str | None
+    parent_task_id: uuid.UUID | None = None
+    json_schema: dict[str, Any] | None = None
+    extract_on_exit: bool = False
+    thread_turn: bool = False  # one of a thread's orchestrator turns
+    thread_id: uuid.UUID | None = None  # the thread whose turn dispatched it
+    exited: dict[str, Any] | None = None  # its task.exited record (None: reconciled, or cancelled while pending)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Ended:
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
+
+    @property
+    def is_extractor(self) -> bool:
+        return self.json_schema is not None and self.parent_task_id is not None
+
+    @property
+    def printed(self) -> bool:
+        """Whether its run printed anything (an end with no output has nothing to extract)."""
+        return bool((self.exited or {}).get("lines"))
+
+    @property
+    def started(self) -> bool:
+        return (self.exited or {}).get("spawned", True) is not False
+
+
+def route(ended: Ended, *, extract: bool) -> Step:
+    """The step an end calls for (pure)."""
+    if ended.thread_turn:
+        # a deploy is never the turn's fault, and the messages it carried must not be dropped
+        if ended.status == "crashed" and ended.status_reason == SHUTDOWN:
+            return Step.RERUN_TURN
+        return Step.TELL_THREAD if ended.status == "success" else Step.TURN_FAILED
+    if not extract:
+        return Step.NOTHING
+    if ended.is_extractor:
+        return Step.GATE
+    if ended.extract_on_exit and ended.printed:
+        return Step.EXTRACT
+    if ended.thread_id is not None:
+        return Step.POLICY
+    return Step.NOTHING
+
+
+def retry_delay(failures: int, base_s: float, cap_s: float) -> float:
+    """How long a settlement that failed `failures` times in a row waits before the next try (pure)."""
+    return min(cap_s, base_s * 2.0 ** max(0, failures - 1))
+
+
+class Settler:
+    def __init__(self, pool: AsyncConnectionPool, config: SettlerConfig, on_settled: Callable[[], None] = lambda: None):
+        self.pool = pool
+        self.q = Queries(pool, queries)
+        self.config = config
+        self.on_settled = on_settled  # the threads loop: a turn boundary or a harness message waits for it
+        self._wake = asyncio.Event()
+        # task id → (failures in a row, monotonic time of the next try); memory only, the store keeps the work
+        self._failures: dict[uuid.UUID, tuple[int, float]] = {}
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, sub: Subscription | None = None) -> None:
+        forwarding = asyncio.create_task(self._forward(sub)) if sub is not None else None
+        try:
+            while True:
+                self._wake.clear()
+                try:
+                    await self.settle_pending()
+                except database.OUTAGE_ERRORS as exc:
+                    await database.pause(self.pool, exc, "settler")  # said once; the next pass retries
+                except Exception:  # noqa: BLE001 - the next pass retries
+                    log.exception("settler_pass_failed")
+                with contextlib.suppress(TimeoutError):
+                    await aio.wait_for(self._wake.wait(), self._next_wait())
+        finally:
+            if forwarding is not None:
+                forwarding.cancel()
+
+    async def _forward(self, sub: Subscription) -> None:
+        while True:
+            await sub.get()
+            self._wake.set()
+
+    def _next_wait(self) -> float:
+        now = time.monotonic()
+        due = [at - now for _, at in self._failures.values()]
+        return max(0.05, min([self.config.poll_interval_s, *due]))
+
+    async def settle_pending(self) -> int:
+        """Settle every ended task not yet settled (those whose last try failed wait for their retry time);
+        returns how many were settled."""
+        settled = 0
+        tried: set[uuid.UUID] = set()
+        while True:
+            now = time.monotonic()
+            skip = tried | {tid for tid, (_, at) in self._failures.items() if at > now}
+            result = await self._settle_one(list(skip))
+            if result is None:
+                return settled
+            task_id, ok = result
+            tried.add(task_id)
+            settled += ok
+
+    async def _settle_one(self, skip: list[uuid.UUID]) -> tuple[uuid.UUID, bool] | None:
+        ended: Ended | None = None
+        step = Step.NOTHING
+        try:
+            async with self.q.transaction() as tx:
+                ended = await tx.one("claim_unsettled_task", {"skip": skip}, into=Ended)
+                if ended is None:
+                    return None
+                step = route(ended, extract=self.config.extract)
+                events = await self._carry_out(tx.conn, ended, step)
+                await tx.execute("mark_task_settled", {"id": ended.id})
+                if events:  # last: the journal head stays locked until the commit
+                    await journal.append_on(tx.conn, events)
+        except Exception:
+            if ended is None:
+                raise  # the claim itself failed: the pass fails and the loop retries
+            failures = self._failures.get(ended.id, (0, 0.0))[0] + 1
+            delay = retry_delay(failures, self.config.retry_base_s, self.config.retry_cap_s)
+            self._failures[ended.id] = (failures, time.monotonic() + delay)
+            # rolled back: the end stays unsettled, and is tried again after the delay
+            log.exception("settlement_failed", task_id=str(ended.id), step=str(step), failures=failures,
+                          retry_in_s=delay)
+            return ended.id, False
+        self._failures.pop(ended.id, None)
+        log.info("task_settled", task_id=str(ended.id), status=ended.status, step=str(step))
+        if step is not Step.NOTHING:
+            self.on_settled()
+        return ended.id, True
+
+    async def _carry_out(self, conn: AsyncConnection[Any], ended: Ended, step: Step) -> list[NewEvent]:
+        if step is Step.GATE:
+            gated = await extraction.gate_on(conn, {"id": ended.id, "status": ended.status,
+                                                    "status_reason": ended.status_reason,
+                                                    "parent_task_id": ended.parent_task_id,
+                                                    "json_schema": ended.json_schema})
+            if gated is None:
+                return []
+            return [*gated.events, *await settlement.apply_policy(
+                conn, gated.worker_id, gated.record_type, gated.payload, backoff_base_s=self.config.backoff_base_s)]
+        if step is Step.EXTRACT:
+            _, events = await extraction.request_on(conn, ended.id)
+            return events
+        if step is Step.POLICY:
+            return await settlement.apply_policy(
+                conn, ended.id, "task.exited", {"status": ended.status, "reason": ended.status_reason},
+                backoff_base_s=self.config.backoff_base_s, started=ended.started)
+        if step is Step.RERUN_TURN:
+            _, events = await settlement.rerun_turn(conn, ended.id, requested_by="settler",
+                                                    reason=ended.status_reason)
+            return events
+        if step is Step.TURN_FAILED:
+            return await settlement.apply_turn_policy(conn, ended.id, backoff_base_s=self.config.backoff_base_s,
+                                                      started=ended.started)
+        return []  # TELL_THREAD: nothing to write; the threads loop reads the boundary from the store

@@ -1,0 +1,238 @@
+"""Threads: orchestrator conversations that take turns.
+
+Consumes `thread_control_queue` (create, rename, set mode, archive) and `chat_queue`. Each delivered
+message is journaled as `task.user_message` (the echo every client renders; a harness report as
+`thread.harness_message`) and becomes an orchestrator turn — one `claude -p --resume <thread>` run per
+turn, exit = turn boundary. Messages arriving while a turn is open stay pending (visible in
+GET /api/queue) and go together, in order, in the next turn. A message sent while the turn waits in
+ask_user_question answers that question as a reply instead; a harness report never does (it waits for
+the boundary). A failed turn is acted on by its settlement (executor/settle/settlement.py: re-run, back off,
+escalate); the user's Retry of it is a `retry` control row, applied once the thread has no turn open.
+Answered approvals and late answers are carried out here too (executor/settle/approvals.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from executor.journal.writer import JournalWriter
+from executor.projects import service as projects
+from executor.settle import approvals, settlement
+from executor.settle.settlement import Settlement
+from executor.sql import queries
+from shared import aio, database, journal, logs, threads
+from shared.listener import Subscription
+from shared.models import NewEvent
+from shared.query import Queries
+from shared.sql import queries as shared_queries
+
+log = logs.get(__name__)
+
+POLL_S = 1.0
+# most messages one turn carries; the rest wait for the next boundary
+MAX_MESSAGES_PER_TURN = 50
+REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
+ARCHIVED = "thread archived"  # the response of a question its thread's archiving closed
+
+# A pass's queries are on the way to every turn's spawn, so a wake-up runs only the passes its source can
+# have given work: a chat message needs delivering, a thread control applying first. Anything else (an
+# answered question, a settled end, a resync after a reconnect) and every poll run them all.
+PASSES = frozenset({"controls", "escalations", "approvals", "deliver"})
+PASSES_BY_CHANNEL = {"chat_queue": frozenset({"deliver"}), "thread_control_queue": frozenset({"controls", "deliver"})}
+
+
+class Threads:
+    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
+        self.pool = pool
+        self.q = Queries(pool, queries)
+        self.shared = Queries(pool, shared_queries)
+        self.writer = writer
+        self._wake = asyncio.Event()
+        self._due: set[str] = set(PASSES)  # the passes the wake-ups so far asked for
+        # escalations the user answered; the settler (executor/settle/settler.py) acts on ends and wakes us
+        self.settlement = Settlement(pool, self.wake)
+
+    def wake(self, passes: frozenset[str] = PASSES) -> None:
+        self._due |= passes
+        self._wake.set()
+
+    async def run(self, sub: Subscription) -> None:
+        async def forward() -> None:
+            while True:
+                note = await sub.get()
+                self.wake(PASSES_BY_CHANNEL.get(note.channel, PASSES))
+
+        forwarding = asyncio.create_task(forward())
+        try:
+            while True:
+                self._wake.clear()
+                due, self._due = self._due, set()
+                try:
+                    await self.run_passes(due)
+                except database.OUTAGE_ERRORS as exc:
+                    self._due |= PASSES
+                    await database.pause(self.pool, exc, "threads")  # said once; the next pass retries
+                except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
+                    self._due |= PASSES
+                    log.exception("threads_pass_failed")
+                try:
+                    await aio.wait_for(self._wake.wait(), POLL_S)
+                except TimeoutError:
+                    self._due |= PASSES  # the poll: whatever a lost notification would have said
+        finally:
+            forwarding.cancel()
+
+    async def run_passes(self, due: set[str] | frozenset[str]) -> None:
+        if "controls" in due:
+            await self.apply_controls()
+        if "escalations" in due:
+            await self.settlement.apply_escalations()
+        if "approvals" in due:
+            # decisions the user owes outlive any tool call: approvals, answers given after a timeout
+            await approvals.apply_answered(self.pool)
+            await approvals.deliver_late_answers(self.pool)
+        if "deliver" in due:
+            await self.deliver()
+
+    # ---- thread control ------------------------------------------------------------------------------
+
+    async def apply_controls(self) -> None:
+        await self._claim_controls()
+        await self.settle_archived()  # also what an earlier run left: archived stays archived across restarts
+
+    async def settle_archived(self) -> None:
+        """Archived threads run nothing and ask nothing: their queued turns are cancelled, a running turn is
+        stopped, and their pending questions are closed as "thread archived" (journaled, for the history)."""
+        for row in await self.q.all("cancel_archived_turns"):
+            log.info("archived_turn_cancelled", thread=str(row["session_id"]), turn=str(row["id"]))
+        for row in await self.q.all("stop_archived_turns"):
+            log.info("archived_turn_stopped", turn=str(row["task_id"]))
+        closed = await self.q.all("close_archived_questions", {"response": ARCHIVED})
+        events = [NewEvent("question.cancelled", {"question_id": str(r["id"]), "tool_use_id": r["tool_use_id"],
+                                                  "answers": {}, "response": ARCHIVED},
+                           task_id=r["task_id"], session_id=r["thread_id"])
+                  for r in closed if not r["asker_running"]]  # a waiting tool call journals its own close
+        if events:
+            await self.writer.put_many(events)
+
+    async def _claim_controls(self) -> None:
+        for row in await self.q.all("claim_thread_controls"):
+            args = row["args"] or {}
+            thread_id = row["thread_id"]
+            status, error = "done", None
+            if row["action"] == "retry":
+                status, error = await self._retry_turn(thread_id, args.get("task_id"))
+            elif row["action"] == "create":
+                project_id = args.get("project_id")
+                if project_id and await self.shared.one("check_project_exists", {"id": project_id}) is None:
+                    await self.q.execute("finish_thread_control", {"id": row["id"], "status": "failed",
+                                                                   "error": f"no project {project_id}"})
+                    continue
+                made = await self.q.one("create_thread", {"id": thread_id, "title": args.get("title"),
+                                                          "mode": args.get("mode") or "interactive",
+                                                          "project_id": project_id})
+                if made:
+                    await self.writer.put(NewEvent("thread.created", {"title": args.get("title"),
+                                                                      "mode": args.get("mode") or "interactive",
+                                                                      "project_id": project_id},
+                                                   session_id=thread_id,
+                                                   project_id=uuid.UUID(project_id) if project_id else None))
+            else:
+                changes = {"title": args.get("title") if row["action"] == "rename" else None,
+                           "mode": args.get("mode") if row["action"] == "set_mode" else None,
+                           "archive": row["action"] == "archive"}
+                if await self.q.one("update_thread", {"id": thread_id, **changes}):
+                    event = {"rename": "thread.renamed", "set_mode": "thread.mode_changed",
+                             "archive": "thread.archived"}[row["action"]]
+                    await self.writer.put(NewEvent(event, args, session_id=thread_id))
+                else:
+                    status, error = "failed", f"no thread {thread_id}"
+            await self.q.execute("finish_thread_control", {"id": row["id"], "status": status, "error": error})
+
+    async def _retry_turn(self, thread_id: uuid.UUID, task_id: Any) -> tuple[str, str | None]:
+        """The user's Retry of a failed turn: its messages run again (claimed only once no turn is open)."""
+        try:
+            turn_id = uuid.UUID(str(task_id))
+        except ValueError:
+            return "failed", f"no turn {task_id!r}"
+        async with self.q.transaction() as tx:
+            error, events = await settlement.retry_turn(tx.conn, turn_id, thread_id, requested_by="user (retry)")
+            if events:
+                await journal.append_on(tx.conn, events)
+        log.info("turn_retry", thread=str(thread_id), turn=str(turn_id), error=error)
+        return ("failed", error) if error else ("done", None)
+
+    # ---- chat delivery -------------------------------------------------------------------------------
+
+    async def deliver(self) -> None:
+        for row in await self.q.all("list_threads_with_pending_chat"):
+            await self._deliver_thread(row["thread_id"])
+
+    async def _deliver_thread(self, thread_id: uuid.UUID) -> None:
+        thread = await self.q.one("get_thread_state", {"id": thread_id})
+        if thread is None:
+            if thread_id == threads.DEFAULT_THREAD_ID:
+                await self.q.execute("create_thread", {"id": thread_id, "title": "Default", "mode": "interactive",
+                                                       "project_id": None})
+                await self.writer.put(NewEvent("thread.created", {"title": "Default", "mode": "interactive"},
+                                               session_id=thread_id))
+                return await self._deliver_thread(thread_id)
+            if await self.q.one("check_thread_create_pending", {"id": thread_id}) is None:
+                await self.q.execute("fail_pending_chat", {"thread_id": thread_id, "error": f"no thread {thread_id}"})
+            return None
+        if thread["lifecycle"] == "archived":
+            await self.q.execute("fail_pending_chat", {"thread_id": thread_id, "error": "the thread is archived"})
+            return None
+        if thread["controls_pending"]:
+            return None  # a rename or mode change queued before these messages applies first
+        if thread["blocked_question"] is not None:
+            await self._reply_in_chat(thread_id, thread["blocked_question"])
+            return None
+        if thread["turn_open"]:
+            return None  # delivered at the boundary: the settler wakes us when the turn ends
+        await self._start_turn(thread_id, thread["project_id"])
+        return None
+
+    async def _reply_in_chat(self, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
+        async with self.q.transaction() as tx:
+            # only the user answers the user's question; a harness report waits for the turn boundary
+            msg = await tx.one("take_pending_chat", {"thread_id": thread_id, "limit": 1, "origin": "user"})
+            if msg is None:
+                return
+            await tx.execute("answer_in_chat", {"id": question_id, "text": msg["text"], "chat_id": msg["id"]})
+            await journal.append_on(tx.conn, [NewEvent(
+                "task.user_message", {"text": msg["text"], "thread_id": str(thread_id), "origin": msg["origin"],
+                                      "answered_question": str(question_id)},
+                session_id=thread_id, message_id=msg["id"])])
+
+    async def _start_turn(self, thread_id: uuid.UUID, project_id: uuid.UUID | None) -> None:
+        turn_id = uuid.uuid4()
+        # a project thread's turn knows its project: it runs as the project's, with the plan's state
+        project = await self.q.one("get_thread_project", {"id": thread_id}) if project_id else None
+        context = await projects.turn_context(self.pool, project) if project else None
+        async with self.q.transaction() as tx:
+            await tx.execute("lock_thread_for_turn", {"id": thread_id})
+            if await tx.one("check_thread_turn_open", {"id": thread_id}) is not None:
+                return  # another executor started the turn meanwhile: these messages wait for its end
+            messages = await tx.all("take_pending_chat",
+                                    {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN, "origin": None})
+            if not messages:
+                return
+            brief = "\n\n".join(m["text"] for m in messages)
+            if context:
+                brief = f"{brief}\n\n{context}"
+            await tx.execute("insert_task", {
+                "id": turn_id, "project_id": project["id"] if project else None, "session_id": thread_id,
+                "parent_task_id": None, "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None,
+                "allowed_tools": None, "json_schema": None})
+            events = [NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
+                               {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
+                               session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages]
+            events.append(NewEvent("task.dispatch_requested", {"role": "orchestrator", "messages": len(messages)},
+                                   session_id=thread_id, task_id=turn_id))
+            await journal.append_on(tx.conn, events)
+        log.info("turn_queued", thread=str(thread_id), messages=len(messages))

@@ -1,0 +1,1 @@
+"""The application: the command line, `up`, configuration and the demo; the only place that reads the environment and wires the services."""
