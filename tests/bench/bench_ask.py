@@ -36,7 +36,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.bench import stats
 from tests.bench.bench_sse import wait_up
 from tests.pg import Cluster
-from tests.web import free_port
+from tests.served import free_port
 
 QUESTION = {"question": "Go on?", "header": "Go", "multiSelect": False,
             "options": [{"label": "Yes", "description": "continue"}, {"label": "No", "description": "stop"}]}

@@ -33,7 +33,7 @@ from shared.database import Database
 from tests.bench import services, stats
 from tests.bench.sse_load import Generators
 from tests.pg import Cluster
-from tests.web import SSEEvent, sse_events
+from tests.served import SSEEvent, sse_events
 
 TRANSCRIPT = Path(__file__).parent.parent / "transcripts" / "partial_messages.jsonl"
 

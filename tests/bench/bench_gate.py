@@ -29,7 +29,7 @@ from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.bench import stats
 from tests.harness import FINAL, claude_bin, claude_env, running_executor
 from tests.pg import Cluster
-from tests.test_gates_cli import gate_server
+from tests.e2e.test_gates_cli import gate_server
 from tests.unit.test_gates_corpus import CASES, HOME, WORKDIR
 
 

@@ -51,8 +51,8 @@ from shared.threads import DEFAULT_THREAD_ID
 from tests.bench import services, stats
 from tests.harness import claude_bin
 from tests.pg import DB, Cluster
-from tests.test_web_client import DESKTOP, browser, page_at
-from tests.web import sse_events
+from tests.web.test_web_client import DESKTOP, browser, page_at
+from tests.served import sse_events
 
 # Installed once the page is ready. The stream reader was made before, but each read() is looked up on
 # the prototype when called, so from its next read on every chunk is timed as the page's script gets it.

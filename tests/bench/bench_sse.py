@@ -35,7 +35,7 @@ from shared.models import NewEvent
 from tests.bench import stats
 from tests.bench.sse_load import HEADROOM, PROCESSES, STARVED, Generators, posts
 from tests.pg import Cluster
-from tests.web import free_port
+from tests.served import free_port
 
 TRIAL_S = 3.0
 # The fan-out search (events/s): first trial, bracketing factor, lowest rate tried, and when to stop

@@ -21,7 +21,7 @@ from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from tests.bench.bench_sse import wait_up
 from tests.harness import claude_bin, claude_env
 from tests.pg import DB
-from tests.web import free_port
+from tests.served import free_port
 
 
 @dataclass

@@ -6,7 +6,7 @@
     python -m tests.transcripts.record --runs --claude BIN  # another CLI (npm install --prefix DIR
                                                             # @anthropic-ai/claude-code@X): into v<X>/
 
-`tests/test_transcript.py` expects a status for every file; docs/claude-cli.md says what differed.
+`tests/store/test_transcript.py` expects a status for every file; docs/claude-cli.md says what differed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,253 @@
+"""Durable settlement: a task's end is acted on by the settler from the store, exactly once, also when the
+executor dies between the end and its settlement, when a settlement step raises, and when the task never
+started (real PostgreSQL; the real CLI and executor process where a run is involved)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+from structlog.testing import capture_logs
+
+from executor.settle import policy
+from executor.settle.settler import Settler, SettlerConfig
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared import migrate
+from tests.harness import config_for, running_executor, running_supervisor, substrate_for
+from tests.pg import DB
+from tests.resilience import settled
+from tests.fault.test_executor_process import _executor_env, _spawn_executor
+from tests.wait import until
+from tests.served import ingress_server
+
+SETTLEMENT_MIGRATION = 13  # migrations/0013_settlement.sql
+HANDOFF = {"goal": "count the files", "current_state": "three files counted", "next_step": "none",
+           "ruled_out": [], "status": "success", "artifacts": []}
+
+
+def _one(admin_dsn: str, sql: str, *params: Any) -> Any:
+    with psycopg.connect(admin_dsn) as conn:
+        row = conn.execute(sql, params).fetchone()
+    return row[0] if row else None
+
+
+def _thread_with_turn(admin_dsn: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """A thread and one ended (already settled) orchestrator turn of it, as the threads loop leaves them."""
+    thread, turn = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
+                     "'t', 'autonomous')", [thread])
+        conn.execute("INSERT INTO tasks (id, session_id, role, brief, status, ended_at, settled_at) "
+                     "VALUES (%s, %s, 'orchestrator', 'go', 'success', now(), now())", [turn, thread])
+    return thread, turn
+
+
+async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly_once_after_restart(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files"}}},
+            {"text": "dispatched"}]),
+        Rule(role="worker", replies=[{"stall": {"seconds": 3, "text": "three files"}}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": HANDOFF}}, {"text": "ok"}]),
+    ])
+    log = tmp_path / "executor.log"
+    with ScriptedModelServer(scenario) as model:
+        env = _executor_env(db, model, tmp_path)
+        async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            executor = _spawn_executor(env, log)
+            try:
+                thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+                sent = await http.post("/api/chat", json={"text": "count them", "thread_id": thread})
+                assert sent.status_code == 202
+
+                async def running_worker() -> uuid.UUID | None:
+                    return _one(db.admin_dsn, "SELECT id FROM tasks WHERE role = 'worker' AND status = 'running'")
+                worker = await until(running_worker, "the worker to run")
+                # Hold settlement off: FOR KEY SHARE lets the supervisor's updates through but not the
+                # settler's FOR UPDATE SKIP LOCKED claim. The executor then dies before it can settle.
+                async with await psycopg.AsyncConnection.connect(db.admin_dsn) as holder:
+                    await holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR KEY SHARE", [worker])
+
+                    async def ended() -> str | None:
+                        status = _one(db.admin_dsn, "SELECT status FROM tasks WHERE id = %s", worker)
+                        return status if status not in ("pending", "running") else None
+                    status = await until(ended, "the worker's end to commit")
+                    await asyncio.sleep(1.5)  # the settler had its chances (task_changed and a poll) and passed
+                    unsettled = _one(db.admin_dsn, "SELECT settled_at IS NULL FROM tasks WHERE id = %s", worker)
+                    extractors_before = _one(db.admin_dsn, "SELECT count(*) FROM tasks WHERE parent_task_id = %s",
+                                             worker)
+                    executor.send_signal(signal.SIGKILL)
+                    await asyncio.to_thread(executor.wait, 30)
+                    await holder.rollback()
+                executor = _spawn_executor(env, log)
+
+                async def report_turn() -> int | None:
+                    return _one(db.admin_dsn, "SELECT count(*) FROM tasks WHERE role = 'orchestrator' "
+                                              "AND brief LIKE %s AND status = 'success'", f"[harness] Worker {worker}%")
+                await until(report_turn, "the orchestrator to hear of the worker", timeout=120)
+                await settled(db.admin_dsn)
+            finally:
+                executor.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(executor.wait, 60)
+    assert status == "success" and unsettled is True and extractors_before == 0, log.read_text()[-3000:]
+    with psycopg.connect(db.admin_dsn) as conn:
+        extractors = conn.execute("SELECT status FROM tasks WHERE parent_task_id = %s", [worker]).fetchall()
+        decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' "
+                                 "AND task_id = %s", [worker]).fetchall()
+        handoffs = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'handoff' AND task_id = %s",
+                                [worker]).fetchone()[0]  # type: ignore[index]
+        told = conn.execute("SELECT count(*) FROM chat_queue WHERE origin = 'harness' AND text LIKE %s",
+                            [f"[harness] Worker {worker}%"]).fetchone()[0]  # type: ignore[index]
+        unsettled_left = conn.execute(
+            "SELECT count(*) FROM tasks WHERE settled_at IS NULL").fetchone()[0]  # type: ignore[index]
+    assert extractors == [("success",)] and handoffs == 1
+    assert decisions == [("report",)] and told == 1
+    assert unsettled_left == 0
+
+
+async def test_a_settlement_step_that_raises_leaves_the_end_unsettled_logged_and_retried(
+    pool: AsyncConnectionPool, db: DB
+) -> None:
+    thread, turn = _thread_with_turn(db.admin_dsn)
+    worker = uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, status, status_reason, ended_at) "
+                     "VALUES (%s, %s, 'worker', 'do it', 'success', 'completed', now())", [worker, turn])
+        # a real failure inside the step: telling the thread (its chat_queue insert) raises
+        conn.execute("CREATE FUNCTION refuse_insert() RETURNS trigger LANGUAGE plpgsql AS "
+                     "$$ BEGIN RAISE EXCEPTION 'chat_queue is refusing rows'; END $$")
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON chat_queue FOR EACH ROW EXECUTE FUNCTION refuse_insert()")
+    settler = Settler(pool, SettlerConfig(retry_base_s=0.3, retry_cap_s=1.0))
+    with capture_logs() as logged:
+        first = await settler.settle_pending()
+    failed = [e for e in logged if e["event"] == "settlement_failed"]
+    left_unsettled = _one(db.admin_dsn, "SELECT settled_at IS NULL FROM tasks WHERE id = %s", worker)
+    decisions_after_failure = _one(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'policy.decision'")
+
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER refuse ON chat_queue")
+    looping = asyncio.create_task(settler.run())
+    try:
+        await until(lambda: asyncio.to_thread(
+            _one, db.admin_dsn, "SELECT settled_at IS NOT NULL FROM tasks WHERE id = %s", worker), "the retry", 15)
+        await asyncio.sleep(0.5)  # a further pass must not settle it again
+    finally:
+        looping.cancel()
+        await asyncio.gather(looping, return_exceptions=True)
+    with psycopg.connect(db.admin_dsn) as conn:
+        decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision'"
+                                 ).fetchall()
+        told = conn.execute("SELECT text FROM chat_queue WHERE thread_id = %s AND origin = 'harness'",
+                            [thread]).fetchall()
+    assert first == 0 and left_unsettled is True and decisions_after_failure == 0
+    assert [(e["task_id"], e["step"], e["failures"]) for e in failed] == [(str(worker), "policy", 1)]
+    assert decisions == [("report",)] and len(told) == 1 and str(worker) in told[0][0]
+
+
+async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_escalates_it_in_the_chat(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "understood, skipping it"}]),
+        Rule(role="orchestrator", replies=[{"text": "hello"}]),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+            await http.post("/api/chat", json={"text": "hi", "thread_id": thread})
+
+            async def ended_turn() -> uuid.UUID | None:
+                return _one(db.admin_dsn, "SELECT id FROM tasks WHERE session_id = %s AND status = 'success'", thread)
+            turn = await until(ended_turn, "the first turn")
+            # dispatch checks the directory; it can vanish before the worker is claimed (a queued retry, a
+            # back-off): the row as dispatch leaves it, pointing at a directory that is gone
+            worker = uuid.uuid4()
+            # asynchronously: the executor runs on this event loop, and its settler may still hold the turn's
+            # row (the insert's foreign key waits for it), so a blocking insert would wait for itself
+            async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as conn:
+                await conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, workdir) "
+                                   "VALUES (%s, %s, 'worker', 'build it', %s)", [worker, turn, str(tmp_path / "gone")])
+
+            async def escalation() -> dict[str, Any] | None:
+                asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+                return next((a for a in asks if a["task_id"] == str(worker)), None)
+            ask = await until(escalation, "the escalation")
+            chat = (await http.get(f"/api/threads/{thread}/conversation")).json()["events"]
+            text = ask["questions"][0]["question"]
+            await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {text: policy.ESCALATION_SKIP}})
+
+            async def told() -> int | None:
+                return _one(db.admin_dsn, "SELECT count(*) FROM tasks WHERE session_id = %s AND brief LIKE %s",
+                            thread, f"%Worker {worker} ended skipped%")
+            await until(told, "the orchestrator to hear of it")
+            row = await h.task(worker)
+    assert row["status"] == "skipped" and "does not exist" in row["status_reason"] and row["settled_at"]
+    mine = [e for e in chat if e["task_id"] == str(worker)]
+    kinds = [e["event_type"] for e in mine]
+    assert "task.exited" in kinds and "policy.decision" in kinds and "question.asked" in kinds
+    exited = next(e["payload"] for e in mine if e["event_type"] == "task.exited")
+    decision = next(e["payload"] for e in mine if e["event_type"] == "policy.decision")
+    assert exited["spawned"] is False and exited["status"] == "skipped"
+    assert decision["action"] == "escalate" and "never started" in decision["why"]
+
+
+async def test_a_worker_whose_cli_cannot_be_started_escalates_instead_of_being_retried(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario.single({"text": "unused"})) as model:
+        sub = replace(substrate_for(model, tmp_path), claude_bin=str(tmp_path / "no-such-claude"))
+        thread, turn = _thread_with_turn(db.admin_dsn)
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)) as h:
+            settler = Settler(h.db.pool, SettlerConfig(poll_interval_s=0.2))
+            settling = asyncio.create_task(settler.run())
+            try:
+                worker = await h.dispatch("build it", parent_task_id=turn)
+                await h.wait_final(worker)
+
+                async def question() -> uuid.UUID | None:
+                    return _one(db.admin_dsn, "SELECT question_id FROM escalations WHERE task_id = %s", worker)
+                await until(question, "the escalation", 30)
+            finally:
+                settling.cancel()
+                await asyncio.gather(settling, return_exceptions=True)
+            row = await h.task(worker)
+    with psycopg.connect(db.admin_dsn) as conn:
+        decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' "
+                                 "AND task_id = %s", [worker]).fetchall()
+        retries = conn.execute("SELECT count(*) FROM tasks WHERE retry_of = %s",
+                               [worker]).fetchone()[0]  # type: ignore[index]
+    assert row["status"] == "failed" and row["status_reason"].startswith("could not start")
+    assert decisions == [("escalate",)] and retries == 0
+
+
+def test_the_migration_marks_ends_from_before_it_settled_so_none_is_acted_on_twice(
+    empty_db: DB, tmp_path: Path
+) -> None:
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    for m in migrate.discover():
+        if m.version < SETTLEMENT_MIGRATION:
+            shutil.copy(m.path, before / m.path.name)
+    migrate.migrate(empty_db.admin_dsn, before)
+    with psycopg.connect(empty_db.admin_dsn, autocommit=True) as conn:
+        ended = conn.execute("INSERT INTO tasks (role, status, ended_at) VALUES ('worker', 'success', now()) "
+                             "RETURNING id").fetchone()[0]  # type: ignore[index]
+        running = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'running') "
+                               "RETURNING id").fetchone()[0]  # type: ignore[index]
+    shutil.copytree(migrate.migrations_dir(), after)
+    migrate.migrate(empty_db.admin_dsn, after)
+    with psycopg.connect(empty_db.admin_dsn) as conn:
+        settled_at = dict(conn.execute("SELECT id, settled_at IS NOT NULL FROM tasks").fetchall())
+    assert settled_at == {ended: True, running: False}  # the running one ends later and is settled then

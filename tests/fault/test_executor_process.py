@@ -1,0 +1,197 @@
+"""The executor as a process: crash recovery, the singleton, graceful shutdown, the orphan sweep."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from executor.run import substrate
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from shared import errors
+from tests.harness import claude_bin, claude_env, config_for, running_supervisor, substrate_for
+from tests.pg import DB
+from tests.served import free_port
+
+
+def _executor_env(db: DB, model: ScriptedModelServer, tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
+    env.update(claude_env(model, tmp / "home"))
+    workdir = tmp / "work"
+    workdir.mkdir(exist_ok=True)
+    env.update(
+        PETAL_EXECUTOR_DSN=db.executor_dsn,
+        PETAL_INGRESS_DSN=db.ingress_dsn,
+        PETAL_DATA_DIR=str(tmp / "var"),
+        PETAL_WORKDIR=str(workdir),
+        PETAL_CLAUDE_BIN=claude_bin(),
+        PETAL_CLAUDE_CONFIG_DIR=str(tmp / "claude-config"),
+        PETAL_CLAUDE_MAX_RETRIES="0",
+        PETAL_STOP_GRACE_S="5",
+        PETAL_LOG_FORMAT="json",
+        PETAL_MCP_PORT=str(free_port()),
+    )
+    return env
+
+
+def _spawn_executor(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "executor"], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+async def _dispatch_until_running(db: DB, tmp: Path, log: Path) -> uuid.UUID:
+    """Dispatch a worker that waits forever and return once its claude process exists."""
+    from executor.settle import dispatch
+    from shared.database import Database
+
+    async with Database(db.executor_dsn, name="test-dispatcher") as d:
+        task_id = await dispatch.request_task(d.pool, brief="wait forever", workdir=tmp / "work")
+    deadline = time.monotonic() + 60
+    while not _task_processes(task_id):
+        assert time.monotonic() < deadline, log.read_text()
+        await asyncio.sleep(0.1)
+    return task_id
+
+
+def _task_processes(task_id: object) -> list[psutil.Process]:
+    from executor.run import process
+
+    return [p for p in process.find_by_env(substrate.TASK_ENV_VAR, str(task_id))
+            if p.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_new_one_sweeps_any_survivor(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
+        env = _executor_env(db, model, tmp_path)
+        first = _spawn_executor(env, tmp_path / "executor1.log")
+        task_id = await _dispatch_until_running(db, tmp_path, tmp_path / "executor1.log")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        # its own session does not save it: the parent-death signal set at spawn ends it
+        deadline = time.monotonic() + 5
+        while survivors := _task_processes(task_id):
+            assert time.monotonic() < deadline, ("the claude process outlived its executor: "
+                                                 f"{[(p.pid, p.name(), p.status()) for p in survivors]}")
+            await asyncio.sleep(0.1)
+        # a process of the task that survives all the same (one that ignores SIGTERM) is the sweep's
+        survivor = subprocess.Popen(["sleep", "300"], env={**os.environ, substrate.TASK_ENV_VAR: str(task_id)},
+                                    start_new_session=True)
+
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path)) as h:
+            row = await h.task(task_id)
+            events = await h.events(task_id)
+            started = [e for e in await h.events() if e.event_type == "executor.started"]
+        survivor.wait(10)
+
+    assert row["status"] == "crashed" and row["status_reason"] == "executor_restart"
+    assert events[-1].event_type == "task.crashed" and events[-1].payload["killed_pids"] == [survivor.pid]
+    assert str(task_id) in started[-1].payload["reconciled"]["crashed_tasks"]
+    assert _task_processes(task_id) == []
+
+
+async def test_a_second_executor_on_the_same_database_refuses_to_start(db: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(Scenario.single({"text": "x"})) as model:
+        sub = substrate_for(model, tmp_path)
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)):
+            with pytest.raises(errors.PetalError, match="another executor"):
+                async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)):
+                    pass
+
+
+async def test_a_loop_that_crashes_brings_the_executor_down_in_order_and_exits_non_zero(
+    db: DB, tmp_path: Path
+) -> None:
+    # the projects loop cannot take back its claimed rows at start: a bug-like error, not an outage
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("REVOKE UPDATE ON project_queue FROM petal_executor")
+    log = tmp_path / "executor.log"
+    with ScriptedModelServer(Scenario.single({"text": "x"})) as model:
+        proc = _spawn_executor(_executor_env(db, model, tmp_path), log)
+        try:
+            rc = await asyncio.to_thread(proc.wait, 60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert rc not in (0, None), text
+    assert '"executor_loop_crashed"' in text and '"loop": "projects"' in text, text
+    # it came down in order, not cut off: the supervisor left its lease, the journal writer flushed
+    with psycopg.connect(db.admin_dsn) as conn:
+        stopped = conn.execute("SELECT stopped_at FROM executors").fetchall()
+        started = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'executor.started'").fetchone()
+    assert len(stopped) == 1 and stopped[0][0] is not None, text
+    assert started == (1,), text
+
+
+async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_as_crashed_and_exits_zero(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
+        proc = _spawn_executor(_executor_env(db, model, tmp_path), tmp_path / "executor.log")
+        task_id = await _dispatch_until_running(db, tmp_path, tmp_path / "executor.log")
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 30)
+
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path)) as h:
+            row = await h.task(task_id)
+            events = await h.events(task_id)
+    assert rc == 0, (tmp_path / "executor.log").read_text()
+    assert row["status"] == "crashed" and row["status_reason"] == "executor_shutdown"  # not the user's cancel
+    assert events[-1].event_type == "task.exited"
+    assert _task_processes(task_id) == []
+
+
+@pytest.mark.parametrize("sandboxed", [False, True])
+async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(
+        db: DB, tmp_path: Path, sandboxed: bool) -> None:
+    """Unsandboxed, the sweep by environment finds the Bash child that left claude's session; sandboxed, the
+    SIGKILL of the sandbox takes its whole PID namespace down, so nothing is left to sweep."""
+    scenario = Scenario.single({"tool_use": {"name": "Bash", "input": {"command": "tail -f /dev/null", "timeout": 600000}}},
+                               {"text": "slept"})
+    with ScriptedModelServer(scenario) as model:
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path, **({} if sandboxed else {"sandbox": None}))) as h:
+            # no harness MCP here, so no permission path: the task pre-allows Bash itself
+            task_id = await h.dispatch("sleep a while", allowed_tools=["Bash"])
+            row = await h.wait_task(task_id, lambda r: r["pid"] is not None)
+            deadline = time.monotonic() + 60
+            while not any("tail" in " ".join(p.cmdline()) for p in _task_processes(task_id) if p.pid != row["pid"]):
+                assert time.monotonic() < deadline, "the Bash tool never started"
+                await asyncio.sleep(0.1)
+            os.kill(row["pid"], signal.SIGKILL)
+            final = await h.wait_final(task_id, timeout=30)
+            events = await h.events(task_id)
+    assert final["status"] == "crashed"
+    assert bool(events[-1].payload.get("swept_pids")) is not sandboxed, events[-1].payload
+    assert _task_processes(task_id) == []
+
+
+async def test_no_more_workers_run_at_once_than_the_limit(db: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(Scenario.single({"stall": {"seconds": 3, "text": "done"}})) as model:
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path, max_workers=2)) as h:
+            ids = [await h.dispatch(f"job {i}") for i in range(4)]
+            peak = 0
+            while True:
+                rows = [await h.task(t) for t in ids]
+                peak = max(peak, sum(r["status"] == "running" for r in rows))
+                if all(r["status"] == "success" for r in rows):
+                    break
+                assert all(r["status"] in ("pending", "running", "success") for r in rows), rows
+                await asyncio.sleep(0.05)
+    assert peak == 2

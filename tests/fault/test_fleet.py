@@ -1,0 +1,393 @@
+"""Several executors (separate processes) on one database: spread and placement, same-name refusal,
+failover of a killed executor, fencing of a paused one, and the notifier running once for the fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from executor.settle import dispatch
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared import journal, threads
+from shared.database import Database
+from shared.models import NewEvent
+from tests.pg import DB
+from tests.push_standin import StandIn
+from tests.resilience import check_invariants, settled
+from tests.fault.test_executor_process import _executor_env, _task_processes
+from tests.fault.test_resilience import post_chat
+from tests.wait import until
+from tests.served import free_port, ingress_server
+
+LEASE_S = 3.0
+STALL_FOREVER = {"stall": {"seconds": None}}
+
+
+def _repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    for args in (["init", "--quiet", "-b", "main"], ["commit", "--quiet", "--allow-empty", "-m", "start"]):
+        subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+                       check=True, capture_output=True)
+    return path
+
+
+def _env(db: DB, model: ScriptedModelServer, tmp: Path, name: str, **extra: str) -> dict[str, str]:
+    env = _executor_env(db, model, tmp)
+    env.update(PETAL_EXECUTOR_NAME=name, PETAL_DATA_DIR=str(tmp / f"var-{name}"), PETAL_MCP_PORT=str(free_port()),
+               PETAL_LEASE_S=str(LEASE_S), PETAL_MAX_WORKERS="4")
+    env.update(extra)
+    return env
+
+
+class Fleet:
+    def __init__(self, db: DB, model: ScriptedModelServer, tmp: Path):
+        self.db, self.model, self.tmp = db, model, tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def log(self, name: str) -> Path:
+        return self.tmp / f"executor-{name}.log"
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.log(n).read_text()[-2500:]}" for n in self.procs)
+
+    async def start(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
+        with self.log(name).open("ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "executor"],
+                                    env=_env(self.db, self.model, self.tmp, name, **extra),
+                                    stdout=out, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        await self.until(lambda: self.one("SELECT 1 FROM executors WHERE name = %s AND stopped_at IS NULL"
+                                          " AND lease_until > now() AND started_at > now() - interval '60 s'", name),
+                         f"executor {name} joined")
+        return proc
+
+    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.db.admin_dsn) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def one(self, sql: str, *params: Any) -> Any:
+        rows = self.rows(sql, *params)
+        return rows[0][0] if rows else None
+
+    async def until(self, check: Any, what: str, timeout: float = 60) -> Any:
+        return await until(check, lambda: f"{what}\n{self.logs()}", timeout)
+
+    async def dispatch(self, n: int = 1, **kw: Any) -> list[uuid.UUID]:
+        async with Database(self.db.executor_dsn, name="test-dispatcher", max_size=1) as d:
+            return [await dispatch.request_task(d.pool, brief=f"job {i}", workdir=self.tmp / "work", **kw)
+                    for i in range(n)]
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def test_eight_workers_spread_over_two_executors_within_capacity_labels_placed_and_a_namesake_refused(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario.single(STALL_FOREVER)) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            await fleet.start("alpha")
+            await fleet.start("beta", PETAL_EXECUTOR_LABELS="gpu, linux")
+            project = uuid.uuid4()
+            repo = _repo(tmp_path / "repo")  # a project is a git repository: its workers get worktrees of it
+            with psycopg.connect(db.admin_dsn) as conn:  # its workdir lives on alpha's machine
+                conn.execute("INSERT INTO projects (id, name, workdir, executor_name) VALUES (%s, 'p', %s, 'alpha')",
+                             [project, str(repo)])
+            gpu = await fleet.dispatch(2, labels=["gpu"])
+            (in_project,) = await fleet.dispatch(project_id=project)
+            plain = await fleet.dispatch(5)
+            await fleet.until(lambda: fleet.one("SELECT count(*) FROM tasks WHERE status = 'running'"
+                                                " AND pid IS NOT NULL") == 8, "eight running")
+            by_executor = dict(fleet.rows("SELECT executor_name, count(*) FROM tasks WHERE status = 'running'"
+                                          " GROUP BY 1"))
+            placed = dict(fleet.rows("SELECT id, executor_name FROM tasks"))
+            spawned = {r[0]: (r[1], r[2]) for r in fleet.rows(
+                "SELECT task_id, payload ->> 'executor', (payload ->> 'executor_epoch')::bigint FROM journal"
+                " WHERE event_type = 'task.spawned'")}
+            epochs = dict(fleet.rows("SELECT name, epoch FROM executors"))
+            # a second executor named alpha (--name over the environment) refuses to run, in one line, and
+            # changes nothing
+            same = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "executor", "--name", "alpha"],
+                                  capture_output=True, timeout=60, env=_env(db, model, tmp_path, "gamma"))
+            epochs_after = dict(fleet.rows("SELECT name, epoch FROM executors"))
+            status = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "status"], capture_output=True, timeout=60,
+                                    env=_env(db, model, tmp_path, "alpha"), text=True)
+            async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+                listed = (await http.get("/api/executors")).json()["executors"]
+        finally:
+            fleet.stop_all()
+    assert by_executor == {"alpha": 4, "beta": 4}
+    assert all(placed[t] == "beta" for t in gpu) and placed[in_project] == "alpha"
+    assert all(spawned[t] == (placed[t], epochs[placed[t]]) for t in [*gpu, in_project, *plain])
+    assert same.returncode != 0
+    err = same.stderr.decode().strip().splitlines()
+    assert err[-1].startswith("petal-dispatch: another executor named 'alpha' is already running"), err
+    assert epochs_after == epochs
+    assert "alpha" in status.stdout and "beta" in status.stdout and "4/4" in status.stdout, status.stdout
+    assert [(x["name"], x["state"], x["load"], x["capacity"], x["labels"]) for x in listed] == [
+        ("alpha", "live", 4, 4, []), ("beta", "live", 4, 4, ["gpu", "linux"])]
+    assert all(x["lease_age_s"] < LEASE_S and x["version"] for x in listed)
+
+
+def _worker_reached_model(model: ScriptedModelServer) -> bool:
+    return any(r.role == "worker" for r in model.requests)
+
+
+async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_and_are_retried_on_another(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "a long job"}}},
+            {"text": "dispatched"}]),
+        Rule(role="worker", sessions=1, replies=[STALL_FOREVER]),  # the first run hangs
+        Rule(role="worker", replies=[{"text": "finished on the retry"}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": {
+            "goal": "a long job", "current_state": "finished", "next_step": "none", "ruled_out": [],
+            "status": "success", "artifacts": []}}}, {"text": "ok"}]),
+    ])
+    # one CLI config directory for both (a shared mount): the thread's next turn may run on the survivor
+    shared = {"PETAL_SHARED_CLAUDE_CONFIG": "1"}
+    with ScriptedModelServer(scenario) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+                alpha = await fleet.start("alpha", **shared)
+                thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+                await post_chat(http, "run the long job", thread)
+                await fleet.until(lambda: _worker_reached_model(model), "the worker reached the model", timeout=90)
+                await fleet.start("beta", **shared)
+                (task,) = fleet.rows("SELECT id FROM tasks WHERE role = 'worker'")[0]
+                alpha.send_signal(signal.SIGKILL)
+                alpha.wait(10)
+                killed_at = time.monotonic()
+                await fleet.until(lambda: fleet.one("SELECT status_reason FROM tasks WHERE id = %s", task)
+                                  == "executor_lost", "crashed as executor_lost", timeout=LEASE_S + 5)
+                lost_after = time.monotonic() - killed_at
+                await settled(db.admin_dsn, timeout=120)
+            workers = fleet.rows("SELECT status, status_reason, attempt, executor_name FROM tasks"
+                                 " WHERE role = 'worker' ORDER BY created_at")
+            lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
+            states = dict(fleet.rows("SELECT name, lost_at IS NOT NULL FROM executors"))
+            alerts = fleet.rows("SELECT title FROM notifications WHERE kind = 'executor_lost'")
+        finally:
+            fleet.stop_all()
+    check_invariants(db.admin_dsn)  # gap-free journal, nothing stuck, no question left open
+    assert lost_after <= LEASE_S + 5
+    assert workers == [("crashed", "executor_lost", 1, "alpha"), ("success", "completed", 2, "beta")]
+    assert len(lost) == 1 and lost[0][0]["name"] == "alpha" and lost[0][0]["crashed_tasks"] == [str(task)]
+    assert lost[0][0]["taken_over_by"] == "beta"
+    assert states == {"alpha": True, "beta": False}
+    assert alerts == [("Executor alpha lost",)]  # an alert, like a stalled task
+
+
+async def test_a_paused_executor_taken_over_is_fenced_when_it_wakes_its_late_writes_refused_its_processes_killed(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="worker", sessions=1, replies=[STALL_FOREVER]),
+                               Rule(role="worker", replies=[{"text": "done on the survivor"}])])
+    with ScriptedModelServer(scenario) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            alpha = await fleet.start("alpha", PETAL_BACKOFF_BASE_S="0")
+            (task,) = await fleet.dispatch()
+            await fleet.until(lambda: _worker_reached_model(model), "the worker reached the model")
+            old_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
+            await fleet.start("beta", PETAL_BACKOFF_BASE_S="0")
+            alpha.send_signal(signal.SIGSTOP)  # a paused VM: its claude runs on, its lease does not
+            await fleet.until(lambda: fleet.one("SELECT status_reason FROM tasks WHERE id = %s", task)
+                              == "executor_lost", "taken over", timeout=LEASE_S + 10)
+            assert _task_processes(task), "the paused executor's worker is still there"
+            crashed_seq = fleet.one("SELECT seq FROM journal WHERE task_id = %s AND event_type = 'task.crashed'",
+                                    task)
+            alpha.send_signal(signal.SIGCONT)
+            await fleet.until(lambda: not _task_processes(task), "the fenced run's processes stopped", timeout=30)
+            await fleet.until(lambda: fleet.one("SELECT count(*) FROM journal WHERE event_type = 'executor.fenced'"),
+                              "alpha rejoined", timeout=30)
+            await asyncio.sleep(LEASE_S)  # room for any late write to land (it must not)
+            row = fleet.rows("SELECT status, status_reason, executor_name, executor_epoch FROM tasks WHERE id = %s",
+                             task)[0]
+            late = fleet.rows("SELECT event_type FROM journal WHERE task_id = %s AND seq > %s", task, crashed_seq)
+            new_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha' AND lost_at IS NULL")
+            spawns = fleet.rows("SELECT task_id, count(*) FROM journal WHERE event_type = 'task.spawned'"
+                                " GROUP BY 1 HAVING count(*) > 1")
+            alive = alpha.poll() is None
+            # the rejoined executor claims again
+            (after,) = await fleet.dispatch(executor="alpha")
+            await fleet.until(lambda: fleet.one("SELECT status FROM tasks WHERE id = %s", after) == "success",
+                              "the rejoined executor ran a new task", timeout=90)
+        finally:
+            fleet.stop_all()
+    assert row == ("crashed", "executor_lost", "alpha", old_epoch)  # its own end was refused
+    assert late == [], late  # not one line of the fenced run after the end the survivor wrote
+    assert new_epoch is not None and new_epoch > old_epoch and alive
+    assert spawns == []  # no task ran twice
+
+
+async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the_notifiers_holder_dies(
+    db: DB, tmp_path: Path
+) -> None:
+    tasks = [uuid.uuid4() for _ in range(2)]
+    with psycopg.connect(db.admin_dsn) as conn:
+        for t in tasks:
+            conn.execute("INSERT INTO tasks (id, role, brief, status) VALUES (%s, 'worker', 'a job', 'success')", [t])
+    with StandIn() as ntfy, ScriptedModelServer(Scenario.single({"text": "x"})) as model:
+        fleet = Fleet(db, model, tmp_path)
+        extra = {"PETAL_NTFY_URL": f"{ntfy.url}/topic"}
+        try:
+            await fleet.start("alpha", **extra)
+            await fleet.start("beta", **extra)
+
+            async def stalled(task_id: uuid.UUID) -> None:
+                async with Database(db.executor_dsn, name="test-journal", max_size=1) as d, \
+                        d.pool.connection() as conn:
+                    await journal.append_on(conn, [NewEvent("task.stalled", {"silent_s": 200, "threshold_s": 180},
+                                                            task_id=task_id)])
+
+            def holder() -> str | None:
+                return fleet.one("SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                                 " WHERE l.locktype = 'advisory' AND l.granted"
+                                 " AND a.application_name LIKE 'petal-duty:notifier:%%'")
+
+            first_holder = await fleet.until(holder, "a notifier holds the duty")
+            await stalled(tasks[0])
+            await asyncio.to_thread(ntfy.wait_for, 1)
+            await asyncio.sleep(3)  # a second notifier would have sent by now
+            first = sum(r.headers["title"] == "A worker stalled" for r in ntfy.received)
+            fleet.procs[first_holder.rsplit(":", 1)[1]].send_signal(signal.SIGKILL)
+            await fleet.until(lambda: (h := holder()) and h != first_holder, "a survivor took the duty")
+            await stalled(tasks[1])
+            await fleet.until(lambda: sum(r.headers["title"] == "A worker stalled" for r in ntfy.received) >= 2,
+                              "the second stall pushed")
+            await asyncio.sleep(3)
+            # the killed executor's own loss is an alert too (once its lease expires): count the stalls
+            second = sum(r.headers["title"] == "A worker stalled" for r in ntfy.received)
+            keys = fleet.rows("SELECT count(*) FROM fleet_secrets WHERE name = 'vapid_private_pem'")
+        finally:
+            fleet.stop_all()
+    assert first == 1 and second == 2
+    assert keys == [(1,)]
+
+
+async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at_once(db: DB) -> None:
+    from executor.journal.writer import JournalWriter
+    from executor.settle.threads import Threads
+
+    thread = threads.DEFAULT_THREAD_ID
+    with psycopg.connect(db.admin_dsn) as conn:
+        conn.execute("INSERT INTO sessions (id, role, lifecycle, mode) VALUES (%s, 'orchestrator', 'idle',"
+                     " 'interactive')", [thread])
+    async with Database(db.executor_dsn, name="test-a", max_size=2) as a, \
+            Database(db.executor_dsn, name="test-b", max_size=2) as b:
+        delivering = [Threads(d.pool, JournalWriter(d.pool)) for d in (a, b)]
+        with psycopg.connect(db.admin_dsn) as conn:
+            conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'first')", [thread])
+        await delivering[0]._start_turn(thread, None)
+        # the second executor saw no open turn a moment before the first started one, then a message came
+        with psycopg.connect(db.admin_dsn) as conn:
+            conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'second')", [thread])
+        await delivering[1]._start_turn(thread, None)
+    with psycopg.connect(db.admin_dsn) as conn:
+        turns = conn.execute("SELECT brief FROM tasks WHERE session_id = %s", [thread]).fetchall()
+        waiting = conn.execute("SELECT text FROM chat_queue WHERE status = 'pending'").fetchall()
+    assert turns == [("first",)] and waiting == [("second",)]  # it waits for the turn's end
+
+
+async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db: DB) -> None:
+    from playwright.async_api import expect
+
+    from tests.web.test_web_client import browser, page_at
+
+    with psycopg.connect(db.admin_dsn) as conn:
+        conn.execute("INSERT INTO executors (name, labels, capacity, lease_s, lease_until, version) VALUES"
+                     " ('alpha', '{gpu}', 4, 15, now() + interval '15 s', '1.2.3'),"
+                     " ('<b>beta</b>', '{}', 2, 15, now() - interval '30 s', '1.2.3')")
+        conn.execute("UPDATE executors SET lost_at = now() WHERE name = '<b>beta</b>'")
+    async with ingress_server(db.ingress_dsn) as url, browser() as b, page_at(b, url) as page:
+        await page.click("a[data-tab='context']")
+        items = page.locator("#executors li")
+        await expect(items).to_have_count(2, timeout=20_000)
+        alpha, beta = page.locator("#executors li[data-state='live']"), page.locator("#executors li[data-state='lost']")
+        await expect(alpha).to_contain_text("alpha · 0/4")
+        await expect(alpha).to_contain_text("gpu")
+        await expect(beta).to_contain_text("<b>beta</b>")  # a name is text, never markup
+        await expect(beta.locator(".chip.stalled")).to_have_text("lost")
+
+
+async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_out(db: DB, tmp_path: Path) -> None:
+    from tests.proxy import FreezableProxy
+
+    with ScriptedModelServer(Scenario.single(STALL_FOREVER)) as model:
+        fleet = Fleet(db, model, tmp_path)
+        async with FreezableProxy(db.executor_dsn) as proxy:
+            try:
+                await fleet.start("alpha", PETAL_EXECUTOR_DSN=proxy.dsn())
+                await fleet.start("beta")
+                (task,) = await fleet.dispatch(executor="alpha")
+                await fleet.until(lambda: fleet.one("SELECT pid FROM tasks WHERE id = %s", task), "running on alpha")
+                epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
+                # alpha's connections stall without an error (a half-open link); the server keeps its
+                # session, and with it the name's lock, for hours
+                proxy.freeze_existing()
+                # the lease's time left, watched through the freeze: a hung renewal is abandoned after an
+                # interval (a third of the lease) and a new connection renews at once, with about a third
+                # of the lease to spare (waiting another interval first would leave none)
+                least = LEASE_S
+                async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as watch:
+                    end = time.monotonic() + LEASE_S * 3
+                    while time.monotonic() < end:
+                        cur = await watch.execute("SELECT extract(epoch FROM lease_until - now())::float8"
+                                                  " FROM executors WHERE name = 'alpha'")
+                        least = min(least, (await cur.fetchone() or [0.0])[0])
+                        await asyncio.sleep(0.05)
+                age = fleet.one("SELECT extract(epoch FROM now() - renewed_at)::float8 FROM executors"
+                                " WHERE name = 'alpha'")
+                after = fleet.rows("SELECT epoch, lost_at FROM executors WHERE name = 'alpha'")
+                row = fleet.rows("SELECT status, executor_name FROM tasks WHERE id = %s", task)
+                lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
+            finally:
+                fleet.procs["alpha"].kill()  # its frozen pool would hold a graceful stop up
+                fleet.stop_all()
+    assert lost == [] and after == [(epoch, None)], fleet.logs()
+    assert age < LEASE_S and row == [("running", "alpha")]
+    assert least > LEASE_S / 3 / 3, least  # a third of the interval left at the least
+
+
+async def test_a_sessions_next_turn_waits_for_the_executor_of_its_first_turn(db: DB, tmp_path: Path) -> None:
+    session = uuid.uuid4()
+    with psycopg.connect(db.admin_dsn) as conn:
+        conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'worker', 'idle')", [session])
+    with ScriptedModelServer(Scenario.single(STALL_FOREVER)) as model:
+        fleet = Fleet(db, model, tmp_path)
+        try:
+            await fleet.start("alpha", PETAL_MAX_WORKERS="1")
+            (first,) = await fleet.dispatch(session_id=session)
+            await fleet.until(lambda: fleet.one("SELECT pid FROM tasks WHERE id = %s", first), "the first turn runs")
+            await fleet.start("beta")
+            # alpha is full and beta idle: the next turn still waits for alpha (its --resume files are there)
+            (second,) = await fleet.dispatch(session_id=session)
+            await asyncio.sleep(LEASE_S)
+            pinned = fleet.one("SELECT executor_name FROM sessions WHERE id = %s", session)
+            waiting = fleet.rows("SELECT status, executor_name FROM tasks WHERE id = %s", second)
+        finally:
+            fleet.stop_all()
+    assert pinned == "alpha" and waiting == [("pending", None)]

@@ -1,0 +1,142 @@
+"""A graceful executor stop (SIGTERM, a deploy) and the runtime cap are not the user's cancellation: a
+thread's worker the stop cut off is retried by the policy, an orchestrator turn it cut off runs again with
+its messages, and a run past the cap ends failed (the real executor process, the real CLI, PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests.harness import config_for, running_supervisor, substrate_for
+from tests.pg import DB
+from tests.resilience import check_invariants, settled
+from tests.fault.test_executor_process import _executor_env, _spawn_executor
+from tests.served import ingress_server
+
+
+async def _wait_running(admin_dsn: str, role: str, log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(admin_dsn) as conn:
+            if conn.execute("SELECT count(*) FROM tasks WHERE role = %s AND status = 'running' AND pid IS NOT NULL",
+                            [role]).fetchone()[0]:  # type: ignore[index]
+                return
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        await asyncio.sleep(0.1)
+
+
+async def _model_has(model: ScriptedModelServer, role: str, log: Path, timeout: float = 60) -> None:
+    """Wait until a run of `role` has sent the model its request (a cut-off before that is not mid-run)."""
+    deadline = time.monotonic() + timeout
+    while not any(f"[petal-role: {role}]" in json.dumps(r.body.get("system")) for r in list(model.requests)):
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        await asyncio.sleep(0.05)
+
+
+async def _stop(executor: subprocess.Popen[bytes]) -> int:
+    executor.send_signal(signal.SIGTERM)
+    return await asyncio.to_thread(executor.wait, 60)
+
+
+def _rows(admin_dsn: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(admin_dsn) as conn:
+        return conn.execute(sql).fetchall()
+
+
+async def test_a_worker_cut_off_by_a_graceful_stop_is_retried_by_the_policy_after_the_restart(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        Rule(role="orchestrator", replies=[
+            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "a long job"}}},
+            {"text": "dispatched"}]),
+        Rule(role="worker", sessions=1, replies=[{"stall": {"seconds": None}}]),  # the first run hangs
+        Rule(role="worker", replies=[{"text": "finished on the retry"}]),
+        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": {
+            "goal": "a long job", "current_state": "finished", "next_step": "none", "ruled_out": [],
+            "status": "success", "artifacts": []}}}, {"text": "ok"}]),
+    ])
+    log = tmp_path / "executor.log"
+    with ScriptedModelServer(scenario) as model:
+        env = _executor_env(db, model, tmp_path)
+        async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            executor = _spawn_executor(env, log)
+            try:
+                thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+                await http.post("/api/chat", json={"text": "run the long job", "thread_id": thread})
+                await _wait_running(db.admin_dsn, "worker", log)
+                await _model_has(model, "worker", log)  # mid-run: the worker's request reached the model
+                await asyncio.sleep(0.5)  # let it print its first lines
+                rc = await _stop(executor)
+                at_stop = _rows(db.admin_dsn, "SELECT status, status_reason FROM tasks WHERE role = 'worker'")
+                executor = _spawn_executor(env, log)
+                try:
+                    await settled(db.admin_dsn, timeout=120)
+                except AssertionError:
+                    raise AssertionError(_rows(db.admin_dsn, "SELECT role, status, status_reason, settled_at, brief "
+                                                             "FROM tasks ORDER BY created_at")) from None
+            finally:
+                await _stop(executor)
+    check_invariants(db.admin_dsn)
+    workers = _rows(db.admin_dsn, "SELECT status, status_reason, attempt FROM tasks WHERE role = 'worker' "
+                                  "ORDER BY created_at")
+    decisions = [r[0] for r in _rows(db.admin_dsn, "SELECT payload ->> 'action' FROM journal "
+                                                   "WHERE event_type = 'policy.decision' ORDER BY seq")]
+    reports = _rows(db.admin_dsn, "SELECT count(*) FROM tasks WHERE role = 'orchestrator' "
+                                  "AND brief LIKE '[harness] Worker%'")[0][0]
+    assert rc == 0 and at_stop == [("crashed", "executor_shutdown")], log.read_text()[-3000:]
+    assert workers == [("crashed", "executor_shutdown", 1), ("success", "completed", 2)], log.read_text()[-3000:]
+    assert decisions == ["retry_same", "report"] and reports == 1
+
+
+async def test_a_turn_cut_off_by_a_graceful_stop_runs_again_with_its_messages_before_later_ones(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"stall": {"seconds": 4, "text": "turn done"}}])])
+    log = tmp_path / "executor.log"
+    with ScriptedModelServer(scenario) as model:
+        env = _executor_env(db, model, tmp_path)
+        async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            executor = _spawn_executor(env, log)
+            try:
+                thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+                await http.post("/api/chat", json={"text": "first", "thread_id": thread})
+                await _wait_running(db.admin_dsn, "orchestrator", log)
+                await _model_has(model, "orchestrator", log)  # mid-turn: the CLI has recorded the conversation
+                await asyncio.sleep(0.5)
+                rc = await _stop(executor)
+                await http.post("/api/chat", json={"text": "second", "thread_id": thread})  # sent while it is down
+                executor = _spawn_executor(env, log)
+                await settled(db.admin_dsn, timeout=120)
+            finally:
+                await _stop(executor)
+    check_invariants(db.admin_dsn)
+    turns = _rows(db.admin_dsn, "SELECT brief, status, status_reason, attempt FROM tasks "
+                                "WHERE role = 'orchestrator' ORDER BY created_at")
+    echoes = [r[0] for r in _rows(db.admin_dsn, "SELECT payload ->> 'text' FROM journal "
+                                                "WHERE event_type = 'task.user_message' ORDER BY seq")]
+    assert rc == 0, log.read_text()[-3000:]
+    assert turns == [("first", "crashed", "executor_shutdown", 1), ("first", "success", "completed", 2),
+                     ("second", "success", "completed", 1)], log.read_text()[-3000:]
+    assert echoes == ["first", "second"]  # each message shown once; the re-run carries "first" again
+
+
+async def test_a_task_past_the_runtime_cap_is_stopped_and_ends_failed_not_cancelled(db: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
+        async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
+                                      config_for(tmp_path, max_runtime_s=2.0)) as h:
+            task_id = await h.dispatch("take forever")
+            row = await h.wait_final(task_id, timeout=60)
+            signals = [e.payload for e in await h.events(task_id) if e.event_type == "task.signal_sent"]
+    assert (row["status"], row["status_reason"]) == ("failed", "max_runtime")
+    assert signals[0]["signal"] == "SIGTERM" and signals[0]["reason"] == "max_runtime"

@@ -1,0 +1,289 @@
+"""The ingress through a real hypercorn on loopback, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import httpx
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from executor.sql import queries as executor_queries
+from shared import journal
+from shared.models import NewEvent
+from tests.pg import DB, lock_waiter
+from tests.served import collect, ingress_server
+
+TABLES = ("journal", "tasks", "sessions", "chat_queue", "stop_queue", "thread_control_queue", "questions",
+          "projects", "contract", "event_types")
+
+
+def _counts(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}  # type: ignore[index]
+
+
+async def _append(pool: AsyncConnectionPool, n: int, start: int = 0) -> None:
+    await journal.append(pool, [NewEvent("task.stderr", {"n": i}) for i in range(start, start + n)])
+
+
+async def test_a_chat_post_queues_exactly_one_row_and_a_retry_with_the_same_client_id_queues_none(db: DB) -> None:
+    before = _counts(db.admin_dsn)
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        first = await http.post("/api/chat", json={"text": "hello", "client_msg_id": "m-1"})
+        retry = await http.post("/api/chat", json={"text": "hello", "client_msg_id": "m-1"})
+        other = await http.post("/api/chat", json={"text": "different", "client_msg_id": "m-1"})
+        pending = (await http.get("/api/queue")).json()["pending"]
+    after = _counts(db.admin_dsn)
+
+    assert first.status_code == 202 and first.json()["status"] == "pending" and first.json()["duplicate"] is False
+    assert retry.status_code == 202 and retry.json()["id"] == first.json()["id"] and retry.json()["duplicate"]
+    assert other.status_code == 409
+    assert {k: after[k] - before[k] for k in TABLES} == {**{k: 0 for k in TABLES}, "chat_queue": 1}
+    assert [p["id"] for p in pending] == [first.json()["id"]]
+
+
+async def test_sse_delivers_events_appended_by_the_executor_role_in_seq_order(db: DB, pool: AsyncConnectionPool) -> None:
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        ready = asyncio.Event()
+        reader = asyncio.create_task(collect(http, 30, ready=ready))
+        await ready.wait()
+        for i in range(3):
+            await _append(pool, 10, i * 10)
+        events = await asyncio.wait_for(reader, 30)
+    assert [int(e.id) for e in events] == list(range(1, 31))  # type: ignore[arg-type]
+    assert [json.loads(e.data)["payload"]["n"] for e in events] == list(range(30))
+    assert {e.event for e in events} == {"task.stderr"}
+
+
+async def test_a_client_that_missed_100_appends_gets_exactly_those_on_resume(db: DB, pool: AsyncConnectionPool) -> None:
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        ready = asyncio.Event()
+        reader = asyncio.create_task(collect(http, 5, ready=ready))
+        await ready.wait()
+        await _append(pool, 5)
+        seen = await asyncio.wait_for(reader, 30)
+        last = seen[-1].id
+        for i in range(10):  # missed while disconnected
+            await _append(pool, 10, 100 + i * 10)
+        resumed = await collect(http, 100, headers={"Last-Event-ID": str(last)})
+        ready = asyncio.Event()
+        tail = asyncio.create_task(collect(http, 1, headers={"Last-Event-ID": resumed[-1].id or ""}, ready=ready))
+        await ready.wait()
+        await _append(pool, 1, 999)
+        after = await asyncio.wait_for(tail, 30)
+    assert [int(e.id) for e in resumed] == list(range(6, 106))  # type: ignore[arg-type]
+    assert [json.loads(e.data)["payload"]["n"] for e in resumed] == list(range(100, 200))
+    assert [int(e.id) for e in after] == [106]  # type: ignore[arg-type]
+
+
+async def test_fifty_concurrent_sse_clients_all_receive_every_event(db: DB, pool: AsyncConnectionPool) -> None:
+    async with ingress_server(db.ingress_dsn) as url:
+        limits = httpx.Limits(max_connections=60)
+        async with httpx.AsyncClient(base_url=url, limits=limits) as http:
+            readies = [asyncio.Event() for _ in range(50)]
+            readers = [asyncio.create_task(collect(http, 40, ready=r)) for r in readies]
+            await asyncio.gather(*(r.wait() for r in readies))
+            for i in range(4):
+                await _append(pool, 10, i * 10)
+            results = await asyncio.wait_for(asyncio.gather(*readers), 60)
+    assert all([int(e.id) for e in got] == list(range(1, 41)) for got in results)  # type: ignore[arg-type]
+
+
+async def test_queue_and_question_changes_are_pushed_as_wakeups(db: DB) -> None:
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        got: list = []  # type: ignore[type-arg]
+
+        async def read() -> None:
+            async with http.stream("GET", "/api/stream") as response:
+                from tests.served import sse_events
+
+                ready.set()
+                async for ev in sse_events(response):
+                    got.append(ev)
+                    if len(got) == 2:
+                        return
+
+        ready = asyncio.Event()
+        reader = asyncio.create_task(read())
+        await ready.wait()
+        await asyncio.sleep(0.2)
+        queued = (await http.post("/api/chat", json={"text": "wake"})).json()
+        with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+            qid = conn.execute("INSERT INTO questions (questions) VALUES ('[]') RETURNING id").fetchone()[0]  # type: ignore[index]
+        await asyncio.wait_for(reader, 20)
+    assert [(e.event, json.loads(e.data)) for e in got] == [
+        ("queue", {"kind": "chat", "id": queued["id"]}), ("question", {"kind": "asked", "id": str(qid)})]
+    assert all(e.id is None for e in got)
+
+
+async def test_stop_a_task_and_thread_actions(db: DB) -> None:
+    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+        running = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'running') RETURNING id").fetchone()[0]  # type: ignore[index]
+        done = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'success') RETURNING id").fetchone()[0]  # type: ignore[index]
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        stop = await http.post(f"/api/tasks/{running}/stop", json={"reason": "enough"})
+        stop_empty = await http.post(f"/api/tasks/{running}/stop", headers={"content-type": "application/json"})
+        ended = await http.post(f"/api/tasks/{done}/stop", json={})
+        unknown = await http.post(f"/api/tasks/{uuid.uuid4()}/stop", json={})
+        created = await http.post("/api/threads", json={"title": "Plan", "mode": "autonomous"})
+        thread_id = created.json()["thread_id"]
+        threads = (await http.get("/api/threads")).json()["threads"]
+        patched = await http.patch(f"/api/threads/{thread_id}", json={"title": "Renamed", "archived": True})
+        patch_unknown = await http.patch(f"/api/threads/{uuid.uuid4()}", json={"title": "x"})
+        patch_empty = await http.patch(f"/api/threads/{thread_id}", json={})
+    assert stop.status_code == 202 and stop.json()["status"] == "pending"
+    assert stop_empty.status_code == 202
+    assert ended.status_code == 409 and "already ended" in ended.json()["detail"]
+    assert unknown.status_code == 404
+    assert created.status_code == 202 and created.json()["action"] == "create"
+    assert [(t["id"], t["title"], t["mode"], t["pending"]) for t in threads] == [(thread_id, "Plan", "autonomous", True)]
+    assert patched.status_code == 202 and [q["action"] for q in patched.json()["queued"]] == ["rename", "archive"]
+    assert patch_unknown.status_code == 404 and patch_empty.status_code == 422
+
+
+QUESTIONS = [
+    {"question": "Which database?", "header": "DB", "multiSelect": False,
+     "options": [{"label": "Postgres", "description": "x"}, {"label": "SQLite", "description": "y"}]},
+    {"question": "Which extras?", "header": "Extras", "multiSelect": True,
+     "options": [{"label": "Auth", "description": "a"}, {"label": "Cache", "description": "b"}]},
+]
+
+
+def _ask(db: DB, tool_use_id: str) -> uuid.UUID:
+    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+        return conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
+                            [tool_use_id, Jsonb(QUESTIONS)]).fetchone()[0]  # type: ignore[index]
+
+
+async def test_answers_are_checked_against_the_stored_question_and_a_question_closes_once(db: DB) -> None:
+    qid = _ask(db, "toolu_A")
+    _ask(db, "toolu_B")
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        bad = [
+            await http.post("/api/asks/toolu_A/answer", json={"answers": {"Which database?": "Oracle",
+                                                                          "Which extras?": ["Auth"]}}),
+            await http.post("/api/asks/toolu_A/answer", json={"answers": {"Which database?": ["Postgres"],
+                                                                          "Which extras?": ["Auth"]}}),
+            await http.post("/api/asks/toolu_A/answer", json={"answers": {"Which database?": "Postgres",
+                                                                          "Which extras?": "Auth"}}),
+            await http.post("/api/asks/toolu_A/answer", json={"answers": {"Which database?": "Postgres"}}),
+            await http.post("/api/asks/toolu_A/answer", json={"answers": {"Nope?": "Postgres"}}),
+            await http.post("/api/asks/toolu_A/answer", json={}),
+        ]
+        pending = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+        ok = await http.post(f"/api/asks/{qid}/answer", json={"answers": {
+            "Which database?": {"other": "DuckDB, embedded"}, "Which extras?": ["Auth", "Cache"]}})
+        again = await http.post("/api/asks/toolu_A/answer", json={"response": "never mind"})
+        dismissed = await http.post("/api/asks/toolu_B/answer", json={"response": "Not now, do the docs first"})
+        cancel_closed = await http.delete("/api/asks/toolu_B")
+        missing = await http.delete("/api/asks/toolu_nope")
+    assert [r.status_code for r in bad] == [422] * 6
+    assert all(r.json()["detail"] for r in bad)
+    assert {a["tool_use_id"] for a in pending} == {"toolu_A", "toolu_B"}
+    assert ok.status_code == 200 and ok.json()["answers"] == {"Which database?": "DuckDB, embedded",
+                                                              "Which extras?": ["Auth", "Cache"]}
+    assert again.status_code == 409
+    assert dismissed.status_code == 200 and dismissed.json()["response"] == "Not now, do the docs first"
+    assert dismissed.json()["status"] == "answered" and dismissed.json()["answers"] == {}
+    assert cancel_closed.status_code == 409 and missing.status_code == 404
+
+
+async def test_an_answer_to_a_question_that_timed_out_between_its_read_and_its_write_is_told_late(db: DB) -> None:
+    # The asking tool may stop waiting after the ingress read the question and before its answer lands.
+    # The answer is then late (202: the thread gets it as a message), not what the tool returned (200).
+    qid = _ask(db, "toolu_race")
+    answer = {"answers": {"Which database?": "Postgres", "Which extras?": ["Auth"]}}
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http, \
+            await psycopg.AsyncConnection.connect(db.executor_dsn) as executor:
+        async with executor.transaction():
+            # the tool's timeout, not yet committed: the ingress reads the row as pending and on time, and
+            # its write waits for this transaction
+            await executor.execute(executor_queries["mark_question_timed_out"], {"id": qid})
+            post = asyncio.create_task(http.post("/api/asks/toolu_race/answer", json=answer))
+            await lock_waiter(db.admin_dsn, "query LIKE '%%UPDATE questions SET status%%'")
+        answered = await post
+    assert answered.status_code == 202, answered.text
+    assert answered.json()["late"] is True and answered.json()["status"] == "answered"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status"),
+    [
+        ("post", "/api/chat", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 400),
+        ("post", "/api/chat", {"json": {"text": 5}}, 422),
+        ("post", "/api/chat", {"json": {"text": ""}}, 422),
+        ("post", "/api/chat", {"json": {"text": "x", "thread_id": "not-a-uuid"}}, 422),
+        ("post", "/api/chat", {"json": {"text": "x", "surprise": 1}}, 422),
+        ("post", "/api/chat", {"json": ["text"]}, 422),
+        ("post", "/api/chat", {"data": {"text": "form post"}}, 415),
+        ("post", "/api/chat", {"content": b"text=hi", "headers": {"content-type": "text/plain"}}, 415),
+        ("post", "/api/chat", {"json": {"text": "x" * 300_000}}, 413),
+        ("post", "/api/tasks/not-a-uuid/stop", {"json": {}}, 404),
+        ("patch", "/api/threads/not-a-uuid", {"json": {"title": "x"}}, 404),
+        ("get", "/api/tasks", {"params": {"status": "bogus"}}, 400),
+        ("get", "/api/events", {"params": {"after_seq": "-1"}}, 400),
+        ("get", "/api/tasks/00000000-0000-0000-0000-000000000000", {}, 404),
+        ("get", "/api/handoffs", {}, 400),
+        ("get", "/api/stream", {"headers": {"Last-Event-ID": "abc"}}, 400),
+    ],
+)
+async def test_bad_input_gets_a_clear_4xx_and_writes_nothing(db: DB, method: str, path: str, kwargs: dict, status: int) -> None:  # type: ignore[type-arg]
+    before = _counts(db.admin_dsn)
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        response = await http.request(method.upper(), path, **kwargs)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["detail"]
+    assert _counts(db.admin_dsn) == before
+
+
+async def test_reads_page_by_seq_and_show_task_state(db: DB, pool: AsyncConnectionPool) -> None:
+    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+        task = conn.execute("INSERT INTO tasks (role, status, activity) VALUES ('worker', 'running', 'stalled') "
+                            "RETURNING id").fetchone()[0]  # type: ignore[index]
+    await journal.append(pool, [NewEvent("task.stderr", {"n": i}, task_id=task) for i in range(5)])
+    await journal.append(pool, [NewEvent("handoff", {"goal": "g"}, tier="derived", task_id=task)])
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        page1 = (await http.get(f"/api/tasks/{task}/events", params={"limit": 3})).json()
+        page2 = (await http.get(f"/api/tasks/{task}/events", params={"after_seq": page1["next_after_seq"]})).json()
+        derived = (await http.get("/api/events", params={"tier": "derived"})).json()["events"]
+        handoffs = (await http.get("/api/handoffs", params={"scope_id": str(task)})).json()["handoffs"]
+        running = (await http.get("/api/tasks", params={"running": "true"})).json()["tasks"]
+        one = (await http.get(f"/api/tasks/{task}")).json()
+        spec = (await http.get("/openapi.json")).json()
+        health, ready = await http.get("/healthz"), await http.get("/readyz")
+    assert [e["seq"] for e in page1["events"]] == [1, 2, 3] and page1["more"] is True
+    assert [e["seq"] for e in page2["events"]] == [4, 5, 6]
+    assert [e["event_type"] for e in derived] == ["handoff"] and handoffs[0]["payload"] == {"goal": "g"}
+    assert [t["id"] for t in running] == [str(task)] and one["activity"] == "stalled"
+    assert {"/api/chat", "/api/stream", "/api/asks/{ask_id}/answer", "/api/context"} <= set(spec["paths"])
+    assert health.status_code == 200 and ready.json()["status"] == "ready"
+
+
+async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_and_resumes_exactly(
+    db: DB, pool: AsyncConnectionPool
+) -> None:
+    from tests.served import sse_events
+
+    blob = "x" * 20_000  # big frames, so the stalled client's socket buffers fill
+    async with ingress_server(db.ingress_dsn, sse_client_buffer=50) as url:
+        async with httpx.AsyncClient(base_url=url) as fast_http, httpx.AsyncClient(base_url=url) as slow_http:
+            ready = asyncio.Event()
+            fast = asyncio.create_task(collect(fast_http, 400, ready=ready, timeout=60))
+            await ready.wait()
+            async with slow_http.stream("GET", "/api/stream") as slow:
+                for i in range(40):
+                    await journal.append(pool, [NewEvent("task.stderr", {"n": i * 10 + j, "blob": blob})
+                                                for j in range(10)])
+                got_fast = await asyncio.wait_for(fast, 60)
+                # now drain the stalled client: it was closed by the server somewhere before the end
+                seen = [int(e.id) async for e in sse_events(slow) if e.id]  # type: ignore[arg-type]
+            resumed = await collect(slow_http, 400 - seen[-1], headers={"Last-Event-ID": str(seen[-1])})
+    assert [int(e.id) for e in got_fast] == list(range(1, 401))  # type: ignore[arg-type]
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) < 400
+    assert [int(e.id) for e in resumed] == list(range(seen[-1] + 1, 401))  # type: ignore[arg-type]
