@@ -3,12 +3,9 @@ panel, standing rules (real PostgreSQL, the real claude CLI, the scripted model 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -18,33 +15,18 @@ from executor.settle import briefs
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
+from tests.scenarios import dispatch, extractor, handoff, one_worker
 from tests.served import ingress_server
+from tests.wait import until
 
-T = TypeVar("T")
-
-
-async def _until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 120) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 def _bash(command: str) -> dict[str, Any]:
     return {"tool_use": {"name": "Bash", "input": {"command": command}}}
 
 
-def _dispatch(brief: str) -> dict[str, Any]:
-    return {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": brief}}}
-
-
-def _handoff() -> Rule:
-    done = {"goal": "the step", "current_state": "done what was allowed", "next_step": "see the gates",
-            "ruled_out": [], "status": "success", "artifacts": []}
-    return Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": done}}, {"text": "ok"}])
+# the extractor's handoff for a worker that did what the gates allowed
+DONE = handoff("the step", "done what was allowed", next_step="see the gates")
 
 
 async def _thread(http: httpx.AsyncClient, mode: str) -> str:
@@ -116,18 +98,13 @@ async def test_an_autonomous_worker_runs_the_benign_calls_and_every_gated_one_is
     direct = {"tool_use": {"name": "mcp__harness__permission_prompt", "input": {
         "tool_name": "Bash", "input": {"command": "sudo true"}, "tool_use_id": "toolu_made_up"}}}
     replies = [_bash("ls"), _bash("touch made-here.txt"), *[_bash(c) for c, _ in GATED], direct, {"text": "done"}]
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[_dispatch("gate run"), {"text": "dispatched"}]),
-        Rule(role="worker", match="gate run", replies=replies),
-        _handoff(),
-    ])
+    scenario = one_worker("gate run", *replies, result=DONE)
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "autonomous")
             await http.post("/api/chat", json={"text": "run the gates", "thread_id": thread})
-            worker = await _until(lambda: _worker(h), "the worker")
+            worker = await until(lambda: _worker(h), "the worker")
             final = await h.wait_final(worker["id"], timeout=180)
             handoff = (await h.wait_event(worker["id"], "handoff", timeout=120)).payload
             events = await h.events(worker["id"])
@@ -165,19 +142,15 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
     log = work / ".env"  # a write the secrets gate asks about, inside the tree (the sandbox keeps any other)
     replies = [_bash("rm -f sentinel-a"), _bash("rm -f sentinel-b"), _bash("rm -f sentinel-c"),
                _bash("echo run >> .env"), _bash("echo run >> .env"), {"text": "done"}]
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[_dispatch("asking run"), {"text": "dispatched"}]),
-        Rule(role="worker", match="asking run", replies=replies),
-    ])
+    scenario = one_worker("asking run", *replies)
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "interactive")
             await http.post("/api/chat", json={"text": "go", "thread_id": thread})
-            await _answer(http, await _until(lambda: _card(http, "start a worker"), "the dispatch card"),
+            await _answer(http, await until(lambda: _card(http, "start a worker"), "the dispatch card"),
                           briefs.APPROVE)
-            card = await _until(lambda: _card(http, "rm -f sentinel-a"), "the first gate card")
+            card = await until(lambda: _card(http, "rm -f sentinel-a"), "the first gate card")
             question = card["questions"][0]
             assert "destructive data op" in question["question"]
             assert "rm -f sentinel-a" in question["options"][0]["preview"]
@@ -187,11 +160,11 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
             worker = await _worker(h)
             assert worker is not None and worker["activity"] == "awaiting_user"
             await _answer(http, card, permission.DENY)
-            card = await _until(lambda: _card(http, "rm -f sentinel-b"), "the second gate card")
+            card = await until(lambda: _card(http, "rm -f sentinel-b"), "the second gate card")
             await _answer(http, card, response="keep b: it is a fixture")
-            card = await _until(lambda: _card(http, "rm -f sentinel-c"), "the third gate card")
+            card = await until(lambda: _card(http, "rm -f sentinel-c"), "the third gate card")
             await _answer(http, card, permission.ALLOW_ONCE)
-            card = await _until(lambda: _card(http, "echo run >> .env"), "the fourth gate card")
+            card = await until(lambda: _card(http, "echo run >> .env"), "the fourth gate card")
             await _answer(http, card, permission.ALLOW_TASK)
             final = await h.wait_final(worker["id"], timeout=120)
             events = await h.events(worker["id"])
@@ -221,19 +194,15 @@ async def test_an_executor_restart_while_a_card_waits_refuses_the_call_and_nothi
     work = tmp_path / "work"
     work.mkdir(parents=True)
     (work / "sentinel").write_text("keep")
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[_dispatch("restart run"), {"text": "dispatched"}]),
-        Rule(role="worker", match="restart run", replies=[_bash("rm -f sentinel"), {"text": "done"}]),
-    ])
+    scenario = one_worker("restart run", _bash("rm -f sentinel"), {"text": "done"})
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "interactive")
             await http.post("/api/chat", json={"text": "go", "thread_id": thread})
-            await _answer(http, await _until(lambda: _card(http, "start a worker"), "the dispatch card"),
+            await _answer(http, await until(lambda: _card(http, "start a worker"), "the dispatch card"),
                           briefs.APPROVE)
-            card = await _until(lambda: _card(http, "rm -f sentinel"), "the gate card")
+            card = await until(lambda: _card(http, "rm -f sentinel"), "the gate card")
             worker = await _worker(h)
             assert worker is not None
         # the executor stopped with the card open; a new one starts on the same store
@@ -254,19 +223,15 @@ async def test_a_card_nobody_answers_times_out_as_a_refusal_saying_so(db: DB, tm
     work = tmp_path / "work"
     work.mkdir(parents=True)
     (work / "sentinel").write_text("keep")
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[_dispatch("timeout run"), {"text": "dispatched"}]),
-        Rule(role="worker", match="timeout run", replies=[_bash("rm -f sentinel"), {"text": "done"}]),
-    ])
+    scenario = one_worker("timeout run", _bash("rm -f sentinel"), {"text": "done"})
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, ask_timeout_s=4) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _thread(http, "interactive")
             await http.post("/api/chat", json={"text": "go", "thread_id": thread})
-            await _answer(http, await _until(lambda: _card(http, "start a worker"), "the dispatch card"),
+            await _answer(http, await until(lambda: _card(http, "start a worker"), "the dispatch card"),
                           briefs.APPROVE)
-            worker = await _until(lambda: _worker(h), "the worker")
+            worker = await until(lambda: _worker(h), "the worker")
             final = await h.wait_final(worker["id"])
             events = await h.events(worker["id"])
     assert (work / "sentinel").exists() and final["status"] == "gated"
@@ -284,10 +249,10 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
         # replies are indexed by the tool results the conversation carries: the first turn's dispatch is one
         Rule(role="orchestrator", match_last="second",
-             replies=[{"text": "-"}, _dispatch("rule run 2"), {"text": "dispatched"}]),
-        Rule(role="orchestrator", replies=[_dispatch("rule run 1"), {"text": "dispatched"}]),
+             replies=[{"text": "-"}, dispatch("rule run 2"), {"text": "dispatched"}]),
+        Rule(role="orchestrator", replies=[dispatch("rule run 1"), {"text": "dispatched"}]),
         Rule(role="worker", match="rule run", replies=[_bash("echo ran >> .env"), {"text": "done"}]),
-        _handoff(),
+        extractor(DONE),
     ])
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True) as h, \
@@ -305,10 +270,10 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
 
             async def made() -> list[dict[str, Any]] | None:
                 return (await http.get("/api/gate-rules", params={"thread_id": thread})).json()["rules"] or None
-            [rule] = await _until(made, "the executor to make the rule")
+            [rule] = await until(made, "the executor to make the rule")
             assert (rule["scope"], rule["tool_name"], rule["decision"]) == ("thread", "Bash", "allow")
             await http.post("/api/chat", json={"text": "first", "thread_id": thread})
-            first = await _until(lambda: _worker(h), "the first worker")
+            first = await until(lambda: _worker(h), "the first worker")
             assert (await h.wait_final(first["id"]))["status"] == "success"
             # a clean run's handoff still lists the gate its call passed, and by what
             handoff = (await h.wait_event(first["id"], "handoff")).payload
@@ -326,7 +291,7 @@ async def test_a_standing_rule_asked_for_through_the_api_allows_the_call_in_its_
                     "SELECT id FROM tasks WHERE role = 'worker' AND brief LIKE 'rule run 2%%'")
                 row = await cur.fetchone()
                 return await h.task(row[0]) if row else None
-            later = await _until(second, "the second worker")
+            later = await until(second, "the second worker")
             assert (await h.wait_final(later["id"]))["status"] == "gated"
             listed = (await http.get("/api/gate-rules", params={"thread_id": thread, "revoked": "true"})).json()
             decided = [e.payload for e in await h.events() if e.event_type == "gate.decided"]
@@ -344,27 +309,23 @@ async def test_an_executor_killed_while_a_card_waits_leaves_the_call_refused_and
     work = tmp_path / "work"
     work.mkdir(parents=True)
     (work / "sentinel").write_text("keep")
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[_dispatch("killed run"), {"text": "dispatched"}]),
-        Rule(role="worker", match="killed run", replies=[_bash("rm -f sentinel"), {"text": "done"}]),
-    ])
+    scenario = one_worker("killed run", _bash("rm -f sentinel"), {"text": "done"})
     with ScriptedModelServer(scenario) as model:
         async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             first = _spawn_executor(_executor_env(db, model, tmp_path), tmp_path / "executor1.log")
             try:
                 thread = await _thread(http, "interactive")
                 await http.post("/api/chat", json={"text": "go", "thread_id": thread})
-                await _answer(http, await _until(lambda: _card(http, "start a worker"), "the dispatch card"),
+                await _answer(http, await until(lambda: _card(http, "start a worker"), "the dispatch card"),
                               briefs.APPROVE)
-                card = await _until(lambda: _card(http, "rm -f sentinel"), "the gate card")
+                card = await until(lambda: _card(http, "rm -f sentinel"), "the gate card")
             finally:
                 first.send_signal(signal.SIGKILL)
                 first.wait(10)
             async with running_executor(db, model, tmp_path) as h:
                 async def recorded() -> list[dict[str, Any]] | None:
                     return [e.payload for e in await h.events() if e.event_type == "gate.decided"] or None
-                [decided] = await _until(recorded, "the refusal to be recorded")
+                [decided] = await until(recorded, "the refusal to be recorded")
                 worker = await _worker(h)
                 late = await http.post(f"/api/asks/{card['id']}/answer", json={
                     "answers": {card["questions"][0]["question"]: permission.ALLOW_ONCE}})
@@ -391,7 +352,7 @@ async def test_the_context_view_lists_the_thread_s_standing_rules_adds_one_and_r
             async def default_thread() -> bool:
                 listed = (await http.get("/api/threads")).json()["threads"]
                 return any(t["id"] == str(threads.DEFAULT_THREAD_ID) for t in listed)
-            await _until(default_thread, "the default thread")
+            await until(default_thread, "the default thread")
             async with page_at(b, url) as page:
                 await page.click("a[data-tab='context']")
                 await expect(page.locator("#context-body")).to_contain_text("No standing rules.")

@@ -22,12 +22,13 @@ from executor import asks as harness_asks
 from executor.harness import permission
 from executor.settle import briefs
 from ingress.app import check_auth, create_app
-from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared import errors
 from shared.settings import Settings
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.wait import until
+from tests.scenarios import one_worker
 from tests.served import ingress_server
 
 SECRET = "proxy-s3cret-proxy-s3cret"
@@ -146,12 +147,7 @@ async def test_a_gate_card_answered_by_a_direct_sql_write_is_not_an_approval_and
     for name in ("sentinel-a", "sentinel-b"):
         (work / name).write_text(name)
     replies = [_bash("rm -f sentinel-a"), _bash("rm -f sentinel-b"), _bash("rm -f sentinel-b"), {"text": "done"}]
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[{"tool_use": {"name": "mcp__harness__dispatch_worker",
-                                                         "input": {"brief": "forged run"}}}, {"text": "dispatched"}]),
-        Rule(role="worker", match="forged run", replies=replies),
-    ])
+    scenario = one_worker("forged run", *replies)
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h, ingress_server(db.ingress_dsn, **PROXY) as url, \
                 httpx.AsyncClient(base_url=url, headers=THROUGH_PROXY) as http:

@@ -13,13 +13,13 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
-from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
+from tests.scenarios import handoff, one_worker
 from tests.served import ingress_server
 
-HANDOFF = {"goal": "count the files", "current_state": "there are 3 files", "next_step": "none",
-           "ruled_out": [], "status": "success", "artifacts": []}
+HANDOFF = handoff("count the files", "there are 3 files")
 
 
 def _journal(admin_dsn: str) -> dict[uuid.UUID, dict[str, Any]]:
@@ -45,14 +45,8 @@ def _tool_uses(e: dict[str, Any]) -> list[dict[str, Any]]:
 async def test_a_worker_hangs_under_its_dispatch_call_and_a_handoff_under_its_workers_exit(
     db: DB, tmp_path: Path
 ) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "The worker counted 3 files."}]),
-        Rule(role="orchestrator", replies=[
-            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files here"}}},
-            {"text": "A worker is counting."}]),
-        Rule(role="worker", replies=[{"text": "3 files"}]),
-        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": HANDOFF}}, {"text": "ok"}]),
-    ])
+    scenario = one_worker("count the files here", {"text": "3 files"}, said="A worker is counting.",
+                          noted="The worker counted 3 files.", result=HANDOFF)
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True), ingress_server(db.ingress_dsn) as url, \
                 httpx.AsyncClient(base_url=url) as http:

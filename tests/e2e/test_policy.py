@@ -20,6 +20,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
+from tests.scenarios import dispatch, extractor, handoff
 from tests.served import ingress_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +56,7 @@ async def _answer(http: httpx.AsyncClient, ask: dict[str, Any], label: str) -> N
 
 
 def _handoff(state: str) -> Rule:
-    done = {"goal": "the step", "current_state": state, "next_step": "see the status", "ruled_out": [],
-            "status": "success", "artifacts": []}
-    return Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": done}}, {"text": "ok"}])
-
-
-def _dispatch(brief: str, **extra: Any) -> dict[str, Any]:
-    return {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": brief, **extra}}}
+    return extractor(handoff("the step", state, next_step="see the status"))
 
 
 # ---- the table ----------------------------------------------------------------------------------------
@@ -98,7 +93,7 @@ def test_gate_categories_are_named_from_what_a_denied_call_tried() -> None:
 async def test_a_crashed_worker_is_retried_once_then_escalated_and_skip_is_carried_out(db: DB, tmp_path: Path) -> None:
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "understood"}]),
-        Rule(role="orchestrator", replies=[_dispatch("do the fragile step"), {"text": "dispatched"}]),
+        Rule(role="orchestrator", replies=[dispatch("do the fragile step"), {"text": "dispatched"}]),
         Rule(role="worker", replies=[{"stall": {"seconds": None}}]),
         _handoff("it was killed"),
     ])
@@ -156,7 +151,7 @@ async def _turn_containing(h: Harness, text: str) -> dict[str, Any] | None:
 async def test_a_rate_limited_worker_is_retried_after_the_back_off(db: DB, tmp_path: Path) -> None:
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "thanks"}]),
-        Rule(role="orchestrator", replies=[_dispatch("fetch the numbers"), {"text": "dispatched"}]),
+        Rule(role="orchestrator", replies=[dispatch("fetch the numbers"), {"text": "dispatched"}]),
         Rule(role="worker", sessions=1, replies=[{"error": {"status": 429, "retry_after": 0}}]),
         Rule(role="worker", replies=[{"text": "fetched them"}]),
         _handoff("fetched"),
@@ -184,8 +179,8 @@ async def test_a_gated_worker_records_its_denials_and_stop_the_plan_stops_the_th
     bash = {"tool_use": {"name": "Bash", "input": {"command": "pip install requests"}}}
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "stopping"}]),
-        Rule(role="orchestrator", replies=[_dispatch("set up the client", allowed_tools=["Read"]),
-                                           _dispatch("and document it"), {"text": "dispatched"}]),
+        Rule(role="orchestrator", replies=[dispatch("set up the client", allowed_tools=["Read"]),
+                                           dispatch("and document it"), {"text": "dispatched"}]),
         Rule(role="worker", match="set up the client", replies=[bash, {"text": "I could not install it"}]),
         Rule(role="worker", match="document it", replies=[{"stall": {"seconds": None}}]),
         _handoff("blocked on a dependency"),
@@ -230,8 +225,8 @@ async def test_an_interactive_dispatch_returns_at_once_and_the_worker_waits_for_
         Rule(role="orchestrator", match_last="[harness] The user approved", replies=[{"text": "good, it runs"}]),
         Rule(role="orchestrator", match_last="[harness] The user did not approve", replies=[{"text": "dropped"}]),
         Rule(role="orchestrator", match_last="[harness] Worker", replies=[{"text": "all done"}]),
-        Rule(role="orchestrator", match="wipe things", replies=[_dispatch("wipe the disk"), {"text": "asked"}]),
-        Rule(role="orchestrator", replies=[_dispatch("clear the cache <script>alert(1)</script>"),
+        Rule(role="orchestrator", match="wipe things", replies=[dispatch("wipe the disk"), {"text": "asked"}]),
+        Rule(role="orchestrator", replies=[dispatch("clear the cache <script>alert(1)</script>"),
                                            {"text": "waiting for the user's approval"}]),
         Rule(role="worker", replies=[{"text": "cleared"}]),
         _handoff("cleared"),
@@ -324,7 +319,7 @@ async def test_an_escalation_answered_while_the_executor_is_down_is_acted_on_whe
     bash = {"tool_use": {"name": "Bash", "input": {"command": "sudo systemctl restart nginx"}}}
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "ok"}]),
-        Rule(role="orchestrator", replies=[_dispatch("restart the proxy", allowed_tools=["Read"]), {"text": "sent"}]),
+        Rule(role="orchestrator", replies=[dispatch("restart the proxy", allowed_tools=["Read"]), {"text": "sent"}]),
         Rule(role="worker", sessions=1, replies=[bash, {"text": "not allowed"}]),
         Rule(role="worker", replies=[{"text": "restarted it another way"}]),
         _handoff("done"),
@@ -352,7 +347,7 @@ async def test_an_extraction_failure_offers_re_extract_which_runs_only_the_extra
 ) -> None:
     scenario = Scenario(rules=[
         Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[_dispatch("write the release notes"), {"text": "dispatched"}]),
+        Rule(role="orchestrator", replies=[dispatch("write the release notes"), {"text": "dispatched"}]),
         Rule(role="worker", replies=[{"text": "wrote the release notes"}]),
         Rule(role="extractor", sessions=1, replies=[{"text": "prose instead of a handoff"}]),  # the first run fails
         _handoff("the notes are written"),
