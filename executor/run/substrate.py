@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
@@ -285,47 +285,56 @@ class TurnFacts:
         sid = obj.get("session_id")
         if isinstance(sid, str) and sid and self.substrate_session_id is None:
             self.substrate_session_id = sid
-        kind = obj.get("type")
-        error = obj.get("error")
-        if kind == "system" and obj.get("subtype") == "api_retry":
-            if error == "rate_limit" or obj.get("error_status") == 429:
-                self.rate_limited = True
-            elif error == "authentication_failed" or obj.get("error_status") == 401:
-                self.auth_failed = True
-        elif kind == "assistant":
-            if error == "rate_limit" or obj.get("api_error_status") == 429:
-                self.rate_limited = True
-            elif error == "authentication_failed":
-                self.auth_failed = True
-            texts = [b.get("text", "") for b in (obj.get("message") or {}).get("content") or []
-                     if isinstance(b, dict) and b.get("type") == "text"]
-            if texts and not obj.get("is_api_error_message"):
-                self.last_text = "\n".join(texts)
-        elif kind == "user":
-            content = (obj.get("message") or {}).get("content")
-            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
-            for b in blocks:
-                if not isinstance(b, dict):
-                    continue
-                if b.get("type") == "tool_result":
-                    self.tool_results += 1
-                elif b.get("type") == "text" and str(b.get("text", "")).startswith(INTERRUPTED_MARK):
-                    self.interrupted = True
-        elif kind == "rate_limit_event":
-            if ((obj.get("rate_limit_info") or {}).get("status")) == "rejected":
-                self.rate_limited = True
-        elif kind == "result":
-            self.result = obj
-            if obj.get("api_error_status") == 429 or obj.get("api_error_type") == "rate_limit_error":
-                self.rate_limited = True
-            if obj.get("api_error_status") == 401:
-                self.auth_failed = True
-            # older CLIs (2.1.29) give no api_error_status and no api_retry line without retries: only the text
-            said = _API_ERROR_TEXT.search(str(obj.get("result") or "")) if obj.get("is_error") else None
-            if said and said.group(1) == "429":
-                self.rate_limited = True
-            elif said and said.group(1) == "401":
-                self.auth_failed = True
+        read = self._readers.get(str(obj.get("type")))
+        if read is not None:
+            read(self, obj)
+
+    def _api_error(self, error: Any, status: Any) -> None:
+        """An API error the CLI reported: a rate limit (429) or a failed login (401)."""
+        if error in ("rate_limit", "rate_limit_error") or status == 429:
+            self.rate_limited = True
+        elif error == "authentication_failed" or status == 401:
+            self.auth_failed = True
+
+    def _system(self, obj: dict[str, Any]) -> None:
+        if obj.get("subtype") == "api_retry":
+            self._api_error(obj.get("error"), obj.get("error_status"))
+
+    def _assistant(self, obj: dict[str, Any]) -> None:
+        self._api_error(obj.get("error"), obj.get("api_error_status"))
+        texts = [b.get("text", "") for b in (obj.get("message") or {}).get("content") or []
+                 if isinstance(b, dict) and b.get("type") == "text"]
+        if texts and not obj.get("is_api_error_message"):
+            self.last_text = "\n".join(texts)
+
+    def _user(self, obj: dict[str, Any]) -> None:
+        content = (obj.get("message") or {}).get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+        for b in blocks:
+            if not isinstance(b, dict):
+                continue
+            if b.get("type") == "tool_result":
+                self.tool_results += 1
+            elif b.get("type") == "text" and str(b.get("text", "")).startswith(INTERRUPTED_MARK):
+                self.interrupted = True
+
+    def _rate_limit_event(self, obj: dict[str, Any]) -> None:
+        if ((obj.get("rate_limit_info") or {}).get("status")) == "rejected":
+            self.rate_limited = True
+
+    def _result(self, obj: dict[str, Any]) -> None:
+        self.result = obj
+        self._api_error(obj.get("api_error_type"), obj.get("api_error_status"))
+        # older CLIs (2.1.29) give no api_error_status and no api_retry line without retries: only the text
+        said = _API_ERROR_TEXT.search(str(obj.get("result") or "")) if obj.get("is_error") else None
+        if said:
+            self._api_error(None, int(said.group(1)))
+
+    # what each kind of line can tell (the other kinds only count)
+    _readers: ClassVar[dict[str, Callable[[TurnFacts, dict[str, Any]], None]]] = {
+        "system": _system, "assistant": _assistant, "user": _user, "rate_limit_event": _rate_limit_event,
+        "result": _result,
+    }
 
     @property
     def result_text(self) -> str:
@@ -383,6 +392,25 @@ def derive_status(
         return Outcome("rate_limited", "rate_limit")
     if failed_run and facts.auth_failed:
         return Outcome("rate_limited", "auth_failed")
+    by_process = _process_outcome(returncode)
+    if by_process is not None:
+        return by_process
+    if result is None:
+        if facts.interrupted:  # the CLI sometimes exits after an interrupt without its result line
+            return Outcome("cancelled", "interrupted")
+        return Outcome("crashed" if imported else "failed", "no_result")
+    by_result = _result_outcome(result, facts, returncode)
+    if by_result is not None:
+        return by_result
+    if gate_denials:
+        return Outcome("gated", "gate_decisions")
+    if facts.permission_denials:
+        return Outcome("gated", "permission_denials")
+    return Outcome("success", str(result.get("terminal_reason") or "completed"))
+
+
+def _process_outcome(returncode: int | None) -> Outcome | None:
+    """What the exit alone says: a signal, or a shell's 128+N code."""
     if returncode is not None and returncode < 0:
         sig = -returncode
         return Outcome("cancelled" if sig in _CANCEL_SIGNALS else "crashed", f"signal {signal_name(sig)}")
@@ -390,10 +418,11 @@ def derive_status(
         return Outcome("cancelled", f"exit {returncode}")
     if returncode is not None and returncode > 128:
         return Outcome("crashed", f"exit {returncode}")
-    if result is None:
-        if facts.interrupted:  # the CLI sometimes exits after an interrupt without its result line
-            return Outcome("cancelled", "interrupted")
-        return Outcome("crashed" if imported else "failed", "no_result")
+    return None
+
+
+def _result_outcome(result: dict[str, Any], facts: TurnFacts, returncode: int | None) -> Outcome | None:
+    """What the result line says of an unsuccessful run: an interrupt, a budget stop, an error."""
     terminal = result.get("terminal_reason")
     subtype = result.get("subtype")
     # is_error of an interrupt or a max-turns stop was false in 2.1.29 and is true since: read the subtype
@@ -405,8 +434,4 @@ def derive_status(
         return Outcome("failed", str(terminal or subtype))
     if result.get("is_error") or returncode not in (0, None):
         return Outcome("failed", str(terminal or subtype or f"exit {returncode}"))
-    if gate_denials:
-        return Outcome("gated", "gate_decisions")
-    if facts.permission_denials:
-        return Outcome("gated", "permission_denials")
-    return Outcome("success", str(terminal or "completed"))
+    return None
