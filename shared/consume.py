@@ -6,7 +6,8 @@ acts, and returns something truthy when it did work (it runs again at once: a cl
 or falsy when there was nothing left. `passes_by_channel` says which passes a notification on a channel
 can have given work; a channel it does not name, a RESYNC (the listener reconnected, or the
 subscriber's queue overflowed: notifications were lost) and every poll run all of them, in the order
-they are first named. The first round runs all of them too (what happened while nobody listened).
+they are first named; passes registered under `POLL_ONLY` run only then. The first round runs all of
+them too (what happened while nobody listened).
 
 An outage is waited out through `Availability` (said once, with back-off), after which every pass runs
 again; the loop never ends on one. Any other error of a pass is logged once — again only after the pass
@@ -27,6 +28,8 @@ from shared.listener import RESYNC, Notification, Subscription
 log = logs.get(__name__)
 
 Pass = Callable[[], Awaitable[object]]
+# The key for passes only the poll (and a resync) runs: no notification comes on a channel named so.
+POLL_ONLY = ""
 
 
 def ordered_passes(passes_by_channel: Mapping[str, Sequence[Pass]]) -> list[Pass]:
