@@ -56,10 +56,10 @@ def subscription(channels: list[str]) -> Subscription:
 
 @asynccontextmanager
 async def consuming(sub: Subscription, by_channel: dict[str, list[consume.Pass]], poll_s: float = NEVER_S,
-                    availability: Availability | None = None) -> AsyncIterator[asyncio.Event]:
+                    availability: Availability | None = None, debounce_s: float = 0.0) -> AsyncIterator[asyncio.Event]:
     stop = asyncio.Event()
     loop = asyncio.create_task(consume.consume("test", sub, by_channel, poll_s, availability or Availability("t"),
-                                               stop))
+                                               stop, debounce_s=debounce_s))
     try:
         yield stop
     finally:
@@ -96,6 +96,20 @@ async def test_notifications_queued_together_run_their_passes_once_in_registrati
         runs = (await p.after(4))[2:]
         await asyncio.sleep(0.05)  # no further round may follow for what was already taken
     assert runs == ["a", "b"] and len(p.runs) == 4
+
+
+async def test_with_a_debounce_a_burst_arriving_after_the_first_notification_is_taken_in_one_round() -> None:
+    p = Passes()
+    a = p.make("a")
+    sub = subscription(["x"])
+    async with consuming(sub, {"x": [a]}, debounce_s=0.05):
+        await p.after(1)
+        sub.queue.put_nowait(Notification("x", "1"))
+        await asyncio.sleep(0.01)  # the loop has taken the first one and waits out the debounce
+        sub.queue.put_nowait(Notification("x", "2"))
+        await p.after(2)
+        await asyncio.sleep(0.1)  # no round may follow for the second: it was taken with the first
+    assert p.runs == ["a", "a"]
 
 
 async def test_the_poll_runs_every_pass_without_any_notification() -> None:
