@@ -134,14 +134,16 @@ class Settler:
         self._failures: dict[uuid.UUID, tuple[int, float]] = {}
 
     async def run(self, sub: Subscription) -> None:
-        ends, answers = [self.settle_pending, self.apply_approvals], [
-            self.apply_escalations, self.apply_approvals, self.deliver_late_answers]
-        await consume.consume("settler", sub, {
+        await consume.consume("settler", sub, self.passes_by_channel(), self.config.poll_interval_s,
+                              database.availability(self.pool))
+
+    def passes_by_channel(self) -> dict[str, list[consume.Pass]]:
+        return {
             # an approval is owed also when its worker was stopped meanwhile (a status change)
-            "task_changed": ends,
-            "question_answered": answers,
+            "task_changed": [self.settle_pending, self.apply_approvals],
+            "question_answered": [self.apply_escalations, self.apply_approvals, self.deliver_late_answers],
             consume.POLL_ONLY: [self.record_leftover_changes],  # rare by construction
-        }, self.config.poll_interval_s, database.availability(self.pool))
+        }
 
     # ---- the passes: each does one batch and says whether it found work (consume runs it again) -------
 

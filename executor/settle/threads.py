@@ -54,12 +54,12 @@ class Threads:
 
     async def run(self, sub: Subscription) -> None:
         self._sub = sub
+        await consume.consume("threads", sub, self.passes_by_channel(), POLL_S, database.availability(self.pool))
+
+    def passes_by_channel(self) -> dict[str, list[consume.Pass]]:
         # a pass's queries are on the way to every turn's spawn, so a wake-up runs only the passes its source
         # can have given work: a chat message needs delivering, a thread control applying first (in this order)
-        await consume.consume("threads", sub, {
-            "thread_control_queue": [self.apply_controls, self.deliver],
-            "chat_queue": [self.deliver],
-        }, POLL_S, database.availability(self.pool))
+        return {"thread_control_queue": [self.apply_controls, self.deliver], "chat_queue": [self.deliver]}
 
     # ---- thread control ------------------------------------------------------------------------------
 
