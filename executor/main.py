@@ -9,7 +9,7 @@ import gc
 import ipaddress
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from executor.sandbox.gateway import parse_allowlist
 from executor.settle import threads
 from executor.settle.settler import Settler, SettlerConfig
 from shared import database, datalock, dbserver, errors, logs, ports
-from shared.database import OUTAGE_ERRORS, Availability, Database
+from shared.database import Database
 from shared.settings import Settings
 
 log = logs.get(__name__)
@@ -147,13 +147,14 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         supervisor.on_credential_revoked = harness.forget
         conversations = threads.Threads(db.pool, writer)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
-        settler = Settler(db.pool, SettlerConfig(extract=extract, backoff_base_s=backoff_base_s), conversations.wake)
+        settler = Settler(db.pool, SettlerConfig(extract=extract, backoff_base_s=backoff_base_s,
+                                                 keep_worktrees=config.keep_worktrees), conversations.wake)
         repos = projects.Projects(db.pool, writer, projects.ProjectsConfig(project_roots, config.keep_worktrees))
         notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig(),
                                    notify.Duty(dsn, notify.NOTIFIER_DUTY, config.name), name=config.name)
         await db.availability.retry(notifier.start, "notifier")
-        settle_sub = listener.subscribe(["task_changed"])
-        thread_sub = listener.subscribe(["chat_queue", "thread_control_queue", "question_answered"])
+        settle_sub = listener.subscribe(["task_changed", "question_answered"])
+        thread_sub = listener.subscribe(["chat_queue", "thread_control_queue"])
         project_sub = listener.subscribe(["project_queue"])
         notify_sub = listener.subscribe(["journal", "notify_queue"])
         rule_sub = listener.subscribe(["gate_rule_queue"])
@@ -168,20 +169,15 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
         serving_mcp = loops.start(group, "harness-mcp", hypercorn_serve(
             mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait))  # type: ignore[arg-type]
         stack.push_async_callback(_stop_mcp, mcp_stop, serving_mcp)
+        # each is one consume() loop (shared/consume.py): it waits out an outage and outlives a pass's error
         side = [
-            loops.start(group, "threads", _outliving_outages(
-                "threads", lambda: conversations.run(thread_sub), db.availability)),
-            loops.start(group, "projects", _outliving_outages(
-                "projects", lambda: repos.run(project_sub), db.availability)),
-            loops.start(group, "notifier", _outliving_outages(
-                "notifier", lambda: notifier.run(notify_sub), db.availability)),
-            loops.start(group, "gate-rules", _outliving_outages(
-                "gate-rules", lambda: gate_rules.run_rule_queue(db.pool, writer, rule_sub),
-                db.availability)),
+            loops.start(group, "threads", conversations.run(thread_sub)),
+            loops.start(group, "projects", repos.run(project_sub)),
+            loops.start(group, "notifier", notifier.run(notify_sub)),
+            loops.start(group, "gate-rules", gate_rules.run_rule_queue(db.pool, writer, rule_sub)),
         ]
         stack.push_async_callback(_cancel, *side)
-        settling = loops.start(group, "settler", _outliving_outages(
-            "settler", lambda: settler.run(settle_sub), db.availability))
+        settling = loops.start(group, "settler", settler.run(settle_sub))
         stack.push_async_callback(_settle_last, settling, settler)
         supervising = loops.start(group, "supervisor", supervisor.run(wake))
         stack.push_async_callback(_stop_supervisor, supervisor, supervising)
@@ -273,16 +269,6 @@ def check_bind(settings: Settings) -> None:
         raise errors.ConfigError(
             f"refusing to serve the harness MCP on PETAL_MCP_HOST={settings.mcp_host}: it must be a loopback "
             "address (127.0.0.1) unless PETAL_MCP_FORCE_BIND=1 says the network itself is trusted")
-
-
-async def _outliving_outages(name: str, run: Callable[[], Awaitable[None]], availability: Availability) -> None:
-    """Run a loop; a database error that escapes it restarts it after the outage back-off instead of
-    ending it (each loop catches its own, this is the backstop)."""
-    while True:
-        try:
-            return await run()
-        except OUTAGE_ERRORS as exc:
-            await availability.pause(exc, name)
 
 
 def main(settings: Settings) -> int:

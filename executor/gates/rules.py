@@ -3,13 +3,11 @@ the record of calls whose approval card a killed executor left open."""
 
 from __future__ import annotations
 
-import contextlib
-
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from executor.sql import queries
-from shared import aio, database, logs
+from shared import consume, database, logs
 from shared.listener import Subscription
 from shared.models import NewEvent
 from shared.query import Queries
@@ -65,16 +63,16 @@ async def record_orphaned_cards(q: Queries, writer: JournalWriter) -> int:
 
 async def run_rule_queue(pool: AsyncConnectionPool, writer: JournalWriter, sub: Subscription) -> None:
     """Apply rule requests as they are queued (woken by the gate_rule_queue channel); record the refusal of
-    calls whose card a previous executor left open."""
+    calls whose card a previous executor left open (the poll's)."""
     q = Queries(pool, queries)
-    await q.execute("requeue_gate_rule_requests")
-    while True:
-        try:
-            await apply_rule_requests(q, writer)
-            await record_orphaned_cards(q, writer)
-        except database.OUTAGE_ERRORS as exc:
-            await database.pause(pool, exc, "gate_rules")  # said once; the next pass retries
-        except Exception:  # noqa: BLE001 - the loop outlives a failed pass; the rows stay claimed for a restart
-            log.exception("gate_rule_requests_failed")
-        with contextlib.suppress(TimeoutError):
-            await aio.wait_for(sub.get(), RULE_QUEUE_POLL_S)
+    available = database.availability(pool)
+    await available.retry(lambda: q.execute("requeue_gate_rule_requests"), "gate_rules")
+
+    async def rule_requests() -> int:
+        return await apply_rule_requests(q, writer)
+
+    async def orphaned_cards() -> int:
+        return await record_orphaned_cards(q, writer)
+
+    await consume.consume("gate_rules", sub, {"gate_rule_queue": [rule_requests], consume.POLL_ONLY: [orphaned_cards]},
+                          RULE_QUEUE_POLL_S, available)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from pydantic import SecretStr
 from pywebpush import WebPushException, webpush_async
 
 from executor.sql import queries
-from shared import aio, database, endpoints, logs
+from shared import consume, database, endpoints, logs
 from shared.listener import Subscription
 from shared.query import Queries
 
@@ -35,6 +34,7 @@ log = logs.get(__name__)
 
 LINE_CHARS = 140
 POLL_S = 2.0
+BURST_S = 0.1  # after a wake-up, let a burst of journal records land and take it in one pass
 PAGE = 500
 SEND_TIMEOUT_S = 10.0
 PUSH_TTL_S = 3600
@@ -221,23 +221,19 @@ class Notifier:
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)) as session:
                 self.session = session
-                while True:
-                    with contextlib.suppress(TimeoutError):
-                        await aio.wait_for(sub.get(), DUTY_RETRY_S if self.duty is not None else POLL_S)
-                    await asyncio.sleep(0.1)  # let a burst land, then take it in one pass
-                    while not sub.queue.empty():
-                        sub.queue.get_nowait()
-                    if self.duty is not None and not await self.duty.held():
-                        continue  # another executor notifies; this one takes over if that one dies
-                    try:
-                        await self.pass_once()
-                    except database.OUTAGE_ERRORS as exc:
-                        await database.pause(self.pool, exc, "notifier")  # said once; the next pass retries
-                    except Exception:  # noqa: BLE001 - the notifier outlives a failed pass; the poll retries
-                        log.exception("notify_pass_failed")
+                await consume.consume("notifier", sub, {"journal": [self.notify], "notify_queue": [self.notify]},
+                                      DUTY_RETRY_S if self.duty is not None else POLL_S,
+                                      database.availability(self.pool), debounce_s=BURST_S)
         finally:
             if self.duty is not None:
                 await self.duty.release()
+
+    async def notify(self) -> bool:
+        """One pass, if this executor holds the duty (another executor notifies; this one takes over if that one
+        dies); whether it sent anything."""
+        if self.duty is not None and not await self.duty.held():
+            return False
+        return bool(await self.pass_once())
 
     async def pass_once(self) -> list[Note]:
         for req in await self.q.all("claim_notify_requests"):

@@ -7,8 +7,6 @@ resolved, and a git repository's top level (or be initialised on request). Nothi
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +20,7 @@ from executor.journal.writer import JournalWriter
 from executor.projects import worktrees
 from executor.sandbox import gateway
 from executor.sql import queries
-from shared import aio, database, logs, read_surface
+from shared import consume, database, logs, read_surface
 from shared.listener import Subscription
 from shared.models import NewEvent
 from shared.query import Queries
@@ -34,8 +32,6 @@ SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 MAX_PLAN_CHARS = 200_000
 # a project's own sandbox allowlist entries (its package registries)
 MAX_ALLOW = 100
-# an ended worker's changes are the supervisor's to record for this long; after it, the sweep records them
-RECORD_GRACE_S = 60.0
 
 
 class Refused(Exception):
@@ -92,32 +88,14 @@ class Projects:
         self.q = Queries(self.pool, queries)
 
     async def run(self, sub: Subscription) -> None:
-        wake = asyncio.Event()
+        available = database.availability(self.pool)
+        await available.retry(lambda: self.q.execute("requeue_claimed_project_requests"), "projects")
+        await consume.consume("projects", sub, {"project_queue": [self.apply]}, POLL_S, available)
 
-        async def forward() -> None:
-            while True:
-                await sub.get()
-                wake.set()
-
-        forwarding = asyncio.create_task(forward())
-        try:
-            await self.q.execute("requeue_claimed_project_requests")
-            while True:
-                wake.clear()
-                try:
-                    await self.apply()
-                    await self.sweep()
-                except database.OUTAGE_ERRORS as exc:
-                    await database.pause(self.pool, exc, "projects")  # said once; the next pass retries
-                except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
-                    log.exception("projects_pass_failed")
-                with contextlib.suppress(TimeoutError):
-                    await aio.wait_for(wake.wait(), POLL_S)
-        finally:
-            forwarding.cancel()
-
-    async def apply(self) -> None:
-        for row in await self.q.all("claim_project_requests"):
+    async def apply(self) -> int:
+        """Carry out one batch of queued requests; how many there were."""
+        rows = await self.q.all("claim_project_requests")
+        for row in rows:
             status, error, result = "done", None, None
             try:
                 if row["action"] == "create":
@@ -135,12 +113,7 @@ class Projects:
                 await self._refusal(row, error)
             await self.q.execute("finish_project_request", {"id": row["id"], "status": status, "error": error,
                                                             "result": Jsonb(result) if result is not None else None})
-
-    async def sweep(self) -> None:
-        """Record the changes of ended workers nobody recorded (e.g. a worker crashed by a restart)."""
-        for row in await self.q.all("list_unrecorded_changes", {"grace_s": RECORD_GRACE_S}):
-            await worktrees.record_changes(self.pool, self.writer, row["id"],
-                                           keep_worktree=self.config.keep_worktrees)
+        return len(rows)
 
     async def _refusal(self, row: dict[str, Any], reason: str) -> None:
         if row["action"] == "create":

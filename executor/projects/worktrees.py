@@ -18,10 +18,8 @@ from typing import Any, NotRequired, TypedDict
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from executor.journal.writer import JournalWriter
 from executor.sql import queries
 from shared import errors, logs
-from shared.models import NewEvent
 from shared.query import Queries, Transaction
 
 log = logs.get(__name__)
@@ -222,39 +220,6 @@ class TaskWorktree:
 
 async def task_worktree(pool: AsyncConnectionPool, task_id: uuid.UUID) -> TaskWorktree | None:
     return await Queries(pool, queries).one("get_task_worktree", {"id": task_id}, into=TaskWorktree)
-
-
-async def record_changes(pool: AsyncConnectionPool, writer: JournalWriter, task_id: uuid.UUID, *,
-                         keep_worktree: bool = False) -> dict[str, Any] | None:
-    """After a worker of a project ended: record what its branch changed as a derived `task.changes`
-    record, then remove its worktree (unless kept). The branch stays until merged or discarded.
-
-    Idempotent: a task whose changes are recorded already is left alone. Returns the record's payload,
-    or None when the task has no worktree (or was done before)."""
-    row = await task_worktree(pool, task_id)
-    if row is None or row.branch is None or row.changes_recorded_at is not None:
-        return None
-    repo, worktree = row.repo, row.worktree_path
-    try:
-        if row.base_commit is None:
-            raise GitError(f"no base commit recorded for branch {row.branch}")
-        async with repo_lock(repo):
-            payload = await changes(repo, worktree, task_id, row.branch, row.base_commit)
-        payload["base_branch"] = row.base_branch
-    except (GitError, OSError) as exc:
-        payload = {"branch": row.branch, "error": str(exc)}
-        log.exception("record_changes_failed", task_id=str(task_id))
-    await writer.write([NewEvent("task.changes", payload, tier="derived", task_id=task_id, project_id=row.project_id,
-                                 session_id=row.session_id)])
-    await Queries(pool, queries).execute("mark_changes_recorded", {"id": task_id})
-    if worktree is not None and not keep_worktree and "error" not in payload:
-        try:
-            await remove(repo, worktree)
-            await writer.put(NewEvent("task.worktree_removed", {"path": str(worktree)}, task_id=task_id,
-                                      project_id=row.project_id))
-        except GitError:
-            log.exception("worktree_remove_failed", task_id=str(task_id))
-    return payload
 
 
 # ---- the user's decisions ---------------------------------------------------------------------------

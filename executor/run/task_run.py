@@ -136,14 +136,6 @@ class TaskRunner:
     async def _finish_unspawned(self, task: ClaimedTask, status: str, reason: str) -> None:
         await self.writer.write([NewEvent("task.exited", {"status": status, "reason": reason, "spawned": False},
                                           task_id=task.id, project_id=task.project_id)])
-        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
-        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
-        # An executor that dies here leaves it to the project loop's sweep.
-        try:
-            await worktrees.record_changes(self.store.pool, self.writer, task.id,
-                                           keep_worktree=self.config.keep_worktrees)
-        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
-            log.exception("record_changes_failed", task_id=str(task.id))
         await self._finish_task(task.id, TaskEnd(status, reason, None, None, None))
 
     async def _finish_task(self, task_id: uuid.UUID, end: TaskEnd) -> bool:
@@ -493,14 +485,6 @@ class TaskRunner:
             payload["pipes_left_open"] = True
         # durable in the journal before the task row says so: the journal is the record
         await self.writer.write([self._event(r, "task.exited", payload, parent_id=r.spawned_id)])
-        # Record what a project worker changed, then remove its worktree (the branch stays for review) —
-        # before the final status, so the settler (woken by it) finds the changes for the handoff's artifacts.
-        # An executor that dies here leaves it to the project loop's sweep.
-        try:
-            await worktrees.record_changes(self.store.pool, self.writer, r.task_id,
-                                           keep_worktree=self.config.keep_worktrees)
-        except Exception:  # noqa: BLE001 - the task's end is recorded; its changes can be recorded later
-            log.exception("record_changes_failed", task_id=str(r.task_id))
         await self._finish_task(r.task_id, TaskEnd(
             outcome.status, reason, rc if rc >= 0 else None, -rc if rc < 0 else None, r.last_output_at))
         await self.store.end_session(r.session_id, "idle" if task.session_id else "ended",
@@ -509,7 +493,8 @@ class TaskRunner:
             r.mcp_config.unlink(missing_ok=True)
             if r.revoke_pending:
                 await self._revoke_mcp_config(r)
-        # the settler acts on the end from here (woken by the status change), reading the store, not r.facts
+        # the settler acts on the end from here (woken by the status change), reading the store, not r.facts:
+        # it records a project worker's changes and removes its worktree first
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
 
     # ---- stopping ------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ answers.
 A dispatch in an interactive thread records the worker (pending), its approval question and an
 `approvals` row in one transaction, and the tool returns at once. The supervisor does not claim a worker
 whose approval is open. When the question is answered — minutes or days later, also while the executor
-is down — the threads loop carries the decision out exactly once: the worker is released (approved) or
+is down — the settler carries the decision out exactly once: the worker is released (approved) or
 cancelled (anything else), and the orchestrator is told with a harness message.
 
 An ask_user_question that timed out in a thread stays answerable; its answer, when it comes, is sent to
@@ -65,16 +65,13 @@ def _choice(answers: dict[str, Any] | None) -> Any:
 
 
 async def apply_answered(pool: AsyncConnectionPool) -> int:
-    """Carry out every answered approval once; returns how many were acted on."""
-    acted = 0
-    while True:
-        async with Queries(pool, queries).transaction() as tx:
-            rows = await tx.all("list_answered_approvals")
-            for row in rows:
-                await _act(tx, row)
-        acted += len(rows)
-        if not rows:
-            return acted
+    """Carry out one batch of answered approvals, each once (claimed, acted on and resolved in one
+    transaction); returns how many were acted on (the settler's loop asks again while there are)."""
+    async with Queries(pool, queries).transaction() as tx:
+        rows = await tx.all("list_answered_approvals")
+        for row in rows:
+            await _act(tx, row)
+    return len(rows)
 
 
 async def _act(tx: Transaction, row: dict[str, Any]) -> None:
@@ -139,22 +136,19 @@ def late_answer_text(row: dict[str, Any]) -> str:
 
 
 async def deliver_late_answers(pool: AsyncConnectionPool) -> int:
-    """Send each answer to a timed-out question to its thread once; returns how many were sent."""
-    sent = 0
-    while True:
-        async with Queries(pool, queries).transaction() as tx:
-            rows = await tx.all("list_undelivered_late_answers")
-            for row in rows:
-                chat_id = None
-                if row["thread_id"] is not None:
-                    chat = await tx.one("enqueue_harness_message",
-                                        {"thread_id": row["thread_id"], "text": late_answer_text(row)})
-                    chat_id = chat["id"] if chat else None
-                await tx.one("record_late_answer", {"question_id": row["id"], "chat_id": chat_id})
-                await journal.append_on(tx.conn, [NewEvent("question.answered", {
-                    "question_id": str(row["id"]), "answers": row["answers"] or {}, "response": row["response"],
-                    "late": True, "delivered_as": str(chat_id) if chat_id else None},
-                    task_id=row["task_id"], session_id=row["thread_id"])])
-        sent += len(rows)
-        if not rows:
-            return sent
+    """Send one batch of answers to timed-out questions to their threads, each once (claimed, sent and
+    recorded in one transaction); returns how many were sent (the settler's loop asks again while there are)."""
+    async with Queries(pool, queries).transaction() as tx:
+        rows = await tx.all("list_undelivered_late_answers")
+        for row in rows:
+            chat_id = None
+            if row["thread_id"] is not None:
+                chat = await tx.one("enqueue_harness_message",
+                                    {"thread_id": row["thread_id"], "text": late_answer_text(row)})
+                chat_id = chat["id"] if chat else None
+            await tx.one("record_late_answer", {"question_id": row["id"], "chat_id": chat_id})
+            await journal.append_on(tx.conn, [NewEvent("question.answered", {
+                "question_id": str(row["id"]), "answers": row["answers"] or {}, "response": row["response"],
+                "late": True, "delivered_as": str(chat_id) if chat_id else None},
+                task_id=row["task_id"], session_id=row["thread_id"])])
+    return len(rows)

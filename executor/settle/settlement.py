@@ -6,15 +6,15 @@ the task's settled marker commit together, so an end is acted on exactly once, a
 A clean end is reported to the orchestrator that dispatched the worker (a harness message: its next
 turn). A non-clean end follows executor/settle/policy.py: a retry is a new task linked to the attempt it
 repeats (a back-off retry waits for its `not_before`); an escalation is a question the harness itself
-asks in the Asks panel, plus an `escalations` row that says a decision is owed — acted on exactly once
-when the answer lands, even across an executor restart; a skip tells the orchestrator and goes on.
+asks in the Asks panel, plus an `escalations` row that says a decision is owed — acted on exactly once by
+the settler when the answer lands, even across an executor restart; a skip tells the orchestrator and goes
+on.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -222,26 +222,21 @@ async def _ask(tx: Transaction, worker: dict[str, Any], question: dict[str, Any]
 
 
 class Settlement:
-    """Escalations the user answered, carried out once (the threads loop runs this)."""
+    """Escalations the user answered, carried out once (a step of the settler, executor/settle/settler.py)."""
 
-    def __init__(self, pool: AsyncConnectionPool, wake: Callable[[], None]):
+    def __init__(self, pool: AsyncConnectionPool):
         self.q = Queries(pool, queries)
-        self.wake = wake  # the threads loop: a harness message waits for it
 
     # ---- the user answered an escalation -----------------------------------------------------------
 
     async def apply_escalations(self) -> int:
-        """Carry out every answered escalation once; returns how many were acted on."""
-        acted = 0
-        while True:
-            async with self.q.transaction() as tx:
-                rows = await tx.all("list_answered_escalations")
-                for row in rows:
-                    await self._act(tx, row)
-            acted += len(rows)
-            if not rows:
-                return acted
-            self.wake()
+        """Carry out one batch of answered escalations, each once (claimed, acted on and resolved in one
+        transaction); returns how many were acted on (the settler's loop asks again while there are)."""
+        async with self.q.transaction() as tx:
+            rows = await tx.all("list_answered_escalations")
+            for row in rows:
+                await self._act(tx, row)
+        return len(rows)
 
     async def _act(self, tx: Transaction, esc: dict[str, Any]) -> None:
         worker = await tx.one("get_settled_worker", {"id": esc["task_id"]})

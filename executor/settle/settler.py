@@ -1,20 +1,24 @@
-"""The settler: what must happen after a task ends is done by a loop over the store, not by callbacks.
+"""The settler: what must happen after a task ends, or after the user answers, is done by a loop over the
+store, not by callbacks. It owns every follow-up of a worker's end:
 
-A task's end is committed by the supervisor (its final status, after its `task.exited` record). The
-settler claims ended tasks whose `settled_at` is still empty (`FOR UPDATE SKIP LOCKED`), decides what the
-end calls for with a pure function (`route`), and writes that step's rows, its journal records and the
-settled marker in ONE transaction. A step that must start something (an extractor run, a retry) inserts
-the task row in that transaction and the supervisor claims it. So an executor that dies between a task's
-end and its settlement settles it after the restart, exactly once; a step that raises rolls back, is
-logged, and is retried with a growing delay — never lost.
+- an end: a project worker's changes recorded (executor/settle/changes.py), then the step its end calls
+  for, decided by a pure function (`route`): extraction, the gate, the policy, a thread's turn boundary;
+- an answered escalation carried out (executor/settle/settlement.py);
+- an answered approval carried out, and a late answer sent to its thread (executor/settle/approvals.py).
 
-It wakes on `task_changed` (every end is a status change) with a poll as the backstop.
+Each is claimed with `FOR UPDATE SKIP LOCKED` and writes its rows, its journal records and its marker
+(`settled_at` and `changes_recorded_at`; the escalation's, approval's or late answer's own row) in ONE
+transaction. A step that must start something (an extractor run, a retry) inserts the task row in that
+transaction and the supervisor claims it. So an executor that dies between an end and its settlement
+settles it after the restart, exactly once; a step that raises rolls back, is logged, and is retried with a
+growing delay — never lost.
+
+It is one `consume` loop (shared/consume.py): ends on `task_changed` (every end is a status change),
+answers on `question_answered`, and everything on the poll.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import enum
 import time
@@ -26,9 +30,9 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from executor.settle import extraction, settlement
+from executor.settle import approvals, changes, extraction, settlement
 from executor.sql import queries
-from shared import aio, database, journal, logs
+from shared import consume, database, journal, logs
 from shared.listener import Subscription
 from shared.models import NewEvent
 from shared.query import Queries
@@ -48,6 +52,8 @@ class SettlerConfig:
     # a settlement that raised is retried after this, doubled per failure up to the cap
     retry_base_s: float = 1.0
     retry_cap_s: float = 60.0
+    # whether a project worker's worktree stays after its changes are recorded (its branch always does)
+    keep_worktrees: bool = False
 
 
 class Step(enum.StrEnum):
@@ -74,6 +80,7 @@ class Ended:
     thread_turn: bool = False  # one of a thread's orchestrator turns
     thread_id: uuid.UUID | None = None  # the thread whose turn dispatched it
     exited: dict[str, Any] | None = None  # its task.exited record (None: reconciled, or cancelled while pending)
+    changes_due: bool = False  # a project worker's branch whose changes are not recorded yet
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Ended:
@@ -122,39 +129,23 @@ class Settler:
         self.q = Queries(pool, queries)
         self.config = config
         self.on_settled = on_settled  # the threads loop: a turn boundary or a harness message waits for it
-        self._wake = asyncio.Event()
+        self.escalations = settlement.Settlement(pool)
         # task id → (failures in a row, monotonic time of the next try); memory only, the store keeps the work
         self._failures: dict[uuid.UUID, tuple[int, float]] = {}
 
-    def wake(self) -> None:
-        self._wake.set()
+    async def run(self, sub: Subscription) -> None:
+        await consume.consume("settler", sub, self.passes_by_channel(), self.config.poll_interval_s,
+                              database.availability(self.pool))
 
-    async def run(self, sub: Subscription | None = None) -> None:
-        forwarding = asyncio.create_task(self._forward(sub)) if sub is not None else None
-        try:
-            while True:
-                self._wake.clear()
-                try:
-                    await self.settle_pending()
-                except database.OUTAGE_ERRORS as exc:
-                    await database.pause(self.pool, exc, "settler")  # said once; the next pass retries
-                except Exception:  # noqa: BLE001 - the next pass retries
-                    log.exception("settler_pass_failed")
-                with contextlib.suppress(TimeoutError):
-                    await aio.wait_for(self._wake.wait(), self._next_wait())
-        finally:
-            if forwarding is not None:
-                forwarding.cancel()
+    def passes_by_channel(self) -> dict[str, list[consume.Pass]]:
+        return {
+            # an approval is owed also when its worker was stopped meanwhile (a status change)
+            "task_changed": [self.settle_pending, self.apply_approvals],
+            "question_answered": [self.apply_escalations, self.apply_approvals, self.deliver_late_answers],
+            consume.POLL_ONLY: [self.record_leftover_changes],  # rare by construction
+        }
 
-    async def _forward(self, sub: Subscription) -> None:
-        while True:
-            await sub.get()
-            self._wake.set()
-
-    def _next_wait(self) -> float:
-        now = time.monotonic()
-        due = [at - now for _, at in self._failures.values()]
-        return max(0.05, min([self.config.poll_interval_s, *due]))
+    # ---- the passes: each does one batch and says whether it found work (consume runs it again) -------
 
     async def settle_pending(self) -> int:
         """Settle every ended task not yet settled (those whose last try failed wait for their retry time);
@@ -171,6 +162,31 @@ class Settler:
             tried.add(task_id)
             settled += ok
 
+    async def apply_escalations(self) -> int:
+        return self._told(await self.escalations.apply_escalations())
+
+    async def apply_approvals(self) -> int:
+        return self._told(await approvals.apply_answered(self.pool))
+
+    async def deliver_late_answers(self) -> int:
+        return self._told(await approvals.deliver_late_answers(self.pool))
+
+    async def record_leftover_changes(self) -> bool:
+        """Record the changes of one end settled without them; whether there was one."""
+        async with self.q.transaction() as tx:
+            row = await tx.one("claim_unrecorded_changes")
+            if row is None:
+                return False
+            events = await changes.record_on(tx.conn, row["id"], keep_worktree=self.config.keep_worktrees)
+            if events:
+                await journal.append_on(tx.conn, events)
+        return True
+
+    def _told(self, acted: int) -> int:
+        if acted:
+            self.on_settled()  # the harness messages it enqueued wait for a turn boundary
+        return acted
+
     async def _settle_one(self, skip: list[uuid.UUID]) -> tuple[uuid.UUID, bool] | None:
         ended: Ended | None = None
         step = Step.NOTHING
@@ -180,7 +196,10 @@ class Settler:
                 if ended is None:
                     return None
                 step = route(ended, extract=self.config.extract)
-                events = await self._carry_out(tx.conn, ended, step)
+                # first: an extractor's gate reads the changes for the handoff's artifacts
+                events = await changes.record_on(tx.conn, ended.id, keep_worktree=self.config.keep_worktrees) \
+                    if ended.changes_due else []
+                events += await self._carry_out(tx.conn, ended, step)
                 await tx.execute("mark_task_settled", {"id": ended.id})
                 if events:  # last: the journal head stays locked until the commit
                     await journal.append_on(tx.conn, events)

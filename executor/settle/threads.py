@@ -8,12 +8,13 @@ GET /api/queue) and go together, in order, in the next turn. A message sent whil
 ask_user_question answers that question as a reply instead; a harness report never does (it waits for
 the boundary). A failed turn is acted on by its settlement (executor/settle/settlement.py: re-run, back off,
 escalate); the user's Retry of it is a `retry` control row, applied once the thread has no turn open.
-Answered approvals and late answers are carried out here too (executor/settle/approvals.py).
+This loop only delivers chat and applies thread controls: every follow-up of an end or an answer
+(escalations, approvals, late answers) is the settler's (executor/settle/settler.py), which wakes this loop
+when a turn's end is settled (a boundary sends no NOTIFY of its own).
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -21,10 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from executor.projects import service as projects
-from executor.settle import approvals, settlement
-from executor.settle.settlement import Settlement
+from executor.settle import settlement
 from executor.sql import queries
-from shared import aio, database, journal, logs, threads
+from shared import consume, database, journal, logs, threads
 from shared.listener import Subscription
 from shared.models import NewEvent
 from shared.query import Queries
@@ -38,12 +38,6 @@ MAX_MESSAGES_PER_TURN = 50
 REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
 ARCHIVED = "thread archived"  # the response of a question its thread's archiving closed
 
-# A pass's queries are on the way to every turn's spawn, so a wake-up runs only the passes its source can
-# have given work: a chat message needs delivering, a thread control applying first. Anything else (an
-# answered question, a settled end, a resync after a reconnect) and every poll run them all.
-PASSES = frozenset({"controls", "escalations", "approvals", "deliver"})
-PASSES_BY_CHANNEL = {"chat_queue": frozenset({"deliver"}), "thread_control_queue": frozenset({"controls", "deliver"})}
-
 
 class Threads:
     def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
@@ -51,52 +45,21 @@ class Threads:
         self.q = Queries(pool, queries)
         self.shared = Queries(pool, shared_queries)
         self.writer = writer
-        self._wake = asyncio.Event()
-        self._due: set[str] = set(PASSES)  # the passes the wake-ups so far asked for
-        # escalations the user answered; the settler (executor/settle/settler.py) acts on ends and wakes us
-        self.settlement = Settlement(pool, self.wake)
+        self._sub: Subscription | None = None
 
-    def wake(self, passes: frozenset[str] = PASSES) -> None:
-        self._due |= passes
-        self._wake.set()
+    def wake(self) -> None:
+        """A turn's end was settled (the settler): the messages that waited for the boundary go now."""
+        if self._sub is not None:
+            consume.nudge(self._sub)
 
     async def run(self, sub: Subscription) -> None:
-        async def forward() -> None:
-            while True:
-                note = await sub.get()
-                self.wake(PASSES_BY_CHANNEL.get(note.channel, PASSES))
+        self._sub = sub
+        await consume.consume("threads", sub, self.passes_by_channel(), POLL_S, database.availability(self.pool))
 
-        forwarding = asyncio.create_task(forward())
-        try:
-            while True:
-                self._wake.clear()
-                due, self._due = self._due, set()
-                try:
-                    await self.run_passes(due)
-                except database.OUTAGE_ERRORS as exc:
-                    self._due |= PASSES
-                    await database.pause(self.pool, exc, "threads")  # said once; the next pass retries
-                except Exception:  # noqa: BLE001 - the loop outlives one failed pass; the poll retries
-                    self._due |= PASSES
-                    log.exception("threads_pass_failed")
-                try:
-                    await aio.wait_for(self._wake.wait(), POLL_S)
-                except TimeoutError:
-                    self._due |= PASSES  # the poll: whatever a lost notification would have said
-        finally:
-            forwarding.cancel()
-
-    async def run_passes(self, due: set[str] | frozenset[str]) -> None:
-        if "controls" in due:
-            await self.apply_controls()
-        if "escalations" in due:
-            await self.settlement.apply_escalations()
-        if "approvals" in due:
-            # decisions the user owes outlive any tool call: approvals, answers given after a timeout
-            await approvals.apply_answered(self.pool)
-            await approvals.deliver_late_answers(self.pool)
-        if "deliver" in due:
-            await self.deliver()
+    def passes_by_channel(self) -> dict[str, list[consume.Pass]]:
+        # a pass's queries are on the way to every turn's spawn, so a wake-up runs only the passes its source
+        # can have given work: a chat message needs delivering, a thread control applying first (in this order)
+        return {"thread_control_queue": [self.apply_controls, self.deliver], "chat_queue": [self.deliver]}
 
     # ---- thread control ------------------------------------------------------------------------------
 

@@ -53,13 +53,5 @@ SELECT p.id, p.name, p.workdir, p.plan FROM sessions s JOIN projects p ON p.id =
 -- name: get_project_plan --
 SELECT name, plan FROM projects WHERE id = %(id)s
 
--- name: list_unrecorded_changes --
--- Ended workers whose changes were never recorded (the executor died between the end and the record, or
--- the record failed). The grace keeps this sweep from racing the supervisor's own record of a fresh end.
-SELECT id FROM tasks
-WHERE branch IS NOT NULL AND changes_recorded_at IS NULL AND status NOT IN ('pending', 'running')
-  AND coalesce(ended_at, created_at) < now() - make_interval(secs => %(grace_s)s)
-ORDER BY ended_at LIMIT 20
-
 -- name: get_latest_task_changes --
 SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1

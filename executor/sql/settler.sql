@@ -2,10 +2,11 @@
 -- One ended task whose end is not yet acted on, locked until the settling transaction ends. FOR UPDATE
 -- (not NO KEY UPDATE) SKIP LOCKED: another settler passes over it, and so does a row held FOR KEY SHARE.
 -- What settlement needs is read from the store (never from the executor's memory), so a restarted
--- executor settles an end the same way: the task row, its thread, and its `task.exited` record (absent
--- when the task was reconciled or cancelled before it started).
+-- executor settles an end the same way: the task row, its thread, its `task.exited` record (absent
+-- when the task was reconciled or cancelled before it started), and whether a project worker's changes
+-- are still to be recorded.
 SELECT t.id, t.role, t.status, t.status_reason, t.parent_task_id,
-       t.json_schema,
+       t.json_schema, (t.branch IS NOT NULL AND t.changes_recorded_at IS NULL) AS changes_due,
        coalesce(p.extract_on_exit, false) AS extract_on_exit,
        EXISTS (SELECT 1 FROM sessions s WHERE s.id = t.session_id AND s.role = 'orchestrator') AS thread_turn,
        (SELECT s.id FROM tasks pt JOIN sessions s ON s.id = pt.session_id AND s.role = 'orchestrator'
@@ -36,3 +37,13 @@ SELECT %(new_id)s, t.session_id, t.role, t.brief, 'pending', t.attempt + 1, t.id
        now() + make_interval(secs => %(delay_s)s)
 FROM tasks t WHERE t.id = %(id)s AND NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = t.id)
 RETURNING session_id, brief, attempt
+
+-- name: claim_unrecorded_changes --
+-- A settled end whose worker's changes were never recorded (the settler records them before it settles an
+-- end, so only an end settled some other way, or before it did, is left): one, locked like a settlement.
+SELECT t.id FROM tasks t
+WHERE t.branch IS NOT NULL AND t.changes_recorded_at IS NULL AND t.settled_at IS NOT NULL
+  AND t.status NOT IN ('pending', 'running')
+ORDER BY t.ended_at NULLS FIRST, t.id
+FOR UPDATE OF t SKIP LOCKED
+LIMIT 1

@@ -17,9 +17,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from executor.journal.writer import JournalWriter
-from executor.projects import service as projects
 from executor.projects import worktrees
+from executor.settle.settler import Settler, SettlerConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB
@@ -122,7 +121,7 @@ def test_a_large_diff_is_cut_with_a_visible_marker() -> None:
     assert worktrees._bounded("small", 100) == ("small", False)
 
 
-async def test_a_worker_that_ended_without_its_changes_recorded_is_swept_and_its_worktree_removed(
+async def test_a_worker_that_ended_without_its_changes_recorded_has_them_recorded_once_by_its_settlement(
     db: DB, pool: AsyncConnectionPool, tmp_path: Path
 ) -> None:
     repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
@@ -138,21 +137,46 @@ async def test_a_worker_that_ended_without_its_changes_recorded_is_swept_and_its
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         conn.execute("UPDATE tasks SET worktree = %s, branch = %s, base_commit = %s WHERE id = %s",
                      [str(wt.path), wt.branch, wt.base_commit, task_id])
-    writer = JournalWriter(pool)
-    await writer.start()
-    sweeper = projects.Projects(pool, writer)
-    await sweeper.sweep()
-    await sweeper.sweep()  # idempotent: recorded once
-    await writer.flush_and_stop()
+    settler = Settler(pool, SettlerConfig())
+    settled = [await settler.settle_pending() for _ in range(2)]  # the second pass finds nothing to do
     with psycopg.connect(db.admin_dsn) as conn:
         changes = conn.execute("SELECT payload FROM journal WHERE event_type = 'task.changes'").fetchall()
-        recorded = conn.execute("SELECT changes_recorded_at FROM tasks WHERE id = %s", [task_id]).fetchone()
-    assert [[f["path"] for f in c[0]["files"]] for c in changes] == [["b.txt"]]
-    assert recorded is not None and recorded[0] is not None
+        removed = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'task.worktree_removed'"
+                               ).fetchone()[0]  # type: ignore[index]
+        recorded = conn.execute("SELECT changes_recorded_at, settled_at FROM tasks WHERE id = %s", [task_id]).fetchone()
+    assert settled == [1, 0]
+    assert [[f["path"] for f in c[0]["files"]] for c in changes] == [["b.txt"]] and removed == 1
+    assert recorded is not None and recorded[0] is not None and recorded[1] is not None
     assert not wt.path.exists() and _git(repo, "branch", "--list", wt.branch).strip()
 
 
-async def test_a_project_worker_whose_cli_cannot_start_has_its_changes_recorded_before_its_final_status(
+async def test_an_end_settled_without_its_changes_has_them_recorded_by_the_settlers_poll_pass(
+    db: DB, pool: AsyncConnectionPool, tmp_path: Path
+) -> None:
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    task_id = uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        project = conn.execute("INSERT INTO projects (name, workdir) VALUES ('left', %s) RETURNING id",
+                               [str(repo)]).fetchone()[0]  # type: ignore[index]
+        # settled before the settler recorded changes (an older executor, or a settlement some other way)
+        conn.execute("INSERT INTO tasks (id, project_id, role, brief, status, ended_at, settled_at) "
+                     "VALUES (%s, %s, 'worker', 'b', 'crashed', now(), now())", [task_id, project])
+    wt = await worktrees.create(repo, task_id, tmp_path / "wt", "left")
+    (wt.path / "c.txt").write_text("c\n")
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE tasks SET worktree = %s, branch = %s, base_commit = %s WHERE id = %s",
+                     [str(wt.path), wt.branch, wt.base_commit, task_id])
+    settler = Settler(pool, SettlerConfig(keep_worktrees=True))
+    unsettled = await settler.settle_pending()  # settled already: not the ends' pass's
+    found = [await settler.record_leftover_changes() for _ in range(2)]
+    with psycopg.connect(db.admin_dsn) as conn:
+        changes = conn.execute("SELECT payload FROM journal WHERE event_type = 'task.changes'").fetchall()
+    assert unsettled == 0 and found == [True, False]
+    assert [[f["path"] for f in c[0]["files"]] for c in changes] == [["c.txt"]]
+    assert wt.path.exists()  # kept, as configured
+
+
+async def test_a_project_worker_whose_cli_cannot_start_has_its_changes_recorded_by_its_settlement(
     db: DB, tmp_path: Path
 ) -> None:
     repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
@@ -163,11 +187,14 @@ async def test_a_project_worker_whose_cli_cannot_start_has_its_changes_recorded_
         sub = replace(substrate_for(model, tmp_path), claude_bin=str(tmp_path / "no-such-claude"))
         async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)) as h:
             task_id = await h.dispatch("never runs", project_id=project)
-            # the status and the record of the changes are read together: the status may not come first
-            task = await h.wait_task(task_id, lambda r: r["status"] != "pending" and r["status"] != "running")
+            ended = await h.wait_task(task_id, lambda r: r["status"] != "pending" and r["status"] != "running")
+            settled = await Settler(h.db.pool, SettlerConfig()).settle_pending()
+            task = await h.task(task_id)
             events = [e.event_type for e in await h.events(task_id)]
     assert task["status"] == "failed" and "could not start" in task["status_reason"]
-    assert task["changes_recorded_at"] is not None and "task.changes" in events
+    assert ended["changes_recorded_at"] is None and settled == 1  # the settlement records them, once
+    assert task["changes_recorded_at"] is not None and events.count("task.changes") == 1
+    assert events.index("task.exited") < events.index("task.changes") < events.index("task.worktree_removed")
     assert task["worktree"] and not Path(task["worktree"]).exists()  # removed; the branch stays for review
     assert _git(repo, "branch", "--list", task["branch"]).strip()
 

@@ -137,22 +137,91 @@ async def test_a_settlement_step_that_raises_leaves_the_end_unsettled_logged_and
 
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         conn.execute("DROP TRIGGER refuse ON chat_queue")
-    looping = asyncio.create_task(settler.run())
-    try:
-        await until(lambda: asyncio.to_thread(
-            _one, db.admin_dsn, "SELECT settled_at IS NOT NULL FROM tasks WHERE id = %s", worker), "the retry", 15)
-        await asyncio.sleep(0.5)  # a further pass must not settle it again
-    finally:
-        looping.cancel()
-        await asyncio.gather(looping, return_exceptions=True)
+    retried = await until(settler.settle_pending, "the retry after its delay", 15)
+    again = await settler.settle_pending()  # the next pass finds nothing left to do
     with psycopg.connect(db.admin_dsn) as conn:
         decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision'"
                                  ).fetchall()
         told = conn.execute("SELECT text FROM chat_queue WHERE thread_id = %s AND origin = 'harness'",
                             [thread]).fetchall()
     assert first == 0 and left_unsettled is True and decisions_after_failure == 0
+    assert retried == 1 and again == 0
     assert [(e["task_id"], e["step"], e["failures"]) for e in failed] == [(str(worker), "policy", 1)]
     assert decisions == [("report",)] and len(told) == 1 and str(worker) in told[0][0]
+
+
+def _ended_worker(admin_dsn: str, turn: uuid.UUID, status: str = "success") -> uuid.UUID:
+    """A worker the thread's turn dispatched, ended with nothing to extract: its end calls for the policy."""
+    worker = uuid.uuid4()
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, status, status_reason, ended_at) "
+                     "VALUES (%s, %s, 'worker', 'do it', %s, 'completed', now())", [worker, turn, status])
+    return worker
+
+
+def _follow_ups(admin_dsn: str, worker: uuid.UUID) -> dict[str, int]:
+    """What acting on the worker's end (and on its escalation) wrote, counted."""
+    with psycopg.connect(admin_dsn) as conn:
+        def count(sql: str) -> int:
+            return conn.execute(sql, [worker]).fetchone()[0]  # type: ignore[index, no-any-return]
+        return {
+            "decisions": count("SELECT count(*) FROM journal WHERE event_type = 'policy.decision' AND task_id = %s"),
+            "told": count("SELECT count(*) FROM chat_queue WHERE origin = 'harness' AND text LIKE "
+                          "'[harness] Worker ' || %s::text || '%%'"),
+            "escalations": count("SELECT count(*) FROM escalations WHERE task_id = %s"),
+            "resolved": count("SELECT count(*) FROM journal WHERE event_type = 'escalation.resolved' "
+                              "AND task_id = %s"),
+        }
+
+
+async def test_settling_an_end_twice_acts_once_and_the_settled_marker_is_what_stops_the_second_pass(
+    pool: AsyncConnectionPool, db: DB
+) -> None:
+    _, turn = _thread_with_turn(db.admin_dsn)
+    worker = _ended_worker(db.admin_dsn, turn)
+    settler = Settler(pool, SettlerConfig())
+    first = await settler.settle_pending()
+    second = await settler.settle_pending()  # the same pass on the same ended worker
+    after_two = _follow_ups(db.admin_dsn, worker)
+    # the negative control: with its marker cleared, the very same pass acts on the same end again, so the
+    # second pass did nothing because of the marker, not because the pass cannot act on this end
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE tasks SET settled_at = NULL WHERE id = %s", [worker])
+    unmarked = await settler.settle_pending()
+    after_unmarked = _follow_ups(db.admin_dsn, worker)
+    assert (first, second) == (1, 0)
+    assert after_two["decisions"] == 1 and after_two["told"] == 1
+    assert unmarked == 1 and after_unmarked["decisions"] == 2 and after_unmarked["told"] == 2
+
+
+async def test_two_settlers_passing_over_the_same_end_at_once_settle_it_once(
+    pool: AsyncConnectionPool, db: DB
+) -> None:
+    _, turn = _thread_with_turn(db.admin_dsn)
+    worker = _ended_worker(db.admin_dsn, turn)
+    # two settlers as two executors of a fleet run them: the claim's SKIP LOCKED lets one act
+    settled = await asyncio.gather(*(Settler(pool, SettlerConfig()).settle_pending() for _ in range(2)))
+    assert sorted(settled) == [0, 1] and _follow_ups(db.admin_dsn, worker)["decisions"] == 1
+
+
+async def test_an_answered_escalation_is_carried_out_by_the_settler_once_however_often_its_pass_runs(
+    pool: AsyncConnectionPool, db: DB
+) -> None:
+    thread, turn = _thread_with_turn(db.admin_dsn)
+    worker = _ended_worker(db.admin_dsn, turn, status="gated")  # the policy escalates a gated end
+    settler = Settler(pool, SettlerConfig())
+    await settler.settle_pending()
+    unanswered = await settler.apply_escalations()  # nothing is owed before the user answers
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE questions SET status = 'answered', answers = jsonb_build_object('q', %s::text), "
+                     "answered_by = 'user' WHERE id = (SELECT question_id FROM escalations WHERE task_id = %s)",
+                     [policy.ESCALATION_SKIP, worker])
+    acted = [await settler.apply_escalations() for _ in range(2)]
+    done = _follow_ups(db.admin_dsn, worker)
+    assert unanswered == 0 and acted == [1, 0]
+    assert done["escalations"] == 1 and done["resolved"] == 1
+    assert done["told"] == 1  # the orchestrator hears the user's Skip once
+    assert _one(db.admin_dsn, "SELECT decision FROM escalations WHERE task_id = %s", worker) == "skip"
 
 
 async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_escalates_it_in_the_chat(
@@ -210,18 +279,9 @@ async def test_a_worker_whose_cli_cannot_be_started_escalates_instead_of_being_r
         sub = replace(substrate_for(model, tmp_path), claude_bin=str(tmp_path / "no-such-claude"))
         thread, turn = _thread_with_turn(db.admin_dsn)
         async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)) as h:
-            settler = Settler(h.db.pool, SettlerConfig(poll_interval_s=0.2))
-            settling = asyncio.create_task(settler.run())
-            try:
-                worker = await h.dispatch("build it", parent_task_id=turn)
-                await h.wait_final(worker)
-
-                async def question() -> uuid.UUID | None:
-                    return _one(db.admin_dsn, "SELECT question_id FROM escalations WHERE task_id = %s", worker)
-                await until(question, "the escalation", 30)
-            finally:
-                settling.cancel()
-                await asyncio.gather(settling, return_exceptions=True)
+            worker = await h.dispatch("build it", parent_task_id=turn)
+            await h.wait_final(worker)
+            settled_now = await Settler(h.db.pool, SettlerConfig()).settle_pending()
             row = await h.task(worker)
     with psycopg.connect(db.admin_dsn) as conn:
         decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' "
@@ -229,7 +289,8 @@ async def test_a_worker_whose_cli_cannot_be_started_escalates_instead_of_being_r
         retries = conn.execute("SELECT count(*) FROM tasks WHERE retry_of = %s",
                                [worker]).fetchone()[0]  # type: ignore[index]
     assert row["status"] == "failed" and row["status_reason"].startswith("could not start")
-    assert decisions == [("escalate",)] and retries == 0
+    assert settled_now == 1 and decisions == [("escalate",)] and retries == 0
+    assert _one(db.admin_dsn, "SELECT count(*) FROM escalations WHERE task_id = %s", worker) == 1
 
 
 def test_the_migration_marks_ends_from_before_it_settled_so_none_is_acted_on_twice(

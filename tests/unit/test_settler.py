@@ -6,8 +6,13 @@ import uuid
 from typing import Any
 
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
-from executor.settle.settler import Ended, Step, retry_delay, route
+from executor.journal.writer import JournalWriter
+from executor.settle.settler import Ended, Settler, SettlerConfig, Step, retry_delay, route
+from executor.settle.threads import Threads
+from shared import consume
+from shared.listener import Notification
 
 THREAD = uuid.uuid4()
 SCHEMA = {"type": "object"}
@@ -63,6 +68,27 @@ def test_a_failing_settlement_waits_longer_each_time_up_to_the_cap() -> None:
 def test_an_end_is_read_from_a_claimed_row() -> None:
     row = {"id": uuid.uuid4(), "role": "worker", "status": "failed", "status_reason": "no_result",
            "parent_task_id": None, "json_schema": None, "extract_on_exit": True, "thread_turn": False,
-           "thread_id": THREAD, "exited": {"lines": 3}}
+           "thread_id": THREAD, "exited": {"lines": 3}, "changes_due": True}
     end = Ended.from_row(row)
-    assert end.printed and not end.is_extractor and end.thread_id == THREAD
+    assert end.printed and not end.is_extractor and end.thread_id == THREAD and end.changes_due
+
+
+def _woken(by_channel: dict[str, list[consume.Pass]], *channels: str) -> list[str]:
+    notes = [Notification(c, "1") if c else None for c in channels]
+    return [consume._name(p) for p in consume.due_passes(notes, by_channel)]
+
+
+async def test_the_settler_takes_ends_on_task_changed_and_the_users_answers_on_question_answered() -> None:
+    by_channel = Settler(AsyncConnectionPool("postgresql://unused", open=False), SettlerConfig()).passes_by_channel()
+    assert _woken(by_channel, "task_changed") == ["settle_pending", "apply_approvals"]
+    assert _woken(by_channel, "question_answered") == ["apply_approvals", "apply_escalations", "deliver_late_answers"]
+    assert _woken(by_channel, "") == ["settle_pending", "apply_approvals", "apply_escalations",
+                                      "deliver_late_answers", "record_leftover_changes"]  # the poll
+
+
+async def test_the_threads_loop_only_delivers_chat_and_applies_controls_first() -> None:
+    pool = AsyncConnectionPool("postgresql://unused", open=False)
+    by_channel = Threads(pool, JournalWriter(pool)).passes_by_channel()
+    assert _woken(by_channel, "chat_queue") == ["deliver"]
+    assert _woken(by_channel, "thread_control_queue") == ["apply_controls", "deliver"]
+    assert _woken(by_channel, "") == ["apply_controls", "deliver"]  # the poll: nothing else is the thread's

@@ -1,0 +1,200 @@
+"""The one loop primitive (shared/consume.py) on a subscription fed by hand: which passes a wake-up runs,
+repeating while there is work, outliving an outage and a pass's bug, and stopping."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+from structlog.testing import capture_logs
+
+from shared import availability as availability_module
+from shared import consume
+from shared.availability import Availability
+from shared.listener import RESYNC, Listener, Notification, Subscription
+
+NEVER_S = 60.0  # a poll that never comes within a test: only notifications wake the loop
+
+
+class Passes:
+    """Passes that record each run, and can be told to report work or to raise."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+        self.work: dict[str, int] = {}  # name → how many more runs report work
+        self.raises: dict[str, BaseException] = {}
+        self.ran = asyncio.Event()
+
+    def make(self, name: str) -> consume.Pass:
+        async def run() -> bool:
+            self.runs.append(name)
+            self.ran.set()
+            if name in self.raises:
+                raise self.raises[name]
+            left = self.work.get(name, 0)
+            self.work[name] = max(0, left - 1)
+            return left > 0
+        run.__name__ = name
+        return run
+
+    async def after(self, count: int) -> list[str]:
+        """The runs once there are at least `count` of them."""
+        async with asyncio.timeout(5):
+            while len(self.runs) < count:
+                self.ran.clear()
+                await self.ran.wait()
+        return list(self.runs)
+
+
+def subscription(channels: list[str]) -> Subscription:
+    """A real Subscription of a listener that never connects: the test puts the notifications in."""
+    return Listener("postgresql://unused", channels).subscribe(channels)
+
+
+@asynccontextmanager
+async def consuming(sub: Subscription, by_channel: dict[str, list[consume.Pass]], poll_s: float = NEVER_S,
+                    availability: Availability | None = None, debounce_s: float = 0.0) -> AsyncIterator[asyncio.Event]:
+    stop = asyncio.Event()
+    loop = asyncio.create_task(consume.consume("test", sub, by_channel, poll_s, availability or Availability("t"),
+                                               stop, debounce_s=debounce_s))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        async with asyncio.timeout(5):
+            await loop  # ends on stop: a loop that needed cancelling would hang here
+
+
+async def test_a_notification_runs_only_its_channels_passes_and_the_first_round_and_a_resync_run_all() -> None:
+    p = Passes()
+    controls, deliver, other = p.make("controls"), p.make("deliver"), p.make("other")
+    sub = subscription(["chat", "control", "answers"])
+    async with consuming(sub, {"control": [controls, deliver], "chat": [deliver], "answers": [other]}):
+        first = await p.after(3)
+        sub.queue.put_nowait(Notification("chat", "1"))
+        chat = (await p.after(4))[3:]
+        sub.queue.put_nowait(Notification("control", "2"))
+        control = (await p.after(6))[4:]
+        sub.queue.put_nowait(RESYNC)
+        resync = (await p.after(9))[6:]
+    assert first == ["controls", "deliver", "other"]  # catch up on what happened while nobody listened
+    assert chat == ["deliver"] and control == ["controls", "deliver"]
+    assert resync == ["controls", "deliver", "other"]
+
+
+async def test_notifications_queued_together_run_their_passes_once_in_registration_order() -> None:
+    p = Passes()
+    a, b = p.make("a"), p.make("b")
+    sub = subscription(["x", "y"])
+    async with consuming(sub, {"x": [a], "y": [b]}):
+        await p.after(2)
+        for note in (Notification("y", "1"), Notification("x", "2"), Notification("y", "3")):
+            sub.queue.put_nowait(note)
+        runs = (await p.after(4))[2:]
+        await asyncio.sleep(0.05)  # no further round may follow for what was already taken
+    assert runs == ["a", "b"] and len(p.runs) == 4
+
+
+async def test_with_a_debounce_a_burst_arriving_after_the_first_notification_is_taken_in_one_round() -> None:
+    p = Passes()
+    a = p.make("a")
+    sub = subscription(["x"])
+    async with consuming(sub, {"x": [a]}, debounce_s=0.05):
+        await p.after(1)
+        sub.queue.put_nowait(Notification("x", "1"))
+        await asyncio.sleep(0.01)  # the loop has taken the first one and waits out the debounce
+        sub.queue.put_nowait(Notification("x", "2"))
+        await p.after(2)
+        await asyncio.sleep(0.1)  # no round may follow for the second: it was taken with the first
+    assert p.runs == ["a", "a"]
+
+
+async def test_the_poll_runs_every_pass_without_any_notification() -> None:
+    p = Passes()
+    a, b = p.make("a"), p.make("b")
+    async with consuming(subscription(["x", "y"]), {"x": [a], "y": [b]}, poll_s=0.02):
+        runs = await p.after(6)
+    assert runs[:6] == ["a", "b"] * 3
+
+
+async def test_a_pass_that_reports_work_runs_again_until_it_finds_none() -> None:
+    p = Passes()
+    p.work["claim"] = 3  # three batches, then an empty claim
+    claim, other = p.make("claim"), p.make("other")
+    async with consuming(subscription(["x"]), {"x": [claim, other]}):
+        runs = await p.after(5)
+    assert runs[:5] == ["claim"] * 4 + ["other"]
+
+
+async def test_an_outage_is_waited_out_through_availability_and_then_every_pass_runs_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(availability_module, "OUTAGE_DELAYS_S", (0.01,))
+    monkeypatch.setattr(availability_module, "SETTLE_S", 0.0)
+    p = Passes()
+    p.raises["first"] = psycopg.OperationalError("the server closed the connection")
+    first, second = p.make("first"), p.make("second")
+    available = Availability("t")
+    sub = subscription(["x", "y"])
+    with capture_logs() as logged:
+        async with consuming(sub, {"x": [first], "y": [second]}, availability=available):
+            await p.after(3)  # fails, waits, fails again: the loop is still there
+            down_meanwhile = available.down
+            del p.raises["first"]
+            n = len(p.runs)
+            runs = (await p.after(n + 2))[n:n + 2]
+            async with asyncio.timeout(5):
+                while available.down:
+                    await asyncio.sleep(0.01)
+    said = [e["event"] for e in logged if e["event"].startswith("database_")]
+    assert down_meanwhile and available.outages == 1
+    assert runs == ["first", "second"]  # the pass the outage cut short, and the one it kept from running
+    assert said == ["database_unavailable", "database_available"]  # once each, however many attempts
+
+
+async def test_a_pass_that_raises_is_logged_once_while_it_keeps_failing_and_the_other_passes_go_on() -> None:
+    p = Passes()
+    p.raises["buggy"] = ValueError("a bug")
+    buggy, fine = p.make("buggy"), p.make("fine")
+    sub = subscription(["x"])
+    with capture_logs() as logged:
+        async with consuming(sub, {"x": [buggy, fine]}):
+            for n in range(3):
+                sub.queue.put_nowait(Notification("x", str(n)))
+                await p.after(2 * (n + 2))
+            del p.raises["buggy"]
+            sub.queue.put_nowait(Notification("x", "again"))
+            runs = await p.after(10)
+    failed = [e for e in logged if e["event"] == "loop_pass_failed"]
+    recovered = [e for e in logged if e["event"] == "loop_pass_recovered"]
+    assert runs == ["buggy", "fine"] * 5
+    assert [(e["loop"], e["step"]) for e in failed] == [("test", "buggy")]
+    assert [(e["step"], e["failures"]) for e in recovered] == [("buggy", 4)]
+
+
+async def test_stop_ends_the_loop_while_it_waits_and_a_nudge_wakes_it_from_inside_the_process() -> None:
+    p = Passes()
+    a, b = p.make("a"), p.make("b")
+    sub = subscription(["x", "y"])
+    async with consuming(sub, {"x": [a], "y": [b]}):
+        await p.after(2)
+        consume.nudge(sub)
+        runs = await p.after(4)
+    assert runs == ["a", "b", "a", "b"]  # the context manager's exit proved the stop (it awaits the loop)
+
+
+@pytest.mark.parametrize(("notes", "due"), [
+    ([None], ["a", "b", "c"]),
+    ([RESYNC], ["a", "b", "c"]),
+    ([Notification("unknown", "1")], ["a", "b", "c"]),
+    ([Notification("y", "1")], ["b", "c"]),
+    ([Notification("z", "1"), Notification("x", "2")], ["a", "c"]),
+])
+def test_which_passes_a_wake_up_calls_for(notes: list[Notification | None], due: list[str]) -> None:
+    p = Passes()
+    a, b, c = p.make("a"), p.make("b"), p.make("c")
+    by_channel = {"x": [a], "y": [b, c], "z": [c]}
+    assert [consume._name(p) for p in consume.due_passes(notes, by_channel)] == due
