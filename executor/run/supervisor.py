@@ -66,7 +66,7 @@ class SupervisorConfig:
     def run_config(self) -> RunConfig:
         return RunConfig(stop_grace_s=self.stop_grace_s, drain_timeout_s=self.drain_timeout_s,
                          default_workdir=self.default_workdir, run_dir=self.run_dir,
-                         worktree_root=self.worktree_root, keep_worktrees=self.keep_worktrees,
+                         worktree_root=self.worktree_root,
                          mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms, sandbox=self.sandbox)
 
 

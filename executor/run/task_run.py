@@ -72,7 +72,6 @@ class RunConfig:
     default_workdir: Path
     run_dir: Path
     worktree_root: Path
-    keep_worktrees: bool
     mcp_url: str | None
     mcp_timeout_ms: int | None
     # every spawn sandboxed (None: the operator's explicit PETAL_SANDBOX=off)
