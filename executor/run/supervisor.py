@@ -105,11 +105,11 @@ class Supervisor:
     @property
     def on_credential_revoked(self) -> Callable[[uuid.UUID], None] | None:
         """Told when a spawn's credential dies (the harness MCP forgets the callers it confirmed)."""
-        return self.runner.on_credential_revoked
+        return self.runner.credentials.on_revoked
 
     @on_credential_revoked.setter
     def on_credential_revoked(self, callback: Callable[[uuid.UUID], None] | None) -> None:
-        self.runner.on_credential_revoked = callback
+        self.runner.credentials.on_revoked = callback
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -130,7 +130,7 @@ class Supervisor:
         side: list[asyncio.Task[None]] = []
         leasing = asyncio.create_task(self.lease.run(), name="lease")
         try:
-            self.runner.sweep_mcp_configs()
+            self.runner.credentials.sweep()
             await availability.retry(self.reconcile, "reconcile")
             side.append(asyncio.create_task(self.watchdog.run(), name="watchdog"))
             if wake_on is not None:
@@ -162,7 +162,8 @@ class Supervisor:
                     self._stops_due = True  # the poll: whatever a lost notification would have said
         finally:
             await self._stop_children("executor_shutdown")
-            self.runner.close_gateways()
+            if self.runner.isolation is not None:
+                self.runner.isolation.close()
             leasing.cancel()
             for t in side:
                 t.cancel()

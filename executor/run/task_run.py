@@ -4,14 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
-import json
-import os
-import secrets
-import shutil
 import signal
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -24,11 +17,12 @@ from executor.journal.writer import Fenced, JournalWriter
 from executor.projects import service as projects
 from executor.projects import worktrees
 from executor.run import lineage, process, substrate
+from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
+from executor.run.isolation import Isolation
 from executor.run.task_store import ClaimedTask, TaskEnd, TaskStore
 from executor.sandbox import bwrap as sandbox
 from executor.sandbox.gateway import Gateway
-from executor.sandbox.gateway import parse_allowlist as gateway_allow
 from shared import aio, journal, lifeline, logs
 from shared.database import OUTAGE_ERRORS, Availability
 from shared.models import NewEvent
@@ -121,9 +115,10 @@ class TaskRunner:
         self.on_reaped = on_reaped  # a run ended: room for another
         self.runs: dict[uuid.UUID, Running] = {}
         self.children: set[asyncio.Task[None]] = set()
-        # told when a spawn's credential dies (the harness MCP forgets the callers it confirmed)
-        self.on_credential_revoked: Callable[[uuid.UUID], None] | None = None
-        self._gateways: Path | None = None
+        self.credentials = Credentials(store, config.run_dir, config.mcp_url, config.mcp_timeout_ms, availability)
+        # every spawn sandboxed, unless the operator's explicit PETAL_SANDBOX=off
+        self.isolation = (Isolation(config.sandbox, substrate_config, config.mcp_url, store)
+                          if config.sandbox is not None else None)
 
     async def wait(self, timeout: float) -> None:
         """Until every run is reaped, or the timeout."""
@@ -143,55 +138,6 @@ class TaskRunner:
         if not done:
             log.warning("final_status_refused", task_id=str(task_id), status=end.status, epoch=self.lease.epoch)
         return done
-
-    @property
-    def _mcp_dir(self) -> Path:
-        return self.config.run_dir / "mcp"
-
-    async def _write_mcp_config(self, task_id: uuid.UUID, session_id: uuid.UUID) -> Path | None:
-        """The per-spawn MCP config carrying a fresh credential; only its hash reaches the database."""
-        if not self.config.mcp_url:
-            return None
-        token = secrets.token_urlsafe(32)
-        await self.store.grant_credential(hashlib.sha256(token.encode()).digest(), task_id, session_id)
-        # the credential is the caller's identity: readable by this user only, from the first byte
-        self._mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self._mcp_dir, 0o700)  # an older or hand-made directory may be wider
-        path = self._mcp_dir / f"mcp-{task_id}.json"
-        path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(substrate.mcp_config(self.config.mcp_url, token, self.config.mcp_timeout_ms)))
-        return path
-
-    async def _revoke_mcp_config(self, r: Running) -> None:
-        """The credential dies with its process, before the task's end is settled (a Bash grandchild that
-        survives the CLI and read the config cannot call as the task meanwhile)."""
-        assert r.mcp_config is not None
-        r.mcp_config.unlink(missing_ok=True)
-        if self.on_credential_revoked is not None:
-            self.on_credential_revoked(r.task_id)
-        try:
-            await self.store.revoke_credential(r.task_id)
-            r.revoke_pending = False
-        except OUTAGE_ERRORS as exc:
-            # the database is away: the harness already forgot the caller (above); the task's final status
-            # refuses the credential until it is revoked, once the end is recorded
-            r.revoke_pending = True
-            self.availability.failed(exc, "credential_revoke")
-        except Exception:  # noqa: BLE001 - the task's end must still be recorded; its status refuses it then
-            log.exception("credential_revoke_failed", task_id=str(r.task_id))
-
-    def close_gateways(self) -> None:
-        """At the executor's end: its gateways' directory (each gateway removes its own as its spawn ends)."""
-        if self._gateways is not None:
-            shutil.rmtree(self._gateways, ignore_errors=True)
-
-    def sweep_mcp_configs(self) -> None:
-        """Configs left by processes of a previous executor (a crash): their credentials are dead anyway."""
-        if self._mcp_dir.is_dir():
-            for stale in self._mcp_dir.glob("mcp-*.json"):
-                stale.unlink(missing_ok=True)
 
     async def start(self, task: ClaimedTask) -> None:
         """Spawn a claimed task's process and supervise it until it is reaped. An outage error before the
@@ -222,7 +168,7 @@ class TaskRunner:
             # a conversation of its own.
             session_id = task.session_id or uuid.uuid4()
             mcp_path, _ = await asyncio.gather(
-                self._write_mcp_config(task_id, session_id) if profile.use_mcp else aio.resolved(None),
+                self.credentials.grant(task_id, session_id) if profile.use_mcp else aio.resolved(None),
                 self.store.open_session(session_id, project_id=task.project_id, role=task.role,
                                         executor=self.lease.name))
             spec = substrate.SpawnSpec(
@@ -240,10 +186,9 @@ class TaskRunner:
             env = substrate.build_env(self.substrate, str(task_id))
             try:
                 argv = cmd
-                if self.config.sandbox is not None:
-                    gateway = await self._open_gateway(task_id, task.project_id)
-                    argv, env = self._sandboxed(self.config.sandbox, gateway, workdir, mcp_path, cmd, env, task_id,
-                                                spec.session_uuid)
+                if self.isolation is not None:
+                    gateway = await self.isolation.open_gateway(task_id, task.project_id)
+                    argv, env = self.isolation.wrap(gateway, workdir, mcp_path, cmd, env, task_id, spec.session_uuid)
                 # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
                 # Bash-tool children itself (they run in their own session, out of reach of a group signal)
                 argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
@@ -261,10 +206,9 @@ class TaskRunner:
             except OSError as exc:
                 if mcp_path is not None:
                     mcp_path.unlink(missing_ok=True)
-                if gateway is not None:
+                if gateway is not None and self.isolation is not None:
                     await gateway.close()
-                    shutil.rmtree(sandbox.spawn_sessions(substrate.config_home(self.substrate), task_id.hex),
-                                  ignore_errors=True)
+                    self.isolation.forget_spawn(task_id)
                 await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
                 return
         finally:
@@ -304,55 +248,6 @@ class TaskRunner:
             await proc.stdin.wait_closed()
         except (BrokenPipeError, ConnectionResetError):
             pass  # it died before reading: its exit says why
-
-    async def _open_gateway(self, task_id: uuid.UUID, project_id: uuid.UUID | None) -> Gateway:
-        forwards: dict[int, tuple[str, int]] = {}
-        for port, target in (sandbox.loopback_port(self.config.mcp_url),
-                             sandbox.loopback_port(self.substrate.base_env.get("ANTHROPIC_BASE_URL"))):
-            if port is not None and target is not None:
-                forwards[port] = target
-        assert self.config.sandbox is not None
-        allow = (*sandbox.cli_hosts(self.substrate.base_env), *self.config.sandbox.allow,
-                 *await self.store.project_sandbox_allow(project_id))
-        return await Gateway.open(self._gateway_root() / task_id.hex[:16], forwards, gateway_allow(allow),
-                                  label=str(task_id))
-
-    def _gateway_root(self) -> Path:
-        """Where this executor's gateways keep their sockets: a 0700 directory of its own in the system's temporary
-        directory, not under the data directory, whose path can be longer than a Unix socket's (108 bytes)."""
-        if self._gateways is None or not self._gateways.is_dir():
-            self._gateways = Path(tempfile.mkdtemp(prefix="petal-gw-"))
-        return self._gateways
-
-    def _sandboxed(self, policy: sandbox.SandboxPolicy, gateway: Gateway, workdir: Path, mcp_path: Path | None,
-                   cmd: list[str], env: dict[str, str], task_id: uuid.UUID, session_uuid: str
-                   ) -> tuple[list[str], dict[str, str]]:
-        """The command line and environment of a spawn inside its sandbox."""
-        git_rw, git_ro = sandbox.git_parts(workdir)
-        home = Path(self.substrate.base_env.get("HOME") or Path.home())
-        config = sandbox.config_view(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
-        writable = [*config.writable, *git_rw]
-        if self.substrate.config_dir is None and not self.substrate.base_env.get("CLAUDE_CONFIG_DIR"):
-            writable += [p for p in (home / ".claude.json",) if p.exists()]
-        readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None), *config.readonly, *policy.exposed]
-        readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
-        found = shutil.which(cmd[0], path=env.get("PATH"))
-        if found is None:  # said here, as an unsandboxed spawn would, not as the launcher's exit 127
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cmd[0])
-        if not sandbox.visible(Path(found), policy):
-            readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
-        box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
-                               hidden=config.hidden, bound=config.bound, ports=tuple(gateway.forwards),
-                               sockets_dir=gateway.directory)
-        return sandbox.wrap(policy, box, cmd), {**env, **sandbox.proxy_env()}
-
-    def _keep_session(self, r: Running) -> None:
-        """A sandboxed spawn's new conversation into place for the next turn's `--resume`."""
-        assert r.workdir is not None
-        try:
-            sandbox.keep_session(substrate.config_home(self.substrate), r.workdir, str(r.session_id), r.task_id.hex)
-        except OSError:  # the next turn starts the conversation afresh (session_stored): logged, not fatal
-            log.exception("keep_session_failed", task_id=str(r.task_id))
 
     async def _worktree(self, task: ClaimedTask) -> Path | str | None:
         """A worker of a project runs in a git worktree of its own, never in the project's checkout: its path,
@@ -422,11 +317,12 @@ class TaskRunner:
         readers = [asyncio.create_task(self._read_stdout(r)), asyncio.create_task(self._read_stderr(r))]
         try:
             rc = await self._until_exit(r)
-            if r.gateway is not None:
+            if r.gateway is not None and self.isolation is not None:
                 await r.gateway.close()
-                self._keep_session(r)
+                assert r.workdir is not None
+                self.isolation.keep_session(r.workdir, r.session_id, r.task_id)
             if r.mcp_config is not None:
-                await self._revoke_mcp_config(r)
+                r.revoke_pending = await self.credentials.revoke(r.task_id, r.mcp_config)
             done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)
             for t in pending:
                 t.cancel()
@@ -491,7 +387,7 @@ class TaskRunner:
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
             if r.revoke_pending:
-                await self._revoke_mcp_config(r)
+                r.revoke_pending = await self.credentials.revoke(r.task_id, r.mcp_config)
         # the settler acts on the end from here (woken by the status change), reading the store, not r.facts:
         # it records a project worker's changes and removes its worktree first
         log.info("task_exited", task_id=str(r.task_id), status=outcome.status, reason=reason, rc=rc)
@@ -516,8 +412,8 @@ class TaskRunner:
         await r.stop_asked.wait()
         if not _alive(r):
             return
-        if r.gateway is not None and self.config.sandbox is not None:
-            sent = process.signal_inside(r.proc.pid, signal.SIGTERM, self.config.sandbox.bwrap)
+        if r.gateway is not None and self.isolation is not None:
+            sent = process.signal_inside(r.proc.pid, signal.SIGTERM, self.isolation.policy.bwrap)
         else:
             sent = process.signal_group(r.proc.pid, signal.SIGTERM)
         await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGTERM", "reason": r.stop_reason,

@@ -1,0 +1,85 @@
+"""A spawn's sandbox as the run sees it: its gateway (the only ways out), its bubblewrap command line, and
+after its exit the new conversation kept for the next turn's `--resume` (executor/sandbox/ builds each)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from executor.run import substrate
+from executor.run.task_store import TaskStore
+from executor.sandbox import bwrap as sandbox
+from executor.sandbox.gateway import Gateway
+from executor.sandbox.gateway import parse_allowlist as gateway_allow
+from shared import logs
+
+log = logs.get(__name__)
+
+
+class Isolation:
+    def __init__(self, policy: sandbox.SandboxPolicy, substrate_config: substrate.SubstrateConfig,
+                 mcp_url: str | None, store: TaskStore):
+        self.policy = policy
+        self.substrate = substrate_config
+        self.mcp_url = mcp_url
+        self.store = store
+        self._gateways: Path | None = None
+
+    async def open_gateway(self, task_id: uuid.UUID, project_id: uuid.UUID | None) -> Gateway:
+        forwards: dict[int, tuple[str, int]] = {}
+        for port, target in (sandbox.loopback_port(self.mcp_url),
+                             sandbox.loopback_port(self.substrate.base_env.get("ANTHROPIC_BASE_URL"))):
+            if port is not None and target is not None:
+                forwards[port] = target
+        allow = (*sandbox.cli_hosts(self.substrate.base_env), *self.policy.allow,
+                 *await self.store.project_sandbox_allow(project_id))
+        return await Gateway.open(self._gateway_root() / task_id.hex[:16], forwards, gateway_allow(allow),
+                                  label=str(task_id))
+
+    def _gateway_root(self) -> Path:
+        """Where this executor's gateways keep their sockets: a 0700 directory of its own in the system's temporary
+        directory, not under the data directory, whose path can be longer than a Unix socket's (108 bytes)."""
+        if self._gateways is None or not self._gateways.is_dir():
+            self._gateways = Path(tempfile.mkdtemp(prefix="petal-gw-"))
+        return self._gateways
+
+    def wrap(self, gateway: Gateway, workdir: Path, mcp_path: Path | None, cmd: list[str], env: dict[str, str],
+             task_id: uuid.UUID, session_uuid: str) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of a spawn inside its sandbox."""
+        git_rw, git_ro = sandbox.git_parts(workdir)
+        home = Path(self.substrate.base_env.get("HOME") or Path.home())
+        config = sandbox.config_view(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
+        writable = [*config.writable, *git_rw]
+        if self.substrate.config_dir is None and not self.substrate.base_env.get("CLAUDE_CONFIG_DIR"):
+            writable += [p for p in (home / ".claude.json",) if p.exists()]
+        readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None), *config.readonly, *self.policy.exposed]
+        readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
+        found = shutil.which(cmd[0], path=env.get("PATH"))
+        if found is None:  # said here, as an unsandboxed spawn would, not as the launcher's exit 127
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cmd[0])
+        if not sandbox.visible(Path(found), self.policy):
+            readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
+        box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
+                               hidden=config.hidden, bound=config.bound, ports=tuple(gateway.forwards),
+                               sockets_dir=gateway.directory)
+        return sandbox.wrap(self.policy, box, cmd), {**env, **sandbox.proxy_env()}
+
+    def keep_session(self, workdir: Path, session_id: uuid.UUID, task_id: uuid.UUID) -> None:
+        """A sandboxed spawn's new conversation into place for the next turn's `--resume`."""
+        try:
+            sandbox.keep_session(substrate.config_home(self.substrate), workdir, str(session_id), task_id.hex)
+        except OSError:  # the next turn starts the conversation afresh (session_stored): logged, not fatal
+            log.exception("keep_session_failed", task_id=str(task_id))
+
+    def forget_spawn(self, task_id: uuid.UUID) -> None:
+        """A spawn that never started: its private conversation directory goes."""
+        shutil.rmtree(sandbox.spawn_sessions(substrate.config_home(self.substrate), task_id.hex), ignore_errors=True)
+
+    def close(self) -> None:
+        """At the executor's end: its gateways' directory (each gateway removes its own as its spawn ends)."""
+        if self._gateways is not None:
+            shutil.rmtree(self._gateways, ignore_errors=True)
