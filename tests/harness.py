@@ -28,12 +28,11 @@ from executor.settle import dispatch
 from petal_dispatch import cli_install
 from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared.database import Database
-from shared.models import Event
+from shared.models import FINAL_STATUSES, Event
 from tests.pg import DB
 from tests.served import free_port
 
-FINAL = {"success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
-         "extraction_failed"}
+FINAL = set(FINAL_STATUSES)
 
 
 def worker(brief: str, **kw: Any) -> dispatch.TaskRequest:
