@@ -20,7 +20,7 @@ from typing import Any, cast
 import psycopg
 
 from executor.sql import queries as executor_queries
-from shared.query import Registry
+from shared.query import FromRow, Registry
 from shared.work import Work
 
 # What a scripted name answers: `one` a row (or None), `all` a list of rows, `execute` a row count; or a
@@ -75,18 +75,27 @@ class FakeWork(Work):
     async def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
         return int(self._answer(name, params) or 0)
 
-    async def one(self, name: str, params: Mapping[str, Any] | None = None, *,  # type: ignore[override]
+    async def one(self, name: str, params: Mapping[str, Any] | None = None, *,
                   into: Callable[..., Any] | None = None) -> Any:
         row = self._answer(name, params)
-        return into(**row) if into is not None and row is not None else row
+        return _made(into, row) if row is not None else None
 
-    async def all(self, name: str, params: Mapping[str, Any] | None = None, *,  # type: ignore[override]
+    async def all(self, name: str, params: Mapping[str, Any] | None = None, *,
                   into: Callable[..., Any] | None = None) -> list[Any]:
         rows = list(self._answer(name, params) or [])
-        return [into(**r) for r in rows] if into is not None else rows
+        return [_made(into, r) for r in rows]
 
     async def append(self) -> None:
         raise AssertionError("a fake unit of work journals nothing: read `events`")
+
+
+def _made(into: Callable[..., Any] | None, row: Mapping[str, Any]) -> Any:
+    """A row as the real layer gives it: a dict, `into.from_row(row)` or `into(**row)`."""
+    if into is None:
+        return dict(row)
+    if isinstance(into, type) and issubclass(into, FromRow):
+        return into.from_row(row)
+    return into(**row)
 
 
 def _placeholders(sql: str) -> list[str]:

@@ -4,6 +4,7 @@ run again at most once."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -15,7 +16,7 @@ from shared.query import Queries
 from shared.work import work
 
 
-async def _row_and_records(pool: AsyncConnectionPool, task_id: uuid.UUID) -> tuple[dict | None, list[dict]]:
+async def _row_and_records(pool: AsyncConnectionPool, task_id: uuid.UUID) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     q = Queries(pool, {"get": "SELECT status, attempt, retry_of, not_before IS NOT NULL AS waits, required_labels "
                               "FROM tasks WHERE id = %(id)s",
                        "records": "SELECT event_type, payload FROM journal WHERE task_id = %(id)s ORDER BY seq"})
