@@ -14,6 +14,7 @@ from ingress.http import body, ingress_queries, path_uuid, respond, shared_queri
 from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPatch
 from ingress.problems import Problem
 from shared import threads
+from shared.models import ACTIVE_STATUSES
 
 _FINAL_ASK = {"answered", "cancelled"}
 
@@ -46,7 +47,7 @@ async def stop_task(request: Request) -> Response:
     row = await shared_queries(request).one("get_task_status", {"id": task_id})
     if row is None:
         raise Problem(404, f"no task {task_id}")
-    if row["status"] not in ("pending", "running"):
+    if row["status"] not in ACTIVE_STATUSES:
         raise Problem(409, f"task {task_id} already ended ({row['status']})")
     queued = await ingress_queries(request).one("enqueue_stop", {"task_id": task_id, "reason": stop.reason})
     return respond(queued, 202)

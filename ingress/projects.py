@@ -11,6 +11,7 @@ from ingress.http import body, ingress_queries, path_uuid, pool, query_choice, q
 from ingress.models import ProjectIn, ReviewIn
 from ingress.problems import Problem
 from shared import projects
+from shared.models import ACTIVE_STATUSES
 
 
 async def create_project(request: Request) -> Response:
@@ -66,7 +67,7 @@ async def _review(request: Request, action: str) -> Response:
         raise Problem(404, f"no task {task_id}")
     if task["branch"] is None:
         raise Problem(409, f"task {task_id} has no branch to {action} (not a worker of a project)")
-    if task["status"] in ("pending", "running"):
+    if task["status"] in ACTIVE_STATUSES:
         raise Problem(409, f"task {task_id} is still {task['status']}")
     if task["review"] is not None:
         raise Problem(409, f"task {task_id}'s branch was already {task['review']}")

@@ -12,11 +12,10 @@ from ingress.http import ingress_queries, path_uuid, query_bool, query_choice, q
 from ingress.problems import Problem
 from ingress.sql import queries
 from shared import read_surface, threads
+from shared.models import ACTIVE_STATUSES, FINAL_STATUSES
 from shared.query import Queries
 
-FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
-         "extraction_failed")
-STATUSES = ("pending", "running", *FINAL)
+STATUSES = (*ACTIVE_STATUSES, *FINAL_STATUSES)
 
 
 async def list_threads(request: Request) -> Response:
@@ -118,8 +117,8 @@ async def context(request: Request) -> Response:
     q = ingress_queries(request)
     thread = await q.one("get_thread", {"id": thread_id})
     tasks = await q.all("list_tasks", {"status": None, "thread_id": thread_id, "running": None, "limit": 50})
-    turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ("pending", "running")), None)
-    workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ("pending", "running")]
+    turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ACTIVE_STATUSES), None)
+    workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ACTIVE_STATUSES]
     return respond({
         "thread": thread,
         "thread_id": thread_id,

@@ -1,4 +1,15 @@
-"""Errors that cross module boundaries. Callers catch these, never psycopg's."""
+"""Errors that cross module boundaries, in one tree under `PetalError`. Callers catch these, never psycopg's:
+a database error becomes one of them in one place, `shared.query.translate` (the journal's appends go
+through it too), and one that translates to nothing is a bug and stays as it is.
+
+    PetalError
+    ├── ConfigError, MigrationError
+    ├── DatabaseUnavailable                 the database is away (an outage: retried, or 503)
+    ├── DatabaseRefused                     refused for its content: Conflict, Missing, Invalid
+    └── JournalWriteError                   a batch was not appended (the database stayed away)
+        └── JournalRefused                  ... because it was refused (its cause: a DatabaseRefused)
+            └── UnknownEventType
+"""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import errors, logs
 from shared.models import Event, NewEvent
-from shared.query import Queries
+from shared.query import Queries, translate
 from shared.sql import queries
 
 log = logs.get(__name__)
@@ -236,12 +236,16 @@ async def append(pool: AsyncConnectionPool, events: Sequence[NewEvent], *, retri
                 except pgerrors.ForeignKeyViolation as exc:
                     if exc.diag.constraint_name == "journal_event_type_fkey":
                         raise await _unknown_type_error(conn, events) from exc
-                    raise errors.JournalRefused(f"journal refused the batch: {exc.diag.message_detail}") from exc
-                except pgerrors.UniqueViolation as exc:
-                    raise errors.JournalRefused(f"journal refused the batch: {exc.diag.message_detail}") from exc
-                except (pgerrors.DataError, pgerrors.IntegrityError) as exc:
-                    raise errors.JournalRefused(f"journal refused the batch: {exc}") from exc
-        except psycopg.OperationalError as exc:
+                    raise
+        except psycopg.Error as exc:
+            # classified as every query's error is (shared/query.py): refused for its content, or away
+            failure = translate(exc)
+            if isinstance(failure, errors.DatabaseRefused):
+                failure.__cause__ = exc
+                detail = exc.diag.message_detail or str(failure)
+                raise errors.JournalRefused(f"journal refused the batch: {detail}") from failure
+            if not isinstance(failure, errors.DatabaseUnavailable):
+                raise  # a bug, not a state
             last_exc = exc
             log.debug("journal_append_retry", attempt=attempt, error=str(exc))
             await asyncio.sleep(APPEND_RETRY_DELAY_S * attempt)

@@ -1,16 +1,22 @@
 """Records as typed values. NewEvent is the append hot path (a slotted dataclass, no validation);
-the read models are pydantic, for the API and the MCP tools."""
+the read models are pydantic. And the one definition of a task's statuses."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 Tier = Literal["raw", "derived"]
+
+# A task's statuses, as the `task_statuses` table holds them (migrations/0001_journal.sql; the store tier
+# compares the two): it waits, runs, then ends in a final status, which never changes afterwards.
+ACTIVE_STATUSES: Final = ("pending", "running")
+FINAL_STATUSES: Final = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
+                         "extraction_failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,43 +55,6 @@ class Event(BaseModel):
     payload: Any
 
 
-class Task(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    id: uuid.UUID
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    role: str
-    brief: str
-    plan_ref: str | None
-    status: str
-    activity: str | None
-    status_reason: str | None
-    exit_code: int | None
-    exit_signal: int | None
-    pid: int | None
-    attempt: int
-    last_output_at: datetime | None
-    created_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-
-
-class Session(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    id: uuid.UUID
-    project_id: uuid.UUID | None
-    role: str
-    lifecycle: str
-    title: str | None
-    mode: str | None
-    substrate_session_id: str | None
-    created_at: datetime
-    updated_at: datetime
-
-
 class ContractField(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -98,18 +67,3 @@ class ContractField(BaseModel):
     supersedes: int | None
     retired: bool
     created_at: datetime
-
-
-class Question(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    id: uuid.UUID
-    tool_use_id: str | None
-    source_session_uuid: uuid.UUID | None
-    task_id: uuid.UUID | None
-    questions: list[dict[str, Any]]
-    status: Literal["pending", "answered", "cancelled"]
-    answers: dict[str, Any] | None
-    response: str | None
-    created_at: datetime
-    answered_at: datetime | None

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar, overload
+import dataclasses
+from typing import Any, LiteralString, Self, TypeVar, cast, overload
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -25,10 +26,13 @@ from shared.errors import Conflict, DatabaseUnavailable, Invalid, Missing, Petal
 T = TypeVar("T")
 Params = Mapping[str, Any] | None
 Row = dict[str, Any]
+Registry = Mapping[str, LiteralString]
+"""Named queries (`shared.sql.load`): the SQL text is the project's own, never built from a value."""
 
 
 def translate(exc: psycopg.Error) -> PetalError | None:
-    """The project's error for a database error, or None for one that is a bug."""
+    """The project's error for a database error, or None for one that is a bug. (The journal's appends
+    classify their failures with it too: shared/journal.py.)"""
     message = (exc.diag.message_primary or str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, (pgerrors.UniqueViolation, pgerrors.ExclusionViolation)):
         return Conflict(message, constraint=exc.diag.constraint_name)
@@ -44,17 +48,24 @@ def translate(exc: psycopg.Error) -> PetalError | None:
 class _Runner:
     """`execute`/`one`/`all` over whatever gives a connection (the pool, or one held in a transaction)."""
 
-    def __init__(self, registry: Mapping[str, str]):
+    def __init__(self, registry: Registry):
         self.registry = registry
 
     def _conn(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         raise NotImplementedError
 
+    def sql(self, name: str) -> LiteralString:
+        """The text of a named query; an unknown name is a bug, said with the name."""
+        try:
+            return self.registry[name]
+        except KeyError:
+            raise KeyError(f"no query named {name!r} in this registry") from None
+
     async def execute(self, name: str, params: Params = None) -> int:
         """Run a statement; the number of rows it touched."""
         try:
             async with self._conn() as conn, conn.cursor() as cur:
-                await cur.execute(self.registry[name], params)
+                await cur.execute(self.sql(name), params)
                 return cur.rowcount
         except psycopg.Error as exc:
             raise (translate(exc) or exc) from exc
@@ -68,7 +79,7 @@ class _Runner:
         """The first row (a dict, or `into(**row)`, e.g. a frozen dataclass), or None."""
         try:
             async with self._conn() as conn, conn.cursor(row_factory=_factory(into)) as cur:
-                await cur.execute(self.registry[name], params)
+                await cur.execute(self.sql(name), params)
                 return await cur.fetchone()
         except psycopg.Error as exc:
             raise (translate(exc) or exc) from exc
@@ -82,21 +93,42 @@ class _Runner:
         """Every row (dicts, or `into(**row)` each)."""
         try:
             async with self._conn() as conn, conn.cursor(row_factory=_factory(into)) as cur:
-                await cur.execute(self.registry[name], params)
+                await cur.execute(self.sql(name), params)
                 return await cur.fetchall()
         except psycopg.Error as exc:
             raise (translate(exc) or exc) from exc
 
 
+class FromRow:
+    """A frozen dataclass that rows become (`into=`): `from_row` takes the columns its fields name, and
+    leaves any other column (a store's row type says what it reads, as procrastinate's `Job.from_row`).
+    A subclass overrides it to convert a column (a path, a tuple)."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        fields = dataclasses.fields(cast(Any, cls))  # a TypeError when a subclass is not a dataclass
+        return cls(**{f.name: row[f.name] for f in fields if f.init})
+
+
 def _factory(into: Callable[..., Any] | None) -> Any:
-    return dict_row if into is None else kwargs_row(into)
+    if into is None:
+        return dict_row
+    if isinstance(into, type) and issubclass(into, FromRow):
+        from_row = into.from_row
+
+        def by_name(cursor: Any) -> Callable[[Any], Any]:
+            as_dict = dict_row(cursor)
+            return lambda values: from_row(as_dict(values))
+
+        return by_name
+    return kwargs_row(into)
 
 
 class Transaction(_Runner):
     """Queries on one connection inside one transaction; `conn` for what needs the connection itself
     (a journal append, a COPY)."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], registry: Mapping[str, str]):
+    def __init__(self, conn: psycopg.AsyncConnection[Any], registry: Registry):
         super().__init__(registry)
         self.conn = conn
 
@@ -109,7 +141,7 @@ class Queries(_Runner):
     """Named queries over a pool. Each statement outside `transaction()` commits on its own (the pool's
     connections are autocommit)."""
 
-    def __init__(self, pool: AsyncConnectionPool, registry: Mapping[str, str]):
+    def __init__(self, pool: AsyncConnectionPool, registry: Registry):
         super().__init__(registry)
         self.pool = pool
 

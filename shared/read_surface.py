@@ -12,6 +12,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from shared.models import ACTIVE_STATUSES
 from shared.query import Queries
 from shared.sql import queries
 
@@ -49,7 +50,7 @@ async def get_project_state(pool: AsyncConnectionPool, project_id: uuid.UUID) ->
     for ref, t in latest.items():
         if t["status"] == "success":
             buckets["done"].append(ref)
-        elif t["status"] in ("pending", "running"):
+        elif t["status"] in ACTIVE_STATUSES:
             buckets["blocked" if t["activity"] in ("stalled", "awaiting_user") else "in_flight"].append(ref)
         elif t["status"] in ("gated", "skipped"):
             buckets["blocked"].append(f"{ref} ({t['status']})")

@@ -28,12 +28,19 @@ from executor.settle import dispatch
 from petal_dispatch import cli_install
 from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared.database import Database
-from shared.models import Event
+from shared.models import FINAL_STATUSES, Event
 from tests.pg import DB
 from tests.served import free_port
 
-FINAL = {"success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
-         "extraction_failed"}
+FINAL = set(FINAL_STATUSES)
+
+
+def worker(brief: str, **kw: Any) -> dispatch.TaskRequest:
+    """A worker's request as the harness's dispatch_worker asks it (`allowed_tools`, `labels` as lists)."""
+    for key in ("allowed_tools", "labels"):
+        if kw.get(key) is not None:
+            kw[key] = tuple(kw[key])
+    return dispatch.TaskRequest("worker", brief, project_workdir=True, **kw)
 
 
 def claude_bin() -> str:
@@ -99,7 +106,7 @@ class Harness:
     async def dispatch(self, brief: str, **kw: Any) -> uuid.UUID:
         if "workdir" not in kw and self.supervisor is not None:
             kw["workdir"] = self.supervisor.config.default_workdir
-        return await dispatch.request_task(self.db.pool, brief=brief, **kw)
+        return await dispatch.request(self.db.pool, worker(brief, **kw))
 
     async def task(self, task_id: uuid.UUID) -> dict[str, Any]:
         async with (await self._conn()).cursor(row_factory=dict_row) as cur:

@@ -16,9 +16,10 @@ import httpx
 import psycopg
 
 from shared import dbserver
+from shared.models import FINAL_STATUSES
 from tests.served import sse_events
 
-FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated", "extraction_failed")
+FINAL = FINAL_STATUSES
 
 
 @dataclass

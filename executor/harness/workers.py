@@ -66,9 +66,10 @@ class _Workers:
         if mode is not None and mode["mode"] == "interactive":
             return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx))
         try:
-            new_id = await dispatch.request_task(
-                self.pool, brief=brief, project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
-                parent_task_id=caller.task_id, requested_by=str(caller.session_id), tool_use_id=tool_use_id(ctx))
+            new_id = await dispatch.request(self.pool, dispatch.TaskRequest(
+                "worker", brief, project_id=project, project_workdir=True, plan_ref=plan_ref,
+                allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
+                parent_task_id=caller.task_id, requested_by=str(caller.session_id), tool_use_id=tool_use_id(ctx)))
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return Dispatched(task_id=str(new_id), status="pending", note=STARTED)

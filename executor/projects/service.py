@@ -22,7 +22,7 @@ from executor.sandbox import gateway
 from executor.sql import queries
 from shared import consume, database, logs, read_surface
 from shared.listener import Subscription
-from shared.models import NewEvent
+from shared.models import ACTIVE_STATUSES, NewEvent
 from shared.query import Queries
 
 log = logs.get(__name__)
@@ -171,7 +171,7 @@ class Projects:
         task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
         if task is None or task.branch is None:
             raise Refused(f"task {row['task_id']} has no branch of a project")
-        if task.status in ("pending", "running"):
+        if task.status in ACTIVE_STATUSES:
             raise Refused(f"task {task.id} is still {task.status}")
         if task.review is not None:
             raise Refused(f"the branch of task {task.id} was already {task.review}")

@@ -1,6 +1,7 @@
 """The supervisor's reads and writes of tasks, sessions, stop requests and credentials, by name, over
 `shared/query.py` (SQL in executor/sql/supervisor.sql, a few shared with threads, gates and the harness).
-Rows come back as frozen dataclasses."""
+Rows come back as frozen dataclasses, each made by its `from_row` (shared.query.FromRow): the columns
+its fields name."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
-from shared.query import Queries
+from shared.query import FromRow, Queries
 from shared.sql import queries as shared_queries
 
 
 @dataclass(frozen=True)
-class ClaimedTask:
+class ClaimedTask(FromRow):
     """A task this executor claimed (or found running after a restart): what its spawn needs."""
 
     id: uuid.UUID
@@ -41,14 +42,14 @@ class OrphanedTask(ClaimedTask):
 
 
 @dataclass(frozen=True)
-class StopRequest:
+class StopRequest(FromRow):
     id: uuid.UUID
     task_id: uuid.UUID
     reason: str | None
 
 
 @dataclass(frozen=True)
-class RoleProfile:
+class RoleProfile(FromRow):
     role: str
     system_prompt: str
     allowed_tools: list[str]
@@ -56,7 +57,7 @@ class RoleProfile:
 
 
 @dataclass(frozen=True)
-class Requeued:
+class Requeued(FromRow):
     """How many claimed queue rows of a dead run went back to pending."""
 
     chat: int
@@ -65,7 +66,7 @@ class Requeued:
 
 
 @dataclass(frozen=True)
-class ClosedQuestion:
+class ClosedQuestion(FromRow):
     id: uuid.UUID
     task_id: uuid.UUID | None
 
@@ -82,23 +83,28 @@ class TaskEnd:
 
 
 @dataclass(frozen=True)
-class _Id:
+class _Id(FromRow):
     id: uuid.UUID
 
 
 @dataclass(frozen=True)
-class _TaskId:
+class _TaskId(FromRow):
     task_id: uuid.UUID
 
 
 @dataclass(frozen=True)
-class _Status:
+class _Status(FromRow):
     status: str
 
 
 @dataclass(frozen=True)
-class _Denied:
+class _Denied(FromRow):
     denied: int
+
+
+@dataclass(frozen=True)
+class _SandboxAllow(FromRow):
+    sandbox_allow: list[str]
 
 
 class TaskStore:
@@ -135,8 +141,8 @@ class TaskStore:
         """What a project adds to its workers' sandbox allowlist (none for a task outside a project)."""
         if project_id is None:
             return []
-        row = await self.q.one("get_project_sandbox_allow", {"project_id": project_id})
-        return list(row["sandbox_allow"]) if row else []
+        found = await self.q.one("get_project_sandbox_allow", {"project_id": project_id}, into=_SandboxAllow)
+        return list(found.sandbox_allow) if found else []
 
     async def role_profile(self, role: str) -> RoleProfile:
         found = await self.q.one("get_role_profile", {"role": role}, into=RoleProfile)

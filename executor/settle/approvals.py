@@ -26,6 +26,7 @@ from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
 from shared.query import Queries, Transaction
+from shared.work import work
 
 log = logs.get(__name__)
 
@@ -45,16 +46,17 @@ async def request(pool: AsyncConnectionPool, *, brief: str, thread_id: uuid.UUID
         DispatchRefused: as dispatch.request_task (nothing is recorded).
     """
     question = briefs.approval_question(brief)
-    async with Queries(pool, queries).transaction() as tx:
-        task_id, events = await dispatch.request_on(
-            tx.conn, brief=brief, project_id=project_id, plan_ref=plan_ref, allowed_tools=allowed_tools,
-            parent_task_id=asker_task_id, workdir=workdir, requested_by=requested_by, tool_use_id=tool_use_id)
+    async with work(Queries(pool, queries)) as tx:
+        task_id = await dispatch.request_task(tx, dispatch.TaskRequest(
+            "worker", brief, project_id=project_id, project_workdir=True, plan_ref=plan_ref,
+            allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
+            parent_task_id=asker_task_id, workdir=workdir, requested_by=requested_by, tool_use_id=tool_use_id))
         await tx.execute("await_approval", {"id": task_id})
         posted = await asks.post(tx, [question], tool_use_id=f"approval-{task_id}", task_id=task_id,
                                  session_id=thread_id, approval_for=str(task_id))
         assert posted is not None  # a new task's id: never asked before
         await tx.execute("insert_approval", {"task_id": task_id, "thread_id": thread_id, "question_id": posted.id})
-        await journal.append_on(tx.conn, [*events, posted.event])
+        tx.emit(posted.event)
     return task_id
 
 

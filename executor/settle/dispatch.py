@@ -1,107 +1,157 @@
-"""Requesting work: a pending task row and its `task.dispatch_requested` event, committed together.
+"""Requesting work: the one door through which a task comes to be.
 
-The supervisor is woken by the row's NOTIFY and spawns it; whoever asks (the harness MCP's
-dispatch_worker, a test, the orchestrator loop) never spawns a process itself.
+`request_task(work, TaskRequest)` inserts the pending task row and emits its `task.dispatch_requested`
+record into the unit of work, so both commit together. Every task is requested here: a worker the harness's
+dispatch_worker asks for (approved at once, or waiting for the user's approval), an orchestrator's turn, an
+extractor for a finished worker, and the next attempt of a task (a policy retry, a turn re-run, the user's
+Retry). The supervisor is woken by the row's NOTIFY and spawns it; whoever asks never spawns a process.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
-from shared import errors, journal
+from shared import errors
 from shared.models import NewEvent
 from shared.query import Queries, Transaction
+from shared.work import Work, work
+
+# How much of a brief the `task.dispatch_requested` record carries (the row holds all of it).
+RECORD_BRIEF_CHARS = 2000
+# The role whose task speaks in its thread's conversation (its session is the thread): a turn.
+TURN_ROLE = "orchestrator"
 
 
 class DispatchRefused(errors.PetalError):
     """The request cannot be run as given; nothing was recorded."""
 
 
-async def request_task(
-    pool: AsyncConnectionPool,
-    *,
-    brief: str,
-    role: str = "worker",
-    project_id: uuid.UUID | None = None,
-    session_id: uuid.UUID | None = None,
-    parent_task_id: uuid.UUID | None = None,
-    plan_ref: str | None = None,
-    workdir: Path | None = None,
-    allowed_tools: Sequence[str] | None = None,
-    requested_by: str | None = None,
-    json_schema: dict[str, Any] | None = None,
-    tool_use_id: str | None = None,
-    executor: str | None = None,
-    labels: Sequence[str] = (),
-) -> uuid.UUID:
-    """Record a task for the supervisor to run; returns its id. `executor` names the executor that must
-    run it, `labels` those its executor must carry.
+class AlreadyRepeated(DispatchRefused):
+    """Another run already repeats this task (a task is run again at most once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """What a task is asked to do, where and under which limits, and who asked.
+
+    `session_id`: the conversation it speaks in (a turn: its thread; a worker starts its own).
+    `parent_task_id`: the task that asked for it (the dispatching turn, an extractor's worker).
+    `project_workdir`: with no `workdir`, run in the project's working directory (a dispatched worker).
+    `allowed_tools`, `json_schema`: its limits; `executor`, `labels`: where it may run.
+    `retry_of`, `attempt`, `delay_s`: the next attempt of a task, not claimed before `delay_s` have passed.
+    `requested_by`, `tool_use_id` (the dispatching tool call: the task hangs under it in the journal's tree)
+    and `record` (further facts) go into the `task.dispatch_requested` record.
+    """
+
+    role: str
+    brief: str
+    project_id: uuid.UUID | None = None
+    session_id: uuid.UUID | None = None
+    parent_task_id: uuid.UUID | None = None
+    plan_ref: str | None = None
+    workdir: Path | None = None
+    project_workdir: bool = False
+    allowed_tools: tuple[str, ...] | None = None
+    json_schema: Mapping[str, Any] | None = None
+    executor: str | None = None
+    labels: tuple[str, ...] = ()
+    retry_of: uuid.UUID | None = None
+    attempt: int = 1
+    delay_s: float = 0.0
+    requested_by: str | None = None
+    tool_use_id: str | None = None
+    record: Mapping[str, Any] = field(default_factory=dict)
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TaskRequest:
+        """The request a task row records (`get_task_request`), to be asked again."""
+        return cls(
+            role=row["role"], brief=row["brief"], project_id=row["project_id"], session_id=row["session_id"],
+            parent_task_id=row["parent_task_id"], plan_ref=row["plan_ref"],
+            workdir=Path(row["workdir"]) if row["workdir"] else None,
+            allowed_tools=tuple(row["allowed_tools"]) if row["allowed_tools"] is not None else None,
+            json_schema=row["json_schema"], executor=row["placement_executor"],
+            labels=tuple(row["required_labels"] or ()), attempt=row["attempt"])
+
+    def dispatch_record(self) -> NewEvent:
+        """Its `task.dispatch_requested` record."""
+        facts: dict[str, Any] = {
+            "role": self.role, "brief": self.brief[:RECORD_BRIEF_CHARS], "plan_ref": self.plan_ref,
+            "workdir": str(self.workdir) if self.workdir else None, "requested_by": self.requested_by,
+            "parent_task_id": str(self.parent_task_id) if self.parent_task_id else None}
+        if self.tool_use_id:
+            facts["tool_use_id"] = self.tool_use_id
+        if self.retry_of is not None:
+            facts.update(retry_of=str(self.retry_of), attempt=self.attempt, delay_s=self.delay_s)
+        return NewEvent("task.dispatch_requested", {**facts, **self.record}, task_id=self.id,
+                        session_id=self.session_id, project_id=self.project_id)
+
+
+async def request_task(work: Work, request: TaskRequest) -> uuid.UUID:
+    """Insert the task `request` asks for (pending) and emit its `task.dispatch_requested` record into
+    `work`; returns its id (`request.id`).
 
     Raises:
-        DispatchRefused: empty brief, unknown project, or a working directory that does not exist.
+        DispatchRefused: an empty brief, an unknown project, or a working directory that does not exist
+            (a new request; a repeat keeps what its first attempt was given).
+        AlreadyRepeated: `request.retry_of` is already repeated by another run.
     """
-    async with Queries(pool, queries).transaction() as tx:
-        task_id, events = await request_on(
-            tx.conn, brief=brief, role=role, project_id=project_id, session_id=session_id,
-            parent_task_id=parent_task_id, plan_ref=plan_ref, workdir=workdir, allowed_tools=allowed_tools,
-            requested_by=requested_by, json_schema=json_schema, tool_use_id=tool_use_id,
-            executor=executor, labels=labels)
-        await journal.append_on(tx.conn, events)
-    return task_id
+    if not request.brief.strip():
+        raise DispatchRefused("a task needs a non-empty brief")
+    if request.project_workdir and request.workdir is None and request.project_id is not None:
+        row = await work.one("get_project_workdir", {"project_id": request.project_id})
+        if row is None:
+            raise DispatchRefused(f"no project {request.project_id}")
+        request = replace(request, workdir=Path(row["workdir"]) if row["workdir"] else None)
+    if request.retry_of is None and request.workdir is not None and not request.workdir.is_dir():
+        raise DispatchRefused(f"working directory {request.workdir} does not exist")
+    inserted = await work.one("insert_task", {
+        "id": request.id, "project_id": request.project_id, "session_id": request.session_id,
+        "parent_task_id": request.parent_task_id, "role": request.role, "brief": request.brief,
+        "plan_ref": request.plan_ref, "workdir": str(request.workdir) if request.workdir else None,
+        "allowed_tools": list(request.allowed_tools) if request.allowed_tools is not None else None,
+        "json_schema": Jsonb(dict(request.json_schema)) if request.json_schema is not None else None,
+        "executor": request.executor, "labels": list(request.labels), "attempt": request.attempt,
+        "retry_of": request.retry_of, "delay_s": request.delay_s if request.retry_of is not None else None})
+    if inserted is None:
+        raise AlreadyRepeated(f"task {request.retry_of} is already run again")
+    work.emit(request.dispatch_record())
+    return request.id
 
 
-async def request_on(
-    conn: AsyncConnection[Any],
-    *,
-    brief: str,
-    role: str = "worker",
-    project_id: uuid.UUID | None = None,
-    session_id: uuid.UUID | None = None,
-    parent_task_id: uuid.UUID | None = None,
-    plan_ref: str | None = None,
-    workdir: Path | None = None,
-    allowed_tools: Sequence[str] | None = None,
-    requested_by: str | None = None,
-    json_schema: dict[str, Any] | None = None,
-    tool_use_id: str | None = None,
-    executor: str | None = None,
-    labels: Sequence[str] = (),
-) -> tuple[uuid.UUID, list[NewEvent]]:
-    """`request_task` inside the caller's transaction; returns the task id and the events to journal.
+async def retry_request(tx: Transaction, task_id: uuid.UUID, *, requested_by: str, brief: str | None = None,
+                        delay_s: float = 0.0, record: Mapping[str, Any] | None = None) -> TaskRequest:
+    """The next attempt of a task, for `request_task`: what it was asked (or `brief` instead), where and
+    under which limits, one attempt further, after `delay_s`. A turn speaks in its thread again; any other
+    task starts a conversation of its own.
+
+    Raises:
+        DispatchRefused: there is no such task.
+    """
+    row = await tx.one("get_task_request", {"id": task_id})
+    if row is None:
+        raise DispatchRefused(f"no task {task_id}")
+    prior = TaskRequest.from_row(row)
+    return replace(prior, brief=prior.brief if brief is None else brief,
+                   session_id=prior.session_id if prior.role == TURN_ROLE else None,
+                   retry_of=task_id, attempt=prior.attempt + 1, delay_s=delay_s, requested_by=requested_by,
+                   record=record or {})
+
+
+async def request(pool: AsyncConnectionPool, asked: TaskRequest) -> uuid.UUID:
+    """`request_task` in a unit of work of its own; returns the task's id.
 
     Raises:
         DispatchRefused: as `request_task`.
     """
-    if not brief.strip():
-        raise DispatchRefused("a task needs a non-empty brief")
-    task_id = uuid.uuid4()
-    tx = Transaction(conn, queries)
-    if workdir is None and project_id is not None:
-        row = await tx.one("get_project_workdir", {"project_id": project_id})
-        if row is None:
-            raise DispatchRefused(f"no project {project_id}")
-        workdir = Path(row["workdir"]) if row["workdir"] else None
-    if workdir is not None and not workdir.is_dir():
-        raise DispatchRefused(f"working directory {workdir} does not exist")
-    await tx.execute("insert_task", {
-        "id": task_id, "project_id": project_id, "session_id": session_id, "parent_task_id": parent_task_id,
-        "role": role, "brief": brief, "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
-        "allowed_tools": list(allowed_tools) if allowed_tools is not None else None,
-        "json_schema": Jsonb(json_schema) if json_schema is not None else None})
-    if executor is not None or labels:
-        await tx.execute("set_task_placement", {"id": task_id, "executor": executor, "labels": list(labels)})
-    return task_id, [NewEvent(
-        "task.dispatch_requested",
-        {"role": role, "brief": brief[:2000], "plan_ref": plan_ref, "workdir": str(workdir) if workdir else None,
-         "requested_by": requested_by, "parent_task_id": str(parent_task_id) if parent_task_id else None,
-         # the dispatching tool call: the spawned worker hangs under it in the journal's tree
-         **({"tool_use_id": tool_use_id} if tool_use_id else {})},
-        task_id=task_id, project_id=project_id)]
+    async with work(Queries(pool, queries)) as unit:
+        return await request_task(unit, asked)

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor.projects import worktrees
 from executor.run import lineage
 from executor.settle import dispatch, policy
 from executor.sql import queries
-from shared import contract, journal, logs
+from shared import contract, logs
 from shared.models import ContractField, NewEvent
 from shared.query import Queries, Transaction
+from shared.work import Work, work
 
 log = logs.get(__name__)
 
@@ -68,33 +68,26 @@ async def request(pool: AsyncConnectionPool, worker_id: uuid.UUID, *, requested_
     Raises:
         DispatchRefused: there is no such task.
     """
-    async with Queries(pool, queries).transaction() as tx:
-        extractor_id, events = await request_on(tx.conn, worker_id, requested_by=requested_by)
-        await journal.append_on(tx.conn, events)
-    return extractor_id
+    async with work(Queries(pool, queries)) as unit:
+        return await request_on(unit, worker_id, requested_by=requested_by)
 
 
-async def request_on(conn: psycopg.AsyncConnection, worker_id: uuid.UUID, *,
-                     requested_by: str = "executor") -> tuple[uuid.UUID, list[NewEvent]]:
-    """Insert an extractor task for a finished task inside the caller's transaction (the supervisor claims
-    it once that commits); returns its id and the event to journal with it."""
-    tx = Transaction(conn, queries)
-    worker = await tx.one("get_extraction_source", {"id": worker_id})
+async def request_on(unit: Work, worker_id: uuid.UUID, *, requested_by: str = "executor") -> uuid.UUID:
+    """Request an extractor task for a finished task in the caller's unit of work (the supervisor claims it
+    once that commits); returns its id.
+
+    Raises:
+        DispatchRefused: there is no such task.
+    """
+    worker = await unit.one("get_extraction_source", {"id": worker_id})
     if worker is None:
         raise dispatch.DispatchRefused(f"no task {worker_id}")
-    version, fields = await contract.active_on(conn)
+    version, fields = await contract.active_on(unit.conn)
     schema = {**contract.schema_for(fields), "$comment": f"petal-dispatch contract version {version}"}
-    result, messages = _texts(await tx.all("list_worker_texts", {"id": worker_id, "limit": 40}))
-    brief = prompt(worker["brief"], result, messages, fields)
-    extractor_id = uuid.uuid4()
-    await tx.execute("insert_task", {
-        "id": extractor_id, "project_id": worker["project_id"], "session_id": None, "parent_task_id": worker_id,
-        "role": "extractor", "brief": brief, "plan_ref": worker["plan_ref"], "workdir": None,
-        "allowed_tools": None, "json_schema": Jsonb(schema)})
-    return extractor_id, [NewEvent("task.dispatch_requested", {
-        "role": "extractor", "brief": brief[:2000], "plan_ref": worker["plan_ref"], "workdir": None,
-        "requested_by": requested_by, "parent_task_id": str(worker_id)},
-        task_id=extractor_id, project_id=worker["project_id"])]
+    result, messages = _texts(await unit.all("list_worker_texts", {"id": worker_id, "limit": 40}))
+    return await dispatch.request_task(unit, dispatch.TaskRequest(
+        "extractor", prompt(worker["brief"], result, messages, fields), project_id=worker["project_id"],
+        parent_task_id=worker_id, plan_ref=worker["plan_ref"], json_schema=schema, requested_by=requested_by))
 
 
 def _complaints(rows: list[dict[str, Any]]) -> list[str]:

@@ -21,11 +21,12 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from executor import asks
-from executor.settle import briefs, extraction, policy
+from executor.settle import briefs, dispatch, extraction, policy
 from executor.sql import queries
 from shared import journal, logs
 from shared.models import NewEvent
 from shared.query import Queries, Transaction
+from shared.work import Work
 
 log = logs.get(__name__)
 
@@ -86,16 +87,14 @@ async def rerun_turn(conn: AsyncConnection[Any], turn_id: uuid.UUID, *, requeste
                      delay_s: float = 0.0) -> tuple[uuid.UUID | None, list[NewEvent]]:
     """Run a thread's turn again with the same messages (its brief), inside the caller's transaction;
     (None, []) when another run already repeats it (a turn is re-run at most once)."""
-    new_id = uuid.uuid4()
-    row = await Transaction(conn, queries).one("insert_turn_rerun",
-                                               {"new_id": new_id, "id": turn_id, "delay_s": delay_s})
-    if row is None:
+    unit = Work(conn, queries)
+    again = await dispatch.retry_request(unit, turn_id, requested_by=requested_by, delay_s=delay_s,
+                                         record={"rerun_of": str(turn_id), "reason": reason})
+    try:
+        new_id = await dispatch.request_task(unit, again)
+    except dispatch.AlreadyRepeated:
         return None, []
-    thread_id, brief, attempt = row["session_id"], row["brief"], row["attempt"]
-    return new_id, [NewEvent("task.dispatch_requested", {
-        "role": "orchestrator", "brief": brief[:2000], "requested_by": requested_by, "rerun_of": str(turn_id),
-        "retry_of": str(turn_id), "attempt": attempt, "reason": reason, "delay_s": delay_s},
-        session_id=thread_id, task_id=new_id)]
+    return new_id, unit.take()
 
 
 async def apply_turn_policy(conn: AsyncConnection[Any], turn_id: uuid.UUID, *, backoff_base_s: float,
@@ -178,12 +177,11 @@ async def apply_policy(conn: AsyncConnection[Any], worker_id: uuid.UUID, record_
                      f"({worker['status_reason']}). What came back from it:\n{summary}\n"
                      "Take this into account and do not repeat what failed.")
         brief = f"{brief}\n\n{await briefs.earlier_attempt(conn, worker)}"
-        new_id = await _retry(tx, worker, brief, decision.delay_s)
+        unit = Work(conn, queries)
+        new_id = await dispatch.request_task(unit, await dispatch.retry_request(
+            unit, worker_id, requested_by="policy", brief=brief, delay_s=decision.delay_s))
         facts.update(retry_task_id=str(new_id), delay_s=decision.delay_s)
-        events = [NewEvent("task.dispatch_requested", {
-            "role": "worker", "brief": brief[:2000], "plan_ref": worker["plan_ref"],
-            "requested_by": "policy", "retry_of": str(worker_id), "attempt": worker["attempt"] + 1,
-            "delay_s": decision.delay_s}, task_id=new_id, project_id=worker["project_id"])]
+        events = unit.take()
     elif decision.action == policy.ESCALATE:
         posted = await _ask(tx, worker, escalation_question(worker, decision, summary))
         facts["question_id"] = str(posted.id)
@@ -203,12 +201,6 @@ def _report_text(worker_id: uuid.UUID, record_type: str, status: str, decision: 
         return f"[harness] Worker {worker_id} finished. {what}:\n{summary}"
     return (f"[harness] Worker {worker_id} ended {status}; the harness skipped it ({decision.why}). "
             f"{what}:\n{summary}")
-
-
-async def _retry(tx: Transaction, worker: dict[str, Any], brief: str, delay_s: float) -> uuid.UUID:
-    new_id = uuid.uuid4()
-    await tx.execute("insert_retry", {"new_id": new_id, "id": worker["id"], "brief": brief, "delay_s": delay_s})
-    return new_id
 
 
 async def _ask(tx: Transaction, worker: dict[str, Any], question: dict[str, Any]) -> asks.Posted:
@@ -254,17 +246,17 @@ class Settlement:
         elif choice == policy.ESCALATION_REEXTRACT:
             # only the extractor runs again, on the journal the worker left; its gate settles the rest
             decision = "reextract"
-            extractor_id, events = await extraction.request_on(tx.conn, worker["id"],
-                                                               requested_by="user (escalation)")
+            unit = Work(tx.conn, queries)
+            extractor_id = await extraction.request_on(unit, worker["id"], requested_by="user (escalation)")
+            events = unit.take()
             facts["extractor_task_id"] = str(extractor_id)
         elif choice in (policy.ESCALATION_RETRY, policy.ESCALATION_RETRY_WORKER):
-            new_id = await _retry(tx, worker, worker["brief"], 0.0)
+            unit = Work(tx.conn, queries)
+            new_id = await dispatch.request_task(unit, await dispatch.retry_request(
+                unit, worker["id"], requested_by="user (escalation)"))
             decision = "retry"
             facts["retry_task_id"] = str(new_id)
-            events.append(NewEvent("task.dispatch_requested", {
-                "role": "worker", "brief": worker["brief"][:2000], "plan_ref": worker["plan_ref"],
-                "requested_by": "user (escalation)", "retry_of": str(worker["id"]), "attempt": worker["attempt"] + 1},
-                task_id=new_id, project_id=worker["project_id"]))
+            events.extend(unit.take())
         elif choice == policy.ESCALATION_STOP:
             decision = "stop_plan"
             cancelled = [str(r["id"]) for r in await tx.all("cancel_thread_pending_workers", {"thread_id": thread})]

@@ -36,6 +36,7 @@ from shared import consume, database, journal, logs
 from shared.listener import Subscription
 from shared.models import NewEvent
 from shared.query import Queries
+from shared.work import Work
 
 log = logs.get(__name__)
 
@@ -230,8 +231,9 @@ class Settler:
             return [*gated.events, *await settlement.apply_policy(
                 conn, gated.worker_id, gated.record_type, gated.payload, backoff_base_s=self.config.backoff_base_s)]
         if step is Step.EXTRACT:
-            _, events = await extraction.request_on(conn, ended.id)
-            return events
+            unit = Work(conn, queries)
+            await extraction.request_on(unit, ended.id)
+            return unit.take()
         if step is Step.POLICY:
             return await settlement.apply_policy(
                 conn, ended.id, "task.exited", {"status": ended.status, "reason": ended.status_reason},

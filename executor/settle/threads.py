@@ -22,13 +22,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from executor.projects import service as projects
-from executor.settle import settlement
+from executor.settle import dispatch, settlement
 from executor.sql import queries
 from shared import consume, database, journal, logs, threads
 from shared.listener import Subscription
 from shared.models import NewEvent
 from shared.query import Queries
 from shared.sql import queries as shared_queries
+from shared.work import work
 
 log = logs.get(__name__)
 
@@ -177,7 +178,7 @@ class Threads:
         # a project thread's turn knows its project: it runs as the project's, with the plan's state
         project = await self.q.one("get_thread_project", {"id": thread_id}) if project_id else None
         context = await projects.turn_context(self.pool, project) if project else None
-        async with self.q.transaction() as tx:
+        async with work(self.q) as tx:
             await tx.execute("lock_thread_for_turn", {"id": thread_id})
             if await tx.one("check_thread_turn_open", {"id": thread_id}) is not None:
                 return  # another executor started the turn meanwhile: these messages wait for its end
@@ -188,14 +189,10 @@ class Threads:
             brief = "\n\n".join(m["text"] for m in messages)
             if context:
                 brief = f"{brief}\n\n{context}"
-            await tx.execute("insert_task", {
-                "id": turn_id, "project_id": project["id"] if project else None, "session_id": thread_id,
-                "parent_task_id": None, "role": "orchestrator", "brief": brief, "plan_ref": None, "workdir": None,
-                "allowed_tools": None, "json_schema": None})
-            events = [NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
+            tx.emit(*[NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
                                {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
-                               session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages]
-            events.append(NewEvent("task.dispatch_requested", {"role": "orchestrator", "messages": len(messages)},
-                                   session_id=thread_id, task_id=turn_id))
-            await journal.append_on(tx.conn, events)
+                               session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages])
+            await dispatch.request_task(tx, dispatch.TaskRequest(
+                dispatch.TURN_ROLE, brief, id=turn_id, project_id=project["id"] if project else None,
+                session_id=thread_id, record={"messages": len(messages)}))
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))

@@ -10,16 +10,6 @@ LEFT JOIN tasks t ON t.id = w.parent_task_id
 LEFT JOIN sessions s ON s.id = t.session_id AND s.role = 'orchestrator'
 WHERE w.id = %(id)s
 
--- name: insert_retry --
--- The next attempt of a brief: a new task, linked to the one it repeats; not claimed before not_before.
--- It keeps the placement asked for (not the executor it ran on: a lost executor's work moves on).
-INSERT INTO tasks (id, project_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, json_schema,
-                   status, attempt, retry_of, not_before, placement_executor, required_labels)
-SELECT %(new_id)s, project_id, parent_task_id, role, %(brief)s, plan_ref, workdir, allowed_tools, json_schema,
-       'pending', attempt + 1, id, now() + make_interval(secs => %(delay_s)s), placement_executor, required_labels
-FROM tasks WHERE id = %(id)s
-RETURNING id, attempt, not_before
-
 -- name: insert_escalation --
 INSERT INTO escalations (task_id, thread_id, question_id) VALUES (%(task_id)s, %(thread_id)s, %(question_id)s)
 RETURNING id

@@ -27,17 +27,6 @@ UPDATE tasks SET settled_at = now() WHERE id = %(id)s AND settled_at IS NULL
 SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.result' ORDER BY seq DESC LIMIT 1
 
 
--- name: insert_turn_rerun --
--- An orchestrator turn runs again with the same messages (its brief), resuming the thread's conversation
--- (cut off by the executor's shutdown, re-run or backed off by the turn policy, or retried by the user);
--- the thread's next messages wait behind it (a turn is open). A turn is run again at most once: nothing
--- is inserted when another run already repeats it.
-INSERT INTO tasks (id, session_id, role, brief, status, attempt, retry_of, not_before)
-SELECT %(new_id)s, t.session_id, t.role, t.brief, 'pending', t.attempt + 1, t.id,
-       now() + make_interval(secs => %(delay_s)s)
-FROM tasks t WHERE t.id = %(id)s AND NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = t.id)
-RETURNING session_id, brief, attempt
-
 -- name: claim_unrecorded_changes --
 -- A settled end whose worker's changes were never recorded (the settler records them before it settles an
 -- end, so only an end settled some other way, or before it did, is left): one, locked like a settlement.

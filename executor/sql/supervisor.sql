@@ -1,12 +1,21 @@
 -- name: insert_task --
+-- The one insert of a requested task (executor/settle/dispatch.py request_task): pending, with where it may
+-- run (a named executor and/or labels it must carry). The next attempt of a task (retry_of) is not claimed
+-- before its not_before, and is inserted only while no other run repeats that task (nothing is returned then).
 INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
-                   json_schema, status)
-VALUES (%(id)s, %(project_id)s, %(session_id)s, %(parent_task_id)s, %(role)s, %(brief)s, %(plan_ref)s,
-        %(workdir)s, %(allowed_tools)s, %(json_schema)s, 'pending')
+                   json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels)
+SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
+       %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
+       'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
+       %(executor)s::text, %(labels)s::text[]
+WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
+RETURNING id
 
--- name: set_task_placement --
--- Where a task may run (in the dispatch's transaction): a named executor and/or labels it must carry.
-UPDATE tasks SET placement_executor = %(executor)s, required_labels = %(labels)s::text[] WHERE id = %(id)s
+-- name: get_task_request --
+-- What a task was asked to do, where and under which limits: its next attempt asks the same.
+SELECT role, brief, project_id, session_id, parent_task_id, plan_ref, workdir, allowed_tools, json_schema,
+       placement_executor, required_labels, attempt
+FROM tasks WHERE id = %(id)s
 
 -- name: get_project_workdir --
 SELECT workdir FROM projects WHERE id = %(project_id)s

@@ -10,14 +10,21 @@ Verbs: `get_` one row, `list_` rows, `count_` a number, `check_` a row only when
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from importlib import resources
+from types import MappingProxyType
+from typing import LiteralString, cast
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*--\s*$", re.MULTILINE)
 
 
-def load(package: str) -> dict[str, str]:
-    """Every named query of the .sql files inside `package`."""
-    found: dict[str, str] = {}
+def load(package: str) -> Mapping[str, LiteralString]:
+    """Every named query of the .sql files inside `package`, read-only.
+
+    The text is the project's own (files shipped in the package, never input), so it is typed
+    `LiteralString`, as psycopg's `execute` asks: a query built from a value at run time is a type error.
+    """
+    found: dict[str, LiteralString] = {}
     for entry in resources.files(package).iterdir():
         if not entry.name.endswith(".sql"):
             continue
@@ -25,8 +32,8 @@ def load(package: str) -> dict[str, str]:
         for name, body in zip(parts[1::2], parts[2::2]):
             if name in found:
                 raise RuntimeError(f"query {name} is defined twice")
-            found[name] = body.strip()
-    return found
+            found[name] = cast(LiteralString, body.strip())
+    return MappingProxyType(found)
 
 
-queries: dict[str, str] = load(__name__)
+queries: Mapping[str, LiteralString] = load(__name__)

@@ -32,6 +32,7 @@ from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
 from tests.bench import services, stats
 from tests.bench.sse_load import Generators
+from tests.harness import worker
 from tests.pg import Cluster
 from tests.served import SSEEvent, sse_events
 
@@ -143,7 +144,7 @@ async def bench_memory(url: str, admin_dsn: str, executor_dsn: str, ingress_pid:
     async with Generators(url, "/api/stream", clients, expect=10**9, timeout=60) as gens:
         async with Database(executor_dsn, name="bench-dispatch", max_size=1) as db:
             for i in range(workers):
-                await dispatch.request_task(db.pool, brief=f"stream {i}", workdir=workdir)
+                await dispatch.request(db.pool, worker(f"stream {i}", workdir=workdir))
         async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
             running = 0
             for _ in range(200):  # while the workers stream, sample both processes

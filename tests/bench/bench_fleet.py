@@ -21,7 +21,7 @@ from pathlib import Path
 
 from executor.settle import dispatch
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
-from tests.harness import config_for, running_supervisor, substrate_for
+from tests.harness import config_for, running_supervisor, substrate_for, worker
 from tests.pg import Cluster
 
 RESULT = ('{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"x",'
@@ -50,7 +50,7 @@ async def run(cluster: Cluster, tmp: Path, executors: int, tasks: int, capacity:
                     config_for(tmp / f"e{i}", name=f"bench-{i}", max_workers=capacity, poll_interval_s=1.0)))
                     for i in range(executors)]
                 workdir = config_for(tmp).default_workdir
-                ids = [await dispatch.request_task(hs[0].db.pool, brief=f"job {i}", workdir=workdir)
+                ids = [await dispatch.request(hs[0].db.pool, worker(f"job {i}", workdir=workdir))
                        for i in range(tasks)]
                 for t in ids:
                     await hs[0].wait_final(t, timeout=600)

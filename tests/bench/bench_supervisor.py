@@ -33,7 +33,7 @@ from shared import journal
 from shared.listener import Listener
 from shared.models import NewEvent
 from tests.bench import stats
-from tests.harness import config_for, running_supervisor, substrate_for
+from tests.harness import config_for, running_supervisor, substrate_for, worker
 from tests.pg import Cluster
 
 TRANSCRIPT = Path(__file__).parent.parent / "transcripts" / "partial_messages.jsonl"
@@ -165,7 +165,7 @@ async def bench_latency(cluster: Cluster, tmp: Path, tokens: int) -> None:
         notified: dict[int, datetime] = {}
         await _notify_times(db.executor_dsn, "journal", notified, stop)
         async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp)) as h:
-            tid = await dispatch.request_task(h.db.pool, brief="stream", workdir=config_for(tmp).default_workdir)
+            tid = await dispatch.request(h.db.pool, worker("stream", workdir=config_for(tmp).default_workdir))
             await h.wait_final(tid, timeout=300)
             await asyncio.sleep(0.5)
             evs = [e for e in await h.events(tid) if e.event_type.startswith("stream.")]

@@ -18,7 +18,7 @@ import pytest
 from executor.run import substrate
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import errors
-from tests.harness import claude_bin, claude_env, config_for, running_supervisor, substrate_for
+from tests.harness import claude_bin, claude_env, config_for, running_supervisor, substrate_for, worker
 from tests.pg import DB
 from tests.served import free_port
 
@@ -55,7 +55,7 @@ async def _dispatch_until_running(db: DB, tmp: Path, log: Path) -> uuid.UUID:
     from shared.database import Database
 
     async with Database(db.executor_dsn, name="test-dispatcher") as d:
-        task_id = await dispatch.request_task(d.pool, brief="wait forever", workdir=tmp / "work")
+        task_id = await dispatch.request(d.pool, worker("wait forever", workdir=tmp / "work"))
     deadline = time.monotonic() + 60
     while not _task_processes(task_id):
         assert time.monotonic() < deadline, log.read_text()

@@ -25,6 +25,7 @@ from tests.push_standin import StandIn
 from tests.resilience import check_invariants, settled
 from tests.fault.test_executor_process import _executor_env, _task_processes
 from tests.fault.test_resilience import post_chat
+from tests.harness import worker
 from tests.wait import until
 from tests.served import free_port, ingress_server
 
@@ -83,7 +84,7 @@ class Fleet:
 
     async def dispatch(self, n: int = 1, **kw: Any) -> list[uuid.UUID]:
         async with Database(self.db.executor_dsn, name="test-dispatcher", max_size=1) as d:
-            return [await dispatch.request_task(d.pool, brief=f"job {i}", workdir=self.tmp / "work", **kw)
+            return [await dispatch.request(d.pool, worker(f"job {i}", workdir=self.tmp / "work", **kw))
                     for i in range(n)]
 
     def stop_all(self) -> None:
