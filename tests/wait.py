@@ -19,6 +19,8 @@ def _said(what: str | Callable[[], str]) -> str:
 
 # The first overload takes a check that returns a coroutine, the second any other; the first's `| None` makes
 # both read the same for a coroutine, so mypy does not give up (and answer Any) when the result holds an Any.
+# A check says "not yet" with None (or any falsy value); a coroutine check whose value holds an Any (JSON, a
+# row) keeps its type when it is declared `-> X | None`.
 @overload
 async def until(check: Callable[[], Coroutine[Any, Any, T | None] | None], what: str | Callable[[], str],
                 timeout: float = 120, every: float = 0.1) -> T: ...
