@@ -37,8 +37,10 @@ async def _pending(http: httpx.AsyncClient) -> list[dict[str, Any]]:
 
 
 async def _pending_ask(http: httpx.AsyncClient, timeout: float = 60) -> dict[str, Any]:
-    asks = await until(lambda: _pending(http), "a pending question", timeout)
-    return asks[0]
+    async def first() -> dict[str, Any] | None:
+        asks = await _pending(http)
+        return asks[0] if asks else None
+    return await until(first, "a pending question", timeout)
 
 
 def _tool_result(events: list) -> dict[str, Any]:  # type: ignore[type-arg]
