@@ -16,6 +16,7 @@ import httpx
 import psycopg
 
 from shared import dbserver
+from tests import wait
 from tests.served import sse_events
 
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated", "extraction_failed")
@@ -98,7 +99,7 @@ class StreamReader:
                 except Exception as exc:  # noqa: BLE001 - a reader reconnects whatever broke; kept for the report
                     self.errors.append(repr(exc))
                 if not self._stop.is_set():
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.2)  # not a wait: a phone's pause before it reconnects
 
     def _paced(self, response: httpx.Response) -> Any:
         reader = self
@@ -119,12 +120,9 @@ class StreamReader:
         return Paced()
 
     async def until(self, seq: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while self.after is None or self.after < seq:
-            assert time.monotonic() < deadline, (
-                f"the stream reader stopped at {self.after}, wanted {seq} (connects={self.connects}, "
-                f"errors={self.errors[-3:]})")
-            await asyncio.sleep(0.05)
+        await wait.until(lambda: self.after is not None and self.after >= seq,
+                         lambda: f"the stream reader to reach seq {seq} (it stopped at {self.after}, "
+                                 f"connects={self.connects}, errors={self.errors[-3:]})", timeout, every=0.05)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -145,9 +143,10 @@ SETTLED_QUIET_S = 1.5
 async def settled(admin_dsn: str, timeout: float = 120) -> None:
     """Wait until no task is pending, running or ended but unsettled (every end acted on), and no queue row
     waits: the work has drained. Needs a settler (a whole executor), not the supervisor alone."""
-    deadline = time.monotonic() + timeout
     idle_since: float | None = None
-    while True:
+
+    def quiet() -> bool:
+        nonlocal idle_since
         with psycopg.connect(admin_dsn) as conn:
             busy = conn.execute(
                 "SELECT (SELECT count(*) FROM tasks WHERE status IN ('pending', 'running') OR settled_at IS NULL)"
@@ -157,10 +156,8 @@ async def settled(admin_dsn: str, timeout: float = 120) -> None:
         # a retry, a harness message) are separate commits, with nothing pending between them
         now = time.monotonic()
         idle_since = (idle_since or now) if busy == 0 else None
-        if idle_since is not None and now - idle_since >= SETTLED_QUIET_S:
-            return
-        assert now < deadline, "work never drained: something is silently stuck"
-        await asyncio.sleep(0.2)
+        return idle_since is not None and now - idle_since >= SETTLED_QUIET_S
+    await wait.until(quiet, "the work to drain (something is silently stuck)", timeout, every=0.2)
 
 
 def check_invariants(admin_dsn: str, readers: list[StreamReader] = ()) -> dict[str, Any]:  # type: ignore[assignment]
