@@ -111,7 +111,7 @@ class StreamReader:
                 # no chunk size: httpx would hold a partial chunk back until more bytes arrive
                 async for raw in response.aiter_raw():
                     if reader.slow_s:
-                        await asyncio.sleep(reader.slow_s)
+                        await asyncio.sleep(reader.slow_s)  # not a wait: a slow phone, which is what is tested
                     buf += decode(raw)
                     *lines, buf = buf.replace("\r\n", "\n").split("\n")
                     for line in lines:
