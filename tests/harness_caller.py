@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.harness import Harness
 from tests.pg import DB
+from tests.wait import until
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,9 @@ def add_spawn(db: DB, *, status: str = "running", role: str = "orchestrator",
 
 async def wait_started(h: Harness, timeout: float = 30) -> None:
     """Until the executor has reconciled (after that, a running task added by a test stays running)."""
-    deadline = time.monotonic() + timeout
-    while not any(e.event_type == "executor.started" for e in await h.events()):
-        assert time.monotonic() < deadline, "the executor never reconciled"
-        await asyncio.sleep(0.05)
+    async def started() -> bool:
+        return any(e.event_type == "executor.started" for e in await h.events())
+    await until(started, "the executor to reconcile (executor.started)", timeout, every=0.05)
 
 
 @asynccontextmanager

@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import http_ece
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from tests.wait import until_blocking
 
 
 def b64url(raw: bytes) -> str:
@@ -72,10 +73,8 @@ class StandIn(ThreadingHTTPServer):
             return self.statuses.pop(0) if self.statuses else 201
 
     def wait_for(self, n: int, timeout: float = 60) -> list[Received]:
-        deadline = time.monotonic() + timeout
-        while len(self.received) < n:
-            assert time.monotonic() < deadline, f"the stand-in got {len(self.received)} requests, wanted {n}"
-            time.sleep(0.05)
+        until_blocking(lambda: len(self.received) >= n,
+                       lambda: f"{n} requests at the stand-in (it got {len(self.received)})", timeout, every=0.05)
         return list(self.received)
 
     def __enter__(self) -> StandIn:

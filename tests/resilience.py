@@ -17,6 +17,7 @@ import psycopg
 
 from shared import dbserver
 from shared.models import FINAL_STATUSES
+from tests import wait
 from tests.served import sse_events
 
 FINAL = FINAL_STATUSES
@@ -99,7 +100,7 @@ class StreamReader:
                 except Exception as exc:  # noqa: BLE001 - a reader reconnects whatever broke; kept for the report
                     self.errors.append(repr(exc))
                 if not self._stop.is_set():
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.2)  # not a wait: a phone's pause before it reconnects
 
     def _paced(self, response: httpx.Response) -> Any:
         reader = self
@@ -111,7 +112,7 @@ class StreamReader:
                 # no chunk size: httpx would hold a partial chunk back until more bytes arrive
                 async for raw in response.aiter_raw():
                     if reader.slow_s:
-                        await asyncio.sleep(reader.slow_s)
+                        await asyncio.sleep(reader.slow_s)  # not a wait: a slow phone, which is what is tested
                     buf += decode(raw)
                     *lines, buf = buf.replace("\r\n", "\n").split("\n")
                     for line in lines:
@@ -120,12 +121,9 @@ class StreamReader:
         return Paced()
 
     async def until(self, seq: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while self.after is None or self.after < seq:
-            assert time.monotonic() < deadline, (
-                f"the stream reader stopped at {self.after}, wanted {seq} (connects={self.connects}, "
-                f"errors={self.errors[-3:]})")
-            await asyncio.sleep(0.05)
+        await wait.until(lambda: self.after is not None and self.after >= seq,
+                         lambda: f"the stream reader to reach seq {seq} (it stopped at {self.after}, "
+                                 f"connects={self.connects}, errors={self.errors[-3:]})", timeout, every=0.05)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -146,9 +144,10 @@ SETTLED_QUIET_S = 1.5
 async def settled(admin_dsn: str, timeout: float = 120) -> None:
     """Wait until no task is pending, running or ended but unsettled (every end acted on), and no queue row
     waits: the work has drained. Needs a settler (a whole executor), not the supervisor alone."""
-    deadline = time.monotonic() + timeout
     idle_since: float | None = None
-    while True:
+
+    def quiet() -> bool:
+        nonlocal idle_since
         with psycopg.connect(admin_dsn) as conn:
             busy = conn.execute(
                 "SELECT (SELECT count(*) FROM tasks WHERE status IN ('pending', 'running') OR settled_at IS NULL)"
@@ -158,10 +157,8 @@ async def settled(admin_dsn: str, timeout: float = 120) -> None:
         # a retry, a harness message) are separate commits, with nothing pending between them
         now = time.monotonic()
         idle_since = (idle_since or now) if busy == 0 else None
-        if idle_since is not None and now - idle_since >= SETTLED_QUIET_S:
-            return
-        assert now < deadline, "work never drained: something is silently stuck"
-        await asyncio.sleep(0.2)
+        return idle_since is not None and now - idle_since >= SETTLED_QUIET_S
+    await wait.until(quiet, "the work to drain (something is silently stuck)", timeout, every=0.2)
 
 
 def check_invariants(admin_dsn: str, readers: list[StreamReader] = ()) -> dict[str, Any]:  # type: ignore[assignment]

@@ -28,21 +28,23 @@ def handoff(goal: str, current_state: str = "finished", *, next_step: str = "non
             "status": status, "artifacts": [], **fields}
 
 
-def extractor(result: dict[str, Any]) -> Rule:
-    """The extractor's reply: the handoff as its structured output."""
-    return Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": result}}, {"text": "ok"}])
+def extractor(result: dict[str, Any], match: str | None = None) -> Rule:
+    """The extractor's reply: the handoff as its structured output (only to a brief holding `match`, if given)."""
+    return Rule(role="extractor", match=match,
+                replies=[{"tool_use": {"name": "StructuredOutput", "input": result}}, {"text": "ok"}])
 
 
 def one_worker(brief: str, *worker: dict[str, Any], said: str = "dispatched", noted: str | None = "noted",
                first_run: list[dict[str, Any]] | None = None, result: dict[str, Any] | None = None,
-               before: Iterable[Rule] = ()) -> Scenario:
-    """The orchestrator dispatches `brief` and says `said`; the worker replies `worker` (after `first_run`
-    on its first conversation only, e.g. a hang a retry gets past); the extractor returns `result`; the
-    orchestrator answers the harness's report with `noted` (None: no such rule)."""
+               before: Iterable[Rule] = (), dispatch_input: dict[str, Any] | None = None) -> Scenario:
+    """The orchestrator dispatches `brief` (with `dispatch_input`: `allowed_tools` …) and says `said`; the
+    worker replies `worker` (after `first_run` on its first conversation only, e.g. a hang a retry gets
+    past); the extractor returns `result`; the orchestrator answers the harness's report with `noted`
+    (None: no such rule)."""
     rules = list(before)
     if noted is not None:
         rules.append(Rule(role="orchestrator", match_last="[harness]", replies=[{"text": noted}]))
-    rules.append(Rule(role="orchestrator", replies=[dispatch(brief), {"text": said}]))
+    rules.append(Rule(role="orchestrator", replies=[dispatch(brief, **(dispatch_input or {})), {"text": said}]))
     if first_run is not None:
         rules.append(Rule(role="worker", sessions=1, replies=first_run))
     rules.append(Rule(role="worker", replies=list(worker) or [{"text": "done"}]))

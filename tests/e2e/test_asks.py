@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import ingress_server
+from tests.wait import until
 
 Q1 = {"question": "Which database?", "header": "DB", "multiSelect": False,
       "options": [{"label": "Postgres", "description": "the journal's home"},
@@ -31,14 +31,16 @@ def asking(*questions: dict[str, Any]) -> Scenario:
                            {"text": "thanks, carrying on"}, role="worker")
 
 
+async def _pending(http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    asks: list[dict[str, Any]] = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+    return asks
+
+
 async def _pending_ask(http: httpx.AsyncClient, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
-        if asks:
-            return asks[0]
-        await asyncio.sleep(0.1)
-    raise AssertionError("no question appeared")
+    async def first() -> dict[str, Any] | None:
+        asks = await _pending(http)
+        return asks[0] if asks else None
+    return await until(first, "a pending question", timeout)
 
 
 def _tool_result(events: list) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -63,7 +65,7 @@ async def _round_trip(db: DB, tmp: Path, scenario: Scenario, answer: Any, *, met
             task_id = await h.dispatch("ask me", workdir=workdir)
             ask = await _pending_ask(http)
             task_row = await h.wait_task(task_id, lambda r: r["activity"] == "awaiting_user", 30)
-            await asyncio.sleep(answer_after_s)
+            await asyncio.sleep(answer_after_s)  # the user answers this late: the delay is what is tested
             if answer is not None:
                 if method == "delete":
                     reply = await http.delete(f"/api/asks/{ask['tool_use_id']}")
@@ -153,13 +155,12 @@ async def test_concurrent_asks_from_different_workers_do_not_cross(db: DB, tmp_p
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             ids = [await h.dispatch(f"ask {i}", workdir=tmp_path / "work") for i in range(3)]
-            deadline = time.monotonic() + 60
-            while True:
-                asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
-                if len(asks) == 3:
-                    break
-                assert time.monotonic() < deadline, asks
-                await asyncio.sleep(0.1)
+            seen: list[dict[str, Any]] = []
+
+            async def three() -> list[dict[str, Any]] | None:
+                seen[:] = await _pending(http)
+                return seen if len(seen) == 3 else None
+            asks = await until(three, lambda: f"three pending questions (saw {seen})", 60)
             for ask in asks:  # each answer names the task it was asked from
                 reply = await http.post(f"/api/asks/{ask['tool_use_id']}/answer",
                                         json={"answers": {"Which database?": {"other": f"for {ask['task_id']}"}}})
@@ -221,29 +222,23 @@ async def test_a_question_that_timed_out_in_a_thread_stays_answerable_and_the_la
             ask = await _pending_ask(http)
             conn = await h._conn()
 
-            async def first_turn() -> dict[str, Any]:
-                deadline = time.monotonic() + 90
-                while True:
-                    row = await (await conn.execute(
-                        "SELECT id, status FROM tasks WHERE session_id = %s ORDER BY created_at LIMIT 1",
-                        [thread])).fetchone()
-                    if row and row[1] not in ("pending", "running"):
-                        return {"id": row[0], "status": row[1]}
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.1)
-            turn = await first_turn()  # the tool returned on the timeout and the turn ended
+            async def first_turn() -> dict[str, Any] | None:
+                row = await (await conn.execute(
+                    "SELECT id, status FROM tasks WHERE session_id = %s ORDER BY created_at LIMIT 1",
+                    [thread])).fetchone()
+                return {"id": row[0], "status": row[1]} if row and row[1] not in ("pending", "running") else None
+            # the tool returned on the timeout and the turn ended
+            turn = await until(first_turn, "the thread's first turn to end", 90)
             still = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
             late = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {"Which database?": "SQLite"}})
             again = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {"Which database?": "Postgres"}})
-            deadline = time.monotonic() + 90
-            while True:
+
+            async def late_turn() -> list[tuple[Any, ...]] | None:
                 rows = await (await conn.execute(
                     "SELECT brief, status FROM tasks WHERE session_id = %s AND brief LIKE '[harness] A late answer%%'",
                     [thread])).fetchall()
-                if rows and rows[0][1] not in ("pending", "running"):
-                    break
-                assert time.monotonic() < deadline, rows
-                await asyncio.sleep(0.1)
+                return rows if rows and rows[0][1] not in ("pending", "running") else None
+            rows = await until(late_turn, "the turn that carries the late answer to end", 90)
             turn_events = await h.events(turn["id"])
             events = await h.events()
     payload = json.loads(_tool_result(turn_events)["text"])

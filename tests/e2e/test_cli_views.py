@@ -15,6 +15,7 @@ from executor.projects import service as projects
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import DB
+from tests.scenarios import STALL_FOREVER
 
 
 def _cli(db: DB, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +33,7 @@ async def test_status_shows_a_running_and_a_stalled_task_and_the_journal_reads_a
                 {"tool_use": {"name": "Bash", "input": {"command": "echo hello-journal"}}},
                 {"text": "Finished: printed hello-journal."}]),
         Rule(
-            role="worker", replies=[{"stall": {"seconds": None}}]),
+            role="worker", replies=[STALL_FOREVER]),
     ])
     with ScriptedModelServer(scenario) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),

@@ -13,6 +13,7 @@ import pytest
 
 from executor.sandbox import gateway
 from executor.sandbox.gateway import Gateway, parse_allowlist
+from tests.wait import until
 
 
 @asynccontextmanager
@@ -82,7 +83,9 @@ async def test_a_spawn_cannot_hold_more_connections_than_its_limit_nor_a_request
         for _ in range(20):
             held.append(await asyncio.open_unix_connection(str(gw.directory / "proxy.sock")))
             held[-1][1].write(b"CONNECT half")  # a head never finished
-        await asyncio.sleep(0.1)
+        # the first 8 are taken (their heads' timeouts running), the other 12 are closed at once
+        await until(lambda: len(gw.conns) >= 8, lambda: f"the gateway to take 8 connections (it holds {len(gw.conns)})",
+                    10, every=0.01)
         over = [await _closed(r) for r, _ in held[8:]]
         kept = len(gw.conns)
         # a head that never ends is cut off after the timeout

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from shared import threads
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.served import ingress_server
+from tests.wait import until
 
 QUEUES = ("chat_queue", "thread_control_queue", "stop_queue")
 
@@ -26,16 +25,15 @@ def _queued(dsn: str) -> dict[str, int]:
 
 
 async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
+    rows: list[dict[str, Any]] = []
+
+    async def ended() -> list[dict[str, Any]] | None:
         conn = await h._conn()
         cur = await conn.execute("SELECT id, brief, status, status_reason FROM tasks WHERE role = 'orchestrator' "
                                  "ORDER BY created_at")
-        rows = [dict(zip(("id", "brief", "status", "reason"), r)) for r in await cur.fetchall()]
-        if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]):
-            return rows
-        assert time.monotonic() < deadline, rows
-        await asyncio.sleep(0.1)
+        rows[:] = [dict(zip(("id", "brief", "status", "reason"), r)) for r in await cur.fetchall()]
+        return rows if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]) else None
+    return await until(ended, lambda: f"{n} ended turns (the turns: {rows})", timeout)
 
 
 async def _argv(h: Harness, task_id: Any) -> list[str]:

@@ -26,6 +26,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
+from tests.scenarios import STALL_FOREVER, one_worker
 from tests.served import ingress_server
 
 ATTACK = Path(__file__).parents[1] / "data" / "attack.py"
@@ -57,18 +58,14 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
     work.mkdir(parents=True)
     shutil.copy(ATTACK, work / "attack.py")
     mcp_dir = tmp / "run" / "mcp"
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[_tool("mcp__harness__dispatch_worker", brief="attack run"),
-                                           {"text": "dispatched"}]),
-        Rule(role="worker", match="attack run", replies=[
-            _tool("Bash", command="python3 attack.py"),
-            _tool("Grep", pattern="Bearer", path=str(mcp_dir), output_mode="content"),
-            _tool("Read", file_path="/proc/self/environ"),
-            _tool("Read", file_path=str(tmp / "claude-config" / "settings.json")),
-            {"text": "done"}]),
-        Rule(role="worker", match="sibling", replies=[{"stall": {"seconds": None}}]),
-    ])
+    scenario = one_worker(
+        "attack run",
+        _tool("Bash", command="python3 attack.py"),
+        _tool("Grep", pattern="Bearer", path=str(mcp_dir), output_mode="content"),
+        _tool("Read", file_path="/proc/self/environ"),
+        _tool("Read", file_path=str(tmp / "claude-config" / "settings.json")),
+        {"text": "done"},
+        before=[Rule(role="worker", match="sibling", replies=[STALL_FOREVER])])  # the sibling dispatched directly
     pg = conninfo_to_dict(db.admin_dsn)
     sockets = [*SYSTEM_PG_SOCKETS]
     if str(pg.get("host", "")).startswith("/"):

@@ -4,7 +4,6 @@ exit under its spawn, an extractor under the worker's exit, and a handoff under 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from tests.harness import running_executor
 from tests.pg import DB
 from tests.scenarios import handoff, one_worker
 from tests.served import ingress_server
+from tests.wait import until
 
 HANDOFF = handoff("count the files", "there are 3 files")
 
@@ -27,6 +27,10 @@ def _journal(admin_dsn: str) -> dict[uuid.UUID, dict[str, Any]]:
         rows = conn.execute("SELECT j.*, t.role FROM journal j LEFT JOIN tasks t ON t.id = j.task_id"
                             " ORDER BY seq").fetchall()
     return {r["event_id"]: r for r in rows}
+
+
+def _with_handoff(events: dict[uuid.UUID, dict[str, Any]]) -> dict[uuid.UUID, dict[str, Any]] | None:
+    return events if any(e["event_type"] == "handoff" for e in events.values()) else None
 
 
 def _chain(events: dict[uuid.UUID, dict[str, Any]], start: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,17 +55,13 @@ async def test_a_worker_hangs_under_its_dispatch_call_and_a_handoff_under_its_wo
         async with running_executor(db, model, tmp_path, extract=True), ingress_server(db.ingress_dsn) as url, \
                 httpx.AsyncClient(base_url=url) as http:
             made = (await http.post("/api/threads", json={"title": "Files", "mode": "autonomous"})).json()
-            for _ in range(100):
-                if any(t["id"] == made["thread_id"] for t in (await http.get("/api/threads")).json()["threads"]):
-                    break
-                await asyncio.sleep(0.1)
+
+            async def listed() -> bool:
+                return any(t["id"] == made["thread_id"] for t in (await http.get("/api/threads")).json()["threads"])
+            await until(listed, "the new thread to be listed", 30)
             sent = await http.post("/api/chat", json={"text": "how many files?", "thread_id": made["thread_id"]})
             assert sent.status_code < 300, sent.text
-            for _ in range(600):
-                events = _journal(db.admin_dsn)
-                if any(e["event_type"] == "handoff" for e in events.values()):
-                    break
-                await asyncio.sleep(0.2)
+            events = await until(lambda: _with_handoff(_journal(db.admin_dsn)), "the worker's handoff", every=0.2)
     by_type = lambda t, role=None: [e for e in events.values()  # noqa: E731
                                     if e["event_type"] == t and (role is None or e["role"] == role)]
     [handoff] = by_type("handoff")

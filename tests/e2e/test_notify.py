@@ -4,7 +4,6 @@ ntfy, the rate limit and digests, and the page's opt-in in a real Chromium."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
 from tests.web.test_web_client import browser
 from tests.served import ingress_server
+from tests.wait import until
 
 QUESTION = {"question": "Deploy to staging now?", "header": "Deploy", "multiSelect": False,
             "options": [{"label": "Yes", "description": ""}, {"label": "Later", "description": ""}]}
@@ -35,13 +35,11 @@ def _loopback_push(tmp_path: Path) -> NotifyConfig:
 
 
 async def _subscribe(http: httpx.AsyncClient, sub: Subscriber) -> None:
-    deadline = time.monotonic() + 30
-    while True:  # the executor publishes its key as it starts
+    async def subscribed() -> bool:
         r = await http.post("/api/push/subscriptions", json=sub.json())
-        if r.status_code == 201:
-            return
-        assert r.status_code == 409 and time.monotonic() < deadline, r.text
-        await asyncio.sleep(0.1)
+        assert r.status_code in (201, 409), r.text  # 409 until the executor has published its key
+        return r.status_code == 201
+    await until(subscribed, "the subscription to be accepted (the executor publishes its key as it starts)", 30)
 
 
 def _rows(db: DB, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -82,10 +80,8 @@ async def test_a_subscription_the_push_service_says_is_gone_is_removed(db: DB, t
             await _subscribe(http, phone)
             assert (await http.post("/api/push/test", json={})).status_code == 202
             await asyncio.to_thread(push.wait_for, 1)
-            deadline = time.monotonic() + 30
-            while _rows(db, "SELECT count(*) FROM push_subscriptions")[0][0]:
-                assert time.monotonic() < deadline, "the gone subscription was kept"
-                await asyncio.sleep(0.1)
+            await until(lambda: not _rows(db, "SELECT count(*) FROM push_subscriptions")[0][0],
+                        "the gone subscription to be removed", 30)
             info = (await http.get("/api/push", params={"endpoint": phone.endpoint})).json()
     assert info["subscribed"] is False and info["subscriptions"] == 0
 

@@ -20,7 +20,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
-from tests.scenarios import dispatch, extractor, handoff
+from tests.scenarios import STALL_FOREVER, dispatch, extractor, handoff, one_worker
 from tests.served import ingress_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +55,12 @@ async def _answer(http: httpx.AsyncClient, ask: dict[str, Any], label: str) -> N
     assert answered.status_code == 200, answered.text
 
 
+def _result(state: str) -> dict[str, Any]:
+    return handoff("the step", state, next_step="see the status")
+
+
 def _handoff(state: str) -> Rule:
-    return extractor(handoff("the step", state, next_step="see the status"))
+    return extractor(_result(state))
 
 
 # ---- the table ----------------------------------------------------------------------------------------
@@ -91,12 +95,7 @@ def test_gate_categories_are_named_from_what_a_denied_call_tried() -> None:
 # ---- end to end ------------------------------------------------------------------------------------------
 
 async def test_a_crashed_worker_is_retried_once_then_escalated_and_skip_is_carried_out(db: DB, tmp_path: Path) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "understood"}]),
-        Rule(role="orchestrator", replies=[dispatch("do the fragile step"), {"text": "dispatched"}]),
-        Rule(role="worker", replies=[{"stall": {"seconds": None}}]),
-        _handoff("it was killed"),
-    ])
+    scenario = one_worker("do the fragile step", STALL_FOREVER, noted="understood", result=_result("it was killed"))
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
@@ -108,14 +107,17 @@ async def test_a_crashed_worker_is_retried_once_then_escalated_and_skip_is_carri
                     return ws[n - 1] if len(ws) >= n and ws[n - 1]["status"] == "running" and ws[n - 1]["pid"] \
                         else None
                 worker = await until(running, f"worker attempt {attempt} to run")
-                await asyncio.sleep(0.5)  # let it print its first lines
+                # mid-run: killed once it has asked the model (which never answers it)
+                def reached(n: int = attempt) -> bool:
+                    return sum(r.role == "worker" for r in model.requests) >= n
+                await until(reached, f"worker attempt {attempt} to reach the model")
                 os.kill(worker["pid"], signal.SIGKILL)
             ask = await until(lambda: _pending_ask(http), "the escalation question")
             workers_at_ask = await _workers(h)
             await _answer(http, ask, policy.ESCALATION_SKIP)
             events = await until(lambda: _events_with(h, "escalation.resolved"), "the escalation to be acted on")
             turn = await until(lambda: _turn_containing(h, "the user answered"), "the orchestrator to hear of it")
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # a window in which no third worker may start (skipped)
             workers = await _workers(h)
     decisions = [e.payload for e in events if e.event_type == "policy.decision"]
     assert [(d["status"], d["action"], d["attempt"]) for d in decisions] == [
@@ -149,13 +151,8 @@ async def _turn_containing(h: Harness, text: str) -> dict[str, Any] | None:
 
 
 async def test_a_rate_limited_worker_is_retried_after_the_back_off(db: DB, tmp_path: Path) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "thanks"}]),
-        Rule(role="orchestrator", replies=[dispatch("fetch the numbers"), {"text": "dispatched"}]),
-        Rule(role="worker", sessions=1, replies=[{"error": {"status": 429, "retry_after": 0}}]),
-        Rule(role="worker", replies=[{"text": "fetched them"}]),
-        _handoff("fetched"),
-    ])
+    scenario = one_worker("fetch the numbers", {"text": "fetched them"}, noted="thanks",
+                          first_run=[{"error": {"status": 429, "retry_after": 0}}], result=_result("fetched"))
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True, backoff_base_s=2.0) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
@@ -182,7 +179,7 @@ async def test_a_gated_worker_records_its_denials_and_stop_the_plan_stops_the_th
         Rule(role="orchestrator", replies=[dispatch("set up the client", allowed_tools=["Read"]),
                                            dispatch("and document it"), {"text": "dispatched"}]),
         Rule(role="worker", match="set up the client", replies=[bash, {"text": "I could not install it"}]),
-        Rule(role="worker", match="document it", replies=[{"stall": {"seconds": None}}]),
+        Rule(role="worker", match="document it", replies=[STALL_FOREVER]),
         _handoff("blocked on a dependency"),
     ])
     with ScriptedModelServer(scenario) as model:
@@ -253,7 +250,7 @@ async def test_an_interactive_dispatch_returns_at_once_and_the_worker_waits_for_
                 # the dispatching turns ended without waiting for anybody
                 first_turn = await until(lambda: turn_ended(h, keep, "tidy up"), "the dispatching turn")
                 await until(lambda: turn_ended(h, drop, "wipe things"), "the other dispatching turn")
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # a window in which neither worker may start (no approval yet)
                 waiting = await _workers(h)
                 waiting_rows = await _rows(h, "SELECT brief, status, activity FROM tasks WHERE role = 'worker' "
                                               "ORDER BY created_at")
@@ -317,13 +314,9 @@ async def test_an_escalation_answered_while_the_executor_is_down_is_acted_on_whe
     db: DB, tmp_path: Path
 ) -> None:
     bash = {"tool_use": {"name": "Bash", "input": {"command": "sudo systemctl restart nginx"}}}
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "ok"}]),
-        Rule(role="orchestrator", replies=[dispatch("restart the proxy", allowed_tools=["Read"]), {"text": "sent"}]),
-        Rule(role="worker", sessions=1, replies=[bash, {"text": "not allowed"}]),
-        Rule(role="worker", replies=[{"text": "restarted it another way"}]),
-        _handoff("done"),
-    ])
+    scenario = one_worker("restart the proxy", {"text": "restarted it another way"}, said="sent", noted="ok",
+                          first_run=[bash, {"text": "not allowed"}], result=_result("done"),
+                          dispatch_input={"allowed_tools": ["Read"]})
     with ScriptedModelServer(scenario) as model:
         async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             async with running_executor(db, model, tmp_path, extract=True) as h:
@@ -345,13 +338,10 @@ async def test_an_escalation_answered_while_the_executor_is_down_is_acted_on_whe
 async def test_an_extraction_failure_offers_re_extract_which_runs_only_the_extractor_again(
     db: DB, tmp_path: Path
 ) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[dispatch("write the release notes"), {"text": "dispatched"}]),
-        Rule(role="worker", replies=[{"text": "wrote the release notes"}]),
-        Rule(role="extractor", sessions=1, replies=[{"text": "prose instead of a handoff"}]),  # the first run fails
-        _handoff("the notes are written"),
-    ])
+    scenario = one_worker("write the release notes", {"text": "wrote the release notes"},
+                          result=_result("the notes are written"),
+                          before=[Rule(role="extractor", sessions=1,  # the first run fails
+                                       replies=[{"text": "prose instead of a handoff"}])])
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psycopg
@@ -22,9 +20,10 @@ from executor.settle.settler import Settler, SettlerConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, config_for, running_executor, running_supervisor, substrate_for
 from tests.pg import DB
+from tests.scenarios import dispatch, extractor, handoff
 from tests.served import ingress_server
+from tests.wait import until
 
-T = TypeVar("T")
 IDENTITY = ["-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
 
 
@@ -49,22 +48,12 @@ def _commit(repo: Path, name: str, text: str, message: str) -> None:
     _git(repo, "commit", "--quiet", "-m", message)
 
 
-async def _until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 120) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 async def _outcome(http: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
     async def done() -> dict[str, Any] | None:
         row = (await http.get(f"/api/project-requests/{request_id}")).json()
         return row if row["status"] in ("done", "failed") else None
 
-    return await _until(done, f"project request {request_id}", 60)
+    return await until(done, f"project request {request_id}", 60)
 
 
 async def _request(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -327,14 +316,8 @@ async def test_parallel_workers_get_their_own_worktrees_and_branches_and_each_is
 # ---- the plan loop and usage --------------------------------------------------------------------------
 
 def _done(ref: str) -> Rule:
-    handoff = {"goal": f"do {ref}", "current_state": f"{ref} done", "next_step": "the next plan task",
-               "ruled_out": [], "status": "success", "artifacts": []}
-    return Rule(role="extractor", match=f"## Plan task {ref}", replies=[
-        {"tool_use": {"name": "StructuredOutput", "input": handoff}}, {"text": "ok"}])
-
-
-def _dispatch(ref: str, brief: str) -> dict[str, Any]:
-    return {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": brief, "plan_ref": ref}}}
+    return extractor(handoff(f"do {ref}", f"{ref} done", next_step="the next plan task"),
+                     match=f"## Plan task {ref}")
 
 
 async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usage_sums_the_runs(
@@ -343,9 +326,9 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
     roots = tmp_path / "roots"
     repo = _repo(roots / "repo", {"PLAN.md": "# Plan\n- [ ] T-001 write one\n- [ ] T-002 write two\n"})
     scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="T-001 done", replies=[_dispatch("T-002", "write two.txt")]),
+        Rule(role="orchestrator", match_last="T-001 done", replies=[dispatch("write two.txt", plan_ref="T-002")]),
         Rule(role="orchestrator", match_last="T-002 done", replies=[{"text": "The plan is done."}]),
-        Rule(role="orchestrator", replies=[_dispatch("T-001", "write one.txt"), {"text": "dispatched"}]),
+        Rule(role="orchestrator", replies=[dispatch("write one.txt", plan_ref="T-001"), {"text": "dispatched"}]),
         Rule(role="worker", match="T-001", replies=[_bash("printf 'one\\n' > one.txt"), {"text": "wrote one"}]),
         Rule(role="worker", match="T-002", replies=[_bash("printf 'two\\n' > two.txt"), {"text": "wrote two"}]),
         _done("T-001"), _done("T-002"),
@@ -367,8 +350,8 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
                          and e.payload.get("result") == "The plan is done."]
                 return found or None
 
-            await _until(finished, "the orchestrator's last turn", 300)
-            await _until(lambda: _settled(h), "every task to end", 60)
+            await until(finished, "the orchestrator's last turn", 300)
+            await until(lambda: _settled(h), "every task to end", 60)
             project = (await http.get(f"/api/projects/{project_id}")).json()
             checkout = (_git(repo, "status", "--porcelain", "--untracked-files=all"),
                         sorted(p.name for p in repo.iterdir()))
@@ -450,7 +433,7 @@ async def test_the_task_view_shows_a_workers_files_and_diff_at_phone_width_and_m
                 threads = (await http.get("/api/threads")).json()["threads"]
                 return any(t["id"] == thread["thread_id"] and not t["pending"] for t in threads)
 
-            await _until(made_thread, "the thread", 30)
+            await until(made_thread, "the thread", 30)
             async with page_at(b, url, {"width": 360, "height": 740}) as page:
                 page.on("dialog", lambda d: asyncio.ensure_future(d.accept()))
                 await page.evaluate("id => localStorage.setItem('petal.thread', id)", thread["thread_id"])

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,7 +25,7 @@ from psycopg.types.json import Jsonb
 from executor.harness.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.notify.notifier import Note, Notifier, NotifyConfig
 from executor.run.substrate import SubstrateConfig, build_env
-from ingress.auth import PEER_FAILURES_PER_WINDOW
+from ingress.auth import PEER_FAILURES_PER_WINDOW, TokenLimiter
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
 from shared.settings import Settings
@@ -35,6 +34,7 @@ from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
 from tests.push_standin import Subscriber
 from tests.served import ingress_server
+from tests.wait import until, until_blocking
 
 TOKEN = "s3cret-token-s3cret-token"
 
@@ -64,13 +64,23 @@ async def _slow_login(url: str, guess: str, go: asyncio.Event) -> int:
     return status
 
 
-async def test_wrong_logins_held_open_in_parallel_cannot_outrun_the_limiter(db: DB) -> None:
+async def test_wrong_logins_held_open_in_parallel_cannot_outrun_the_limiter(
+    db: DB, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 40 guesses whose bodies are held back until all have passed the limiter's first look: without a
     # second look once the body is in, every one of them gets a verdict (401) instead of 429
+    looks: list[str] = []  # the limiter's looks, counted (each still answered by the real limiter)
+    look = TokenLimiter.retry_after
+
+    def counted(self: TokenLimiter, client: str, peer_address: str | None) -> float:
+        looks.append(client)
+        return look(self, client, peer_address)
+    monkeypatch.setattr(TokenLimiter, "retry_after", counted)
     async with ingress_server(db.ingress_dsn, open_mode=False, auth_mode="token", auth_token=TOKEN) as url:
         go = asyncio.Event()
         guesses = [asyncio.create_task(_slow_login(url, f"wrong{i}", go)) for i in range(40)]
-        await asyncio.sleep(1.5)
+        await until(lambda: len(looks) >= 40, lambda: f"all 40 guesses past the limiter's first look ({len(looks)})",
+                    60)
         go.set()
         codes = await asyncio.gather(*guesses)
     assert codes.count(401) <= 10, codes
@@ -233,11 +243,11 @@ def test_a_process_of_the_same_user_cannot_read_a_running_services_environment(d
                                    stdout=subprocess.DEVNULL, stderr=sink)
     other = subprocess.Popen(_without_caps("sleep", "60"), env=env)  # not ours: readable, as before
     try:
-        deadline = time.monotonic() + 30
-        while b"petal_dispatch.cli" not in Path(f"/proc/{service.pid}/cmdline").read_bytes() or not _connected(service.pid):
+        def connected() -> bool:
             assert service.poll() is None, err.read_text()
-            assert time.monotonic() < deadline, "the CLI never connected"
-            time.sleep(0.1)
+            return b"petal_dispatch.cli" in Path(f"/proc/{service.pid}/cmdline").read_bytes() and \
+                _connected(service.pid)
+        until_blocking(connected, "the CLI to connect to the database", 30)
         ours = subprocess.run(_without_caps("cat", f"/proc/{service.pid}/environ"), capture_output=True)
         theirs = subprocess.run(_without_caps("cat", f"/proc/{other.pid}/environ"), capture_output=True)
     finally:

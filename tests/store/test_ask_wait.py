@@ -55,7 +55,7 @@ async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answe
                 assert row is not None
                 await admin.execute("UPDATE questions SET status = 'answered', answers = %s WHERE id = %s",
                                     [Jsonb({"Go on?": "No"}), row[0]])
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # not a wait: the pace of the other answers
             assert not waiting.done()
             # answered_by: as the ingress answers (an answer without it is not the user's)
             await admin.execute("UPDATE questions SET status = 'answered', answers = %s, answered_by = 'travis' "

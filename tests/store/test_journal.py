@@ -171,7 +171,7 @@ async def _scenario(dsn: str, batches: list[list[int]]) -> None:
                     seen.append(e.seq)
                 if done.is_set() and not events and last == total:
                     return
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # not a wait: a turn for the writers between reads
 
     read = asyncio.create_task(reader())
     await asyncio.gather(*(writer(w) for w in batches))

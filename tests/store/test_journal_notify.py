@@ -26,7 +26,7 @@ async def test_a_copied_batch_notifies_once_with_its_last_seq_and_a_refused_one_
             await journal.append(pool, [NewEvent("no.such_type", {"i": i}) for i in range(big)])
         await journal.append(pool, [NewEvent("task.stderr", {"i": i}) for i in range(big)])
         notes = [await asyncio.wait_for(sub.get(), 10) for _ in range(2)]
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a window in which no third notification may arrive (the refused batch's)
     finally:
         runner.cancel()
     assert [n.payload for n in notes] == [str(big), str(2 * big)]

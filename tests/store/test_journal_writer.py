@@ -78,7 +78,7 @@ async def test_producers_wait_once_two_batches_are_held_and_go_on_as_they_are_wr
     for i in range(14):
         await writer.put(NewEvent("task.stderr", {"n": i}))
     blocked = asyncio.ensure_future(writer.put(NewEvent("task.stderr", {"n": 14})))
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a window in which the blocked producer must not get through
     assert not blocked.done()
     await writer.start()  # the writer drains: room again
     await asyncio.wait_for(blocked, 5)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import psycopg
 
 from shared.database import Database
 from tests.pg import DB
+from tests.wait import until
 
 
 async def _last_query(admin_dsn: str, pid: int) -> str:
@@ -16,6 +15,12 @@ async def _last_query(admin_dsn: str, pid: int) -> str:
         row = await cur.fetchone()
         assert row is not None
         return str(row[0])
+
+
+async def _gone(admin_dsn: str, pid: int) -> bool:
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as admin:
+        cur = await admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
+        return await cur.fetchone() is None
 
 
 async def test_checking_out_a_healthy_connection_sends_nothing_to_the_server(db: DB) -> None:
@@ -35,7 +40,8 @@ async def test_a_connection_whose_backend_was_terminated_is_replaced_at_checkout
             pid = conn.info.backend_pid
         async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
             await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
-        await asyncio.sleep(0.2)  # the FATAL message and EOF reach the idle socket
+        # it has sent its FATAL message to the idle socket before it leaves the server's list of backends
+        await until(lambda: _gone(db.admin_dsn, pid), "the terminated backend to exit", 30)
         async with database.pool.connection() as conn:
             cur = await conn.execute("SELECT pg_backend_pid()")
             row = await cur.fetchone()

@@ -18,6 +18,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
+from tests.scenarios import extractor
 from tests.web.test_web_client import chromium
 from tests.served import ingress_server
 
@@ -63,7 +64,8 @@ async def _context(b: Browser, *, bypass_csp: bool) -> tuple[Any, Page, list[str
 
 
 async def _nothing_ran(page: Page, dialogs: list[str]) -> None:
-    await asyncio.sleep(0.5)  # an onerror fires once the broken image has failed to load
+    # a window in which nothing may run: an onerror would fire once the broken image has failed to load
+    await asyncio.sleep(0.5)
     assert dialogs == []
     assert await page.evaluate("window.__xss") is None
     assert await page.evaluate(f"document.querySelectorAll({json.dumps(DANGEROUS)}).length") == 0
@@ -77,7 +79,7 @@ async def test_hostile_text_in_every_rendered_field_runs_nothing_and_the_page_wo
             {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": QUESTIONS}}},
             {"text": f"Reply: **bold** {PAYLOADS}"}]),
         Rule(role="worker", replies=[{"text": "done"}]),
-        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": HANDOFF}}, {"text": "ok"}]),
+        extractor(HANDOFF),
     ])
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, extract=True) as h, ingress_server(db.ingress_dsn) as url, \
@@ -113,7 +115,7 @@ async def test_hostile_text_in_every_rendered_field_runs_nothing_and_the_page_wo
                 frame = card.frame_locator("iframe.html-preview")
                 await expect(frame.locator("#mock")).to_have_text("Mock-up", timeout=10_000)
                 await frame.locator("#jslink").click()
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # a window in which the clicked javascript: link must not run
                 assert await frame.locator("body").get_attribute("data-ran") is None
                 srcdoc = await frame_el.get_attribute("srcdoc")
                 assert srcdoc is not None and "Content-Security-Policy" in srcdoc and "default-src 'none'" in srcdoc

@@ -19,16 +19,15 @@ from tests.harness import running_executor
 from tests.pg import DB
 from tests.web.test_web_client import DESKTOP, browser, page_at, shot
 from tests.served import ingress_server
+from tests.wait import until
 
 
 async def _journal_has(admin_dsn: str, event_type: str, session_id: str) -> None:
-    for _ in range(200):
+    def has() -> bool:
         with psycopg.connect(admin_dsn) as conn:
-            if conn.execute("SELECT 1 FROM journal WHERE event_type = %s AND session_id = %s",
-                            [event_type, session_id]).fetchone():
-                return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no {event_type} for {session_id}")
+            return conn.execute("SELECT 1 FROM journal WHERE event_type = %s AND session_id = %s",
+                                [event_type, session_id]).fetchone() is not None
+    await until(has, f"{event_type} for {session_id} in the journal", 20)
 
 
 async def _answer_prompt(page: Page, text: str) -> None:
