@@ -1,5 +1,5 @@
 """The supervisor's reads and writes of tasks, sessions, stop requests and credentials, by name, over
-`shared/query.py` (SQL in executor/sql/supervisor.sql, a few shared with threads, gates and the harness).
+`shared/query.py` (SQL in executor/sql/tasks.sql).
 Rows come back as frozen dataclasses, each made by its `from_row` (shared.query.FromRow): the columns
 its fields name."""
 

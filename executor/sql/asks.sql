@@ -1,3 +1,10 @@
+-- Questions in the Asks panel: asked, answered, closed.
+
+-- name: mark_question_timed_out --
+-- ask_user_question stopped waiting, but in a thread the question stays answerable (pending, marked late).
+UPDATE questions SET timed_out_at = now() WHERE id = %(id)s AND status = 'pending' AND timed_out_at IS NULL
+RETURNING id
+
 -- name: take_asked_question --
 -- The same questions asked again — by the re-run of a turn an executor's stop cut off, or in the same
 -- session while the first asker is gone — take over the existing row instead of adding a second: a pending
@@ -23,3 +30,22 @@ WITH RECURSIVE chain(id) AS (
     RETURNING q.id
 )
 SELECT found.id, found.tool_use_id, found.status FROM found
+
+-- name: insert_question --
+INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by)
+VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s, %(asked_by)s)
+ON CONFLICT (tool_use_id) DO NOTHING
+RETURNING id
+
+-- name: get_question_by_tool_use_id --
+SELECT id FROM questions WHERE tool_use_id = %(tool_use_id)s
+
+-- name: get_question --
+-- answered_by: who answered (the ingress's request identity, or the chat message's sender); an answer
+-- without it was not written by the ingress and is not the user's
+SELECT id, status, answers, response, answered_via, answered_by FROM questions WHERE id = %(id)s
+
+-- name: close_question --
+UPDATE questions SET status = 'cancelled', response = %(response)s
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id

@@ -1,3 +1,5 @@
+-- Standing gate rules and what the permission path reads.
+
 -- name: get_gate_workdir --
 -- The directory a task's process was started in, as the supervisor journaled it (and the task row's own
 -- directory, set when it was dispatched with one): what the permission tool measures paths against.
@@ -24,12 +26,6 @@ INSERT INTO gate_rules (scope, session_id, project_id, task_id, tool_name, patte
 VALUES (%(scope)s, %(session_id)s, %(project_id)s, %(task_id)s, %(tool_name)s, %(pattern)s, %(decision)s,
         %(category)s, %(created_by)s)
 RETURNING id
-
--- name: list_task_gate_denials --
--- How many of a task's calls its gate refused (the harness's own record: a tool error or a timeout is
--- missing from the CLI's permission_denials).
-SELECT count(*) AS denied FROM journal
-WHERE task_id = %(id)s AND event_type = 'gate.decided' AND payload ->> 'decision' = 'deny'
 
 -- name: claim_gate_rule_requests --
 UPDATE gate_rule_queue q SET status = 'claimed'

@@ -1,3 +1,5 @@
+-- Notifications: the notifier's cursor and duty, push subscriptions, sent notes.
+
 -- name: store_push_key --
 INSERT INTO push_config (public_key, ntfy) VALUES (%(public_key)s, %(ntfy)s)
 ON CONFLICT (id) DO UPDATE SET public_key = EXCLUDED.public_key, ntfy = EXCLUDED.ntfy, updated_at = now()

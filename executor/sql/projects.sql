@@ -1,3 +1,5 @@
+-- Projects, worktrees and workers' recorded changes.
+
 -- name: claim_project_requests --
 UPDATE project_queue q SET status = 'claimed', claimed_at = now()
 FROM (SELECT id FROM project_queue WHERE status = 'pending' ORDER BY created_at
@@ -40,15 +42,9 @@ SELECT t.id, t.project_id, t.session_id, t.status, t.worktree, t.branch, t.base_
 FROM tasks t JOIN projects p ON p.id = t.project_id
 WHERE t.id = %(id)s
 
--- name: mark_changes_recorded --
-UPDATE tasks SET changes_recorded_at = now() WHERE id = %(id)s AND changes_recorded_at IS NULL
-
 -- name: set_task_review --
 UPDATE tasks SET review = %(review)s WHERE id = %(id)s AND review IS NULL
 RETURNING id
-
--- name: get_thread_project --
-SELECT p.id, p.name, p.workdir, p.plan FROM sessions s JOIN projects p ON p.id = s.project_id WHERE s.id = %(id)s
 
 -- name: get_project_plan --
 SELECT name, plan FROM projects WHERE id = %(id)s

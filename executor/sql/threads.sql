@@ -1,3 +1,11 @@
+-- Orchestrator threads: chat, turns, thread controls.
+
+-- name: get_thread_mode --
+SELECT mode FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
+
+-- name: get_thread_project --
+SELECT p.id, p.name, p.workdir, p.plan FROM sessions s JOIN projects p ON p.id = s.project_id WHERE s.id = %(id)s
+
 -- name: claim_thread_controls --
 -- A Retry of a failed turn waits while the thread has a turn open (turns of one thread never overlap);
 -- meanwhile it holds the thread's messages back, so the retried messages still go before later ones.
@@ -69,15 +77,6 @@ UPDATE questions SET status = 'answered', answers = '{}'::jsonb, response = %(te
                      answered_by = (SELECT c.sent_by FROM chat_queue c WHERE c.id = %(chat_id)s)
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id, answered_by
-
--- name: enqueue_harness_message --
-INSERT INTO chat_queue (thread_id, text, origin) VALUES (%(thread_id)s, %(text)s, 'harness') RETURNING id
-
--- name: enqueue_turn_retry --
--- A Retry answered in an escalation goes the way of the chat's Retry: applied once no turn is open.
-INSERT INTO thread_control_queue (thread_id, action, args)
-VALUES (%(thread_id)s, 'retry', jsonb_build_object('task_id', %(task_id)s::text))
-RETURNING id
 
 -- name: lock_thread_for_turn --
 -- Executors of a fleet deliver chat concurrently: the thread's row lock makes "no turn open → start one"

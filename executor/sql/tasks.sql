@@ -1,3 +1,57 @@
+-- Tasks and their runs: creation (request_task), claims, processes, ends, sessions, credentials, lineage.
+
+-- name: list_task_gate_denials --
+-- How many of a task's calls its gate refused (the harness's own record: a tool error or a timeout is
+-- missing from the CLI's permission_denials).
+SELECT count(*) AS denied FROM journal
+WHERE task_id = %(id)s AND event_type = 'gate.decided' AND payload ->> 'decision' = 'deny'
+
+-- name: grant_harness_credential --
+-- One credential per spawn; a task spawned again (never today) gets the new one.
+INSERT INTO harness_credentials (token_sha256, task_id, session_id)
+VALUES (%(token_sha256)s, %(task_id)s, %(session_id)s)
+ON CONFLICT (task_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, session_id = EXCLUDED.session_id,
+                                    created_at = now(), revoked_at = NULL
+
+-- name: revoke_harness_credential --
+UPDATE harness_credentials SET revoked_at = now() WHERE task_id = %(task_id)s AND revoked_at IS NULL
+
+-- name: get_harness_caller --
+-- Who holds a credential: its task, the spawn's session, and the thread (an orchestrator turn's own
+-- session, or the session of the orchestrator turn that dispatched the task).
+SELECT c.task_id, c.session_id, c.revoked_at, t.status, t.role,
+       coalesce(t.project_id, s.project_id, ps.project_id) AS project_id,
+       CASE WHEN s.role = 'orchestrator' THEN s.id ELSE ps.id END AS thread_id
+FROM harness_credentials c
+JOIN tasks t ON t.id = c.task_id
+LEFT JOIN sessions s ON s.id = c.session_id
+LEFT JOIN tasks p ON p.id = t.parent_task_id
+LEFT JOIN sessions ps ON ps.id = p.session_id AND ps.role = 'orchestrator'
+WHERE c.token_sha256 = %(token_sha256)s
+
+-- name: get_dispatching_call --
+-- The orchestrator's journaled tool call that asked for a worker: the `stream.assistant` line of the
+-- dispatching task whose tool_use block carries the tool_use_id its dispatch recorded.
+SELECT c.event_id
+FROM journal r
+JOIN journal c ON c.task_id = (r.payload->>'parent_task_id')::uuid AND c.event_type = 'stream.assistant'
+WHERE r.task_id = %(id)s AND r.event_type = 'task.dispatch_requested' AND r.payload ? 'tool_use_id'
+  AND c.payload->'message'->'content'
+      @> jsonb_build_array(jsonb_build_object('type', 'tool_use', 'id', r.payload->>'tool_use_id'))
+ORDER BY c.seq DESC
+LIMIT 1
+
+-- name: get_dispatch_tool_use --
+-- The tool_use_id a task's dispatch recorded (null: not dispatched by a tool call).
+SELECT payload->>'tool_use_id' AS tool_use_id
+FROM journal
+WHERE task_id = %(id)s AND event_type = 'task.dispatch_requested'
+ORDER BY seq
+LIMIT 1
+
+-- name: get_task_exit_event --
+SELECT event_id FROM journal WHERE task_id = %(id)s AND event_type = 'task.exited' ORDER BY seq DESC LIMIT 1
+
 -- name: insert_task --
 -- The one insert of a requested task (executor/settle/dispatch.py request_task): pending, with where it may
 -- run (a named executor and/or labels it must carry). The next attempt of a task (retry_of) is not claimed
@@ -166,116 +220,6 @@ RETURNING q.id, q.task_id
 -- An imported transcript's end happened elsewhere: nothing is owed on it (settled on insert).
 INSERT INTO tasks (id, project_id, session_id, role, brief, status, status_reason, started_at, ended_at, settled_at)
 VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s, %(reason)s, now(), now(), now())
-
--- name: insert_question --
-INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by)
-VALUES (%(tool_use_id)s, %(session_id)s, %(task_id)s, %(questions)s, %(asked_by)s)
-ON CONFLICT (tool_use_id) DO NOTHING
-RETURNING id
-
--- name: get_question_by_tool_use_id --
-SELECT id FROM questions WHERE tool_use_id = %(tool_use_id)s
-
--- name: get_question --
--- answered_by: who answered (the ingress's request identity, or the chat message's sender); an answer
--- without it was not written by the ingress and is not the user's
-SELECT id, status, answers, response, answered_via, answered_by FROM questions WHERE id = %(id)s
-
--- name: close_question --
-UPDATE questions SET status = 'cancelled', response = %(response)s
-WHERE id = %(id)s AND status = 'pending'
-RETURNING id
-
--- name: get_extraction_source --
-SELECT t.id, t.role, t.brief, t.status, t.project_id, t.session_id, t.plan_ref, p.extract_on_exit
-FROM tasks t LEFT JOIN role_profiles p ON p.role = t.role
-WHERE t.id = %(id)s
-
--- name: list_worker_texts --
--- The worker's last assistant lines and its result line, newest first (bounded by the caller's limit).
-SELECT event_type, payload FROM journal
-WHERE task_id = %(id)s AND event_type IN ('stream.assistant', 'stream.result')
-ORDER BY seq DESC LIMIT %(limit)s
-
--- name: get_raw_seq_range --
-SELECT min(seq), max(seq) FROM journal WHERE task_id = %(id)s AND tier = 'raw'
-
--- name: list_schema_complaints --
--- What the CLI told the extractor about its StructuredOutput calls (tool results that were errors).
-SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.user' ORDER BY seq
-
--- name: mark_extraction_failed --
-UPDATE tasks SET status = 'extraction_failed', status_reason = 'validation gate: ' || %(reason)s
-WHERE id = %(id)s AND status = 'success'
-
--- name: lock_fleet_name --
--- Held on the lease's own session for the executor's life: a second executor of the same name refuses to
--- start (a dead holder's lock goes with its connection, so a restart after a crash is not refused).
-SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor:' || %(name)s))
-
--- name: join_fleet --
--- (Re)join: a new epoch fences every write of a previous run of this name.
-INSERT INTO executors (name, labels, capacity, epoch, lease_s, lease_until, version, started_at, renewed_at, sandbox)
-VALUES (%(name)s, %(labels)s, %(capacity)s, 1, %(lease_s)s, now() + make_interval(secs => %(lease_s)s),
-        %(version)s, now(), now(), %(sandbox)s)
-ON CONFLICT (name) DO UPDATE
-SET labels = EXCLUDED.labels, capacity = EXCLUDED.capacity, epoch = executors.epoch + 1, sandbox = EXCLUDED.sandbox,
-    lease_s = EXCLUDED.lease_s, lease_until = EXCLUDED.lease_until, version = EXCLUDED.version,
-    started_at = now(), renewed_at = now(), lost_at = NULL, stopped_at = NULL
-RETURNING epoch
-
--- name: renew_fleet_lease --
--- Refused once a survivor declared this run lost (or a newer run of the name joined): the run is fenced.
--- An expired lease nobody took over is renewed (a lone executor outlives a database outage).
-UPDATE executors SET lease_until = now() + make_interval(secs => lease_s), renewed_at = now()
-WHERE name = %(name)s AND epoch = %(epoch)s AND lost_at IS NULL AND stopped_at IS NULL
-RETURNING epoch
-
--- name: leave_fleet --
-UPDATE executors SET stopped_at = now(), lease_until = now()
-WHERE name = %(name)s AND epoch = %(epoch)s AND lost_at IS NULL
-
--- name: reap_fleet_lease --
--- One survivor (the row update serialises them) takes over each executor whose lease expired: its running
--- tasks crash (executor_lost; the settler applies the policy), their credentials and pending questions die.
-WITH lost AS (
-    UPDATE executors SET lost_at = now()
-    WHERE lease_until < now() AND lost_at IS NULL AND stopped_at IS NULL AND name <> %(name)s
-    RETURNING name, epoch, lease_until
-), crashed AS (
-    UPDATE tasks t SET status = 'crashed', status_reason = 'executor_lost', activity = NULL, ended_at = now()
-    FROM lost WHERE t.executor_name = lost.name AND t.status = 'running'
-    RETURNING t.id, t.session_id, t.project_id, t.executor_name
-), revoked AS (
-    UPDATE harness_credentials c SET revoked_at = now()
-    FROM crashed WHERE c.task_id = crashed.id AND c.revoked_at IS NULL
-    RETURNING 1
-), cancelled AS (
-    UPDATE questions q SET status = 'cancelled',
-        response = 'the executor running the asking task (' || crashed.executor_name || ') was lost'
-    FROM crashed WHERE q.task_id = crashed.id AND q.status = 'pending'
-      AND NOT EXISTS (SELECT 1 FROM escalations e WHERE e.question_id = q.id)
-    RETURNING q.id, q.task_id
-)
-SELECT 'executor' AS kind, name, epoch, lease_until, NULL::uuid AS id, NULL::uuid AS task_id,
-       NULL::uuid AS session_id, NULL::uuid AS project_id FROM lost
-UNION ALL
-SELECT 'task', executor_name, NULL, NULL, id, id, session_id, project_id FROM crashed
-UNION ALL
-SELECT 'question', NULL, NULL, NULL, id, task_id, NULL, NULL FROM cancelled
-
--- name: get_fleet_name_staleness --
--- Whether a session still holding the name's lock is a dead one: the name's lease is not live, or it is
--- this very run's (its own earlier session, cut off half-open). No row yet: a namesake is joining.
-SELECT coalesce((SELECT (e.epoch = %(epoch)s) IS TRUE OR e.lost_at IS NOT NULL OR e.stopped_at IS NOT NULL
-                        OR e.lease_until < now()
-                 FROM executors e WHERE e.name = %(name)s), false) AS stale
-
--- name: end_stale_fleet_holder --
--- A half-open or dead session keeps its advisory lock until the server notices (TCP keepalive, hours):
--- end the name's other lease sessions, which only a stale holder can have here.
-SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE application_name = %(app)s AND pid <> pg_backend_pid()
 
 -- name: get_project_sandbox_allow --
 -- The hosts a project's workers may reach through their sandbox's proxy, besides the operator's.
