@@ -10,9 +10,9 @@ write target computed at run time — is gated as `opaque`. Scripts run by an in
 start. README.md ("Gates") states these choices; tests/data/gate_corpus.tsv holds the examples.
 
 The room: verdict.py (Finding, Verdict), paths.py (path resolution), matching.py (a command against the
-tables), shell.py (the shell walker), classify.py (a tool call → its verdict), decide.py (allow/ask/deny,
-standing rules' reach, the permission prompt tool's answer), tables.py (the rules, as data), rules.py (the
-standing-rules queue).
+tables), walker.py (the shell walker's grammar: constructs, words, redirects), shell.py (what each command
+does), classify.py (a tool call → its verdict), decide.py (allow/ask/deny, a standing rule's reach, the
+permission prompt tool's answer), tables.py (the rules, as data), rules.py (the standing-rules queue).
 """
 
 from executor.gates.classify import classify, classify_command
