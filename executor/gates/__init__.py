@@ -24,7 +24,6 @@ from executor.gates.tables import (
     DEPENDENCY,
     DESTRUCTIVE,
     GIT_BEYOND_BRANCH,
-    LABELS,
     NETWORK_CONFIG,
     OPAQUE,
     OUTSIDE_TREE,
@@ -34,7 +33,6 @@ from executor.gates.tables import (
     SECRET_NAMES,
     SECRET_PATHS,
     SECRETS,
-    SEVERITY,
 )
 from executor.gates.verdict import Finding, Verdict
 from executor.gates.rules import CARD_PREFIX  # last: the standing-rules queue sits on the journal, not on the above
@@ -44,8 +42,8 @@ __all__ = [
     "classify", "classify_command", "Verdict", "Finding",
     # what happens to it
     "Mode", "Decision", "decide", "deny_message", "rule_covers", "summary", "permission_result", "CARD_PREFIX",
-    # the categories, most severe first in SEVERITY
-    "ALLOWED", "CATEGORIES", "SEVERITY", "LABELS", "PRIVILEGE", "SECRETS", "DESTRUCTIVE", "GIT_BEYOND_BRANCH",
+    # the categories (a verdict's label names its category as people read it), most severe first
+    "ALLOWED", "CATEGORIES", "PRIVILEGE", "SECRETS", "DESTRUCTIVE", "GIT_BEYOND_BRANCH",
     "CROSS_SERVICE", "NETWORK_CONFIG", "DEPENDENCY", "OUTSIDE_TREE", "OPAQUE",
     # the paths the tables name: the tools' path keys; the secret paths (the sandbox hides them too)
     "PATH_KEYS", "SECRET_NAMES", "SECRET_DIRS", "SECRET_PATHS",
