@@ -1,7 +1,7 @@
 """The hard gates' rules, as data: categories, tools, secret paths, commands and their gated uses.
 
-executor/gates/classify.py reads commands and paths and applies these tables; a rule change is an edit here, with a
-line in tests/data/gate_corpus.tsv saying what it catches.
+The classifier (classify.py, shell.py, paths.py, matching.py) reads commands and paths and applies these tables;
+a rule change is an edit here, with a line in tests/data/gate_corpus.tsv saying what it catches.
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 
 from executor import asks
-from executor.gates import classify as gates
-from executor.gates import tables as gate_tables
-from executor.gates.rules import CARD_PREFIX
+from executor import gates
+from executor.gates import CARD_PREFIX
 from executor.harness.identity import tool_use_id as call_tool_use_id
 from executor.harness.services import Harness
 from executor.run import substrate
@@ -126,7 +125,7 @@ def _fence(text: str, lang: str = "") -> str:
 
 def preview(tool_name: str, tool_input: dict[str, Any]) -> str:
     """The exact command, path or diff, as markdown (the card renders it sanitized)."""
-    path = next((v for k in gate_tables.PATH_KEYS if isinstance(v := tool_input.get(k), str)), None)
+    path = next((v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str)), None)
     if isinstance(tool_input.get("command"), str):
         text = _fence(tool_input["command"], "sh")
     elif tool_name in ("Edit", "MultiEdit") and path:
@@ -288,7 +287,7 @@ class Gatekeeper:
         """A standing allow for exactly this call (the command, or the path), in the task or its thread, made
         by `answered_by` (who answered the card)."""
         pattern = tool_input.get("command") if tool_name == "Bash" else next(
-            (v for k in gate_tables.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
+            (v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
         if not isinstance(pattern, str) or not pattern:
             return {}
         row = await self.harness.q.one("insert_gate_rule", {

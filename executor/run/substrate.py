@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
-from executor.gates import tables as gate_tables
+from executor import gates
 from shared import journal
 
 # Environment that keeps the CLI from calling home; the executor's own environment passes through.
@@ -60,9 +60,9 @@ def _read_rule(pattern: str) -> str:
 # tree's `.env`, of one outside it or under HOME to the tool, a project's `allow: ["Read"]` and the role's
 # `--allowedTools Read` notwithstanding, and leaves other reads alone).
 READ_ASK_RULES = tuple(dict.fromkeys(
-    [_read_rule(name) for name in gate_tables.SECRET_NAMES]
-    + [_read_rule(f"{d}/*") for d in gate_tables.SECRET_DIRS]
-    + [_read_rule(path) for path in gate_tables.SECRET_PATHS]))
+    [_read_rule(name) for name in gates.SECRET_NAMES]
+    + [_read_rule(f"{d}/*") for d in gates.SECRET_DIRS]
+    + [_read_rule(path) for path in gates.SECRET_PATHS]))
 # Per the CLI's settings schema, sandbox auto-allow passes Bash calls by everything but deny rules and
 # command-specific ask rules: off, so a project's sandbox settings cannot open that door.
 _ASK_RULES = [*GATED_TOOLS, *READ_ASK_RULES]

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from executor.gates import classify as gates
+from executor import gates
 
 RETRY_SAME = "retry_same"  # run the same brief again
 RETRY_MODIFIED = "retry_modified"  # run the brief again with the failed attempt's handoff appended

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mcp.server.mcpserver import Context
 
-from executor.gates import classify as gates
+from executor import gates
 from executor.harness import permission
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.bench import stats

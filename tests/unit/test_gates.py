@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from executor.gates import classify as gates
+from executor import gates
 from tests.unit.test_gates_corpus import CASES, HOME, WORKDIR
 
 TOOL_CORPUS = Path(__file__).parent.parent / "data" / "gate_corpus_tools.jsonl"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.gates import classify as gates
+from executor import gates
 
 CORPUS = Path(__file__).parent.parent / "data" / "gate_corpus.tsv"
 WORKDIR, HOME = "/srv/app", "/home/dev"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executor.gates import classify as gates
+from executor import gates
 from executor.harness import permission
 from executor.run import substrate
 from executor.settle import policy
