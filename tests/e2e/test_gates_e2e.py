@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from executor.gates import rules as gate_rules
+from executor import gates
 from executor.harness import permission
 from executor.settle import briefs
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
@@ -174,7 +174,7 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
     assert (work / "sentinel-a").exists() and (work / "sentinel-b").exists()
     assert not (work / "sentinel-c").exists()
     assert log.read_text() == "run\nrun\n"  # allowed for the task: the identical second call ran unasked
-    assert len([a for a in asks if a["tool_use_id"].startswith(gate_rules.CARD_PREFIX)]) == 4
+    assert len([a for a in asks if a["tool_use_id"].startswith(gates.CARD_PREFIX)]) == 4
     results = _tool_results(events)
     calls = _commands(events)
     assert "the user refused it" in results[calls[0][0]]
