@@ -21,6 +21,7 @@ from executor.gates import rules as gate_rules
 from executor.journal.writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal.writer import JournalWriter
 from executor.notify import notifier as notify
+from executor.notify.duty import Duty
 from executor.projects import service as projects
 from executor.run import fleet
 from executor.run.substrate import SubstrateConfig
@@ -151,7 +152,7 @@ async def serve(dsn: str, substrate: SubstrateConfig, config: SupervisorConfig, 
                                                  keep_worktrees=config.keep_worktrees), conversations.wake)
         repos = projects.Projects(db.pool, writer, projects.ProjectsConfig(project_roots, config.keep_worktrees))
         notifier = notify.Notifier(db.pool, notify_config or notify.NotifyConfig(),
-                                   notify.Duty(dsn, notify.NOTIFIER_DUTY, config.name), name=config.name)
+                                   Duty(dsn, notify.NOTIFIER_DUTY, config.name), name=config.name)
         await db.availability.retry(notifier.start, "notifier")
         settle_sub = listener.subscribe(["task_changed", "question_answered"])
         thread_sub = listener.subscribe(["chat_queue", "thread_control_queue"])

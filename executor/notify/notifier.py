@@ -10,21 +10,21 @@ ntfy topic. Payloads are a title, one line and a deep link: never a secret or a 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 import aiohttp
-import psycopg
-from cryptography.hazmat.primitives import serialization
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from py_vapid import Vapid
 from pydantic import SecretStr
 from pywebpush import WebPushException, webpush_async
 
+from executor.notify import notes as said
+from executor.notify import vapid
+from executor.notify.duty import Duty
+from executor.notify.notes import Note
 from executor.sql import queries
 from shared import consume, database, endpoints, logs
 from shared.listener import Subscription
@@ -32,7 +32,10 @@ from shared.query import Queries
 
 log = logs.get(__name__)
 
-LINE_CHARS = 140
+NOTIFIER_DUTY = "notifier"
+# how often a notifier without the duty tries to take it (its holder may have died)
+DUTY_RETRY_S = 2.0
+
 POLL_S = 2.0
 BURST_S = 0.1  # after a wake-up, let a burst of journal records land and take it in one pass
 PAGE = 500
@@ -63,132 +66,6 @@ class Delivery(TypedDict, total=False):
 Outcome = Literal["sent", "no_channel", "failed"]
 
 
-@dataclass
-class Note:
-    kind: str
-    title: str
-    body: str
-    url: str
-    task_id: Any = None
-    thread_id: Any = None
-    seq: int | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    def payload(self) -> str:
-        return json.dumps({"title": self.title, "body": self.body, "url": self.url,
-                           "tag": f"{self.kind}-{self.task_id or self.thread_id or 'all'}"})
-
-
-def _line(text: Any, n: int = LINE_CHARS) -> str:
-    first = str(text or "").strip().split("\n")[0]
-    return first if len(first) <= n else first[: n - 1] + "…"
-
-
-VAPID_SECRET = "vapid_private_pem"
-NOTIFIER_DUTY = "notifier"
-# how often a notifier without the duty tries to take it (its holder may have died)
-DUTY_RETRY_S = 2.0
-
-
-def configured_vapid(config: NotifyConfig) -> Vapid | None:
-    """The VAPID key from the setting, if one is set (then every executor of the fleet must have the same)."""
-    if not config.vapid_private_key:
-        return None
-    key = config.vapid_private_key.get_secret_value().strip()
-    if key.startswith("-----BEGIN"):
-        return Vapid.from_pem(key.encode())
-    return Vapid.from_string(private_key=key)
-
-
-def candidate_vapid_pem(config: NotifyConfig) -> bytes:
-    """The key this executor offers the fleet: a data directory's key from before the fleet, else a new one."""
-    path = config.data_dir / "vapid_private.pem"
-    if path.exists():
-        return bytes(Vapid.from_file(str(path)).private_pem())
-    vapid = Vapid()
-    vapid.generate_keys()
-    return bytes(vapid.private_pem())
-
-
-class Duty:
-    """A once-per-fleet job: whoever holds the session advisory lock does it; when the holder's session ends
-    (its executor died), the next `held()` of a survivor takes it."""
-
-    def __init__(self, dsn: str, duty: str, holder: str = ""):
-        self.dsn = dsn
-        self.duty = duty
-        self.holder = holder  # shown in pg_stat_activity: who holds the duty
-        self._conn: psycopg.AsyncConnection | None = None
-        self._failing = False
-
-    async def held(self) -> bool:
-        if self._conn is not None and not self._conn.closed:
-            try:
-                await self._conn.execute("SELECT 1")
-                return True
-            except psycopg.Error:
-                await self._conn.close()  # the lock went with the session
-        try:
-            name = f"petal-duty:{self.duty}:{self.holder}"[:63]
-            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, application_name=name)
-            cur = await self._conn.execute(queries["try_duty_lock"], {"duty": self.duty})
-            row = await cur.fetchone()
-        except psycopg.Error as exc:
-            if not self._failing:  # said once per outage
-                self._failing = True
-                log.warning("duty_check_failed", duty=self.duty, error=str(exc))
-            return False
-        self._failing = False
-        if row and row[0]:
-            log.info("duty_taken", duty=self.duty)
-            return True
-        await self._conn.close()
-        self._conn = None
-        return False
-
-    async def release(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-
-
-def public_key(vapid: Vapid) -> str:
-    raw = vapid.public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def note_for(row: dict[str, Any]) -> Note | None:
-    """The notification a journal record calls for, or None (most records call for none)."""
-    p = row["payload"] or {}
-    if row["event_type"] == "question.asked":
-        questions = p.get("questions") or [{}]
-        by_harness = p.get("asked_by") == "harness"
-        escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
-        kind = "escalation" if escalation else "question"
-        gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
-        title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
-                 else "Approve a worker?" if by_harness else "Claude asks")
-        return Note(kind, title, _line(questions[0].get("question")), "/#asks", row["task_id"],
-                    row["session_id"], row["seq"], {"question_id": p.get("question_id")})
-    if row["event_type"] == "task.stalled":
-        return Note("stalled", f"A {row['role'] or 'task'} stalled",
-                    _line(f"Silent for {round(p.get('silent_s', 0))} s: {_line(row['brief'], 80)}"),
-                    f"/#task/{row['task_id']}", row["task_id"], row["task_session"], row["seq"])
-    if row["event_type"] == "executor.lost":
-        crashed = len(p.get("crashed_tasks") or [])
-        return Note("executor_lost", f"Executor {_line(p.get('name'), 60)} lost",
-                    _line(f"Its lease expired; {crashed} running task(s) crashed and go through the policy "
-                          f"(taken over by {p.get('taken_over_by')})."),
-                    "/#context", None, None, row["seq"], {"executor": p.get("name")})
-    if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
-        result = (p.get("result") or {})
-        status = p.get("status")
-        body = "The orchestrator replied." if status == "success" else f"The turn ended {status}."
-        return Note("turn_finished", "Reply ready" if status == "success" else "Turn ended", body,
-                    f"/#chat/{row['task_session']}", row["task_id"], row["task_session"], row["seq"],
-                    {"status": status, "subtype": result.get("subtype")})
-    return None
-
-
 class Notifier:
     def __init__(self, pool: AsyncConnectionPool, config: NotifyConfig, duty: Duty | None = None,
                  name: str | None = None):
@@ -202,18 +79,18 @@ class Notifier:
         self.name = name
 
     async def start(self) -> None:
-        self.vapid = configured_vapid(self.config) or await self._fleet_vapid()
-        await self.q.execute("store_push_key", {"public_key": public_key(self.vapid),
+        self.vapid = vapid.configured(self.config.vapid_private_key) or await self._fleet_vapid()
+        await self.q.execute("store_push_key", {"public_key": vapid.public_key(self.vapid),
                                                 "ntfy": bool(self.config.ntfy_url)})
         await self.q.execute("init_notify_cursor")  # a first start begins at the journal's head
 
     async def _fleet_vapid(self) -> Vapid:
         """One key for the whole fleet, in the database: the first executor's offer wins (a race of two
         starting together included); every other executor reads it."""
-        offer = await asyncio.to_thread(candidate_vapid_pem, self.config)
-        await self.q.execute("offer_fleet_secret", {"name": VAPID_SECRET, "value": offer.decode(),
+        offer = await asyncio.to_thread(vapid.candidate_pem, self.config.data_dir)
+        await self.q.execute("offer_fleet_secret", {"name": vapid.SECRET_NAME, "value": offer.decode(),
                                                     "created_by": self.name})
-        row = await self.q.one("get_fleet_secret", {"name": VAPID_SECRET})
+        row = await self.q.one("get_fleet_secret", {"name": vapid.SECRET_NAME})
         assert row is not None  # this executor's offer, or an earlier one
         return Vapid.from_pem(row["value"].encode())
 
@@ -249,7 +126,7 @@ class Notifier:
         if not rows:
             await self.q.execute("advance_notify_cursor", {"seq": cursor["head"]})
             return []
-        notes = [n for n in (note_for(r) for r in rows) if n is not None]
+        notes = [n for n in (said.note_for(r) for r in rows) if n is not None]
         due = await self._hold_back(notes)
         if len(due) > self.config.digest_after:
             digest = self._digest(due)
@@ -287,15 +164,15 @@ class Notifier:
         return due
 
     @staticmethod
-    def _digest(notes: list[Note]) -> Note:
+    def _digest(batch: list[Note]) -> Note:
         kinds: dict[str, int] = {}
-        for n in notes:
+        for n in batch:
             kinds[n.kind] = kinds.get(n.kind, 0) + 1
         words = {"question": "question", "escalation": "escalation", "stalled": "stalled task",
                  "turn_finished": "finished turn"}
         parts = [f"{c} {words.get(k, k)}{'s' if c > 1 else ''}" for k, c in kinds.items()]
         url = "/#asks" if kinds.get("question") or kinds.get("escalation") else "/#tasks"
-        return Note("digest", f"{len(notes)} things need you", _line(", ".join(parts)), url)
+        return Note("digest", f"{len(batch)} things need you", said.line(", ".join(parts)), url)
 
     async def deliver(self, notes: list[Note]) -> tuple[Outcome, Delivery]:
         """Send each note on every channel; ('sent' | 'no_channel' | 'failed', what happened)."""

@@ -1,0 +1,64 @@
+"""What a journal record tells the user: the few record types that need a person, as short notes (a title,
+one line and a deep link: never a secret or a transcript)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+LINE_CHARS = 140
+
+
+@dataclass
+class Note:
+    kind: str
+    title: str
+    body: str
+    url: str
+    task_id: Any = None
+    thread_id: Any = None
+    seq: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> str:
+        return json.dumps({"title": self.title, "body": self.body, "url": self.url,
+                           "tag": f"{self.kind}-{self.task_id or self.thread_id or 'all'}"})
+
+
+def line(text: Any, n: int = LINE_CHARS) -> str:
+    first = str(text or "").strip().split("\n")[0]
+    return first if len(first) <= n else first[: n - 1] + "…"
+
+
+def note_for(row: dict[str, Any]) -> Note | None:
+    """The notification a journal record calls for, or None (most records call for none)."""
+    p = row["payload"] or {}
+    if row["event_type"] == "question.asked":
+        questions = p.get("questions") or [{}]
+        by_harness = p.get("asked_by") == "harness"
+        escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
+        kind = "escalation" if escalation else "question"
+        gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
+        title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
+                 else "Approve a worker?" if by_harness else "Claude asks")
+        return Note(kind, title, line(questions[0].get("question")), "/#asks", row["task_id"],
+                    row["session_id"], row["seq"], {"question_id": p.get("question_id")})
+    if row["event_type"] == "task.stalled":
+        return Note("stalled", f"A {row['role'] or 'task'} stalled",
+                    line(f"Silent for {round(p.get('silent_s', 0))} s: {line(row['brief'], 80)}"),
+                    f"/#task/{row['task_id']}", row["task_id"], row["task_session"], row["seq"])
+    if row["event_type"] == "executor.lost":
+        crashed = len(p.get("crashed_tasks") or [])
+        return Note("executor_lost", f"Executor {line(p.get('name'), 60)} lost",
+                    line(f"Its lease expired; {crashed} running task(s) crashed and go through the policy "
+                          f"(taken over by {p.get('taken_over_by')})."),
+                    "/#context", None, None, row["seq"], {"executor": p.get("name")})
+    if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
+        result = (p.get("result") or {})
+        status = p.get("status")
+        body = "The orchestrator replied." if status == "success" else f"The turn ended {status}."
+        return Note("turn_finished", "Reply ready" if status == "success" else "Turn ended", body,
+                    f"/#chat/{row['task_session']}", row["task_id"], row["task_session"], row["seq"],
+                    {"status": status, "subtype": result.get("subtype")})
+    return None
