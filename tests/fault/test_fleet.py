@@ -179,11 +179,15 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
                 (task,) = fleet.rows("SELECT id FROM tasks WHERE role = 'worker'")[0]
                 alpha.send_signal(signal.SIGKILL)
                 alpha.wait(10)
-                killed_at = time.monotonic()
                 await fleet.until(lambda: fleet.one("SELECT status_reason FROM tasks WHERE id = %s", task)
                                   == "executor_lost", "crashed as executor_lost", timeout=LEASE_S + 5)
-                lost_after = time.monotonic() - killed_at
                 await settled(db.admin_dsn, timeout=120)
+            # the takeover's timing, all from the database's clock: alpha's last renewal (before its death),
+            # the lease that renewal gave, when beta declared it lost and when the task's end was written
+            ((renewed, lease_until, lost_at, ended, journaled),) = fleet.rows(
+                "SELECT e.renewed_at, e.lease_until, e.lost_at, t.ended_at, j.created_at FROM executors e"
+                " JOIN tasks t ON t.id = %s JOIN journal j ON j.task_id = t.id AND j.event_type = 'task.crashed'"
+                " WHERE e.name = 'alpha'", task)
             workers = fleet.rows("SELECT status, status_reason, attempt, executor_name FROM tasks"
                                  " WHERE role = 'worker' ORDER BY created_at")
             lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
@@ -192,7 +196,11 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
         finally:
             fleet.stop_all()
     check_invariants(db.admin_dsn)  # gap-free journal, nothing stuck, no question left open
-    assert lost_after <= LEASE_S + 5
+    # taken over once the lease ran out, never before, and within about 1.5 leases of the last renewal
+    # (the lease, then at most one of the survivor's renew-and-reap intervals, a third of a lease)
+    assert lease_until <= lost_at == ended, (lease_until, lost_at, ended)
+    assert (ended - renewed).total_seconds() <= 1.5 * LEASE_S, (renewed, ended)
+    assert (journaled - renewed).total_seconds() <= 1.5 * LEASE_S + 0.5, (renewed, journaled)
     assert workers == [("crashed", "executor_lost", 1, "alpha"), ("success", "completed", 2, "beta")]
     assert len(lost) == 1 and lost[0][0]["name"] == "alpha" and lost[0][0]["crashed_tasks"] == [str(task)]
     assert lost[0][0]["taken_over_by"] == "beta"
