@@ -341,6 +341,7 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
 async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db: DB) -> None:
     from playwright.async_api import expect
 
+    from tests.web.seen import seen
     from tests.web.test_web_client import browser, page_at
 
     with psycopg.connect(db.admin_dsn) as conn:
@@ -356,7 +357,7 @@ async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db
         await expect(alpha).to_contain_text("alpha · 0/4")
         await expect(alpha).to_contain_text("gpu")
         await expect(beta).to_contain_text("<b>beta</b>")  # a name is text, never markup
-        await expect(beta.locator(".chip.stalled")).to_have_text("lost")
+        await seen(beta.locator(".chip.stalled"), "lost", scroll=True)  # seen, not only in the DOM
 
 
 async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_out(db: DB, tmp_path: Path) -> None:
