@@ -48,6 +48,7 @@ from ingress.models import (
 from ingress.openapi import SEQ, UUID, Op, Param, document
 from ingress.sql import queries
 from shared import migrate
+from shared.availability import CONTENDED
 from shared.database import Database
 from shared.errors import DatabaseRefused, DatabaseUnavailable
 from shared.query import Queries
@@ -330,6 +331,8 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
                             psycopg.OperationalError: problems.handle_unavailable,
                             DatabaseUnavailable: problems.handle_unavailable,
                             DatabaseRefused: problems.handle_refused,
+                            # a deadlock or serialization failure is no outage: 409, retry
+                            **dict.fromkeys(CONTENDED, problems.handle_contended),
                             Exception: problems.handle_unexpected},
         lifespan=lifespan,
     )

@@ -82,5 +82,12 @@ async def handle_unavailable(request: Request, exc: Exception) -> Response:
     return response
 
 
+async def handle_contended(request: Request, exc: Exception) -> Response:
+    # a deadlock or serialization failure: PostgreSQL aborted this request's transaction for a concurrent
+    # one; the database is there (no outage, no Retry-After) and the same request again is expected to pass
+    return problem(409, f"a concurrent change got in the way ({str(exc).strip().splitlines()[0]}); "
+                        "nothing was written; retry")
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     return problem(500, "internal error; nothing was written")

@@ -12,7 +12,8 @@ from typing import TypeVar
 import psycopg
 
 from shared import aio, logs
-from shared.errors import DatabaseUnavailable
+from shared.errors import Contended, DatabaseUnavailable
+from shared.query import CONTENDED_PG
 
 log = logs.get(__name__)
 T = TypeVar("T")
@@ -25,8 +26,13 @@ SETTLE_S = 1.0
 TAIL_S = 5.0
 
 # What "the database is away" looks like: a lost or refused connection, a server shutting down or
-# starting up, a pool that found no connection in time (PoolTimeout is an OperationalError).
-OUTAGE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError, DatabaseUnavailable)
+# starting up, a pool that found no connection in time (PoolTimeout is an OperationalError). A loop that
+# meets one waits and tries again; so it does for a transaction aborted for a concurrent one (CONTENDED),
+# which is no outage: `Availability.failed` tells them apart.
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError, DatabaseUnavailable, Contended)
+# A deadlock (40P01) or serialization failure (40001): the database is there and chose a victim; retry soon.
+CONTENDED: tuple[type[Exception], ...] = (*CONTENDED_PG, Contended)
+CONTENDED_RETRY_S = 0.1
 
 
 
@@ -49,6 +55,9 @@ class Availability:
 
     def failed(self, exc: BaseException, where: str) -> float:
         """Record a failure; returns how long to wait before the next attempt."""
+        if isinstance(exc, CONTENDED):  # not an outage: nothing to declare, the next attempt soon
+            log.info("transaction_contended", service=self.name, where=where, error=str(exc).strip()[:200])
+            return CONTENDED_RETRY_S
         self.cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         self._last_failure = time.monotonic()
         if self.down_since is None and self._last_failure - self._recovered_at < TAIL_S:

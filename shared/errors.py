@@ -50,6 +50,11 @@ class DatabaseUnavailable(PetalError):
     """The database is away: refused, cut, or no pooled connection in time. Nothing was written."""
 
 
+class Contended(PetalError):
+    """The database aborted the transaction in favour of a concurrent one (a deadlock, a serialization
+    failure): nothing was written, and the same work again is expected to get through. Not an outage."""
+
+
 class DatabaseRefused(PetalError):
     """The database refused a write for its content; `constraint` names the rule, when there is one."""
 

@@ -3,6 +3,8 @@ same inside `transaction()`. Database errors become the project's error types he
 
 - the database is away (refused, cut, no pooled connection in time) → `DatabaseUnavailable`, which the
   outage handling (`shared.database.OUTAGE_ERRORS`, the ingress's 503) already knows;
+- a transaction aborted for a concurrent one (a deadlock, 40P01; a serialization failure, 40001) →
+  `Contended`: the database is there and the same work again is expected to get through (the ingress's 409);
 - a unique or exclusion constraint → `Conflict`; a foreign key → `Missing`; a check, not-null or bad
   value → `Invalid`.
 
@@ -21,13 +23,18 @@ from psycopg import errors as pgerrors
 from psycopg.rows import dict_row, kwargs_row
 from psycopg_pool import AsyncConnectionPool
 
-from shared.errors import Conflict, DatabaseUnavailable, Invalid, Missing, PetalError
+from shared.errors import Conflict, Contended, DatabaseUnavailable, Invalid, Missing, PetalError
 
 T = TypeVar("T")
 Params = Mapping[str, Any] | None
 Row = dict[str, Any]
 Registry = Mapping[str, LiteralString]
 """Named queries (`shared.sql.load`): the SQL text is the project's own, never built from a value."""
+
+
+# class 40 (transaction rollback): PostgreSQL aborted the transaction for a concurrent one. psycopg's classes
+# are flat (each an OperationalError), so each is named.
+CONTENDED_PG = (pgerrors.TransactionRollback, pgerrors.SerializationFailure, pgerrors.DeadlockDetected)
 
 
 def translate(exc: psycopg.Error) -> PetalError | None:
@@ -40,6 +47,8 @@ def translate(exc: psycopg.Error) -> PetalError | None:
         return Missing(message, constraint=exc.diag.constraint_name)
     if isinstance(exc, (pgerrors.IntegrityError, pgerrors.DataError)):
         return Invalid(message, constraint=exc.diag.constraint_name)
+    if isinstance(exc, CONTENDED_PG):  # OperationalErrors, but no outage
+        return Contended(message)
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailable(message)
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import httpx
 import psycopg
 
+from ingress.auth import AuthConfig
+from ingress.http import MAX_JSON_DEPTH
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import threads
 from tests.harness import Harness, running_executor
@@ -70,20 +73,49 @@ async def test_a_message_to_an_unknown_thread_is_404_and_nothing_is_queued(db: D
     assert after["chat_queue"] == before["chat_queue"] + 2  # the two known threads' messages only
 
 
-async def test_json_nested_100000_deep_is_refused_with_a_4xx_and_writes_nothing(db: DB) -> None:
+async def test_json_nested_past_the_depth_limit_is_400_on_real_targets_under_the_size_limit_and_writes_nothing(
+        db: DB) -> None:
     deep_array = b"[" * 100_000 + b"]" * 100_000
-    deep_object = b'{"text": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001
-    just_over = b'{"text": "x", "extra": ' + b"[" * 64 + b"]" * 64 + b"}"
+    deep_object = b'{"text": ' + b'{"a": ' * 20_000 + b"1" + b"}" * 20_001
+    just_over = b'{"text": "x", "extra": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}"
+    at_limit = b'{"text": "x", "extra": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    # each under the size limit: it is the depth check that answers, not the 413
+    assert all(len(b) < AuthConfig.max_body_bytes for b in (deep_array, deep_object, just_over))
+    with psycopg.connect(db.admin_dsn) as conn:  # real targets: a thread, a pending task, a pending ask
+        conn.execute("INSERT INTO sessions (id, role, lifecycle, mode) VALUES (%s, 'orchestrator', 'idle',"
+                     " 'interactive') ON CONFLICT DO NOTHING", [threads.DEFAULT_THREAD_ID])
+        task = conn.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id").fetchone()[0]  # type: ignore[index]
+        ask = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions) VALUES"
+                           " ('toolu_deep', %s, %s) RETURNING id",
+                           [threads.DEFAULT_THREAD_ID, json.dumps([{"question": "Go?", "header": "Go",
+                                                                    "multiSelect": False, "options": [
+                                                                        {"label": "Yes", "description": ""},
+                                                                        {"label": "No", "description": ""}]}])]
+                           ).fetchone()[0]  # type: ignore[index]
+    paths = ("/api/chat", "/api/threads", f"/api/tasks/{task}/stop", f"/api/asks/{ask}/answer")
+    json_type = {"content-type": "application/json"}
     before = _queued(db.admin_dsn)
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-        answers = []
-        for path in ("/api/chat", "/api/threads", f"/api/tasks/{uuid.uuid4()}/stop", "/api/asks/x/answer"):
-            for body in (deep_array, deep_object, just_over):
-                answers.append((path, (await http.post(path, content=body,
-                                                       headers={"content-type": "application/json"})).status_code))
+        answers = {}
+        for path in paths:
+            for name, body in (("array", deep_array), ("object", deep_object), ("just over", just_over)):
+                r = await http.post(path, content=body, headers=json_type)
+                answers[(path, name)] = (r.status_code, r.json().get("detail", ""))
+        # one level less passes the depth check and meets the route's own checks (an unknown field: 422)
+        at = {path: (await http.post(path, content=at_limit, headers=json_type)).status_code for path in paths}
+        after = _queued(db.admin_dsn)
+        with psycopg.connect(db.admin_dsn) as conn:
+            still_pending = conn.execute("SELECT status FROM questions WHERE id = %s", [ask]).fetchone()
+        # the targets were real: the same routes take a plain body
+        answered = await http.post(f"/api/asks/{ask}/answer", json={"answers": {"Go?": "Yes"}})
+        stopped = await http.post(f"/api/tasks/{task}/stop", json={})
         # the string that looks nested is only a string: depth counts brackets outside strings
         stringy = await http.post("/api/chat", json={"text": "[" * 1000})
-    assert all(400 <= code < 500 for _, code in answers), answers
+    refused = f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels"
+    assert {k: v for k, v in answers.items() if v != (400, refused)} == {}, answers
+    assert at == dict.fromkeys(paths, 422), at
+    assert after == before and still_pending == ("pending",)
+    assert answered.status_code == 200 and stopped.status_code == 202, (answered.text, stopped.text)
     assert stringy.status_code == 202
     assert _queued(db.admin_dsn)["chat_queue"] == before["chat_queue"] + 1
 

@@ -20,7 +20,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from shared import journal, threads
 from shared.database import Database
 from shared.models import NewEvent
-from tests.pg import DB
+from tests.pg import DB, lock_waiter
 from tests.push_standin import StandIn
 from tests.resilience import check_invariants, settled
 from tests.fault.test_executor_process import _executor_env, _task_processes
@@ -180,11 +180,15 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
                 (task,) = fleet.rows("SELECT id FROM tasks WHERE role = 'worker'")[0]
                 alpha.send_signal(signal.SIGKILL)
                 alpha.wait(10)
-                killed_at = time.monotonic()
                 await fleet.until(lambda: fleet.one("SELECT status_reason FROM tasks WHERE id = %s", task)
                                   == "executor_lost", "crashed as executor_lost", timeout=LEASE_S + 5)
-                lost_after = time.monotonic() - killed_at
                 await settled(db.admin_dsn, timeout=120)
+            # the takeover's timing, all from the database's clock: alpha's last renewal (before its death),
+            # the lease that renewal gave, when beta declared it lost and when the task's end was written
+            ((renewed, lease_until, lost_at, ended, journaled),) = fleet.rows(
+                "SELECT e.renewed_at, e.lease_until, e.lost_at, t.ended_at, j.created_at FROM executors e"
+                " JOIN tasks t ON t.id = %s JOIN journal j ON j.task_id = t.id AND j.event_type = 'task.crashed'"
+                " WHERE e.name = 'alpha'", task)
             workers = fleet.rows("SELECT status, status_reason, attempt, executor_name FROM tasks"
                                  " WHERE role = 'worker' ORDER BY created_at")
             lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
@@ -193,7 +197,11 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
         finally:
             fleet.stop_all()
     check_invariants(db.admin_dsn)  # gap-free journal, nothing stuck, no question left open
-    assert lost_after <= LEASE_S + 5
+    # taken over once the lease ran out, never before, and within about 1.5 leases of the last renewal
+    # (the lease, then at most one of the survivor's renew-and-reap intervals, a third of a lease)
+    assert lease_until <= lost_at == ended, (lease_until, lost_at, ended)
+    assert (ended - renewed).total_seconds() <= 1.5 * LEASE_S, (renewed, ended)
+    assert (journaled - renewed).total_seconds() <= 1.5 * LEASE_S + 0.5, (renewed, journaled)
     assert workers == [("crashed", "executor_lost", 1, "alpha"), ("success", "completed", 2, "beta")]
     assert len(lost) == 1 and lost[0][0]["name"] == "alpha" and lost[0][0]["crashed_tasks"] == [str(task)]
     assert lost[0][0]["taken_over_by"] == "beta"
@@ -290,6 +298,9 @@ async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the
 
 
 async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at_once(db: DB) -> None:
+    """The two starts race for real: the first is held inside its transaction (its turn written, not yet
+    committed) while the second starts; the second must wait on the first's thread lock and then find the
+    turn open. Without the lock the second sees no open turn (the first's is uncommitted) and opens another."""
     from executor.journal.writer import JournalWriter
     from executor.settle.threads import Threads
 
@@ -297,25 +308,41 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
     with psycopg.connect(db.admin_dsn) as conn:
         conn.execute("INSERT INTO sessions (id, role, lifecycle, mode) VALUES (%s, 'orchestrator', 'idle',"
                      " 'interactive')", [thread])
+        conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'first')", [thread])
     async with Database(db.executor_dsn, name="test-a", max_size=2) as a, \
-            Database(db.executor_dsn, name="test-b", max_size=2) as b:
+            Database(db.executor_dsn, name="test-b", max_size=2) as b, \
+            await psycopg.AsyncConnection.connect(db.admin_dsn) as head:
         delivering = [Threads(d.pool, JournalWriter(d.pool)) for d in (a, b)]
-        with psycopg.connect(db.admin_dsn) as conn:
-            conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'first')", [thread])
-        await delivering[0]._start_turn(thread, None)
-        # the second executor saw no open turn a moment before the first started one, then a message came
+        # the journal head held: the first start stops at its append, the last step before its commit
+        await head.execute("SELECT last_seq FROM journal_head FOR UPDATE")
+        first = asyncio.create_task(delivering[0]._start_turn(thread, None))
+        first_pid = await lock_waiter(db.admin_dsn, "application_name = 'test-a'")
+        # a message arrives and the second executor starts a turn while the first's is still uncommitted
         with psycopg.connect(db.admin_dsn) as conn:
             conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'second')", [thread])
-        await delivering[1]._start_turn(thread, None)
+        second = asyncio.create_task(delivering[1]._start_turn(thread, None))
+        second_pid = await lock_waiter(db.admin_dsn, "application_name = 'test-b'")
+        cur = await head.execute("SELECT query, pg_blocking_pids(pid) FROM pg_stat_activity WHERE pid = %s",
+                                 [second_pid])
+        second_waits_on = await cur.fetchone()
+        await head.commit()  # the head released: the first commits, then the second goes on
+        await asyncio.wait_for(asyncio.gather(first, second), 30)
     with psycopg.connect(db.admin_dsn) as conn:
-        turns = conn.execute("SELECT brief FROM tasks WHERE session_id = %s", [thread]).fetchall()
+        turns = conn.execute("SELECT brief FROM tasks WHERE session_id = %s ORDER BY created_at", [thread]).fetchall()
         waiting = conn.execute("SELECT text FROM chat_queue WHERE status = 'pending'").fetchall()
-    assert turns == [("first",)] and waiting == [("second",)]  # it waits for the turn's end
+    assert turns == [("first",)], f"two turns at once: {turns}"
+    assert waiting == [("second",)]  # it waits for the turn's end
+    # how: the second start waited on the first's lock of the thread's row, not on anything after it
+    assert second_waits_on is not None
+    query, blockers = second_waits_on
+    assert "FROM sessions" in query and "FOR NO KEY UPDATE" in query, query
+    assert blockers == [first_pid], (blockers, first_pid)
 
 
 async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db: DB) -> None:
     from playwright.async_api import expect
 
+    from tests.web.seen import seen
     from tests.web.test_web_client import browser, page_at
 
     with psycopg.connect(db.admin_dsn) as conn:
@@ -331,7 +358,7 @@ async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db
         await expect(alpha).to_contain_text("alpha · 0/4")
         await expect(alpha).to_contain_text("gpu")
         await expect(beta).to_contain_text("<b>beta</b>")  # a name is text, never markup
-        await expect(beta.locator(".chip.stalled")).to_have_text("lost")
+        await seen(beta.locator(".chip.stalled"), "lost", scroll=True)  # seen, not only in the DOM
 
 
 async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_out(db: DB, tmp_path: Path) -> None:

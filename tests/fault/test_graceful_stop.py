@@ -132,11 +132,20 @@ async def test_a_turn_cut_off_by_a_graceful_stop_runs_again_with_its_messages_be
 
 
 async def test_a_task_past_the_runtime_cap_is_stopped_and_ends_failed_not_cancelled(db: DB, tmp_path: Path) -> None:
+    cap, grace = 2.0, 1.0
     with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
-                                      config_for(tmp_path, max_runtime_s=2.0)) as h:
+                                      config_for(tmp_path, max_runtime_s=cap, stop_grace_s=grace)) as h:
             task_id = await h.dispatch("take forever")
             row = await h.wait_final(task_id, timeout=60)
-            signals = [e.payload for e in await h.events(task_id) if e.event_type == "task.signal_sent"]
+            events = await h.events(task_id)
     assert (row["status"], row["status_reason"]) == ("failed", "max_runtime")
+    signals = [e.payload for e in events if e.event_type == "task.signal_sent"]
     assert signals[0]["signal"] == "SIGTERM" and signals[0]["reason"] == "max_runtime"
+    # the time bound, from the journal's own records: not stopped before its cap, ended within cap + grace + 1 s
+    # of its start (the watchdog looks every 0.2 s; SIGKILL follows SIGTERM after the grace)
+    spawned = next(e for e in events if e.event_type == "task.spawned")
+    exited = next(e for e in events if e.event_type == "task.exited")
+    ran_s = (exited.created_at - spawned.created_at).total_seconds()
+    assert exited.payload["duration_s"] > cap, exited.payload
+    assert cap - 0.5 < ran_s <= cap + grace + 1.0, ran_s

@@ -49,6 +49,18 @@ def test_past_the_runtime_cap_the_run_is_stopped_whatever_else_it_is_doing() -> 
     assert assess(_watched(started=0.0, last_output=10**6), 10**6, LIMITS).stop is None
 
 
+def test_looked_at_every_interval_a_run_is_stopped_within_one_interval_past_its_cap_never_before() -> None:
+    # the watchdog's looks, one interval apart from a start that is not on the interval's grid: the first
+    # look that stops the run comes after the cap and at most one interval past it (then the grace, then
+    # SIGKILL: cap + interval + grace bounds a run, tests/fault/test_graceful_stop.py measures it for real)
+    cap, interval = 300.0, 0.2
+    for started in (0.0, 0.05, 0.13, 7.19):
+        capped = Limits(stall_timeout_s=60.0, max_runtime_s=cap)
+        looks = (started + i * interval for i in range(1, 10_000))
+        stopped_at = next(t for t in looks if assess(_watched(started=started, last_output=t), t, capped).stop)
+        assert cap < stopped_at - started <= cap + interval + 1e-9, (started, stopped_at - started)
+
+
 def test_a_stalled_run_that_was_awaiting_the_user_ends_stalled() -> None:
     v = assess(_watched(last_output=0.0, awaiting_user=True), 100.0, LIMITS)
     assert (v.activity, v.awaiting_user, v.stalled_since) == (STALLED, False, 100.0)

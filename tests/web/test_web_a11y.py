@@ -1,8 +1,9 @@
 """Accessibility in a real Chromium against the real ingress, executor, PostgreSQL and claude CLI on the
 scripted model: axe-core (vendored in tests/vendor, injected by the test, never served) finds no serious
 or critical violation on any view at phone or desktop size, and a screenshot of each view at both sizes
-lands in the test artifacts. Also: the keyboard alone answers a docked question, focus goes somewhere
-sensible when the card leaves, and a new reply is announced."""
+lands in the test artifacts. Every control of every view is reached by Tab (pressed, not focused from
+script). Also: the keyboard alone answers a docked question, focus goes somewhere sensible when the card
+leaves, and a new reply is announced."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Locator, Page, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
@@ -35,11 +36,59 @@ async def axe_violations(page: Page) -> list[dict[str, Any]]:
             for v in result["violations"] if v["impact"] in ("serious", "critical")]
 
 
+# Every control the user can see, each marked with a key (data-kb); a radio group is one control (Tab
+# reaches the group, the arrow keys move within it). A control is a control whatever its tabindex: one
+# taken out of the tab order must fail the walk, not leave the list.
+CONTROLS = """() => {
+  const sel = 'a[href], button, input:not([type=hidden]), select, textarea, summary, [contenteditable], '
+            + '[tabindex]:not([tabindex="-1"])';
+  const seen = {};
+  for (const [i, el] of [...document.querySelectorAll(sel)].entries()) {
+    if (el.disabled || el.closest('[inert]') || !el.checkVisibility({visibilityProperty: true})) continue;
+    el.dataset.kb = el.type === 'radio' ? `radio:${el.name}` : String(i);
+    seen[el.dataset.kb] = `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''} `
+                        + `"${(el.getAttribute('aria-label') || el.innerText || el.value || '').trim().slice(0, 40)}"`;
+  }
+  return seen;
+}"""
+FOCUSED = "(() => { const a = document.activeElement; return a && a !== document.body ? (a.dataset.kb || a.tagName) : null; })()"
+
+
+async def tab_walk(page: Page) -> list[str | None]:
+    """From nowhere, Tab through the page until the focus comes round again (the page's every stop, in order)."""
+    controls = await page.evaluate(CONTROLS)
+    await page.evaluate("document.activeElement && document.activeElement.blur()")
+    walk: list[str | None] = []
+    for _ in range(2 * len(controls) + 10):
+        await page.keyboard.press("Tab")
+        walk.append(await page.evaluate(FOCUSED))
+        if len(walk) > 1 and walk[-1] == walk[0]:
+            break
+    return walk
+
+
+async def check_reached_by_tab(page: Page, where: str) -> None:
+    controls = await page.evaluate(CONTROLS)
+    walk = await tab_walk(page)
+    missed = {k: label for k, label in controls.items() if k not in walk}
+    assert controls and missed == {}, f"{where}: not reached by Tab: {missed} (the walk: {walk})"
+
+
+async def tab_to(page: Page, target: Locator, limit: int = 80) -> None:
+    """Press Tab until `target` has the focus (as a keyboard user gets there)."""
+    for _ in range(limit):
+        await page.keyboard.press("Tab")
+        if await target.evaluate("(el) => el === document.activeElement"):
+            return
+    raise AssertionError(f"Tab never reached {target}")
+
+
 async def check_views(page: Page, views: list[tuple[str, str, str]], size: str) -> None:
     for name, hash_, ready in views:
         await page.evaluate(f"location.hash = '{hash_}'")
         await expect(page.locator(ready).first).to_be_visible(timeout=20_000)
         assert await axe_violations(page) == [], f"{name} at {size}"
+        await check_reached_by_tab(page, f"{name} at {size}")
         await shot(page, f"view-{name}-{size}")
 
 
@@ -70,17 +119,21 @@ async def test_every_view_passes_axe_at_both_sizes_and_a_question_is_answered_by
                 for size, viewport in (("1280", DESKTOP), ("390", PHONE)):
                     await page.set_viewport_size(viewport)  # type: ignore[arg-type]
                     await check_views(page, views, size)
-                # the keyboard alone: open the docked card, choose, submit
+                # the keyboard alone: Tab to the docked card, open it, every control of it reached by Tab,
+                # choose, submit
                 await page.evaluate("location.hash = '#chat'")
                 await expect(card).to_be_visible()
-                await card.locator(".bar .toggle").focus()
+                await page.evaluate("document.activeElement && document.activeElement.blur()")
+                await tab_to(page, card.locator(".bar .toggle"))
                 await page.keyboard.press("Enter")
                 await expect(card.locator(".bar .toggle")).to_have_attribute("aria-expanded", "true")
                 assert await axe_violations(page) == []  # opened, too
-                await card.locator("input[type='radio']").first.focus()
+                await check_reached_by_tab(page, "chat with the card open")
+                await page.evaluate("document.activeElement && document.activeElement.blur()")
+                await tab_to(page, card.locator("input[type='radio']").first)
                 await page.keyboard.press("Space")
                 await expect(card.locator("input[type='radio']").first).to_be_checked()
-                await card.locator("button[type='submit']").focus()
+                await tab_to(page, card.locator("button[type='submit']"))
                 await page.keyboard.press("Enter")
                 await expect(card).to_have_count(0)
                 # the card left with the focus in it: the focus goes to the composer, not to nowhere

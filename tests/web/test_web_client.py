@@ -20,6 +20,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import free_port, ingress_server
+from tests.web.seen import seen
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("PETAL_TEST_ARTIFACTS", ROOT / "var" / "test-artifacts"))
@@ -140,7 +141,7 @@ async def test_an_ask_is_a_card_that_survives_a_reload_and_its_answer_lets_the_r
                 # pinned above the composer in Chat, and counted on the Asks tab from every view
                 await expect(page.locator("#pinned-asks .ask")).to_have_count(1, timeout=60_000)
                 await expect(page.locator("#ask-count")).to_have_text("1")
-                await expect(page.locator("#turn-status")).to_contain_text("waiting for your answer")
+                await seen(page.locator("#turn-status"), "waiting for your answer")
                 await shot(page, "ask-pinned-390")
                 await page.reload()
                 await expect(page.locator("body[data-ready='1']")).to_have_count(1)
@@ -191,21 +192,22 @@ async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_
                 await expect(page.locator("body[data-ready='1']")).to_have_count(1, timeout=20_000)
                 await expect(page.locator("#task-list .empty")).to_be_visible()
                 task_id = await h.dispatch("wait a while, then answer")
-                await expect(page.locator("#task-list .chip.stalled")).to_have_count(1, timeout=30_000)
-                await expect(page.locator("#stalled-banner")).to_be_visible()
-                await expect(page.locator("#stalled-count")).to_have_text("1")
+                await seen(page.locator("#task-list .chip.stalled"), "stalled", timeout=30, scroll=True)
+                await seen(page.locator("#stalled-banner"))
+                await seen(page.locator("#stalled-count"), "1")
                 await shot(page, "tasks-stalled-390")
                 await page.click("#task-list a")
-                await expect(page.locator("#task-detail h2 .chip")).to_have_text("stalled")
+                await seen(page.locator("#task-detail h2 .chip.stalled"), "stalled", scroll=True)
                 await expect(page.locator("#task-detail button.danger")).to_be_visible()
                 await page.set_viewport_size(DESKTOP)  # type: ignore[arg-type]
                 await shot(page, "task-detail-1280")
             # the ingress is gone: the page says so, and the task goes on without it
-            await expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting", timeout=20_000)
+            await seen(page.locator("#conn[data-state='reconnecting']"), "reconnecting", timeout=20)
             await h.wait_final(task_id, timeout=60)
             async with ingress_server(db.ingress_dsn, ingress_port=port):
-                await expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=30_000)
-                await expect(page.locator("#task-detail h2 .chip")).to_have_text("success", timeout=30_000)
+                await seen(page.locator("#conn[data-state='live']"), "live", timeout=30)
+                # scrolled to: the live detail may have scrolled its heading under the sticky header
+                await seen(page.locator("#task-detail h2 .chip.success"), "success", timeout=30, scroll=True)
                 await expect(page.locator("#stalled-banner")).to_be_hidden()
                 await expect(page.locator("#task-detail button.danger")).to_have_count(0)
                 loose = "[...document.querySelector('#task-detail').childNodes].filter((n) => n.nodeType === 3)"

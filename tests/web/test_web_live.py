@@ -22,6 +22,7 @@ from tests.pg import DB
 from tests.proxy import FreezableProxy
 from tests.web.test_web_client import DESKTOP, browser, page_at, shot
 from tests.served import free_port, ingress_server
+from tests.web.seen import seen
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -260,16 +261,16 @@ async def test_offline_then_online_and_a_sleeping_page_woken_end_with_the_journa
             async with page_at(b, url) as page:
                 streams: list[str] = []
                 page.on("request", lambda r: streams.append(r.url) if r.url.endswith("/api/stream") else None)
-                await expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+                await seen(page.locator("#conn[data-state='live']"), "live")
                 async with httpx.AsyncClient(base_url=url) as http:
                     head = (await http.get("/api/info")).json()["journal_head"]
                 # offline: the page says so; events keep being journaled meanwhile
                 await page.context.set_offline(True)
-                await expect(page.locator("#conn")).to_have_attribute("data-state", "offline")
+                await seen(page.locator("#conn[data-state='offline']"), "offline")
                 first = await h.dispatch("one while offline")
                 await h.wait_final(first)
                 await page.context.set_offline(False)
-                await expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=10_000)
+                await seen(page.locator("#conn[data-state='live']"), "live", timeout=10)
                 await _feed_equals_journal(page, db.admin_dsn, head + 1)
                 # asleep (a frozen, hidden page), then woken: it reconnects at once and catches up
                 cdp = await page.context.new_cdp_session(page)
@@ -284,7 +285,7 @@ async def test_offline_then_online_and_a_sleeping_page_woken_end_with_the_journa
                         break
                     await page.wait_for_timeout(100)
                 assert len(streams) > before, "waking the page did not reconnect the stream"
-                await expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=10_000)
+                await seen(page.locator("#conn[data-state='live']"), "live", timeout=10)
                 await _feed_equals_journal(page, db.admin_dsn, head + 1)
                 await page.click("a[data-tab='tasks']")
                 await expect(page.locator("#task-list .chip.success")).to_have_count(2)
