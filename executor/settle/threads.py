@@ -178,6 +178,16 @@ class Threads:
         # a project thread's turn knows its project: it runs as the project's, with the plan's state
         project = await self.q.one("get_thread_project", {"id": thread_id}) if project_id else None
         context = await projects.turn_context(self.pool, project) if project else None
+        try:
+            await self._queue_turn(thread_id, turn_id, project, context)
+        except dispatch.DispatchRefused as exc:
+            # messages no turn can carry (blank ones an older ingress let through): refused where the user
+            # sees them, not retried forever ahead of the thread's next messages
+            await self.q.execute("fail_pending_chat", {"thread_id": thread_id, "error": str(exc)})
+            log.warning("turn_refused", thread=str(thread_id), error=str(exc))
+
+    async def _queue_turn(self, thread_id: uuid.UUID, turn_id: uuid.UUID, project: dict[str, Any] | None,
+                          context: str | None) -> None:
         async with work(self.q) as tx:
             await tx.execute("lock_thread_for_turn", {"id": thread_id})
             if await tx.one("check_thread_turn_open", {"id": thread_id}) is not None:

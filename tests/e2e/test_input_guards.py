@@ -126,19 +126,54 @@ async def test_a_thread_whose_first_turn_failed_before_the_session_existed_start
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            # what an older ingress let through: a prompt the CLI refuses before it stores a session
+            made = await http.post("/api/threads", json={"title": "older", "mode": "interactive"})
+            thread = made.json()["thread_id"]
+
+            def created() -> bool:
+                with psycopg.connect(db.admin_dsn) as conn:
+                    return conn.execute("SELECT 1 FROM sessions WHERE id = %s", [thread]).fetchone() is not None
+
+            await until(created, "the thread's session row")
+            # a turn an older version queued with a prompt the CLI refuses before it stores a session (a
+            # blank one: the ingress and request_task refuse those now, so it is written as it was then)
             with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-                conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, '   ')", [threads.DEFAULT_THREAD_ID])
+                conn.execute("INSERT INTO tasks (id, session_id, role, brief, status) "
+                             "VALUES (%s, %s, 'orchestrator', '   ', 'pending')", [uuid.uuid4(), thread])
             first = (await _turns(h, 1))[0]
-            assert (await http.post("/api/chat", json={"text": "second message"})).status_code == 202
+            said = {"text": "second message", "thread_id": thread}
+            assert (await http.post("/api/chat", json=said)).status_code == 202
             second = (await _turns(h, 2))[1]
-            assert (await http.post("/api/chat", json={"text": "third message"})).status_code == 202
+            assert (await http.post("/api/chat", json={**said, "text": "third message"})).status_code == 202
             third = (await _turns(h, 3))[2]
             argvs = [await _argv(h, t["id"]) for t in (first, second, third)]
-    thread = str(threads.DEFAULT_THREAD_ID)
     assert first["status"] == "failed"
     assert (second["status"], third["status"]) == ("success", "success")
     # the refused turn left nothing to resume: the next one starts the conversation with its id again
     assert argvs[0][argvs[0].index("--session-id") + 1] == thread
     assert argvs[1][argvs[1].index("--session-id") + 1] == thread
     assert argvs[2][argvs[2].index("--resume") + 1] == thread
+
+
+async def test_a_blank_chat_row_from_an_older_ingress_is_refused_visibly_and_the_next_message_gets_its_turn(
+        db: DB, tmp_path: Path) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "noted"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+                blank = conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, '   ') RETURNING id",
+                                     [threads.DEFAULT_THREAD_ID]).fetchone()
+            assert blank is not None
+
+            def refused() -> tuple[str, str] | None:
+                with psycopg.connect(db.admin_dsn) as conn:
+                    row = conn.execute("SELECT status, error FROM chat_queue WHERE id = %s AND status = 'failed'",
+                                       [blank[0]]).fetchone()
+                return (row[0], row[1]) if row else None
+
+            # without the refusal the blank row stays pending, and every next message waits behind it
+            status, error = await until(refused, "the blank message refused")
+            assert (await http.post("/api/chat", json={"text": "second message"})).status_code == 202
+            [turn] = await _turns(h, 1)
+    assert (status, error) == ("failed", "a task needs a non-empty brief")
+    assert turn["status"] == "success" and turn["brief"].strip() == "second message"
