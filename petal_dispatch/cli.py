@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from shared import dbserver, errors, lifeline, logs, migrate
-from shared import settings as settings_mod
-from shared.settings import Settings
+from petal_dispatch import config, dbserver
+from petal_dispatch.commands import services
+from petal_dispatch.config import Settings
+from shared import errors, lifeline, logs, migrate
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -60,16 +61,6 @@ def _cmd_db_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
-    from executor import main as executor_main
-
-    if args.name is not None:
-        if not args.name.strip():
-            raise errors.ConfigError("--name must not be empty")
-        settings = settings.model_copy(update={"executor_name": args.name.strip()})
-    return executor_main.main(settings)
-
-
 def _cmd_install_claude(args: argparse.Namespace, settings: Settings) -> int:
     from petal_dispatch import cli_install
 
@@ -98,24 +89,6 @@ def _cmd_import_transcript(args: argparse.Namespace, settings: Settings) -> int:
 
     print(json.dumps(asyncio.run(run())))
     return 0
-
-
-def _cmd_ingress(args: argparse.Namespace, settings: Settings) -> int:
-    from ingress import main as ingress_main
-
-    return ingress_main.main(settings)
-
-
-def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
-    import os
-
-    from petal_dispatch import up
-
-    overrides = {k: v for k, v in {"ingress_host": args.host, "ingress_port": args.port, "mcp_port": args.mcp_port,
-                                   "data_dir": args.data_dir}.items() if v is not None}
-    if args.scenario is not None and not args.demo:
-        raise errors.ConfigError("--scenario goes with --demo (it is what the scripted model plays)")
-    return up.run(settings.model_copy(update=overrides), os.environ, demo=args.demo, scenario=args.scenario)
 
 
 def _with_pool(settings: Settings, work: Callable[[AsyncConnectionPool], Awaitable[T]]) -> T:
@@ -226,7 +199,7 @@ def _cmd_journal(args: argparse.Namespace, settings: Settings) -> int:
 
     from shared import journal
     from shared.database import Database
-    from shared.journal_view import line
+    from petal_dispatch.journal_view import line
 
     def as_uuid(value: str | None, name: str) -> uuid.UUID | None:
         try:
@@ -272,7 +245,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
     from ingress import reads
     from shared.database import Database
-    from shared.journal_view import inert
+    from petal_dispatch.journal_view import inert
 
     info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
@@ -330,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", type=Path,
                    help="with --demo: a scenario JSON file for the scripted model instead of the built-in demo "
                         "(no first message is sent; you write it)")
-    p.set_defaults(handler=_cmd_up)
+    p.set_defaults(handler=services.up)
 
     p = sub.add_parser("journal", help="the journal as readable lines")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
@@ -350,10 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("executor", help="run the executor: supervisor, journal writer, harness MCP")
     p.add_argument("--name", help="this executor's name in the fleet (default: PETAL_EXECUTOR_NAME, else host name)")
-    p.set_defaults(handler=_cmd_executor)
+    p.set_defaults(handler=services.executor)
 
     p = sub.add_parser("ingress", help="run the ingress: REST actions, reads, SSE, the web client")
-    p.set_defaults(handler=_cmd_ingress)
+    p.set_defaults(handler=services.ingress)
 
     p = sub.add_parser("install-claude", help="install the pinned Claude Code CLI into a local cache (needs npm)")
     p.add_argument("--version", help="another version or npm tag (default: PETAL_CLAUDE_VERSION, else the pinned)")
@@ -410,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in PRIVATE_COMMANDS:
         os.umask(0o077)
     try:
-        settings = settings_mod.load()
+        settings = config.load()
     except errors.ConfigError as exc:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
         return 2

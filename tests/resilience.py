@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from shared import dbserver
+from petal_dispatch import dbserver
 from tests.served import sse_events
 
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated", "extraction_failed")

@@ -16,7 +16,7 @@ from pydantic import AliasChoices
 
 from executor.run import substrate
 from petal_dispatch.cli import build_parser
-from shared.settings import Settings
+from petal_dispatch.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -1,13 +1,13 @@
-"""Settings as values (shared/settings.py): secrets stay out of reprs, enum-like knobs refuse unknown values."""
+"""Settings as values (petal_dispatch/config.py): secrets stay out of reprs, enum-like knobs refuse unknown values."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
+from petal_dispatch import config
+from petal_dispatch.config import Settings
 from shared import errors
-from shared import settings as settings_mod
-from shared.settings import Settings
 
 SECRETS = {"auth_token": "tok-s3cret", "vapid_private_key": "vapid-s3cret", "ntfy_token": "ntfy-s3cret",
            "database_url": "postgresql://petal:db-s3cret@db.example/petal",
@@ -37,4 +37,4 @@ def test_a_wrong_value_in_the_environment_is_a_config_error_naming_its_variable(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PETAL_LOG_LEVEL", "loud")
     with pytest.raises(errors.ConfigError, match="PETAL_LOG_LEVEL: Input should be 'debug'"):
-        settings_mod.load()
+        config.load()
