@@ -49,8 +49,8 @@ class ExecutorConfig:
     mcp_host: str = "127.0.0.1"
     mcp_port: int = 8002
     ask_timeout_s: float = 300.0
-    settler: SettlerConfig = SettlerConfig()
-    notify: notify.NotifyConfig = notify.NotifyConfig()
+    settler: SettlerConfig = field(default_factory=SettlerConfig)
+    notify: notify.NotifyConfig = field(default_factory=notify.NotifyConfig)
     # a project's workdir must lie under one of these (empty: the service user's home)
     project_roots: tuple[Path, ...] = ()
     journal_hold_bytes: int = JOURNAL_HOLD_BYTES

@@ -4,6 +4,9 @@ The only place that knows the `PETAL_*` variables: `Settings` reads them (pydant
 below turn them into the frozen configs the services run on (`ExecutorConfig`, `IngressConfig`), and the
 refusals of a set-up that cannot work say so naming the variable, before anything starts. The services
 never see `Settings` and never read the environment.
+
+Each builder imports the service it builds for: a command loads only what it runs (the ingress and
+`petal-dispatch status` never load the executor's MCP server or its shell parser).
 """
 
 from __future__ import annotations
@@ -11,25 +14,23 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from executor import harness as harness_mcp
-from executor.main import ExecutorConfig
-from executor.notify.notifier import NotifyConfig
-from executor.run import fleet
-from executor.run.substrate import SubstrateConfig
-from executor.run.supervisor import SupervisorConfig
-from executor.sandbox.bwrap import SandboxPolicy, install_root
-from executor.sandbox.gateway import parse_allowlist
-from executor.settle.settler import SettlerConfig
-from ingress.app import IngressConfig
-from ingress.auth import AuthConfig
-from ingress.boundary import BoundaryConfig
 from shared import logs
 from shared.errors import ConfigError
+
+if TYPE_CHECKING:
+    from executor.main import ExecutorConfig
+    from executor.notify.notifier import NotifyConfig
+    from executor.run.substrate import SubstrateConfig
+    from executor.run.supervisor import SupervisorConfig
+    from executor.sandbox.bwrap import SandboxPolicy
+    from ingress.app import IngressConfig
+    from ingress.auth import AuthConfig
+    from ingress.boundary import BoundaryConfig
 
 log = logs.get(__name__)
 
@@ -189,6 +190,9 @@ def check_executor_bind(settings: Settings) -> None:
 def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy | None:
     """Every spawn's sandbox, or None on the operator's explicit PETAL_SANDBOX=off (logged). Fails closed:
     SandboxUnavailable, naming the cause and the fix, where the sandbox cannot run."""
+    from executor.sandbox.bwrap import SandboxPolicy, install_root
+    from executor.sandbox.gateway import parse_allowlist
+
     if settings.sandbox == "off":
         log.warning("sandbox_off", detail="PETAL_SANDBOX=off: workers run unsandboxed, as this service's user, "
                     "and reach what it reaches")
@@ -210,6 +214,8 @@ def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy 
 
 def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:
     """How the CLI is run; `env` is the environment its spawns start from (the substrate scrubs it)."""
+    from executor.run.substrate import SubstrateConfig
+
     return SubstrateConfig(
         claude_bin=settings.claude_bin,
         config_dir=settings.claude_config_dir,
@@ -221,9 +227,13 @@ def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateCon
 
 
 def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> SupervisorConfig:
+    from executor import harness
+    from executor.run import fleet
+    from executor.run.supervisor import SupervisorConfig
+
     return SupervisorConfig(
         sandbox=sandbox,
-        mcp_url=f"http://{settings.mcp_host}:{settings.mcp_port}{harness_mcp.PATH}",
+        mcp_url=f"http://{settings.mcp_host}:{settings.mcp_port}{harness.PATH}",
         mcp_timeout_ms=int((settings.ask_timeout_s + MCP_TIMEOUT_MARGIN_S) * 1000),
         max_workers=settings.max_workers,
         stall_timeout_s=settings.stall_timeout_s,
@@ -241,6 +251,8 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
 
 
 def notify_config(settings: Settings) -> NotifyConfig:
+    from executor.notify.notifier import NotifyConfig
+
     return NotifyConfig(
         data_dir=settings.data_dir.resolve(), vapid_private_key=settings.vapid_private_key,
         vapid_subject=settings.vapid_subject, ntfy_url=settings.ntfy_url, ntfy_token=settings.ntfy_token,
@@ -251,6 +263,9 @@ def notify_config(settings: Settings) -> NotifyConfig:
 def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
                     sandbox: SandboxPolicy | None) -> ExecutorConfig:
     """The executor's config: `dsn` its role's, `sandbox` what `sandbox_policy` found before anything started."""
+    from executor.main import ExecutorConfig
+    from executor.settle.settler import SettlerConfig
+
     return ExecutorConfig(
         dsn=dsn,
         substrate=substrate_config(settings, env),
@@ -275,6 +290,8 @@ def check_ingress_bind(settings: Settings) -> None:
 
 
 def auth_config(settings: Settings) -> AuthConfig:
+    from ingress.auth import AuthConfig
+
     mode = "open" if settings.open_mode else settings.auth_mode
     users = frozenset(u.strip() for u in settings.allowed_users.split(",") if u.strip())
     return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes)
@@ -307,6 +324,8 @@ def check_ingress(settings: Settings) -> None:
 
 
 def _ingress_guards(settings: Settings) -> tuple[AuthConfig, BoundaryConfig]:
+    from ingress.boundary import BoundaryConfig
+
     check_ingress_bind(settings)
     secret = check_auth(settings)
     try:
@@ -319,6 +338,8 @@ def _ingress_guards(settings: Settings) -> tuple[AuthConfig, BoundaryConfig]:
 
 def ingress_config(settings: Settings, dsn: str) -> IngressConfig:
     """The ingress's config (`dsn`: its role's), or the ConfigError of `check_ingress`."""
+    from ingress.app import IngressConfig
+
     auth, boundary = _ingress_guards(settings)
     return IngressConfig(
         dsn=dsn,

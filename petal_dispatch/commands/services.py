@@ -1,7 +1,8 @@
 """Running the services: `up` (everything, supervised), `executor` and `ingress` (one each, as systemd runs them).
 
 Each service is wired here: its refusals first (before it takes a lock, a port or the database), then where
-the database is, then its config built from the settings, served until SIGTERM or SIGINT.
+the database is, then its config built from the settings, served until SIGTERM or SIGINT. Each command
+imports the service it runs, and only that one.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from executor import main as executor_main
-from ingress import main as ingress_main
 from petal_dispatch import config, datalock, dbserver, ports, signals
 from petal_dispatch.config import Settings
 from shared import database, errors, logs
@@ -29,6 +28,8 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def executor(args: argparse.Namespace, settings: Settings) -> int:
+    from executor import main as executor_main
+
     if args.name is not None:
         if not args.name.strip():
             raise errors.ConfigError("--name must not be empty")
@@ -49,6 +50,8 @@ def executor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def ingress(args: argparse.Namespace, settings: Settings) -> int:
+    from ingress import main as ingress_main
+
     config.check_ingress(settings)  # before waiting for the database: a set-up that cannot work says so at once
     ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
     info = dbserver.resolve(settings)
