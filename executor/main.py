@@ -44,7 +44,7 @@ class ExecutorConfig:
     """What the executor runs on; the application builds it from the settings (petal_dispatch/config.py)."""
 
     dsn: str = field(repr=False)  # the executor role's; it may carry a password
-    substrate: SubstrateConfig
+    substrate: SubstrateConfig = field(repr=False)  # its base environment holds this process's secrets
     supervisor: SupervisorConfig
     mcp_host: str = "127.0.0.1"
     mcp_port: int = 8002

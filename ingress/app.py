@@ -73,7 +73,7 @@ class IngressConfig:
 
     dsn: str = field(repr=False)  # the ingress role's; it may carry a password
     auth: AuthConfig
-    boundary: BoundaryConfig
+    boundary: BoundaryConfig = field(repr=False)  # it holds the proxy secret
     host: str = "127.0.0.1"
     port: int = 8000
     # the SSE heartbeat, and how many recent frames are kept for clients behind (stream.Broadcaster)
