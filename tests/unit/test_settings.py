@@ -4,7 +4,7 @@ the services' configs built from them."""
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from petal_dispatch import config
 from petal_dispatch.config import Settings
@@ -42,8 +42,9 @@ def test_a_wrong_value_in_the_environment_is_a_config_error_naming_its_variable(
 
 
 def test_each_service_config_is_built_from_the_settings_and_shows_no_secret() -> None:
-    settings = Settings(**SECRETS, mcp_port=8123, ask_timeout_s=40, open_mode=False, auth_mode="proxy",
-                        proxy_secret="proxy-s3cret-long-enough")
+    settings = Settings(vapid_private_key=SecretStr("vapid-s3cret"), ntfy_token=SecretStr("ntfy-s3cret"),
+                        mcp_port=8123, ask_timeout_s=40, open_mode=False, auth_mode="proxy",
+                        proxy_secret=SecretStr("proxy-s3cret-long-enough"))
     env = {"PATH": "/usr/bin", "ANTHROPIC_API_KEY": "sk-s3cret"}
     executor = config.executor_config(settings, env, "postgresql://petal_executor:ex-s3cret@db/petal", None)
     # the ask timeout reaches the harness, and a spawn's MCP timeout sits above it (an ask is never cut short)
