@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,7 +53,6 @@ from shared.availability import CONTENDED
 from shared.database import Database
 from shared.errors import DatabaseRefused, DatabaseUnavailable
 from shared.query import Queries
-from shared.settings import Settings
 from shared.sql import queries as shared_sql
 
 # the repository's static/ (editable install), or the copy a wheel build packs inside `ingress`
@@ -67,18 +67,37 @@ STATIC = next((p for p in (Path(__file__).resolve().parent.parent / "static",
                            Path(__file__).resolve().parent / "_static") if p.is_dir()),
               Path(__file__).resolve().parent / "_static")
 
+
+@dataclass(frozen=True)
+class IngressConfig:
+    """What the ingress runs on; the application builds it from the settings (petal_dispatch/config.py)."""
+
+    dsn: str = field(repr=False)  # the ingress role's; it may carry a password
+    auth: AuthConfig
+    boundary: BoundaryConfig = field(repr=False)  # it holds the proxy secret
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # the SSE heartbeat, and how many recent frames are kept for clients behind (stream.Broadcaster)
+    sse_heartbeat_s: float = 15.0
+    sse_client_buffer: int = 20_000
+    push_allow_loopback: bool = False  # test-only: a loopback push stand-in
+    demo: bool = False  # the CLI talks to the scripted model: the page says so
+    # how long a stop waits for open requests (SSE streams are ended at once)
+    graceful_timeout_s: float = 5.0
+
+
 async def info(request: Request) -> Response:
-    settings: Settings = request.app.state.settings
+    config: IngressConfig = request.app.state.config
     row = await shared_queries(request).one("get_journal_head")
     head = row["last_seq"] if row else 0  # the journal_head row exists from the first migration on
     # from the executors' own rows, not this process's settings: the executor decides how it spawns
     unsandboxed = [r["name"] for r in await ingress_queries(request).all("list_unsandboxed_executors")]
     # journal_head: a client that loads its views and then streams from here misses nothing in between
-    return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": settings.demo,
+    return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": config.demo,
                          "auth": request.app.state.auth.mode, "journal_head": head,
                          "workers_isolated": not unsandboxed, "unsandboxed_executors": unsandboxed,
                          # the SSE heartbeat: a client that hears nothing for two of these reconnects
-                         "heartbeat_s": settings.sse_heartbeat_s})
+                         "heartbeat_s": config.sse_heartbeat_s})
 
 
 _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
@@ -244,48 +263,8 @@ def shutdown_trigger(app: Starlette, stop: asyncio.Event) -> Callable[[], Awaita
     return trigger
 
 
-def auth_config(settings: Settings) -> AuthConfig:
-    mode = "open" if settings.open_mode else settings.auth_mode
-    users = frozenset(u.strip() for u in settings.allowed_users.split(",") if u.strip())
-    return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes)
-
-
-# The shortest shared secret token mode accepts.
-MIN_TOKEN_CHARS = 16
-
-
-def check_auth(settings: Settings) -> str | None:
-    """The refusals of an auth set-up that cannot work, each one line naming the setting; the proxy secret."""
-    from shared import errors
-
-    auth = auth_config(settings)
-    if auth.mode == "token" and not auth.token:
-        raise errors.ConfigError("token mode needs PETAL_AUTH_TOKEN")
-    if auth.mode == "token" and auth.token and len(auth.token.get_secret_value()) < MIN_TOKEN_CHARS:
-        # the limiter slows guessing; it cannot make a short word safe
-        raise errors.ConfigError(f"PETAL_AUTH_TOKEN is too short: at least {MIN_TOKEN_CHARS} characters "
-                                 "(e.g. `openssl rand -hex 16`)")
-    secret = (settings.proxy_secret.get_secret_value() if settings.proxy_secret else "") or None
-    if auth.mode == "proxy" and secret is None:
-        # the identity header alone would let any local process (a worker's script) be the user
-        raise errors.ConfigError("proxy mode needs PETAL_PROXY_SECRET: set it to a random string "
-                                 "(`openssl rand -hex 32`) and have the proxy send it as X-Petal-Proxy-Secret")
-    if secret is not None and len(secret) < MIN_TOKEN_CHARS:
-        raise errors.ConfigError(f"PETAL_PROXY_SECRET is too short: at least {MIN_TOKEN_CHARS} characters "
-                                 "(e.g. `openssl rand -hex 32`)")
-    return secret
-
-
-def create_app(settings: Settings, dsn: str) -> Starlette:
-    from shared import errors
-
-    auth = auth_config(settings)
-    secret = check_auth(settings)
-    try:
-        boundary = BoundaryConfig.build(settings.ingress_host, settings.ingress_port, settings.allowed_hosts,
-                                        settings.trusted_proxies, secret)
-    except ValueError as exc:
-        raise errors.ConfigError(str(exc)) from None
+def create_app(config: IngressConfig) -> Starlette:
+    auth, boundary = config.auth, config.boundary
     limiter = TokenLimiter()
     spec = document([op for op, _ in OPS], version="0.1.0")
 
@@ -295,14 +274,14 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # during an outage it serves anyway: 503s, and a /readyz that says why
-        async with Database(dsn, name="petal-ingress", max_size=10, acquire_timeout_s=ACQUIRE_TIMEOUT_S,
+        async with Database(config.dsn, name="petal-ingress", max_size=10, acquire_timeout_s=ACQUIRE_TIMEOUT_S,
                             at_start="serve") as db:
             app.state.db = db
             app.state.queries = Queries(db.pool, queries)
             app.state.shared_queries = Queries(db.pool, shared_sql)
             listener = db.listener(stream.CHANNELS)
             sub = listener.subscribe()
-            broadcaster = stream.Broadcaster(db.pool, buffer=settings.sse_client_buffer)
+            broadcaster = stream.Broadcaster(db.pool, buffer=config.sse_client_buffer)
             app.state.broadcaster = broadcaster
             listening = asyncio.create_task(listener.run(), name="ingress-listener")
             try:
@@ -336,7 +315,7 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
                             Exception: problems.handle_unexpected},
         lifespan=lifespan,
     )
-    app.state.settings = settings
+    app.state.config = config
     app.state.auth = auth
     app.state.boundary = boundary
     app.state.limiter = limiter

@@ -28,7 +28,7 @@ async def push_info(request: Request) -> Response:
 
 async def subscribe(request: Request) -> Response:
     sub = await body(request, PushSubscriptionIn)
-    refused = await endpoints.refusal(sub.endpoint, allow_loopback=request.app.state.settings.push_allow_loopback)
+    refused = await endpoints.refusal(sub.endpoint, allow_loopback=request.app.state.config.push_allow_loopback)
     if refused:  # the executor would POST there: no requests into this machine or its network (SSRF)
         raise Problem(422, f"endpoint: {refused}")
     q = ingress_queries(request)

@@ -265,7 +265,7 @@ async def stream(request: Request) -> EventSourceResponse:
         finally:
             client.close()
 
-    return EventSourceResponse(frames(), ping=request.app.state.settings.sse_heartbeat_s,
+    return EventSourceResponse(frames(), ping=request.app.state.config.sse_heartbeat_s,
                                send_timeout=SEND_TIMEOUT_S, headers={"Cache-Control": "no-store"})
 
 

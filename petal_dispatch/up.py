@@ -15,14 +15,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import datalock, dbserver, errors, lifeline, logs, ports
-from shared.settings import Settings
+from petal_dispatch import config, datalock, dbserver, ports, signals
+from petal_dispatch.config import Settings
+from shared import errors, lifeline, logs
 
 log = logs.get(__name__)
 
@@ -220,15 +222,9 @@ def _start_demo_model(settings: Settings, env: dict[str, str],
     env.update(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY="sk-ant-demo-not-a-real-key", PETAL_DEMO="1",
                PETAL_CLAUDE_CONFIG_DIR=str(settings.data_dir.resolve() / "demo-claude"),
                PETAL_CLAUDE_MAX_RETRIES="0", PETAL_WORKDIR=str(project))
-    if is_loopback_bind(settings):
+    if config.is_loopback(settings.ingress_host):
         env["OPEN_MODE"] = "1"  # the demo is for a browser on this machine
     return model, url
-
-
-def is_loopback_bind(settings: Settings) -> bool:
-    from ingress.main import is_loopback
-
-    return is_loopback(settings.ingress_host)
 
 
 def _post(url: str, body: dict[str, object]) -> dict[str, object]:
@@ -268,14 +264,11 @@ def _post_demo_message(url: str, data_dir: Path) -> None:
 def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> datalock.DataDirLock:
     """The refusals `up` makes before it starts anything, each one line naming what is wrong; returns the
     data directory's `up` lock, held until `up` ends (a second `up` on it is refused, naming this one)."""
-    from executor.main import sandbox_policy  # the same refusal the executor makes: no unsandboxed worker
-    from ingress.app import check_auth
-    from ingress.main import check_bind  # the same refusals the ingress itself makes
-
-    check_bind(settings)
+    # the same refusals the ingress and the executor make (no unsandboxed worker, ever)
+    config.check_ingress_bind(settings)
     if not demo and not settings.open_mode:  # the demo opens the page itself (open mode on loopback)
-        check_auth(settings)
-    sandbox_policy(settings, env)
+        config.check_auth(settings)
+    config.sandbox_policy(settings, env)
     dbserver.check_data_dir(settings)
     # before the ports: a second `up` on this data directory is told who holds it, whatever its ports
     held = datalock.acquire(settings, datalock.UP)
@@ -292,7 +285,7 @@ def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False)
 def auth_warning(settings: Settings, *, demo: bool = False) -> str | None:
     """One line, with the fix, when the auth mode will refuse a plain browser on this machine: proxy mode
     on loopback, where no proxy stands in front to vouch for the user."""
-    if demo or settings.open_mode or settings.auth_mode != "proxy" or not is_loopback_bind(settings):
+    if demo or settings.open_mode or settings.auth_mode != "proxy" or not config.is_loopback(settings.ingress_host):
         return None
     return ("proxy mode: a browser that does not come through your proxy gets 401 here; for a local try "
             "set OPEN_MODE=1, or use token mode (PETAL_AUTH_MODE=token, PETAL_AUTH_TOKEN=$(openssl rand -hex 16)) "
@@ -327,13 +320,8 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
                embedded: dbserver.EmbeddedServer | None, claude: str, *, demo: bool, scenario: Path | None) -> int:
     child_env = _child_env(env, settings, claude)
     extra: list[subprocess.Popen[str]] = []
-    stop = {"signal": 0}
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = threading.Event()
+    signals.on_stop(stop.set)
     cmd = [sys.executable, "-m", "petal_dispatch.cli"]
     services: list[Service] = []
     database = DatabaseWatch(embedded) if embedded is not None else None
@@ -355,7 +343,7 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
         page = f"{url}/login" if not demo and not settings.open_mode and settings.auth_mode == "token" else f"{url}/"
         # the last start-up line: the page to open
         print(f"{what} is up: {page}  (database: {info.location}; Ctrl-C stops everything)", flush=True)
-        while not stop["signal"]:
+        while not stop.is_set():
             if database is not None:
                 database.watch(time.monotonic())
             for s in services:

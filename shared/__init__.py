@@ -1,1 +1,1 @@
-"""What the ingress and the executor both use: settings, the database owner, models, queries, logging."""
+"""What the ingress and the executor both use: the database owner, models, queries, the journal, logging."""

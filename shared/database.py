@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from shared import dbserver, logs
+from shared import logs, migrate
 from shared.availability import OUTAGE_ERRORS as OUTAGE_ERRORS
 from shared.availability import Availability as Availability
 from shared.listener import Listener
@@ -160,7 +160,7 @@ def wait_for_schema(dsn: str, name: str) -> None:
     waiting = Availability(name)
     while True:
         try:
-            dbserver.require_current(dsn)
+            migrate.require_current(dsn)
         except OUTAGE_ERRORS as exc:
             time.sleep(waiting.failed(exc, "start"))
             continue

@@ -88,6 +88,14 @@ def status(dsn: str, directory: Path | None = None) -> MigrationStatus:
     )
 
 
+def require_current(dsn: str) -> None:
+    """Refuse to run a service on a schema that is behind the code."""
+    state = status(dsn)
+    if not state.current:
+        pending = ", ".join(f"{v:04d}" for v in state.pending)
+        raise errors.MigrationError(f"migrations pending ({pending}): run `petal-dispatch migrate` first")
+
+
 def migrate(dsn: str, directory: Path | None = None) -> list[Migration]:
     """Apply pending migrations; returns what was applied (empty when already current)."""
     available = discover(directory)

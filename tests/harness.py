@@ -19,12 +19,13 @@ import psycopg
 from psycopg.rows import dict_row
 
 from executor.journal.writer import JournalWriter
-from executor.main import serve
+from executor.main import ExecutorConfig, serve
 from executor.notify.notifier import NotifyConfig
 from executor.run.substrate import SubstrateConfig
 from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.sandbox.bwrap import SandboxPolicy, install_root
 from executor.settle import dispatch
+from executor.settle.settler import SettlerConfig
 from petal_dispatch import cli_install
 from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared.database import Database
@@ -207,10 +208,11 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
         sub = replace(sub, base_env={**sub.base_env, **extra_env})
     config_kw.setdefault("mcp_timeout_ms", int((ask_timeout_s + 120) * 1000))
     config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/", **config_kw)
-    task = asyncio.create_task(serve(db.executor_dsn, sub, config, stop, mcp_port=port, ask_timeout_s=ask_timeout_s,
-                                     extract=extract, backoff_base_s=backoff_base_s,
-                                     notify_config=notify_config or NotifyConfig(data_dir=tmp / "var"),
-                                     project_roots=project_roots))
+    executor = ExecutorConfig(dsn=db.executor_dsn, substrate=sub, supervisor=config, mcp_port=port,
+                              ask_timeout_s=ask_timeout_s,
+                              settler=SettlerConfig(extract=extract, backoff_base_s=backoff_base_s),
+                              notify=notify_config or NotifyConfig(data_dir=tmp / "var"), project_roots=project_roots)
+    task = asyncio.create_task(serve(executor, stop))
     deadline = time.monotonic() + 30
     while True:
         if task.done():

@@ -21,7 +21,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from shared import dbserver, migrate
+from petal_dispatch import dbserver
+from shared import migrate
 
 # how long the Docker engine may take to answer a ping before "no Docker" is the answer
 DOCKER_PING_TIMEOUT_S = 5

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from shared import dbserver
+from petal_dispatch import dbserver
 from shared.models import FINAL_STATUSES
 from tests import wait
 from tests.served import sse_events

@@ -6,15 +6,13 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
-from hypercorn.asyncio import serve
 
-from ingress.app import create_app, shutdown_trigger
-from ingress.main import hypercorn_config
-from shared.settings import Settings
+from ingress.main import serve
+from petal_dispatch import config
 
 
 def free_port() -> int:
@@ -25,15 +23,15 @@ def free_port() -> int:
 
 @asynccontextmanager
 async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
+    """The ingress on `dsn`, configured as `petal-dispatch ingress` would be by these settings (open mode and a
+    free port unless given); its URL once it answers."""
     settings_kw.setdefault("open_mode", True)
     settings_kw.setdefault("ingress_port", free_port())
-    settings = Settings(ingress_host="127.0.0.1", **settings_kw)
-    app = create_app(settings, dsn)
-    config = hypercorn_config(settings)
-    config.graceful_timeout = 1.0
+    settings = config.Settings(ingress_host="127.0.0.1", **settings_kw)
+    ingress = replace(config.ingress_config(settings, dsn), graceful_timeout_s=1.0)
     stop = asyncio.Event()
-    task = asyncio.create_task(serve(app, config, shutdown_trigger=shutdown_trigger(app, stop)))  # type: ignore[arg-type]
-    url = f"http://127.0.0.1:{settings.ingress_port}"
+    task = asyncio.create_task(serve(ingress, stop))
+    url = f"http://127.0.0.1:{ingress.port}"
     async with httpx.AsyncClient(base_url=url, timeout=5) as probe:
         for _ in range(200):
             if task.done():

@@ -14,8 +14,7 @@ from starlette.routing import Route
 
 from ingress.app import create_app
 from ingress.main import hypercorn_config
-from shared import dbserver
-from shared.settings import Settings
+from petal_dispatch import config, dbserver
 
 
 async def bare(request: Request) -> Response:
@@ -24,11 +23,11 @@ async def bare(request: Request) -> Response:
 
 
 def main() -> None:
-    settings = Settings()
-    info = dbserver.resolve(settings)
-    app = create_app(settings, info.ingress_dsn)
+    settings = config.load()
+    ingress = config.ingress_config(settings, dbserver.resolve(settings).ingress_dsn)
+    app = create_app(ingress)
     app.router.routes.insert(0, Route("/bench/bare", bare, methods=["POST"]))
-    asyncio.run(serve(app, hypercorn_config(settings)))  # type: ignore[arg-type]
+    asyncio.run(serve(app, hypercorn_config(ingress)))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

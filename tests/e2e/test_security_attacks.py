@@ -26,9 +26,9 @@ from executor.harness.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.notify.notifier import Note, Notifier, NotifyConfig
 from executor.run.substrate import SubstrateConfig, build_env
 from ingress.auth import PEER_FAILURES_PER_WINDOW, TokenLimiter
+from petal_dispatch.config import Settings
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
-from shared.settings import Settings
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings import Settings
+from petal_dispatch.config import Settings
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
 HARDENING = {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",

@@ -162,7 +162,7 @@ def test_three_demo_restarts_keep_one_demo_thread_and_one_pending_question_per_t
 
 def test_up_warns_in_one_line_with_the_fix_when_the_auth_mode_refuses_a_plain_browser() -> None:
     from petal_dispatch import up
-    from shared.settings import Settings
+    from petal_dispatch.config import Settings
 
     base = Settings().model_copy(update={"open_mode": False, "ingress_host": "127.0.0.1"})
     warning = up.auth_warning(base.model_copy(update={"auth_mode": "proxy"}))

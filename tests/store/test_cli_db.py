@@ -26,8 +26,8 @@ def test_migrate_twice_on_the_embedded_server_then_status_reports_it_current(tmp
     second = _run(["migrate"], data_dir)
     # `db status` never starts a server (tests/e2e/test_startup_refusals.py): ask while one runs
     script = ("import subprocess, sys\n"
-              "from shared import dbserver, settings\n"
-              "dbserver.resolve(settings.load())\n"
+              "from petal_dispatch import config, dbserver\n"
+              "dbserver.resolve(config.load())\n"
               "print(subprocess.run([sys.executable, '-m', 'petal_dispatch.cli', 'db', 'status', '--json'], "
               "capture_output=True, text=True).stdout)\n")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
@@ -51,8 +51,8 @@ def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
     # each command stops the server when it exits: start it again, write, stop, read
     script = (
         "import sys, psycopg\n"
-        "from shared import dbserver, settings\n"
-        "info = dbserver.resolve(settings.load())\n"
+        "from petal_dispatch import config, dbserver\n"
+        "info = dbserver.resolve(config.load())\n"
         "with psycopg.connect(info.admin_dsn, autocommit=True) as c:\n"
         "    if sys.argv[1] == 'write':\n"
         "        c.execute(\"INSERT INTO projects (name) VALUES ('kept')\")\n"
@@ -111,8 +111,8 @@ def test_every_command_that_reads_the_store_finds_a_server_by_data_dir_as_up_doe
     # the server stays up while the script runs (as under `up`); each command is asked with --data-dir only
     script = (
         "import json, os, subprocess, sys\n"
-        "from shared import dbserver, settings\n"
-        "dbserver.resolve(settings.load().model_copy(update={'data_dir': __import__('pathlib').Path(sys.argv[1])}))\n"
+        "from petal_dispatch import config, dbserver\n"
+        "dbserver.resolve(config.load().model_copy(update={'data_dir': __import__('pathlib').Path(sys.argv[1])}))\n"
         "out = {}\n"
         "for name, cmd in [('db', ['db', 'status', '--json']), ('status', ['status', '--json']),\n"
         "                  ('journal', ['journal']), ('contract', ['contract', 'list', '--json']),\n"

@@ -16,7 +16,7 @@ from pydantic import AliasChoices
 
 from executor.run import substrate
 from petal_dispatch.cli import build_parser
-from shared.settings import Settings
+from petal_dispatch.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -28,7 +28,7 @@ NOT_SETTINGS = {
     "PETAL_TEST_PG_IMAGE": ("tests: a PostgreSQL container image to run the suite against", "tests/pg.py"),
     "PETAL_CHROMIUM": ("tests: the Chromium the browser tests drive", "tests/web/test_web_client.py"),
     "PETAL_CLAUDE_VERSION": ("install-claude and the tests: which CLI to install (read by the command itself)",
-                             "petal_dispatch/cli.py"),
+                             "petal_dispatch/commands/claude.py"),
     substrate.TASK_ENV_VAR: ("set by the executor on every spawn (its task id), never read as a setting",
                              "executor/run/substrate.py"),
 }

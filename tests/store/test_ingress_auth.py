@@ -9,10 +9,10 @@ import httpx
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from ingress.main import check_bind
+from petal_dispatch import config
+from petal_dispatch.config import Settings
 from shared import errors, journal
 from shared.models import NewEvent
-from shared.settings import Settings
 from tests.pg import DB
 from tests.served import collect, ingress_server
 
@@ -75,10 +75,10 @@ async def test_open_mode_needs_no_credentials(db: DB) -> None:
 
 def test_open_mode_on_a_non_loopback_address_refuses_to_start_unless_forced() -> None:
     with pytest.raises(errors.ConfigError, match="refusing open mode"):
-        check_bind(Settings(open_mode=True, ingress_host="0.0.0.0"))
-    check_bind(Settings(open_mode=True, ingress_host="0.0.0.0", force_open=True))
-    check_bind(Settings(open_mode=True, ingress_host="127.0.0.1"))
-    check_bind(Settings(open_mode=False, ingress_host="0.0.0.0", proxy_secret=SECRET))
+        config.check_ingress_bind(Settings(open_mode=True, ingress_host="0.0.0.0"))
+    config.check_ingress_bind(Settings(open_mode=True, ingress_host="0.0.0.0", force_open=True))
+    config.check_ingress_bind(Settings(open_mode=True, ingress_host="127.0.0.1"))
+    config.check_ingress_bind(Settings(open_mode=False, ingress_host="0.0.0.0", proxy_secret=SECRET))
 
     env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_HOST": "0.0.0.0", "PETAL_EXECUTOR_DSN": "dbname=x",
            "PETAL_INGRESS_DSN": "dbname=x"}
@@ -88,15 +88,11 @@ def test_open_mode_on_a_non_loopback_address_refuses_to_start_unless_forced() ->
 
 
 def test_token_mode_without_a_token_refuses_to_start() -> None:
-    from ingress.app import create_app
-
     with pytest.raises(errors.ConfigError, match="PETAL_AUTH_TOKEN"):
-        create_app(Settings(auth_mode="token"), "dbname=x")
+        config.ingress_config(Settings(auth_mode="token"), "dbname=x")
 
 
 def test_token_mode_refuses_a_short_token() -> None:
-    from ingress.app import create_app
-
     with pytest.raises(errors.ConfigError, match="PETAL_AUTH_TOKEN is too short"):
-        create_app(Settings(auth_mode="token", auth_token="hunter2"), "dbname=x")
-    create_app(Settings(auth_mode="token", auth_token="a" * 16), "dbname=x")  # long enough: starts
+        config.ingress_config(Settings(auth_mode="token", auth_token="hunter2"), "dbname=x")
+    config.ingress_config(Settings(auth_mode="token", auth_token="a" * 16), "dbname=x")  # long enough: starts

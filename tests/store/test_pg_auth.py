@@ -18,8 +18,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from shared import dbserver, migrate
-from shared.settings import Settings
+from petal_dispatch import dbserver
+from petal_dispatch.config import Settings
+from shared import migrate
 from tests.wait import until_blocking
 from tests.served import free_port
 

@@ -1,13 +1,14 @@
-"""Settings as values (shared/settings.py): secrets stay out of reprs, enum-like knobs refuse unknown values."""
+"""Settings as values (petal_dispatch/config.py): secrets stay out of reprs, enum-like knobs refuse unknown values;
+the services' configs built from them."""
 
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
+from petal_dispatch import config
+from petal_dispatch.config import Settings
 from shared import errors
-from shared import settings as settings_mod
-from shared.settings import Settings
 
 SECRETS = {"auth_token": "tok-s3cret", "vapid_private_key": "vapid-s3cret", "ntfy_token": "ntfy-s3cret",
            "database_url": "postgresql://petal:db-s3cret@db.example/petal",
@@ -37,4 +38,20 @@ def test_a_wrong_value_in_the_environment_is_a_config_error_naming_its_variable(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PETAL_LOG_LEVEL", "loud")
     with pytest.raises(errors.ConfigError, match="PETAL_LOG_LEVEL: Input should be 'debug'"):
-        settings_mod.load()
+        config.load()
+
+
+def test_each_service_config_is_built_from_the_settings_and_shows_no_secret() -> None:
+    settings = Settings(vapid_private_key=SecretStr("vapid-s3cret"), ntfy_token=SecretStr("ntfy-s3cret"),
+                        mcp_port=8123, ask_timeout_s=40, open_mode=False, auth_mode="proxy",
+                        proxy_secret=SecretStr("proxy-s3cret-long-enough"))
+    env = {"PATH": "/usr/bin", "ANTHROPIC_API_KEY": "sk-s3cret"}
+    executor = config.executor_config(settings, env, "postgresql://petal_executor:ex-s3cret@db/petal", None)
+    # the ask timeout reaches the harness, and a spawn's MCP timeout sits above it (an ask is never cut short)
+    assert executor.ask_timeout_s == 40 and executor.supervisor.mcp_timeout_ms == (40 + 120) * 1000
+    assert executor.supervisor.mcp_url == "http://127.0.0.1:8123/harness-mcp/" and executor.mcp_port == 8123
+    assert executor.substrate.base_env == env  # what spawns start from (the substrate scrubs it)
+    ingress = config.ingress_config(settings, "postgresql://petal_ingress:in-s3cret@db/petal")
+    assert ingress.auth.mode == "proxy" and ingress.boundary.proxy_secret == b"proxy-s3cret-long-enough"
+    for built in (executor, ingress):
+        assert "s3cret" not in repr(built), repr(built)

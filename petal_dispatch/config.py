@@ -1,0 +1,354 @@
+"""The settings, read once from the environment, and each service's config built from them.
+
+The only place that knows the `PETAL_*` variables: `Settings` reads them (pydantic-settings), the builders
+below turn them into the frozen configs the services run on (`ExecutorConfig`, `IngressConfig`), and the
+refusals of a set-up that cannot work say so naming the variable, before anything starts. The services
+never see `Settings` and never read the environment.
+
+Each builder imports the service it builds for: a command loads only what it runs (the ingress and
+`petal-dispatch status` never load the executor's MCP server or its shell parser).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared import logs
+from shared.errors import ConfigError
+
+if TYPE_CHECKING:
+    from executor.main import ExecutorConfig
+    from executor.notify.notifier import NotifyConfig
+    from executor.run.substrate import SubstrateConfig
+    from executor.run.supervisor import SupervisorConfig
+    from executor.sandbox.bwrap import SandboxPolicy
+    from ingress.app import IngressConfig
+    from ingress.auth import AuthConfig
+    from ingress.boundary import BoundaryConfig
+
+log = logs.get(__name__)
+
+# proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
+AuthMode = Literal["proxy", "token"]
+LogFormat = Literal["auto", "json", "console"]
+# bwrap: every spawn runs in a bubblewrap sandbox (executor/sandbox/bwrap.py); off: the operator's explicit opt-out
+SandboxMode = Literal["bwrap", "off"]
+LogLevel = Annotated[Literal["debug", "info", "warning", "error", "critical"],
+                     BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)]
+
+
+class Settings(BaseSettings):
+    """Every knob of both services and of the application. Only this package receives it: the services get
+    the configs built below."""
+
+    model_config = SettingsConfigDict(env_prefix="PETAL_", frozen=True, extra="ignore")
+
+    # Admin DSN (migrations, role set-up). Unset: start the embedded server in data_dir.
+    # The DSNs may carry passwords: secrets, hidden in reprs and logs.
+    database_url: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("DATABASE_URL", "PETAL_DATABASE_URL")
+    )
+    # Per-service DSNs. Unset: the admin DSN with the role's name as user (trust/peer set-ups).
+    executor_dsn: SecretStr | None = None
+    ingress_dsn: SecretStr | None = None
+    data_dir: Path = Path("./var")
+
+    open_mode: bool = Field(default=False, validation_alias=AliasChoices("OPEN_MODE", "PETAL_OPEN_MODE"))
+    auth_mode: AuthMode = "proxy"
+    # comma-separated usernames allowed in proxy mode; empty: anyone the proxy lets through
+    allowed_users: str = ""
+    auth_token: SecretStr | None = None
+    # open mode on a non-loopback address must be asked for explicitly
+    force_open: bool = False
+    # Host names (name or name:port) the ingress answers to besides its loopback names, comma-separated:
+    # the proxy's public name. Any other Host is refused (DNS rebinding); browsers' cross-origin writes too.
+    allowed_hosts: str = ""
+    # Peers (addresses or CIDRs) whose X-Authentik-Username / X-Forwarded-* headers count.
+    trusted_proxies: str = "127.0.0.0/8,::1"
+    # A secret the proxy adds to every request (X-Petal-Proxy-Secret): required in proxy mode, at least 16
+    # characters. Being on a trusted address is not enough: any local process is on loopback.
+    proxy_secret: SecretStr | None = None
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    sse_heartbeat_s: float = Field(default=15.0, gt=0)
+    # recent SSE frames kept in memory; a client further behind is cut off (it resumes by Last-Event-ID)
+    sse_client_buffer: int = Field(default=20_000, ge=10)
+    ingress_host: str = "127.0.0.1"
+    ingress_port: int = Field(default=8000, ge=0, le=65535)
+    mcp_host: str = "127.0.0.1"
+    mcp_port: int = Field(default=8002, ge=0, le=65535)
+    # the harness MCP on a non-loopback address must be asked for explicitly (it drives workers)
+    mcp_force_bind: bool = False
+    # ask_user_question waits this long for an answer, then returns "Timed out waiting for user input"
+    ask_timeout_s: float = Field(default=300.0, gt=0)
+
+    # A running task silent for longer than this is marked stalled.
+    stall_timeout_s: float = Field(default=180.0, gt=0)
+    # SIGTERM, then SIGKILL after this many seconds.
+    stop_grace_s: float = Field(default=10.0, gt=0)
+    # A wall-clock cap per task, separate from the stall threshold. Unset: none.
+    max_runtime_s: float | None = Field(default=None, gt=0)
+    max_workers: int = Field(default=4, ge=1)
+    # While the database is away, the executor holds this much of the workers' output in memory, then
+    # spills the rest to a file in the data directory (journaled in order when the database returns).
+    journal_hold_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # The fleet (several executors on one database): this executor's name (unset: the host name; two live
+    # executors never share one), its labels (comma-separated, for placement) and its lease.
+    executor_name: str | None = Field(default=None, min_length=1, max_length=200)
+    executor_labels: str = ""
+    lease_s: float = Field(default=15.0, ge=1)
+    # Every executor reads one CLI config directory (a shared mount): a thread's turns may run anywhere.
+    shared_claude_config: bool = False
+    # The policy's back-off for rate_limited workers: this many seconds, doubling with each retry.
+    backoff_base_s: float = Field(default=30.0, ge=0)
+
+    # Notifications. Web Push needs a VAPID key: generated into the data directory on first run unless
+    # given here (PEM, or base64url DER/raw). ntfy is optional: a topic URL and, if it needs one, a token.
+    vapid_private_key: SecretStr | None = None
+    vapid_subject: str = "mailto:admin@localhost"
+    ntfy_url: str | None = None
+    ntfy_token: SecretStr | None = None
+    # The page's public address, for absolute links in notifications (ntfy's click-through).
+    public_url: str = ""
+    # Test-only: accept push endpoints on loopback (a local push stand-in). Never in production.
+    push_allow_loopback: bool = False
+    notify_rate_limit_s: float = Field(default=60.0, ge=0)
+    # Where tasks without a project run.
+    workdir: Path = Path(".")
+    # Directories a project's repository must lie in (separated by ":"); empty: the service user's home.
+    project_roots: str = ""
+    # Where workers of a project get their git worktrees (unset: <data_dir>/worktrees), and whether a
+    # worktree stays after its changes are recorded (its branch stays until merged or discarded anyway).
+    worktree_dir: Path | None = None
+    keep_worktrees: bool = False
+    claude_bin: str = "claude"
+    # Every spawn sandboxed (off: workers run as this user with its reach; logged, shown in /api/info and the
+    # page). The hosts its tools may reach through the sandbox's proxy (comma-separated host or host:port;
+    # the model API is always reachable by the CLI itself); a project may add its own.
+    sandbox: SandboxMode = "bwrap"
+    sandbox_allow: str = ""
+    claude_config_dir: Path | None = None
+    # The CLI's retry and timeout knobs (unset: the CLI's defaults, which hold a dead API for minutes).
+    claude_max_retries: int | None = Field(default=None, ge=0)
+    claude_api_timeout_ms: int | None = Field(default=None, gt=0)
+    claude_stream_idle_timeout_ms: int | None = Field(default=None, gt=0)
+
+    # demo mode: the CLI talks to the scripted model; the page says so
+    demo: bool = False
+
+    log_format: LogFormat = "auto"
+    log_level: LogLevel = "info"
+
+    @property
+    def project_root_paths(self) -> tuple[Path, ...]:
+        return tuple(Path(p) for p in self.project_roots.split(":") if p.strip())
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir.resolve() / "pgdata"
+
+
+def load() -> Settings:
+    """The settings from the environment; a value that cannot work is a ConfigError naming its variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        wrong = "; ".join(f"PETAL_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid settings: {wrong}") from None
+
+
+# The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
+MCP_TIMEOUT_MARGIN_S = 120
+# The shortest shared secret token mode (and the proxy secret) accepts.
+MIN_TOKEN_CHARS = 16
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# --- the executor ---
+
+def check_executor_bind(settings: Settings) -> None:
+    """The harness MCP lets its caller dispatch workers that run Bash: it stays on loopback unless forced."""
+    if not is_loopback(settings.mcp_host) and not settings.mcp_force_bind:
+        raise ConfigError(
+            f"refusing to serve the harness MCP on PETAL_MCP_HOST={settings.mcp_host}: it must be a loopback "
+            "address (127.0.0.1) unless PETAL_MCP_FORCE_BIND=1 says the network itself is trusted")
+
+
+def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy | None:
+    """Every spawn's sandbox, or None on the operator's explicit PETAL_SANDBOX=off (logged). Fails closed:
+    SandboxUnavailable, naming the cause and the fix, where the sandbox cannot run."""
+    from executor.sandbox.bwrap import SandboxPolicy, install_root
+    from executor.sandbox.gateway import parse_allowlist
+
+    if settings.sandbox == "off":
+        log.warning("sandbox_off", detail="PETAL_SANDBOX=off: workers run unsandboxed, as this service's user, "
+                    "and reach what it reaches")
+        return None
+    data_dir = settings.data_dir.resolve()
+    # the data directory, the home, and every project's checkout: a spawn sees its own tree, not another's
+    hidden = [data_dir, Path(env.get("HOME") or Path.home()), *settings.project_root_paths]
+    if settings.worktree_dir is not None:
+        hidden.append(settings.worktree_dir.resolve())
+    allow = [a for a in settings.sandbox_allow.split(",") if a.strip()]
+    try:
+        parse_allowlist(allow)
+    except ValueError as exc:
+        raise ConfigError(f"PETAL_SANDBOX_ALLOW: {exc}") from None
+    # the CLI's install stays visible where it lies in a hidden home (a cache under ~/.cache)
+    exposed = [root for root in (install_root(settings.claude_bin, env.get("PATH")),) if root is not None]
+    return SandboxPolicy.find(hidden=hidden, allow=allow, exposed=exposed, path=env.get("PATH"))
+
+
+def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:
+    """How the CLI is run; `env` is the environment its spawns start from (the substrate scrubs it)."""
+    from executor.run.substrate import SubstrateConfig
+
+    return SubstrateConfig(
+        claude_bin=settings.claude_bin,
+        config_dir=settings.claude_config_dir,
+        base_env=dict(env),
+        max_retries=settings.claude_max_retries,
+        api_timeout_ms=settings.claude_api_timeout_ms,
+        byte_stream_idle_timeout_ms=settings.claude_stream_idle_timeout_ms,
+    )
+
+
+def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> SupervisorConfig:
+    from executor import harness
+    from executor.run import fleet
+    from executor.run.supervisor import SupervisorConfig
+
+    return SupervisorConfig(
+        sandbox=sandbox,
+        mcp_url=f"http://{settings.mcp_host}:{settings.mcp_port}{harness.PATH}",
+        mcp_timeout_ms=int((settings.ask_timeout_s + MCP_TIMEOUT_MARGIN_S) * 1000),
+        max_workers=settings.max_workers,
+        stall_timeout_s=settings.stall_timeout_s,
+        stop_grace_s=settings.stop_grace_s,
+        max_runtime_s=settings.max_runtime_s,
+        default_workdir=settings.workdir,
+        run_dir=settings.data_dir.resolve() / "run",
+        worktree_dir=settings.worktree_dir,
+        keep_worktrees=settings.keep_worktrees,
+        name=settings.executor_name or fleet.default_name(),
+        labels=fleet.parse_labels(settings.executor_labels),
+        lease_s=settings.lease_s,
+        shared_claude_config=settings.shared_claude_config,
+    )
+
+
+def notify_config(settings: Settings) -> NotifyConfig:
+    from executor.notify.notifier import NotifyConfig
+
+    return NotifyConfig(
+        data_dir=settings.data_dir.resolve(), vapid_private_key=settings.vapid_private_key,
+        vapid_subject=settings.vapid_subject, ntfy_url=settings.ntfy_url, ntfy_token=settings.ntfy_token,
+        public_url=settings.public_url, rate_limit_s=settings.notify_rate_limit_s,
+        allow_loopback_push=settings.push_allow_loopback)
+
+
+def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
+                    sandbox: SandboxPolicy | None) -> ExecutorConfig:
+    """The executor's config: `dsn` its role's, `sandbox` what `sandbox_policy` found before anything started."""
+    from executor.main import ExecutorConfig
+    from executor.settle.settler import SettlerConfig
+
+    return ExecutorConfig(
+        dsn=dsn,
+        substrate=substrate_config(settings, env),
+        supervisor=supervisor_config(settings, sandbox),
+        mcp_host=settings.mcp_host,
+        mcp_port=settings.mcp_port,
+        ask_timeout_s=settings.ask_timeout_s,
+        settler=SettlerConfig(backoff_base_s=settings.backoff_base_s),
+        notify=notify_config(settings),
+        project_roots=settings.project_root_paths,
+        journal_hold_bytes=settings.journal_hold_bytes,
+    )
+
+
+# --- the ingress ---
+
+def check_ingress_bind(settings: Settings) -> None:
+    if settings.open_mode and not is_loopback(settings.ingress_host) and not settings.force_open:
+        raise ConfigError(
+            f"refusing open mode (no authentication) on {settings.ingress_host}: bind to 127.0.0.1, turn "
+            "OPEN_MODE off, or set PETAL_FORCE_OPEN=1 if the network itself is trusted (e.g. a tailnet)")
+
+
+def auth_config(settings: Settings) -> AuthConfig:
+    from ingress.auth import AuthConfig
+
+    mode = "open" if settings.open_mode else settings.auth_mode
+    users = frozenset(u.strip() for u in settings.allowed_users.split(",") if u.strip())
+    return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes)
+
+
+def check_auth(settings: Settings) -> str | None:
+    """The refusals of an auth set-up that cannot work, each one line naming the setting; the proxy secret."""
+    auth = auth_config(settings)
+    if auth.mode == "token" and not auth.token:
+        raise ConfigError("token mode needs PETAL_AUTH_TOKEN")
+    if auth.mode == "token" and auth.token and len(auth.token.get_secret_value()) < MIN_TOKEN_CHARS:
+        # the limiter slows guessing; it cannot make a short word safe
+        raise ConfigError(f"PETAL_AUTH_TOKEN is too short: at least {MIN_TOKEN_CHARS} characters "
+                          "(e.g. `openssl rand -hex 16`)")
+    secret = (settings.proxy_secret.get_secret_value() if settings.proxy_secret else "") or None
+    if auth.mode == "proxy" and secret is None:
+        # the identity header alone would let any local process (a worker's script) be the user
+        raise ConfigError("proxy mode needs PETAL_PROXY_SECRET: set it to a random string "
+                          "(`openssl rand -hex 32`) and have the proxy send it as X-Petal-Proxy-Secret")
+    if secret is not None and len(secret) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"PETAL_PROXY_SECRET is too short: at least {MIN_TOKEN_CHARS} characters "
+                          "(e.g. `openssl rand -hex 32`)")
+    return secret
+
+
+def check_ingress(settings: Settings) -> None:
+    """The ingress's refusals (its bind, its auth set-up, its host names), before it waits for the database:
+    a set-up that cannot work says so at once."""
+    _ingress_guards(settings)
+
+
+def _ingress_guards(settings: Settings) -> tuple[AuthConfig, BoundaryConfig]:
+    from ingress.boundary import BoundaryConfig
+
+    check_ingress_bind(settings)
+    secret = check_auth(settings)
+    try:
+        boundary = BoundaryConfig.build(settings.ingress_host, settings.ingress_port, settings.allowed_hosts,
+                                        settings.trusted_proxies, secret)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return auth_config(settings), boundary
+
+
+def ingress_config(settings: Settings, dsn: str) -> IngressConfig:
+    """The ingress's config (`dsn`: its role's), or the ConfigError of `check_ingress`."""
+    from ingress.app import IngressConfig
+
+    auth, boundary = _ingress_guards(settings)
+    return IngressConfig(
+        dsn=dsn,
+        auth=auth,
+        boundary=boundary,
+        host=settings.ingress_host,
+        port=settings.ingress_port,
+        sse_heartbeat_s=settings.sse_heartbeat_s,
+        sse_client_buffer=settings.sse_client_buffer,
+        push_allow_loopback=settings.push_allow_loopback,
+        demo=settings.demo,
+    )
