@@ -156,8 +156,9 @@ QUESTIONS = [
 
 def _ask(db: DB, tool_use_id: str) -> uuid.UUID:
     with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        return conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
-                            [tool_use_id, Jsonb(QUESTIONS)]).fetchone()[0]  # type: ignore[index]
+        qid: uuid.UUID = conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
+                                      [tool_use_id, Jsonb(QUESTIONS)]).fetchone()[0]  # type: ignore[index]  # RETURNING
+        return qid
 
 
 async def test_answers_are_checked_against_the_stored_question_and_a_question_closes_once(db: DB) -> None:
@@ -282,7 +283,7 @@ async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_an
                                                 for j in range(10)])
                 got_fast = await asyncio.wait_for(fast, 60)
                 # now drain the stalled client: it was closed by the server somewhere before the end
-                seen = [int(e.id) async for e in sse_events(slow) if e.id]  # type: ignore[arg-type]
+                seen = [int(e.id) async for e in sse_events(slow) if e.id]
             resumed = await collect(slow_http, 400 - seen[-1], headers={"Last-Event-ID": str(seen[-1])})
     assert [int(e.id) for e in got_fast] == list(range(1, 401))  # type: ignore[arg-type]
     assert seen == list(range(1, len(seen) + 1)) and len(seen) < 400

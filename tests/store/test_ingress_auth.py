@@ -8,6 +8,7 @@ import sys
 import httpx
 import pytest
 from psycopg_pool import AsyncConnectionPool
+from pydantic import SecretStr
 
 from ingress.main import check_bind
 from shared import errors, journal
@@ -78,7 +79,7 @@ def test_open_mode_on_a_non_loopback_address_refuses_to_start_unless_forced() ->
         check_bind(Settings(open_mode=True, ingress_host="0.0.0.0"))
     check_bind(Settings(open_mode=True, ingress_host="0.0.0.0", force_open=True))
     check_bind(Settings(open_mode=True, ingress_host="127.0.0.1"))
-    check_bind(Settings(open_mode=False, ingress_host="0.0.0.0", proxy_secret=SECRET))
+    check_bind(Settings(open_mode=False, ingress_host="0.0.0.0", proxy_secret=SecretStr(SECRET)))
 
     env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_HOST": "0.0.0.0", "PETAL_EXECUTOR_DSN": "dbname=x",
            "PETAL_INGRESS_DSN": "dbname=x"}
@@ -98,5 +99,5 @@ def test_token_mode_refuses_a_short_token() -> None:
     from ingress.app import create_app
 
     with pytest.raises(errors.ConfigError, match="PETAL_AUTH_TOKEN is too short"):
-        create_app(Settings(auth_mode="token", auth_token="hunter2"), "dbname=x")
-    create_app(Settings(auth_mode="token", auth_token="a" * 16), "dbname=x")  # long enough: starts
+        create_app(Settings(auth_mode="token", auth_token=SecretStr("hunter2")), "dbname=x")
+    create_app(Settings(auth_mode="token", auth_token=SecretStr("a" * 16)), "dbname=x")  # long enough: starts

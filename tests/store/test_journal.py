@@ -40,7 +40,7 @@ async def test_payloads_with_nul_characters_are_kept_with_a_replacement(pool: As
 
 
 async def _returned(conn: psycopg.AsyncConnection, sql: str, *params: object) -> uuid.UUID:
-    row = await (await conn.execute(sql, params)).fetchone()  # type: ignore[arg-type]
+    row = await (await conn.execute(sql, params)).fetchone()
     assert row is not None
     return row[0]  # type: ignore[no-any-return]
 
