@@ -135,7 +135,8 @@ class StreamReader:
 
 def head(admin_dsn: str) -> int:
     with psycopg.connect(admin_dsn) as conn:
-        return conn.execute("SELECT last_seq FROM journal_head").fetchone()[0]  # type: ignore[index]
+        # journal_head holds one row, its last_seq a bigint
+        return conn.execute("SELECT last_seq FROM journal_head").fetchone()[0]  # type: ignore[index, no-any-return]
 
 
 # how long the store must stay idle to count as drained
