@@ -17,10 +17,11 @@ from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import ingress_server
 
-Q1 = {"question": "Which database?", "header": "DB", "multiSelect": False,
+# JSON for the API
+Q1: dict[str, Any] = {"question": "Which database?", "header": "DB", "multiSelect": False,
       "options": [{"label": "Postgres", "description": "the journal's home"},
                   {"label": "SQLite", "description": "a file"}]}
-Q2 = {"question": "Which extras?", "header": "Extras", "multiSelect": True,
+Q2: dict[str, Any] = {"question": "Which extras?", "header": "Extras", "multiSelect": True,
       "options": [{"label": "Auth", "description": "a"}, {"label": "Cache", "description": "b"},
                   {"label": "Metrics", "description": "c"}]}
 
@@ -36,7 +37,7 @@ async def _pending_ask(http: httpx.AsyncClient, timeout: float = 60) -> dict[str
     while time.monotonic() < deadline:
         asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
         if asks:
-            return asks[0]
+            return asks[0]  # type: ignore[no-any-return]  # JSON from the API
         await asyncio.sleep(0.1)
     raise AssertionError("no question appeared")
 

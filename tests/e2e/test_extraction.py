@@ -107,11 +107,11 @@ async def test_the_gate_validates_by_itself_whatever_the_cli_let_through(pool: A
     await journal.append(pool, [NewEvent("stream.result", {
         "type": "result", "is_error": False, "structured_output": {**HANDOFF, "ruled_out": "not a list"}},
         task_id=ex)])
-    async with pool.connection() as conn, conn.transaction():
-        gated = await extraction.gate_on(conn, {"id": ex, "status": "success", "status_reason": "completed",
+    async with pool.connection() as aconn, aconn.transaction():
+        gated = await extraction.gate_on(aconn, {"id": ex, "status": "success", "status_reason": "completed",
                                                 "parent_task_id": worker, "json_schema": schema})
         assert gated is not None
-        await journal.append_on(conn, gated.events)
+        await journal.append_on(aconn, gated.events)
     with psycopg.connect(db.admin_dsn) as conn:
         status = conn.execute("SELECT status FROM tasks WHERE id = %s", [worker]).fetchone()[0]  # type: ignore[index]
         errors = conn.execute("SELECT payload->'errors' FROM journal WHERE event_type = 'handoff.extraction_failed'"
@@ -149,8 +149,6 @@ async def test_rule_outs_are_found_by_meaning_of_words_not_by_a_model(pool: Asyn
         project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchone()[0]  # type: ignore[index]
         task = conn.execute("INSERT INTO tasks (role, project_id, status) VALUES ('worker', %s, 'success') "
                             "RETURNING id", [project]).fetchone()[0]  # type: ignore[index]
-    from psycopg.types.json import Jsonb
-
     await journal.append(pool, [NewEvent("handoff", {"ruled_out": [
         {"approach": "SQLite as the journal store", "reason": "no LISTEN/NOTIFY"},
         {"approach": "polling the API every second", "reason": "wasteful"}]}, tier="derived", task_id=task,
@@ -161,7 +159,6 @@ async def test_rule_outs_are_found_by_meaning_of_words_not_by_a_model(pool: Asyn
     by_project = await read_surface.get_handoffs(pool, project)
     assert [m["approach"] for m in hit] == ["SQLite as the journal store"] and miss == []
     assert by_task == by_project and len(by_task) == 1
-    assert Jsonb  # imported for symmetry with other tests
 
 
 async def test_project_state_stays_under_its_bound_with_500_tasks(pool: AsyncConnectionPool, db: DB, tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ async def _run_cli(model: ScriptedModelServer, tmp: Path, work: Path, home: Path
                                                 limit=1 << 24)
     out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
     lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-    result = next((line for line in lines if line.get("type") == "result"), {})
+    result: dict[str, Any] = next((line for line in lines if line.get("type") == "result"), {})
     assert proc.returncode == 0 and result.get("is_error") is False, err.decode()[-2000:]
     return lines
 

@@ -73,7 +73,7 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
     sockets = [*SYSTEM_PG_SOCKETS]
     if str(pg.get("host", "")).startswith("/"):
         sockets.append(f"{pg['host']}/.s.PGSQL.{pg.get('port', 5432)}")
-    extra = {} if sandboxed else {"sandbox": None}
+    extra: dict[str, Any] = {} if sandboxed else {"sandbox": None}  # Any: running_executor's **config_kw
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp, **extra) as h, ingress_server(db.ingress_dsn) as url, \
                 httpx.AsyncClient(base_url=url) as http:

@@ -68,8 +68,8 @@ async def test_a_worker_hangs_under_its_dispatch_call_and_a_handoff_under_its_wo
                 if any(e["event_type"] == "handoff" for e in events.values()):
                     break
                 await asyncio.sleep(0.2)
-    by_type = lambda t, role=None: [e for e in events.values()  # noqa: E731
-                                    if e["event_type"] == t and (role is None or e["role"] == role)]
+    def by_type(t: str, role: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in events.values() if e["event_type"] == t and (role is None or e["role"] == role)]
     [handoff] = by_type("handoff")
     [spawned] = by_type("task.spawned", "worker")
     # the worker's spawn → the orchestrator's line that holds the dispatch_worker call

@@ -40,7 +40,7 @@ async def _workers(h: Harness) -> list[dict[str, Any]]:
 async def _thread(http: httpx.AsyncClient, mode: str) -> str:
     made = await http.post("/api/threads", json={"title": mode, "mode": mode})
     assert made.status_code == 202, made.text
-    return made.json()["thread_id"]
+    return made.json()["thread_id"]  # type: ignore[no-any-return]  # JSON from the API
 
 
 async def _pending_ask(http: httpx.AsyncClient) -> dict[str, Any] | None:

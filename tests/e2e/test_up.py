@@ -276,7 +276,8 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
 
         def ready() -> bool:
             try:
-                return _get(f"http://127.0.0.1:{port}/readyz")["status"] == "ready"
+                status: str = _get(f"http://127.0.0.1:{port}/readyz")["status"]
+                return status == "ready"
             except OSError:
                 return False
 
