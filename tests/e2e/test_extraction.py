@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor.settle import extraction
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import contract, journal, read_surface
-from shared.models import NewEvent
+from shared.models import Event, NewEvent
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
@@ -47,7 +48,8 @@ async def _extract(db: DB, tmp: Path, sc: Scenario) -> tuple[Harness, uuid.UUID,
             return h, worker, await h.events(worker), await h.task(worker)
 
 
-async def _events_where(h: Harness, task_id: uuid.UUID, keep: Any, at_least: int = 1) -> list[Any] | None:
+async def _events_where(h: Harness, task_id: uuid.UUID, keep: Callable[[Event], bool],
+                        at_least: int = 1) -> list[Event] | None:
     found = [e for e in await h.events(task_id) if keep(e)]
     return found if len(found) >= at_least else None
 

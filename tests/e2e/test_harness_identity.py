@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from mcp.types import CallToolResult
 
 from executor import main as executor_main
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
@@ -37,7 +38,7 @@ def _count(db: DB, sql: str, *params: Any) -> int:
         return conn.execute(sql, params).fetchone()[0]  # type: ignore[index,no-any-return]
 
 
-def _text(result: Any) -> str:
+def _text(result: CallToolResult) -> str:
     return "".join(getattr(c, "text", "") for c in result.content)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from mcp.types import CallToolResult
 from psycopg.types.json import Jsonb
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
@@ -36,13 +37,13 @@ def _project(db: DB, tmp: Path) -> uuid.UUID:
         return project
 
 
-def _structured(result: object) -> dict[str, Any]:
+def _structured(result: CallToolResult) -> dict[str, Any]:
     """A tool's structured output (JSON from the server), from either shape of result."""
     structured: dict[str, Any] | None = (getattr(result, "structured_content", None)
                                          or getattr(result, "structuredContent", None))
     if structured is not None:
         return structured
-    text: dict[str, Any] = json.loads(result.content[0].text)  # type: ignore[attr-defined]  # `object`: see above
+    text: dict[str, Any] = json.loads(result.content[0].text)  # type: ignore[union-attr]  # the one block is text
     return text
 
 

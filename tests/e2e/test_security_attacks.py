@@ -21,6 +21,7 @@ import aiohttp
 import httpx
 import psycopg
 import pytest
+from mcp.types import CallToolResult
 from psycopg.types.json import Jsonb
 
 from executor.harness.refusals import REFUSALS_PER_WINDOW, RefusalBudget
@@ -44,7 +45,7 @@ def _count(db: DB, query: str) -> int:
         return conn.execute(query).fetchone()[0]  # type: ignore[index,no-any-return]
 
 
-def _text(result: Any) -> str:
+def _text(result: CallToolResult) -> str:
     return "".join(getattr(c, "text", "") for c in result.content)
 
 

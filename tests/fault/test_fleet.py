@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ class Fleet:
         rows = self.rows(sql, *params)
         return rows[0][0] if rows else None
 
-    async def until(self, check: Any, what: str, timeout: float = 60) -> Any:
+    async def until(self, check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
         return await until(check, lambda: f"{what}\n{self.logs()}", timeout)
 
     async def dispatch(self, n: int = 1, **kw: Any) -> list[uuid.UUID]:

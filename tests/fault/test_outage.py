@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def _one(admin_dsn: str, query: str, params: list[Any] | None = None) -> Any:
         return conn.execute(query, params or []).fetchone()
 
 
-async def _until(check: Any, what: str, timeout: float, logs: list[Path]) -> Any:
+async def _until(check: Callable[[], Any], what: str, timeout: float, logs: list[Path]) -> Any:
     return await until(check, lambda: f"{what}\n" + "\n".join(p.read_text()[-2000:] for p in logs), timeout, every=0.2)
 
 

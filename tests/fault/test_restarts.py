@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness import claude_bin
+from tests.pg import DB
 from tests.wait import until_blocking
 from tests.served import free_port
 
@@ -173,7 +174,7 @@ def test_up_warns_in_one_line_with_the_fix_when_the_auth_mode_refuses_a_plain_br
     assert up.auth_warning(base.model_copy(update={"auth_mode": "token"})) is None
 
 
-def test_a_reasked_identical_question_takes_over_the_pending_row_and_a_rerun_gets_the_given_answer(db: Any) -> None:
+def test_a_reasked_identical_question_takes_over_the_pending_row_and_a_rerun_gets_the_given_answer(db: DB) -> None:
     import uuid
 
     import psycopg

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +208,7 @@ async def test_wrong_bearer_tokens_are_limited_too(db: DB) -> None:
 
 
 async def test_an_oversized_chunked_login_body_is_413_not_500(db: DB) -> None:
-    async def chunks() -> Any:
+    async def chunks() -> AsyncIterator[bytes]:
         for _ in range(8):
             yield b"token=" + b"x" * 1024
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, Route, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal
@@ -308,7 +308,7 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             # a message shows at once, before the server has answered
             release = asyncio.Event()
 
-            async def slow(route):  # type: ignore[no-untyped-def]
+            async def slow(route: Route) -> None:
                 await release.wait()
                 await route.continue_()
 
