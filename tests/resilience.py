@@ -8,6 +8,7 @@ import codecs
 import contextlib
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ async def settled(admin_dsn: str, timeout: float = 120) -> None:
         await asyncio.sleep(0.2)
 
 
-def check_invariants(admin_dsn: str, readers: list[StreamReader] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def check_invariants(admin_dsn: str, readers: Sequence[StreamReader] = ()) -> dict[str, Any]:
     """The suite's invariants, on the store after the work drained; returns a few facts for the caller."""
     with psycopg.connect(admin_dsn) as conn:
         seqs = [r[0] for r in conn.execute("SELECT seq FROM journal ORDER BY seq").fetchall()]

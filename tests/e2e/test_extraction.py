@@ -38,7 +38,7 @@ def structured(value: dict[str, Any]) -> dict[str, Any]:
     return {"tool_use": {"name": "StructuredOutput", "input": value}}
 
 
-async def _extract(db: DB, tmp: Path, sc: Scenario) -> tuple[Harness, uuid.UUID, list, dict]:  # type: ignore[type-arg]
+async def _extract(db: DB, tmp: Path, sc: Scenario) -> tuple[Harness, uuid.UUID, list[Event], dict[str, Any]]:
     with ScriptedModelServer(sc) as model:
         async with running_executor(db, model, tmp, extract=True) as h:
             worker = await h.dispatch("make the parser faster", workdir=tmp / "work")

@@ -17,7 +17,7 @@ from tests.harness import Harness, config_for, live_in_group, running_supervisor
 from tests.pg import DB
 
 
-def _types(events: list) -> list[str]:  # type: ignore[type-arg]
+def _types(events: list[Event]) -> list[str]:
     return [e.event_type for e in events]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from typing import Any
 
 import httpx
 import psycopg
@@ -16,7 +17,7 @@ from executor.sql import queries as executor_queries
 from shared import journal
 from shared.models import NewEvent
 from tests.pg import DB, lock_waiter
-from tests.served import collect, ingress_server
+from tests.served import SSEEvent, collect, ingress_server
 
 TABLES = ("journal", "tasks", "sessions", "chat_queue", "stop_queue", "thread_control_queue", "questions",
           "projects", "contract", "event_types")
@@ -96,7 +97,7 @@ async def test_fifty_concurrent_sse_clients_all_receive_every_event(db: DB, pool
 
 async def test_queue_and_question_changes_are_pushed_as_wakeups(db: DB) -> None:
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-        got: list = []  # type: ignore[type-arg]
+        got: list[SSEEvent] = []
 
         async def read() -> None:
             async with http.stream("GET", "/api/stream") as response:
@@ -233,7 +234,8 @@ async def test_an_answer_to_a_question_that_timed_out_between_its_read_and_its_w
         ("get", "/api/stream", {"headers": {"Last-Event-ID": "abc"}}, 400),
     ],
 )
-async def test_bad_input_gets_a_clear_4xx_and_writes_nothing(db: DB, method: str, path: str, kwargs: dict, status: int) -> None:  # type: ignore[type-arg]
+async def test_bad_input_gets_a_clear_4xx_and_writes_nothing(db: DB, method: str, path: str, kwargs: dict[str, Any],
+                                                           status: int) -> None:
     before = _counts(db.admin_dsn)
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
         response = await http.request(method.upper(), path, **kwargs)

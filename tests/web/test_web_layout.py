@@ -8,7 +8,7 @@ import uuid
 
 import psycopg
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, ViewportSize, expect
 
 from shared.threads import DEFAULT_THREAD_ID
 from tests.pg import DB
@@ -53,7 +53,7 @@ async def _reachable(page: Page, selector: str) -> None:
 
 
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390x844", "1280x800"])
-async def test_a_docked_question_keeps_its_buttons_and_the_composer_on_screen(db: DB, viewport: dict[str, int]) -> None:
+async def test_a_docked_question_keeps_its_buttons_and_the_composer_on_screen(db: DB, viewport: ViewportSize) -> None:
     async with ingress_server(db.ingress_dsn) as url, browser() as b:
         for n in (1, 2, 4):
             ask = _ask(db.admin_dsn, n)
