@@ -32,6 +32,7 @@ async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
     config = hypercorn_config(settings)
     config.graceful_timeout = 1.0
     stop = asyncio.Event()
+    # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
     task = asyncio.create_task(serve(app, config, shutdown_trigger=shutdown_trigger(app, stop)))  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{settings.ingress_port}"
     async with httpx.AsyncClient(base_url=url, timeout=5) as probe:

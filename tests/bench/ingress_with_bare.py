@@ -28,6 +28,7 @@ def main() -> None:
     info = dbserver.resolve(settings)
     app = create_app(settings, info.ingress_dsn)
     app.router.routes.insert(0, Route("/bench/bare", bare, methods=["POST"]))
+    # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
     asyncio.run(serve(app, hypercorn_config(settings)))  # type: ignore[arg-type]
 
 

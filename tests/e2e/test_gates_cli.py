@@ -37,6 +37,7 @@ async def gate_server(context: Callable[[Context], Awaitable[permission.GateCont
     config.bind = [f"127.0.0.1:{port}"]
     stop = asyncio.Event()
     app = mcp.streamable_http_app(streamable_http_path="/harness-mcp/")
+    # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
     task = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     try:
         yield f"http://127.0.0.1:{port}/harness-mcp/"

@@ -27,7 +27,7 @@ def _handoff(db: DB, project: uuid.UUID, ruled_out: list[dict[str, str]]) -> uui
                      [project, task, Jsonb({"goal": "speed up parsing", "current_state": "done",
                                             "next_step": "none", "status": "success", "ruled_out": ruled_out})])
         conn.execute("UPDATE journal_head SET last_seq = 1")
-    return task  # type: ignore[no-any-return]
+    return task  # type: ignore[no-any-return]  # the id column: the driver's Any
 
 
 def _project(db: DB, tmp: Path) -> uuid.UUID:

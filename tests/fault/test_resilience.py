@@ -132,7 +132,8 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
         deltas, lines = conn.execute(
             "SELECT count(*) FILTER (WHERE payload -> 'event' ->> 'type' = 'content_block_delta'),"
             " count(*) FILTER (WHERE event_type LIKE 'stream.%%') FROM journal WHERE task_id = %s",
-            [worker]).fetchone()  # type: ignore[misc]
+            [worker]).fetchone()  # type: ignore[misc]  # one row: the counts
+        # one row: the worker's exit
         exited, status = conn.execute(
             "SELECT j.payload, t.status FROM journal j JOIN tasks t ON t.id = j.task_id"
             " WHERE j.task_id = %s AND j.event_type = 'task.exited'", [worker]).fetchone()  # type: ignore[misc]

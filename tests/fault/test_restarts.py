@@ -53,13 +53,13 @@ class Up:
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(cmd, env=_env(tmp_path, **env), stdout=subprocess.PIPE, stderr=out, text=True)
         self.base = f"http://127.0.0.1:{self.port}"
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE: never None
         assert f"{self.base}/" in line, f"{line!r}\n{self.log.read_text()[-3000:]}"
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(90)
-        self.proc.stdout.close()  # type: ignore[union-attr]
+        self.proc.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
         return rc
 
 

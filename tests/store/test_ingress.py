@@ -56,7 +56,7 @@ async def test_sse_delivers_events_appended_by_the_executor_role_in_seq_order(db
         for i in range(3):
             await _append(pool, 10, i * 10)
         events = await asyncio.wait_for(reader, 30)
-    assert [int(e.id) for e in events] == list(range(1, 31))  # type: ignore[arg-type]
+    assert [int(e.id) for e in events] == list(range(1, 31))  # type: ignore[arg-type]  # journal events carry an id
     assert [json.loads(e.data)["payload"]["n"] for e in events] == list(range(30))
     assert {e.event for e in events} == {"task.stderr"}
 
@@ -77,9 +77,9 @@ async def test_a_client_that_missed_100_appends_gets_exactly_those_on_resume(db:
         await ready.wait()
         await _append(pool, 1, 999)
         after = await asyncio.wait_for(tail, 30)
-    assert [int(e.id) for e in resumed] == list(range(6, 106))  # type: ignore[arg-type]
+    assert [int(e.id) for e in resumed] == list(range(6, 106))  # type: ignore[arg-type]  # journal events carry an id
     assert [json.loads(e.data)["payload"]["n"] for e in resumed] == list(range(100, 200))
-    assert [int(e.id) for e in after] == [106]  # type: ignore[arg-type]
+    assert [int(e.id) for e in after] == [106]  # type: ignore[arg-type]  # journal events carry an id
 
 
 async def test_fifty_concurrent_sse_clients_all_receive_every_event(db: DB, pool: AsyncConnectionPool) -> None:
@@ -92,6 +92,7 @@ async def test_fifty_concurrent_sse_clients_all_receive_every_event(db: DB, pool
             for i in range(4):
                 await _append(pool, 10, i * 10)
             results = await asyncio.wait_for(asyncio.gather(*readers), 60)
+    # journal events carry an id
     assert all([int(e.id) for e in got] == list(range(1, 41)) for got in results)  # type: ignore[arg-type]
 
 
@@ -287,6 +288,7 @@ async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_an
                 # now drain the stalled client: it was closed by the server somewhere before the end
                 seen = [int(e.id) async for e in sse_events(slow) if e.id]
             resumed = await collect(slow_http, 400 - seen[-1], headers={"Last-Event-ID": str(seen[-1])})
-    assert [int(e.id) for e in got_fast] == list(range(1, 401))  # type: ignore[arg-type]
+    assert [int(e.id) for e in got_fast] == list(range(1, 401))  # type: ignore[arg-type]  # journal events carry an id
     assert seen == list(range(1, len(seen) + 1)) and len(seen) < 400
+    # journal events carry an id
     assert [int(e.id) for e in resumed] == list(range(seen[-1] + 1, 401))  # type: ignore[arg-type]

@@ -329,7 +329,7 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             await expect(bubble).to_have_count(1)
             await page.fill("#composer-text", "")
             # an answer that gets no confirmation says so and offers Retry; the retry lands
-            hung: list[object] = []
+            hung: list[Route] = []
             await page.route("**/api/asks/*/answer", lambda route: hung.append(route))
             card = page.locator(f"#pinned-asks .ask[data-ask-id='{qid}']")
             await card.locator(".bar .toggle").click()
@@ -338,7 +338,7 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             await expect(card.locator(".status")).to_have_text("Sending your answer…", timeout=1_000)
             await expect(card.locator(".status")).to_contain_text("No confirmation yet", timeout=15_000)
             await shot(page, "ask-unconfirmed-390")
-            await hung[0].abort()  # type: ignore[attr-defined]
+            await hung[0].abort()
             await expect(card.locator(".error")).to_contain_text("Not sent")
             await page.unroute("**/api/asks/*/answer")
             await card.locator("button.retry").click()
