@@ -19,6 +19,9 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.harness import Harness
 from tests.pg import DB
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 
 @dataclass(frozen=True)
 class Spawn:

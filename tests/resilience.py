@@ -19,6 +19,9 @@ import psycopg
 from shared import dbserver
 from tests.served import sse_events
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 FINAL = ("success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated", "extraction_failed")
 
 

@@ -18,6 +18,9 @@ from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 # JSON for the API
 Q1: dict[str, Any] = {"question": "Which database?", "header": "DB", "multiSelect": False,
       "options": [{"label": "Postgres", "description": "the journal's home"},

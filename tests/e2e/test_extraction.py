@@ -22,6 +22,9 @@ from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 HANDOFF = {"goal": "speed up the parser", "current_state": "parser rewritten with a table", "next_step": "benchmark it",
            "ruled_out": [{"approach": "SQLite as the journal store", "reason": "no LISTEN/NOTIFY"}],
            "status": "partial", "artifacts": ["parser.py"]}

@@ -17,6 +17,9 @@ from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 
 def _handoff(db: DB, project: uuid.UUID, ruled_out: list[dict[str, str]]) -> uuid.UUID:
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:

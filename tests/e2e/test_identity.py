@@ -31,6 +31,9 @@ from tests.pg import DB
 from tests.wait import until
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 SECRET = "proxy-s3cret-proxy-s3cret"
 PROXY = {"open_mode": False, "proxy_secret": SECRET}
 # what Traefik sends: the user Authentik admitted, and the secret its headers middleware adds

@@ -17,6 +17,9 @@ from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 QUEUES = ("chat_queue", "thread_control_queue", "stop_queue")
 
 

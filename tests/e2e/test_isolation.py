@@ -28,6 +28,9 @@ from tests.pg import DB
 from tests.wait import until
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 ATTACK = Path(__file__).parents[1] / "data" / "attack.py"
 SYSTEM_PG_SOCKETS = ["/run/postgresql/.s.PGSQL.5432", "/var/run/postgresql/.s.PGSQL.5432"]
 

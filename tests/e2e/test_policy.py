@@ -22,6 +22,9 @@ from tests.pg import DB
 from tests.wait import until
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

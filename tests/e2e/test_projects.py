@@ -25,6 +25,9 @@ from tests.harness import Harness, config_for, running_executor, running_supervi
 from tests.pg import DB
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 T = TypeVar("T")
 IDENTITY = ["-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
 

@@ -37,12 +37,15 @@ from tests.pg import DB
 from tests.push_standin import Subscriber
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 TOKEN = "s3cret-token-s3cret-token"
 
 
 def _count(db: DB, query: str) -> int:
     with psycopg.connect(db.admin_dsn) as conn:
-        return conn.execute(query).fetchone()[0]  # type: ignore[index,no-any-return]
+        return conn.execute(query).fetchone()[0]  # type: ignore[index,no-any-return]  # one row; the driver's Any
 
 
 def _text(result: CallToolResult) -> str:

@@ -16,6 +16,9 @@ from shared.models import Event
 from tests.harness import Harness, config_for, live_in_group, running_supervisor, substrate_for
 from tests.pg import DB
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 
 def _types(events: list[Event]) -> list[str]:
     return [e.event_type for e in events]

@@ -35,6 +35,9 @@ from tests.fault.test_executor_process import _executor_env
 from tests.wait import until
 from tests.served import free_port
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 pytestmark = [pytest.mark.resilience, pytest.mark.timeout(420)]
 
 OUTAGE_S = 60.0

@@ -33,6 +33,9 @@ from tests.e2e.test_asks import Q1, _round_trip, asking
 from tests.fault.test_executor_process import _executor_env
 from tests.served import free_port, ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 pytestmark = [pytest.mark.resilience, pytest.mark.timeout(300)]
 
 

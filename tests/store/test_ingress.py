@@ -19,6 +19,9 @@ from shared.models import NewEvent
 from tests.pg import DB, lock_waiter
 from tests.served import SSEEvent, collect, ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 TABLES = ("journal", "tasks", "sessions", "chat_queue", "stop_queue", "thread_control_queue", "questions",
           "projects", "contract", "event_types")
 

@@ -25,6 +25,9 @@ from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 FOREIGN = {"Host": "attacker.example"}
 SECRET = "proxy-s3cret-proxy-s3cret"
 USER = {"X-Authentik-Username": "travis", "X-Petal-Proxy-Secret": SECRET}  # the proxy adds both

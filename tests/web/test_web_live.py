@@ -23,6 +23,9 @@ from tests.proxy import FreezableProxy
 from tests.web.test_web_client import DESKTOP, browser, page_at, shot
 from tests.served import free_port, ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 pytestmark = pytest.mark.timeout(300)
 
 RESULTS = "SELECT count(*) FROM journal WHERE event_type = 'stream.result'"  # a turn's end in the journal

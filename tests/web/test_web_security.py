@@ -21,6 +21,9 @@ from tests.pg import DB
 from tests.web.test_web_client import chromium
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 pytestmark = pytest.mark.timeout(300)
 
 # each sets window.__xss (or opens a dialog) if it ever runs
