@@ -9,7 +9,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -116,7 +116,8 @@ class Harness:
         assert row is not None
         return row
 
-    async def wait_task(self, task_id: uuid.UUID, predicate: Any, timeout: float = 60) -> dict[str, Any]:
+    async def wait_task(self, task_id: uuid.UUID, predicate: Callable[[dict[str, Any]], bool],
+                        timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             row = await self.task(task_id)

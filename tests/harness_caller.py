@@ -18,6 +18,9 @@ from tests.harness import Harness
 from tests.pg import DB
 from tests.wait import until
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 
 @dataclass(frozen=True)
 class Spawn:

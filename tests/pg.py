@@ -98,7 +98,7 @@ class Cluster:
             self._container.stop()
             self._container = None
 
-    def _exec(self, statement: sql.Composable) -> None:
+    def _exec(self, statement: sql.Composed) -> None:
         with psycopg.connect(self.root_dsn, autocommit=True) as conn:
             conn.execute(statement)
 

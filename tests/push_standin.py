@@ -44,8 +44,9 @@ class Subscriber:
                 "keys": {"p256dh": self.p256dh, "auth": b64url(self.auth)}}
 
     def decrypt(self, body: bytes) -> dict[str, Any]:
-        return json.loads(http_ece.decrypt(body, private_key=self.private_key, auth_secret=self.auth,
-                                           version="aes128gcm"))
+        payload: dict[str, Any] = json.loads(http_ece.decrypt(body, private_key=self.private_key,
+                                                              auth_secret=self.auth, version="aes128gcm"))
+        return payload
 
 
 @dataclass

@@ -8,6 +8,7 @@ import codecs
 import contextlib
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from petal_dispatch import dbserver
 from shared.models import FINAL_STATUSES
 from tests import wait
 from tests.served import sse_events
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 FINAL = FINAL_STATUSES
 
@@ -134,7 +138,8 @@ class StreamReader:
 
 def head(admin_dsn: str) -> int:
     with psycopg.connect(admin_dsn) as conn:
-        return conn.execute("SELECT last_seq FROM journal_head").fetchone()[0]  # type: ignore[index]
+        # journal_head holds one row, its last_seq a bigint
+        return conn.execute("SELECT last_seq FROM journal_head").fetchone()[0]  # type: ignore[index, no-any-return]
 
 
 # how long the store must stay idle to count as drained
@@ -161,7 +166,7 @@ async def settled(admin_dsn: str, timeout: float = 120) -> None:
     await wait.until(quiet, "the work to drain (something is silently stuck)", timeout, every=0.2)
 
 
-def check_invariants(admin_dsn: str, readers: list[StreamReader] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def check_invariants(admin_dsn: str, readers: Sequence[StreamReader] = ()) -> dict[str, Any]:
     """The suite's invariants, on the store after the work drained; returns a few facts for the caller."""
     with psycopg.connect(admin_dsn) as conn:
         seqs = [r[0] for r in conn.execute("SELECT seq FROM journal ORDER BY seq").fetchall()]

@@ -57,6 +57,8 @@ class SSEEvent:
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[SSEEvent]:
+    ev_id: str | None
+    data: list[str]
     ev_id, ev_name, data = None, "message", []
     async for line in response.aiter_lines():
         if line == "":

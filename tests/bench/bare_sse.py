@@ -14,12 +14,13 @@ import time
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
 listeners: set[asyncio.Queue[bytes]] = set()
 publishing: set[asyncio.Task[None]] = set()
 
 
-async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
     if scope["type"] == "lifespan":
         while True:
             msg = await receive()
@@ -61,10 +62,10 @@ async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         publishing.add(task)
         task.add_done_callback(publishing.discard)
         await send({"type": "http.response.start", "status": 202, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _disconnected(receive) -> None:  # type: ignore[no-untyped-def]
+async def _disconnected(receive: ASGIReceiveCallable) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -90,4 +91,4 @@ if __name__ == "__main__":
     config = Config()
     config.bind = [f"127.0.0.1:{sys.argv[1]}"]
     config.accesslog = None
-    asyncio.run(serve(app, config))  # type: ignore[arg-type]
+    asyncio.run(serve(app, config))

@@ -38,6 +38,9 @@ from tests.bench.bench_sse import wait_up
 from tests.pg import Cluster
 from tests.served import free_port
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 QUESTION = {"question": "Go on?", "header": "Go", "multiSelect": False,
             "options": [{"label": "Yes", "description": "continue"}, {"label": "No", "description": "stop"}]}
 # bare NOTIFY round trips taken after each measured answer, so the baseline sees the same load

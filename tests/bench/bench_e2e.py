@@ -79,7 +79,8 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
                          tmp: Path) -> None:
     harness, direct, to_spawn, after_spawn = [], [], [], []
     mcp_file = tmp / "direct-mcp.json"
-    mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, {}, None)))
+    # no credential: the direct spawn is not a caller the harness knows
+    mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, "", None)))
     # The environment the executor gives its CLI, built the same way from the executor's own: what the CLI
     # costs depends on it (NODE_EXTRA_CA_CERTS, for one, makes every node start read a certificate bundle).
     env = substrate.build_env(substrate.SubstrateConfig(

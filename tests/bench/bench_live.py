@@ -180,7 +180,7 @@ window.floorStart = (after) => {
 
 @contextlib.asynccontextmanager
 async def floor_page(b: Browser, url: str, head: int) -> AsyncIterator[Page]:
-    context = await b.new_context(viewport=DESKTOP)  # type: ignore[arg-type]
+    context = await b.new_context(viewport=DESKTOP)
     await context.route(url + FLOOR_PATH, lambda route: route.fulfill(
         status=200, content_type="text/html; charset=utf-8", body=FLOOR_HTML))
     page = await context.new_page()

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,8 @@ async def append_at(pool: AsyncConnectionPool, rate: float, count: int) -> None:
         await asyncio.sleep(0.01)
 
 
-async def clients_trial(url: str, path: str, n: int, expect: int, start: Any) -> dict[str, Any]:
+async def clients_trial(url: str, path: str, n: int, expect: int,
+                        start: Callable[[], Awaitable[None]]) -> dict[str, Any]:
     async with Generators(url, path, n, expect=expect, timeout=TRIAL_S * 2 + expect / 200 + 10) as gens:
         await start()
         return await gens.results()
@@ -96,7 +98,8 @@ def _cpu(res: dict[str, Any]) -> str:
             + " (run-queue wait " + "/".join(f"{w:.2f}" for w in res["starved"]) + ")")
 
 
-async def capacity(stream_url: str, path: str, n: int, start_for: Any) -> tuple[float, bool]:
+async def capacity(stream_url: str, path: str, n: int,
+                   start_for: Callable[[float, int], Callable[[], Awaitable[None]]]) -> tuple[float, bool]:
     """The highest rate (events/s) at which all `n` clients get every event in order within 1 s: bracketed
     from RATE_START up by RATE_STEP, then bisected (geometric midpoints) to within RATE_PRECISION. A trial
     that failed while its generators lacked headroom is not the server's failure: it caps what this machine can measure.

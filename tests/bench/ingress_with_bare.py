@@ -27,6 +27,7 @@ def main() -> None:
     ingress = config.ingress_config(settings, dbserver.resolve(settings).ingress_dsn)
     app = create_app(ingress)
     app.router.routes.insert(0, Route("/bench/bare", bare, methods=["POST"]))
+    # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
     asyncio.run(serve(app, hypercorn_config(ingress)))  # type: ignore[arg-type]
 
 

@@ -41,6 +41,7 @@ def fmt_pct(values: Sequence[float], q: float, *, scale: float = 1000.0, unit: s
 
 
 def summary(values: Sequence[float], qs: Sequence[float] = (50, 99), **kw: object) -> str:
+    # fmt_pct's keyword options, passed through
     return "  ".join(fmt_pct(values, q, **kw) for q in qs)  # type: ignore[arg-type]
 
 

@@ -9,36 +9,39 @@ import os
 import socket
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-targets = json.loads((HERE / "targets.json").read_text())
-report: dict[str, object] = {"ran": True, "pid": os.getpid()}
+# Any: JSON in (the targets the test wrote) and JSON out (the report the test reads)
+targets: dict[str, Any] = json.loads((HERE / "targets.json").read_text())
+report: dict[str, Any] = {"ran": True, "pid": os.getpid()}
 
 
-def attempt(name, fn):
+def attempt(name: str, fn: Callable[[], object]) -> None:
     try:
         report[name] = {"ok": True, "value": fn()}
     except Exception as exc:  # noqa: BLE001 - every failure is an answer
         report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def write_outside():
+def write_outside() -> str:
     path = Path(targets["outside"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("pwned")
     return str(path)
 
 
-def tcp(port):
-    def connect():
+def tcp(port: int) -> Callable[[], str]:
+    def connect() -> str:
         with socket.create_connection(("127.0.0.1", port), timeout=3):
             return "connected"
     return connect
 
 
-def unix(path):
-    def connect():
+def unix(path: str) -> Callable[[], str]:
+    def connect() -> str:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(3)
         try:
@@ -49,38 +52,38 @@ def unix(path):
     return connect
 
 
-def post_chat(headers):
-    def post():
+def post_chat(headers: dict[str, str]) -> Callable[[], int]:
+    def post() -> int:
         body = json.dumps({"text": "injected by the repository", "thread_id": targets["thread_id"]}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{targets['ingress_port']}/api/chat", data=body,
                                      headers={"Content-Type": "application/json", **headers}, method="POST")
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(req, timeout=5) as res:
-            return res.status
+            return res.status  # type: ignore[no-any-return]  # OpenerDirector.open is typed Any
     return post
 
 
-def through_proxy():
+def through_proxy() -> int:
     # the sandbox's own proxy, asked for the ingress by a name that is not on its allowlist
     proxy = os.environ.get("HTTP_PROXY")
     if not proxy:
         raise RuntimeError("no proxy in the environment")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
     with opener.open(f"http://localhost.localdomain:{targets['ingress_port']}/api/info", timeout=5) as res:
-        return res.status
+        return res.status  # type: ignore[no-any-return]  # OpenerDirector.open is typed Any
 
 
-def read(path):
+def read(path: str) -> Callable[[], str]:
     return lambda: Path(path).read_text()[:4000]
 
 
-def proc_of_others():
+def proc_of_others() -> list[int]:
     mine = {os.getpid(), os.getppid()}
     return sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in mine)
 
 
-def find_tokens():
-    found = set()
+def find_tokens() -> list[str]:
+    found: set[str] = set()
     for pid in os.listdir("/proc"):
         try:
             for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
@@ -91,17 +94,17 @@ def find_tokens():
     return sorted(found)
 
 
-def capabilities():
+def capabilities() -> str:
     status = Path("/proc/self/status").read_text()
     return next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
 
 
-def kernel_knobs_writable():
+def kernel_knobs_writable() -> dict[str, bool]:
     # asked, never written: unsandboxed as root, a write would change the host's kernel
     return {path: os.access(path, os.W_OK) for path in ("/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger")}
 
 
-def can_mount():
+def can_mount() -> bool:
     import subprocess
     res = subprocess.run(["mount", "-t", "tmpfs", "none", str(HERE / "mnt-probe")], capture_output=True, text=True)
     if res.returncode == 0:

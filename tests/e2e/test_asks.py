@@ -12,15 +12,20 @@ import psycopg
 import pytest
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from shared.models import Event
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.wait import until
 
-Q1 = {"question": "Which database?", "header": "DB", "multiSelect": False,
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
+# JSON for the API
+Q1: dict[str, Any] = {"question": "Which database?", "header": "DB", "multiSelect": False,
       "options": [{"label": "Postgres", "description": "the journal's home"},
                   {"label": "SQLite", "description": "a file"}]}
-Q2 = {"question": "Which extras?", "header": "Extras", "multiSelect": True,
+Q2: dict[str, Any] = {"question": "Which extras?", "header": "Extras", "multiSelect": True,
       "options": [{"label": "Auth", "description": "a"}, {"label": "Cache", "description": "b"},
                   {"label": "Metrics", "description": "c"}]}
 
@@ -43,7 +48,7 @@ async def _pending_ask(http: httpx.AsyncClient, timeout: float = 60) -> dict[str
     return await until(first, "a pending question", timeout)
 
 
-def _tool_result(events: list) -> dict[str, Any]:  # type: ignore[type-arg]
+def _tool_result(events: list[Event]) -> dict[str, Any]:
     for e in events:
         if e.event_type == "stream.user":
             for block in e.payload["message"]["content"]:
@@ -56,7 +61,8 @@ def _tool_result(events: list) -> dict[str, Any]:  # type: ignore[type-arg]
 
 async def _round_trip(db: DB, tmp: Path, scenario: Scenario, answer: Any, *, method: str = "post",
                       ask_timeout_s: float = 60, answer_after_s: float = 0,
-                      extra_env: dict[str, str] | None = None, **config_kw: Any) -> tuple[dict, dict, list, dict]:  # type: ignore[type-arg]
+                      extra_env: dict[str, str] | None = None, **config_kw: Any
+                      ) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[str, Any]]:
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp, ask_timeout_s=ask_timeout_s, extra_env=extra_env,
                                     **config_kw) as h, \
@@ -136,7 +142,7 @@ async def test_an_unanswered_question_times_out_and_is_marked_cancelled(db: DB, 
     ids=["none", "five", "one-option", "five-options", "long-header", "dup-question", "dup-label"],
 )
 async def test_a_broken_input_rule_is_a_tool_error_naming_it_and_nothing_is_asked(
-    db: DB, tmp_path: Path, questions: list, rule: str  # type: ignore[type-arg]
+    db: DB, tmp_path: Path, questions: list[dict[str, Any]], rule: str
 ) -> None:
     with ScriptedModelServer(asking(*questions)) as model:
         async with running_executor(db, model, tmp_path) as h:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,13 @@ from psycopg_pool import AsyncConnectionPool
 from executor.settle import extraction
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import contract, journal, read_surface
-from shared.models import NewEvent
+from shared.models import Event, NewEvent
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 HANDOFF = {"goal": "speed up the parser", "current_state": "parser rewritten with a table", "next_step": "benchmark it",
            "ruled_out": [{"approach": "SQLite as the journal store", "reason": "no LISTEN/NOTIFY"}],
@@ -37,7 +41,7 @@ def structured(value: dict[str, Any]) -> dict[str, Any]:
     return {"tool_use": {"name": "StructuredOutput", "input": value}}
 
 
-async def _extract(db: DB, tmp: Path, sc: Scenario) -> tuple[Harness, uuid.UUID, list, dict]:  # type: ignore[type-arg]
+async def _extract(db: DB, tmp: Path, sc: Scenario) -> tuple[Harness, uuid.UUID, list[Event], dict[str, Any]]:
     with ScriptedModelServer(sc) as model:
         async with running_executor(db, model, tmp, extract=True) as h:
             worker = await h.dispatch("make the parser faster", workdir=tmp / "work")
@@ -47,7 +51,8 @@ async def _extract(db: DB, tmp: Path, sc: Scenario) -> tuple[Harness, uuid.UUID,
             return h, worker, await h.events(worker), await h.task(worker)
 
 
-async def _events_where(h: Harness, task_id: uuid.UUID, keep: Any, at_least: int = 1) -> list[Any] | None:
+async def _events_where(h: Harness, task_id: uuid.UUID, keep: Callable[[Event], bool],
+                        at_least: int = 1) -> list[Event] | None:
     found = [e for e in await h.events(task_id) if keep(e)]
     return found if len(found) >= at_least else None
 
@@ -107,11 +112,11 @@ async def test_the_gate_validates_by_itself_whatever_the_cli_let_through(pool: A
     await journal.append(pool, [NewEvent("stream.result", {
         "type": "result", "is_error": False, "structured_output": {**HANDOFF, "ruled_out": "not a list"}},
         task_id=ex)])
-    async with pool.connection() as conn, conn.transaction():
-        gated = await extraction.gate_on(conn, {"id": ex, "status": "success", "status_reason": "completed",
+    async with pool.connection() as aconn, aconn.transaction():
+        gated = await extraction.gate_on(aconn, {"id": ex, "status": "success", "status_reason": "completed",
                                                 "parent_task_id": worker, "json_schema": schema})
         assert gated is not None
-        await journal.append_on(conn, gated.events)
+        await journal.append_on(aconn, gated.events)
     with psycopg.connect(db.admin_dsn) as conn:
         status = conn.execute("SELECT status FROM tasks WHERE id = %s", [worker]).fetchone()[0]  # type: ignore[index]
         errors = conn.execute("SELECT payload->'errors' FROM journal WHERE event_type = 'handoff.extraction_failed'"
@@ -149,8 +154,6 @@ async def test_rule_outs_are_found_by_meaning_of_words_not_by_a_model(pool: Asyn
         project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchone()[0]  # type: ignore[index]
         task = conn.execute("INSERT INTO tasks (role, project_id, status) VALUES ('worker', %s, 'success') "
                             "RETURNING id", [project]).fetchone()[0]  # type: ignore[index]
-    from psycopg.types.json import Jsonb
-
     await journal.append(pool, [NewEvent("handoff", {"ruled_out": [
         {"approach": "SQLite as the journal store", "reason": "no LISTEN/NOTIFY"},
         {"approach": "polling the API every second", "reason": "wasteful"}]}, tier="derived", task_id=task,
@@ -161,7 +164,6 @@ async def test_rule_outs_are_found_by_meaning_of_words_not_by_a_model(pool: Asyn
     by_project = await read_surface.get_handoffs(pool, project)
     assert [m["approach"] for m in hit] == ["SQLite as the journal store"] and miss == []
     assert by_task == by_project and len(by_task) == 1
-    assert Jsonb  # imported for symmetry with other tests
 
 
 async def test_project_state_stays_under_its_bound_with_500_tasks(pool: AsyncConnectionPool, db: DB, tmp_path: Path) -> None:

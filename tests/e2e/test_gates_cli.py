@@ -37,6 +37,7 @@ async def gate_server(context: Callable[[Context], Awaitable[permission.GateCont
     config.bind = [f"127.0.0.1:{port}"]
     stop = asyncio.Event()
     app = mcp.streamable_http_app(streamable_http_path="/harness-mcp/")
+    # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping
     task = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     try:
         yield f"http://127.0.0.1:{port}/harness-mcp/"
@@ -58,7 +59,7 @@ async def _run_cli(model: ScriptedModelServer, tmp: Path, work: Path, home: Path
                                                 limit=1 << 24)
     out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
     lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-    result = next((line for line in lines if line.get("type") == "result"), {})
+    result: dict[str, Any] = next((line for line in lines if line.get("type") == "result"), {})
     assert proc.returncode == 0 and result.get("is_error") is False, err.decode()[-2000:]
     return lines
 

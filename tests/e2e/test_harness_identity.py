@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from mcp.types import CallToolResult
 
 from petal_dispatch import config
 from petal_dispatch.config import Settings
@@ -34,10 +35,10 @@ Q = {"question": "Which database?", "header": "DB", "multiSelect": False,
 
 def _count(db: DB, sql: str, *params: Any) -> int:
     with psycopg.connect(db.admin_dsn) as conn:
-        return conn.execute(sql, params).fetchone()[0]  # type: ignore[index,no-any-return]
+        return conn.execute(sql, params).fetchone()[0]  # type: ignore[index,no-any-return]  # one row; the driver's Any
 
 
-def _text(result: Any) -> str:
+def _text(result: CallToolResult) -> str:
     return "".join(getattr(c, "text", "") for c in result.content)
 
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
+from mcp.types import CallToolResult
 from psycopg.types.json import Jsonb
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 
 def _handoff(db: DB, project: uuid.UUID, ruled_out: list[dict[str, str]]) -> uuid.UUID:
@@ -25,20 +30,24 @@ def _handoff(db: DB, project: uuid.UUID, ruled_out: list[dict[str, str]]) -> uui
                      [project, task, Jsonb({"goal": "speed up parsing", "current_state": "done",
                                             "next_step": "none", "status": "success", "ruled_out": ruled_out})])
         conn.execute("UPDATE journal_head SET last_seq = 1")
-    return task  # type: ignore[no-any-return]
+    return task  # type: ignore[no-any-return]  # the id column: the driver's Any
 
 
 def _project(db: DB, tmp: Path) -> uuid.UUID:
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        return conn.execute("INSERT INTO projects (name, workdir) VALUES ('demo', %s) RETURNING id",
-                            [str(tmp / "work")]).fetchone()[0]  # type: ignore[index]
+        project: uuid.UUID = conn.execute("INSERT INTO projects (name, workdir) VALUES ('demo', %s) RETURNING id",
+                                          [str(tmp / "work")]).fetchone()[0]  # type: ignore[index]  # RETURNING
+        return project
 
 
-def _structured(result: object) -> dict:  # type: ignore[type-arg]
-    structured = getattr(result, "structured_content", None) or getattr(result, "structuredContent", None)
+def _structured(result: CallToolResult) -> dict[str, Any]:
+    """A tool's structured output (JSON from the server), from either shape of result."""
+    structured: dict[str, Any] | None = (getattr(result, "structured_content", None)
+                                         or getattr(result, "structuredContent", None))
     if structured is not None:
-        return structured  # type: ignore[no-any-return]
-    return json.loads(result.content[0].text)  # type: ignore[attr-defined]
+        return structured
+    text: dict[str, Any] = json.loads(result.content[0].text)  # type: ignore[union-attr]  # the one block is text
+    return text
 
 
 async def test_the_sdk_client_lists_the_tools_and_reads_handoffs_and_project_state(db: DB, tmp_path: Path) -> None:
@@ -65,7 +74,7 @@ async def test_the_sdk_client_lists_the_tools_and_reads_handoffs_and_project_sta
     assert tools["permission_prompt"].output_schema is None  # one text block: the CLI refuses structuredContent
     assert handoffs["handoffs"][0]["goal"] == "speed up parsing" and by_project == handoffs
     assert state["counts"]["done"] == 1
-    assert bad.is_error and "UUID" in bad.content[0].text  # type: ignore[attr-defined]
+    assert bad.is_error and "UUID" in bad.content[0].text  # type: ignore[union-attr]  # an error's block is text
 
 
 async def test_a_brief_matching_a_rule_out_is_refused_and_journaled_unless_overridden(db: DB, tmp_path: Path) -> None:
@@ -88,7 +97,7 @@ async def test_a_brief_matching_a_rule_out_is_refused_and_journaled_unless_overr
             new_task = await h.task(uuid.UUID(allowed["task_id"]))
     assert [m["approach"] for m in check["matches"]] == ["rewrite the parser in Rust"]
     assert unrelated["matches"] == []
-    assert refused.is_error and "ruled out" in refused.content[0].text  # type: ignore[attr-defined]
+    assert refused.is_error and "ruled out" in refused.content[0].text  # type: ignore[union-attr]  # text, as above
     refusals = [e for e in events if e.event_type == "task.dispatch_refused"]
     assert len(refusals) == 1 and refusals[0].payload["rule_outs"][0]["reason"] == "the team knows Python"
     assert new_task["project_id"] == project and new_task["brief"].startswith("Rewriting the parser in Rust\n\n")

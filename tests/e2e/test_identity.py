@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
+from pydantic import SecretStr
 
 from executor import asks as harness_asks
 from executor.harness import permission
@@ -30,6 +31,9 @@ from tests.pg import DB
 from tests.wait import until
 from tests.scenarios import one_worker
 from tests.served import ingress_server
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 SECRET = "proxy-s3cret-proxy-s3cret"
 PROXY = {"open_mode": False, "proxy_secret": SECRET}
@@ -79,10 +83,10 @@ def test_proxy_mode_refuses_to_start_without_a_proxy_secret_or_with_a_short_one(
     with pytest.raises(errors.ConfigError, match="proxy mode needs PETAL_PROXY_SECRET: .*openssl rand"):
         config.ingress_config(Settings(open_mode=False), "dbname=x")
     with pytest.raises(errors.ConfigError, match="PETAL_PROXY_SECRET is too short"):
-        config.check_auth(Settings(open_mode=False, proxy_secret="hunter2"))
-    assert config.check_auth(Settings(open_mode=False, proxy_secret="a" * 16)) == "a" * 16
+        config.check_auth(Settings(open_mode=False, proxy_secret=SecretStr("hunter2")))
+    assert config.check_auth(Settings(open_mode=False, proxy_secret=SecretStr("a" * 16))) == "a" * 16
     assert config.check_auth(Settings(open_mode=True)) is None  # open mode trusts the network: nothing to check
-    assert SECRET not in repr(Settings(proxy_secret=SECRET))
+    assert SECRET not in repr(Settings(proxy_secret=SecretStr(SECRET)))
     # the service itself: one line, before it waits for any database
     env = {k: v for k, v in os.environ.items() if k not in ("OPEN_MODE", "PETAL_PROXY_SECRET")}
     env.update(PETAL_AUTH_MODE="proxy", PETAL_EXECUTOR_DSN="dbname=x", PETAL_INGRESS_DSN="dbname=x")

@@ -19,6 +19,9 @@ from tests.pg import DB
 from tests.served import ingress_server
 from tests.wait import until
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 QUEUES = ("chat_queue", "thread_control_queue", "stop_queue")
 
 

@@ -29,6 +29,9 @@ from tests.wait import until
 from tests.scenarios import STALL_FOREVER, one_worker
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 ATTACK = Path(__file__).parents[1] / "data" / "attack.py"
 SYSTEM_PG_SOCKETS = ["/run/postgresql/.s.PGSQL.5432", "/var/run/postgresql/.s.PGSQL.5432"]
 
@@ -70,7 +73,7 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
     sockets = [*SYSTEM_PG_SOCKETS]
     if str(pg.get("host", "")).startswith("/"):
         sockets.append(f"{pg['host']}/.s.PGSQL.{pg.get('port', 5432)}")
-    extra = {} if sandboxed else {"sandbox": None}
+    extra: dict[str, Any] = {} if sandboxed else {"sandbox": None}  # Any: running_executor's **config_kw
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp, **extra) as h, ingress_server(db.ingress_dsn) as url, \
                 httpx.AsyncClient(base_url=url) as http:

@@ -62,8 +62,9 @@ async def test_a_worker_hangs_under_its_dispatch_call_and_a_handoff_under_its_wo
             sent = await http.post("/api/chat", json={"text": "how many files?", "thread_id": made["thread_id"]})
             assert sent.status_code < 300, sent.text
             events = await until(lambda: _with_handoff(_journal(db.admin_dsn)), "the worker's handoff", every=0.2)
-    by_type = lambda t, role=None: [e for e in events.values()  # noqa: E731
-                                    if e["event_type"] == t and (role is None or e["role"] == role)]
+    def by_type(t: str, role: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in events.values() if e["event_type"] == t and (role is None or e["role"] == role)]
+
     [handoff] = by_type("handoff")
     [spawned] = by_type("task.spawned", "worker")
     # the worker's spawn → the orchestrator's line that holds the dispatch_worker call

@@ -25,6 +25,9 @@ from tests.web.test_web_client import browser
 from tests.served import ingress_server
 from tests.wait import until
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 QUESTION = {"question": "Deploy to staging now?", "header": "Deploy", "multiSelect": False,
             "options": [{"label": "Yes", "description": ""}, {"label": "Later", "description": ""}]}
 

@@ -24,6 +24,8 @@ from tests.scenarios import dispatch, extractor, handoff
 from tests.served import ingress_server
 from tests.wait import until
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 IDENTITY = ["-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
 
 

@@ -20,10 +20,12 @@ import aiohttp
 import httpx
 import psycopg
 import pytest
+from mcp.types import CallToolResult
 from psycopg.types.json import Jsonb
 
 from executor.harness.refusals import REFUSALS_PER_WINDOW, RefusalBudget
-from executor.notify.notifier import Note, Notifier, NotifyConfig
+from executor.notify.notes import Note
+from executor.notify.notifier import Notifier, NotifyConfig
 from executor.run.substrate import SubstrateConfig, build_env
 from ingress.auth import PEER_FAILURES_PER_WINDOW, TokenLimiter
 from petal_dispatch.config import Settings
@@ -36,15 +38,18 @@ from tests.push_standin import Subscriber
 from tests.served import ingress_server
 from tests.wait import until, until_blocking
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 TOKEN = "s3cret-token-s3cret-token"
 
 
 def _count(db: DB, query: str) -> int:
     with psycopg.connect(db.admin_dsn) as conn:
-        return conn.execute(query).fetchone()[0]  # type: ignore[index,no-any-return]
+        return conn.execute(query).fetchone()[0]  # type: ignore[index,no-any-return]  # one row; the driver's Any
 
 
-def _text(result: Any) -> str:
+def _text(result: CallToolResult) -> str:
     return "".join(getattr(c, "text", "") for c in result.content)
 
 

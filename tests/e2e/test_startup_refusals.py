@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def _one_line_error(out: subprocess.CompletedProcess[str], *names: str) -> str:
 
 
 @pytest.fixture
-def taken_port() -> int:  # type: ignore[misc]
+def taken_port() -> Iterator[int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()

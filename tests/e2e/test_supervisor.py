@@ -6,23 +6,29 @@ import os
 import signal
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from shared.models import Event
 from tests.harness import Harness, config_for, live_in_group, running_supervisor, substrate_for
 from tests.pg import DB
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
-def _types(events: list) -> list[str]:  # type: ignore[type-arg]
+
+def _types(events: list[Event]) -> list[str]:
     return [e.event_type for e in events]
 
 
-async def _run_one(db: DB, tmp_path: Path, scenario: Scenario, brief: str = "do the thing", **cfg: object):
+async def _run_one(db: DB, tmp_path: Path, scenario: Scenario, brief: str = "do the thing",
+                   **cfg: object) -> tuple[dict[str, Any], list[Event], ScriptedModelServer]:
     with ScriptedModelServer(scenario) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
-                                      config_for(tmp_path, **cfg)) as h:  # type: ignore[arg-type]
+                                      config_for(tmp_path, **cfg)) as h:
             task_id = await h.dispatch(brief)
             row = await h.wait_final(task_id)
             events = await h.events(task_id)
@@ -101,7 +107,7 @@ async def test_a_missing_working_directory_is_refused_at_dispatch_and_skipped_at
 
 async def _started(h: Harness, task_id: uuid.UUID) -> int:
     await h.wait_event(task_id, "stream.system.init")
-    return (await h.task(task_id))["pid"]
+    return (await h.task(task_id))["pid"]  # type: ignore[no-any-return]  # a column: the driver's Any
 
 
 async def test_a_stop_request_mid_stream_cancels_within_the_grace_and_the_group_is_gone(

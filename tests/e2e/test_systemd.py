@@ -21,6 +21,7 @@ HARDENING = {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome":
 
 def _unit(name: str) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(strict=False, interpolation=None)
+    # keys kept as written: typeshed calls optionxform a method
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     parser.read(UNITS / name)
     return parser

@@ -30,7 +30,7 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
     err = (tmp_path / "up.err").open("w")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
+        line = proc.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE: never None
         assert f"http://127.0.0.1:{port}/" in line, line
         family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
@@ -50,7 +50,7 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(60)
-        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
     assert rc == 0
     err.close()
     # one log style: every line the services and their libraries wrote is a JSON record (hypercorn's and the MCP
@@ -96,7 +96,7 @@ def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cl
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
+        line = proc.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE: never None
         assert "demo" in line and f"{base}/" in line, line
         family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         deadline = time.monotonic() + 120
@@ -118,7 +118,7 @@ def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cl
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
-        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
     assert "no tests" in asks[0]["questions"][0]["question"]
     assert [e["event_type"] for e in derived] == ["handoff", "policy.decision"]
     assert roles == ["extractor", "orchestrator", "orchestrator", "worker"]
@@ -206,7 +206,7 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
         proc = subprocess.Popen(cmd, env=_up_env(tmp_path), stdout=subprocess.PIPE, stderr=log, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert f"{base}/" in proc.stdout.readline()  # type: ignore[union-attr]
+        assert f"{base}/" in proc.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE: never None
         thread = _post(f"{base}/api/threads", {"title": "t", "mode": "autonomous"})["thread_id"]
         _post(f"{base}/api/chat", {"text": "start the job", "thread_id": thread})
 
@@ -230,13 +230,18 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
             left = [(p, psutil.Process(p).status(), psutil.Process(p).cmdline()) for p in [claude, *bash] if _alive(p)]
             raise AssertionError(f"still running: {left}") from None
         gone_after = time.monotonic() - killed_at
-        retry = until_blocking(lambda: len(workers()) > 1 and workers()[1], "the retry")
+
+        def second() -> dict[str, Any] | None:
+            found = workers()
+            return found[1] if len(found) > 1 else None
+
+        retry = until_blocking(second, "the retry")
         crashed = _get(f"{base}/api/tasks/{first['id']}/events")["events"]
         postmaster = int((data / "pgdata" / "postmaster.pid").read_text().split()[0])
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(60)
-        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
     events = _log_events(tmp_path / "up.log")
     assert any(e["event"] == "service_died" and e["service"] == "executor" for e in events)
     assert any(e["event"] == "service_restarted" and e["service"] == "executor" for e in events)
@@ -261,6 +266,7 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     pidfile = data / "pgdata" / "postmaster.pid"
     try:
+        # stdout=PIPE: never None
         assert f"http://127.0.0.1:{port}/" in proc.stdout.readline()  # type: ignore[union-attr]
         first = int(pidfile.read_text().split()[0])
         os.kill(first, signal.SIGKILL)
@@ -276,7 +282,8 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
 
         def ready() -> bool:
             try:
-                return _get(f"http://127.0.0.1:{port}/readyz")["status"] == "ready"
+                status: str = _get(f"http://127.0.0.1:{port}/readyz")["status"]
+                return status == "ready"
             except OSError:
                 return False
 
@@ -285,7 +292,7 @@ def test_up_restarts_the_embedded_postgresql_when_it_dies(tmp_path: Path) -> Non
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(60)
-        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
     assert any(e["event"] == "database_restarted" for e in _log_events(tmp_path / "up.log"))
     assert rc == 0
     until_blocking(lambda: not _alive(second), "the restarted PostgreSQL to stop", timeout=20)
@@ -299,14 +306,14 @@ def test_a_clean_stop_stops_postgresql_even_after_an_earlier_up_was_killed(tmp_p
         cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", "--port", str(free_port()), "--mcp-port", str(free_port()),
                "--data-dir", str(data)]
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert "is up" in p.stdout.readline()  # type: ignore[union-attr]
+        assert "is up" in p.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE: never None
         return p
 
     first = start()
     services = [c.pid for c in psutil.Process(first.pid).children()]
     first.kill()  # SIGKILL: no clean-up at all; its pid stays in the server's handle list
     first.wait()
-    first.stdout.close()  # type: ignore[union-attr]
+    first.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
     until_blocking(lambda: not any(_alive(p) for p in services), "its services to die with it", timeout=10)
     postmaster = int((data / "pgdata" / "postmaster.pid").read_text().split()[0])
     assert _alive(postmaster)  # left running by the killed up
@@ -314,5 +321,5 @@ def test_a_clean_stop_stops_postgresql_even_after_an_earlier_up_was_killed(tmp_p
     assert int((data / "pgdata" / "postmaster.pid").read_text().split()[0]) == postmaster  # reused
     second.send_signal(signal.SIGINT)
     assert second.wait(60) == 0
-    second.stdout.close()  # type: ignore[union-attr]
+    second.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
     until_blocking(lambda: not _alive(postmaster), "PostgreSQL to stop", timeout=20)

@@ -22,6 +22,9 @@ from tests.resilience import check_invariants, settled
 from tests.fault.test_executor_process import _executor_env, _spawn_executor
 from tests.served import ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 
 async def _wait_running(admin_dsn: str, role: str, log: Path, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout

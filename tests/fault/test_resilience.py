@@ -33,6 +33,9 @@ from tests.e2e.test_asks import Q1, _round_trip, asking
 from tests.fault.test_executor_process import _executor_env
 from tests.served import free_port, ingress_server
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 pytestmark = [pytest.mark.resilience, pytest.mark.timeout(300)]
 
 
@@ -132,7 +135,8 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
         deltas, lines = conn.execute(
             "SELECT count(*) FILTER (WHERE payload -> 'event' ->> 'type' = 'content_block_delta'),"
             " count(*) FILTER (WHERE event_type LIKE 'stream.%%') FROM journal WHERE task_id = %s",
-            [worker]).fetchone()  # type: ignore[misc]
+            [worker]).fetchone()  # type: ignore[misc]  # one row: the counts
+        # one row: the worker's exit
         exited, status = conn.execute(
             "SELECT j.payload, t.status FROM journal j JOIN tasks t ON t.id = j.task_id"
             " WHERE j.task_id = %s AND j.event_type = 'task.exited'", [worker]).fetchone()  # type: ignore[misc]
@@ -470,7 +474,8 @@ def _ask_tool_result(conn: psycopg.Connection[Any], thread: str) -> dict[str, An
         for block in payload["message"]["content"]:
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 content = block["content"]
-                return json.loads(content if isinstance(content, str) else content[0]["text"])
+                result: dict[str, Any] = json.loads(content if isinstance(content, str) else content[0]["text"])
+                return result
     raise AssertionError(f"no tool result in thread {thread}")
 
 

@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness import claude_bin
+from tests.pg import DB
 from tests.wait import until_blocking
 from tests.served import free_port
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -52,13 +56,13 @@ class Up:
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(cmd, env=_env(tmp_path, **env), stdout=subprocess.PIPE, stderr=out, text=True)
         self.base = f"http://127.0.0.1:{self.port}"
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE: never None
         assert f"{self.base}/" in line, f"{line!r}\n{self.log.read_text()[-3000:]}"
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(90)
-        self.proc.stdout.close()  # type: ignore[union-attr]
+        self.proc.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE: never None
         return rc
 
 
@@ -173,7 +177,7 @@ def test_up_warns_in_one_line_with_the_fix_when_the_auth_mode_refuses_a_plain_br
     assert up.auth_warning(base.model_copy(update={"auth_mode": "token"})) is None
 
 
-def test_a_reasked_identical_question_takes_over_the_pending_row_and_a_rerun_gets_the_given_answer(db: Any) -> None:
+def test_a_reasked_identical_question_takes_over_the_pending_row_and_a_rerun_gets_the_given_answer(db: DB) -> None:
     import uuid
 
     import psycopg

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import psycopg
 
+from tests.pg import DB
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 
 def _run(args: list[str], data_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_DATABASE_URL")}
@@ -66,7 +71,7 @@ def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
     assert read.stdout.strip() == "[('kept',)]"
 
 
-def test_with_database_url_the_given_server_is_used_and_none_is_started(tmp_path: Path, empty_db) -> None:  # type: ignore[no-untyped-def]
+def test_with_database_url_the_given_server_is_used_and_none_is_started(tmp_path: Path, empty_db: DB) -> None:
     data_dir = tmp_path / "var"
     out = _run(["migrate"], data_dir, DATABASE_URL=empty_db.admin_dsn)
     status = _run(["db", "status", "--json"], data_dir, DATABASE_URL=empty_db.admin_dsn)
@@ -75,7 +80,7 @@ def test_with_database_url_the_given_server_is_used_and_none_is_started(tmp_path
     assert json.loads(status.stdout)["embedded"] is False
     assert not (data_dir / "pgdata").exists()
     with psycopg.connect(empty_db.admin_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] >= 4
+        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] >= 4  # type: ignore[index]
 
 
 def test_a_bad_database_url_fails_with_a_clear_message_and_no_traceback(tmp_path: Path) -> None:
@@ -84,7 +89,7 @@ def test_a_bad_database_url_fails_with_a_clear_message_and_no_traceback(tmp_path
     assert "petal-dispatch:" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_db_status_never_prints_a_password(tmp_path: Path, empty_db) -> None:  # type: ignore[no-untyped-def]
+def test_db_status_never_prints_a_password(tmp_path: Path, empty_db: DB) -> None:
     secret = "s3cret-pw-4a7f"
     params = psycopg.conninfo.conninfo_to_dict(empty_db.admin_dsn)
     url = psycopg.conninfo.make_conninfo("", **{**params, "password": secret})  # trust auth takes any password

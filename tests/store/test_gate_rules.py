@@ -13,18 +13,21 @@ from executor.settle import policy
 from executor.sql import queries
 from tests.pg import DB
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 INSERT = ("INSERT INTO gate_rules (scope, session_id, project_id, tool_name, pattern, decision, created_by) "
           "VALUES (%s, %s, %s, 'Bash', 'npm test:*', 'allow', 'user') RETURNING id")
 
 
 def test_a_rule_names_exactly_its_scope_and_the_page_may_only_revoke_it(db: DB) -> None:
     with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchone()[0]
+        project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id"
+                               ).fetchone()[0]  # type: ignore[index]
         with pytest.raises(pgerrors.CheckViolation):
             conn.execute(INSERT, ["thread", None, project])  # a thread rule without its session
         with pytest.raises(pgerrors.CheckViolation):
             conn.execute(INSERT, ["project", uuid.uuid4(), project])  # two scope keys
-        rule = conn.execute(INSERT, ["project", None, project]).fetchone()[0]
+        rule = conn.execute(INSERT, ["project", None, project]).fetchone()[0]  # type: ignore[index]
     with psycopg.connect(db.ingress_dsn, autocommit=True) as conn:
         with pytest.raises(pgerrors.InsufficientPrivilege):
             conn.execute(INSERT, ["project", None, project])
@@ -41,7 +44,8 @@ def test_a_rule_names_exactly_its_scope_and_the_page_may_only_revoke_it(db: DB) 
 def test_a_gated_handoff_measures_the_project_tree_from_the_directory_the_worker_ran_in(db: DB) -> None:
     denial = {"tool_name": "Write", "tool_input": {"file_path": "/srv/app/notes.txt"}}
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        task = conn.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id").fetchone()[0]
+        task = conn.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id"
+                            ).fetchone()[0]  # type: ignore[index]
         for seq, (event_type, payload) in enumerate([("task.spawned", {"workdir": "/srv/app"}),
                                                      ("task.exited", {"permission_denials": [denial]})], 1):
             conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from typing import Any
 
 import httpx
 import psycopg
@@ -16,7 +17,10 @@ from executor.sql import queries as executor_queries
 from shared import journal
 from shared.models import NewEvent
 from tests.pg import DB, lock_waiter
-from tests.served import collect, ingress_server
+from tests.served import SSEEvent, collect, ingress_server
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 TABLES = ("journal", "tasks", "sessions", "chat_queue", "stop_queue", "thread_control_queue", "questions",
           "projects", "contract", "event_types")
@@ -55,7 +59,7 @@ async def test_sse_delivers_events_appended_by_the_executor_role_in_seq_order(db
         for i in range(3):
             await _append(pool, 10, i * 10)
         events = await asyncio.wait_for(reader, 30)
-    assert [int(e.id) for e in events] == list(range(1, 31))  # type: ignore[arg-type]
+    assert [int(e.id) for e in events] == list(range(1, 31))  # type: ignore[arg-type]  # journal events carry an id
     assert [json.loads(e.data)["payload"]["n"] for e in events] == list(range(30))
     assert {e.event for e in events} == {"task.stderr"}
 
@@ -76,9 +80,9 @@ async def test_a_client_that_missed_100_appends_gets_exactly_those_on_resume(db:
         await ready.wait()
         await _append(pool, 1, 999)
         after = await asyncio.wait_for(tail, 30)
-    assert [int(e.id) for e in resumed] == list(range(6, 106))  # type: ignore[arg-type]
+    assert [int(e.id) for e in resumed] == list(range(6, 106))  # type: ignore[arg-type]  # journal events carry an id
     assert [json.loads(e.data)["payload"]["n"] for e in resumed] == list(range(100, 200))
-    assert [int(e.id) for e in after] == [106]  # type: ignore[arg-type]
+    assert [int(e.id) for e in after] == [106]  # type: ignore[arg-type]  # journal events carry an id
 
 
 async def test_fifty_concurrent_sse_clients_all_receive_every_event(db: DB, pool: AsyncConnectionPool) -> None:
@@ -91,12 +95,13 @@ async def test_fifty_concurrent_sse_clients_all_receive_every_event(db: DB, pool
             for i in range(4):
                 await _append(pool, 10, i * 10)
             results = await asyncio.wait_for(asyncio.gather(*readers), 60)
+    # journal events carry an id
     assert all([int(e.id) for e in got] == list(range(1, 41)) for got in results)  # type: ignore[arg-type]
 
 
 async def test_queue_and_question_changes_are_pushed_as_wakeups(db: DB) -> None:
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-        got: list = []  # type: ignore[type-arg]
+        got: list[SSEEvent] = []
 
         async def read() -> None:
             async with http.stream("GET", "/api/stream") as response:
@@ -156,8 +161,9 @@ QUESTIONS = [
 
 def _ask(db: DB, tool_use_id: str) -> uuid.UUID:
     with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        return conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
-                            [tool_use_id, Jsonb(QUESTIONS)]).fetchone()[0]  # type: ignore[index]
+        qid: uuid.UUID = conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
+                                      [tool_use_id, Jsonb(QUESTIONS)]).fetchone()[0]  # type: ignore[index]  # RETURNING
+        return qid
 
 
 async def test_answers_are_checked_against_the_stored_question_and_a_question_closes_once(db: DB) -> None:
@@ -232,7 +238,8 @@ async def test_an_answer_to_a_question_that_timed_out_between_its_read_and_its_w
         ("get", "/api/stream", {"headers": {"Last-Event-ID": "abc"}}, 400),
     ],
 )
-async def test_bad_input_gets_a_clear_4xx_and_writes_nothing(db: DB, method: str, path: str, kwargs: dict, status: int) -> None:  # type: ignore[type-arg]
+async def test_bad_input_gets_a_clear_4xx_and_writes_nothing(db: DB, method: str, path: str, kwargs: dict[str, Any],
+                                                           status: int) -> None:
     before = _counts(db.admin_dsn)
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
         response = await http.request(method.upper(), path, **kwargs)
@@ -282,8 +289,9 @@ async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_an
                                                 for j in range(10)])
                 got_fast = await asyncio.wait_for(fast, 60)
                 # now drain the stalled client: it was closed by the server somewhere before the end
-                seen = [int(e.id) async for e in sse_events(slow) if e.id]  # type: ignore[arg-type]
+                seen = [int(e.id) async for e in sse_events(slow) if e.id]
             resumed = await collect(slow_http, 400 - seen[-1], headers={"Last-Event-ID": str(seen[-1])})
-    assert [int(e.id) for e in got_fast] == list(range(1, 401))  # type: ignore[arg-type]
+    assert [int(e.id) for e in got_fast] == list(range(1, 401))  # type: ignore[arg-type]  # journal events carry an id
     assert seen == list(range(1, len(seen) + 1)) and len(seen) < 400
+    # journal events carry an id
     assert [int(e.id) for e in resumed] == list(range(seen[-1] + 1, 401))  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.pg import DB
+from tests.pg import DB, Cluster
 from tests.served import ingress_server
 
 # text with the characters PostgreSQL refuses (NUL) and JSON can smuggle in (lone surrogates)
@@ -38,7 +39,7 @@ def _fill(path: str, value: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(cluster: Any) -> Any:
+def server(cluster: Cluster) -> Iterator[tuple[str, dict[str, Any]]]:
     """One server for the whole fuzz run, in its own thread and loop."""
     db: DB = cluster.create_migrated()
     started = threading.Event()
@@ -67,7 +68,7 @@ def server(cluster: Any) -> Any:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_no_route_answers_5xx_to_any_input(server: Any, data: st.DataObject) -> None:
+def test_no_route_answers_5xx_to_any_input(server: tuple[str, dict[str, Any]], data: st.DataObject) -> None:
     url, spec = server
     routes = [(path, method) for path, ops in spec["paths"].items() for method in ops if path != "/api/stream"]
     path, method = data.draw(st.sampled_from(routes))
@@ -84,7 +85,7 @@ def test_no_route_answers_5xx_to_any_input(server: Any, data: st.DataObject) -> 
     assert response.status_code < 500, (method, path, body, response.text)
 
 
-def test_the_stream_rejects_a_bad_resume_point_without_a_5xx(server: Any) -> None:
+def test_the_stream_rejects_a_bad_resume_point_without_a_5xx(server: tuple[str, dict[str, Any]]) -> None:
     url, _ = server
     for bad in ("-1", "x", "1e9", str(uuid.uuid4())):
         assert httpx.get(url + "/api/stream", headers={"Last-Event-ID": bad}, timeout=5).status_code == 400

@@ -17,6 +17,7 @@ from tests.pg import DB, Cluster, lock_waiter
 
 
 def _events(n: int, **kw: object) -> list[NewEvent]:
+    # NewEvent's keyword fields, passed through
     return [NewEvent("task.stderr", {"line": f"line {i}"}, **kw) for i in range(n)]  # type: ignore[arg-type]
 
 
@@ -40,9 +41,9 @@ async def test_payloads_with_nul_characters_are_kept_with_a_replacement(pool: As
 
 
 async def _returned(conn: psycopg.AsyncConnection, sql: str, *params: object) -> uuid.UUID:
-    row = await (await conn.execute(sql, params)).fetchone()  # type: ignore[arg-type]
+    row = await (await conn.execute(sql, params)).fetchone()
     assert row is not None
-    return row[0]  # type: ignore[no-any-return]
+    return row[0]  # type: ignore[no-any-return]  # the id column: the driver's Any
 
 
 async def test_a_copied_batch_keeps_each_events_ids_time_and_text(pool: AsyncConnectionPool) -> None:

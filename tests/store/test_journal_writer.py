@@ -8,10 +8,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from shared import errors, journal
-from shared.models import NewEvent
+from shared.models import Event, NewEvent
 
 
-async def _all(pool: AsyncConnectionPool) -> list:  # type: ignore[type-arg]
+async def _all(pool: AsyncConnectionPool) -> list[Event]:
     async with pool.connection() as conn:
         return await journal.read_since(conn, 0, limit=10_000)
 

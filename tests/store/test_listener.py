@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import psycopg
 
@@ -14,8 +15,8 @@ async def _notify(dsn: str, channel: str, payload: str) -> None:
         await conn.execute("SELECT pg_notify(%s, %s)", [channel, payload])
 
 
-async def _next(sub_get: asyncio.Future | object, timeout: float = 10) -> Notification:
-    return await asyncio.wait_for(sub_get, timeout)  # type: ignore[arg-type]
+async def _next(sub_get: Awaitable[Notification], timeout: float = 10) -> Notification:
+    return await asyncio.wait_for(sub_get, timeout)
 
 
 async def test_subscribers_get_only_their_channels_and_a_resync_after_connecting(db: DB) -> None:

@@ -11,6 +11,9 @@ from psycopg import errors as pgerrors
 
 from tests.pg import DB
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 
 def _insert_event(conn: psycopg.Connection, event_type: str = "task.spawned", tier: str = "raw") -> uuid.UUID:
     event_id = uuid.uuid4()
@@ -53,7 +56,7 @@ def test_journal_refuses_a_type_in_the_wrong_tier(db: DB) -> None:
 
 def test_contract_rows_are_immutable_and_change_only_by_supersession(db: DB) -> None:
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        goal_id = conn.execute("SELECT id FROM contract WHERE field_key = 'goal'").fetchone()[0]
+        goal_id = conn.execute("SELECT id FROM contract WHERE field_key = 'goal'").fetchone()[0]  # type: ignore[index]
         with pytest.raises(pgerrors.ObjectNotInPrerequisiteState):
             conn.execute("UPDATE contract SET required = false WHERE id = %s", [goal_id])
         with pytest.raises(pgerrors.ObjectNotInPrerequisiteState):
@@ -105,7 +108,7 @@ def test_ingress_role_cannot_write_the_journal_but_can_enqueue_a_chat_message(db
 
 def test_ingress_may_answer_a_question_only_through_the_answer_columns_and_only_once(db: DB) -> None:
     with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        qid = conn.execute(
+        qid = conn.execute(  # type: ignore[index]
             "INSERT INTO questions (tool_use_id, questions) VALUES ('toolu_1', %s) RETURNING id",
             [json.dumps([{"question": "Which?", "header": "Pick", "options": [], "multiSelect": False}])],
         ).fetchone()[0]
@@ -117,7 +120,8 @@ def test_ingress_may_answer_a_question_only_through_the_answer_columns_and_only_
         )
         with pytest.raises(pgerrors.ObjectNotInPrerequisiteState, match="already answered"):
             conn.execute("UPDATE questions SET status = 'cancelled' WHERE id = %s", [qid])
-        answered_at = conn.execute("SELECT answered_at FROM questions WHERE id = %s", [qid]).fetchone()[0]
+        answered_at = conn.execute("SELECT answered_at FROM questions WHERE id = %s",
+                                   [qid]).fetchone()[0]  # type: ignore[index]
         assert answered_at is not None
 
 
@@ -127,13 +131,13 @@ def test_queue_inserts_notify_their_channel_with_the_row_id(db: DB) -> None:
             listener.execute(f"LISTEN {channel}")
         ids = {}
         with psycopg.connect(db.ingress_dsn, autocommit=True) as conn:
-            ids["chat_queue"] = conn.execute(
+            ids["chat_queue"] = conn.execute(  # type: ignore[index]
                 "INSERT INTO chat_queue (thread_id, text) VALUES (gen_random_uuid(), 'x') RETURNING id"
             ).fetchone()[0]
-            ids["stop_queue"] = conn.execute(
+            ids["stop_queue"] = conn.execute(  # type: ignore[index]
                 "INSERT INTO stop_queue (task_id) VALUES (gen_random_uuid()) RETURNING id"
             ).fetchone()[0]
-            ids["thread_control_queue"] = conn.execute(
+            ids["thread_control_queue"] = conn.execute(  # type: ignore[index]
                 "INSERT INTO thread_control_queue (thread_id, action) VALUES (gen_random_uuid(), 'create') RETURNING id"
             ).fetchone()[0]
         got = {n.channel: n.payload for n in listener.notifies(timeout=5, stop_after=3)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from executor.notify.notifier import Note, Notifier, NotifyConfig
+from executor.notify.notes import Note
+from executor.notify.notifier import Notifier, NotifyConfig
 from ingress.app import OPS
 from ingress.auth import FailureLimiter
 from ingress.boundary import BoundaryConfig
@@ -23,6 +25,9 @@ from shared.database import Database
 from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
 from tests.served import ingress_server
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 FOREIGN = {"Host": "attacker.example"}
 SECRET = "proxy-s3cret-proxy-s3cret"
@@ -207,7 +212,7 @@ async def test_wrong_bearer_tokens_are_limited_too(db: DB) -> None:
 
 
 async def test_an_oversized_chunked_login_body_is_413_not_500(db: DB) -> None:
-    async def chunks() -> Any:
+    async def chunks() -> AsyncIterator[bytes]:
         for _ in range(8):
             yield b"token=" + b"x" * 1024
 

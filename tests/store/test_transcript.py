@@ -13,6 +13,9 @@ from executor.run import transcript
 from tests.harness import FINAL
 from tests.pg import DB
 
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
+
 HERE = Path(__file__).parents[1] / "transcripts"
 # the pinned CLI's everyday runs (top level), and interrupted and failed runs per CLI version (v<version>/),
 # recorded with `python -m tests.transcripts.record [--runs] [--claude BIN]`

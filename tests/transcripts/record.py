@@ -114,7 +114,7 @@ def record(cases: dict[str, Case], binary: str, out_dir: Path) -> None:
             if case.sig is not None:
                 time.sleep(4)
                 os.killpg(proc.pid, case.sig)
-            out = proc.stdout.read()  # type: ignore[union-attr]
+            out = proc.stdout.read()  # type: ignore[union-attr]  # stdout=PIPE: never None
             proc.wait(timeout=60)
             (out_dir / name).write_bytes(out)
             last = out.strip().splitlines()[-1] if out.strip() else b"{}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from executor.run import substrate
 from executor.run.task_run import end_outcome
@@ -10,7 +11,7 @@ from executor.run.task_run import end_outcome
 OK = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "terminal_reason": "completed"}
 
 
-def _facts(*objs: dict) -> substrate.TurnFacts:  # type: ignore[type-arg]
+def _facts(*objs: dict[str, Any]) -> substrate.TurnFacts:
     facts = substrate.TurnFacts()
     for obj in objs:
         facts.feed(substrate.classify(json.dumps(obj).encode()))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from executor.run import substrate
 
 
-def _facts(*objs: dict) -> substrate.TurnFacts:  # type: ignore[type-arg]
+def _facts(*objs: dict[str, Any]) -> substrate.TurnFacts:
     facts = substrate.TurnFacts()
     for obj in objs:
         facts.feed(substrate.classify(json.dumps(obj).encode()))
@@ -69,7 +70,8 @@ TOOL_DONE = {"type": "user", "message": {"role": "user", "content": [
         (0, [{**ABORTED, "is_error": False}], False, "cancelled"),
     ],
 )
-def test_status_follows_the_exit_and_what_the_stream_showed(rc: int, objs: list, stop: bool, expected: str) -> None:  # type: ignore[type-arg]
+def test_status_follows_the_exit_and_what_the_stream_showed(rc: int, objs: list[dict[str, Any]], stop: bool,
+                                                            expected: str) -> None:
     assert substrate.derive_status(rc, _facts(*objs), stop_requested=stop).status == expected
 
 
@@ -117,7 +119,7 @@ def test_invalid_utf8_is_replaced_and_flagged_not_dropped() -> None:
     assert line.payload == {"line": "bad \ufffd\ufffd bytes", "invalid_utf8": True}
 
 
-def test_the_command_line_names_the_session_and_never_carries_the_prompt(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_command_line_names_the_session_and_never_carries_the_prompt(tmp_path: Path) -> None:
     cfg = substrate.SubstrateConfig(claude_bin="claude")
     spec = substrate.SpawnSpec(role="worker", prompt="--not-a-flag", session_uuid="u-1",
                                allowed_tools=("Bash", "Read"), mcp_config=tmp_path / "m.json")
@@ -133,7 +135,7 @@ def test_the_command_line_names_the_session_and_never_carries_the_prompt(tmp_pat
     assert resumed[resumed.index("--resume") + 1] == "u-1" and "--session-id" not in resumed
 
 
-def test_an_operators_extra_flags_come_before_the_gates_so_the_gates_win(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_operators_extra_flags_come_before_the_gates_so_the_gates_win(tmp_path: Path) -> None:
     # the CLI takes the last of a repeated flag (observed on 2.1.328: `--permission-mode plan --permission-mode
     # default` runs in default), so a flag given before the harness's cannot weaken the gate
     weakening = ("--permission-mode", "bypassPermissions", "--settings", '{"permissions": {"allow": ["Bash"]}}')
@@ -171,7 +173,8 @@ def test_the_harness_secrets_never_reach_a_child() -> None:
     assert env["HOME"] == "/home/u" and env["ANTHROPIC_API_KEY"] == "sk-test"
 
 
-def test_the_clis_own_tools_are_denied_its_config_directory_and_proc_with_or_without_the_gate(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_clis_own_tools_are_denied_its_config_directory_and_proc_with_or_without_the_gate(
+        tmp_path: Path) -> None:
     cfg = substrate.SubstrateConfig(claude_bin="claude", config_dir=tmp_path / "cfg")
     for mcp in (tmp_path / "m.json", None):
         cmd = substrate.build_command(cfg, substrate.SpawnSpec(role="worker", prompt="p", session_uuid="u",

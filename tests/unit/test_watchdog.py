@@ -10,7 +10,7 @@ LIMITS = Limits(stall_timeout_s=60.0, max_runtime_s=None)
 def _watched(**kw: object) -> Watched:
     base: dict[str, object] = {"started": 0.0, "last_output": 0.0, "stalled_since": None,
                                "awaiting_user": False, "asking": False}
-    return Watched(**{**base, **kw})  # type: ignore[arg-type]
+    return Watched(**{**base, **kw})  # type: ignore[arg-type]  # each field's value, checked when Watched is built
 
 
 def test_a_run_that_speaks_is_left_alone() -> None:

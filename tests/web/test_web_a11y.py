@@ -117,7 +117,7 @@ async def test_every_view_passes_axe_at_both_sizes_and_a_question_is_answered_by
                          ("task", f"#task/{worker}", "#task-detail .events li"), ("asks", "#asks", "#ask-cards .ask"),
                          ("activity", "#activity", "#feed li"), ("context", "#context", "#context-body h3")]
                 for size, viewport in (("1280", DESKTOP), ("390", PHONE)):
-                    await page.set_viewport_size(viewport)  # type: ignore[arg-type]
+                    await page.set_viewport_size(viewport)
                     await check_views(page, views, size)
                 # the keyboard alone: Tab to the docked card, open it, every control of it reached by Tab,
                 # choose, submit

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
@@ -24,8 +24,8 @@ from tests.web.seen import seen
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("PETAL_TEST_ARTIFACTS", ROOT / "var" / "test-artifacts"))
-PHONE = {"width": 390, "height": 844}
-DESKTOP = {"width": 1280, "height": 800}
+PHONE: ViewportSize = {"width": 390, "height": 844}
+DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
 
 pytestmark = pytest.mark.timeout(240)
@@ -48,8 +48,8 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @asynccontextmanager
-async def page_at(b: Browser, url: str, viewport: dict[str, int] = PHONE) -> AsyncIterator[Page]:
-    context = await b.new_context(viewport=viewport)  # type: ignore[arg-type]
+async def page_at(b: Browser, url: str, viewport: ViewportSize = PHONE) -> AsyncIterator[Page]:
+    context = await b.new_context(viewport=viewport)
     page = await context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -186,7 +186,7 @@ async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, stall_timeout_s=2) as h, browser() as b:
             async with ingress_server(db.ingress_dsn, ingress_port=port) as url:
-                context = await b.new_context(viewport=PHONE)  # type: ignore[arg-type]
+                context = await b.new_context(viewport=PHONE)
                 page = await context.new_page()
                 await page.goto(url + "/#tasks")
                 await expect(page.locator("body[data-ready='1']")).to_have_count(1, timeout=20_000)
@@ -199,7 +199,7 @@ async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_
                 await page.click("#task-list a")
                 await seen(page.locator("#task-detail h2 .chip.stalled"), "stalled", scroll=True)
                 await expect(page.locator("#task-detail button.danger")).to_be_visible()
-                await page.set_viewport_size(DESKTOP)  # type: ignore[arg-type]
+                await page.set_viewport_size(DESKTOP)
                 await shot(page, "task-detail-1280")
             # the ingress is gone: the page says so, and the task goes on without it
             await seen(page.locator("#conn[data-state='reconnecting']"), "reconnecting", timeout=20)

@@ -8,7 +8,7 @@ import uuid
 
 import psycopg
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, ViewportSize, expect
 
 from shared.threads import DEFAULT_THREAD_ID
 from tests.pg import DB
@@ -32,7 +32,7 @@ def _ask(admin_dsn: str, n: int) -> uuid.UUID:
                            " RETURNING id", [f"toolu_{uuid.uuid4().hex}", DEFAULT_THREAD_ID,
                                              json.dumps([_question(i) for i in range(1, n + 1)])]).fetchone()
     assert row is not None
-    return row[0]
+    return row[0]  # type: ignore[no-any-return]  # the id column: the driver's Any
 
 
 # the element itself is what the user sees at its centre: inside the viewport and covered by nothing
@@ -53,7 +53,7 @@ async def _reachable(page: Page, selector: str) -> None:
 
 
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390x844", "1280x800"])
-async def test_a_docked_question_keeps_its_buttons_and_the_composer_on_screen(db: DB, viewport: dict[str, int]) -> None:
+async def test_a_docked_question_keeps_its_buttons_and_the_composer_on_screen(db: DB, viewport: ViewportSize) -> None:
     async with ingress_server(db.ingress_dsn) as url, browser() as b:
         for n in (1, 2, 4):
             ask = _ask(db.admin_dsn, n)

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, Route, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal
@@ -23,6 +23,9 @@ from tests.proxy import FreezableProxy
 from tests.web.test_web_client import DESKTOP, browser, page_at, shot
 from tests.served import free_port, ingress_server
 from tests.web.seen import seen
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -309,7 +312,7 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             # a message shows at once, before the server has answered
             release = asyncio.Event()
 
-            async def slow(route):  # type: ignore[no-untyped-def]
+            async def slow(route: Route) -> None:
                 await release.wait()
                 await route.continue_()
 
@@ -330,7 +333,7 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             await expect(bubble).to_have_count(1)
             await page.fill("#composer-text", "")
             # an answer that gets no confirmation says so and offers Retry; the retry lands
-            hung: list[object] = []
+            hung: list[Route] = []
             await page.route("**/api/asks/*/answer", lambda route: hung.append(route))
             card = page.locator(f"#pinned-asks .ask[data-ask-id='{qid}']")
             await card.locator(".bar .toggle").click()
@@ -339,7 +342,7 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             await expect(card.locator(".status")).to_have_text("Sending your answer…", timeout=1_000)
             await expect(card.locator(".status")).to_contain_text("No confirmation yet", timeout=15_000)
             await shot(page, "ask-unconfirmed-390")
-            await hung[0].abort()  # type: ignore[attr-defined]
+            await hung[0].abort()
             await expect(card.locator(".error")).to_contain_text("Not sent")
             await page.unroute("**/api/asks/*/answer")
             await card.locator("button.retry").click()

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 import psycopg
 import pytest
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Browser, Page, ViewportSize, expect
 
 from shared import journal
 from shared.models import NewEvent
@@ -42,11 +42,11 @@ def _insert_ask(admin_dsn: str, questions: list[dict[str, object]], asked_by: st
                            " VALUES (%s, %s, %s, %s) RETURNING id",
                            [f"toolu_{uuid.uuid4().hex}", DEFAULT_THREAD_ID, json.dumps(questions), asked_by]).fetchone()
     assert row is not None
-    return row[0]
+    return row[0]  # type: ignore[no-any-return]  # the id column: the driver's Any
 
 
 @asynccontextmanager
-async def watched(b: Browser, url: str, viewport: dict[str, int]) -> AsyncIterator[Page]:
+async def watched(b: Browser, url: str, viewport: ViewportSize) -> AsyncIterator[Page]:
     """page_at, and no console error (a failed request included) on the way."""
     async with page_at(b, url, viewport) as page:
         errors: list[str] = []
@@ -83,7 +83,7 @@ async def _half_the_screen(page: Page) -> None:
 
 @SIZES
 async def test_a_four_question_ask_docks_as_a_bar_that_opens_in_place_and_the_answer_is_in_asks_history(
-    db: DB, viewport: dict[str, int]
+    db: DB, viewport: ViewportSize
 ) -> None:
     size = viewport["width"]
     async with ingress_server(db.ingress_dsn) as url, browser() as b:
@@ -132,7 +132,7 @@ async def test_a_four_question_ask_docks_as_a_bar_that_opens_in_place_and_the_an
 
 @SIZES
 async def test_an_approval_shows_its_brief_inline_with_approve_and_reject_only(
-    db: DB, viewport: dict[str, int]
+    db: DB, viewport: ViewportSize
 ) -> None:
     brief = "Count the files in the repository\n" + "\n".join(f"- step {i}: look at part {i} closely"
                                                               for i in range(12))
@@ -171,7 +171,7 @@ async def test_an_approval_shows_its_brief_inline_with_approve_and_reject_only(
 
 @SIZES
 async def test_a_harness_report_is_a_compact_note_and_an_answer_shows_in_chat_and_the_toolbar_is_touch_sized(
-    db: DB, viewport: dict[str, int]
+    db: DB, viewport: ViewportSize
 ) -> None:
     worker = uuid.uuid4()
     report = f"[harness] Worker {worker} finished. Its handoff:\ngoal: count\nstate: there are 3 files"

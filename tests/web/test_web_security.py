@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Dialog, Page, Route, async_playwright, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
@@ -21,6 +21,9 @@ from tests.pg import DB
 from tests.scenarios import extractor
 from tests.web.test_web_client import chromium
 from tests.served import ingress_server
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+# (RETURNING, an aggregate, a row the test made)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,7 +57,7 @@ async def _context(b: Browser, *, bypass_csp: bool) -> tuple[Any, Page, list[str
     dialogs: list[str] = []
     errors: list[str] = []
 
-    async def dismiss(d: Any) -> None:
+    async def dismiss(d: Dialog) -> None:
         dialogs.append(d.message)
         await d.dismiss()
 
@@ -169,7 +172,7 @@ async def test_a_page_from_another_origin_or_a_rebound_name_cannot_use_the_api(d
         seen: list[tuple[str, int]] = []
         page.on("response", lambda r: seen.append((r.url, r.status)) if "/api/" in r.url else None)
 
-        async def attacker_page(route: Any) -> None:
+        async def attacker_page(route: Route) -> None:
             await route.fulfill(status=200, content_type="text/html", body="<!doctype html><title>cats</title>")
 
         # 1. a page on another origin writes to the API across origins
