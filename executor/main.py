@@ -15,7 +15,7 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
 from executor import harness as harness_mcp
-from executor.gates import rules as gate_rules
+from executor import gates
 from executor.journal.writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal.writer import JournalWriter
 from executor.notify import notifier as notify
@@ -119,7 +119,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             loops.start(group, "threads", conversations.run(thread_sub)),
             loops.start(group, "projects", repos.run(project_sub)),
             loops.start(group, "notifier", notifier.run(notify_sub)),
-            loops.start(group, "gate-rules", gate_rules.run_rule_queue(db.pool, writer, rule_sub)),
+            loops.start(group, "gate-rules", gates.run_rule_queue(db.pool, writer, rule_sub)),
         ]
         stack.push_async_callback(_cancel, *side)
         settling = loops.start(group, "settler", settler.run(settle_sub))

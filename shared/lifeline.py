@@ -1,5 +1,5 @@
-"""Children that die with their parent (a parent-death signal set between fork and exec), and a process
-whose memory and environment its children cannot read (Linux prctl)."""
+"""Children that die with their parent (a parent-death signal set between fork and exec), a process whose
+memory and environment its children cannot read (Linux prctl), and the environment a child may inherit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,21 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+# The services' own settings and database credentials never reach a child (a worker's CLI, git and the hooks
+# of the repository it runs): a child holding the executor's DSN (or a push/ntfy secret) could write the store
+# directly and go around every boundary. ANTHROPIC_LOG=debug makes the CLI write HTTP logs to stdout.
+SCRUBBED_ENV_PREFIXES = ("PETAL_", "PG")
+SCRUBBED_ENV_NAMES = ("DATABASE_URL", "OPEN_MODE", "ANTHROPIC_LOG")
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without what no child may inherit; case-blind, as the settings read `petal_executor_dsn` as
+    readily as `PETAL_EXECUTOR_DSN`."""
+    return {k: v for k, v in environ.items()
+            if k.upper() not in SCRUBBED_ENV_NAMES and not k.upper().startswith(SCRUBBED_ENV_PREFIXES)}
+
 
 # prctl(2) option: the signal the kernel sends a process when the thread that started it dies
 PR_SET_PDEATHSIG = 1

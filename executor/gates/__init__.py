@@ -35,13 +35,15 @@ from executor.gates.tables import (
     SECRETS,
 )
 from executor.gates.verdict import Finding, Verdict
-from executor.gates.rules import CARD_PREFIX  # last: the standing-rules queue sits on the journal, not on the above
+from executor.gates.rules import CARD_PREFIX, run_rule_queue  # last: the standing-rules queue sits on the journal, not on the above
 
 __all__ = [
     # a call's verdict
     "classify", "classify_command", "Verdict", "Finding",
     # what happens to it
     "Mode", "Decision", "decide", "deny_message", "rule_covers", "summary", "permission_result", "CARD_PREFIX",
+    # standing rules asked for from the page: the executor's loop over their queue
+    "run_rule_queue",
     # the categories (a verdict's label names its category as people read it), most severe first
     "ALLOWED", "CATEGORIES", "PRIVILEGE", "SECRETS", "DESTRUCTIVE", "GIT_BEYOND_BRANCH",
     "CROSS_SERVICE", "NETWORK_CONFIG", "DEPENDENCY", "OUTSIDE_TREE", "OPAQUE",

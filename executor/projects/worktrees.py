@@ -19,7 +19,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
-from shared import errors, logs
+from shared import errors, lifeline, logs
 from shared.query import Queries, Transaction
 
 log = logs.get(__name__)
@@ -62,9 +62,7 @@ def repo_lock(repo: Path) -> asyncio.Lock:
 def _env() -> dict[str, str]:
     """The environment git (and the repository's hooks) run with: never the harness's own settings or
     database credentials."""
-    env = {k: v for k, v in os.environ.items()
-           if not (k.startswith(("PETAL_", "PG")) or k in ("DATABASE_URL", "OPEN_MODE"))}
-    return {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    return {**lifeline.child_env(os.environ), "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 
 async def git(repo: Path, *args: str, check: bool = True) -> Result:

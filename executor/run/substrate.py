@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 import orjson
 
 from executor import gates
-from shared import journal
+from shared import journal, lifeline
 
 # Environment that keeps the CLI from calling home; the executor's own environment passes through.
 QUIET_ENV = {
@@ -27,12 +27,6 @@ QUIET_ENV = {
     "DISABLE_TELEMETRY": "1",
     "DISABLE_AUTOUPDATER": "1",
 }
-# ANTHROPIC_LOG=debug makes the CLI write HTTP logs to stdout, some starting with "{".
-SCRUBBED_ENV = ("ANTHROPIC_LOG",)
-# The harness's own settings and database credentials never reach a child: a worker's Bash holding the
-# executor's DSN (or a push/ntfy secret) could write the store directly and go around every boundary.
-SCRUBBED_ENV_PREFIXES = ("PETAL_", "PG")
-SCRUBBED_ENV_NAMES = ("DATABASE_URL",)
 # Set on every child so the supervisor can find a task's processes, orphans included, by environment.
 TASK_ENV_VAR = "PETAL_TASK_ID"
 ROLE_MARKER = "[petal-role: {role}]"
@@ -151,10 +145,7 @@ def deny_rules(config: SubstrateConfig) -> list[str]:
 
 
 def build_env(config: SubstrateConfig, task_id: str) -> dict[str, str]:
-    # case-blind: the settings read petal_executor_dsn as readily as PETAL_EXECUTOR_DSN
-    env = {k: v for k, v in config.base_env.items()
-           if k.upper() not in SCRUBBED_ENV and k.upper() not in SCRUBBED_ENV_NAMES
-           and not k.upper().startswith(SCRUBBED_ENV_PREFIXES)}
+    env = lifeline.child_env(config.base_env)  # never the services' settings or database credentials
     env.update(QUIET_ENV)
     env[TASK_ENV_VAR] = task_id
     if config.config_dir is not None:
@@ -335,11 +326,6 @@ class TurnFacts:
         "system": _system, "assistant": _assistant, "user": _user, "rate_limit_event": _rate_limit_event,
         "result": _result,
     }
-
-    @property
-    def result_text(self) -> str:
-        text = self.result.get("result") if self.result else None
-        return text if isinstance(text, str) else self.last_text
 
     @property
     def permission_denials(self) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 from executor.journal.writer import JournalWriter
 from executor.run import fleet, process, substrate
 from executor.run.reconcile import reconcile
-from executor.run.task_run import USER_STOP, RunConfig, Running, TaskRunner
+from executor.run.task_run import EXECUTOR_SHUTDOWN, USER_STOP, RunConfig, Running, TaskRunner
 from executor.run.task_store import ClaimedTask, TaskStore
 from executor.run.watchdog import Limits, Watchdog
 from executor.sandbox.bwrap import SandboxPolicy
@@ -161,7 +161,7 @@ class Supervisor:
                 except TimeoutError:
                     self._stops_due = True  # the poll: whatever a lost notification would have said
         finally:
-            await self._stop_children("executor_shutdown")
+            await self._stop_children(EXECUTOR_SHUTDOWN)
             if self.runner.isolation is not None:
                 self.runner.isolation.close()
             leasing.cancel()

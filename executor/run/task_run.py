@@ -31,7 +31,8 @@ log = logs.get(__name__)
 
 # Stops the harness sends for its own reasons are not the user's cancellation: the executor's shutdown
 # (a deploy) cut the run off like a crash, and the runtime cap is a failure; the policy retries both.
-HARNESS_STOPS = {"executor_shutdown": "crashed", "max_runtime": "failed"}
+EXECUTOR_SHUTDOWN = "executor_shutdown"  # the reason the executor gives the runs its own stop cuts off
+HARNESS_STOPS = {EXECUTOR_SHUTDOWN: "crashed", "max_runtime": "failed"}
 USER_STOP = "stop_requested"
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from executor.run.task_run import EXECUTOR_SHUTDOWN
 from executor.settle import approvals, changes, extraction, settlement
 from executor.sql import queries
 from shared import consume, database, journal, logs
@@ -40,7 +41,7 @@ from shared.work import Work
 
 log = logs.get(__name__)
 
-SHUTDOWN = "executor_shutdown"  # the reason the supervisor gives a run its own stop cut off
+SHUTDOWN = EXECUTOR_SHUTDOWN  # a run the executor's own stop cut off
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ log = logs.get(__name__)
 POLL_S = 1.0
 # most messages one turn carries; the rest wait for the next boundary
 MAX_MESSAGES_PER_TURN = 50
-REPLIED_IN_CHAT = "the user replied in the chat instead of choosing an option"
 ARCHIVED = "thread archived"  # the response of a question its thread's archiving closed
 
 
