@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -15,11 +18,101 @@ TIERS = ("unit", "store", "e2e", "web", "fault")
 HERE = Path(__file__).resolve().parent
 
 
+# Tests that must not share the machine with other tests: `.ci/run` runs them after the parallel pass, alone
+# (marked `serial`). Each says why; a test belongs here when its outcome depends on the cores being its own.
+SERIAL = {
+    # a 1.5 s stall threshold: a CLI slow to start on busy cores is silent that long, a second stall
+    "tests/e2e/test_supervisor.py::test_a_silent_worker_is_marked_stalled_and_resumed_when_output_returns":
+        "stall threshold of 1.5 s",
+    "tests/fault/test_resilience.py::test_a_task_waiting_on_a_question_longer_than_the_stall_threshold_is_not_stalled":
+        "stall threshold of 1.5 s",
+    # answers timed to 50 ms either side of the ask's timeout: both outcomes must happen
+    "tests/fault/test_resilience.py::test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_once":
+        "races a timeout to the 50 ms",
+    # benchmark-like: 50 000 lines through the journal and the SSE buffer while one reader lags; whether the reader
+    # is cut off (what the test proves) depends on the writer outpacing it, on cores of its own
+    "tests/fault/test_resilience.py::test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_no_line":
+        "throughput: the writer must outpace a slow reader",
+    # the ingress restarted on the port it had: between the two binds another worker's connection may take it
+    "tests/fault/test_resilience.py::test_the_ingress_restarted_under_50_sse_clients_they_all_resume_with_exactly_the_journal":
+        "binds one port twice; 50 clients",
+    "tests/web/test_web_client.py::test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_up_with_nothing_missing":
+        "binds one port twice; a 2 s stall threshold",
+    # a refused second `up` must answer within 5 s: a start-up (imports) on busy cores takes longer
+    "tests/fault/test_restarts.py::test_a_second_up_or_executor_on_a_data_directory_in_use_is_refused_naming_the_holder":
+        "refusal timed within 5 s",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    names = {item.nodeid.split("[", 1)[0] for item in items}
+    files = {name.split("::", 1)[0] for name in names}
+    if stale := [name for name in SERIAL if name.split("::", 1)[0] in files and name not in names]:
+        raise pytest.UsageError(f"tests/conftest.py SERIAL names tests that do not exist: {stale}")
     for item in items:
+        if item.nodeid.split("[", 1)[0] in SERIAL:
+            item.add_marker(pytest.mark.serial)
         parts = Path(item.path).resolve().relative_to(HERE).parts
         if len(parts) > 1 and parts[0] in TIERS:
             item.add_marker(parts[0])
+        # the tests of a module on a server of its own (`own`, module-scoped) stay on one xdist worker: one
+        # server per module, as without xdist, and no two of them restarting it under each other
+        if "own" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(f"own:{item.nodeid.split('::', 1)[0]}"))
+
+
+def _tier(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else "other"
+
+
+class TierClock:
+    """Each tier's wall time in this run: from the start of its first test's setup to the end of its last test's
+    teardown (under xdist the controller sees every worker's reports, so tiers that overlap are each timed whole).
+    Printed in the summary, and with `--tier-times FILE` appended to FILE as one JSON line (`.ci/run` adds up its
+    passes; an option, not a variable, so that the pytest runs some tests start do not write there too)."""
+
+    def __init__(self, out: str | None) -> None:
+        self.out = out
+        self.spans: dict[str, list[float]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.start:
+            return
+        span = self.spans.setdefault(_tier(report.nodeid), [report.start, report.stop])
+        span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.spans:
+            terminalreporter.write_line("tier wall time: " + ", ".join(
+                f"{tier} {stop - start:.1f} s" for tier, (start, stop) in sorted(self.spans.items())))
+
+    def pytest_sessionfinish(self) -> None:
+        if self.out and self.spans:
+            with open(self.out, "a") as f:
+                f.write(json.dumps({tier: stop - start for tier, (start, stop) in self.spans.items()}) + "\n")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--tier-times", metavar="FILE", help="append each tier's wall time to FILE (a JSON line)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), not an xdist worker
+        config.pluginmanager.register(TierClock(config.getoption("tier_times")), "petal-tier-clock")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Under xdist each worker starts a container of its own; without Docker each would stop its own run, and the
+    # controller would see crashed workers, not the reason. Asked once here instead (nothing is started).
+    image = os.environ.get("PETAL_TEST_PG_IMAGE")
+    if image and not os.environ.get("PETAL_TEST_DSN") and session.config.getoption("numprocesses", None) \
+            and not hasattr(session.config, "workerinput"):
+        try:
+            Cluster.container_class(image)
+        except PgUnavailable as exc:
+            pytest.exit(str(exc), returncode=PG_UNAVAILABLE_EXIT)
 
 
 # pytest's exit code when the PostgreSQL asked for (PETAL_TEST_PG_IMAGE) cannot be had

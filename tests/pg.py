@@ -69,6 +69,20 @@ class Cluster:
         Raises:
             PgUnavailable: testcontainers is not installed, or no Docker engine answers.
         """
+        container_class = cls.container_class(image)
+        # trust: the executor and ingress roles log in without passwords, as on the embedded test servers
+        container = container_class(image, driver=None).with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
+        container.start()
+        return cls(container.get_connection_url(), container=container)
+
+    @staticmethod
+    def container_class(image: str) -> Any:
+        """testcontainers' PostgresContainer, once a Docker engine has answered (nothing is started: the xdist
+        controller asks this before its workers each start a container of their own).
+
+        Raises:
+            PgUnavailable: testcontainers is not installed, or no Docker engine answers.
+        """
         try:
             import docker
             with warnings.catch_warnings():
@@ -88,10 +102,7 @@ class Cluster:
                 f"(DOCKER_HOST={os.environ.get('DOCKER_HOST', 'unset')}: {type(exc).__name__}). Start Docker, or unset "
                 "PETAL_TEST_PG_IMAGE to use the embedded server (or PETAL_TEST_DSN for a server of your own)"
             ) from None
-        # trust: the executor and ingress roles log in without passwords, as on the embedded test servers
-        container = PostgresContainer(image, driver=None).with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
-        container.start()
-        return cls(container.get_connection_url(), container=container)
+        return PostgresContainer
 
     def close(self) -> None:
         if self._container is not None:

@@ -66,8 +66,15 @@ async def _dispatch_until_running(db: DB, tmp: Path, log: Path) -> uuid.UUID:
 def _task_processes(task_id: object) -> list[psutil.Process]:
     from executor.run import process
 
-    return [p for p in process.find_by_env(substrate.TASK_ENV_VAR, str(task_id))
-            if p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in process.find_by_env(substrate.TASK_ENV_VAR, str(task_id)) if _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    """Not a zombie; a process that exited since it was listed is not alive either."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_new_one_sweeps_any_survivor(

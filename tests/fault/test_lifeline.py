@@ -70,7 +70,7 @@ def test_a_live_parent_leaves_its_child_running(tmp_path: Path) -> None:
         assert parent.stdout is not None
         child = psutil.Process(int(parent.stdout.readline()))
         _wait_for_exec(child.pid)
-        time.sleep(1)
+        time.sleep(1)  # a window in which the child must not die (above, a dead parent's child dies within it)
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
         child.kill()
     finally:
