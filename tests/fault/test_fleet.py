@@ -276,7 +276,8 @@ async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the
             def holder() -> str | None:
                 return fleet.one(  # type: ignore[no-any-return]  # a column: the driver's Any
                     "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-                    " WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE 'petal-duty:notifier:%%'")
+                    " WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
+                    " AND a.application_name LIKE 'petal-duty:notifier:%%'")
 
             first_holder = await fleet.until(holder, "a notifier holds the duty")
             await stalled(tasks[0])
