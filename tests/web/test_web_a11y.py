@@ -59,10 +59,18 @@ async def tab_walk(page: Page) -> list[str | None]:
     controls = await page.evaluate(CONTROLS)
     await page.evaluate("document.activeElement && document.activeElement.blur()")
     walk: list[str | None] = []
+    first: str | None = None
     for _ in range(2 * len(controls) + 10):
         await page.keyboard.press("Tab")
         walk.append(await page.evaluate(FOCUSED))
-        if len(walk) > 1 and walk[-1] == walk[0]:
+        # past the last control the focus leaves the page (None) before it comes round: where the walk
+        # starts depends on where the browser's navigation point was, so the round ends at the first control
+        # seen again, not at the first "nowhere"
+        if walk[-1] is None:
+            continue
+        if first is None:
+            first = walk[-1]
+        elif walk[-1] == first:
             break
     return walk
 

@@ -19,6 +19,7 @@ from playwright.async_api import Browser, Page, ViewportSize, async_playwright, 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.pg import DB
+from tests.wait import until
 from tests.served import free_port, ingress_server
 from tests.web.seen import seen
 
@@ -213,12 +214,23 @@ async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_
                 loose = "[...document.querySelector('#task-detail').childNodes].filter((n) => n.nodeType === 3)"
                 assert "null" not in await page.evaluate(f"{loose}.map((n) => n.textContent).join('')")
                 await page.click("a[data-tab='activity']")
-                shown = [int(s.split()[0].lstrip("#")) for s in await page.locator("#feed .seq").all_inner_texts()]
+                shown: list[int] = []
+                in_db: list[int] = []
+
+                async def caught_up() -> bool:
+                    # the feed renders as it reads: it is compared once it holds as many lines as the journal
+                    lines = await page.locator("#feed .seq").all_inner_texts()
+                    shown[:] = [int(line.split()[0].lstrip("#")) for line in lines]
+                    if not shown:
+                        return False
+                    with psycopg.connect(db.admin_dsn) as conn:
+                        in_db[:] = [r[0] for r in conn.execute(
+                            "SELECT seq FROM journal WHERE seq >= %s AND event_type <> 'stream.stream_event' "
+                            "ORDER BY seq", [min(shown)]).fetchall()]
+                    return len(shown) >= len(in_db)
+
+                await until(caught_up, lambda: f"the activity feed to show the journal: {shown} of {in_db}", 30)
             await context.close()
-            with psycopg.connect(db.admin_dsn) as conn:
-                in_db = [r[0] for r in conn.execute(
-                    "SELECT seq FROM journal WHERE seq >= %s AND event_type <> 'stream.stream_event' ORDER BY seq",
-                    [min(shown)]).fetchall()]
     assert sorted(shown) == in_db  # every event since the page's first, once, none missing after the restart
 
 
