@@ -38,6 +38,10 @@ SERIAL = {
         "binds one port twice; 50 clients",
     "tests/web/test_web_client.py::test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_up_with_nothing_missing":
         "binds one port twice; a 2 s stall threshold",
+    # eight workers at once on two executors with a 3 s lease: on busy cores the first executor's renewal can
+    # fall behind its lease, and then its namesake (which must be refused) may rightly take the name over
+    "tests/fault/test_fleet.py::test_eight_workers_spread_over_two_executors_within_capacity_labels_placed_and_a_namesake_refused":
+        "eight workers against a 3 s lease",
     # a refused second `up` must answer within 5 s: a start-up (imports) on busy cores takes longer
     "tests/fault/test_restarts.py::test_a_second_up_or_executor_on_a_data_directory_in_use_is_refused_naming_the_holder":
         "refusal timed within 5 s",
