@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -88,7 +88,7 @@ class BoundaryConfig:
     # bound to 0.0.0.0 / ::, reached by any of the machine's addresses: an IP literal cannot be rebound
     any_ip_port: int | None = None
     # what the proxy sends as X-Petal-Proxy-Secret (utf-8); None: the peer's address alone decides
-    proxy_secret: bytes | None = None
+    proxy_secret: bytes | None = field(default=None, repr=False)  # a secret: never in a log line
 
     @classmethod
     def build(cls, bind_host: str, bind_port: int, allowed_hosts: str, trusted_proxies: str,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,10 +17,33 @@ from ingress.main import serve
 from petal_dispatch import config
 
 
+# Ports for the services a test starts come from below the kernel's ephemeral range (32768 and up), where
+# outgoing connections take theirs: a port the kernel hands out as free can be taken by a connection before
+# the service binds it. Each xdist worker has a slice of its own; within it, ports are handed out in turn.
+PORTS_FROM, PORTS_PER_WORKER, WORKER_SLICES = 20_000, 2_000, 6
+_handed: list[int] = []
+
+
+def _slice_start() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    n = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else WORKER_SLICES - 1
+    return PORTS_FROM + (n % WORKER_SLICES) * PORTS_PER_WORKER
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on, not handed out before in this process."""
+    start = _slice_start()
+    offset = _handed[-1] - start + 1 if _handed else random.randrange(PORTS_PER_WORKER)
+    for i in range(PORTS_PER_WORKER):
+        port = start + (offset + i) % PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # another process of the machine has it
+        _handed.append(port)
+        return port
+    raise RuntimeError(f"no free port in {start}..{start + PORTS_PER_WORKER - 1}")
 
 
 @asynccontextmanager

@@ -70,7 +70,8 @@ class SubstrateConfig:
     claude_bin: str = "claude"
     # One config directory for every run: `--resume` needs the same one across turns.
     config_dir: Path | None = None
-    base_env: Mapping[str, str] = field(default_factory=dict)
+    # the CLI's environment (an API key among it): never in a log line
+    base_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     # The CLI's own knobs; by default a dead API holds a turn silently for over ten minutes.
     max_retries: int | None = None
     api_timeout_ms: int | None = None

@@ -28,3 +28,12 @@ def test_git_and_the_cli_inherit_the_same_scrubbed_environment(monkeypatch: pyte
     for env in (git, cli):
         assert not set(SECRETS) & set(env), sorted(set(SECRETS) & set(env))
         assert {k: env[k] for k in KEPT} == KEPT
+
+
+def test_the_configs_holding_secrets_keep_them_out_of_their_reprs() -> None:
+    from ingress.boundary import BoundaryConfig
+
+    secret = "sk-ant-not-for-logs"
+    substrate_config = substrate.SubstrateConfig(base_env={"ANTHROPIC_API_KEY": secret})
+    boundary = BoundaryConfig(hosts=frozenset(), trusted_proxies=(), proxy_secret=secret.encode())
+    assert secret not in repr(substrate_config) and secret not in repr(boundary)
