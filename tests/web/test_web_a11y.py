@@ -36,6 +36,10 @@ async def axe_violations(page: Page) -> list[dict[str, Any]]:
             for v in result["violations"] if v["impact"] in ("serious", "critical")]
 
 
+# A control as a person names it (the same words CONTROLS gives each key): a view that re-renders while the walk
+# goes (the context view follows the store) replaces the marked elements with equal, unmarked ones.
+LABEL = """(el) => `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''} `
+  + `"${(el.getAttribute('aria-label') || el.innerText || el.value || '').trim().slice(0, 40)}"`"""
 # Every control the user can see, each marked with a key (data-kb); a radio group is one control (Tab
 # reaches the group, the arrow keys move within it). A control is a control whatever its tabindex: one
 # taken out of the tab order must fail the walk, not leave the list.
@@ -46,12 +50,12 @@ CONTROLS = """() => {
   for (const [i, el] of [...document.querySelectorAll(sel)].entries()) {
     if (el.disabled || el.closest('[inert]') || !el.checkVisibility({visibilityProperty: true})) continue;
     el.dataset.kb = el.type === 'radio' ? `radio:${el.name}` : String(i);
-    seen[el.dataset.kb] = `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''} `
-                        + `"${(el.getAttribute('aria-label') || el.innerText || el.value || '').trim().slice(0, 40)}"`;
+    seen[el.dataset.kb] = (LABEL)(el);
   }
   return seen;
-}"""
-FOCUSED = "(() => { const a = document.activeElement; return a && a !== document.body ? (a.dataset.kb || a.tagName) : null; })()"
+}""".replace("(LABEL)", f"({LABEL})")
+FOCUSED = f"""(() => {{ const a = document.activeElement; if (!a || a === document.body) return null;
+  return a.dataset.kb || a.type === 'radio' && `radio:${{a.name}}` || ({LABEL})(a); }})()"""
 
 
 async def tab_walk(page: Page) -> list[str | None]:
@@ -78,7 +82,8 @@ async def tab_walk(page: Page) -> list[str | None]:
 async def check_reached_by_tab(page: Page, where: str) -> None:
     controls = await page.evaluate(CONTROLS)
     walk = await tab_walk(page)
-    missed = {k: label for k, label in controls.items() if k not in walk}
+    # reached: the marked element itself, or (re-rendered meanwhile) one with its name
+    missed = {k: label for k, label in controls.items() if k not in walk and label not in walk}
     assert controls and missed == {}, f"{where}: not reached by Tab: {missed} (the walk: {walk})"
 
 
