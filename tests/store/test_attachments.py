@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import uuid
 
 import httpx
 import psycopg
@@ -123,3 +124,34 @@ async def test_an_executable_an_svg_an_11_mib_file_and_a_json_body_are_refused_a
     assert as_json.status_code == 415 and empty.status_code == 422
     assert all(r.headers["content-type"] == "application/problem+json" for r in (exe, svg, over, fake, as_json))
     assert _count(db.admin_dsn) == 0
+
+
+def _chat_rows(dsn: str) -> list[tuple[str, list[object]]]:
+    with psycopg.connect(dsn) as conn:
+        return [(r[0], list(r[1])) for r in conn.execute("SELECT text, attachment_ids FROM chat_queue ORDER BY created_at")]
+
+
+def _links(dsn: str) -> dict[str, object]:
+    with psycopg.connect(dsn) as conn:
+        return {str(r[0]): r[1] for r in conn.execute("SELECT id, chat_message_id FROM attachments")}
+
+
+async def test_a_message_and_its_attachments_are_queued_together_or_not_at_all(db: DB) -> None:
+    seven_mib = b"x" * (7 * 1024 * 1024)
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+        ids = [(await http.post("/api/attachments", files={"file": (f"f{i}.txt", seven_mib, "text/plain")})).json()["id"]
+               for i in range(3)]
+        unknown = await http.post("/api/chat", json={"text": "look", "attachment_ids": [ids[0], str(uuid.uuid4())]})
+        too_big = await http.post("/api/chat", json={"text": "look", "attachment_ids": ids})
+        twice = await http.post("/api/chat", json={"text": "look", "attachment_ids": [ids[0], ids[0]]})
+        assert _chat_rows(db.admin_dsn) == [] and set(_links(db.admin_dsn).values()) == {None}
+        sent = await http.post("/api/chat", json={"text": "look", "attachment_ids": ids[:2], "client_msg_id": "m1"})
+        retry = await http.post("/api/chat", json={"text": "look", "attachment_ids": ids[:2], "client_msg_id": "m1"})
+        reused = await http.post("/api/chat", json={"text": "again", "attachment_ids": [ids[1]]})
+    assert unknown.status_code == 422 and too_big.status_code == 413 and twice.status_code == 422, too_big.text
+    assert sent.status_code == 202 and sent.json()["attachment_ids"] == ids[:2], sent.text
+    assert retry.status_code == 202 and retry.json()["duplicate"] and retry.json()["id"] == sent.json()["id"]
+    assert reused.status_code == 409
+    assert _chat_rows(db.admin_dsn) == [("look", [uuid.UUID(i) for i in ids[:2]])]
+    links = _links(db.admin_dsn)
+    assert [links[i] for i in ids] == [uuid.UUID(sent.json()["id"])] * 2 + [None]
