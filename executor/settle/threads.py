@@ -201,7 +201,9 @@ class Threads:
             tx.emit(*[NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
                                {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
                                session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages])
+            # the files sent with these messages, in order: delivered with them in this commit
+            attachments = tuple(a for m in messages for a in (m["attachment_ids"] or ()))
             await dispatch.request_task(tx, dispatch.TaskRequest(
                 dispatch.TURN_ROLE, brief, id=turn_id, project_id=project["id"] if project else None,
-                session_id=thread_id, record={"messages": len(messages)}))
+                session_id=thread_id, record={"messages": len(messages)}, attachment_ids=attachments))
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))

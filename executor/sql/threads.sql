@@ -64,7 +64,7 @@ FROM (SELECT id FROM chat_queue
       ORDER BY created_at
       FOR UPDATE SKIP LOCKED LIMIT %(limit)s) picked
 WHERE c.id = picked.id
-RETURNING c.id, c.text, c.origin, c.created_at
+RETURNING c.id, c.text, c.origin, c.created_at, c.attachment_ids
 
 -- name: fail_pending_chat --
 UPDATE chat_queue SET status = 'failed', error = %(error)s, done_at = now()
