@@ -58,9 +58,11 @@ SELECT true AS holds WHERE EXISTS (SELECT 1 FROM thread_control_queue WHERE thre
 -- name: take_pending_chat --
 -- origin NULL takes every message (a turn boundary); 'user' only the user's own (a reply in chat that
 -- answers a pending question: a harness report must never answer for the user, it waits for the boundary).
+-- A reply carries text only: a message with attachments waits for the boundary, where a turn takes its files.
 UPDATE chat_queue c SET status = 'delivered', claimed_at = now(), done_at = now()
 FROM (SELECT id FROM chat_queue
-      WHERE thread_id = %(thread_id)s AND status = 'pending' AND (%(origin)s::text IS NULL OR origin = %(origin)s)
+      WHERE thread_id = %(thread_id)s AND status = 'pending'
+        AND (%(origin)s::text IS NULL OR (origin = %(origin)s AND cardinality(attachment_ids) = 0))
       ORDER BY created_at
       FOR UPDATE SKIP LOCKED LIMIT %(limit)s) picked
 WHERE c.id = picked.id

@@ -108,3 +108,30 @@ async def test_a_pdf_reaches_the_model_as_a_document_block(db: DB, tmp_path: Pat
     documents = [b for b in _first_turn_request(model, "summarise the invoice").user_blocks
                  if b.get("type") == "document"]
     assert len(documents) == 1 and base64.b64decode(documents[0]["source"]["data"]) == PDF
+
+
+async def test_a_message_with_an_attachment_is_not_taken_as_a_reply_to_a_question_but_waits_for_the_next_turn(
+    db: DB, tmp_path: Path
+) -> None:
+    question = {"question": "Which way?", "header": "Way", "multiSelect": False,
+                "options": [{"label": "Left", "description": ""}, {"label": "Right", "description": ""}]}
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
+        {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [question]}}},
+        {"text": "ok"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, ask_timeout_s=4) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            await http.post("/api/chat", json={"text": "start"})
+            deadline = time.monotonic() + 60
+            while not (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            image = (await http.post("/api/attachments", files={"file": ("map.png", _png(), "image/png")})).json()
+            await http.post("/api/chat", json={"text": "this way", "attachment_ids": [image["id"]]})
+            turns = await _turns(h, 2)
+    # the question timed out unanswered: the reply in chat would have dropped the file
+    assert [str(i) for i in turns[1]["attachment_ids"]] == [image["id"]] and turns[1]["brief"] == "this way"
+    with psycopg.connect(db.admin_dsn) as conn:
+        assert conn.execute("SELECT answered_via FROM questions").fetchall() != [("chat",)]
+    blocks = _first_turn_request(model, "this way").user_blocks
+    assert sum(1 for b in blocks if b.get("type") == "image") == 1
