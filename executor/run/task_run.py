@@ -172,8 +172,10 @@ class TaskRunner:
                 self.credentials.grant(task_id, session_id) if profile.use_mcp else aio.resolved(None),
                 self.store.open_session(session_id, project_id=task.project_id, role=task.role,
                                         executor=self.lease.name))
-            # the files sent with a turn's messages go with its brief as content blocks
-            content = (tuple(user_input.content_blocks(task.brief, await self.store.attachments(task.attachment_ids)))
+            # the files sent with a turn's messages go with its brief as content blocks (up to 20 MiB to
+            # base64-encode: off the event loop, which reads every running task's output)
+            content = (tuple(await asyncio.to_thread(user_input.content_blocks, task.brief,
+                                                     await self.store.attachments(task.attachment_ids)))
                        if task.attachment_ids else ())
             spec = substrate.SpawnSpec(
                 role=task.role,
