@@ -199,7 +199,8 @@ class Threads:
             if context:
                 brief = f"{brief}\n\n{context}"
             tx.emit(*[NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
-                               {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
+                               {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"],
+                                **({"attachments": m["attachments"]} if m["attachments"] else {})},
                                session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages])
             # the files sent with these messages, in order: delivered with them in this commit
             attachments = tuple(a for m in messages for a in (m["attachment_ids"] or ()))

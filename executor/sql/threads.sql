@@ -66,7 +66,12 @@ FROM (SELECT id FROM chat_queue
       ORDER BY created_at
       FOR UPDATE SKIP LOCKED LIMIT %(limit)s) picked
 WHERE c.id = picked.id
-RETURNING c.id, c.text, c.origin, c.created_at, c.attachment_ids
+RETURNING c.id, c.text, c.origin, c.created_at, c.attachment_ids,
+          -- what the journal keeps of each file (the bytes may be purged later; the hash and name stay)
+          (SELECT coalesce(jsonb_agg(jsonb_build_object('id', a.id, 'name', a.name, 'media_type', a.media_type,
+                                                        'size', a.size_bytes, 'sha256', encode(a.sha256, 'hex'))
+                                     ORDER BY array_position(c.attachment_ids, a.id)), '[]'::jsonb)
+           FROM attachments a WHERE a.id = ANY(c.attachment_ids)) AS attachments
 
 -- name: fail_pending_chat --
 UPDATE chat_queue SET status = 'failed', error = %(error)s, done_at = now()

@@ -70,10 +70,17 @@ async def test_an_image_and_a_text_file_reach_the_model_as_an_image_block_and_in
             (turn,) = await _turns(h, 1)
             assert (await http.post("/api/chat", json={"text": "and without a file?"})).status_code == 202
             turns = await _turns(h, 2)
-            argv = {e.task_id: e.payload["argv"] for e in await h.events() if e.event_type == "task.spawned"}
+            events = await h.events()
+            argv = {e.task_id: e.payload["argv"] for e in events if e.event_type == "task.spawned"}
+            echoes = [e.payload for e in events if e.event_type == "task.user_message"]
     assert [t["status"] for t in turns] == ["success", "success"]
     assert [str(i) for i in turn["attachment_ids"]] == [image["id"], text["id"]]
     assert "--input-format" in argv[turn["id"]] and "--input-format" not in argv[turns[1]["id"]]
+    # the journal keeps what was sent: each file's name, type, size and hash (the bytes may be purged)
+    assert [(a["id"], a["name"], a["media_type"], a["sha256"]) for a in echoes[0]["attachments"]] == [
+        (image["id"], "screen.png", "image/png", image["sha256"]), (text["id"], "server.log", "text/plain",
+                                                                    text["sha256"])]
+    assert "attachments" not in echoes[1]
 
     blocks = _first_turn_request(model, "what is wrong here?").user_blocks
     images = [b for b in blocks if b.get("type") == "image"]
