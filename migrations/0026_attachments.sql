@@ -28,3 +28,10 @@ GRANT UPDATE (chat_message_id) ON attachments TO petal_ingress;
 GRANT INSERT (attachment_ids) ON chat_queue TO petal_ingress;
 -- executor: reads them to feed a turn
 GRANT SELECT ON attachments TO petal_executor;
+
+-- retention: `petal-dispatch attachments purge` deletes the bytes of archived threads' attachments (and of
+-- uploads never sent); the journal keeps each file's name and hash (task.user_message, attachments.purged)
+GRANT DELETE ON attachments TO petal_executor;
+INSERT INTO event_types (name, tier, description) VALUES
+    ('attachments.purged', 'raw', 'attachments of archived threads (or never sent) were deleted; their names and hashes')
+ON CONFLICT (name) DO NOTHING;

@@ -208,3 +208,16 @@ class Threads:
                 dispatch.TURN_ROLE, brief, id=turn_id, project_id=project["id"] if project else None,
                 session_id=thread_id, record={"messages": len(messages)}, attachment_ids=attachments))
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))
+
+
+async def purge_attachments(pool: AsyncConnectionPool, older_than_s: float) -> list[dict[str, Any]]:
+    """Delete the bytes of archived threads' attachments (and of uploads never sent) older than
+    `older_than_s`, journaling what went (`attachments.purged`: each file's id, name, type, size, sha256) in
+    the same commit; returns that list."""
+    async with work(Queries(pool, queries)) as tx:
+        gone = await tx.all("delete_purgeable_attachments", {"older_than_s": older_than_s})
+        if gone:
+            tx.emit(NewEvent("attachments.purged", {"older_than_s": older_than_s, "attachments": [
+                {**g, "id": str(g["id"]), "chat_message_id": str(g["chat_message_id"]) if g["chat_message_id"] else None}
+                for g in gone]}))
+    return gone

@@ -127,3 +127,13 @@ FROM (SELECT q2.id, s.id AS thread_id, t.id AS task_id, coalesce(t.status = 'run
       FOR UPDATE OF q2 SKIP LOCKED) closed
 WHERE q.id = closed.id AND q.status = 'pending'
 RETURNING q.id, q.tool_use_id, closed.thread_id, closed.task_id, closed.asker_running
+
+-- name: delete_purgeable_attachments --
+-- Retention: the files of messages in archived threads, and uploads never sent with a message, older than
+-- the cut-off. What is deleted is returned for the journal's record.
+DELETE FROM attachments a
+WHERE a.created_at < now() - make_interval(secs => %(older_than_s)s::float8)
+  AND (a.chat_message_id IS NULL
+       OR EXISTS (SELECT 1 FROM chat_queue c JOIN sessions s ON s.id = c.thread_id
+                  WHERE c.id = a.chat_message_id AND s.lifecycle = 'archived'))
+RETURNING a.id, a.name, a.media_type, a.size_bytes, encode(a.sha256, 'hex') AS sha256, a.chat_message_id

@@ -11,6 +11,7 @@ import uuid
 import httpx
 import psycopg
 from PIL import Image
+from psycopg_pool import AsyncConnectionPool
 
 from tests.pg import DB
 from tests.served import ingress_server
@@ -155,3 +156,40 @@ async def test_a_message_and_its_attachments_are_queued_together_or_not_at_all(d
     assert _chat_rows(db.admin_dsn) == [("look", [uuid.UUID(i) for i in ids[:2]])]
     links = _links(db.admin_dsn)
     assert [links[i] for i in ids] == [uuid.UUID(sent.json()["id"])] * 2 + [None]
+
+
+def _attachment(conn: psycopg.Connection, name: str, age: str, message: uuid.UUID | None) -> uuid.UUID:
+    data = name.encode()
+    row = conn.execute(
+        "INSERT INTO attachments (sha256, size_bytes, media_type, name, data, created_at, chat_message_id)"
+        " VALUES (%s, %s, 'text/plain', %s, %s, now() - %s::interval, %s) RETURNING id",
+        [hashlib.sha256(data).digest(), len(data), name, data, age, message]).fetchone()
+    assert row is not None
+    return uuid.UUID(str(row[0]))
+
+
+async def test_a_purge_deletes_old_files_of_archived_threads_and_unsent_uploads_and_journals_their_hashes(
+    db: DB, pool: AsyncConnectionPool
+) -> None:
+    from executor.settle import threads
+
+    archived, live = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        for thread, lifecycle in ((archived, "archived"), (live, "idle")):
+            conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'orchestrator', %s)", [thread, lifecycle])
+        old_msg, live_msg = (conn.execute("INSERT INTO chat_queue (thread_id, text, status) VALUES (%s, 'm', 'delivered')"
+                                          " RETURNING id", [t]).fetchone()[0] for t in (archived, live))  # type: ignore[index]
+        gone = {_attachment(conn, "old-archived.log", "40 days", old_msg),
+                _attachment(conn, "never-sent.log", "40 days", None)}
+        kept = {_attachment(conn, "new-archived.log", "2 days", old_msg),  # younger than the cut-off
+                _attachment(conn, "old-live.log", "40 days", live_msg)}  # its thread is not archived
+    purged = await threads.purge_attachments(pool, 30 * 86400)
+    again = await threads.purge_attachments(pool, 30 * 86400)
+    with psycopg.connect(db.admin_dsn) as conn:
+        left = {r[0] for r in conn.execute("SELECT id FROM attachments")}
+        records = conn.execute("SELECT payload FROM journal WHERE event_type = 'attachments.purged'").fetchall()
+    assert {p["id"] for p in purged} == gone and left == kept and again == []
+    (record,) = records
+    assert {(a["name"], a["sha256"]) for a in record[0]["attachments"]} == {
+        ("old-archived.log", hashlib.sha256(b"old-archived.log").hexdigest()),
+        ("never-sent.log", hashlib.sha256(b"never-sent.log").hexdigest())}

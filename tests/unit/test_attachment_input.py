@@ -77,3 +77,13 @@ def test_a_spawn_with_content_reads_stream_json_and_one_without_reads_its_prompt
     line = substrate.stdin_input(rich)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert orjson.loads(line)["message"] == {"role": "user", "content": [{"type": "text", "text": "hello"}]}
+
+
+def test_a_purge_age_takes_a_number_and_a_unit() -> None:
+    from petal_dispatch.commands.retention import parse_age
+    from shared import errors
+
+    assert parse_age("30d") == 30 * 86400 and parse_age("12h") == 43200 and parse_age("1.5m") == 90
+    for bad in ("30", "d", "-1d", "30 days"):
+        with pytest.raises(errors.ConfigError):
+            parse_age(bad)
