@@ -15,8 +15,11 @@ from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPa
 from ingress.problems import Problem
 from shared import threads
 from shared.models import ACTIVE_STATUSES
+from shared.query import Transaction
 
 _FINAL_ASK = {"answered", "cancelled"}
+# what one message may carry in attachments, together (each is at most ATTACHMENT_MAX_BYTES)
+MESSAGE_ATTACHMENTS_MAX_BYTES = 20 * 1024 * 1024
 
 
 async def _known_thread(request: Request, thread_id: uuid.UUID) -> None:
@@ -29,16 +32,38 @@ async def post_chat(request: Request) -> Response:
     thread_id = msg.thread_id or threads.DEFAULT_THREAD_ID
     if thread_id != threads.DEFAULT_THREAD_ID:  # the default thread is made on its first message
         await _known_thread(request, thread_id)
-    params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id, "sent_by": who(request)}
-    q = ingress_queries(request)
-    row = await q.one("enqueue_chat", params)
-    if row is None:  # the same client_msg_id was queued before: this is a retry
-        row = await q.one("get_chat_by_client_msg_id", params)
-        assert row is not None
-        if row["text"] != msg.text or row["thread_id"] != params["thread_id"]:
-            raise Problem(409, "client_msg_id was already used for a different message")
-        return respond({**row, "duplicate": True}, 202)
+    params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id, "sent_by": who(request),
+              "attachment_ids": msg.attachment_ids}
+    # the message and its attachments are one unit: queued and tied together in one transaction, or neither
+    async with ingress_queries(request).transaction() as tx:
+        row = await tx.one("enqueue_chat", params)
+        if row is None:  # the same client_msg_id was queued before: this is a retry
+            row = await tx.one("get_chat_by_client_msg_id", params)
+            assert row is not None
+            if (row["text"] != msg.text or row["thread_id"] != params["thread_id"]
+                    or list(row["attachment_ids"]) != msg.attachment_ids):
+                raise Problem(409, "client_msg_id was already used for a different message")
+            return respond({**row, "duplicate": True}, 202)
+        if msg.attachment_ids:
+            await _attach(tx, row["id"], msg.attachment_ids, who(request))
     return respond({**row, "duplicate": False}, 202)
+
+
+async def _attach(tx: Transaction, message_id: uuid.UUID, ids: list[uuid.UUID], sender: str) -> None:
+    """Tie the uploaded files to the message being queued; a Problem rolls the message back with them."""
+    found = {r["id"]: r for r in await tx.all("lock_attachments", {"ids": ids})}
+    # another user's upload is as unknown as a made-up id
+    unknown = [str(i) for i in ids if i not in found or found[i]["sent_by"] != sender]
+    if unknown:
+        raise Problem(422, f"no attachment {', '.join(unknown)} (upload it first: POST /api/attachments)")
+    taken = [str(i) for i in ids if found[i]["chat_message_id"] is not None]
+    if taken:
+        raise Problem(409, f"attachment {', '.join(taken)} was already sent with another message")
+    total = sum(int(found[i]["size_bytes"]) for i in ids)
+    if total > MESSAGE_ATTACHMENTS_MAX_BYTES:
+        raise Problem(413, f"the attachments of one message are at most {MESSAGE_ATTACHMENTS_MAX_BYTES} bytes "
+                           f"together ({total} given)")
+    await tx.execute("mark_attachments_sent", {"message_id": message_id, "ids": ids})
 
 
 async def stop_task(request: Request) -> Response:

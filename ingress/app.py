@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ingress import actions, gate_rules, notify, problems, reads, stream
+from ingress import actions, attachments, gate_rules, notify, problems, reads, stream
 from ingress import projects as project_routes
 from ingress.auth import (
     COOKIE,
@@ -109,6 +109,13 @@ _TASK_Q = Param("task_id", "query", UUID)
 OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF012 - the route table, read once
     (Op("post", "/api/chat", "queue a chat message for a thread", ChatIn, status=202, errors=(400, 409, 413, 415, 422)),
      actions.post_chat),
+    (Op("post", "/api/attachments", "upload a file to send with a chat message (multipart/form-data, field "
+        "`file`): PNG, JPEG, WebP, GIF, PDF or UTF-8 text, at most 10 MiB; the type is read from the bytes, images "
+        "lose their metadata", upload=True, status=201, errors=(400, 413, 415, 422)), attachments.upload),
+    (Op("get", "/api/attachments/{attachment_id}", "an attachment's bytes (a download; raster images inline)",
+        params=(Param("attachment_id", "path", UUID),), errors=(404,),
+        responses={"200": {"description": "the file", "content": {"application/octet-stream": {
+            "schema": {"type": "string", "format": "binary"}}}}}), attachments.download),
     (Op("post", "/api/tasks/{task_id}/stop", "ask the executor to stop a task", StopIn, True, (_TASK,), 202,
         (404, 409, 415, 422)), actions.stop_task),
     (Op("post", "/api/threads", "create a thread (the id is issued here)", ThreadIn, True, status=202,

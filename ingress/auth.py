@@ -34,7 +34,14 @@ FAILURE_WINDOW_S = 60.0
 # Wrong tokens per peer address, whatever client its X-Forwarded-For names: loopback is the default trusted
 # proxy, so any local process could name a new client for each guess. Above any real proxy's honest traffic.
 PEER_FAILURES_PER_WINDOW = 60
-_LIMITER_CLIENTS = 10_000  # memory bound: the least recently failing clients are forgotten first
+_LIMITER_CLIENTS = 10_000
+# The one route that takes a file instead of JSON (multipart/form-data): an attachment of at most
+# ATTACHMENT_MAX_BYTES, its body capped a little above that for the multipart framing (the route checks the
+# file's own size exactly). Cross-site forms are still refused by the boundary's Origin check, and the token
+# mode's cookie is SameSite=Strict.
+UPLOAD_PATH = "/api/attachments"
+ATTACHMENT_MAX_BYTES = 10 * 1024 * 1024
+UPLOAD_BODY_BYTES = ATTACHMENT_MAX_BYTES + 64 * 1024  # memory bound: the least recently failing clients are forgotten first
 
 
 @dataclass(frozen=True)
@@ -186,19 +193,22 @@ class GuardMiddleware:
                 return
             scope.setdefault("state", {})["user"] = reason
         method = scope["method"]
+        upload = method == "POST" and path == UPLOAD_PATH
+        limit = UPLOAD_BODY_BYTES if upload else self.config.max_body_bytes
         if method in _STATE_CHANGING and path != "/login":
             length = int(headers.get(b"content-length", b"0") or 0)
             has_body = length > 0 or b"transfer-encoding" in headers
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if (has_body or method in ("POST", "PUT", "PATCH")) and ctype != b"application/json":
-                await problem(415, "state-changing requests take a JSON body (Content-Type: application/json)")(
-                    scope, receive, send)
+            wanted, what = ((b"multipart/form-data", "an attachment is uploaded as a file") if upload
+                            else (b"application/json", "state-changing requests take a JSON body"))
+            if (has_body or method in ("POST", "PUT", "PATCH")) and ctype != wanted:
+                await problem(415, f"{what} (Content-Type: {wanted.decode()})")(scope, receive, send)
                 return
         length = int(headers.get(b"content-length", b"0") or 0)
-        if length > self.config.max_body_bytes:
-            await problem(413, f"body larger than {self.config.max_body_bytes} bytes")(scope, receive, send)
+        if length > limit:
+            await problem(413, f"body larger than {limit} bytes")(scope, receive, send)
             return
-        await self.app(scope, _limited(receive, self.config.max_body_bytes), send)
+        await self.app(scope, _limited(receive, limit), send)
 
 
 def _limited(receive: Receive, limit: int) -> Receive:

@@ -18,6 +18,15 @@ class ChatIn(_Body):
     text: str = Field(min_length=1, max_length=100_000)
     thread_id: uuid.UUID | None = None
     client_msg_id: str | None = Field(default=None, min_length=1, max_length=200)
+    # files uploaded first (POST /api/attachments), in the order the model sees them
+    attachment_ids: list[uuid.UUID] = Field(default_factory=list, max_length=20)
+
+    @field_validator("attachment_ids")
+    @classmethod
+    def _distinct(cls, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+        if len(set(ids)) != len(ids):
+            raise ValueError("an attachment is listed twice")
+        return ids
 
     @field_validator("text")
     @classmethod

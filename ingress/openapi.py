@@ -31,6 +31,7 @@ class Op:
     params: tuple[Param, ...] = ()
     status: int = 200
     errors: tuple[int, ...] = ()
+    upload: bool = False  # the body is a file: multipart/form-data with the field `file`
     responses: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,6 +63,10 @@ def document(ops: list[Op], *, version: str) -> dict[str, Any]:
             schemas[op.body.__name__] = schema
             entry["requestBody"] = {"required": not op.body_optional, "content": {"application/json": {
                 "schema": {"$ref": f"#/components/schemas/{op.body.__name__}"}}}}
+        if op.upload:
+            entry["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": {
+                "type": "object", "required": ["file"],
+                "properties": {"file": {"type": "string", "format": "binary"}}}}}}
         paths.setdefault(op.path, {})[op.method] = entry
     return {
         "openapi": "3.1.0",

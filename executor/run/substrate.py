@@ -19,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 import orjson
 
 from executor import gates
+from executor.run import user_input
 from shared import journal, lifeline
 
 # Environment that keeps the CLI from calling home; the executor's own environment passes through.
@@ -91,6 +92,8 @@ class SpawnSpec:
     mcp_config: Path | None = None
     json_schema: dict[str, Any] | None = None
     extra_args: tuple[str, ...] = ()
+    # the user message as content blocks (a turn with attachments): fed as stream-json input, not as text
+    content: tuple[dict[str, Any], ...] = ()
 
 
 def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
@@ -123,9 +126,18 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
         # use mean the same in its default draft, and our own gate validates as 2020-12.
         cli_schema = {k: v for k, v in spec.json_schema.items() if k != "$schema"}
         cmd += ["--json-schema", json.dumps(cli_schema)]
+    if spec.content:
+        # images and documents travel only inside a user message of the stream-json input
+        cmd += ["--input-format", "stream-json"]
     # The prompt is not on the command line (another process of the user reads /proc/<pid>/cmdline): `-p` with
     # no prompt argument reads it from stdin, which the runner writes and closes.
     return cmd
+
+
+def stdin_input(spec: SpawnSpec) -> bytes:
+    """What the runner writes on the CLI's stdin before closing it: the prompt as text, or, for a message
+    with content blocks, that message as one stream-json line."""
+    return user_input.stream_json_line(spec.content) if spec.content else spec.prompt.encode()
 
 
 def permission_args(deny: list[str] | None = None) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 from executor.journal.writer import Fenced, JournalWriter
 from executor.projects import service as projects
 from executor.projects import worktrees
-from executor.run import lineage, process, substrate
+from executor.run import lineage, process, substrate, user_input
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
 from executor.run.isolation import Isolation
@@ -172,9 +172,15 @@ class TaskRunner:
                 self.credentials.grant(task_id, session_id) if profile.use_mcp else aio.resolved(None),
                 self.store.open_session(session_id, project_id=task.project_id, role=task.role,
                                         executor=self.lease.name))
+            # the files sent with a turn's messages go with its brief as content blocks (up to 20 MiB to
+            # base64-encode: off the event loop, which reads every running task's output)
+            content = (tuple(await asyncio.to_thread(user_input.content_blocks, task.brief,
+                                                     await self.store.attachments(task.attachment_ids)))
+                       if task.attachment_ids else ())
             spec = substrate.SpawnSpec(
                 role=task.role,
                 prompt=task.brief,
+                content=content,
                 session_uuid=str(session_id),
                 resume=resume,
                 allowed_tools=tuple(task.allowed_tools if task.allowed_tools is not None
@@ -220,7 +226,7 @@ class TaskRunner:
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway,
                     workdir=workdir)
         self.runs[task_id] = r
-        feeding = asyncio.create_task(self._feed_prompt(proc, spec.prompt))
+        feeding = asyncio.create_task(self._feed_prompt(proc, substrate.stdin_input(spec)))
         self.children.add(feeding)
         feeding.add_done_callback(self.children.discard)
         # the process runs from here on, database or not: the row learns its pid now or once it is back
@@ -239,11 +245,11 @@ class TaskRunner:
         child.add_done_callback(self.children.discard)
 
     @staticmethod
-    async def _feed_prompt(proc: asyncio.subprocess.Process, prompt: str) -> None:
+    async def _feed_prompt(proc: asyncio.subprocess.Process, prompt: bytes) -> None:
         """The brief on the process's stdin, then end of input (`claude -p` reads its prompt from there)."""
         assert proc.stdin is not None
         try:
-            proc.stdin.write(prompt.encode())
+            proc.stdin.write(prompt)
             await proc.stdin.drain()
             proc.stdin.close()
             await proc.stdin.wait_closed()

@@ -6,12 +6,14 @@ its fields name."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from executor.run.user_input import Attachment
 from executor.sql import queries
 from shared.query import FromRow, Queries
 from shared.sql import queries as shared_queries
@@ -32,6 +34,7 @@ class ClaimedTask(FromRow):
     allowed_tools: list[str] | None
     attempt: int
     json_schema: dict[str, Any] | None
+    attachment_ids: list[uuid.UUID]  # files fed to the CLI with the brief (a turn's messages carried them)
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,10 @@ class TaskStore:
     async def role_profile(self, role: str) -> RoleProfile:
         found = await self.q.one("get_role_profile", {"role": role}, into=RoleProfile)
         return found or RoleProfile(role=role, system_prompt="", allowed_tools=[], use_mcp=False)
+
+    async def attachments(self, ids: Sequence[uuid.UUID]) -> list[Attachment]:
+        """The files a task is fed with its brief (a turn's messages carried them), in their order."""
+        return await self.q.all("list_task_attachments", {"ids": list(ids)}, into=Attachment)
 
     async def open_session(self, session_id: uuid.UUID, *, project_id: uuid.UUID | None, role: str,
                            executor: str) -> None:

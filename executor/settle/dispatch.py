@@ -70,6 +70,8 @@ class TaskRequest:
     tool_use_id: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict)
     id: uuid.UUID = field(default_factory=uuid.uuid4)
+    # files the user sent with the messages the brief carries: the run feeds them to the CLI with it
+    attachment_ids: tuple[uuid.UUID, ...] = ()
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TaskRequest:
@@ -80,7 +82,8 @@ class TaskRequest:
             workdir=Path(row["workdir"]) if row["workdir"] else None,
             allowed_tools=tuple(row["allowed_tools"]) if row["allowed_tools"] is not None else None,
             json_schema=row["json_schema"], executor=row["placement_executor"],
-            labels=tuple(row["required_labels"] or ()), attempt=row["attempt"])
+            labels=tuple(row["required_labels"] or ()), attempt=row["attempt"],
+            attachment_ids=tuple(row["attachment_ids"] or ()))
 
     def dispatch_record(self) -> NewEvent:
         """Its `task.dispatch_requested` record."""
@@ -90,6 +93,8 @@ class TaskRequest:
             "parent_task_id": str(self.parent_task_id) if self.parent_task_id else None}
         if self.tool_use_id:
             facts["tool_use_id"] = self.tool_use_id
+        if self.attachment_ids:
+            facts["attachment_ids"] = [str(i) for i in self.attachment_ids]
         if self.retry_of is not None:
             facts.update(retry_of=str(self.retry_of), attempt=self.attempt, delay_s=self.delay_s)
         return NewEvent("task.dispatch_requested", {**facts, **self.record}, task_id=self.id,
@@ -121,7 +126,8 @@ async def request_task(work: Work, request: TaskRequest) -> uuid.UUID:
         "allowed_tools": list(request.allowed_tools) if request.allowed_tools is not None else None,
         "json_schema": Jsonb(dict(request.json_schema)) if request.json_schema is not None else None,
         "executor": request.executor, "labels": list(request.labels), "attempt": request.attempt,
-        "retry_of": request.retry_of, "delay_s": request.delay_s if request.retry_of is not None else None})
+        "retry_of": request.retry_of, "delay_s": request.delay_s if request.retry_of is not None else None,
+        "attachment_ids": list(request.attachment_ids)})
     if inserted is None:
         raise AlreadyRepeated(f"task {request.retry_of} is already run again")
     work.emit(request.dispatch_record())

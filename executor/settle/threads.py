@@ -199,9 +199,25 @@ class Threads:
             if context:
                 brief = f"{brief}\n\n{context}"
             tx.emit(*[NewEvent("task.user_message" if m["origin"] == "user" else "thread.harness_message",
-                               {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"]},
+                               {"text": m["text"], "thread_id": str(thread_id), "origin": m["origin"],
+                                **({"attachments": m["attachments"]} if m["attachments"] else {})},
                                session_id=thread_id, task_id=turn_id, message_id=m["id"]) for m in messages])
+            # the files sent with these messages, in order: delivered with them in this commit
+            attachments = tuple(a for m in messages for a in (m["attachment_ids"] or ()))
             await dispatch.request_task(tx, dispatch.TaskRequest(
                 dispatch.TURN_ROLE, brief, id=turn_id, project_id=project["id"] if project else None,
-                session_id=thread_id, record={"messages": len(messages)}))
+                session_id=thread_id, record={"messages": len(messages)}, attachment_ids=attachments))
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))
+
+
+async def purge_attachments(pool: AsyncConnectionPool, older_than_s: float) -> list[dict[str, Any]]:
+    """Delete the bytes of archived threads' attachments (and of uploads never sent) older than
+    `older_than_s`, journaling what went (`attachments.purged`: each file's id, name, type, size, sha256) in
+    the same commit; returns that list."""
+    async with work(Queries(pool, queries)) as tx:
+        gone = await tx.all("delete_purgeable_attachments", {"older_than_s": older_than_s})
+        if gone:
+            tx.emit(NewEvent("attachments.purged", {"older_than_s": older_than_s, "attachments": [
+                {**g, "id": str(g["id"]), "chat_message_id": str(g["chat_message_id"]) if g["chat_message_id"] else None}
+                for g in gone]}))
+    return gone

@@ -57,18 +57,19 @@ SELECT event_id FROM journal WHERE task_id = %(id)s AND event_type = 'task.exite
 -- run (a named executor and/or labels it must carry). The next attempt of a task (retry_of) is not claimed
 -- before its not_before, and is inserted only while no other run repeats that task (nothing is returned then).
 INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
-                   json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels)
+                   json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels,
+                   attachment_ids)
 SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
        %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
        'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
-       %(executor)s::text, %(labels)s::text[]
+       %(executor)s::text, %(labels)s::text[], %(attachment_ids)s::uuid[]
 WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
 RETURNING id
 
 -- name: get_task_request --
 -- What a task was asked to do, where and under which limits: its next attempt asks the same.
 SELECT role, brief, project_id, session_id, parent_task_id, plan_ref, workdir, allowed_tools, json_schema,
-       placement_executor, required_labels, attempt
+       placement_executor, required_labels, attempt, attachment_ids
 FROM tasks WHERE id = %(id)s
 
 -- name: get_project_workdir --
@@ -99,7 +100,7 @@ FROM (
 ) picked
 WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
-          t.allowed_tools, t.attempt, t.json_schema
+          t.allowed_tools, t.attempt, t.json_schema, t.attachment_ids
 
 -- name: get_role_profile --
 SELECT role, system_prompt, allowed_tools, use_mcp FROM role_profiles WHERE role = %(role)s
@@ -176,7 +177,7 @@ SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND timed_out_at
 -- name: list_orphaned_running_tasks --
 -- This executor's own (an earlier run of its name; unnamed rows predate the fleet): others' are theirs.
 SELECT id, pid, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, attempt,
-       json_schema
+       json_schema, attachment_ids
 FROM tasks WHERE status = 'running' AND (executor_name = %(name)s OR executor_name IS NULL)
 
 -- name: crash_task --
@@ -224,3 +225,9 @@ VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s,
 -- name: get_project_sandbox_allow --
 -- The hosts a project's workers may reach through their sandbox's proxy, besides the operator's.
 SELECT sandbox_allow FROM projects WHERE id = %(project_id)s
+
+-- name: list_task_attachments --
+-- The files a task is fed with its brief, in the order the user sent them.
+SELECT id, name, media_type, data FROM attachments
+WHERE id = ANY(%(ids)s::uuid[])
+ORDER BY array_position(%(ids)s::uuid[], id)

@@ -58,13 +58,20 @@ SELECT true AS holds WHERE EXISTS (SELECT 1 FROM thread_control_queue WHERE thre
 -- name: take_pending_chat --
 -- origin NULL takes every message (a turn boundary); 'user' only the user's own (a reply in chat that
 -- answers a pending question: a harness report must never answer for the user, it waits for the boundary).
+-- A reply carries text only: a message with attachments waits for the boundary, where a turn takes its files.
 UPDATE chat_queue c SET status = 'delivered', claimed_at = now(), done_at = now()
 FROM (SELECT id FROM chat_queue
-      WHERE thread_id = %(thread_id)s AND status = 'pending' AND (%(origin)s::text IS NULL OR origin = %(origin)s)
+      WHERE thread_id = %(thread_id)s AND status = 'pending'
+        AND (%(origin)s::text IS NULL OR (origin = %(origin)s AND cardinality(attachment_ids) = 0))
       ORDER BY created_at
       FOR UPDATE SKIP LOCKED LIMIT %(limit)s) picked
 WHERE c.id = picked.id
-RETURNING c.id, c.text, c.origin, c.created_at
+RETURNING c.id, c.text, c.origin, c.created_at, c.attachment_ids,
+          -- what the journal keeps of each file (the bytes may be purged later; the hash and name stay)
+          (SELECT coalesce(jsonb_agg(jsonb_build_object('id', a.id, 'name', a.name, 'media_type', a.media_type,
+                                                        'size', a.size_bytes, 'sha256', encode(a.sha256, 'hex'))
+                                     ORDER BY array_position(c.attachment_ids, a.id)), '[]'::jsonb)
+           FROM attachments a WHERE a.id = ANY(c.attachment_ids)) AS attachments
 
 -- name: fail_pending_chat --
 UPDATE chat_queue SET status = 'failed', error = %(error)s, done_at = now()
@@ -120,3 +127,13 @@ FROM (SELECT q2.id, s.id AS thread_id, t.id AS task_id, coalesce(t.status = 'run
       FOR UPDATE OF q2 SKIP LOCKED) closed
 WHERE q.id = closed.id AND q.status = 'pending'
 RETURNING q.id, q.tool_use_id, closed.thread_id, closed.task_id, closed.asker_running
+
+-- name: delete_purgeable_attachments --
+-- Retention: the files of messages in archived threads, and uploads never sent with a message, older than
+-- the cut-off. What is deleted is returned for the journal's record.
+DELETE FROM attachments a
+WHERE a.created_at < now() - make_interval(secs => %(older_than_s)s::float8)
+  AND (a.chat_message_id IS NULL
+       OR EXISTS (SELECT 1 FROM chat_queue c JOIN sessions s ON s.id = c.thread_id
+                  WHERE c.id = a.chat_message_id AND s.lifecycle = 'archived'))
+RETURNING a.id, a.name, a.media_type, a.size_bytes, encode(a.sha256, 'hex') AS sha256, a.chat_message_id

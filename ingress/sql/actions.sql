@@ -1,11 +1,12 @@
 -- name: enqueue_chat --
-INSERT INTO chat_queue (thread_id, text, client_msg_id, sent_by)
-VALUES (%(thread_id)s, %(text)s, %(client_msg_id)s, %(sent_by)s)
+INSERT INTO chat_queue (thread_id, text, client_msg_id, sent_by, attachment_ids)
+VALUES (%(thread_id)s, %(text)s, %(client_msg_id)s, %(sent_by)s, %(attachment_ids)s::uuid[])
 ON CONFLICT (client_msg_id) DO NOTHING
-RETURNING id, thread_id, text, client_msg_id, status, created_at
+RETURNING id, thread_id, text, client_msg_id, status, created_at, attachment_ids
 
 -- name: get_chat_by_client_msg_id --
-SELECT id, thread_id, text, client_msg_id, status, created_at FROM chat_queue WHERE client_msg_id = %(client_msg_id)s
+SELECT id, thread_id, text, client_msg_id, status, created_at, attachment_ids
+FROM chat_queue WHERE client_msg_id = %(client_msg_id)s
 
 -- name: enqueue_stop --
 INSERT INTO stop_queue (task_id, reason) VALUES (%(task_id)s, %(reason)s)

@@ -110,6 +110,21 @@ class Request:
     role: str | None
     turn: int
 
+    @property
+    def user_blocks(self) -> list[dict[str, Any]]:
+        """The content blocks of the request's user messages, in order (a string content as one text block):
+        what reached the model — images, documents, text, tool results."""
+        blocks: list[dict[str, Any]] = []
+        for message in self.body.get("messages", []):
+            if message.get("role") != "user":
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                blocks.append({"type": "text", "text": content})
+            elif isinstance(content, list):
+                blocks.extend(b for b in content if isinstance(b, dict))
+        return blocks
+
 
 def _text_of(content: Any) -> str:
     if isinstance(content, str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 
@@ -142,3 +143,43 @@ def test_queue_inserts_notify_their_channel_with_the_row_id(db: DB) -> None:
             ).fetchone()[0]
         got = {n.channel: n.payload for n in listener.notifies(timeout=5, stop_after=3)}
     assert got == {channel: str(row_id) for channel, row_id in ids.items()}
+
+
+def test_ingress_may_store_attachments_and_tie_them_to_a_message_but_the_executor_only_reads_them(db: DB) -> None:
+    data = b"hello\n"
+    digest = hashlib.sha256(data).digest()
+    with psycopg.connect(db.ingress_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO attachments (sha256, size_bytes, media_type, name, data, sent_by)"
+            " VALUES (%s, %s, 'text/plain', 'log.txt', %s, 'open') RETURNING id",
+            [digest, len(data), data],
+        ).fetchone()
+        assert row is not None
+        attachment_id = row[0]
+        # the detected type is one of the accepted ones, whatever a client writes
+        with pytest.raises(pgerrors.CheckViolation):
+            conn.execute(
+                "INSERT INTO attachments (sha256, size_bytes, media_type, name, data)"
+                " VALUES (%s, %s, 'image/svg+xml', 'x.svg', %s)",
+                [digest, len(data), data],
+            )
+        message = conn.execute(
+            "INSERT INTO chat_queue (thread_id, text, attachment_ids) VALUES (%s, 'see', %s) RETURNING id",
+            [uuid.uuid4(), [attachment_id]],
+        ).fetchone()
+        assert message is not None
+        conn.execute("UPDATE attachments SET chat_message_id = %s WHERE id = %s", [message[0], attachment_id])
+        # the bytes are immutable for the ingress: only the message link may change
+        with pytest.raises(pgerrors.InsufficientPrivilege):
+            conn.execute("UPDATE attachments SET data = 'x' WHERE id = %s", [attachment_id])
+        with pytest.raises(pgerrors.InsufficientPrivilege):
+            conn.execute("DELETE FROM attachments")
+    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+        stored = conn.execute("SELECT data, chat_message_id FROM attachments WHERE id = %s", [attachment_id]).fetchone()
+        assert stored is not None and bytes(stored[0]) == data and stored[1] == message[0]
+        with pytest.raises(pgerrors.InsufficientPrivilege):
+            conn.execute(
+                "INSERT INTO attachments (sha256, size_bytes, media_type, name, data)"
+                " VALUES (%s, 1, 'text/plain', 'y', 'y')",
+                [digest],
+            )

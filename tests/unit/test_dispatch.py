@@ -31,7 +31,7 @@ async def test_a_worker_request_inserts_one_pending_row_and_emits_its_dispatch_r
         "id": asked.id, "project_id": PROJECT, "session_id": None, "parent_task_id": PARENT, "role": "worker",
         "brief": "count the files", "plan_ref": "T-1", "workdir": str(tmp_path), "allowed_tools": ["Read"],
         "json_schema": None, "executor": None, "labels": ["gpu"], "attempt": 1, "retry_of": None,
-        "delay_s": None}  # a first request waits for nothing: no not_before
+        "delay_s": None, "attachment_ids": []}  # a first request waits for nothing: no not_before
     (record,) = unit.events
     assert (record.event_type, record.task_id, record.project_id, record.session_id) == (
         "task.dispatch_requested", asked.id, PROJECT, None)
@@ -70,9 +70,11 @@ async def test_a_request_that_cannot_run_is_refused_before_anything_is_written(
     assert "insert_task" not in unit.names() and unit.events == []
 
 
+ATTACHMENT = uuid.uuid4()
 ROW = {"role": "worker", "brief": "first brief", "project_id": PROJECT, "session_id": uuid.uuid4(),
        "parent_task_id": PARENT, "plan_ref": "T-2", "workdir": "/gone/since", "allowed_tools": ["Bash"],
-       "json_schema": None, "placement_executor": "alpha", "required_labels": ["gpu"], "attempt": 2}
+       "json_schema": None, "placement_executor": "alpha", "required_labels": ["gpu"], "attempt": 2,
+       "attachment_ids": [ATTACHMENT]}
 
 
 async def test_a_retry_asks_what_the_task_was_asked_one_attempt_further_in_a_conversation_of_its_own() -> None:
@@ -82,10 +84,10 @@ async def test_a_retry_asks_what_the_task_was_asked_one_attempt_further_in_a_con
     await dispatch.request_task(unit, again)  # its vanished workdir is not checked again: the run says so
     params = unit.params("insert_task")
     assert {k: params[k] for k in ("brief", "session_id", "workdir", "allowed_tools", "executor", "labels",
-                                   "attempt", "retry_of", "delay_s", "parent_task_id")} == {
+                                   "attempt", "retry_of", "delay_s", "parent_task_id", "attachment_ids")} == {
         "brief": "with a hint", "session_id": None, "workdir": "/gone/since", "allowed_tools": ["Bash"],
         "executor": "alpha", "labels": ["gpu"], "attempt": 3, "retry_of": first, "delay_s": 4.0,
-        "parent_task_id": PARENT}
+        "parent_task_id": PARENT, "attachment_ids": [ATTACHMENT]}  # a run again carries the same files
     (record,) = unit.events
     assert {k: record.payload[k] for k in ("retry_of", "attempt", "delay_s", "requested_by")} == {
         "retry_of": str(first), "attempt": 3, "delay_s": 4.0, "requested_by": "policy"}

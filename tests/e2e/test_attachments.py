@@ -1,0 +1,144 @@
+"""Attachments into a turn: uploaded through the ingress, queued with their message, fed to the real CLI as
+content blocks of its stream-json input, and read by the scripted model (real PostgreSQL, the real CLI)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from PIL import Image
+
+from petal_dispatch.demo.scripted_model import Request, Rule, Scenario, ScriptedModelServer
+from tests.harness import Harness, running_executor
+from tests.pg import DB
+from tests.served import ingress_server
+
+# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
+
+
+async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]]:
+    """Wait until n orchestrator turns have ended; return them oldest first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = await h._conn()
+        cur = await conn.execute("SELECT id, brief, status, attachment_ids FROM tasks WHERE role = 'orchestrator' "
+                                 "ORDER BY created_at")
+        rows = [dict(zip(("id", "brief", "status", "attachment_ids"), r)) for r in await cur.fetchall()]
+        if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]):
+            return rows
+        assert time.monotonic() < deadline, rows
+        await asyncio.sleep(0.1)
+
+
+def _png() -> bytes:
+    img = Image.new("RGBA", (32, 24), (0, 128, 255, 255))
+    img.putpixel((1, 1), (255, 0, 0, 128))
+    exif = Image.Exif()
+    exif[0x010F] = "PhoneMaker"
+    out = io.BytesIO()
+    img.save(out, format="PNG", exif=exif)
+    return out.getvalue()
+
+
+def _first_turn_request(model: ScriptedModelServer, marker: str) -> Request:
+    """The model request of the turn whose user text carries `marker` (the CLI may make side requests)."""
+    found = [r for r in model.requests if r.role == "orchestrator"
+             and any(marker in b.get("text", "") for b in r.user_blocks if b.get("type") == "text")]
+    assert found, [r.user_blocks for r in model.requests]
+    return found[0]
+
+
+async def test_an_image_and_a_text_file_reach_the_model_as_an_image_block_and_inline_text(db: DB, tmp_path: Path) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "seen"}])])
+    log = b"2026-12-01 12:00:01 ERROR disk full on /var\n"
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            image = (await http.post("/api/attachments", files={"file": ("screen.png", _png(), "image/png")})).json()
+            text = (await http.post("/api/attachments", files={"file": ("server.log", log, "text/plain")})).json()
+            sent = await http.post("/api/chat", json={"text": "what is wrong here?",
+                                                      "attachment_ids": [image["id"], text["id"]]})
+            assert sent.status_code == 202, sent.text
+            # the negative control: a message without attachments goes as plain -p input, as before
+            (turn,) = await _turns(h, 1)
+            assert (await http.post("/api/chat", json={"text": "and without a file?"})).status_code == 202
+            turns = await _turns(h, 2)
+            events = await h.events()
+            argv = {e.task_id: e.payload["argv"] for e in events if e.event_type == "task.spawned"}
+            echoes = [e.payload for e in events if e.event_type == "task.user_message"]
+    assert [t["status"] for t in turns] == ["success", "success"]
+    assert [str(i) for i in turn["attachment_ids"]] == [image["id"], text["id"]]
+    assert "--input-format" in argv[turn["id"]] and "--input-format" not in argv[turns[1]["id"]]
+    # the journal keeps what was sent: each file's name, type, size and hash (the bytes may be purged)
+    assert [(a["id"], a["name"], a["media_type"], a["sha256"]) for a in echoes[0]["attachments"]] == [
+        (image["id"], "screen.png", "image/png", image["sha256"]), (text["id"], "server.log", "text/plain",
+                                                                    text["sha256"])]
+    assert "attachments" not in echoes[1]
+
+    blocks = _first_turn_request(model, "what is wrong here?").user_blocks
+    images = [b for b in blocks if b.get("type") == "image"]
+    assert len(images) == 1 and images[0]["source"]["media_type"] == "image/png"
+    decoded = base64.b64decode(images[0]["source"]["data"])
+    with psycopg.connect(db.admin_dsn) as conn:
+        stored = conn.execute("SELECT sha256 FROM attachments WHERE id = %s", [image["id"]]).fetchone()
+    assert stored is not None and hashlib.sha256(decoded).digest() == bytes(stored[0])
+    assert bytes(stored[0]).hex() == image["sha256"]
+    assert b"PhoneMaker" not in decoded  # the metadata-stripped image, same pixels
+    assert Image.open(io.BytesIO(decoded)).tobytes() == Image.open(io.BytesIO(_png())).tobytes()
+    text_blocks = "\n".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    assert '[attached file "server.log"]' in text_blocks and log.decode().strip() in text_blocks
+    later = _first_turn_request(model, "and without a file?").user_blocks
+    assert sum(1 for b in later if b.get("type") == "image") == 1  # only the first turn's, from the history
+
+
+PDF = (b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj 2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj "
+       b"3 0 obj<</Type/Page/MediaBox[0 0 200 200]/Parent 2 0 R>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n")
+
+
+async def test_a_pdf_reaches_the_model_as_a_document_block(db: DB, tmp_path: Path) -> None:
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "read it"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            pdf = (await http.post("/api/attachments", files={"file": ("invoice.pdf", PDF, "application/pdf")})).json()
+            assert pdf["media_type"] == "application/pdf"
+            await http.post("/api/chat", json={"text": "summarise the invoice", "attachment_ids": [pdf["id"]]})
+            (turn,) = await _turns(h, 1)
+    assert turn["status"] == "success"
+    documents = [b for b in _first_turn_request(model, "summarise the invoice").user_blocks
+                 if b.get("type") == "document"]
+    assert len(documents) == 1 and base64.b64decode(documents[0]["source"]["data"]) == PDF
+
+
+async def test_a_message_with_an_attachment_is_not_taken_as_a_reply_to_a_question_but_waits_for_the_next_turn(
+    db: DB, tmp_path: Path
+) -> None:
+    question = {"question": "Which way?", "header": "Way", "multiSelect": False,
+                "options": [{"label": "Left", "description": ""}, {"label": "Right", "description": ""}]}
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
+        {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [question]}}},
+        {"text": "ok"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, ask_timeout_s=4) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            await http.post("/api/chat", json={"text": "start"})
+            deadline = time.monotonic() + 60
+            while not (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            image = (await http.post("/api/attachments", files={"file": ("map.png", _png(), "image/png")})).json()
+            await http.post("/api/chat", json={"text": "this way", "attachment_ids": [image["id"]]})
+            turns = await _turns(h, 2)
+    # the question timed out unanswered: the reply in chat would have dropped the file
+    assert [str(i) for i in turns[1]["attachment_ids"]] == [image["id"]] and turns[1]["brief"] == "this way"
+    with psycopg.connect(db.admin_dsn) as conn:
+        assert conn.execute("SELECT answered_via FROM questions").fetchall() != [("chat",)]
+    blocks = _first_turn_request(model, "this way").user_blocks
+    assert sum(1 for b in blocks if b.get("type") == "image") == 1

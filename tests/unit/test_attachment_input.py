@@ -1,0 +1,89 @@
+"""What decides an attachment's type, its display name, and how a turn's files become content blocks."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import orjson
+import pytest
+
+from executor.run import substrate, user_input
+from executor.run.user_input import Attachment
+from ingress.attachments import clean_name, sniff
+from ingress.problems import Problem
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"\x89PNG\r\n\x1a\n" + bytes(16), "image/png"),
+    (b"%PDF-1.7\n", "application/pdf"),
+    ("naïve log line\n".encode(), "text/plain"),
+    (b"\xef\xbb\xbfwith a BOM\n", "text/plain"),
+    (b"<html><body>not svg</body></html>", "text/plain"),  # shown as text, served as a download
+    (b"", "text/plain"),
+])
+def test_accepted_types_are_read_from_the_bytes(data: bytes, expected: str) -> None:
+    assert sniff(data) == expected
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (b"\x7fELF\x02\x01\x01\x00" + bytes(64), "x-executable"),
+    (b"MZ\x90\x00" + bytes(64), "not accepted"),
+    (b"PK\x03\x04" + bytes(64), "zip"),
+    (b"<!-- drawn -->\n<svg xmlns='http://www.w3.org/2000/svg'/>", "SVG"),
+    (b"\xef\xbb\xbf  <SVG\nviewBox='0 0 1 1'></SVG>", "SVG"),
+    ("latin-1 caf\xe9\n".encode("latin-1"), "UTF-8"),
+    (b"text with a \x00 NUL", "binary"),
+])
+def test_anything_else_is_refused_415(data: bytes, why: str) -> None:
+    with pytest.raises(Problem) as refused:
+        sniff(data)
+    assert refused.value.status == 415 and why in refused.value.detail
+
+
+def test_a_display_name_loses_its_path_and_control_characters() -> None:
+    assert clean_name("C:\\Users\\me\\shot.png") == "shot.png"
+    assert clean_name("../../etc/passwd") == "passwd"
+    assert clean_name("a\x00b\r\nc.txt") == "abc.txt"
+    assert clean_name("") == clean_name(None) == "attachment"
+    assert len(clean_name("x" * 1000)) == 255
+
+
+def _attachment(name: str, media_type: str, data: bytes) -> Attachment:
+    return Attachment(id=uuid.uuid4(), name=name, media_type=media_type, data=data)
+
+
+def test_images_and_documents_come_first_and_text_files_inline_after_the_brief_cut_to_a_bound() -> None:
+    long_log = ("x" * (user_input.MAX_INLINE_TEXT_CHARS + 10)).encode()
+    blocks = user_input.content_blocks("what is this?", [
+        _attachment("a.png", "image/png", b"PNGDATA"), _attachment("a.log", "text/plain", long_log),
+        _attachment("b.pdf", "application/pdf", b"%PDF")])
+    assert [b["type"] for b in blocks] == ["image", "document", "text"]
+    assert base64.b64decode(blocks[0]["source"]["data"]) == b"PNGDATA" and blocks[1]["title"] == "b.pdf"
+    text = blocks[2]["text"]
+    assert text.startswith("what is this?") and '[attached file "a.log"]' in text
+    assert "cut: the file has" in text and len(text) < user_input.MAX_INLINE_TEXT_CHARS + 500
+
+
+def test_a_spawn_with_content_reads_stream_json_and_one_without_reads_its_prompt_as_before() -> None:
+    plain = substrate.SpawnSpec(role="orchestrator", prompt="hello", session_uuid=str(uuid.uuid4()))
+    rich = substrate.SpawnSpec(role="orchestrator", prompt="hello", session_uuid=plain.session_uuid,
+                               content=tuple(user_input.content_blocks("hello", [])))
+    config = substrate.SubstrateConfig(claude_bin="claude")
+    assert "--input-format" not in substrate.build_command(config, plain)
+    cmd = substrate.build_command(config, rich)
+    assert cmd[cmd.index("--input-format") + 1] == "stream-json"
+    assert substrate.stdin_input(plain) == b"hello"
+    line = substrate.stdin_input(rich)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert orjson.loads(line)["message"] == {"role": "user", "content": [{"type": "text", "text": "hello"}]}
+
+
+def test_a_purge_age_takes_a_number_and_a_unit() -> None:
+    from petal_dispatch.commands.retention import parse_age
+    from shared import errors
+
+    assert parse_age("30d") == 30 * 86400 and parse_age("12h") == 43200 and parse_age("1.5m") == 90
+    for bad in ("30", "d", "-1d", "30 days"):
+        with pytest.raises(errors.ConfigError):
+            parse_age(bad)
