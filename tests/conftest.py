@@ -46,6 +46,10 @@ SERIAL = {
     # falls behind its 50-frame buffer too, and is rightly cut off as well
     "tests/store/test_ingress.py::test_a_client_that_stops_reading_is_cut_off_without_delaying_others_and_resumes_exactly":
         "a reader that must keep up with a flood",
+    # reads where a 60-line turn stands while it lands, scrolling to follow it: on busy cores the end of the turn can
+    # overtake the scroll (seen failing only in the parallel pass; the page's follow under load is left open)
+    "tests/web/test_web_live.py::test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_each_and_follows_only_a_reader_at_the_bottom":
+        "a follow timed against a turn that is still landing",
     # a refused second `up` must answer within 5 s: a start-up (imports) on busy cores takes longer
     "tests/fault/test_restarts.py::test_a_second_up_or_executor_on_a_data_directory_in_use_is_refused_naming_the_holder":
         "refusal timed within 5 s",
