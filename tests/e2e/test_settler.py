@@ -26,6 +26,7 @@ from tests.pg import DB
 from tests.resilience import settled
 from tests.fault.test_executor_process import _executor_env, _spawn_executor
 from tests.wait import until
+from tests.scenarios import one_worker
 from tests.served import ingress_server
 
 SETTLEMENT_MIGRATION = 13  # migrations/0013_settlement.sql
@@ -53,14 +54,7 @@ def _thread_with_turn(admin_dsn: str) -> tuple[uuid.UUID, uuid.UUID]:
 async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly_once_after_restart(
     db: DB, tmp_path: Path
 ) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[
-            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "count the files"}}},
-            {"text": "dispatched"}]),
-        Rule(role="worker", replies=[{"stall": {"seconds": 3, "text": "three files"}}]),
-        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": HANDOFF}}, {"text": "ok"}]),
-    ])
+    scenario = one_worker("count the files", {"stall": {"seconds": 3, "text": "three files"}}, result=HANDOFF)
     log = tmp_path / "executor.log"
     with ScriptedModelServer(scenario) as model:
         env = _executor_env(db, model, tmp_path)

@@ -28,10 +28,10 @@ from tests.fault.test_executor_process import _executor_env, _task_processes
 from tests.fault.test_resilience import post_chat
 from tests.harness import worker
 from tests.wait import until
+from tests.scenarios import STALL_FOREVER, handoff, one_worker
 from tests.served import free_port, ingress_server
 
 LEASE_S = 3.0
-STALL_FOREVER = {"stall": {"seconds": None}}
 
 
 def _repo(path: Path) -> Path:
@@ -156,17 +156,9 @@ def _worker_reached_model(model: ScriptedModelServer) -> bool:
 async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_and_are_retried_on_another(
     db: DB, tmp_path: Path
 ) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[
-            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "a long job"}}},
-            {"text": "dispatched"}]),
-        Rule(role="worker", sessions=1, replies=[STALL_FOREVER]),  # the first run hangs
-        Rule(role="worker", replies=[{"text": "finished on the retry"}]),
-        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": {
-            "goal": "a long job", "current_state": "finished", "next_step": "none", "ruled_out": [],
-            "status": "success", "artifacts": []}}}, {"text": "ok"}]),
-    ])
+    # the first run hangs; the retry finishes
+    scenario = one_worker("a long job", {"text": "finished on the retry"}, first_run=[STALL_FOREVER],
+                          result=handoff("a long job"))
     # one CLI config directory for both (a shared mount): the thread's next turn may run on the survivor
     shared = {"PETAL_SHARED_CLAUDE_CONFIG": "1"}
     with ScriptedModelServer(scenario) as model:

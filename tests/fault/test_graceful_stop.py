@@ -20,6 +20,7 @@ from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import DB
 from tests.resilience import check_invariants, settled
 from tests.fault.test_executor_process import _executor_env, _spawn_executor
+from tests.scenarios import STALL_FOREVER, handoff, one_worker
 from tests.served import ingress_server
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
@@ -58,17 +59,9 @@ def _rows(admin_dsn: str, sql: str) -> list[tuple[Any, ...]]:
 async def test_a_worker_cut_off_by_a_graceful_stop_is_retried_by_the_policy_after_the_restart(
     db: DB, tmp_path: Path
 ) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[
-            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "a long job"}}},
-            {"text": "dispatched"}]),
-        Rule(role="worker", sessions=1, replies=[{"stall": {"seconds": None}}]),  # the first run hangs
-        Rule(role="worker", replies=[{"text": "finished on the retry"}]),
-        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": {
-            "goal": "a long job", "current_state": "finished", "next_step": "none", "ruled_out": [],
-            "status": "success", "artifacts": []}}}, {"text": "ok"}]),
-    ])
+    # the first run hangs; the retry finishes
+    scenario = one_worker("a long job", {"text": "finished on the retry"}, first_run=[STALL_FOREVER],
+                          result=handoff("a long job"))
     log = tmp_path / "executor.log"
     with ScriptedModelServer(scenario) as model:
         env = _executor_env(db, model, tmp_path)

@@ -31,6 +31,7 @@ from tests.pg import DB, Cluster, lock_waiter
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
 from tests.e2e.test_asks import Q1, _round_trip, asking
 from tests.fault.test_executor_process import _executor_env
+from tests.scenarios import STALL_FOREVER, handoff, one_worker
 from tests.served import free_port, ingress_server
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
@@ -237,17 +238,9 @@ async def test_the_executor_killed_mid_turn_and_restarted_loses_no_message(odb: 
 async def test_a_threads_worker_orphaned_by_an_executor_kill_is_retried_by_the_policy_after_restart(
     odb: DB, tmp_path: Path
 ) -> None:
-    scenario = Scenario(rules=[
-        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
-        Rule(role="orchestrator", replies=[
-            {"tool_use": {"name": "mcp__harness__dispatch_worker", "input": {"brief": "a long job"}}},
-            {"text": "dispatched"}]),
-        Rule(role="worker", sessions=1, replies=[{"stall": {"seconds": None}}]),  # the first run hangs
-        Rule(role="worker", replies=[{"text": "finished on the retry"}]),
-        Rule(role="extractor", replies=[{"tool_use": {"name": "StructuredOutput", "input": {
-            "goal": "a long job", "current_state": "finished", "next_step": "none", "ruled_out": [],
-            "status": "success", "artifacts": []}}}, {"text": "ok"}]),
-    ])
+    # the first run hangs; the retry finishes
+    scenario = one_worker("a long job", {"text": "finished on the retry"}, first_run=[STALL_FOREVER],
+                          result=handoff("a long job"))
     log = tmp_path / "executor.log"
     with ScriptedModelServer(scenario) as model:
         env = _executor_env(odb, model, tmp_path)
