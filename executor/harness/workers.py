@@ -5,7 +5,7 @@ waits for the user's approval (executor/settle/approvals.py)."""
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -15,6 +15,7 @@ from executor.harness.identity import tool_use_id
 from executor.harness.results import Result
 from executor.harness.services import Harness
 from executor.projects import service as projects
+from executor.run import user_input
 from executor.run.caller import Caller
 from executor.settle import approvals, briefs, dispatch
 from shared import read_surface
@@ -36,7 +37,8 @@ class _Workers:
         self.pool = harness.db.pool
 
     async def dispatch(self, ctx: Context, brief: str, plan_ref: str | None, project_id: str | None,
-                       allowed_tools: list[str] | None, override_ruled_out: str | None) -> Dispatched:
+                       allowed_tools: list[str] | None, override_ruled_out: str | None,
+                       attachments: list[str] | None) -> Dispatched:
         caller = await self.harness.identities.caller(ctx, "dispatch_worker")
         try:
             project = uuid.UUID(project_id) if project_id else caller.project_id
@@ -61,21 +63,41 @@ class _Workers:
         brief = await briefs.enrich(self.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
         if title:  # the worker knows which plan task it is doing
             brief = f"{brief}\n\n## Plan task {plan_ref}: {title}"
+        files = await self._files(caller, attachments)
+        if files and project is not None:  # in its worktree (user_input.place_in_worktree); else with its brief
+            brief = f"{brief}\n\n" + user_input.files_note(
+                [f["name"] for f in files], [f["media_type"] for f in files], [f["size_bytes"] for f in files])
+        file_ids = tuple(f["id"] for f in files)
         # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
         mode = await self.harness.q.one("get_thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
         if mode is not None and mode["mode"] == "interactive":
-            return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx))
+            return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx), file_ids)
         try:
             new_id = await dispatch.request(self.pool, dispatch.TaskRequest(
                 "worker", brief, project_id=project, project_workdir=True, plan_ref=plan_ref,
                 allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
-                parent_task_id=caller.task_id, requested_by=str(caller.session_id), tool_use_id=tool_use_id(ctx)))
+                parent_task_id=caller.task_id, requested_by=str(caller.session_id), tool_use_id=tool_use_id(ctx),
+                attachment_ids=file_ids))
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return Dispatched(task_id=str(new_id), status="pending", note=STARTED)
 
+    async def _files(self, caller: Caller, chosen: list[str] | None) -> list[dict[str, Any]]:
+        """The files of the caller's turn a worker is handed: all of them by default, or those `chosen` by
+        name or id (an unknown one is the model's mistake, told back)."""
+        files = await self.harness.q.all("list_task_attachment_files", {"task_id": caller.task_id})
+        if chosen is None:
+            return files
+        by_key = {k: f for f in files for k in (str(f["id"]), f["name"])}
+        unknown = [c for c in chosen if c not in by_key]
+        if unknown:
+            sent = ", ".join(f["name"] for f in files) or "none"
+            raise ToolError(f"no file {', '.join(unknown)} was sent with this turn (sent: {sent})")
+        return list({by_key[c]["id"]: by_key[c] for c in chosen}.values())
+
     async def _approve(self, brief: str, caller: Caller, project: uuid.UUID | None, plan_ref: str | None,
-                       allowed_tools: list[str] | None, call_id: str | None) -> Dispatched:
+                       allowed_tools: list[str] | None, call_id: str | None,
+                       file_ids: tuple[uuid.UUID, ...]) -> Dispatched:
         """An interactive thread: the worker is recorded waiting for the user's Approve in the Asks panel,
         and the call returns at once — the approval is durable state, not a wait that could time out; the
         orchestrator hears the answer as a harness message."""
@@ -84,7 +106,7 @@ class _Workers:
             task_id = await approvals.request(
                 self.pool, brief=brief, thread_id=caller.thread_id, asker_task_id=caller.task_id,
                 project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
-                requested_by=str(caller.session_id), tool_use_id=call_id)
+                requested_by=str(caller.session_id), tool_use_id=call_id, attachment_ids=file_ids)
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return Dispatched(task_id=str(task_id), status="awaiting_approval", note=approvals.AWAITING)
@@ -96,12 +118,16 @@ def register(server: MCPServer, harness: Harness) -> None:
     @server.tool(structured_output=True)
     async def dispatch_worker(ctx: Context, brief: str, plan_ref: str | None = None, project_id: str | None = None,
                               allowed_tools: list[str] | None = None,
-                              override_ruled_out: str | None = None) -> Dispatched:
+                              override_ruled_out: str | None = None,
+                              attachments: list[str] | None = None) -> Dispatched:
         """Ask the harness for a headless worker to carry out `brief`; returns its task id at once.
 
         The harness spawns and supervises it; when it exits, its derived handoff comes back to you.
         In an interactive thread it returns at once with status `awaiting_approval`: the worker starts
         when the user approves it, and a harness message tells you the answer either way.
         A brief matching a prior rule-out is refused unless override_ruled_out gives the reason.
+        The files the user sent with this turn go to the worker (in a project, as files in its worktree
+        whose paths its brief lists); `attachments` picks some of them by name or id, [] none.
         """
-        return await workers.dispatch(ctx, brief, plan_ref, project_id, allowed_tools, override_ruled_out)
+        return await workers.dispatch(ctx, brief, plan_ref, project_id, allowed_tools, override_ruled_out,
+                                      attachments)

@@ -172,11 +172,10 @@ class TaskRunner:
                 self.credentials.grant(task_id, session_id) if profile.use_mcp else aio.resolved(None),
                 self.store.open_session(session_id, project_id=task.project_id, role=task.role,
                                         executor=self.lease.name))
-            # the files sent with a turn's messages go with its brief as content blocks (up to 20 MiB to
-            # base64-encode: off the event loop, which reads every running task's output)
-            content = (tuple(await asyncio.to_thread(user_input.content_blocks, task.brief,
-                                                     await self.store.attachments(task.attachment_ids)))
-                       if task.attachment_ids else ())
+            content = await self._attachments(task, isolated)
+            if isinstance(content, str):
+                await self._finish_unspawned(task, "failed", content)
+                return
             spec = substrate.SpawnSpec(
                 role=task.role,
                 prompt=task.brief,
@@ -255,6 +254,21 @@ class TaskRunner:
             await proc.stdin.wait_closed()
         except (BrokenPipeError, ConnectionResetError):
             pass  # it died before reading: its exit says why
+
+    async def _attachments(self, task: ClaimedTask, worktree: Path | None) -> tuple[dict[str, Any], ...] | str:
+        """The files the user sent, handed over: written into a project worker's worktree (its brief names
+        them), else content blocks of its user message; or why they could not be placed."""
+        if not task.attachment_ids:
+            return ()
+        files = await self.store.attachments(task.attachment_ids)
+        if worktree is not None:
+            try:
+                await asyncio.to_thread(user_input.place_in_worktree, worktree, files)
+            except OSError as exc:
+                return f"could not place the files the user sent in the worktree: {exc}"
+            return ()
+        # up to 20 MiB to base64-encode: off the event loop, which reads every running task's output
+        return tuple(await asyncio.to_thread(user_input.content_blocks, task.brief, files))
 
     async def _worktree(self, task: ClaimedTask) -> Path | str | None:
         """A worker of a project runs in a git worktree of its own, never in the project's checkout: its path,

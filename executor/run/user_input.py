@@ -1,14 +1,20 @@
-"""A turn's user message with the files sent with it, as one line of the CLI's stream-json input.
+"""The files a user sent, as a run hands them to the CLI.
 
-Images go as base64 image content blocks, PDFs as document blocks, text files inline in the text (bounded,
-with their name). A task without attachments is fed its brief as plain `-p` input, as always."""
+A turn (or a worker outside any project) gets them in its user message, one line of the CLI's stream-json
+input: images as base64 image content blocks, PDFs as document blocks, text files inline in the text
+(bounded, with their name). A worker of a project finds them as files in its worktree, under
+`.petal/attachments/`, with their paths in its brief. A task without attachments is fed its brief as plain
+`-p` input, as always."""
 
 from __future__ import annotations
 
 import base64
+import os
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -63,3 +69,65 @@ def stream_json_line(content: Sequence[dict[str, Any]]) -> bytes:
     closes stdin, and the CLI exits after the turn's result."""
     return orjson.dumps({"type": "user", "message": {"role": "user", "content": list(content)},
                          "parent_tool_use_id": None, "session_id": ""}) + b"\n"
+
+
+# where a project worker finds the files, relative to its worktree; `.petal/.gitignore` ignores the folder
+# itself, so the files never enter the worker's recorded changes
+ATTACHMENTS_DIR = ".petal/attachments"
+_UNSAFE = re.compile(r"[^\w.+@=-]+")
+
+
+def worktree_names(names: Sequence[str]) -> list[str]:
+    """The file name each attachment gets under ATTACHMENTS_DIR, in order: the name it was sent with, reduced
+    to safe characters, never hidden nor `.`/`..`, and made unique (`2-screen.png`). The same names give the
+    same result, so the brief written at dispatch and the files written at the spawn agree."""
+    out: list[str] = []
+    for i, raw in enumerate(names, 1):
+        name = _UNSAFE.sub("_", raw).lstrip(".")[:120] or "file"
+        while name in out:
+            name = f"{i}-{name}"
+        out.append(name)
+    return out
+
+
+def files_note(names: Sequence[str], media_types: Sequence[str], sizes: Sequence[int]) -> str:
+    """The brief's section that tells a project worker where the user's files are."""
+    lines = [f"- {ATTACHMENTS_DIR}/{n} ({t}, {s} bytes)" for n, t, s in zip(worktree_names(names), media_types, sizes,
+                                                                             strict=True)]
+    return "## Files the user sent (in your working directory, read them there)\n" + "\n".join(lines)
+
+
+def place_in_worktree(worktree: Path, attachments: Sequence[Attachment]) -> list[Path]:
+    """Write the files into a fresh worktree under ATTACHMENTS_DIR; returns their paths.
+
+    The worktree is a checkout of a repository the worker may not trust: a `.petal` committed as a symlink
+    must not make the executor write outside it. Each level is opened relative to the one above without
+    following a symlink, and each file is created new (O_EXCL), so nothing that exists is overwritten.
+
+    Raises:
+        OSError: a level is a symlink or not a directory, or a file is already there.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fds = [os.open(worktree, flags)]
+    try:
+        for part in ATTACHMENTS_DIR.split("/"):
+            try:
+                os.mkdir(part, 0o755, dir_fd=fds[-1])
+            except FileExistsError:
+                pass  # opened below without following a link: a symlink fails there
+            fds.append(os.open(part, flags, dir_fd=fds[-1]))
+        _write_new(fds[1], ".gitignore", b"*\n")
+        paths = []
+        for name, a in zip(worktree_names([a.name for a in attachments]), attachments, strict=True):
+            _write_new(fds[-1], name, bytes(a.data))
+            paths.append(worktree / ATTACHMENTS_DIR / name)
+        return paths
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _write_new(dir_fd: int, name: str, data: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

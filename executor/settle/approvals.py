@@ -39,7 +39,7 @@ NOT_THE_USERS = "an answer that did not come from the user (ignored)"
 async def request(pool: AsyncConnectionPool, *, brief: str, thread_id: uuid.UUID, asker_task_id: uuid.UUID,
                   project_id: uuid.UUID | None, plan_ref: str | None, allowed_tools: list[str] | None,
                   workdir: Path | None = None, requested_by: str | None = None,
-                  tool_use_id: str | None = None) -> uuid.UUID:
+                  tool_use_id: str | None = None, attachment_ids: tuple[uuid.UUID, ...] = ()) -> uuid.UUID:
     """Record a worker that waits for the user's approval, with its question; returns its task id.
 
     Raises:
@@ -50,7 +50,8 @@ async def request(pool: AsyncConnectionPool, *, brief: str, thread_id: uuid.UUID
         task_id = await dispatch.request_task(tx, dispatch.TaskRequest(
             "worker", brief, project_id=project_id, project_workdir=True, plan_ref=plan_ref,
             allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
-            parent_task_id=asker_task_id, workdir=workdir, requested_by=requested_by, tool_use_id=tool_use_id))
+            parent_task_id=asker_task_id, workdir=workdir, requested_by=requested_by, tool_use_id=tool_use_id,
+            attachment_ids=attachment_ids))
         await tx.execute("await_approval", {"id": task_id})
         posted = await asks.post(tx, [question], tool_use_id=f"approval-{task_id}", task_id=task_id,
                                  session_id=thread_id, approval_for=str(task_id))

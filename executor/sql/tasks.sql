@@ -231,3 +231,12 @@ SELECT sandbox_allow FROM projects WHERE id = %(project_id)s
 SELECT id, name, media_type, data FROM attachments
 WHERE id = ANY(%(ids)s::uuid[])
 ORDER BY array_position(%(ids)s::uuid[], id)
+
+-- name: list_task_attachment_files --
+-- The files a task carries (a turn: the ones its messages were sent with), in order, without their bytes:
+-- what a worker it dispatches may be handed.
+SELECT a.id, a.name, a.media_type, a.size_bytes
+FROM tasks t CROSS JOIN LATERAL unnest(t.attachment_ids) WITH ORDINALITY AS u(id, n)
+JOIN attachments a ON a.id = u.id
+WHERE t.id = %(task_id)s
+ORDER BY u.n

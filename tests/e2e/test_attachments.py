@@ -7,6 +7,7 @@ import asyncio
 import base64
 import hashlib
 import io
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from PIL import Image
 from petal_dispatch.demo.scripted_model import Request, Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
+from tests.scenarios import dispatch
 from tests.served import ingress_server
+from tests.wait import until
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
 
@@ -142,3 +145,87 @@ async def test_a_message_with_an_attachment_is_not_taken_as_a_reply_to_a_questio
         assert conn.execute("SELECT answered_via FROM questions").fetchall() != [("chat",)]
     blocks = _first_turn_request(model, "this way").user_blocks
     assert sum(1 for b in blocks if b.get("type") == "image") == 1
+
+
+def _tool_output(model: ScriptedModelServer, brief_marker: str) -> str:
+    """What a worker's Bash call printed, as its next model request carried it back."""
+    for r in model.requests:
+        if r.role != "worker" or not any(brief_marker in b.get("text", "") for b in r.user_blocks):
+            continue
+        for b in r.user_blocks:
+            if b.get("type") == "tool_result":
+                content = b.get("content")
+                return content if isinstance(content, str) else "".join(c.get("text", "") for c in content or [])
+    raise AssertionError(f"no tool result from the worker {brief_marker!r}")
+
+
+async def test_a_project_worker_finds_the_turns_files_in_its_worktree_outside_its_recorded_changes(
+    db: DB, tmp_path: Path
+) -> None:
+    roots = tmp_path / "roots"
+    repo = roots / "repo"
+    repo.mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
+    subprocess.run([*git, "init", "--quiet", "-b", "main"], check=True)
+    (repo / "app.py").write_text("print('hi')\n")
+    subprocess.run([*git, "add", "--all"], check=True)
+    subprocess.run([*git, "commit", "--quiet", "-m", "start"], check=True)
+    look = ("sha256sum .petal/attachments/screen.png .petal/attachments/server.log; "
+            "git status --porcelain --untracked-files=all; echo listed; printf 'fixed\\n' > fix.txt")
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", replies=[dispatch("fix what the screenshot shows"),
+                                           dispatch("tidy the readme", attachments=[]), {"text": "dispatched"}]),
+        Rule(role="worker", match="fix what the screenshot shows", replies=[
+            {"tool_use": {"name": "Bash", "input": {"command": look, "description": "look"}}}, {"text": "fixed"}]),
+        Rule(role="worker", match="tidy the readme", replies=[
+            {"tool_use": {"name": "Bash", "input": {"command": "ls -a", "description": "look"}}}, {"text": "tidy"}]),
+    ])
+    log = b"ERROR: the button is grey\n"
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, project_roots=(roots,)) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            made = await http.post("/api/projects", json={"slug": "app", "workdir": str(repo)})
+            request_id = made.json()["id"]
+            project = await until(lambda: _project_made(http, request_id), "the project", 60)
+            thread = (await http.post("/api/threads", json={"mode": "autonomous", "project_id": project})).json()
+            image = (await http.post("/api/attachments", files={"file": ("screen.png", _png(), "image/png")})).json()
+            text = (await http.post("/api/attachments", files={"file": ("server.log", log, "text/plain")})).json()
+            sent = await http.post("/api/chat", json={"text": "the button is broken", "thread_id": thread["thread_id"],
+                                                      "attachment_ids": [image["id"], text["id"]]})
+            assert sent.status_code == 202, sent.text
+            workers = await until(lambda: _ended_workers(h, 2), "both workers to end with their changes", 120)
+            diffs = {w["brief"].split("\n")[0]: (await http.get(f"/api/tasks/{w['id']}/diff")).json() for w in workers}
+    by_brief = {w["brief"].split("\n")[0]: w for w in workers}
+    fixer, tidier = by_brief["fix what the screenshot shows"], by_brief["tidy the readme"]
+    assert [fixer["status"], tidier["status"]] == ["success", "success"]
+    assert [str(i) for i in fixer["attachment_ids"]] == [image["id"], text["id"]] and tidier["attachment_ids"] == []
+    # the brief says where the files are; the files are the stored bytes
+    assert ".petal/attachments/screen.png (image/png," in fixer["brief"]
+    assert ".petal/attachments/server.log (text/plain," in fixer["brief"]
+    assert "Files the user sent" not in tidier["brief"]
+    printed = _tool_output(model, "fix what the screenshot shows")
+    assert f"{image['sha256']}  .petal/attachments/screen.png" in printed, printed
+    assert f"{hashlib.sha256(log).hexdigest()}  .petal/attachments/server.log" in printed, printed
+    # git does not see them (the folder ignores itself), so the worker's branch holds only its own change
+    assert printed.split("listed")[0].strip().splitlines()[-1].endswith(".petal/attachments/server.log"), printed
+    assert [f["path"] for f in diffs["fix what the screenshot shows"]["files"]] == ["fix.txt"]
+    # the negative control: a worker handed none has no folder at all
+    assert ".petal" not in _tool_output(model, "tidy the readme").split()
+    # nothing reached the model as an image block for the workers: they read the files
+    assert not [b for r in model.requests if r.role == "worker" for b in r.user_blocks if b.get("type") == "image"]
+
+
+async def _project_made(http: httpx.AsyncClient, request_id: str) -> str | None:
+    row = (await http.get(f"/api/project-requests/{request_id}")).json()
+    assert row["status"] != "failed", row
+    return str(row["result"]["project_id"]) if row["status"] == "done" else None
+
+
+async def _ended_workers(h: Harness, n: int) -> list[dict[str, Any]] | None:
+    conn = await h._conn()
+    cur = await conn.execute("SELECT id, brief, status, attachment_ids, changes_recorded_at FROM tasks "
+                             "WHERE role = 'worker' ORDER BY created_at")
+    rows = [dict(zip(("id", "brief", "status", "attachment_ids", "changes_recorded_at"), r))
+            for r in await cur.fetchall()]
+    done = [r for r in rows if r["status"] not in ("pending", "running") and r["changes_recorded_at"] is not None]
+    return rows if len(rows) >= n and len(done) == len(rows) else None

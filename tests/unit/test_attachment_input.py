@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
@@ -87,3 +88,52 @@ def test_a_purge_age_takes_a_number_and_a_unit() -> None:
     for bad in ("30", "d", "-1d", "30 days"):
         with pytest.raises(errors.ConfigError):
             parse_age(bad)
+
+
+# ---- a project worker's files in its worktree ---------------------------------------------------------------
+
+def _file(name: str, data: bytes = b"x") -> Attachment:
+    return Attachment(id=uuid.uuid4(), name=name, media_type="text/plain", data=data)
+
+
+def test_worktree_names_are_safe_unique_and_the_same_for_the_same_names() -> None:
+    names = ["screen.png", "screen.png", "..", ".bashrc", "a b/c?.log", "ünïcode.txt", ""]
+    got = user_input.worktree_names(names)
+    assert got == user_input.worktree_names(names)
+    assert got[:2] == ["screen.png", "2-screen.png"] and len(set(got)) == len(got)
+    assert all(n and not n.startswith(".") and "/" not in n for n in got), got
+    assert got[4] == "a_b_c_.log" and got[5] == "ünïcode.txt"
+
+
+def test_files_are_written_new_under_petal_attachments_and_the_folder_ignores_itself(tmp_path: Path) -> None:
+    paths = user_input.place_in_worktree(tmp_path, [_file("a.log", b"one"), _file("a.log", b"two")])
+    assert [p.relative_to(tmp_path).as_posix() for p in paths] == [".petal/attachments/a.log",
+                                                                  ".petal/attachments/2-a.log"]
+    assert [p.read_bytes() for p in paths] == [b"one", b"two"]
+    assert (tmp_path / ".petal" / ".gitignore").read_text() == "*\n"
+
+
+@pytest.mark.parametrize("link", [".petal", ".petal/attachments"])
+def test_a_repository_that_commits_the_folder_as_a_symlink_gets_nothing_written_outside(
+    tmp_path: Path, link: str
+) -> None:
+    worktree, outside = tmp_path / "worktree", tmp_path / "outside"
+    worktree.mkdir()
+    outside.mkdir()
+    (worktree / ".petal").mkdir(exist_ok=link != ".petal")
+    if link == ".petal":
+        (worktree / ".petal").rmdir()
+    (worktree / link).symlink_to(outside)
+    with pytest.raises(OSError):
+        user_input.place_in_worktree(worktree, [_file("x.log")])
+    assert list(outside.iterdir()) == []
+
+
+def test_a_file_the_repository_already_has_there_is_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / ".petal" / "attachments").mkdir(parents=True)
+    target = tmp_path / "victim"
+    target.write_text("keep")
+    (tmp_path / ".petal" / "attachments" / "x.log").symlink_to(target)
+    with pytest.raises(FileExistsError):
+        user_input.place_in_worktree(tmp_path, [_file("x.log", b"overwrite")])
+    assert target.read_text() == "keep"
