@@ -18,8 +18,6 @@ from shared.models import ACTIVE_STATUSES
 from shared.query import Transaction
 
 _FINAL_ASK = {"answered", "cancelled"}
-# what one message may carry in attachments, together (each is at most ATTACHMENT_MAX_BYTES)
-MESSAGE_ATTACHMENTS_MAX_BYTES = 20 * 1024 * 1024
 
 
 async def _known_thread(request: Request, thread_id: uuid.UUID) -> None:
@@ -45,11 +43,12 @@ async def post_chat(request: Request) -> Response:
                 raise Problem(409, "client_msg_id was already used for a different message")
             return respond({**row, "duplicate": True}, 202)
         if msg.attachment_ids:
-            await _attach(tx, row["id"], msg.attachment_ids, who(request))
+            await _attach(tx, row["id"], msg.attachment_ids, who(request),
+                          request.app.state.config.message_attachments_max_bytes)
     return respond({**row, "duplicate": False}, 202)
 
 
-async def _attach(tx: Transaction, message_id: uuid.UUID, ids: list[uuid.UUID], sender: str) -> None:
+async def _attach(tx: Transaction, message_id: uuid.UUID, ids: list[uuid.UUID], sender: str, max_bytes: int) -> None:
     """Tie the uploaded files to the message being queued; a Problem rolls the message back with them."""
     found = {r["id"]: r for r in await tx.all("lock_attachments", {"ids": ids})}
     # another user's upload is as unknown as a made-up id
@@ -60,8 +59,8 @@ async def _attach(tx: Transaction, message_id: uuid.UUID, ids: list[uuid.UUID], 
     if taken:
         raise Problem(409, f"attachment {', '.join(taken)} was already sent with another message")
     total = sum(int(found[i]["size_bytes"]) for i in ids)
-    if total > MESSAGE_ATTACHMENTS_MAX_BYTES:
-        raise Problem(413, f"the attachments of one message are at most {MESSAGE_ATTACHMENTS_MAX_BYTES} bytes "
+    if total > max_bytes:
+        raise Problem(413, f"the attachments of one message are at most {max_bytes} bytes "
                            f"together ({total} given)")
     await tx.execute("mark_attachments_sent", {"message_id": message_id, "ids": ids})
 

@@ -84,6 +84,8 @@ class IngressConfig:
     demo: bool = False  # the CLI talks to the scripted model: the page says so
     # how long a stop waits for open requests (SSE streams are ended at once)
     graceful_timeout_s: float = 5.0
+    # what one message may carry in attachments, together (each file: auth.upload_max_bytes)
+    message_attachments_max_bytes: int = 20 * 1024 * 1024
 
 
 async def info(request: Request) -> Response:
@@ -97,7 +99,10 @@ async def info(request: Request) -> Response:
                          "auth": request.app.state.auth.mode, "journal_head": head,
                          "workers_isolated": not unsandboxed, "unsandboxed_executors": unsandboxed,
                          # the SSE heartbeat: a client that hears nothing for two of these reconnects
-                         "heartbeat_s": config.sse_heartbeat_s})
+                         "heartbeat_s": config.sse_heartbeat_s,
+                         # the page checks a file before uploading it (the routes check again)
+                         "attachment_max_bytes": request.app.state.auth.upload_max_bytes,
+                         "message_attachments_max_bytes": config.message_attachments_max_bytes})
 
 
 _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")

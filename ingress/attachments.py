@@ -113,43 +113,44 @@ def clean_name(raw: str | None) -> str:
     return name[:255] or "attachment"
 
 
-def accept(data: bytes) -> Accepted:
+def accept(data: bytes, max_bytes: int = ATTACHMENT_MAX_BYTES) -> Accepted:
     """The checks, in order, before anything is stored: size, type from the bytes, images re-encoded."""
-    if len(data) > ATTACHMENT_MAX_BYTES:
-        raise Problem(413, f"an attachment is at most {ATTACHMENT_MAX_BYTES} bytes")
+    if len(data) > max_bytes:
+        raise Problem(413, f"an attachment is at most {max_bytes} bytes")
     media_type = sniff(data)
     if media_type in IMAGES:
         data = strip_image(data, media_type)
-        if len(data) > ATTACHMENT_MAX_BYTES:  # a re-encoding can come out larger than its source
-            raise Problem(413, f"the image re-encoded without metadata is over {ATTACHMENT_MAX_BYTES} bytes")
+        if len(data) > max_bytes:  # a re-encoding can come out larger than its source
+            raise Problem(413, f"the image re-encoded without metadata is over {max_bytes} bytes")
     return Accepted(data, media_type)
 
 
-async def _read_capped(upload: UploadFile) -> bytes:
+async def _read_capped(upload: UploadFile, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     seen = 0
     while chunk := await upload.read(_READ_CHUNK):
         seen += len(chunk)
-        if seen > ATTACHMENT_MAX_BYTES:
-            raise Problem(413, f"an attachment is at most {ATTACHMENT_MAX_BYTES} bytes")
+        if seen > max_bytes:
+            raise Problem(413, f"an attachment is at most {max_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
 
 async def upload(request: Request) -> Response:
     """Store one file (the form field `file`); answers its id, sha256, size, detected type and name."""
+    max_bytes: int = request.app.state.auth.upload_max_bytes
     try:
         # one file and a few fields at most; the body itself is capped by the guard (413 past the cap)
         async with request.form(max_files=1, max_fields=4) as form:
             part = form.get("file")
             if not isinstance(part, UploadFile):
                 raise Problem(422, "the form needs a file in the field `file`")
-            data = await _read_capped(part)
+            data = await _read_capped(part, max_bytes)
             name = clean_name(part.filename)
     except BodyTooLarge:
-        raise Problem(413, f"an attachment is at most {ATTACHMENT_MAX_BYTES} bytes") from None
+        raise Problem(413, f"an attachment is at most {max_bytes} bytes") from None
     # decoding and re-encoding an image is CPU work: off the event loop
-    accepted = await asyncio.to_thread(accept, data)
+    accepted = await asyncio.to_thread(accept, data, max_bytes)
     row = await ingress_queries(request).one("insert_attachment", {
         "sha256": hashlib.sha256(accepted.data).digest(), "size_bytes": len(accepted.data),
         "media_type": accepted.media_type, "name": name, "data": accepted.data, "sent_by": who(request)})

@@ -36,12 +36,12 @@ FAILURE_WINDOW_S = 60.0
 PEER_FAILURES_PER_WINDOW = 60
 _LIMITER_CLIENTS = 10_000
 # The one route that takes a file instead of JSON (multipart/form-data): an attachment of at most
-# ATTACHMENT_MAX_BYTES, its body capped a little above that for the multipart framing (the route checks the
-# file's own size exactly). Cross-site forms are still refused by the boundary's Origin check, and the token
-# mode's cookie is SameSite=Strict.
+# upload_max_bytes (by default, and at most, the store's limit ATTACHMENT_MAX_BYTES), its body capped a little
+# above that for the multipart framing (the route checks the file's own size exactly). Cross-site forms are
+# still refused by the boundary's Origin check, and the token mode's cookie is SameSite=Strict.
 UPLOAD_PATH = "/api/attachments"
 ATTACHMENT_MAX_BYTES = 10 * 1024 * 1024
-UPLOAD_BODY_BYTES = ATTACHMENT_MAX_BYTES + 64 * 1024  # memory bound: the least recently failing clients are forgotten first
+MULTIPART_FRAMING_BYTES = 64 * 1024  # memory bound: the least recently failing clients are forgotten first
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class AuthConfig:
     allowed_users: frozenset[str] = frozenset()
     token: SecretStr | None = None
     max_body_bytes: int = 256 * 1024
+    upload_max_bytes: int = ATTACHMENT_MAX_BYTES  # one attachment's file
 
     def cookie_value(self) -> str:
         # the cookie carries a MAC of the token, never the token itself
@@ -194,7 +195,7 @@ class GuardMiddleware:
             scope.setdefault("state", {})["user"] = reason
         method = scope["method"]
         upload = method == "POST" and path == UPLOAD_PATH
-        limit = UPLOAD_BODY_BYTES if upload else self.config.max_body_bytes
+        limit = self.config.upload_max_bytes + MULTIPART_FRAMING_BYTES if upload else self.config.max_body_bytes
         if method in _STATE_CHANGING and path != "/login":
             length = int(headers.get(b"content-length", b"0") or 0)
             has_body = length > 0 or b"transfer-encoding" in headers

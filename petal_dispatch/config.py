@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     # characters. Being on a trusted address is not enough: any local process is on loopback.
     proxy_secret: SecretStr | None = None
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    # One attachment (an uploaded file): at most the store's own limit of 10 MiB; lower it for a small server.
+    attachment_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, le=10 * 1024 * 1024)
+    # What one chat message may carry in attachments together.
+    message_attachments_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1024)
     sse_heartbeat_s: float = Field(default=15.0, gt=0)
     # recent SSE frames kept in memory; a client further behind is cut off (it resumes by Last-Event-ID)
     sse_client_buffer: int = Field(default=20_000, ge=10)
@@ -294,7 +298,8 @@ def auth_config(settings: Settings) -> AuthConfig:
 
     mode = "open" if settings.open_mode else settings.auth_mode
     users = frozenset(u.strip() for u in settings.allowed_users.split(",") if u.strip())
-    return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes)
+    return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes,
+                      upload_max_bytes=settings.attachment_max_bytes)
 
 
 def check_auth(settings: Settings) -> str | None:
@@ -351,4 +356,5 @@ def ingress_config(settings: Settings, dsn: str) -> IngressConfig:
         sse_client_buffer=settings.sse_client_buffer,
         push_allow_loopback=settings.push_allow_loopback,
         demo=settings.demo,
+        message_attachments_max_bytes=settings.message_attachments_max_bytes,
     )

@@ -10,7 +10,13 @@ WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
 ORDER BY created_at DESC
 
 -- name: list_pending_chat --
-SELECT id, thread_id, text, client_msg_id, origin, status, created_at FROM chat_queue
+-- with each message's files (no bytes), in the order sent: the page shows them on the pending message
+SELECT id, thread_id, text, client_msg_id, origin, status, created_at,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('id', a.id, 'name', a.name, 'media_type', a.media_type,
+                                                     'size', a.size_bytes)
+                                  ORDER BY array_position(c.attachment_ids, a.id)), '[]'::jsonb)
+        FROM attachments a WHERE a.id = ANY(c.attachment_ids)) AS attachments
+FROM chat_queue c
 WHERE status IN ('pending', 'claimed') AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)
 ORDER BY created_at
 

@@ -158,6 +158,25 @@ async def test_a_message_and_its_attachments_are_queued_together_or_not_at_all(d
     assert [links[i] for i in ids] == [uuid.UUID(sent.json()["id"])] * 2 + [None]
 
 
+async def test_the_limits_are_settings_the_page_reads_and_a_file_or_message_over_them_is_refused(db: DB) -> None:
+    async with ingress_server(db.ingress_dsn, attachment_max_bytes=4096, message_attachments_max_bytes=6000) as url, \
+            httpx.AsyncClient(base_url=url, timeout=60) as http:
+        info = (await http.get("/api/info")).json()
+        over = await http.post("/api/attachments", files={"file": ("a.txt", b"a" * 4097, "text/plain")})
+        # far over the file limit yet under the default one: the body cap follows the setting
+        big = await _announce_only(url, 1024 * 1024)
+        ids = [(await http.post("/api/attachments", files={"file": (f"{i}.txt", b"b" * 4096, "text/plain")})).json()["id"]
+               for i in range(2)]
+        together = await http.post("/api/chat", json={"text": "look", "attachment_ids": ids})
+        one = await http.post("/api/chat", json={"text": "look", "attachment_ids": ids[:1]})
+    assert (info["attachment_max_bytes"], info["message_attachments_max_bytes"]) == (4096, 6000)
+    assert over.status_code == 413 and "4096" in over.json()["detail"]
+    assert big.startswith(b"HTTP/1.1 413"), big[:200]
+    assert together.status_code == 413 and "6000" in together.json()["detail"], together.text
+    assert one.status_code == 202
+    assert _count(db.admin_dsn) == 2 and [len(r[1]) for r in _chat_rows(db.admin_dsn)] == [1]
+
+
 def _attachment(conn: psycopg.Connection, name: str, age: str, message: uuid.UUID | None) -> uuid.UUID:
     data = name.encode()
     row = conn.execute(
