@@ -30,7 +30,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 PROXY_SECRET_HEADER = b"x-petal-proxy-secret"
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # No inline script anywhere; styles inline only for the sandboxed HTML previews (which inherit this policy).
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
        "connect-src 'self'; frame-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
        "frame-ancestors 'none'")
 SECURITY_HEADERS = [

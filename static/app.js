@@ -5,6 +5,7 @@
 import { loadFeed, feedEvent, renderFeed } from "./js/activity.js";
 import { api, nextFrame, soon } from "./js/api.js";
 import { loadAsks, renderAsks } from "./js/asks.js";
+import { wire as wireAttachments } from "./js/attach.js";
 import { belongs, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
 import { loadContext } from "./js/context.js";
 import { $, h } from "./js/dom.js";
@@ -81,6 +82,7 @@ function showTab() {
 
 async function start() {
   $("#composer").addEventListener("submit", send);
+  wireAttachments();
   $("#composer-text").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) $("#composer").requestSubmit();
   });

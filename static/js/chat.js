@@ -3,6 +3,7 @@ import { api, confirmed, nextFrame, refused } from "./api.js";
 import { $, Follow, Keyed, chip, firstLine, h, reconcile, short } from "./dom.js";
 import { Progress, isLive } from "./live.js";
 import { answerText } from "./asks.js";
+import { held, ready, restore, sentFiles, takeAll } from "./attach.js";
 import { md } from "./markdown.js";
 import { FINAL, S, currentTab, taskState } from "./state.js";
 
@@ -54,7 +55,7 @@ function renderRecord(e) {
   const key = { "data-event-id": e.event_id };
   switch (e.event_type) {
     case "task.user_message":
-      return h("li", { class: "msg user", ...key }, p.text);
+      return h("li", { class: "msg user", ...key }, p.text, sentFiles(p.attachments));
     case "thread.harness_message":
       return harnessNote(p.text, key);
     case "question.answered": {
@@ -219,7 +220,7 @@ export function renderConversation() {
   for (const q of S.queue) {
     items.push(rendered.get(`queue:${q.id}`, `${q.status}`, () => (q.origin === "harness"
       ? harnessNote(q.text, { "data-queue-id": q.id }, "waiting for the next turn")
-      : h("li", { class: "msg user pending", "data-queue-id": q.id }, q.text,
+      : h("li", { class: "msg user pending", "data-queue-id": q.id }, q.text, sentFiles(q.attachments),
         h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…")))));
   }
   for (const item of S.outbox.values()) {
@@ -245,37 +246,47 @@ export function renderTurnStatus() {
 // it (and the echo when the turn boundary delivers it); unconfirmed in time it says so and offers Retry;
 // refused, it goes back into the composer with the server's message. Retries reuse the client_msg_id,
 // which the server deduplicates.
+// A message goes with its files only once every one of them is stored (js/attach.js).
 export async function send(ev) {
   ev.preventDefault();
   const box = $("#composer-text");
   const text = box.value.trim();
-  if (!text) return;
-  const item = { id: crypto.randomUUID(), text, thread: S.thread, state: "sending", error: null };
+  if (held()) return;
+  const attached = ready();
+  if (!text && !attached.files.length) return;
+  const item = { id: crypto.randomUUID(), text: text || FILES_ONLY, files: attached.files, thread: S.thread,
+    state: "sending", error: null };
   S.outbox.set(item.id, item);
   box.value = "";
+  takeAll();
   $("#composer-error").textContent = "";
   renderConversation();
   scrollChat(true);
   await deliver(item);
 }
 
+// the text of a message that is only files (a message needs text; this is what the user sees sent)
+const FILES_ONLY = "(see the attached files)";
+
 async function deliver(item) {
   item.state = "sending";
   renderConversation();
   try {
     const queued = await confirmed(
-      api("/api/chat", { method: "POST", body: { text: item.text, thread_id: item.thread, client_msg_id: item.id } }),
+      api("/api/chat", { method: "POST", body: { text: item.text, thread_id: item.thread, client_msg_id: item.id,
+        ...(item.files.length ? { attachment_ids: item.files.map((f) => f.id) } : {}) } }),
       () => { if (S.outbox.has(item.id)) { item.state = "late"; renderConversation(); } });
     S.outbox.delete(item.id);
     if (item.thread === S.thread && !S.queue.some((q) => q.id === queued.id)
         && ![...S.conv.values()].some((e) => e.message_id === queued.id)) {
-      S.queue.push({ ...queued, text: item.text, status: queued.status || "pending" });
+      S.queue.push({ ...queued, text: item.text, attachments: item.files, status: queued.status || "pending" });
     }
   } catch (e) {
     if (refused(e)) {
       S.outbox.delete(item.id);
       const box = $("#composer-text");
-      if (!box.value) box.value = item.text;
+      if (!box.value && item.text !== FILES_ONLY) box.value = item.text;
+      restore(item.files);
       $("#composer-error").textContent = `Not sent: ${e.message}`;
     } else {
       item.state = "failed";
@@ -290,7 +301,7 @@ function outboxItem(item) {
   const meta = { sending: ["sending…"], late: ["not confirmed yet — ", retry],
     failed: [`not sent (${item.error}) — `, retry] }[item.state];
   return h("li", { class: `msg user pending ${item.state}`, "data-client-msg-id": item.id }, item.text,
-    h("span", { class: "meta" }, ...meta));
+    sentFiles(item.files), h("span", { class: "meta" }, ...meta));
 }
 
 // A failed orchestrator turn: status, reason, the messages it carried, what the harness does, and Retry
