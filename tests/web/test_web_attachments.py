@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from PIL import Image
-from playwright.async_api import Page, Route, expect
+from playwright.async_api import FilePayload, Page, Route, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
@@ -57,8 +57,8 @@ async def test_a_photo_attached_at_phone_size_uploads_shows_and_reaches_the_mode
                     await route.abort("connectionreset")
 
                 await page.route("**/api/attachments", drop)
-                await page.set_input_files("#attach-files", files=[
-                    {"name": "screen.png", "mimeType": "image/png", "buffer": photo}])
+                payload: FilePayload = {"name": "screen.png", "mimeType": "image/png", "buffer": photo}
+                await page.set_input_files("#attach-files", files=[payload])
                 failed = page.locator(".composer-files .draft.failed")
                 await expect(failed).to_contain_text("not uploaded: the upload was interrupted")
                 await page.fill("#composer-text", "what is wrong here?")
