@@ -2,7 +2,8 @@
 executor with the real CLI on the scripted model): attach from the file input at phone size, see the
 thumbnail and the upload's end, send, see the image in Chat as the model got it; an interrupted upload is
 shown as such and holds the message back until it is retried; an image pasted into the composer on a desktop
-goes with its message, and a reload shows the waiting message with its image."""
+goes with its message (a dropped one is added the same way), and a reload shows the waiting message with its
+image."""
 
 from __future__ import annotations
 
@@ -98,6 +99,17 @@ PASTE = """async (b64) => {
 }"""
 
 
+DROP = """async (b64) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const data = new DataTransfer();
+  data.items.add(new File([bytes], "dropped.png", { type: "image/png" }));
+  const zone = document.querySelector("#view-chat");
+  for (const type of ["dragover", "drop"]) {
+    zone.dispatchEvent(new DragEvent(type, { dataTransfer: data, bubbles: true, cancelable: true }));
+  }
+}"""
+
+
 async def test_an_image_pasted_on_a_desktop_goes_with_its_message_and_a_reload_shows_it_waiting(db: DB) -> None:
     async with ingress_server(db.ingress_dsn) as url, browser() as b:  # no executor: the message waits
         async with page_at(b, url, DESKTOP) as page:
@@ -105,6 +117,10 @@ async def test_an_image_pasted_on_a_desktop_goes_with_its_message_and_a_reload_s
             await expect(page.locator(".composer-files .draft.stored img")).to_be_visible()
             assert await page.locator("#composer-text").input_value() == ""  # the file, not its name as text
             await page.locator(".composer-files .remove").click()  # removed: it does not go
+            await expect(page.locator(".composer-files .draft")).to_have_count(0)
+            await page.evaluate(DROP, base64.b64encode(_png((0, 0, 200))).decode())  # a drop on Chat adds it too
+            await expect(page.locator(".composer-files .draft.stored img")).to_have_attribute("alt", "dropped.png")
+            await page.locator(".composer-files .remove").click()
             await expect(page.locator(".composer-files .draft")).to_have_count(0)
             await page.evaluate(PASTE, base64.b64encode(_png((30, 200, 30))).decode())
             await expect(page.locator(".composer-files .draft.stored")).to_have_count(1)
@@ -118,4 +134,4 @@ async def test_an_image_pasted_on_a_desktop_goes_with_its_message_and_a_reload_s
     assert _queued(db.admin_dsn) == [("this red banner", 1)]
     with psycopg.connect(db.admin_dsn) as conn:
         sent = conn.execute("SELECT count(*) FILTER (WHERE chat_message_id IS NOT NULL), count(*) FROM attachments").fetchone()
-    assert sent == (1, 2)  # the removed upload stays unsent (the purge takes it later)
+    assert sent == (1, 3)  # the removed uploads stay unsent (the purge takes them later)
