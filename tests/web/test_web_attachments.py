@@ -7,6 +7,7 @@ image."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
@@ -122,9 +123,20 @@ async def test_an_image_pasted_on_a_desktop_goes_with_its_message_and_a_reload_s
             await expect(page.locator(".composer-files .draft.stored img")).to_have_attribute("alt", "dropped.png")
             await page.locator(".composer-files .remove").click()
             await expect(page.locator(".composer-files .draft")).to_have_count(0)
+            # a slow network: the upload shows its progress, and Send waits for it
+            async def slow(route: Route) -> None:
+                await asyncio.sleep(2)
+                await route.continue_()
+
+            await page.route("**/api/attachments", slow)
             await page.evaluate(PASTE, base64.b64encode(_png((30, 200, 30))).decode())
-            await expect(page.locator(".composer-files .draft.stored")).to_have_count(1)
+            await expect(page.locator(".composer-files .draft.uploading progress")).to_be_visible()
             await page.fill("#composer-text", "this red banner")
+            await page.press("#composer-text", "Control+Enter")
+            await expect(page.locator("#composer-error")).to_contain_text("a file is still uploading")
+            await expect(page.locator(".composer-files .draft.stored")).to_have_count(1)
+            await expect(page.locator("#composer-error")).to_be_empty()
+            assert _queued(db.admin_dsn) == []
             await page.press("#composer-text", "Control+Enter")
             await expect(page.locator(".msg.user.pending")).to_have_count(1)
             await _loaded(page, ".msg.user.pending .sent-files img")
