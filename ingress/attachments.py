@@ -38,10 +38,13 @@ _SVG = re.compile(rb"<svg[\s>/]", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Accepted:
-    """What is stored: the bytes (images re-encoded), the type they were found to be, and the name."""
+    """What is stored: the bytes (images re-encoded), the type they were found to be, and an image's copy
+    for the model when it is over the CLI's limits (`model_copy`)."""
 
     data: bytes
     media_type: str
+    model_data: bytes | None = None
+    model_media_type: str | None = None
 
 
 def sniff(data: bytes) -> str:
@@ -122,7 +125,50 @@ def accept(data: bytes, max_bytes: int = ATTACHMENT_MAX_BYTES) -> Accepted:
         data = strip_image(data, media_type)
         if len(data) > max_bytes:  # a re-encoding can come out larger than its source
             raise Problem(413, f"the image re-encoded without metadata is over {max_bytes} bytes")
+        copy = model_copy(data, media_type)
+        if copy is not None:
+            return Accepted(data, media_type, *copy)
     return Accepted(data, media_type)
+
+
+# What the CLI sends an image as it is (observed, docs/claude-cli.md): a file of at most about 480 KB whose
+# sides fit the model's limits (2000 px, and a pixel budget). Anything larger it re-encodes as a JPEG before
+# every request of every turn that carries it, a second or more for a phone photo. The copy made here once
+# stays inside those limits, so the CLI passes it through; the stored original is what Chat shows and what
+# a worker finds in its worktree.
+MODEL_MAX_BYTES = 400 * 1024
+MODEL_MAX_SIDE = 2000
+MODEL_MAX_PIXELS = 3_500_000
+_MODEL_QUALITIES = (85, 75, 65, 55)
+
+
+def model_copy(data: bytes, media_type: str) -> tuple[bytes, str] | None:
+    """The image as the model should get it (JPEG bytes and type), or None when the stored bytes already
+    fit. Shrinks to the side and pixel limits, then lowers the quality, then the size, to fit the bytes."""
+    with Image.open(io.BytesIO(data), formats=[IMAGES[media_type]]) as img:
+        img.seek(0)
+        w, h = img.size
+        if len(data) <= MODEL_MAX_BYTES and max(w, h) <= MODEL_MAX_SIDE and w * h <= MODEL_MAX_PIXELS:
+            return None
+        scale = min(1.0, MODEL_MAX_SIDE / max(w, h), (MODEL_MAX_PIXELS / (w * h)) ** 0.5)
+        rgb = _flatten(img)
+    while True:
+        size = (max(1, int(w * scale)), max(1, int(h * scale)))
+        frame = rgb.resize(size, Image.Resampling.LANCZOS) if size != rgb.size else rgb
+        for quality in _MODEL_QUALITIES:
+            out = io.BytesIO()
+            frame.save(out, format="JPEG", quality=quality)
+            if out.tell() <= MODEL_MAX_BYTES:
+                return out.getvalue(), "image/jpeg"
+        scale *= 0.75
+
+
+def _flatten(img: Image.Image) -> Image.Image:
+    """RGB pixels for a JPEG; transparency over white (a screenshot's clear parts stay light)."""
+    rgba = img.convert("RGBA")
+    base = Image.new("RGB", rgba.size, (255, 255, 255))
+    base.paste(rgba, mask=rgba.getchannel("A"))
+    return base
 
 
 async def _read_capped(upload: UploadFile, max_bytes: int) -> bytes:
@@ -153,7 +199,8 @@ async def upload(request: Request) -> Response:
     accepted = await asyncio.to_thread(accept, data, max_bytes)
     row = await ingress_queries(request).one("insert_attachment", {
         "sha256": hashlib.sha256(accepted.data).digest(), "size_bytes": len(accepted.data),
-        "media_type": accepted.media_type, "name": name, "data": accepted.data, "sent_by": who(request)})
+        "media_type": accepted.media_type, "name": name, "data": accepted.data, "sent_by": who(request),
+        "model_data": accepted.model_data, "model_media_type": accepted.model_media_type})
     assert row is not None  # INSERT ... RETURNING
     return respond(_public(row), 201)
 

@@ -35,6 +35,9 @@ class Attachment(FromRow):
     name: str
     media_type: str
     data: bytes
+    # an image's copy for the model, when the original is over the CLI's limits (ingress/attachments.py)
+    model_data: bytes | None = None
+    model_media_type: str | None = None
 
 
 def _inline(attachment: Attachment) -> str:
@@ -53,12 +56,13 @@ def content_blocks(prompt: str, attachments: Sequence[Attachment]) -> list[dict[
     blocks: list[dict[str, Any]] = []
     text = prompt
     for a in attachments:
-        data = base64.b64encode(bytes(a.data)).decode("ascii")
         if a.media_type in IMAGES:
-            blocks.append({"type": "image", "source": {"type": "base64", "media_type": a.media_type, "data": data}})
+            image, media_type = (a.model_data, a.model_media_type) if a.model_data else (a.data, a.media_type)
+            blocks.append({"type": "image", "source": {"type": "base64", "media_type": media_type,
+                                                        "data": base64.b64encode(bytes(image)).decode("ascii")}})
         elif a.media_type == PDF:
-            blocks.append({"type": "document", "title": a.name,
-                           "source": {"type": "base64", "media_type": PDF, "data": data}})
+            blocks.append({"type": "document", "title": a.name, "source": {
+                "type": "base64", "media_type": PDF, "data": base64.b64encode(bytes(a.data)).decode("ascii")}})
         else:
             text += _inline(a)
     return [*blocks, {"type": "text", "text": text}]

@@ -227,8 +227,9 @@ VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s,
 SELECT sandbox_allow FROM projects WHERE id = %(project_id)s
 
 -- name: list_task_attachments --
--- The files a task is fed with its brief, in the order the user sent them.
-SELECT id, name, media_type, data FROM attachments
+-- The files a task is fed with its brief, in the order the user sent them; an image with its copy for the
+-- model, when it has one.
+SELECT id, name, media_type, data, model_data, model_media_type FROM attachments
 WHERE id = ANY(%(ids)s::uuid[])
 ORDER BY array_position(%(ids)s::uuid[], id)
 

@@ -1,6 +1,7 @@
 -- name: insert_attachment --
-INSERT INTO attachments (sha256, size_bytes, media_type, name, data, sent_by)
-VALUES (%(sha256)s, %(size_bytes)s, %(media_type)s, %(name)s, %(data)s, %(sent_by)s)
+INSERT INTO attachments (sha256, size_bytes, media_type, name, data, sent_by, model_data, model_media_type)
+VALUES (%(sha256)s, %(size_bytes)s, %(media_type)s, %(name)s, %(data)s, %(sent_by)s, %(model_data)s,
+        %(model_media_type)s)
 RETURNING id, sha256, size_bytes, media_type, name, created_at
 
 -- name: get_attachment --

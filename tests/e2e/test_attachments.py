@@ -7,6 +7,7 @@ import asyncio
 import base64
 import hashlib
 import io
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -99,6 +100,30 @@ async def test_an_image_and_a_text_file_reach_the_model_as_an_image_block_and_in
     assert '[attached file "server.log"]' in text_blocks and log.decode().strip() in text_blocks
     later = _first_turn_request(model, "and without a file?").user_blocks
     assert sum(1 for b in later if b.get("type") == "image") == 1  # only the first turn's, from the history
+
+
+async def test_a_phone_photo_goes_to_the_model_as_its_copy_within_the_clis_limits_which_the_cli_passes_through(
+    db: DB, tmp_path: Path
+) -> None:
+    side = 1400  # noise: about 5.6 MiB as PNG, over the CLI's byte budget
+    out = io.BytesIO()
+    Image.frombytes("RGB", (side, side), os.urandom(side * side * 3)).save(out, format="PNG", compress_level=1)
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "a photo"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+            photo = (await http.post("/api/attachments", files={"file": ("photo.png", out.getvalue(), "image/png")})).json()
+            await http.post("/api/chat", json={"text": "what is in the photo?", "attachment_ids": [photo["id"]]})
+            (turn,) = await _turns(h, 1)
+    with psycopg.connect(db.admin_dsn) as conn:
+        row = conn.execute("SELECT sha256, model_data, model_media_type FROM attachments").fetchone()
+    assert row is not None and turn["status"] == "success"
+    stored, copy, copy_type = bytes(row[0]), bytes(row[1]), row[2]
+    assert stored.hex() == photo["sha256"] and copy_type == "image/jpeg" and len(copy) < len(out.getvalue()) / 4
+    images = [b for b in _first_turn_request(model, "what is in the photo?").user_blocks if b.get("type") == "image"]
+    # the CLI re-encodes an image over its limits on every request; the copy is within them, so it goes as made
+    assert len(images) == 1 and images[0]["source"]["media_type"] == "image/jpeg"
+    assert base64.b64decode(images[0]["source"]["data"]) == copy
 
 
 PDF = (b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj 2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj "

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import base64
+import io
+import os
 import uuid
 from pathlib import Path
 
 import orjson
 import pytest
+from PIL import Image
 
 from executor.run import substrate, user_input
 from executor.run.user_input import Attachment
-from ingress.attachments import clean_name, sniff
+from ingress.attachments import MODEL_MAX_BYTES, MODEL_MAX_PIXELS, MODEL_MAX_SIDE, clean_name, model_copy, sniff
 from ingress.problems import Problem
 
 
@@ -137,3 +140,34 @@ def test_a_file_the_repository_already_has_there_is_not_overwritten(tmp_path: Pa
     with pytest.raises(FileExistsError):
         user_input.place_in_worktree(tmp_path, [_file("x.log", b"overwrite")])
     assert target.read_text() == "keep"
+
+
+# ---- an image's copy for the model ------------------------------------------------------------------------
+
+def _noise(w: int, h: int, fmt: str = "PNG") -> bytes:
+    out = io.BytesIO()
+    Image.frombytes("RGB", (w, h), os.urandom(w * h * 3)).save(out, format=fmt, compress_level=1)
+    return out.getvalue()
+
+
+def test_an_image_within_the_clis_limits_has_no_copy_and_goes_as_stored() -> None:
+    small = _noise(200, 150)
+    assert model_copy(small, "image/png") is None
+    blocks = user_input.content_blocks("look", [Attachment(id=uuid.uuid4(), name="s.png", media_type="image/png",
+                                                           data=small)])
+    assert base64.b64decode(blocks[0]["source"]["data"]) == small and blocks[0]["source"]["media_type"] == "image/png"
+
+
+@pytest.mark.parametrize(("w", "h"), [(1321, 1321), (3000, 2000), (1170, 2532)])
+def test_a_large_image_gets_a_jpeg_copy_within_the_byte_side_and_pixel_limits(w: int, h: int) -> None:
+    copy = model_copy(_noise(w, h), "image/png")
+    assert copy is not None
+    data, media_type = copy
+    size = Image.open(io.BytesIO(data)).size
+    assert media_type == "image/jpeg" and len(data) <= MODEL_MAX_BYTES
+    assert max(size) <= MODEL_MAX_SIDE and size[0] * size[1] <= MODEL_MAX_PIXELS
+    assert abs(size[0] / size[1] - w / h) < 0.01  # the same shape, only smaller
+    blocks = user_input.content_blocks("look", [Attachment(id=uuid.uuid4(), name="b.png", media_type="image/png",
+                                                           data=b"original", model_data=data,
+                                                           model_media_type=media_type)])
+    assert base64.b64decode(blocks[0]["source"]["data"]) == data and blocks[0]["source"]["media_type"] == "image/jpeg"
