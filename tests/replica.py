@@ -121,9 +121,11 @@ class Rig:
         return pgdata
 
     def _run(self, name: str, *args: str, timeout: float = START_TIMEOUT_S) -> str:
-        done = subprocess.run([_bin(name), *args], env=dbserver.server_env(), user=self.system_user,
-                              capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
+        # as root, the wheel's own user runs the server: its group too, not root's (a 0705 basetemp refuses it)
+        who: dict[str, object] = {} if self.system_user is None else {
+            "user": self.system_user, "group": self.system_user, "extra_groups": []}
+        done = subprocess.run([_bin(name), *args], env=dbserver.server_env(), capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL, **who)  # type: ignore[call-overload]
         if done.returncode != 0:
             raise RuntimeError(f"{name} {' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}")
         return done.stdout
