@@ -154,9 +154,9 @@ class Broadcaster:
         if any(loss.after <= after and upto <= loss.upto for loss in mark.losses):
             return
         mark.lost(after, upto, by)
-        log.error("journal_seqs_lost", service="ingress", head_found=after, sent_upto=upto, lost=upto - after,
-                  detected_by=by, note="the database came back without seqs SSE clients were sent (a failover "
-                                       "to a standby that lacked them)")
+        log.error("journal_seqs_lost", service="ingress", head_found=after, upto=upto, lost=upto - after,
+                  detected_by=by, note="a failover lost journal seqs the old primary had committed (a standby "
+                                       "that lacked them); SSE clients go on from past them")
 
     async def run(self, sub: Subscription) -> None:
         availability = database.availability(self.pool)

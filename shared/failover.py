@@ -69,8 +69,7 @@ class SeqMark:
         self.losses: list[Loss] = []
 
     def saw(self, seq: int) -> None:
-        if seq > self.high:
-            self.high = seq
+        self.high = max(self.high, seq)
 
     def lost(self, after: int, upto: int, by: str) -> Loss:
         loss = Loss(after, upto, by, datetime.now(UTC).isoformat())

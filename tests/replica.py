@@ -122,10 +122,9 @@ class Rig:
 
     def _run(self, name: str, *args: str, timeout: float = START_TIMEOUT_S) -> str:
         # as root, the wheel's own user runs the server: its group too, not root's (a 0705 basetemp refuses it)
-        who: dict[str, object] = {} if self.system_user is None else {
-            "user": self.system_user, "group": self.system_user, "extra_groups": []}
         done = subprocess.run([_bin(name), *args], env=dbserver.server_env(), capture_output=True, text=True,
-                              timeout=timeout, check=False, stdin=subprocess.DEVNULL, **who)  # type: ignore[call-overload]
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL, user=self.system_user,
+                              group=self.system_user, extra_groups=None if self.system_user is None else [])
         if done.returncode != 0:
             raise RuntimeError(f"{name} {' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}")
         return done.stdout
@@ -200,9 +199,10 @@ class Rig:
             time.sleep(0.05)
 
     def pause_shipping(self) -> None:
-        """The standby stops receiving WAL (its walreceiver is told of no primary): what the primary commits
-        from now on is acknowledged to its clients and never shipped (an asynchronous standby's lag)."""
-        assert self.standby is not None and not self.sync, "a synchronous primary would wait, not lose"
+        """The standby stops receiving WAL (its walreceiver is told of no primary): what an asynchronous primary
+        commits from now on is acknowledged to its clients and never shipped (a standby's lag); a synchronous
+        one's commits wait instead."""
+        assert self.standby is not None
         with psycopg.connect(self.standby.dsn(), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
             conn.execute("SELECT pg_reload_conf()")

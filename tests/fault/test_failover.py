@@ -8,10 +8,11 @@ loses them, and that loss is found and reported, its seqs never given again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,12 @@ import httpx
 import psycopg
 import pytest
 
+from executor.journal.writer import JournalWriter
 from petal_dispatch import dbserver
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared.database import Database
 from shared.failover import SEQS_LOST
+from shared.models import NewEvent
 from tests.fault.test_executor_process import _executor_env
 from tests.fault.test_outage import _events, _spawn
 from tests.pg import DB, Cluster
@@ -51,13 +55,22 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     r.stop()
 
 
+@pytest.fixture(scope="module")
+def rig_cluster(rig: Rig) -> Iterator[Cluster]:
+    # its template database is replicated like the rest: migrated once, cloned on whichever node is the primary
+    cluster = Cluster(rig.dsn())
+    yield cluster
+    with contextlib.suppress(psycopg.Error):
+        cluster.drop_all()
+
+
 @pytest.fixture
-def fdb(rig: Rig) -> Iterator[tuple[DB, Cluster]]:
+def fdb(rig: Rig, rig_cluster: Cluster) -> Iterator[tuple[DB, Cluster]]:
     """A migrated database on the rig's primary, a streaming standby beside it (made anew after a failover),
     and DSNs that name the standby first."""
     if rig.standby is None:
         rig.rebuild_standby(sync=True, standby_conf="log_statement = 'all'")
-    cluster = Cluster(rig.dsn())
+    cluster = rig_cluster
     made = cluster.create_migrated()
     # the services' DSNs say nothing of target_session_attrs: that they skip the standby is their own doing
     db = DB(made.name, rig.dsn(made.name),
@@ -65,7 +78,6 @@ def fdb(rig: Rig) -> Iterator[tuple[DB, Cluster]]:
             rig.dsn(made.name, dbserver.INGRESS_ROLE, standby_first=True, target=None))
     rig.wait_replayed()
     yield db, cluster
-    cluster.drop_all()
 
 
 def _one(dsn: str, query: str, params: list[Any] | None = None) -> Any:
@@ -135,6 +147,9 @@ class Services:
 async def _services(db: DB, model: ScriptedModelServer, tmp: Path) -> Services:
     s = Services(db, model, tmp)
     await until(s.ready, lambda: "the ingress never got ready\n" + s.logs(), 60, every=0.2)
+    # and the executor has joined and reconciled (its rows exist before a test stops the standby's shipping)
+    await until(lambda: _events(s.executor_log, "executor_reconciled"),
+                lambda: "the executor never started\n" + s.logs(), 60, every=0.2)
     s.reader = StreamReader(s.url, after=0).start()
     await until(s.reader.connected.is_set, "the SSE reader never connected", 30)
     return s
@@ -224,3 +239,101 @@ async def test_the_primary_killed_mid_work_its_synchronous_standby_promoted_both
         assert _events(log, "database_unavailable") and _events(log, "database_available"), log.read_text()[-3000:]
         assert not _events(log, "journal_seqs_lost")
         assert "Traceback" not in log.read_text(errors="replace"), log.read_text()[-3000:]
+
+
+async def _chat(s: Services, text: str, thread: str) -> None:
+    r = await s.http.post("/api/chat", json={"text": text, "thread_id": thread})
+    assert r.status_code == 202, r.text
+
+
+async def test_commits_an_asynchronous_standby_never_received_are_reported_after_the_failover_and_their_seqs_never_reused(
+    rig: Rig, fdb: tuple[DB, Cluster], tmp_path: Path
+) -> None:
+    db = fdb[0]
+    rig.set_sync(False)
+    with ScriptedModelServer(_scenario()) as model:
+        s = await _services(db, model, tmp_path)
+        try:
+            assert s.reader is not None
+            thread = (await s.http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
+            await asyncio.to_thread(rig.wait_replayed)
+
+            # ---- the standby stops receiving: what follows is acknowledged and never shipped ----
+            await asyncio.to_thread(rig.pause_shipping)
+            await _chat(s, "say hello (never shipped)", thread)
+            await settled(db.admin_dsn, timeout=60)
+            sent = _one(db.admin_dsn, "SELECT last_seq FROM journal_head")[0]
+            await s.reader.until(sent, timeout=30)  # the client saw every seq the old primary committed
+            assert rig.standby is not None
+            kept = _one(rig.standby.dsn(db.name), "SELECT last_seq FROM journal_head")[0]
+            assert kept < sent, (kept, sent)  # the loss is real: the standby lacks seqs the client was sent
+
+            await asyncio.to_thread(rig.kill_primary)
+            promoted_at = await asyncio.to_thread(rig.promote)
+
+            # ---- found and reported, the head raised past it ----
+            def loss_record() -> Any:
+                return _one(db.admin_dsn, "SELECT seq, payload FROM journal WHERE event_type = %s", [SEQS_LOST])
+
+            seq, loss = await until(loss_record, lambda: "the loss was never recorded\n" + s.logs(),
+                                    CONTINUE_WITHIN_S, every=0.05)
+            print(f"the loss was recorded {time.monotonic() - promoted_at:.2f} s after the promotion")
+            assert loss["after"] == kept and loss["upto"] >= sent and seq == loss["upto"] + 1, (seq, loss)
+
+            async def loss_named() -> Any:
+                r = await s.ready()
+                return r.json().get("journal_lost") if r is not None else None
+
+            named = await until(loss_named, lambda: "/readyz never named the loss\n" + s.logs(), 30, every=0.1)
+            assert named[0]["after"] == kept and named[0]["upto"] >= sent, named
+
+            # work goes on, under seqs nobody was sent before
+            await _chat(s, "say hello (after the failover)", thread)
+            await settled(db.admin_dsn, timeout=60)
+            head = _one(db.admin_dsn, "SELECT last_seq FROM journal_head")[0]
+            await s.reader.until(head, timeout=30)
+            assert s.alive(), s.logs()
+        finally:
+            await s.close()
+
+    with psycopg.connect(db.admin_dsn) as conn:
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM journal ORDER BY seq").fetchall()]
+        echoes = [r[0] for r in conn.execute(
+            "SELECT payload ->> 'text' FROM journal WHERE event_type = 'task.user_message' ORDER BY seq").fetchall()]
+    # the gap is the lost range, exactly: below it what the standby had, above it the record and new work
+    assert seqs == [*range(1, kept + 1), *range(loss["upto"] + 1, head + 1)], (kept, loss, head)
+    # the client got every seq once: those it was sent before, then every one the new primary gave
+    assert s.reader.seqs == [*range(1, sent + 1), *range(loss["upto"] + 1, head + 1)], s.reader.seqs
+    assert echoes == ["say hello (after the failover)"]  # the unshipped message is gone
+    assert len(_events(s.executor_log, "journal_seqs_lost")) == 1, s.executor_log.read_text()[-3000:]
+    for log in (s.executor_log, s.ingress_log):
+        assert "Traceback" not in log.read_text(errors="replace"), log.read_text()[-3000:]
+
+
+async def test_with_a_synchronous_standby_a_commit_is_acknowledged_only_once_shipped_so_none_acknowledged_is_lost(
+    rig: Rig, fdb: tuple[DB, Cluster], tmp_path: Path
+) -> None:
+    db = fdb[0]
+    rig.set_sync(True)
+    async with Database(db.executor_dsn, name="petal-executor", guard_seqs=True) as d:
+        writer = JournalWriter(d.pool, spill_dir=tmp_path / "run")
+        await writer.start()
+        try:
+            shipped = await writer.write([NewEvent("task.stderr", {"n": "shipped"})])
+            await asyncio.to_thread(rig.pause_shipping)
+            waiting = asyncio.ensure_future(writer.write([NewEvent("task.stderr", {"n": "waits for the standby"})]))
+            await asyncio.sleep(2)  # must not happen within: the primary acknowledges nothing the standby lacks
+            assert not waiting.done()
+
+            await asyncio.to_thread(rig.kill_primary)
+            await asyncio.to_thread(rig.promote)
+            # never acknowledged by the old primary, so written again on the new one and acknowledged there
+            acked = await asyncio.wait_for(waiting, CONTINUE_WITHIN_S + 5)
+        finally:
+            await writer.flush_and_stop()
+    with psycopg.connect(db.admin_dsn) as conn:
+        rows = conn.execute("SELECT seq, payload ->> 'n' FROM journal WHERE event_type = 'task.stderr' ORDER BY seq"
+                            ).fetchall()
+        lost = conn.execute("SELECT count(*) FROM journal WHERE event_type = %s", [SEQS_LOST]).fetchone()[0]  # type: ignore[index]
+    assert rows == [(shipped.last_seq, "shipped"), (acked.last_seq, "waits for the standby")], rows
+    assert acked.last_seq == shipped.last_seq + 1 and lost == 0
