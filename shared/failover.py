@@ -102,7 +102,7 @@ async def guard_journal_head(conn: psycopg.AsyncConnection[Any], mark: SeqMark) 
         if head >= mark.high:
             return None
         upto = mark.high
-        await conn.execute(queries["raise_journal_head"], {"seq": upto})
+        await conn.execute(queries["advance_journal_head_past"], {"seq": upto})
         loss = mark.lost(head, upto, mark.name)
         note = ("the database came back without seqs this process saw committed (a failover to a standby that "
                 "lacked them: asynchronous replication); the head is raised past them so no seq is given twice")

@@ -75,6 +75,6 @@ SELECT name, tier FROM event_types
 -- The head, locked until the transaction ends (a failover's check: shared/failover.py).
 SELECT last_seq FROM journal_head FOR UPDATE
 
--- name: raise_journal_head --
+-- name: advance_journal_head_past --
 -- Past seqs a new primary lacks that were seen committed on the old one: they are never given again.
 UPDATE journal_head SET last_seq = %(seq)s WHERE last_seq < %(seq)s
