@@ -5,6 +5,7 @@ so its next connections are new ones. The two-server failover is tests/fault/tes
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import psycopg
@@ -79,8 +80,9 @@ async def test_the_ingress_finds_a_head_below_what_it_sent_says_so_in_readyz_and
                 assert "journal_lost" not in (await http.get("/readyz")).json()
                 _lose_tail(db, 2, "petal-ingress")  # its listener reconnects: perhaps to another server
 
-                async def named() -> object:
-                    return (await http.get("/readyz")).json().get("journal_lost")
+                async def named() -> list[dict[str, Any]] | None:
+                    found: list[dict[str, Any]] | None = (await http.get("/readyz")).json().get("journal_lost")
+                    return found
 
                 lost = await until(named, "/readyz never named the loss", 30)
                 assert [(x["after"], x["upto"], x["detected_by"]) for x in lost] == [(2, 5, "ingress")]
