@@ -182,6 +182,12 @@ class Rig:
                 assert time.monotonic() < deadline, "the standby never became synchronous"
                 time.sleep(0.05)
 
+    def streaming(self) -> bool:
+        """Whether a standby streams from the primary now (a test that failed midway may leave it paused)."""
+        return self.standby is not None and self.primary.query(
+            f"SELECT count(*) FROM pg_stat_replication WHERE application_name = '{STANDBY_NAME}' "
+            "AND state = 'streaming'") == 1
+
     def wait_streaming(self) -> None:
         deadline = time.monotonic() + REPLAY_TIMEOUT_S
         while self.primary.query(f"SELECT count(*) FROM pg_stat_replication WHERE application_name = "
