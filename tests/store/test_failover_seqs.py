@@ -12,7 +12,7 @@ import psycopg
 
 from executor.journal.writer import JournalWriter
 from shared.database import Database
-from shared.failover import SEQS_LOST, primary_dsn
+from shared.failover import SEQS_LOST
 from shared.models import NewEvent
 from tests.pg import DB
 from tests.served import collect, ingress_server
@@ -95,9 +95,3 @@ async def test_the_ingress_finds_a_head_below_what_it_sent_says_so_in_readyz_and
                 assert [e.id for e in await asyncio.wait_for(reader, 30)] == ["6"]
         finally:
             await writer.flush_and_stop()
-
-
-def test_every_connection_asks_for_a_primary_unless_the_dsn_says_otherwise() -> None:
-    assert "target_session_attrs=read-write" in primary_dsn("host=a,b port=1,2 dbname=petal")
-    assert "target_session_attrs=read-write" in primary_dsn("postgresql://u@a:1,b:2/petal")
-    assert primary_dsn("host=a,b target_session_attrs=primary") == "host=a,b target_session_attrs=primary"
