@@ -69,7 +69,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     async with contextlib.AsyncExitStack() as stack:
         # started during an outage, it waits for the database instead of exiting
         db = await stack.enter_async_context(Database(
-            config.dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait", stop=stop))
+            config.dsn, name="petal-executor", acquire_timeout_s=ACQUIRE_TIMEOUT_S, at_start="wait", stop=stop,
+            guard_seqs=True))
         if stop.is_set():  # stopped while waiting for the database
             return
         writer = JournalWriter(db.pool, spill_dir=config.supervisor.run_dir, hold_bytes=config.journal_hold_bytes)
@@ -95,7 +96,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         repos = projects.Projects(db.pool, writer,
                                   projects.ProjectsConfig(config.project_roots, config.supervisor.keep_worktrees))
         name = config.supervisor.name
-        notifier = notify.Notifier(db.pool, config.notify, Duty(config.dsn, notify.NOTIFIER_DUTY, name),
+        notifier = notify.Notifier(db.pool, config.notify, Duty(db.dsn, notify.NOTIFIER_DUTY, name),
                                    name=name)
         await db.availability.retry(notifier.start, "notifier")
         settle_sub = listener.subscribe(["task_changed", "question_answered"])

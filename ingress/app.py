@@ -226,7 +226,9 @@ async def readyz(request: Request) -> Response:
     expected = len(migrate.discover())
     if applied < expected:
         return problems.problem(503, f"migrations pending ({applied} of {expected} applied)", cause="migrations")
-    return JSONResponse({"status": "ready", "migrations": applied})
+    # seqs a failover lost (asynchronous replication): ready, but said until the ingress restarts
+    lost = [loss.as_dict() for loss in db.seq_mark.losses]
+    return JSONResponse({"status": "ready", "migrations": applied, **({"journal_lost": lost} if lost else {})})
 
 
 # no inline style or script: the page is served under the same CSP as the app

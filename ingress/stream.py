@@ -24,7 +24,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
 from ingress.problems import Problem
-from shared import aio, database, logs
+from shared import aio, database, failover, logs
 from shared.listener import RESYNC, Subscription
 from shared.models import Event
 from shared.query import Queries
@@ -135,8 +135,28 @@ class Broadcaster:
             self._publish([event_frame(e) for e in events])  # encoded once, shared by every client
             if events:
                 self.last_seq = events[-1].seq
+                failover.seq_mark(self.pool).saw(self.last_seq)
+                for e in events:
+                    if e.event_type == failover.SEQS_LOST:  # the executor's record of a failover's gap
+                        self._note_loss(e.payload.get("after", 0), e.payload.get("upto", 0), "executor")
             if len(events) < PAGE:
                 return
+
+    async def _check_head(self) -> None:
+        """After a reconnect (a failover's new primary): a head below what clients were sent means seqs were
+        lost. Said once; `last_seq` stays, so the numbers the executor gives afterwards reach the clients."""
+        head = await self.journal.one("get_journal_head")
+        if head is not None and head["last_seq"] < self.last_seq:
+            self._note_loss(head["last_seq"], self.last_seq, "ingress")
+
+    def _note_loss(self, after: int, upto: int, by: str) -> None:
+        mark = failover.seq_mark(self.pool)
+        if any(loss.after <= after and upto <= loss.upto for loss in mark.losses):
+            return
+        mark.lost(after, upto, by)
+        log.error("journal_seqs_lost", service="ingress", head_found=after, upto=upto, lost=upto - after,
+                  detected_by=by, note="a failover lost journal seqs the old primary had committed (a standby "
+                                       "that lacked them); SSE clients go on from past them")
 
     async def run(self, sub: Subscription) -> None:
         availability = database.availability(self.pool)
@@ -149,12 +169,15 @@ class Broadcaster:
             except database.OUTAGE_ERRORS as exc:
                 await availability.pause(exc, "sse_broadcaster", self.closing)
         while not self.closing.is_set():
+            polled = False
             try:
                 note = await aio.wait_for(sub.get(), POLL_S)
             except TimeoutError:
-                note = RESYNC
+                note, polled = RESYNC, True
             try:
                 if note is RESYNC or note.channel == "journal":
+                    if note is RESYNC and not polled:  # the listener reconnected: perhaps to another server
+                        await self._check_head()
                     if note is RESYNC or not note.payload.isdigit() or int(note.payload) > self.last_seq:
                         await self._catch_up()
                 elif note.channel in _SIGNALS:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import psycopg
+from psycopg import errors as pgerrors
 
 from shared import aio, logs
 from shared.errors import Contended, DatabaseUnavailable
@@ -28,8 +29,10 @@ TAIL_S = 5.0
 # What "the database is away" looks like: a lost or refused connection, a server shutting down or
 # starting up, a pool that found no connection in time (PoolTimeout is an OperationalError). A loop that
 # meets one waits and tries again; so it does for a transaction aborted for a concurrent one (CONTENDED),
-# which is no outage: `Availability.failed` tells them apart.
-OUTAGE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError, DatabaseUnavailable, Contended)
+# which is no outage: `Availability.failed` tells them apart. A write refused by a server in recovery (25006:
+# a standby, reached through a DSN that allows one) is an outage too: a primary is waited for, never a retry there.
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError, DatabaseUnavailable, Contended,
+                                              pgerrors.ReadOnlySqlTransaction)
 # A deadlock (40P01) or serialization failure (40001): the database is there and chose a victim; retry soon.
 CONTENDED: tuple[type[Exception], ...] = (*CONTENDED_PG, Contended)
 CONTENDED_RETRY_S = 0.1

@@ -22,6 +22,7 @@ from shared import aio, logs
 
 if TYPE_CHECKING:
     from shared.availability import Availability
+    from shared.failover import SeqMark
 
 log = logs.get(__name__)
 
@@ -86,6 +87,7 @@ class Listener:
         probe_interval_s: float = PROBE_INTERVAL_S,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         availability: Availability | None = None,
+        seq_mark: SeqMark | None = None,
     ):
         self.dsn = dsn
         self.channels = list(channels)
@@ -94,6 +96,8 @@ class Listener:
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
         self.availability = availability
+        # the journal's NOTIFY carries the last seq of each committed batch: the highest seen is kept there
+        self.seq_mark = seq_mark
         self._probe_channel = f"petal_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self._subscribers: set[Subscription] = set()
         self._stopping = asyncio.Event()
@@ -158,6 +162,8 @@ class Listener:
                         if note.channel == self._probe_channel:
                             got_probe = got_probe or note.payload == probe_token
                             continue
+                        if note.channel == "journal" and self.seq_mark is not None and note.payload.isdigit():
+                            self.seq_mark.saw(int(note.payload))
                         self._publish(Notification(note.channel, note.payload))
                         if self._stopping.is_set():
                             break

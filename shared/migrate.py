@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from shared import errors, logs
+from shared import errors, failover, logs
 from shared.sql import queries
 
 log = logs.get(__name__)
@@ -100,7 +100,8 @@ def migrate(dsn: str, directory: Path | None = None) -> list[Migration]:
     """Apply pending migrations; returns what was applied (empty when already current)."""
     available = discover(directory)
     done: list[Migration] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    # a multi-host DSN: the primary, never a standby listed first
+    with psycopg.connect(failover.primary_dsn(dsn), autocommit=True) as conn:
         conn.execute(queries["lock_migrations"])
         try:
             conn.execute(queries["create_migrations_table"])

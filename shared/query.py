@@ -2,7 +2,8 @@
 same inside `transaction()`. Database errors become the project's error types here, in one place:
 
 - the database is away (refused, cut, no pooled connection in time) → `DatabaseUnavailable`, which the
-  outage handling (`shared.database.OUTAGE_ERRORS`, the ingress's 503) already knows;
+  outage handling (`shared.database.OUTAGE_ERRORS`, the ingress's 503) already knows; so is a server that
+  takes no writes (25006, a standby reached through a DSN that allowed one: wait for a primary);
 - a transaction aborted for a concurrent one (a deadlock, 40P01; a serialization failure, 40001) →
   `Contended`: the database is there and the same work again is expected to get through (the ingress's 409);
 - a unique or exclusion constraint → `Conflict`; a foreign key → `Missing`; a check, not-null or bad
@@ -49,7 +50,7 @@ def translate(exc: psycopg.Error) -> PetalError | None:
         return Invalid(message, constraint=exc.diag.constraint_name)
     if isinstance(exc, CONTENDED_PG):  # OperationalErrors, but no outage
         return Contended(message)
-    if isinstance(exc, psycopg.OperationalError):
+    if isinstance(exc, (psycopg.OperationalError, pgerrors.ReadOnlySqlTransaction)):
         return DatabaseUnavailable(message)
     return None
 

@@ -71,6 +71,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # server per module, as without xdist, and no two of them restarting it under each other
         if "own" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(f"own:{item.nodeid.split('::', 1)[0]}"))
+        # likewise the failover tests' primary and standby (`rig`, module-scoped: tests/replica.py)
+        if "rig" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(f"rig:{item.nodeid.split('::', 1)[0]}"))
 
 
 def _tier(nodeid: str) -> str:

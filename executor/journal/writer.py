@@ -27,7 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal import spill as journal_spill
 from executor.journal.spill import SPILL_NAME, Spill
-from shared import database, errors, journal, logs
+from shared import database, errors, failover, journal, logs
 from shared.journal import Appended
 from shared.models import NewEvent
 from shared.sql import queries as shared_queries
@@ -88,6 +88,8 @@ class JournalWriter:
                  max_batch: int = MAX_BATCH):
         self._pool = pool
         self._availability = database.availability(pool)
+        # what this process saw committed: a server found without it after a failover is caught (failover.py)
+        self._seq_mark = failover.seq_mark(pool)
         self._mem: deque[_Item] = deque()
         self._mem_bytes = 0
         self._mem_events = 0
@@ -290,6 +292,7 @@ class JournalWriter:
                 await self._availability.pause(cause, "journal_writer")
                 continue
             self._append_started = None
+            self._seq_mark.saw(appended.last_seq)
             if self.holding:
                 self._release()
             self._availability.succeeded()

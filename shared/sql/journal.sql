@@ -70,3 +70,11 @@ SELECT last_seq, pg_notify('journal', last_seq::text), (SELECT count(*) FROM ins
 
 -- name: list_event_types --
 SELECT name, tier FROM event_types
+
+-- name: lock_journal_head --
+-- The head, locked until the transaction ends (a failover's check: shared/failover.py).
+SELECT last_seq FROM journal_head FOR UPDATE
+
+-- name: advance_journal_head_past --
+-- Past seqs a new primary lacks that were seen committed on the old one: they are never given again.
+UPDATE journal_head SET last_seq = %(seq)s WHERE last_seq < %(seq)s
