@@ -1,0 +1,198 @@
+"""The index of the CLI's stored conversations on this executor, published into the store, kept fresh.
+
+Each pass stats every `<config>/projects/*/*.jsonl` of the configured directories (a stat, not a read) and
+reads only what changed: a new file whole, a grown one from where the last pass stopped (a file that shrank
+or was replaced is read again). Only rows that changed are written; a file that went is deleted. Which
+conversations a live process holds is looked up each pass (executor/sessions/live.py). The same pass brings
+the journal of this executor's adopted threads up to date with what a terminal added to their conversation
+(executor/sessions/adopt.py), and runs again at once when a turn ends (task_changed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from executor.projects.service import Refused, check_workdir
+from executor.sessions import live
+from executor.sessions.parse import Message, Scan
+from executor.sql import queries
+from shared import logs, threads
+from shared.query import Queries
+
+log = logs.get(__name__)
+
+# most bytes one pass reads of one file (a huge conversation is read over several passes)
+READ_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """Where the CLI's conversations are looked for: `dirs` (config directories; empty: the service user's
+    ~/.claude), besides the executor's own config directory; how often the files are looked at."""
+
+    dirs: tuple[Path, ...] = ()
+    poll_s: float = 1.0
+
+
+@dataclass
+class _File:
+    config_dir: Path
+    path: Path
+    inode: int
+    size: int
+    mtime_ns: int
+    scan: Scan
+    live_pid: int | None = None
+    published: dict[str, Any] | None = None
+
+
+@dataclass
+class Index:
+    """This executor's view of the conversations it holds (one per process; its passes are serial)."""
+
+    pool: AsyncConnectionPool
+    executor: str
+    config_dirs: tuple[Path, ...]
+    roots: tuple[Path, ...]
+    default_config_dir: Path  # ~/.claude of the service user: a command to continue needs no CLAUDE_CONFIG_DIR
+    poll_s: float = 1.0
+    files: dict[Path, _File] = field(default_factory=dict)
+    _cleaned: bool = False
+
+    def __post_init__(self) -> None:
+        self.q = Queries(self.pool, queries)
+
+    # ---- the files ---------------------------------------------------------------------------------------
+
+    def by_session(self, session_id: str, config_dir: Path | None = None) -> _File | None:
+        for f in self.files.values():
+            if f.scan.session_id == session_id and (config_dir is None or f.config_dir == config_dir):
+                return f
+        return None
+
+    def _look(self) -> tuple[list[_File], list[_File]]:
+        """Stat every file (blocking: run in a thread); read what changed. Returns (changed, gone)."""
+        seen: set[Path] = set()
+        changed: list[_File] = []
+        for config_dir in self.config_dirs:
+            try:
+                projects = [e for e in os.scandir(config_dir / "projects") if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for project in projects:
+                try:
+                    entries = [e for e in os.scandir(project.path)
+                               if e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False)]
+                except OSError:
+                    continue
+                for entry in entries:
+                    path = Path(entry.path)
+                    if path in seen:
+                        continue
+                    seen.add(path)
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    known = self.files.get(path)
+                    if known is not None and (known.inode, known.size, known.mtime_ns) == (st.st_ino, st.st_size,
+                                                                                           st.st_mtime_ns):
+                        continue
+                    if known is None or known.inode != st.st_ino or st.st_size < known.scan.parsed_to:
+                        known = _File(config_dir, path, st.st_ino, 0, 0, Scan(path.stem))
+                        self.files[path] = known
+                    self._read(known, st.st_size)
+                    known.inode, known.size, known.mtime_ns = st.st_ino, st.st_size, st.st_mtime_ns
+                    changed.append(known)
+        gone = [self.files.pop(p) for p in list(self.files) if p not in seen]
+        held = live.live_sessions(self.config_dirs)
+        for f in self.files.values():
+            pid = held.get(f.scan.session_id)
+            if pid != f.live_pid:
+                f.live_pid = pid
+                if f not in changed:
+                    changed.append(f)
+        return changed, gone
+
+    def _read(self, f: _File, size: int) -> None:
+        try:
+            with open(f.path, "rb") as fh:
+                while f.scan.parsed_to < size and f.scan.unreadable is None:
+                    fh.seek(f.scan.parsed_to)
+                    data = fh.read(min(READ_CHUNK, size - f.scan.parsed_to))
+                    before = f.scan.parsed_to
+                    f.scan.feed(data, before)
+                    if f.scan.parsed_to == before:
+                        break  # a partial line only: the CLI is still writing it
+        except OSError as exc:
+            f.scan.unreadable = f"cannot read: {exc.strerror or exc}"
+
+    def read_messages(self, f: _File, start: int) -> tuple[list[Message], int, str | None]:
+        """The messages of a file from byte `start` to its last complete line (blocking); and where that
+        ends, or the reason it cannot be read."""
+        scan = Scan(f.scan.session_id, parsed_to=start)
+        messages: list[Message] = []
+        try:
+            with open(f.path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read()
+        except OSError as exc:
+            return [], start, f"cannot read: {exc.strerror or exc}"
+        messages = scan.feed(data, start)
+        return messages, scan.parsed_to, scan.unreadable
+
+    # ---- the store ---------------------------------------------------------------------------------------
+
+    def adoptable(self, cwd: str | None) -> str | None:
+        """None when the conversation's directory may be adopted, else why not."""
+        if not cwd:
+            return "the conversation names no working directory"
+        try:
+            check_workdir(cwd, [r.expanduser().resolve() for r in (self.roots or (Path.home(),))])
+        except Refused as exc:
+            return str(exc)
+        return None
+
+    def row(self, f: _File) -> dict[str, Any]:
+        s = f.scan
+        last = s.last_activity or datetime.fromtimestamp(f.mtime_ns / 1e9, UTC)
+        return {"executor": self.executor, "session_id": s.session_id, "config_dir": str(f.config_dir),
+                "path": str(f.path), "cwd": s.cwd, "title": s.title or s.summary, "git_branch": s.git_branch,
+                "last_activity": last, "message_count": s.message_count, "size_bytes": f.size,
+                "live_pid": f.live_pid, "readable": s.unreadable is None, "unreadable_reason": s.unreadable,
+                "adoptable": s.unreadable is None and self.adoptable(s.cwd) is None}
+
+    async def refresh(self) -> bool:
+        """One pass: look at the files, publish what changed. Never asks for a second pass at once."""
+        changed, gone = await asyncio.to_thread(self._look)
+        rows = [(f, self.row(f)) for f in changed]
+        rows = [(f, r) for f, r in rows if r != f.published]
+        if rows or gone or not self._cleaned:
+            async with self.q.transaction() as tx:
+                if not self._cleaned:  # what an earlier run published of files gone since
+                    await tx.execute("delete_claude_sessions_except", {
+                        "executor": self.executor, "keep": [f.scan.session_id for f in self.files.values()]})
+                for _f, r in rows:
+                    await tx.execute("upsert_claude_session", r)
+                for f in gone:
+                    if self.by_session(f.scan.session_id) is None:
+                        await tx.execute("delete_claude_session", {"executor": self.executor,
+                                                                   "session_id": f.scan.session_id})
+            for f, r in rows:
+                f.published = r
+            self._cleaned = True
+            if rows or gone:
+                log.info("claude_sessions_indexed", changed=len(rows), gone=len(gone), known=len(self.files))
+        return False
+
+    def resume_command(self, workdir: str, config_dir: Path, session_id: str) -> str:
+        """The shell command that continues a conversation in a terminal."""
+        default = config_dir.resolve() == self.default_config_dir.resolve()
+        return threads.resume_command(workdir, None if default else str(config_dir), session_id)
