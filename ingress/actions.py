@@ -81,7 +81,7 @@ async def stop_task(request: Request) -> Response:
 async def create_thread(request: Request) -> Response:
     spec = await body(request, ThreadIn, optional=True)
     thread_id = uuid.uuid4()  # the ingress names the thread, so the client can use it at once
-    args = {"title": spec.title, "mode": spec.mode or "interactive"}
+    args: dict[str, Any] = {"title": spec.title, "mode": spec.mode or "interactive"}
     if spec.project_id is not None:
         if await shared_queries(request).one("check_project_exists", {"id": spec.project_id}) is None:
             raise Problem(404, f"no project {spec.project_id}")

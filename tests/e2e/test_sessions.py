@@ -171,7 +171,7 @@ async def test_a_terminal_conversation_is_listed_adopted_continued_from_the_phon
 
 async def _thread(http: httpx.AsyncClient, thread_id: str) -> dict[str, Any] | None:
     got = await http.get(f"/api/threads/{thread_id}")
-    return got.json() if got.status_code == 200 else None  # type: ignore[no-any-return]  # JSON from the API
+    return got.json() if got.status_code == 200 else None
 
 
 async def _has(h: Harness, thread_id: str, text: str) -> bool:
