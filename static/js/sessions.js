@@ -63,7 +63,7 @@ function row(s) {
       s.live ? "Continue (fork)" : "Continue here");
   return h("li", { class: "session", "data-session-id": s.session_id },
     h("div", { class: "title" }, firstLine(s.title || `conversation ${s.session_id.slice(0, 8)}`, 140)),
-    h("div", { class: "meta" }, [s.cwd || "?", s.git_branch ? `⎇ ${s.git_branch}` : null, `${s.message_count} messages`,
+    h("div", { class: "meta" }, [s.cwd || "?", s.git_branch && s.git_branch !== "HEAD" ? `⎇ ${s.git_branch}` : null, `${s.message_count} messages`,
       ago(s.last_activity), s.executor].filter(Boolean).join(" · ")),
     s.live ? h("div", { class: "meta live" }, "in use by a terminal now: continuing forks it") : null,
     why ? h("div", { class: "meta error" }, why) : null,
