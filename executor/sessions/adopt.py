@@ -119,15 +119,27 @@ async def adopt(index: Index, thread_id: uuid.UUID, args: dict[str, Any]) -> str
 
 
 async def import_grown(index: Index) -> bool:
-    """What terminals added to this executor's adopted conversations while their threads had no turn open."""
+    """What terminals added to the conversations of this executor's threads while they had no turn open."""
+    if not index.grown:
+        return False
     q = Queries(index.pool, queries)
-    for thread in await q.all("list_adopted_threads_idle", {"executor": index.executor}):
+    ids, index.grown = sorted(index.grown), set()  # what grows meanwhile is the next pass's
+    try:
+        threads = await q.all("list_threads_of_conversations", {"executor": index.executor, "ids": ids})
+    except BaseException:
+        index.grown |= set(ids)  # an outage: asked again when it is over
+        raise
+    # a conversation no thread speaks in needs nothing; one whose thread has a turn open waits for its end
+    index.grown |= {t["cli_session_id"] for t in threads if t["turn_open"]}
+    for thread in threads:
+        if thread["turn_open"]:
+            continue
         config_dir = Path(thread["cli_config_dir"]) if thread["cli_config_dir"] else None
         f = index.by_session(thread["cli_session_id"], config_dir)
         previous = thread["cli_import_offset"]
         if f is None or f.scan.unreadable is not None:
             continue
-        if previous is None:  # a fork's file, first seen: it holds the history already imported and its turns
+        if previous is None:  # first seen (a fork, a thread's first turn): what it holds is in the journal
             await q.one("advance_thread_import", {"id": thread["id"], "previous": None, "offset": f.scan.parsed_to})
             continue
         if f.scan.parsed_to <= previous:

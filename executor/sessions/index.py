@@ -64,16 +64,21 @@ class Index:
     default_config_dir: Path  # ~/.claude of the service user: a command to continue needs no CLAUDE_CONFIG_DIR
     poll_s: float = 1.0
     files: dict[Path, _File] = field(default_factory=dict)
+    # conversations whose file grew (or appeared) since a thread's journal was last brought up to date with it
+    grown: set[str] = field(default_factory=set)
+    _by_id: dict[str, list[_File]] = field(default_factory=dict)
     _cleaned: bool = False
 
     def __post_init__(self) -> None:
         self.q = Queries(self.pool, queries)
+        # one pass at a time: the loop's and an adoption's (which wants the file as it is now)
+        self._lock = asyncio.Lock()
 
     # ---- the files ---------------------------------------------------------------------------------------
 
     def by_session(self, session_id: str, config_dir: Path | None = None) -> _File | None:
-        for f in self.files.values():
-            if f.scan.session_id == session_id and (config_dir is None or f.config_dir == config_dir):
+        for f in self._by_id.get(session_id, ()):
+            if config_dir is None or f.config_dir == config_dir:
                 return f
         return None
 
@@ -106,12 +111,20 @@ class Index:
                                                                                            st.st_mtime_ns):
                         continue
                     if known is None or known.inode != st.st_ino or st.st_size < known.scan.parsed_to:
+                        if known is not None:
+                            self._forget(known)
                         known = _File(config_dir, path, st.st_ino, 0, 0, Scan(path.stem))
                         self.files[path] = known
+                        self._by_id.setdefault(known.scan.session_id, []).append(known)
+                    before = known.scan.parsed_to
                     self._read(known, st.st_size)
+                    if known.scan.parsed_to != before or before == 0:
+                        self.grown.add(known.scan.session_id)
                     known.inode, known.size, known.mtime_ns = st.st_ino, st.st_size, st.st_mtime_ns
                     changed.append(known)
         gone = [self.files.pop(p) for p in list(self.files) if p not in seen]
+        for f in gone:
+            self._forget(f)
         held = live.live_sessions(self.config_dirs)
         for f in self.files.values():
             pid = held.get(f.scan.session_id)
@@ -120,6 +133,13 @@ class Index:
                 if f not in changed:
                     changed.append(f)
         return changed, gone
+
+    def _forget(self, f: _File) -> None:
+        same = self._by_id.get(f.scan.session_id, [])
+        if f in same:
+            same.remove(f)
+        if not same:
+            self._by_id.pop(f.scan.session_id, None)
 
     def _read(self, f: _File, size: int) -> None:
         try:
@@ -171,6 +191,11 @@ class Index:
 
     async def refresh(self) -> bool:
         """One pass: look at the files, publish what changed. Never asks for a second pass at once."""
+        async with self._lock:
+            await self._refresh()
+        return False
+
+    async def _refresh(self) -> None:
         changed, gone = await asyncio.to_thread(self._look)
         rows = [(f, self.row(f)) for f in changed]
         rows = [(f, r) for f, r in rows if r != f.published]
@@ -190,7 +215,6 @@ class Index:
             self._cleaned = True
             if rows or gone:
                 log.info("claude_sessions_indexed", changed=len(rows), gone=len(gone), known=len(self.files))
-        return False
 
     def resume_command(self, workdir: str, config_dir: Path, session_id: str) -> str:
         """The shell command that continues a conversation in a terminal."""

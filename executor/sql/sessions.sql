@@ -55,14 +55,15 @@ WHERE id = %(id)s AND role = 'orchestrator'
   AND (cli_session_id IS DISTINCT FROM %(cli_session_id)s OR cli_workdir IS DISTINCT FROM %(cli_workdir)s
        OR resume_command IS DISTINCT FROM %(resume_command)s)
 
--- name: list_adopted_threads_idle --
--- This executor's adopted threads with no turn open: their conversation's file may have grown in a terminal.
-SELECT s.id, s.cli_session_id, s.cli_config_dir, s.cli_import_offset
+-- name: list_threads_of_conversations --
+-- This executor's threads speaking in these conversations (whose files grew): a terminal may have added to
+-- them. turn_open: the thread's own turn may be what is writing (its lines are imported once it ended).
+SELECT s.id, s.cli_session_id, s.cli_config_dir, s.cli_import_offset,
+       EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id
+               AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)) AS turn_open
 FROM sessions s
-WHERE s.role = 'orchestrator' AND s.adopted_session_id IS NOT NULL AND s.executor_name = %(executor)s
-  AND s.lifecycle <> 'archived'
-  AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id
-                  AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL))
+WHERE s.role = 'orchestrator' AND s.cli_session_id = ANY(%(ids)s::text[])
+  AND coalesce(s.executor_name, %(executor)s) = %(executor)s AND s.lifecycle <> 'archived'
 
 -- name: list_thread_turn_windows --
 -- When each of a thread's turns ran: what the conversation's file gained then is the thread's own, already

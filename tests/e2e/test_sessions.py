@@ -285,3 +285,36 @@ async def test_a_fleet_lists_each_executors_conversations_and_runs_the_adopted_t
             turn = (await _turns_done(h, thread, 1))[0]
             assert (turn["status"], turn["executor"]) == ("success", "exec-b"), turn
             assert _model_saw(model, "on b", "phone to b")
+
+
+async def test_a_thread_begun_on_the_phone_is_handed_to_a_terminal_and_back(db: DB, tmp_path: Path) -> None:
+    with ScriptedModelServer(_scenario()) as model:
+        async with running_executor(db, model, tmp_path, sessions=SessionsConfig(poll_s=0.2)) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            made = await http.post("/api/threads", json={"title": "from the phone"})
+            thread = str(made.json()["thread_id"])
+            await wait.until(lambda: _thread(http, thread), "the thread made")
+            assert (await http.post("/api/chat", json={"thread_id": thread, "text": "phone first"})).status_code == 202
+            await _turns_done(h, thread, 1)
+            got = await wait.until(lambda: _with_command(http, thread), "the thread's command for a terminal")
+            workdir, config = tmp_path / "work", tmp_path / "claude-config"
+            assert got["resume_command"] == f"cd {workdir} && CLAUDE_CONFIG_DIR={config} claude --resume {thread}"
+            # the thread's own conversation is listed too, as the thread's
+            row = await wait.until(lambda: _listed(http, thread), "the thread's conversation listed", timeout=5)
+            assert row["thread_id"] == thread and row["cwd"] == str(workdir), row
+
+            # the command, as a terminal runs it: the thread shows what was said there
+            desk = Terminal(model, tmp_path / "desk", workdir)
+            desk.env["CLAUDE_CONFIG_DIR"] = str(config)
+            assert await desk.say("desk note", resume=thread) == thread
+            await wait.until(lambda: _has(h, thread, "desk note"), "the terminal's turn in the thread", timeout=10)
+            assert (await http.post("/api/chat", json={"thread_id": thread, "text": "phone second"})).status_code == 202
+            await _turns_done(h, thread, 2)
+            assert _model_saw(model, "phone first", "desk note", "phone second")
+            chat = await _chat(h, thread)
+            assert [x for t, x, _ in chat if t == "task.user_message"] == ["phone first", "desk note", "phone second"]
+
+
+async def _with_command(http: httpx.AsyncClient, thread_id: str) -> dict[str, Any] | None:
+    got = await _thread(http, thread_id)
+    return got if got and got["resume_command"] else None
