@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +29,11 @@ from shared.query import Queries
 
 log = logs.get(__name__)
 
-# most bytes one pass reads of one file (a huge conversation is read over several passes)
+# a file is read in pieces of at most this (a huge conversation never sits in memory whole)
 READ_CHUNK = 8 * 1024 * 1024
+# how often a pass also scans every process's command line for conversations named there (older CLIs keep no
+# registry): about as costly as the stat of 2,000 files (tests/bench/bench_sessions.py)
+NAMED_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,13 @@ class Index:
     roots: tuple[Path, ...]
     default_config_dir: Path  # ~/.claude of the service user: a command to continue needs no CLAUDE_CONFIG_DIR
     poll_s: float = 1.0
-    files: dict[Path, _File] = field(default_factory=dict)
+    files: dict[str, _File] = field(default_factory=dict)  # by path
     # conversations whose file grew (or appeared) since a thread's journal was last brought up to date with it
     grown: set[str] = field(default_factory=set)
     _by_id: dict[str, list[_File]] = field(default_factory=dict)
+    _live: list[_File] = field(default_factory=list)  # the files a live process held at the last pass
+    _named: dict[str, int] = field(default_factory=dict)
+    _named_at: float = -NAMED_EVERY_S
     _cleaned: bool = False
 
     def __post_init__(self) -> None:
@@ -84,37 +91,39 @@ class Index:
 
     def _look(self) -> tuple[list[_File], list[_File]]:
         """Stat every file (blocking: run in a thread); read what changed. Returns (changed, gone)."""
-        seen: set[Path] = set()
+        seen: set[str] = set()
         changed: list[_File] = []
+        files = self.files
         for config_dir in self.config_dirs:
             try:
-                projects = [e for e in os.scandir(config_dir / "projects") if e.is_dir(follow_symlinks=False)]
+                projects = [e.path for e in os.scandir(config_dir / "projects") if e.is_dir(follow_symlinks=False)]
             except OSError:
                 continue
             for project in projects:
                 try:
-                    entries = [e for e in os.scandir(project.path)
+                    entries = [e for e in os.scandir(project)
                                if e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False)]
                 except OSError:
                     continue
                 for entry in entries:
-                    path = Path(entry.path)
-                    if path in seen:
+                    key = entry.path
+                    if key in seen:
                         continue
-                    seen.add(path)
+                    seen.add(key)
                     try:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    known = self.files.get(path)
-                    if known is not None and (known.inode, known.size, known.mtime_ns) == (st.st_ino, st.st_size,
-                                                                                           st.st_mtime_ns):
-                        continue
+                    known = files.get(key)
+                    if known is not None and known.size == st.st_size and known.mtime_ns == st.st_mtime_ns \
+                            and known.inode == st.st_ino:
+                        continue  # the common case: a stat, nothing read
                     if known is None or known.inode != st.st_ino or st.st_size < known.scan.parsed_to:
                         if known is not None:
                             self._forget(known)
+                        path = Path(key)
                         known = _File(config_dir, path, st.st_ino, 0, 0, Scan(path.stem))
-                        self.files[path] = known
+                        files[key] = known
                         self._by_id.setdefault(known.scan.session_id, []).append(known)
                     before = known.scan.parsed_to
                     self._read(known, st.st_size)
@@ -125,13 +134,25 @@ class Index:
         gone = [self.files.pop(p) for p in list(self.files) if p not in seen]
         for f in gone:
             self._forget(f)
-        held = live.live_sessions(self.config_dirs)
-        for f in self.files.values():
-            pid = held.get(f.scan.session_id)
-            if pid != f.live_pid:
-                f.live_pid = pid
-                if f not in changed:
+        now = time.monotonic()
+        if now - self._named_at >= NAMED_EVERY_S:  # the fallback reads every process's command line: not each pass
+            self._named, self._named_at = live.named_on_command_lines(), now
+        held = dict(self._named)
+        for config_dir in self.config_dirs:
+            held.update(live.registered(config_dir))
+        marked = {id(f) for f in changed}
+        for session_id, pid in held.items():
+            for f in self._by_id.get(session_id, ()):
+                if f.live_pid != pid and id(f) not in marked:
                     changed.append(f)
+                    marked.add(id(f))
+                f.live_pid = pid
+        for f in self._live:  # those no longer held
+            if f.scan.session_id not in held and f.live_pid is not None:
+                f.live_pid = None
+                if id(f) not in marked:
+                    changed.append(f)
+        self._live = [f for fs in (self._by_id.get(s, ()) for s in held) for f in fs]
         return changed, gone
 
     def _forget(self, f: _File) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,36 @@ def test_a_registered_process_counts_only_while_that_very_process_lives(tmp_path
             json.dumps({"pid": pid, "sessionId": session, "procStart": start}))
     (tmp_path / "sessions" / "junk.json").write_text("{")
     assert live.registered(tmp_path) == {"held": me}
+
+
+def test_the_index_reads_only_what_a_file_gained_and_rereads_a_replaced_one(tmp_path: Path) -> None:
+    from executor.sessions.index import Index
+
+    conv = tmp_path / "cfg" / "projects" / "-w-app" / f"{SID}.jsonl"
+    conv.parent.mkdir(parents=True)
+    conv.write_bytes(FILE)
+    index = Index(None, "exec", (tmp_path / "cfg",), (Path("/w"),), tmp_path / "home" / ".claude")  # type: ignore[arg-type]  # no store here
+    read: list[int] = []
+    plain = index._read
+
+    def counted(f: Any, size: int) -> None:
+        read.append(size - f.scan.parsed_to)
+        plain(f, size)
+    index._read = counted  # type: ignore[method-assign]  # counting what each pass reads
+    changed, gone = index._look()
+    assert [f.scan.session_id for f in changed] == [SID] and not gone and read == [len(FILE)]
+    assert index.grown == {SID} and index.row(changed[0])["message_count"] == 4
+    index.grown.clear()
+    assert index._look() == ([], []) and read == [len(FILE)]  # unchanged: a stat, nothing read
+    more = _line("user", "one more thing", "2026-12-01T19:00:00.000Z")
+    with conv.open("ab") as fh:
+        fh.write(more)
+    changed, _ = index._look()
+    assert read[-1] == len(more) and index.grown == {SID}  # only the appended line
+    assert changed[0].scan.message_count == 5 and changed[0].scan.last_activity == datetime(2026, 12, 1, 19, tzinfo=UTC)
+    # replaced by a shorter file (a rewrite): read again from the start, not appended to
+    conv.write_bytes(FILE[:FILE.index(b'{"type":"attachment"')])
+    changed, _ = index._look()
+    assert changed[0].scan.message_count == 2 and read[-1] == conv.stat().st_size
+    conv.unlink()
+    assert index._look()[1] and index.by_session(SID) is None
