@@ -64,6 +64,10 @@ def _imported(messages: list[Message], thread_id: uuid.UUID, session_id: str) ->
 async def adopt(index: Index, thread_id: uuid.UUID, args: dict[str, Any]) -> str | None:
     """Make the thread from the conversation `args["adopt"]["session_id"]`; None, or why not."""
     session_id = str(args["adopt"]["session_id"])
+    q = Queries(index.pool, queries)
+    made = await q.one("get_session_cli", {"id": thread_id})
+    if made is not None and made["adopted_session_id"] == session_id:
+        return None  # made before a restart cut the control's own end short (it was queued again)
     await index.refresh()  # the file as it is now, not as the last pass saw it
     f = index.by_session(session_id)
     if f is None:
@@ -77,7 +81,6 @@ async def adopt(index: Index, thread_id: uuid.UUID, args: dict[str, Any]) -> str
     messages, end, bad = await asyncio.to_thread(index.read_messages, f, 0)
     if bad is not None:
         return f"the conversation's file cannot be read: {bad}"
-    q = Queries(index.pool, queries)
     taken = await q.one("check_conversation_taken", {"session_id": session_id})
     if taken is not None:
         return f"the conversation is already continued by thread {taken['id']}"
