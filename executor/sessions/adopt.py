@@ -154,11 +154,14 @@ async def import_grown(index: Index) -> bool:
         windows = [(w["started_at"], w["ended_at"]) for w in await q.all("list_thread_turn_windows",
                                                                           {"id": thread["id"]})]
         added = outside_turns(messages, windows)
+        skipped = len(added) - MAX_IMPORTED
+        added = added[-MAX_IMPORTED:]  # bounded as an adoption is: the newest
         async with work(q) as tx:
             if await tx.one("advance_thread_import", {"id": thread["id"], "previous": previous, "offset": end}) is None:
                 continue  # another pass took this stretch
             if added:
                 tx.emit(NewEvent("thread.imported", {"session_id": f.scan.session_id, "messages": len(added),
+                                                     "left_in_file": max(0, skipped),
                                                      "from_byte": previous, "to_byte": end},
                                  session_id=thread["id"]),
                         *_imported(added, thread["id"], f.scan.session_id))

@@ -63,6 +63,22 @@ class Terminal:
         return next((self.config / "projects").glob(f"*/{session_id}.jsonl"))
 
 
+def stored_conversation(config: Path, cwd: Path, *exchanges: tuple[str, str]) -> str:
+    """A conversation file as the CLI stores one (docs/claude-cli.md), written directly: for what needs the
+    file only (the index, the picker, adoption), not a run. Its id."""
+    session_id = str(uuid.uuid4())
+    lines = []
+    for i, (prompt, reply) in enumerate(exchanges):
+        for role, text in (("user", prompt), ("assistant", [{"type": "text", "text": reply}])):
+            lines.append({"type": role, "message": {"role": role, "content": text}, "uuid": str(uuid.uuid4()),
+                          "timestamp": f"2026-12-01T10:00:{i:02d}.000Z", "cwd": str(cwd), "sessionId": session_id,
+                          "gitBranch": "main", "isSidechain": False})
+    path = config / "projects" / str(cwd).replace("/", "-").replace(" ", "-") / f"{session_id}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return session_id
+
+
 async def _listed(http: httpx.AsyncClient, session_id: str, **params: str) -> dict[str, Any] | None:
     rows = (await http.get("/api/claude-sessions", params=params)).json()["sessions"]
     return next((r for r in rows if r["session_id"] == session_id), None)
@@ -70,7 +86,8 @@ async def _listed(http: httpx.AsyncClient, session_id: str, **params: str) -> di
 
 async def _listed_with(http: httpx.AsyncClient, session_id: str, messages: int) -> dict[str, Any] | None:
     row = await _listed(http, session_id)
-    return row if row and row["message_count"] == messages else None
+    # and no longer live: the terminal's run has exited (a pass during its turn saw it live)
+    return row if row and row["message_count"] == messages and not row["live"] else None
 
 
 async def _chat(h: Harness, thread_id: str) -> list[tuple[str, str, bool]]:
@@ -239,7 +256,7 @@ async def test_outside_the_roots_is_403_a_corrupt_file_is_unreadable_and_unknown
         sessions = SessionsConfig(dirs=(term.config,), poll_s=0.2)
         async with running_executor(db, model, tmp_path, project_roots=(roots,), sessions=sessions), \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            sid = await term.say("outside the roots")
+            sid = stored_conversation(term.config, tmp_path / "elsewhere", ("outside the roots", "ok"))
             row = await wait.until(lambda: _listed(http, sid), "the conversation listed", timeout=5)
             assert row["readable"] and not row["adoptable"], row
             refused = await http.post("/api/threads", json={"adopt_session_id": sid})

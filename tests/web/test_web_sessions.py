@@ -11,7 +11,7 @@ from playwright.async_api import expect
 
 from executor.sessions.index import SessionsConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
-from tests.e2e.test_sessions import Terminal
+from tests.e2e.test_sessions import Terminal, stored_conversation
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import ingress_server
@@ -27,9 +27,9 @@ async def test_a_terminal_conversation_is_picked_and_continued_with_one_tap_on_a
         async with running_executor(db, model, tmp_path, project_roots=(roots,),
                                     sessions=SessionsConfig(dirs=(term.config,), poll_s=0.2)), \
                 ingress_server(db.ingress_dsn) as url, browser() as b:
-            sid = await term.say("refactor the checkout page")
-            await term.say("and keep the tests green", resume=sid)
-            other = await Terminal(model, tmp_path / "desk", roots / "blog").say("write a post")
+            sid = stored_conversation(term.config, term.cwd, ("refactor the checkout page", "terminal reply"),
+                                      ("and keep the tests green", "terminal reply"))
+            other = stored_conversation(term.config, roots / "blog", ("write a post", "terminal reply"))
             async with page_at(b, url, PHONE) as page:
                 await page.click("#sessions-open")
                 panel = page.locator("#sessions-panel")
