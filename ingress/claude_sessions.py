@@ -47,6 +47,8 @@ async def check_adoptable(request: Request, session_id: uuid.UUID, executor: str
     if not row["adoptable"]:
         raise Problem(403, f"conversation {session_id} is in {row['cwd']}, outside the project roots "
                            "(PETAL_PROJECT_ROOTS) of executor " + row["executor"])
+    if not row["executor_live"]:
+        raise Problem(409, f"executor {row['executor']}, which holds conversation {session_id}, is not running")
     taken = await q.one("check_conversation_continued", {"session_id": str(session_id)})
     if taken is not None:
         raise Problem(409, f"conversation {session_id} is already continued by thread {taken['id']}",

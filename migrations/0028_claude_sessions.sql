@@ -33,6 +33,7 @@ ALTER TABLE sessions
     ADD COLUMN cli_fork_from      text,    -- its first turn forks this conversation (a live process held it)
     ADD COLUMN cli_import_offset  bigint;  -- bytes of the conversation's file the journal has (NULL: none yet)
 CREATE INDEX sessions_adopted_idx ON sessions (adopted_session_id) WHERE adopted_session_id IS NOT NULL;
+CREATE INDEX sessions_cli_session_idx ON sessions (cli_session_id) WHERE cli_session_id IS NOT NULL;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON claude_sessions TO petal_executor;
 GRANT SELECT ON claude_sessions TO petal_ingress;

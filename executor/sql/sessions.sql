@@ -29,7 +29,7 @@ FROM claude_sessions WHERE executor = %(executor)s AND session_id = %(session_id
 -- a second thread writing into it would interleave two histories.
 SELECT id FROM sessions
 WHERE role = 'orchestrator' AND lifecycle <> 'archived'
-  AND (cli_session_id = %(session_id)s OR id::text = %(session_id)s)
+  AND (cli_session_id = %(session_id)s OR id = %(session_id)s::uuid)
 LIMIT 1
 
 -- name: insert_adopted_thread --

@@ -6,9 +6,14 @@
 SELECT c.executor, c.session_id, c.cwd, c.title, c.git_branch, c.last_activity, c.message_count, c.size_bytes,
        c.live_pid IS NOT NULL AS live, c.live_pid, c.readable, c.unreadable_reason, c.adoptable, c.config_dir,
        c.indexed_at,
+       -- whether the executor holding it runs (an adoption is made there)
+       EXISTS (SELECT 1 FROM executors e WHERE e.name = c.executor AND e.lost_at IS NULL AND e.stopped_at IS NULL
+               AND e.lease_until > now()) AS executor_live,
        (SELECT s.id FROM sessions s
         WHERE s.role = 'orchestrator' AND s.lifecycle <> 'archived'
-          AND (s.cli_session_id = c.session_id OR s.adopted_session_id = c.session_id OR s.id::text = c.session_id)
+          AND (s.cli_session_id = c.session_id OR s.adopted_session_id = c.session_id
+               OR s.id = CASE WHEN c.session_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                              THEN c.session_id::uuid END)
         ORDER BY s.created_at DESC LIMIT 1) AS thread_id
 FROM claude_sessions c
 WHERE (%(q)s::text IS NULL OR strpos(lower(coalesce(c.title, '')), lower(%(q)s)) > 0
@@ -25,14 +30,16 @@ FROM claude_sessions WHERE cwd IS NOT NULL
 GROUP BY cwd ORDER BY max(last_activity) DESC NULLS LAST LIMIT 100
 
 -- name: list_claude_session_holders --
-SELECT executor, session_id, cwd, title, readable, unreadable_reason, adoptable, live_pid
-FROM claude_sessions WHERE session_id = %(session_id)s ORDER BY executor
+SELECT c.executor, c.session_id, c.cwd, c.title, c.readable, c.unreadable_reason, c.adoptable, c.live_pid,
+       EXISTS (SELECT 1 FROM executors e WHERE e.name = c.executor AND e.lost_at IS NULL AND e.stopped_at IS NULL
+               AND e.lease_until > now()) AS executor_live
+FROM claude_sessions c WHERE c.session_id = %(session_id)s ORDER BY c.executor
 
 -- name: check_conversation_continued --
 -- A thread that is not archived already continues it, or an adoption of it waits in the queue.
 SELECT s.id FROM sessions s
 WHERE s.role = 'orchestrator' AND s.lifecycle <> 'archived'
-  AND (s.cli_session_id = %(session_id)s OR s.id::text = %(session_id)s
+  AND (s.cli_session_id = %(session_id)s OR s.id = %(session_id)s::uuid
        OR (s.adopted_session_id = %(session_id)s AND s.cli_fork_from IS NULL))
 UNION ALL
 SELECT q.thread_id FROM thread_control_queue q

@@ -56,7 +56,8 @@ function renderDirs(dirs, chosen) {
 }
 
 function row(s) {
-  const why = !s.readable ? `unreadable: ${s.unreadable_reason}` : !s.adoptable ? "outside the project roots" : null;
+  const why = !s.readable ? `unreadable: ${s.unreadable_reason}` : !s.adoptable ? "outside the project roots"
+    : !s.executor_live ? `its executor (${s.executor}) is not running` : null;
   const action = s.thread_id
     ? h("button", { type: "button", class: "secondary small", onclick: () => open(s.thread_id) }, "Open its thread")
     : h("button", { type: "button", class: "small", disabled: Boolean(why), onclick: (ev) => adopt(s, ev.target) },
