@@ -45,6 +45,7 @@ def _bare_walk(root: Path) -> int:
 
 
 def main(files: int, rounds: int) -> None:
+    print(f"load before: {stats.machine_load()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "claude"
         paths = []
@@ -92,6 +93,7 @@ def main(files: int, rounds: int) -> None:
         for name, values in (("idle pass", idle), ("one file grown", grown)):
             p50, p90 = stats.ratio(values, bare, 50), stats.ratio(values, bare, 90)
             print(f"{name:>20} / bare: p50 {p50:.2f}x  p90 {p90:.2f}x" if p50 and p90 else f"{name}: too few samples")
+    print(f"load after: {stats.machine_load()}")
 
 
 if __name__ == "__main__":
