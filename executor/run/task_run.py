@@ -258,9 +258,6 @@ class TaskRunner:
         feeding.add_done_callback(self.children.discard)
         # the process runs from here on, database or not: the row learns its pid now or once it is back
         await self.save(r, lambda: self.store.set_process(task_id, proc.pid, session_id))
-        if task.session_id is not None:  # a thread's turn: the command that continues it in a terminal
-            command = substrate.resume_command(conv.substrate, workdir, spec.session_uuid)
-            await self.save(r, lambda: self.store.mark_session_cli(session_id, spec.session_uuid, workdir, command))
         parent_id = await self._spawn_parent(parent_lookup, task_id)
         # queued before any line of the task: the single writer keeps that order in the journal
         spawned = self._event(r, "task.spawned", {
@@ -270,6 +267,9 @@ class TaskRunner:
             "executor": self.lease.name, "executor_epoch": self.lease.epoch}, parent_id=parent_id)
         r.spawned_id = spawned.event_id
         await self.writer.put(spawned)
+        if task.session_id is not None:  # a thread's turn: the command that continues it in a terminal
+            command = substrate.resume_command(conv.substrate, workdir, spec.session_uuid)
+            await self.save(r, lambda: self.store.mark_session_cli(session_id, spec.session_uuid, workdir, command))
         child = asyncio.create_task(self._supervise(r, task), name=f"task-{task_id}")
         self.children.add(child)
         child.add_done_callback(self.children.discard)
