@@ -15,6 +15,7 @@ from tests.e2e.test_sessions import Terminal, stored_conversation
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import ingress_server
+from tests.web.test_web_a11y import axe_violations, check_reached_by_tab
 from tests.web.test_web_client import PHONE, browser, page_at, shot
 
 pytestmark = [pytest.mark.web, pytest.mark.timeout(240)]
@@ -43,6 +44,8 @@ async def test_a_terminal_conversation_is_picked_and_continued_with_one_tap_on_a
                 # nothing wider than the phone
                 assert await page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
                 await shot(page, "sessions-picker-phone")
+                assert await axe_violations(page) == []
+                await check_reached_by_tab(page, "the Sessions picker")
                 await row.locator("button").click()
                 await expect(page.locator("#thread-title")).to_have_text("refactor the checkout page",
                                                                          timeout=20_000)
@@ -56,3 +59,4 @@ async def test_a_terminal_conversation_is_picked_and_continued_with_one_tap_on_a
                 await expect(page.locator("#handback-copy")).to_be_visible()
                 assert await page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
                 await shot(page, "sessions-handback-phone")
+                assert await axe_violations(page) == []
