@@ -130,11 +130,15 @@ def read(data: bytes, session_id: str) -> tuple[Scan, list[Message]]:
 
 
 def outside_turns(messages: list[Message], windows: list[tuple[datetime, datetime | None]],
-                  margin_s: float = 1.0) -> list[Message]:
+                  before_s: float = 0.5) -> list[Message]:
     """The messages written outside the thread's own turns (`windows`: each turn's start and end; an end of
     None is a turn still running): what a terminal added, which the journal does not have yet. A message
-    with no timestamp is taken as the terminal's."""
+    with no timestamp is taken as the terminal's.
+
+    A turn's start is taken when it is claimed, before its process exists, and its end once the process
+    has been reaped, so every line the turn wrote lies inside; `before_s` allows for a clock step between
+    the CLI's and the database's. No allowance after the end: a terminal that goes on with the
+    conversation right after a turn (in under a second) writes after that end, and must not be lost."""
     def inside(at: datetime) -> bool:
-        return any((at - start).total_seconds() >= -margin_s
-                   and (end is None or (end - at).total_seconds() >= -margin_s) for start, end in windows)
+        return any((at - start).total_seconds() >= -before_s and (end is None or at <= end) for start, end in windows)
     return [m for m in messages if m.at is None or not inside(m.at)]

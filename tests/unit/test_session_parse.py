@@ -85,9 +85,10 @@ def test_messages_inside_the_threads_own_turns_are_not_imported_again() -> None:
 
     def msg(seconds: float) -> parse.Message:
         return parse.Message("user", str(seconds), None, t0 + timedelta(seconds=seconds), 0)
-    messages = [msg(-30), msg(5), msg(12), msg(40), parse.Message("user", "undated", None, None, 0)]
+    messages = [msg(-30), msg(-0.2), msg(5), msg(10), msg(10.3), msg(40), parse.Message("user", "undated", None, None, 0)]
     windows = [(t0, t0 + timedelta(seconds=10)), (t0 + timedelta(seconds=35), None)]  # the last still runs
-    assert [m.text for m in parse.outside_turns(messages, windows)] == ["-30", "12", "undated"]
+    # a line a fraction before the claim is the turn's (a clock step); one just after its end is a terminal's
+    assert [m.text for m in parse.outside_turns(messages, windows)] == ["-30", "10.3", "undated"]
 
 
 def test_the_command_that_continues_a_conversation_quotes_its_directory() -> None:
