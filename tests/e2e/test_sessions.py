@@ -257,11 +257,11 @@ async def test_outside_the_roots_is_403_a_corrupt_file_is_unreadable_and_unknown
         async with running_executor(db, model, tmp_path, project_roots=(roots,), sessions=sessions) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             sid = stored_conversation(term.config, tmp_path / "elsewhere", ("outside the roots", "ok"))
-            row = await wait.until(lambda: _listed(http, sid), "the conversation listed", timeout=5)
+            row = await wait.until(lambda: _listed(http, sid), "the conversation listed", timeout=15)
             assert row["readable"] and not row["adoptable"], row
             refused = await http.post("/api/threads", json={"adopt_session_id": sid})
             assert refused.status_code == 403 and "outside the project roots" in refused.json()["detail"], refused.text
-            bad = await wait.until(lambda: _listed(http, corrupt.stem), "the corrupt file listed", timeout=5)
+            bad = await wait.until(lambda: _listed(http, corrupt.stem), "the corrupt file listed", timeout=15)
             assert not bad["readable"] and "line 2 is not JSON" in bad["unreadable_reason"], bad
             refused = await http.post("/api/threads", json={"adopt_session_id": corrupt.stem})
             assert refused.status_code == 422 and "cannot be read" in refused.json()["detail"], refused.text
@@ -278,9 +278,16 @@ async def test_outside_the_roots_is_403_a_corrupt_file_is_unreadable_and_unknown
             assert refused.status_code == 409 and "not running" in refused.json()["detail"], refused.text
             threads = (await http.get("/api/threads")).json()["threads"]
             assert not any(t.get("adopted_session_id") for t in threads)  # nothing was queued
+            # paged, newest first
+            first = (await http.get("/api/claude-sessions", params={"limit": 1})).json()
+            second = (await http.get("/api/claude-sessions", params={"limit": 1, "offset": 1})).json()
+            assert first["more"] and len(first["sessions"]) == len(second["sessions"]) == 1
+            assert first["sessions"][0]["last_activity"] >= second["sessions"][0]["last_activity"]
+            assert first["sessions"][0]["session_id"] != second["sessions"][0]["session_id"]
+            assert (await http.get("/api/claude-sessions", params={"limit": 0})).status_code == 400
             # a file that went is unlisted
             corrupt.unlink()
-            await wait.until(lambda: _gone(http, corrupt.stem), "the deleted file unlisted", timeout=5)
+            await wait.until(lambda: _gone(http, corrupt.stem), "the deleted file unlisted", timeout=15)
 
 
 async def _gone(http: httpx.AsyncClient, sid: str) -> bool:
@@ -299,8 +306,8 @@ async def test_a_fleet_lists_each_executors_conversations_and_runs_the_adopted_t
                                  sessions=SessionsConfig(dirs=(desk_b.config,), poll_s=0.2)), \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             sid_a, sid_b = await asyncio.gather(desk_a.say("on a"), desk_b.say("on b"))
-            row_a = await wait.until(lambda: _listed(http, sid_a), "a's conversation listed", timeout=5)
-            row_b = await wait.until(lambda: _listed(http, sid_b), "b's conversation listed", timeout=5)
+            row_a = await wait.until(lambda: _listed(http, sid_a), "a's conversation listed", timeout=15)
+            row_b = await wait.until(lambda: _listed(http, sid_b), "b's conversation listed", timeout=15)
             assert (row_a["executor"], row_b["executor"]) == ("exec-a", "exec-b")
             assert await _listed(http, sid_b, executor="exec-a") is None
             thread = await _adopt(http, sid_b)
@@ -324,7 +331,7 @@ async def test_a_thread_begun_on_the_phone_is_handed_to_a_terminal_and_back(db: 
             workdir, config = tmp_path / "work", tmp_path / "claude-config"
             assert got["resume_command"] == f"cd {workdir} && CLAUDE_CONFIG_DIR={config} claude --resume {thread}"
             # the thread's own conversation is listed too, as the thread's
-            row = await wait.until(lambda: _listed(http, thread), "the thread's conversation listed", timeout=5)
+            row = await wait.until(lambda: _listed(http, thread), "the thread's conversation listed", timeout=15)
             assert row["thread_id"] == thread and row["cwd"] == str(workdir), row
 
             # the command, as a terminal runs it: the thread shows what was said there

@@ -34,7 +34,7 @@ async def test_a_terminal_conversation_is_picked_and_continued_with_one_tap_on_a
             async with page_at(b, url, PHONE) as page:
                 await page.click("#sessions-open")
                 panel = page.locator("#sessions-panel")
-                await expect(panel.locator(f"[data-session-id='{other}']")).to_be_visible(timeout=10_000)
+                await expect(panel.locator(f"[data-session-id='{other}']")).to_be_visible(timeout=20_000)
                 await page.fill("#sessions-q", "checkout")
                 await expect(panel.locator(".session")).to_have_count(1)
                 row = panel.locator(f"[data-session-id='{sid}']")
