@@ -63,7 +63,11 @@ def _imported(messages: list[Message], thread_id: uuid.UUID, session_id: str) ->
 
 async def adopt(index: Index, thread_id: uuid.UUID, args: dict[str, Any]) -> str | None:
     """Make the thread from the conversation `args["adopt"]["session_id"]`; None, or why not."""
-    session_id = str(args["adopt"]["session_id"])
+    session_id = str(args["adopt"].get("session_id"))
+    try:
+        session_id = str(uuid.UUID(session_id))
+    except ValueError:
+        return f"{session_id!r} is not a conversation id (a UUID)"
     q = Queries(index.pool, queries)
     made = await q.one("get_session_cli", {"id": thread_id})
     if made is not None and made["adopted_session_id"] == session_id:
