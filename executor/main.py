@@ -21,7 +21,10 @@ from executor.journal.writer import JournalWriter
 from executor.notify import notifier as notify
 from executor.notify.duty import Duty
 from executor.projects import service as projects
-from executor.run.substrate import SubstrateConfig
+from executor.run.substrate import SubstrateConfig, config_home
+from executor.sessions import adopt as claude_sessions
+from executor.sessions.index import Index as SessionIndex
+from executor.sessions.index import SessionsConfig
 from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.settle import threads
 from executor.settle.settler import Settler, SettlerConfig
@@ -55,6 +58,8 @@ class ExecutorConfig:
     # a project's workdir must lie under one of these (empty: the service user's home)
     project_roots: tuple[Path, ...] = ()
     journal_hold_bytes: int = JOURNAL_HOLD_BYTES
+    # the CLI's stored conversations this executor lists and lets threads continue
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
@@ -90,7 +95,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         mcp_app = harness_mcp.asgi_app(harness_mcp.build(harness), config.mcp_host)
         supervisor = Supervisor(db, writer, config.substrate, config.supervisor)
         supervisor.on_credential_revoked = harness.forget
-        conversations = threads.Threads(db.pool, writer)
+        sessions = _session_index(config, db)
+        conversations = threads.Threads(db.pool, writer, sessions)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, config.settler, conversations.wake)
         repos = projects.Projects(db.pool, writer,
@@ -104,6 +110,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         project_sub = listener.subscribe(["project_queue"])
         notify_sub = listener.subscribe(["journal", "notify_queue"])
         rule_sub = listener.subscribe(["gate_rule_queue"])
+        sessions_sub = listener.subscribe(["task_changed"])
 
         # the loops: each one's stop is pushed as it starts, so they stop in the reverse order
         group = await stack.enter_async_context(asyncio.TaskGroup())
@@ -121,6 +128,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             loops.start(group, "projects", repos.run(project_sub)),
             loops.start(group, "notifier", notifier.run(notify_sub)),
             loops.start(group, "gate-rules", gates.run_rule_queue(db.pool, writer, rule_sub)),
+            loops.start(group, "claude-sessions", claude_sessions.run(sessions, sessions_sub)),
         ]
         stack.push_async_callback(_cancel, *side)
         settling = loops.start(group, "settler", settler.run(settle_sub))
@@ -134,6 +142,15 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         gc.freeze()
         await stop.wait()
     loops.raise_crash()
+
+
+def _session_index(config: ExecutorConfig, db: Database) -> SessionIndex:
+    """The index of the CLI conversations in the configured directories (default: the service user's
+    ~/.claude) and in the executor's own config directory."""
+    home_claude = Path(config.substrate.base_env.get("HOME") or Path.home()) / ".claude"
+    dirs = tuple(dict.fromkeys([*(config.sessions.dirs or (home_claude,)), config_home(config.substrate)]))
+    return SessionIndex(db.pool, config.supervisor.name, dirs, config.project_roots, home_claude,
+                        config.sessions.poll_s)
 
 
 class _Loops:

@@ -9,7 +9,7 @@ from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress import asks
+from ingress import asks, claude_sessions
 from ingress.http import body, ingress_queries, path_uuid, respond, shared_queries, who
 from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPatch
 from ingress.problems import Problem
@@ -80,11 +80,16 @@ async def stop_task(request: Request) -> Response:
 async def create_thread(request: Request) -> Response:
     spec = await body(request, ThreadIn, optional=True)
     thread_id = uuid.uuid4()  # the ingress names the thread, so the client can use it at once
-    args = {"title": spec.title, "mode": spec.mode or "interactive"}
+    args: dict[str, Any] = {"title": spec.title, "mode": spec.mode or "interactive"}
     if spec.project_id is not None:
         if await shared_queries(request).one("check_project_exists", {"id": spec.project_id}) is None:
             raise Problem(404, f"no project {spec.project_id}")
         args["project_id"] = str(spec.project_id)
+    if spec.adopt_session_id is not None:
+        # made by the executor holding the file (it checks again there, with the file in hand)
+        held = await claude_sessions.check_adoptable(request, spec.adopt_session_id, spec.executor)
+        args["title"] = spec.title or held["title"] or f"conversation {str(spec.adopt_session_id)[:8]}"
+        args["adopt"] = {"session_id": str(spec.adopt_session_id), "executor": held["executor"]}
     queued = await ingress_queries(request).one("enqueue_thread_control",
                                                 {"thread_id": thread_id, "action": "create", "args": Jsonb(args)})
     return respond({**(queued or {}), "thread_id": thread_id}, 202)

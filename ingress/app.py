@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ingress import actions, attachments, gate_rules, notify, problems, reads, stream
+from ingress import actions, attachments, claude_sessions, gate_rules, notify, problems, reads, stream
 from ingress import projects as project_routes
 from ingress.auth import (
     COOKIE,
@@ -123,8 +123,9 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
             "schema": {"type": "string", "format": "binary"}}}}}), attachments.download),
     (Op("post", "/api/tasks/{task_id}/stop", "ask the executor to stop a task", StopIn, True, (_TASK,), 202,
         (404, 409, 415, 422)), actions.stop_task),
-    (Op("post", "/api/threads", "create a thread (the id is issued here)", ThreadIn, True, status=202,
-        errors=(415, 422)), actions.create_thread),
+    (Op("post", "/api/threads", "create a thread (the id is issued here); adopt_session_id: made from a stored CLI "
+        "conversation, its turns continuing it", ThreadIn, True, status=202,
+        errors=(403, 404, 409, 415, 422)), actions.create_thread),
     (Op("patch", "/api/threads/{thread_id}", "rename, change mode, or archive a thread", ThreadPatch,
         params=(Param("thread_id", "path", UUID),), status=202, errors=(404, 415, 422)), actions.patch_thread),
     (Op("post", "/api/threads/{thread_id}/retry", "run a failed orchestrator turn again with the same messages",
@@ -150,6 +151,14 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
         params=(Param("thread_id", "path", UUID), _AFTER,
                 Param("before_seq", "query", SEQ, "page back: only records with a smaller seq"), _LIMIT),
         errors=(400,)), reads.conversation),
+    (Op("get", "/api/claude-sessions", "the CLI's stored conversations on every executor, newest first", params=(
+        Param("q", "query", {"type": "string"}, "text in the title, directory or id"),
+        Param("dir", "query", {"type": "string"}, "this directory and those under it"),
+        Param("executor", "query", {"type": "string"}),
+        Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 200}),
+        Param("offset", "query", {"type": "integer", "minimum": 0})), errors=(400,)), claude_sessions.list_sessions),
+    (Op("get", "/api/threads/{thread_id}", "one thread: its mode, state and the command that continues it in a "
+        "terminal", params=(Param("thread_id", "path", UUID),), errors=(404,)), reads.get_thread),
     (Op("get", "/api/info", "what this server is: version, demo mode, auth mode"), info),
     (Op("get", "/api/queue", "chat messages not yet delivered", params=(_THREADQ,), errors=(400,)),
      reads.pending_queue),

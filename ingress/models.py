@@ -42,6 +42,18 @@ class ThreadIn(_Body):
     mode: Mode | None = None
     # the project the thread works on: its turns know the project, its workers run in its repository
     project_id: uuid.UUID | None = None
+    # a CLI conversation stored on an executor (GET /api/claude-sessions) the thread continues, and that
+    # executor (needed only when more than one holds a conversation of that id)
+    adopt_session_id: uuid.UUID | None = None
+    executor: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _adopt_alone(self) -> ThreadIn:
+        if self.adopt_session_id is not None and self.project_id is not None:
+            raise ValueError("a thread made from a stored conversation has no project: give one of them")
+        if self.executor is not None and self.adopt_session_id is None:
+            raise ValueError("executor names where adopt_session_id is held: give adopt_session_id")
+        return self
 
 
 class ThreadPatch(_Body):

@@ -111,6 +111,14 @@ async def project_state(request: Request) -> Response:
     return respond(state)
 
 
+async def get_thread(request: Request) -> Response:
+    thread_id = path_uuid(request, "thread_id")
+    thread = await ingress_queries(request).one("get_thread", {"id": thread_id})
+    if thread is None:
+        raise Problem(404, f"no thread {thread_id}")
+    return respond(thread)
+
+
 async def context(request: Request) -> Response:
     """The orchestrator's working set for one thread (FR-006)."""
     thread_id = query_uuid(request, "thread_id") or threads.DEFAULT_THREAD_ID

@@ -137,6 +137,10 @@ class Settings(BaseSettings):
     sandbox: SandboxMode = "bwrap"
     sandbox_allow: str = ""
     claude_config_dir: Path | None = None
+    # The CLI config directories whose stored conversations the executor lists for adoption (":"-separated;
+    # empty: the service user's ~/.claude), besides PETAL_CLAUDE_CONFIG_DIR; how often their files are looked at.
+    claude_session_dirs: str = ""
+    claude_sessions_poll_s: float = Field(default=1.0, gt=0)
     # The CLI's retry and timeout knobs (unset: the CLI's defaults, which hold a dead API for minutes).
     claude_max_retries: int | None = Field(default=None, ge=0)
     claude_api_timeout_ms: int | None = Field(default=None, gt=0)
@@ -268,6 +272,7 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
                     sandbox: SandboxPolicy | None) -> ExecutorConfig:
     """The executor's config: `dsn` its role's, `sandbox` what `sandbox_policy` found before anything started."""
     from executor.main import ExecutorConfig
+    from executor.sessions.index import SessionsConfig
     from executor.settle.settler import SettlerConfig
 
     return ExecutorConfig(
@@ -281,6 +286,9 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
         notify=notify_config(settings),
         project_roots=settings.project_root_paths,
         journal_hold_bytes=settings.journal_hold_bytes,
+        sessions=SessionsConfig(
+            dirs=tuple(Path(p).expanduser() for p in settings.claude_session_dirs.split(":") if p.strip()),
+            poll_s=settings.claude_sessions_poll_s),
     )
 
 

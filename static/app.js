@@ -13,6 +13,7 @@ import { disableNotify, enableNotify, presence, renderNotify, testNotify } from 
 import { S, TABS, currentTab } from "./js/state.js";
 import { setConn, stream } from "./js/stream.js";
 import { detailEvent, loadDetail, loadTasks } from "./js/tasks.js";
+import { initSessions } from "./js/sessions.js";
 import { archiveThread, changeMode, findThread, focusThread, loadThreads, newThread, renameThread } from "./js/threads.js";
 
 function onWake(kind) {
@@ -93,6 +94,7 @@ async function start() {
   $("#thread-rename").addEventListener("click", () => renameThread());
   $("#thread-archive").addEventListener("click", () => archiveThread());
   $("#thread-search").addEventListener("change", (ev) => findThread(ev.target.value));
+  initSessions({ loadThreads, focusThread });
   $("#load-older").addEventListener("click", () => loadOlder().catch((e) => { $("#thread-status").textContent = e.message; }));
   $("#feed-filter").addEventListener("input", renderFeed);
   window.addEventListener("hashchange", showTab);

@@ -48,13 +48,21 @@ class Isolation:
         return self._gateways
 
     def wrap(self, gateway: Gateway, workdir: Path, mcp_path: Path | None, cmd: list[str], env: dict[str, str],
-             task_id: uuid.UUID, session_uuid: str) -> tuple[list[str], dict[str, str]]:
-        """The command line and environment of a spawn inside its sandbox."""
+             task_id: uuid.UUID, session_uuid: str, *, substrate_config: substrate.SubstrateConfig | None = None,
+             fork_from: str | None = None) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of a spawn inside its sandbox (`substrate_config`: an adopted
+        conversation's own config directory; `fork_from`: the conversation its new one copies)."""
+        sub = substrate_config or self.substrate
         git_rw, git_ro = sandbox.git_parts(workdir)
-        home = Path(self.substrate.base_env.get("HOME") or Path.home())
-        config = sandbox.config_view(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
+        home = Path(sub.base_env.get("HOME") or Path.home())
+        config_home = substrate.config_home(sub)
+        config = sandbox.config_view(config_home, workdir, session_uuid, task_id.hex, fork_from=fork_from)
+        hidden = config.hidden
+        own = substrate.config_home(self.substrate)
+        if own.resolve() != config_home.resolve():
+            hidden = (*hidden, own)  # the executor's own conversations stay out of an adopted one's sight
         writable = [*config.writable, *git_rw]
-        if self.substrate.config_dir is None and not self.substrate.base_env.get("CLAUDE_CONFIG_DIR"):
+        if sub.config_dir is None and not sub.base_env.get("CLAUDE_CONFIG_DIR"):
             writable += [p for p in (home / ".claude.json",) if p.exists()]
         readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None), *config.readonly, *self.policy.exposed]
         readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
@@ -64,14 +72,16 @@ class Isolation:
         if not sandbox.visible(Path(found), self.policy):
             readonly.append(Path(found).resolve())  # a wrapper script outside the CLI's install
         box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
-                               hidden=config.hidden, bound=config.bound, ports=tuple(gateway.forwards),
+                               hidden=hidden, bound=config.bound, ports=tuple(gateway.forwards),
                                sockets_dir=gateway.directory)
         return sandbox.wrap(self.policy, box, cmd), {**env, **sandbox.proxy_env()}
 
-    def keep_session(self, workdir: Path, session_id: uuid.UUID, task_id: uuid.UUID) -> None:
+    def keep_session(self, workdir: Path, session_id: str, task_id: uuid.UUID, *,
+                     substrate_config: substrate.SubstrateConfig | None = None) -> None:
         """A sandboxed spawn's new conversation into place for the next turn's `--resume`."""
         try:
-            sandbox.keep_session(substrate.config_home(self.substrate), workdir, str(session_id), task_id.hex)
+            sandbox.keep_session(substrate.config_home(substrate_config or self.substrate), workdir, session_id,
+                                 task_id.hex)
         except OSError:  # the next turn starts the conversation afresh (session_stored): logged, not fatal
             log.exception("keep_session_failed", task_id=str(task_id))
 

@@ -20,7 +20,7 @@ import orjson
 
 from executor import gates
 from executor.run import user_input
-from shared import journal, lifeline
+from shared import journal, lifeline, threads
 
 # Environment that keeps the CLI from calling home; the executor's own environment passes through.
 QUIET_ENV = {
@@ -94,6 +94,9 @@ class SpawnSpec:
     extra_args: tuple[str, ...] = ()
     # the user message as content blocks (a turn with attachments): fed as stream-json input, not as text
     content: tuple[dict[str, Any], ...] = ()
+    # a new conversation that starts as a copy of this one (`--fork-session`): an adopted thread's first turn
+    # while a live process held the conversation
+    fork_from: str | None = None
 
 
 def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
@@ -106,7 +109,13 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
     # plant hooks that run in the next turn, with its credential).
     cmd += ["--setting-sources", "user"]
     # The harness chooses the conversation id so it is known before the process starts.
-    cmd += ["--resume", spec.session_uuid] if spec.resume else ["--session-id", spec.session_uuid]
+    if spec.resume:
+        cmd += ["--resume", spec.session_uuid]
+    elif spec.fork_from:
+        # observed on 2.1.328: the fork takes the id given with --session-id (docs/claude-cli.md)
+        cmd += ["--resume", spec.fork_from, "--fork-session", "--session-id", spec.session_uuid]
+    else:
+        cmd += ["--session-id", spec.session_uuid]
     cmd += ["--append-system-prompt", "\n\n".join(p for p in (ROLE_MARKER.format(role=spec.role), spec.system_prompt) if p)]
     if spec.mcp_config is not None:
         # --mcp-config is variadic: the "=" form keeps it from swallowing the next argument.
@@ -179,6 +188,14 @@ def config_home(config: SubstrateConfig) -> Path:
     if config.base_env.get("CLAUDE_CONFIG_DIR"):
         return Path(config.base_env["CLAUDE_CONFIG_DIR"])
     return Path(config.base_env.get("HOME") or Path.home()) / ".claude"
+
+
+def resume_command(config: SubstrateConfig, workdir: Path, session_uuid: str) -> str:
+    """The shell command that continues a conversation in a terminal (CLAUDE_CONFIG_DIR only when it is not
+    the service user's ~/.claude, which a terminal of that user reads anyway)."""
+    home = config_home(config)
+    default = Path(config.base_env.get("HOME") or Path.home()) / ".claude"
+    return threads.resume_command(str(workdir), None if home == default else str(home), session_uuid)
 
 
 def session_stored(config: SubstrateConfig, session_uuid: str) -> bool:

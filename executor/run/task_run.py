@@ -8,10 +8,10 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from executor.journal.writer import Fenced, JournalWriter
 from executor.projects import service as projects
@@ -93,12 +93,23 @@ class Running:
     mcp_config: Path | None = None
     gateway: Gateway | None = None  # the sandbox's ways out, closed when the process has exited
     workdir: Path | None = None
+    # the CLI conversation it speaks in and the CLI config it runs with (an adopted thread's own)
+    cli_session: str | None = None
+    substrate: substrate.SubstrateConfig | None = None
     revoke_pending: bool = False  # the database was away when its process exited: revoked once the end is recorded
     # row updates an outage held back, applied in order once the database is back
     unsaved: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     saving: bool = False
     spawned_id: uuid.UUID | None = None  # its task.spawned event: the parent of its task.exited
     tool_calls: dict[str, uuid.UUID] = field(default_factory=dict)  # tool_use_id → the line that made the call
+
+
+class Conversation(NamedTuple):
+    resume: bool
+    substrate: substrate.SubstrateConfig
+    cli_session: str | None = None
+    fork_from: str | None = None
+    workdir: Path | None = None
 
 
 class TaskRunner:
@@ -140,6 +151,24 @@ class TaskRunner:
             log.warning("final_status_refused", task_id=str(task_id), status=end.status, epoch=self.lease.epoch)
         return done
 
+    async def _conversation(self, task: ClaimedTask) -> Conversation:
+        """The CLI conversation a task speaks in: a thread's own, or the one an adopted thread continues (in
+        its own directory and config directory; forked on the first turn when a live process held it)."""
+        if task.session_id is None:
+            return Conversation(False, self.substrate)
+        cli = await self.store.session_cli(task.session_id)
+        sub, workdir, cli_session, fork_from = self.substrate, None, str(task.session_id), None
+        if cli is not None and cli["adopted_session_id"]:
+            if cli["cli_config_dir"]:
+                sub = replace(self.substrate, config_dir=Path(cli["cli_config_dir"]))
+            workdir = Path(cli["cli_workdir"]) if cli["cli_workdir"] else None
+            cli_session = cli["cli_session_id"] or cli_session
+            fork_from = cli["cli_fork_from"]
+        # a thread's turn resumes its conversation only if the CLI stored it: a first turn that failed before
+        # that starts it again (a fork: forks it again)
+        resume = await asyncio.to_thread(substrate.session_stored, sub, cli_session)
+        return Conversation(resume, sub, cli_session, None if resume else fork_from, workdir)
+
     async def start(self, task: ClaimedTask) -> None:
         """Spawn a claimed task's process and supervise it until it is reaped. An outage error before the
         process exists leaves the task claimed, to start again; from the spawn on, the run goes on."""
@@ -152,16 +181,12 @@ class TaskRunner:
         proc = None
         gateway: Gateway | None = None
         try:
-            isolated, profile, resume = await asyncio.gather(
-                self._worktree(task), self.store.role_profile(task.role),
-                # a thread's turn resumes its session only if the CLI stored it: a first turn that failed
-                # before that starts it again
-                asyncio.to_thread(substrate.session_stored, self.substrate, str(task.session_id))
-                if task.session_id else aio.resolved(False))
+            isolated, profile, conv = await asyncio.gather(
+                self._worktree(task), self.store.role_profile(task.role), self._conversation(task))
             if isinstance(isolated, str):
                 await self._finish_unspawned(task, "failed", isolated)
                 return
-            workdir = isolated or Path(task.workdir or self.config.default_workdir)
+            workdir = isolated or conv.workdir or Path(task.workdir or self.config.default_workdir)
             if not workdir.is_dir():
                 await self._finish_unspawned(task, "skipped", f"working directory {workdir} does not exist")
                 return
@@ -180,21 +205,23 @@ class TaskRunner:
                 role=task.role,
                 prompt=task.brief,
                 content=content,
-                session_uuid=str(session_id),
-                resume=resume,
+                session_uuid=conv.cli_session or str(session_id),
+                resume=conv.resume,
+                fork_from=conv.fork_from,
                 allowed_tools=tuple(task.allowed_tools if task.allowed_tools is not None
                                     else profile.allowed_tools),
                 system_prompt=profile.system_prompt,
                 mcp_config=mcp_path,
                 json_schema=task.json_schema,
             )
-            cmd = substrate.build_command(self.substrate, spec)
-            env = substrate.build_env(self.substrate, str(task_id))
+            cmd = substrate.build_command(conv.substrate, spec)
+            env = substrate.build_env(conv.substrate, str(task_id))
             try:
                 argv = cmd
                 if self.isolation is not None:
                     gateway = await self.isolation.open_gateway(task_id, task.project_id)
-                    argv, env = self.isolation.wrap(gateway, workdir, mcp_path, cmd, env, task_id, spec.session_uuid)
+                    argv, env = self.isolation.wrap(gateway, workdir, mcp_path, cmd, env, task_id, spec.session_uuid,
+                                                    substrate_config=conv.substrate, fork_from=spec.fork_from)
                 # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
                 # Bash-tool children itself (they run in their own session, out of reach of a group signal)
                 argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
@@ -223,7 +250,7 @@ class TaskRunner:
         started = time.monotonic()
         r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway,
-                    workdir=workdir)
+                    workdir=workdir, cli_session=spec.session_uuid, substrate=conv.substrate)
         self.runs[task_id] = r
         feeding = asyncio.create_task(self._feed_prompt(proc, substrate.stdin_input(spec)))
         self.children.add(feeding)
@@ -239,6 +266,9 @@ class TaskRunner:
             "executor": self.lease.name, "executor_epoch": self.lease.epoch}, parent_id=parent_id)
         r.spawned_id = spawned.event_id
         await self.writer.put(spawned)
+        if task.session_id is not None:  # a thread's turn: the command that continues it in a terminal
+            command = substrate.resume_command(conv.substrate, workdir, spec.session_uuid)
+            await self.save(r, lambda: self.store.mark_session_cli(session_id, spec.session_uuid, workdir, command))
         child = asyncio.create_task(self._supervise(r, task), name=f"task-{task_id}")
         self.children.add(child)
         child.add_done_callback(self.children.discard)
@@ -341,7 +371,8 @@ class TaskRunner:
             if r.gateway is not None and self.isolation is not None:
                 await r.gateway.close()
                 assert r.workdir is not None
-                self.isolation.keep_session(r.workdir, r.session_id, r.task_id)
+                self.isolation.keep_session(r.workdir, r.cli_session or str(r.session_id), r.task_id,
+                                            substrate_config=r.substrate)
             if r.mcp_config is not None:
                 r.revoke_pending = await self.credentials.revoke(r.task_id, r.mcp_config)
             done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -160,6 +161,14 @@ class TaskStore:
         """The session a run speaks in: running, one more turn, pinned to its first turn's executor."""
         await self.q.execute("upsert_running_session", {"id": session_id, "project_id": project_id, "role": role,
                                                         "name": executor})
+
+    async def session_cli(self, session_id: uuid.UUID) -> dict[str, Any] | None:
+        """The CLI conversation a thread's turns continue, when it was adopted (its directory, config, fork)."""
+        return await self.q.one("get_session_cli", {"id": session_id})
+
+    async def mark_session_cli(self, session_id: uuid.UUID, cli_session: str, workdir: Path, command: str) -> None:
+        await self.q.execute("mark_session_cli", {"id": session_id, "cli_session_id": cli_session,
+                                                  "cli_workdir": str(workdir), "resume_command": command})
 
     async def end_session(self, session_id: uuid.UUID, lifecycle: str, substrate_session_id: str | None) -> None:
         await self.q.execute("update_session", {"id": session_id, "lifecycle": lifecycle,

@@ -282,7 +282,8 @@ def spawn_sessions(config_home: Path, key: str) -> Path:
     return config_home / SPAWNS_DIR / key
 
 
-def config_view(config_home: Path, workdir: Path, session_uuid: str, key: str) -> ConfigView:
+def config_view(config_home: Path, workdir: Path, session_uuid: str, key: str, *,
+                fork_from: str | None = None) -> ConfigView:
     """A spawn's view of the CLI's config directory, on a whitelist: an empty tmpfs in its place, with its login and
     state file read-write, what every spawn obeys read-only, and in its working directory's conversations
     directory only its own conversation: a private directory holding a hard link to the conversation's file (and
@@ -303,6 +304,10 @@ def config_view(config_home: Path, workdir: Path, session_uuid: str, key: str) -
     transcript = real / f"{session_uuid}.jsonl"
     if transcript.is_file():
         os.link(transcript, private / transcript.name)
+    # a fork reads the conversation it copies (the CLI does not write it: observed, docs/claude-cli.md)
+    source = real / f"{fork_from}.jsonl"
+    if fork_from and source.is_file() and not (private / source.name).exists():
+        os.link(source, private / source.name)
     if (real / session_uuid).is_dir():
         (private / session_uuid).mkdir()
         bound.append((real / session_uuid, real / session_uuid))

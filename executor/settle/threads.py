@@ -22,6 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from executor.projects import service as projects
+from executor.sessions import adopt as adoption
+from executor.sessions.index import Index as SessionIndex
 from executor.settle import dispatch, settlement
 from executor.sql import queries
 from shared import consume, database, journal, logs, threads
@@ -40,8 +42,9 @@ ARCHIVED = "thread archived"  # the response of a question its thread's archivin
 
 
 class Threads:
-    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter):
+    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter, sessions: SessionIndex | None = None):
         self.pool = pool
+        self.sessions = sessions  # the CLI conversations this executor holds (a thread may be made from one)
         self.q = Queries(pool, queries)
         self.shared = Queries(pool, shared_queries)
         self.writer = writer
@@ -83,12 +86,22 @@ class Threads:
             await self.writer.put_many(events)
 
     async def _claim_controls(self) -> None:
-        for row in await self.q.all("claim_thread_controls"):
+        # a thread made from a stored conversation is made by the executor that holds its file
+        holder = self.sessions.executor if self.sessions is not None else None
+        for row in await self.q.all("claim_thread_controls", {"executor": holder}):
             args = row["args"] or {}
             thread_id = row["thread_id"]
             status, error = "done", None
             if row["action"] == "retry":
                 status, error = await self._retry_turn(thread_id, args.get("task_id"))
+            elif row["action"] == "create" and args.get("adopt"):
+                error = (await adoption.adopt(self.sessions, thread_id, args) if self.sessions is not None
+                         else "this executor keeps no index of stored conversations")
+                status = "failed" if error else "done"
+                if error:  # said where the page looks (the thread never came to be)
+                    await self.writer.put(NewEvent("thread.adopted", {
+                        "session_id": str(args["adopt"].get("session_id")), "thread_id": str(thread_id),
+                        "refused": error}))
             elif row["action"] == "create":
                 project_id = args.get("project_id")
                 if project_id and await self.shared.one("check_project_exists", {"id": project_id}) is None:

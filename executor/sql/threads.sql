@@ -12,6 +12,8 @@ SELECT p.id, p.name, p.workdir, p.plan FROM sessions s JOIN projects p ON p.id =
 UPDATE thread_control_queue q SET status = 'claimed', claimed_at = now()
 FROM (SELECT c.id FROM thread_control_queue c
       WHERE c.status = 'pending'
+        -- a thread made from a stored conversation: only the executor holding its file makes it
+        AND (c.args -> 'adopt' ->> 'executor' IS NULL OR c.args -> 'adopt' ->> 'executor' = %(executor)s)
         AND NOT (c.action = 'retry' AND EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = c.thread_id
                                                 AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)))
       ORDER BY c.created_at FOR UPDATE OF c SKIP LOCKED LIMIT 50) picked

@@ -1,9 +1,13 @@
 -- name: list_threads --
-SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending, s.project_id
+-- resume_command: what continues the thread's CLI conversation in a terminal (set at its first turn, or
+-- when it was made from a stored conversation); adopted_session_id: the conversation it was made from.
+SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending, s.project_id,
+       s.resume_command, s.adopted_session_id, s.executor_name
 FROM sessions s WHERE s.role = 'orchestrator'
 UNION ALL
 SELECT q.thread_id, q.args ->> 'title', coalesce(q.args ->> 'mode', 'interactive'), 'creating', q.created_at,
-       q.created_at, true, (q.args ->> 'project_id')::uuid
+       q.created_at, true, (q.args ->> 'project_id')::uuid,
+       NULL, q.args -> 'adopt' ->> 'session_id', q.args -> 'adopt' ->> 'executor'
 FROM thread_control_queue q
 WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = q.thread_id)
@@ -49,7 +53,8 @@ ORDER BY seq
 LIMIT %(limit)s
 
 -- name: get_thread --
-SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at, project_id
+SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at, project_id,
+       resume_command, adopted_session_id, cli_session_id, cli_workdir, executor_name
 FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: list_asks --

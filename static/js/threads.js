@@ -5,6 +5,7 @@ import { loadConversation, loadQueue } from "./chat.js";
 import { loadContext } from "./context.js";
 import { $, h } from "./dom.js";
 import { presence } from "./notify.js";
+import { renderHandback } from "./sessions.js";
 import { S, threadName } from "./state.js";
 import { loadTasks } from "./tasks.js";
 
@@ -32,6 +33,7 @@ export function renderThreadPicker() {
   const project = t?.project_id ? (S.projects || []).find((p) => p.id === t.project_id) : null;
   $("#thread-title").textContent = t ? threadName(t) + (project ? ` · ${project.slug}` : "") : "";
   $("#thread-mode").value = t?.mode || "interactive";
+  renderHandback();
 }
 
 export async function focusThread(id) {

@@ -1,0 +1,243 @@
+"""The index of the CLI's stored conversations on this executor, published into the store, kept fresh.
+
+Each pass stats every `<config>/projects/*/*.jsonl` of the configured directories (a stat, not a read) and
+reads only what changed: a new file whole, a grown one from where the last pass stopped (a file that shrank
+or was replaced is read again). Only rows that changed are written; a file that went is deleted. Which
+conversations a live process holds is looked up each pass (executor/sessions/live.py). The same pass brings
+the journal of this executor's adopted threads up to date with what a terminal added to their conversation
+(executor/sessions/adopt.py), and runs again at once when a turn ends (task_changed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from executor.projects.service import Refused, check_workdir
+from executor.sessions import live
+from executor.sessions.parse import Message, Scan
+from executor.sql import queries
+from shared import logs, threads
+from shared.query import Queries
+
+log = logs.get(__name__)
+
+# a file is read in pieces of at most this (a huge conversation never sits in memory whole)
+READ_CHUNK = 8 * 1024 * 1024
+# how often a pass also scans every process's command line for conversations named there (older CLIs keep no
+# registry): about as costly as the stat of 2,000 files (tests/bench/bench_sessions.py)
+NAMED_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """Where the CLI's conversations are looked for: `dirs` (config directories; empty: the service user's
+    ~/.claude), besides the executor's own config directory; how often the files are looked at."""
+
+    dirs: tuple[Path, ...] = ()
+    poll_s: float = 1.0
+
+
+@dataclass
+class _File:
+    config_dir: Path
+    path: Path
+    inode: int
+    size: int
+    mtime_ns: int
+    scan: Scan
+    live_pid: int | None = None
+    published: dict[str, Any] | None = None
+
+
+@dataclass
+class Index:
+    """This executor's view of the conversations it holds (one per process; its passes are serial)."""
+
+    pool: AsyncConnectionPool
+    executor: str
+    config_dirs: tuple[Path, ...]
+    roots: tuple[Path, ...]
+    default_config_dir: Path  # ~/.claude of the service user: a command to continue needs no CLAUDE_CONFIG_DIR
+    poll_s: float = 1.0
+    files: dict[str, _File] = field(default_factory=dict)  # by path
+    # conversations whose file grew (or appeared) since a thread's journal was last brought up to date with it
+    grown: set[str] = field(default_factory=set)
+    _by_id: dict[str, list[_File]] = field(default_factory=dict)
+    _live: list[_File] = field(default_factory=list)  # the files a live process held at the last pass
+    _named: dict[str, int] = field(default_factory=dict)
+    _named_at: float = -NAMED_EVERY_S
+    _cleaned: bool = False
+
+    def __post_init__(self) -> None:
+        self.q = Queries(self.pool, queries)
+        # one pass at a time: the loop's and an adoption's (which wants the file as it is now)
+        self._lock = asyncio.Lock()
+
+    # ---- the files ---------------------------------------------------------------------------------------
+
+    def by_session(self, session_id: str, config_dir: Path | None = None) -> _File | None:
+        for f in self._by_id.get(session_id, ()):
+            if config_dir is None or f.config_dir == config_dir:
+                return f
+        return None
+
+    def _look(self) -> tuple[list[_File], list[_File]]:
+        """Stat every file (blocking: run in a thread); read what changed. Returns (changed, gone)."""
+        seen: set[str] = set()
+        changed: list[_File] = []
+        files = self.files
+        for config_dir in self.config_dirs:
+            try:
+                projects = [e.path for e in os.scandir(config_dir / "projects") if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for project in projects:
+                try:
+                    entries = [e for e in os.scandir(project)
+                               if e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False)]
+                except OSError:
+                    continue
+                for entry in entries:
+                    key = entry.path
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    known = files.get(key)
+                    if known is not None and known.size == st.st_size and known.mtime_ns == st.st_mtime_ns \
+                            and known.inode == st.st_ino:
+                        continue  # the common case: a stat, nothing read
+                    if known is None or known.inode != st.st_ino or st.st_size < known.scan.parsed_to:
+                        if known is not None:
+                            self._forget(known)
+                        path = Path(key)
+                        known = _File(config_dir, path, st.st_ino, 0, 0, Scan(path.stem))
+                        files[key] = known
+                        self._by_id.setdefault(known.scan.session_id, []).append(known)
+                    before = known.scan.parsed_to
+                    self._read(known, st.st_size)
+                    if known.scan.parsed_to != before or before == 0:
+                        self.grown.add(known.scan.session_id)
+                    known.inode, known.size, known.mtime_ns = st.st_ino, st.st_size, st.st_mtime_ns
+                    changed.append(known)
+        gone = [self.files.pop(p) for p in list(self.files) if p not in seen]
+        for f in gone:
+            self._forget(f)
+        now = time.monotonic()
+        if now - self._named_at >= NAMED_EVERY_S:  # the fallback reads every process's command line: not each pass
+            self._named, self._named_at = live.named_on_command_lines(), now
+        held = dict(self._named)
+        for config_dir in self.config_dirs:
+            held.update(live.registered(config_dir))
+        marked = {id(f) for f in changed}
+        for session_id, pid in held.items():
+            for f in self._by_id.get(session_id, ()):
+                if f.live_pid != pid and id(f) not in marked:
+                    changed.append(f)
+                    marked.add(id(f))
+                f.live_pid = pid
+        for f in self._live:  # those no longer held
+            if f.scan.session_id not in held and f.live_pid is not None:
+                f.live_pid = None
+                if id(f) not in marked:
+                    changed.append(f)
+        self._live = [f for fs in (self._by_id.get(s, ()) for s in held) for f in fs]
+        return changed, gone
+
+    def _forget(self, f: _File) -> None:
+        same = self._by_id.get(f.scan.session_id, [])
+        if f in same:
+            same.remove(f)
+        if not same:
+            self._by_id.pop(f.scan.session_id, None)
+
+    def _read(self, f: _File, size: int) -> None:
+        try:
+            with open(f.path, "rb") as fh:
+                while f.scan.parsed_to < size and f.scan.unreadable is None:
+                    fh.seek(f.scan.parsed_to)
+                    data = fh.read(min(READ_CHUNK, size - f.scan.parsed_to))
+                    before = f.scan.parsed_to
+                    f.scan.feed(data, before)
+                    if f.scan.parsed_to == before:
+                        break  # a partial line only: the CLI is still writing it
+        except OSError as exc:
+            f.scan.unreadable = f"cannot read: {exc.strerror or exc}"
+
+    def read_messages(self, f: _File, start: int) -> tuple[list[Message], int, str | None]:
+        """The messages of a file from byte `start` to its last complete line (blocking); and where that
+        ends, or the reason it cannot be read."""
+        scan = Scan(f.scan.session_id, parsed_to=start)
+        messages: list[Message] = []
+        try:
+            with open(f.path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read()
+        except OSError as exc:
+            return [], start, f"cannot read: {exc.strerror or exc}"
+        messages = scan.feed(data, start)
+        return messages, scan.parsed_to, scan.unreadable
+
+    # ---- the store ---------------------------------------------------------------------------------------
+
+    def adoptable(self, cwd: str | None) -> str | None:
+        """None when the conversation's directory may be adopted, else why not."""
+        if not cwd:
+            return "the conversation names no working directory"
+        try:
+            check_workdir(cwd, [r.expanduser().resolve() for r in (self.roots or (Path.home(),))])
+        except Refused as exc:
+            return str(exc)
+        return None
+
+    def row(self, f: _File) -> dict[str, Any]:
+        s = f.scan
+        last = s.last_activity or datetime.fromtimestamp(f.mtime_ns / 1e9, UTC)
+        return {"executor": self.executor, "session_id": s.session_id, "config_dir": str(f.config_dir),
+                "path": str(f.path), "cwd": s.cwd, "title": s.title or s.summary, "git_branch": s.git_branch,
+                "last_activity": last, "message_count": s.message_count, "size_bytes": f.size,
+                "live_pid": f.live_pid, "readable": s.unreadable is None, "unreadable_reason": s.unreadable,
+                "adoptable": s.unreadable is None and self.adoptable(s.cwd) is None}
+
+    async def refresh(self) -> bool:
+        """One pass: look at the files, publish what changed. Never asks for a second pass at once."""
+        async with self._lock:
+            await self._refresh()
+        return False
+
+    async def _refresh(self) -> None:
+        changed, gone = await asyncio.to_thread(self._look)
+        rows = [(f, self.row(f)) for f in changed]
+        rows = [(f, r) for f, r in rows if r != f.published]
+        if rows or gone or not self._cleaned:
+            async with self.q.transaction() as tx:
+                if not self._cleaned:  # what an earlier run published of files gone since
+                    await tx.execute("delete_claude_sessions_except", {
+                        "executor": self.executor, "keep": [f.scan.session_id for f in self.files.values()]})
+                for _f, r in rows:
+                    await tx.execute("upsert_claude_session", r)
+                for f in gone:
+                    if self.by_session(f.scan.session_id) is None:
+                        await tx.execute("delete_claude_session", {"executor": self.executor,
+                                                                   "session_id": f.scan.session_id})
+            for f, r in rows:
+                f.published = r
+            self._cleaned = True
+            if rows or gone:
+                log.info("claude_sessions_indexed", changed=len(rows), gone=len(gone), known=len(self.files))
+
+    def resume_command(self, workdir: str, config_dir: Path, session_id: str) -> str:
+        """The shell command that continues a conversation in a terminal."""
+        default = config_dir.resolve() == self.default_config_dir.resolve()
+        return threads.resume_command(workdir, None if default else str(config_dir), session_id)

@@ -1,0 +1,47 @@
+-- The CLI's stored conversations the executors published (executor/sessions/), and threads made from them.
+
+-- name: list_claude_sessions --
+-- Newest first; `q` matches the title, the directory or the id (as text, no wildcards), `dir` the directory
+-- and everything under it. thread_id: the live thread that continues it, if any.
+SELECT c.executor, c.session_id, c.cwd, c.title, c.git_branch, c.last_activity, c.message_count, c.size_bytes,
+       c.live_pid IS NOT NULL AS live, c.live_pid, c.readable, c.unreadable_reason, c.adoptable, c.config_dir,
+       c.indexed_at,
+       -- whether the executor holding it runs (an adoption is made there)
+       EXISTS (SELECT 1 FROM executors e WHERE e.name = c.executor AND e.lost_at IS NULL AND e.stopped_at IS NULL
+               AND e.lease_until > now()) AS executor_live,
+       (SELECT s.id FROM sessions s
+        WHERE s.role = 'orchestrator' AND s.lifecycle <> 'archived'
+          AND (s.cli_session_id = c.session_id OR s.adopted_session_id = c.session_id
+               OR s.id = CASE WHEN c.session_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                              THEN c.session_id::uuid END)
+        ORDER BY s.created_at DESC LIMIT 1) AS thread_id
+FROM claude_sessions c
+WHERE (%(q)s::text IS NULL OR strpos(lower(coalesce(c.title, '')), lower(%(q)s)) > 0
+       OR strpos(lower(coalesce(c.cwd, '')), lower(%(q)s)) > 0 OR strpos(c.session_id, lower(%(q)s)) > 0)
+  AND (%(dir)s::text IS NULL OR c.cwd = %(dir)s OR left(c.cwd, length(%(dir)s) + 1) = rtrim(%(dir)s, '/') || '/')
+  AND (%(executor)s::text IS NULL OR c.executor = %(executor)s)
+ORDER BY c.last_activity DESC NULLS LAST, c.executor, c.session_id
+LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: list_claude_session_dirs --
+-- The directories conversations were held in, busiest first: the picker's directory filter.
+SELECT cwd, count(*) AS sessions, max(last_activity) AS last_activity
+FROM claude_sessions WHERE cwd IS NOT NULL
+GROUP BY cwd ORDER BY max(last_activity) DESC NULLS LAST LIMIT 100
+
+-- name: list_claude_session_holders --
+SELECT c.executor, c.session_id, c.cwd, c.title, c.readable, c.unreadable_reason, c.adoptable, c.live_pid,
+       EXISTS (SELECT 1 FROM executors e WHERE e.name = c.executor AND e.lost_at IS NULL AND e.stopped_at IS NULL
+               AND e.lease_until > now()) AS executor_live
+FROM claude_sessions c WHERE c.session_id = %(session_id)s ORDER BY c.executor
+
+-- name: check_conversation_continued --
+-- A thread that is not archived already continues it, or an adoption of it waits in the queue.
+SELECT s.id FROM sessions s
+WHERE s.role = 'orchestrator' AND s.lifecycle <> 'archived'
+  AND (s.cli_session_id = %(session_id)s OR s.id = %(session_id)s::uuid
+       OR (s.adopted_session_id = %(session_id)s AND s.cli_fork_from IS NULL))
+UNION ALL
+SELECT q.thread_id FROM thread_control_queue q
+WHERE q.action = 'create' AND q.status IN ('pending', 'claimed') AND q.args -> 'adopt' ->> 'session_id' = %(session_id)s
+LIMIT 1

@@ -1,0 +1,116 @@
+// Sessions: the Claude Code conversations the executors hold (begun in a terminal), found by text or directory
+// and continued as a thread with one tap; and the hand-back — the focused thread's command for a terminal.
+import { api } from "./api.js";
+import { $, firstLine, h } from "./dom.js";
+import { S } from "./state.js";
+
+let opened = null;  // { loadThreads, focusThread } from app.js (this module imports no view that imports it)
+let searching = 0;
+
+export function initSessions(threads) {
+  opened = threads;
+  $("#sessions-open").addEventListener("click", toggle);
+  $("#sessions-close").addEventListener("click", toggle);
+  $("#sessions-q").addEventListener("input", () => { clearTimeout(searching); searching = setTimeout(load, 250); });
+  $("#sessions-dir").addEventListener("change", load);
+  $("#handback-copy").addEventListener("click", copyHandback);
+}
+
+function toggle() {
+  const panel = $("#sessions-panel");
+  panel.hidden = !panel.hidden;
+  $("#sessions-open").setAttribute("aria-expanded", String(!panel.hidden));
+  if (!panel.hidden) { load(); $("#sessions-q").focus(); }
+}
+
+function ago(t) {
+  if (!t) return "";
+  const s = Math.max(0, (Date.now() - new Date(t).getTime()) / 1000);
+  if (s < 90) return "just now";
+  if (s < 5400) return `${Math.round(s / 60)} min ago`;
+  if (s < 129600) return `${Math.round(s / 3600)} h ago`;
+  return new Date(t).toLocaleDateString();
+}
+
+async function load() {
+  const q = $("#sessions-q").value.trim();
+  const dir = $("#sessions-dir").value;
+  const params = new URLSearchParams({ limit: "50" });
+  if (q) params.set("q", q);
+  if (dir) params.set("dir", dir);
+  $("#sessions-status").textContent = "Loading…";
+  try {
+    const data = await api(`/api/claude-sessions?${params}`);
+    renderDirs(data.dirs, dir);
+    $("#sessions-list").replaceChildren(...data.sessions.map(row));
+    $("#sessions-status").textContent = data.sessions.length ? (data.more ? "Showing the 50 newest; search to narrow." : "")
+      : "No stored conversations match.";
+  } catch (e) {
+    $("#sessions-status").textContent = `Could not list them: ${e.message}`;
+  }
+}
+
+function renderDirs(dirs, chosen) {
+  $("#sessions-dir").replaceChildren(h("option", { value: "" }, "every directory"),
+    ...dirs.map((d) => h("option", { value: d.cwd, selected: d.cwd === chosen }, `${d.cwd} (${d.sessions})`)));
+}
+
+function row(s) {
+  const why = !s.readable ? `unreadable: ${s.unreadable_reason}` : !s.adoptable ? "outside the project roots"
+    : !s.executor_live ? `its executor (${s.executor}) is not running` : null;
+  const action = s.thread_id
+    ? h("button", { type: "button", class: "secondary small", onclick: () => open(s.thread_id) }, "Open its thread")
+    : h("button", { type: "button", class: "small", disabled: Boolean(why), onclick: (ev) => adopt(s, ev.target) },
+      s.live ? "Continue (fork)" : "Continue here");
+  return h("li", { class: "session", "data-session-id": s.session_id },
+    h("div", { class: "title" }, firstLine(s.title || `conversation ${s.session_id.slice(0, 8)}`, 140)),
+    h("div", { class: "meta" }, [s.cwd || "?", s.git_branch && s.git_branch !== "HEAD" ? `⎇ ${s.git_branch}` : null, `${s.message_count} messages`,
+      ago(s.last_activity), s.executor].filter(Boolean).join(" · ")),
+    s.live ? h("div", { class: "meta live" }, "in use by a terminal now: continuing forks it") : null,
+    why ? h("div", { class: "meta error" }, why) : null,
+    action);
+}
+
+async function open(threadId) {
+  await opened.loadThreads();
+  await opened.focusThread(threadId);
+  toggle();
+}
+
+async function adopt(s, button) {
+  button.disabled = true;
+  $("#sessions-status").textContent = "Queued…";
+  try {
+    const made = await api("/api/threads", { method: "POST", body: { adopt_session_id: s.session_id, executor: s.executor } });
+    $("#sessions-status").textContent = "";
+    await open(made.thread_id);
+    location.hash = "#chat";
+  } catch (e) {
+    button.disabled = false;
+    $("#sessions-status").textContent = `Not continued: ${e.message}`;
+  }
+}
+
+// The focused thread's command for a terminal, once it has one (its first turn, or its adoption).
+export function renderHandback() {
+  const t = (S.threads || []).find((x) => x.id === S.thread);
+  const cmd = t?.resume_command;
+  $("#handback").hidden = !cmd;
+  $("#handback-cmd").textContent = cmd || "";
+}
+
+async function copyHandback() {
+  const text = $("#handback-cmd").textContent;
+  try {
+    await navigator.clipboard.writeText(text);
+    $("#handback-copy").textContent = "Copied";
+  } catch {
+    // no clipboard (a page not served over HTTPS): the command is selected for a manual copy
+    const range = document.createRange();
+    range.selectNodeContents($("#handback-cmd"));
+    getSelection().removeAllRanges();
+    getSelection().addRange(range);
+    $("#handback-copy").textContent = "Selected";
+  }
+  setTimeout(() => { $("#handback-copy").textContent = "Copy"; }, 2000);
+}
