@@ -21,6 +21,7 @@ from executor.journal.writer import JournalWriter
 from executor.notify import notifier as notify
 from executor.notify.duty import Duty
 from executor.projects import service as projects
+from executor.routines import Routines, RoutinesConfig
 from executor.run.substrate import SubstrateConfig
 from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.settle import threads
@@ -33,7 +34,7 @@ log = logs.get(__name__)
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
             "notify_queue", "task_changed", "project_queue",
-            "gate_rule_queue"]
+            "gate_rule_queue", "routine_queue", "routines"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
 # The executor's loops wait this long for a pooled connection before counting the database as away.
@@ -55,6 +56,7 @@ class ExecutorConfig:
     # a project's workdir must lie under one of these (empty: the service user's home)
     project_roots: tuple[Path, ...] = ()
     journal_hold_bytes: int = JOURNAL_HOLD_BYTES
+    routines: RoutinesConfig = field(default_factory=RoutinesConfig)
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
@@ -103,6 +105,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         project_sub = listener.subscribe(["project_queue"])
         notify_sub = listener.subscribe(["journal", "notify_queue"])
         rule_sub = listener.subscribe(["gate_rule_queue"])
+        routine_sub = listener.subscribe(["routine_queue", "routines"])
 
         # the loops: each one's stop is pushed as it starts, so they stop in the reverse order
         group = await stack.enter_async_context(asyncio.TaskGroup())
@@ -120,6 +123,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             loops.start(group, "projects", repos.run(project_sub)),
             loops.start(group, "notifier", notifier.run(notify_sub)),
             loops.start(group, "gate-rules", gates.run_rule_queue(db.pool, writer, rule_sub)),
+            loops.start(group, "routines", Routines(db.pool, config.routines).run(routine_sub)),
         ]
         stack.push_async_callback(_cancel, *side)
         settling = loops.start(group, "settler", settler.run(settle_sub))

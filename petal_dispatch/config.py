@@ -25,6 +25,7 @@ from shared.errors import ConfigError
 if TYPE_CHECKING:
     from executor.main import ExecutorConfig
     from executor.notify.notifier import NotifyConfig
+    from executor.routines import RoutinesConfig
     from executor.run.substrate import SubstrateConfig
     from executor.run.supervisor import SupervisorConfig
     from executor.sandbox.bwrap import SandboxPolicy
@@ -118,6 +119,12 @@ class Settings(BaseSettings):
     # Test-only: accept push endpoints on loopback (a local push stand-in). Never in production.
     push_allow_loopback: bool = False
     notify_rate_limit_s: float = Field(default=60.0, ge=0)
+    # Routines: a schedule's instant noticed later than this (the fleet was down) counts as missed and follows
+    # the routine's policy (skip, or run once for all of them).
+    routine_missed_grace_s: float = Field(default=60.0, gt=0)
+    # Test-only: the routines' clock reads "now" from this file (ISO 8601), so tests cross instants and DST
+    # changes without waiting for them. Never in production.
+    routines_clock_file: Path | None = None
     # Where tasks without a project run.
     workdir: Path = Path(".")
     # Directories a project's repository must lie in (separated by ":"); empty: the service user's home.
@@ -277,7 +284,16 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
         notify=notify_config(settings),
         project_roots=settings.project_root_paths,
         journal_hold_bytes=settings.journal_hold_bytes,
+        routines=routines_config(settings),
     )
+
+
+def routines_config(settings: Settings) -> RoutinesConfig:
+    from executor.routines import RoutinesConfig
+    from executor.routines.service import FileClock, system_clock
+
+    clock = FileClock(settings.routines_clock_file) if settings.routines_clock_file else system_clock
+    return RoutinesConfig(clock=clock, missed_grace_s=settings.routine_missed_grace_s)
 
 
 # --- the ingress ---
