@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from executor.journal.writer import JournalWriter
 from executor.main import ExecutorConfig, serve
 from executor.notify.notifier import NotifyConfig
+from executor.routines import RoutinesConfig
 from executor.run.substrate import SubstrateConfig
 from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.sandbox.bwrap import SandboxPolicy, install_root
@@ -201,7 +202,8 @@ def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
 async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask_timeout_s: float = 60,
                    extra_env: dict[str, str] | None = None, extract: bool = False, backoff_base_s: float = 30.0,
                    substrate_kw: dict[str, Any] | None = None, notify_config: Any = None,
-                   project_roots: tuple[Path, ...] = (), **config_kw: Any) -> AsyncIterator[Harness]:
+                   project_roots: tuple[Path, ...] = (), routines: RoutinesConfig | None = None,
+                   **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
     sub = substrate_for(model, tmp, **(substrate_kw or {}))
@@ -212,7 +214,8 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
     executor = ExecutorConfig(dsn=db.executor_dsn, substrate=sub, supervisor=config, mcp_port=port,
                               ask_timeout_s=ask_timeout_s,
                               settler=SettlerConfig(extract=extract, backoff_base_s=backoff_base_s),
-                              notify=notify_config or NotifyConfig(data_dir=tmp / "var"), project_roots=project_roots)
+                              notify=notify_config or NotifyConfig(data_dir=tmp / "var"), project_roots=project_roots,
+                              routines=routines or RoutinesConfig())
     task = asyncio.create_task(serve(executor, stop))
     deadline = time.monotonic() + 30
     while True:

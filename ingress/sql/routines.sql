@@ -4,8 +4,9 @@ INSERT INTO routines (id, name, project_id, mode, prompt, enabled, cron, tz, mis
 VALUES (%(id)s, %(name)s, %(project_id)s, %(mode)s, %(prompt)s, %(enabled)s, %(cron)s, %(tz)s, %(missed)s,
         %(overlap)s, %(now)s, %(next_fire_at)s, %(webhook_secret)s, %(fire_token_sha256)s, %(usd_per_run)s,
         %(runtime_s)s, %(usd_per_day)s, %(created_by)s)
-RETURNING id, name, project_id, mode, prompt, enabled, cron, tz, missed, overlap, next_fire_at, usd_per_run,
-          runtime_s, usd_per_day, created_by, created_at, webhook_secret IS NOT NULL AS webhook
+RETURNING id, name, project_id, mode, prompt, enabled, cron, tz, missed, overlap, next_fire_at,
+          usd_per_run::float8 AS usd_per_run, usd_per_day::float8 AS usd_per_day,
+          runtime_s, created_by, created_at, webhook_secret IS NOT NULL AS webhook
 
 -- name: list_routines --
 SELECT r.id, r.name, r.project_id, r.mode, r.prompt, r.enabled, r.cron, r.tz, r.missed, r.overlap,
