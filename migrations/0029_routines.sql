@@ -83,6 +83,9 @@ CREATE TABLE routine_runs (
 CREATE INDEX routine_runs_open_idx ON routine_runs (routine_id, created_at) WHERE status IN ('queued', 'running');
 CREATE INDEX routine_runs_routine_idx ON routine_runs (routine_id, created_at DESC);
 
+-- a routine's run caps each of its CLI processes (--max-budget-usd); NULL: no cap
+ALTER TABLE tasks ADD COLUMN max_budget_usd numeric CHECK (max_budget_usd > 0);
+
 -- ingress: writes definitions, queues triggers, reads the history (and the webhook key to verify with)
 GRANT SELECT, INSERT, UPDATE ON routines TO petal_ingress;
 GRANT SELECT, INSERT ON routine_queue TO petal_ingress;

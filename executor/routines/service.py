@@ -190,11 +190,12 @@ class Routines:
                          session_id=thread_id, project_id=run["project_id"]),
                 NewEvent("task.user_message", {"text": prompt, "thread_id": str(thread_id), "origin": "routine",
                                                **facts}, session_id=thread_id, task_id=turn_id))
+        # marked first: the turn's insert finds the run through its thread (the routine's USD per run)
+        await tx.execute("mark_run_started", {"id": run["id"], "prompt": prompt, "thread_id": thread_id,
+                                              "task_id": turn_id})
         await dispatch.request_task(tx, dispatch.TaskRequest(
             dispatch.TURN_ROLE, brief, id=turn_id, project_id=run["project_id"], session_id=thread_id,
             requested_by=f"routine {run['name']} ({run['trigger']})", record={"messages": 1, **facts}))
-        await tx.execute("mark_run_started", {"id": run["id"], "prompt": prompt, "thread_id": thread_id,
-                                              "task_id": turn_id})
         return "started"
 
     async def _skip(self, tx: Work, run: dict[str, Any], reason: str) -> str:

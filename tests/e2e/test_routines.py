@@ -46,7 +46,7 @@ async def test_a_webhook_run_in_an_autonomous_routine_whose_worker_is_gated_ends
                                     notify_config=NotifyConfig(data_dir=tmp_path / "var", rate_limit_s=0)) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
             made = await http.post("/api/routines", json={
-                "name": "pr review", "webhook": True,
+                "name": "pr review", "webhook": True, "budget": {"usd_per_run": 0.5},
                 "prompt": "Review pull request {{ event.number }}: {{ event.pull_request.title }}"})
             assert made.status_code == 202, made.text
             routine, secret = made.json()["id"], made.json()["webhook_secret"]
@@ -58,13 +58,16 @@ async def test_a_webhook_run_in_an_autonomous_routine_whose_worker_is_gated_ends
             run = await until(lambda: _run(http, routine), "the run's end", timeout=180)
             notes = await until(lambda: _routine_notes(h), "the routine's notification", timeout=30)
             prompts = [r.body for r in model.requests if r.role == "orchestrator"]
+            argvs = [e.payload["argv"] for e in await h.events() if e.event_type == "task.spawned"]
             thread_turns = (await http.get("/api/tasks", params={"thread_id": run["thread_id"]})).json()["tasks"]
     assert run["status"] == "gated" and run["trigger"] == "webhook"
     assert run["prompt"] == "Review pull request 42: Tidy the parser"
     assert [d["summary"] for d in run["gate_denials"]] == ["Bash: sudo true"]
     assert run["duration_s"] > 0 and run["task_id"] and run["cost_usd"] is not None
     assert any("Review pull request 42: Tidy the parser" in json.dumps(p) for p in prompts)
-    [(kind, title, body)] = notes
+    [(kind, title, said)] = notes
     assert (kind, title) == ("routine_gated", "Routine pr review: gated")
-    assert body.startswith("The gate denied: Bash: sudo true") and body.endswith(" USD)"), body
+    assert said.startswith("The gate denied: Bash: sudo true") and said.endswith(" USD)"), said
+    # every CLI process of the run (turns, the worker, its extractor) under the routine's USD per run
+    assert len(argvs) >= 3 and all(a[a.index("--max-budget-usd") + 1] == "0.5000" for a in argvs), argvs
     assert thread_turns  # the run's thread holds its turns (and the history links to them)

@@ -38,7 +38,7 @@ class FakeClock:
 
 def _rows(db: DB, sql: str, *params: Any) -> list[dict[str, Any]]:
     with psycopg.connect(db.admin_dsn, row_factory=dict_row) as conn:
-        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]  # test SQL
+        return conn.execute(sql.encode(), params).fetchall()
 
 
 def _runs(db: DB, routine_id: str) -> list[dict[str, Any]]:

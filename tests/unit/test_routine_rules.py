@@ -12,8 +12,8 @@ from shared import routines as rules
 pytestmark = pytest.mark.unit
 
 
-def _utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def _utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
 def _hm(times: list[datetime]) -> list[str]:
