@@ -122,6 +122,8 @@ class Settings(BaseSettings):
     # Routines: a schedule's instant noticed later than this (the fleet was down) counts as missed and follows
     # the routine's policy (skip, or run once for all of them).
     routine_missed_grace_s: float = Field(default=60.0, gt=0)
+    # What the runs of all routines of one project may cost in a UTC day; a run that would pass it is skipped.
+    routine_project_usd_per_day: float | None = Field(default=None, gt=0)
     # Test-only: the routines' clock reads "now" from this file (ISO 8601), so tests cross instants and DST
     # changes without waiting for them. Never in production.
     routines_clock_file: Path | None = None
@@ -293,7 +295,8 @@ def routines_config(settings: Settings) -> RoutinesConfig:
     from executor.routines.service import FileClock, system_clock
 
     clock = FileClock(settings.routines_clock_file) if settings.routines_clock_file else system_clock
-    return RoutinesConfig(clock=clock, missed_grace_s=settings.routine_missed_grace_s)
+    return RoutinesConfig(clock=clock, missed_grace_s=settings.routine_missed_grace_s,
+                          project_usd_per_day=settings.routine_project_usd_per_day)
 
 
 # --- the ingress ---

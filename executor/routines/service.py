@@ -69,6 +69,8 @@ class RoutinesConfig:
     clock: Clock = field(default=system_clock)
     missed_grace_s: float = 60.0
     poll_s: float = 1.0
+    # what the runs of all routines of one project may cost in a (UTC) day; None: no cap
+    project_usd_per_day: float | None = None
 
 
 class Routines:
@@ -163,6 +165,13 @@ class Routines:
             if spent + float(run["usd_per_run"] or 0) > float(run["usd_per_day"]) or spent >= float(run["usd_per_day"]):
                 return await self._skip(tx, run, f"budget: {spent:.2f} of {float(run['usd_per_day']):.2f} USD "
                                                  "spent today")
+        cap = self.config.project_usd_per_day
+        if cap is not None and run["project_id"] is not None:
+            spent = (await tx.one("get_project_routine_spend_today", {
+                "project_id": run["project_id"], "since": rules.day_start(self.config.clock())}) or {}).get("usd", 0)
+            if spent + float(run["usd_per_run"] or 0) > cap or spent >= cap:
+                return await self._skip(tx, run, f"budget: the project's routines spent {spent:.2f} of {cap:.2f} "
+                                                 "USD today")
         try:
             prompt = rules.render(run["prompt"], run["event"] or {}, {"id": str(run["routine_id"]),
                                                                        "name": run["name"]})
@@ -213,6 +222,8 @@ class Routines:
     # ---- a run's end --------------------------------------------------------------------------------
 
     async def finish_runs(self) -> bool:
+        for row in await self.q.all("stop_overdue_runs", {"now": self.config.clock()}):
+            log.info("routine_run_overdue", task=str(row["task_id"]))
         ended = await self.q.all("list_ended_runs")
         for row in ended:
             await self._finish(row["id"])
@@ -225,7 +236,9 @@ class Routines:
                 return  # another executor is ending it
             out = await tx.one("get_run_outcome", {"thread_id": run["thread_id"]}) or {}
             denials = out.get("gate_denials") or []
-            if denials:
+            if run["overran"]:
+                status, reason = "failed", f"stopped at the routine's runtime cap ({run['runtime_s']} s)"
+            elif denials:
                 status, reason = "gated", f"the gate denied {len(denials)} tool call(s)"
             elif out.get("last_status") == "success":
                 status, reason = "succeeded", None

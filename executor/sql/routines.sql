@@ -59,6 +59,31 @@ SELECT coalesce(sum(CASE WHEN r.status = 'running' THEN coalesce(rt.usd_per_run,
 FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
 WHERE r.routine_id = %(routine_id)s AND r.started_at >= %(since)s
 
+-- name: get_project_routine_spend_today --
+-- The same over every routine of a project (the per-project day cap).
+SELECT coalesce(sum(CASE WHEN r.status = 'running' THEN coalesce(rt.usd_per_run, 0)::float8
+                         ELSE coalesce(r.cost_usd, 0) END), 0)::float8 AS usd
+FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
+WHERE rt.project_id = %(project_id)s AND r.started_at >= %(since)s
+
+-- name: stop_overdue_runs --
+-- A run past its routine's runtime is stopped: every running task of it (turns, workers, extractors), once.
+WITH RECURSIVE overdue AS (
+    SELECT r.id AS run_id, r.thread_id FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
+    WHERE r.status = 'running' AND rt.runtime_s IS NOT NULL
+      AND r.started_at + make_interval(secs => rt.runtime_s) < %(now)s
+), marked AS (
+    UPDATE routine_runs r SET reason = 'runtime cap' FROM overdue o WHERE r.id = o.run_id AND r.reason IS NULL
+), run_tasks AS (
+    SELECT o.run_id, t.id, t.status FROM overdue o JOIN tasks t ON t.session_id = o.thread_id
+    UNION ALL
+    SELECT x.run_id, c.id, c.status FROM run_tasks x JOIN tasks c ON c.parent_task_id = x.id
+)
+INSERT INTO stop_queue (task_id, reason)
+SELECT x.id, 'the routine''s runtime cap' FROM run_tasks x
+WHERE x.status = 'running' AND NOT EXISTS (SELECT 1 FROM stop_queue q WHERE q.task_id = x.id)
+RETURNING task_id
+
 -- name: mark_run_skipped --
 UPDATE routine_runs SET status = 'skipped', reason = %(reason)s, ended_at = now() WHERE id = %(id)s
 
@@ -96,7 +121,8 @@ WHERE r.status = 'running'
 ORDER BY r.started_at LIMIT 20
 
 -- name: claim_running_run --
-SELECT r.id, r.routine_id, r.trigger, r.scheduled_at, r.thread_id, r.task_id, r.started_at, rt.name, rt.project_id
+SELECT r.id, r.routine_id, r.trigger, r.scheduled_at, r.thread_id, r.task_id, r.started_at, rt.name, rt.project_id,
+       rt.runtime_s, r.reason = 'runtime cap' AS overran
 FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
 WHERE r.id = %(id)s AND r.status = 'running' FOR UPDATE OF r SKIP LOCKED
 

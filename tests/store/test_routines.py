@@ -235,3 +235,27 @@ async def test_disabling_stops_the_schedule_and_enabling_again_owes_nothing_for_
     assert (await http.delete(f"/api/routines/{routine['id']}")).status_code == 200
     assert (await http.get("/api/routines")).json()["routines"] == []
     assert (await http.post(f"/api/routines/{routine['id']}/run", json={})).status_code == 404
+
+
+async def test_a_run_past_its_runtime_is_stopped_and_ends_failed_saying_so(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http, budget={"runtime_s": 60})
+    await http.post(f"/api/routines/{routine['id']}/run", json={})
+    clock = FakeClock(datetime.now(UTC))
+    routines = Routines(pool, RoutinesConfig(clock=clock))
+    await _drain(routines)
+    (run,) = _runs(db, routine["id"])
+    _rows(db, "UPDATE tasks SET status = 'running' WHERE id = %s RETURNING id", run["task_id"])
+    await routines.finish_runs()  # within its runtime: nothing is stopped
+    assert _rows(db, "SELECT count(*) AS n FROM stop_queue")[0]["n"] == 0
+    clock.now += timedelta(seconds=61)
+    await routines.finish_runs()
+    await routines.finish_runs()  # asked once, however often the poll comes
+    stops = _rows(db, "SELECT task_id, reason FROM stop_queue")
+    assert [(s["task_id"], s["reason"]) for s in stops] == [(run["task_id"], "the routine's runtime cap")]
+    _rows(db, "UPDATE tasks SET status = 'cancelled', ended_at = now(), settled_at = now() WHERE id = %s "
+              "RETURNING id", run["task_id"])
+    await routines.finish_runs()
+    (ended,) = _runs(db, routine["id"])
+    assert ended["status"] == "failed" and ended["reason"] == "stopped at the routine's runtime cap (60 s)"
