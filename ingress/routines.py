@@ -48,7 +48,7 @@ def _check(prompt: str | None, cron: str | None, tz: str | None) -> None:
         raise Problem(422, str(exc)) from None
 
 
-def _shown(row: dict[str, Any], now: datetime) -> dict[str, Any]:
+def shown(row: dict[str, Any], now: datetime) -> dict[str, Any]:
     out = dict(row)
     out["next_fire_times"] = ([t.isoformat() for t in rules.Schedule(row["cron"], row["tz"]).fire_times(now, NEXT_FIRES)]
                               if row["cron"] and row["enabled"] else [])
@@ -57,19 +57,14 @@ def _shown(row: dict[str, Any], now: datetime) -> dict[str, Any]:
     return out
 
 
-async def create_routine(request: Request) -> Response:
-    spec = await body(request, RoutineIn)
-    schedule = spec.schedule
+def new_routine(spec: RoutineIn, created_by: str, now: datetime) -> tuple[dict[str, Any], str, str | None]:
+    """The row `insert_routine` writes for `spec`, its fire token and its webhook secret (each shown once: the
+    store keeps the token only as its hash). Raises Problem(422) for a bad template, cron expression or zone."""
+    schedule, budget = spec.schedule, spec.budget
     _check(spec.prompt, schedule.cron if schedule else None, schedule.tz if schedule else None)
-    if spec.project_id is not None and await shared_queries(request).one(
-            "check_project_exists", {"id": spec.project_id}) is None:
-        raise Problem(404, f"no project {spec.project_id}")
-    now = _now()
-    # shown once, here: the store keeps the fire token only as its hash
     fire_token = secrets.token_urlsafe(32)
     webhook_secret = secrets.token_hex(32) if spec.webhook else None
-    budget = spec.budget
-    row = await ingress_queries(request).one("insert_routine", {
+    return {
         "id": uuid.uuid4(), "name": spec.name, "project_id": spec.project_id, "mode": spec.mode,
         "prompt": spec.prompt, "enabled": spec.enabled, "cron": schedule.cron if schedule else None,
         "tz": schedule.tz if schedule else None, "missed": schedule.missed if schedule else "skip",
@@ -77,16 +72,32 @@ async def create_routine(request: Request) -> Response:
         "next_fire_at": rules.next_fire(schedule.cron, schedule.tz, now) if schedule and spec.enabled else None,
         "webhook_secret": webhook_secret, "fire_token_sha256": _token_hash(fire_token),
         "usd_per_run": budget.usd_per_run if budget else None, "runtime_s": budget.runtime_s if budget else None,
-        "usd_per_day": budget.usd_per_day if budget else None, "created_by": who(request)})
+        "usd_per_day": budget.usd_per_day if budget else None, "created_by": created_by,
+    }, fire_token, webhook_secret
+
+
+def shown_once(row: dict[str, Any], now: datetime, fire_token: str, webhook_secret: str | None) -> dict[str, Any]:
+    """A created routine as its creator sees it, once: with its fire token and webhook secret."""
+    return {**shown(row, now), "fire_token": fire_token, "webhook_secret": webhook_secret,
+            "note": "the fire token and the webhook secret are shown only now"}
+
+
+async def create_routine(request: Request) -> Response:
+    spec = await body(request, RoutineIn)
+    now = _now()
+    params, fire_token, webhook_secret = new_routine(spec, who(request), now)
+    if spec.project_id is not None and await shared_queries(request).one(
+            "check_project_exists", {"id": spec.project_id}) is None:
+        raise Problem(404, f"no project {spec.project_id}")
+    row = await ingress_queries(request).one("insert_routine", params)
     assert row is not None
-    return respond({**_shown(row, now), "fire_token": fire_token, "webhook_secret": webhook_secret,
-                    "note": "the fire token and the webhook secret are shown only now"}, 202)
+    return respond(shown_once(row, now, fire_token, webhook_secret), 202)
 
 
 async def list_routines(request: Request) -> Response:
     now = _now()
     rows = await ingress_queries(request).all("list_routines", {"id": None})
-    return respond({"routines": [_shown(r, now) for r in rows]})
+    return respond({"routines": [shown(r, now) for r in rows]})
 
 
 async def patch_routine(request: Request) -> Response:
@@ -114,7 +125,7 @@ async def patch_routine(request: Request) -> Response:
         await tx.execute("update_routine", {**new, "id": routine_id, "reschedule": reschedule, "now": now})
         row = await tx.one("list_routines", {"id": routine_id})
     assert row is not None
-    return respond(_shown(row, now), 200)
+    return respond(shown(row, now), 200)
 
 
 async def delete_routine(request: Request) -> Response:

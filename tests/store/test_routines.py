@@ -8,6 +8,9 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -259,3 +262,28 @@ async def test_a_run_past_its_runtime_is_stopped_and_ends_failed_saying_so(
     await routines.finish_runs()
     (ended,) = _runs(db, routine["id"])
     assert ended["status"] == "failed" and ended["reason"] == "stopped at the routine's runtime cap (60 s)"
+
+
+def _cli(db: DB, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
+    return subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "routine", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_the_command_line_adds_lists_fires_and_shows_the_history_as_the_api_does(
+    db: DB, pool: AsyncConnectionPool
+) -> None:
+    bad = await asyncio.to_thread(_cli, db, "add", "--name", "n", "--prompt", "p", "--cron", "* * *")
+    assert bad.returncode != 0 and "5 fields" in bad.stderr
+    added = await asyncio.to_thread(_cli, db, "add", "--name", "nightly", "--prompt", "build {{ event.ref }}",
+                                    "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--usd-per-day", "5")
+    assert added.returncode == 0, added.stderr
+    made = json.loads(added.stdout)
+    assert made["fire_token"] and made["usd_per_day"] == 5.0 and len(made["next_fire_times"]) == 3
+    listed = json.loads((await asyncio.to_thread(_cli, db, "list")).stdout)["routines"]
+    assert [r["name"] for r in listed] == ["nightly"] and "fire_token" not in listed[0]
+    fired = await asyncio.to_thread(_cli, db, "fire", made["id"], "--event", '{"ref": "main"}')
+    assert fired.returncode == 0, fired.stderr
+    await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
+    history = json.loads((await asyncio.to_thread(_cli, db, "history", made["id"])).stdout)["runs"]
+    assert [(h["trigger"], h["status"], h["prompt"]) for h in history] == [("run", "running", "build main")]
