@@ -222,6 +222,8 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
         "`event`", params=(_ROUTINE, Param("X-Hub-Signature-256", "header", {"type": "string"}),
                            Param("X-GitHub-Delivery", "header", {"type": "string"})),
         status=202, errors=(400, 409, 413, 415)), routine_routes.hook),
+    (Op("get", "/api/quota", "the account's rate-limit windows as the CLI reports them (utilisation, reset time); "
+        "while one is exhausted routines' runs wait for its reset"), routine_routes.quota),
 ]
 
 

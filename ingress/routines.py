@@ -215,3 +215,9 @@ async def hook(request: Request) -> Response:
     if queued is None:
         raise Problem(409, f"delivery {delivery} was already received")
     return respond(queued, 202)
+
+
+async def quota(request: Request) -> Response:
+    """The account's rate-limit windows (the CLI's rate_limit_event lines): utilisation, reset time, and
+    whether unattended runs are waiting for one."""
+    return respond({"windows": await ingress_queries(request).all("list_quota_windows")})

@@ -86,6 +86,25 @@ CREATE INDEX routine_runs_routine_idx ON routine_runs (routine_id, created_at DE
 -- a routine's run caps each of its CLI processes (--max-budget-usd); NULL: no cap
 ALTER TABLE tasks ADD COLUMN max_budget_usd numeric CHECK (max_budget_usd > 0);
 
+-- The account's rate-limit windows as the CLI reports them (`rate_limit_event` lines, journaled as
+-- stream.rate_limit_event): the latest per window. While one is exhausted, unattended runs wait for its reset.
+CREATE TABLE quota_windows (
+    kind        text PRIMARY KEY CHECK (length(kind) BETWEEN 1 AND 100),
+    status      text NOT NULL CHECK (length(status) BETWEEN 1 AND 100),
+    utilization float8,
+    resets_at   timestamptz,
+    seq         bigint NOT NULL,
+    updated_at  timestamptz NOT NULL
+);
+-- how far the journal's rate_limit_event lines were read
+CREATE TABLE quota_cursor (
+    id  boolean PRIMARY KEY DEFAULT true CHECK (id),
+    seq bigint NOT NULL DEFAULT 0
+);
+INSERT INTO quota_cursor DEFAULT VALUES;
+GRANT SELECT, INSERT, UPDATE ON quota_windows, quota_cursor TO petal_executor;
+GRANT SELECT ON quota_windows TO petal_ingress;
+
 -- ingress: writes definitions, queues triggers, reads the history (and the webhook key to verify with)
 GRANT SELECT, INSERT, UPDATE ON routines TO petal_ingress;
 GRANT SELECT, INSERT ON routine_queue TO petal_ingress;

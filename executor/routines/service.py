@@ -92,7 +92,8 @@ class Routines:
         return {"routine_queue": [self.claim_triggers, self.start_runs],
                 "routines": [self.schedule, self.start_runs],
                 # a run's end is noticed by the poll: a wake-up on every task's change would cost more than it saves
-                consume.POLL_ONLY: [self.claim_triggers, self.schedule, self.start_runs, self.finish_runs]}
+                consume.POLL_ONLY: [self.claim_triggers, self.schedule, self.record_quota, self.start_runs,
+                                    self.finish_runs]}
 
     async def _timer(self, sub: Subscription) -> None:
         """Wake the loop at the next instant a schedule waits for (the poll is the backstop)."""
@@ -143,7 +144,24 @@ class Routines:
 
     # ---- starting a run -----------------------------------------------------------------------------
 
+    async def record_quota(self) -> bool:
+        """The account's rate-limit windows from the CLI's rate_limit_event lines (journaled by the runs)."""
+        for row in await self.q.all("record_quota_windows"):
+            log.info("quota_window", kind=row["kind"], status=row["status"], utilization=row["utilization"],
+                     resets_at=row["resets_at"].isoformat() if row["resets_at"] else None)
+        return False
+
     async def start_runs(self) -> bool:
+        # unattended work waits while a window of the account's quota is exhausted (interactive chat does not:
+        # the user decides); the poll starts the runs once the window has reset
+        wait = await self.q.one("get_quota_wait", {"now": self.config.clock()})
+        if wait is not None:
+            until = wait["resets_at"].astimezone(UTC)
+            waiting = await self.q.all("mark_runs_waiting", {
+                "reason": f"waiting for quota until {until:%H:%M} UTC ({wait['kind']} window, {until.isoformat()})"})
+            if waiting:
+                log.info("routine_runs_wait_for_quota", runs=len(waiting), until=until.isoformat(), window=wait["kind"])
+            return False
         async with work(self.q) as tx:
             run = await tx.one("claim_queued_run")
             if run is None:

@@ -93,7 +93,7 @@ WHERE id = %(id)s
 
 -- name: mark_run_started --
 UPDATE routine_runs SET status = 'running', prompt = %(prompt)s, thread_id = %(thread_id)s, task_id = %(task_id)s,
-                        started_at = now()
+                        started_at = now(), reason = NULL
 WHERE id = %(id)s
 
 -- name: create_routine_thread --
@@ -148,3 +148,39 @@ UPDATE routine_runs SET status = %(status)s, reason = %(reason)s, cost_usd = %(c
                         gate_denials = %(gate_denials)s, ended_at = now()
 WHERE id = %(id)s
 RETURNING ended_at
+
+-- name: record_quota_windows --
+-- The rate_limit_event lines journaled since the cursor: the latest per window is kept, the cursor moves past them.
+WITH cur AS (
+    SELECT seq FROM quota_cursor FOR UPDATE
+), lines AS (
+    SELECT j.seq, j.created_at, j.payload -> 'rate_limit_info' AS info FROM journal j, cur
+    WHERE j.event_type = 'stream.rate_limit_event' AND j.seq > cur.seq ORDER BY j.seq LIMIT 500
+), latest AS (
+    SELECT DISTINCT ON (coalesce(info ->> 'rateLimitType', 'unknown'))
+           coalesce(info ->> 'rateLimitType', 'unknown') AS kind, info, seq, created_at
+    FROM lines WHERE jsonb_typeof(info) = 'object'
+    ORDER BY coalesce(info ->> 'rateLimitType', 'unknown'), seq DESC
+), moved AS (
+    UPDATE quota_cursor SET seq = (SELECT max(seq) FROM lines) WHERE EXISTS (SELECT 1 FROM lines)
+)
+INSERT INTO quota_windows (kind, status, utilization, resets_at, seq, updated_at)
+SELECT left(kind, 100), left(coalesce(info ->> 'status', 'unknown'), 100),
+       CASE WHEN jsonb_typeof(info -> 'utilization') = 'number' THEN (info ->> 'utilization')::float8 END,
+       CASE WHEN jsonb_typeof(info -> 'resetsAt') = 'number' THEN to_timestamp((info ->> 'resetsAt')::float8) END,
+       seq, created_at
+FROM latest
+ON CONFLICT (kind) DO UPDATE SET status = EXCLUDED.status, utilization = EXCLUDED.utilization,
+    resets_at = EXCLUDED.resets_at, seq = EXCLUDED.seq, updated_at = EXCLUDED.updated_at
+WHERE quota_windows.seq < EXCLUDED.seq
+RETURNING kind, status, utilization, resets_at
+
+-- name: get_quota_wait --
+-- The exhausted window that resets last (a rejected status, or all of it used), while its reset is ahead.
+SELECT kind, resets_at FROM quota_windows
+WHERE (status = 'rejected' OR utilization >= 1) AND resets_at > %(now)s
+ORDER BY resets_at DESC LIMIT 1
+
+-- name: mark_runs_waiting --
+UPDATE routine_runs SET reason = %(reason)s WHERE status = 'queued' AND reason IS DISTINCT FROM %(reason)s
+RETURNING id

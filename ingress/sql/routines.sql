@@ -57,3 +57,9 @@ SELECT id, routine_id, trigger, scheduled_at, status, reason, prompt, thread_id,
        extract(epoch FROM (ended_at - started_at))::float8 AS duration_s
 FROM routine_runs WHERE routine_id = %(id)s
 ORDER BY created_at DESC, id LIMIT %(limit)s
+
+-- name: list_quota_windows --
+-- The account's rate-limit windows as the CLI last reported them; exhausted: unattended runs wait for resets_at.
+SELECT kind, status, utilization, resets_at, updated_at,
+       coalesce((status = 'rejected' OR utilization >= 1) AND resets_at > now(), false) AS exhausted
+FROM quota_windows ORDER BY kind

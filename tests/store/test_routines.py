@@ -24,7 +24,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from executor.routines import Routines, RoutinesConfig
+from shared import journal
 from shared.database import Database
+from shared.models import NewEvent
 from tests.pg import DB
 from tests.served import ingress_server
 
@@ -287,3 +289,33 @@ async def test_the_command_line_adds_lists_fires_and_shows_the_history_as_the_ap
     await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
     history = json.loads((await asyncio.to_thread(_cli, db, "history", made["id"])).stdout)["runs"]
     assert [(h["trigger"], h["status"], h["prompt"]) for h in history] == [("run", "running", "build main")]
+
+
+async def test_an_exhausted_quota_window_holds_unattended_runs_until_its_reset_and_says_until_when(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http)
+    clock = FakeClock(datetime.now(UTC).replace(microsecond=0))
+    resets = clock.now + timedelta(minutes=30)
+    # what the CLI writes under a subscription's login (journaled by a run as stream.rate_limit_event)
+    await journal.append(pool, [NewEvent("stream.rate_limit_event", {"type": "rate_limit_event", "rate_limit_info": {
+        "status": "allowed_warning", "rateLimitType": "seven_day", "utilization": 0.8,
+        "resetsAt": int((clock.now + timedelta(days=3)).timestamp())}}), NewEvent("stream.rate_limit_event", {
+        "type": "rate_limit_event", "rate_limit_info": {"status": "rejected", "rateLimitType": "five_hour",
+                                                        "utilization": 1.0, "resetsAt": int(resets.timestamp())}})])
+    routines = Routines(pool, RoutinesConfig(clock=clock))
+    await routines.record_quota()
+    windows = (await http.get("/api/quota")).json()["windows"]
+    assert [(w["kind"], w["status"], w["exhausted"]) for w in windows] == [
+        ("five_hour", "rejected", True), ("seven_day", "allowed_warning", False)]
+    await http.post(f"/api/routines/{routine['id']}/run", json={})
+    await _drain(routines)
+    (run,) = _runs(db, routine["id"])
+    assert run["status"] == "queued" and run["reason"].startswith(f"waiting for quota until {resets:%H:%M} UTC")
+    clock.now = resets - timedelta(seconds=1)
+    await _drain(routines)
+    assert _runs(db, routine["id"])[0]["status"] == "queued"
+    clock.now = resets + timedelta(seconds=1)  # the window has reset: the run goes, on time
+    await _drain(routines)
+    (run,) = _runs(db, routine["id"])
+    assert run["status"] == "running" and run["reason"] is None
