@@ -14,6 +14,8 @@ Passes, in order (one `consume` loop; a timer nudges it at the next instant a sc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ from executor.sql import queries
 from shared import consume, database, logs
 from shared import routines as rules
 from shared.availability import OUTAGE_ERRORS
-from shared.listener import Subscription
+from shared.listener import Notification, Subscription
 from shared.models import NewEvent
 from shared.query import Queries
 from shared.work import Work, work
@@ -69,6 +71,8 @@ class RoutinesConfig:
     clock: Clock = field(default=system_clock)
     missed_grace_s: float = 60.0
     poll_s: float = 1.0
+    # clock seconds per real second: 1 but for a test clock that runs fast (the timer sleeps real seconds)
+    clock_rate: float = 1.0
     # what the runs of all routines of one project may cost in a (UTC) day; None: no cap
     project_usd_per_day: float | None = None
 
@@ -96,20 +100,28 @@ class Routines:
                                     self.finish_runs]}
 
     async def _timer(self, sub: Subscription) -> None:
-        """Wake the loop at the next instant a schedule waits for (the poll is the backstop)."""
+        """Wake the loop at the next instant a schedule waits for (the poll is the backstop): as a note on the
+        `routines` channel, so only scheduling and starting run, at once. Those notes keep the loop from ever
+        waiting out its poll: at least once a poll the wake-up is a full one (every pass, ends of runs too)."""
+        full = time.monotonic()
         while True:
             delay = self.config.poll_s
             try:
                 row = await self.q.one("get_next_routine_fire")
                 if row and row["at"] is not None:
-                    delay = min(delay, (row["at"] - self.config.clock()).total_seconds())
+                    delay = min(delay, (row["at"] - self.config.clock()).total_seconds() / self.config.clock_rate)
             except OUTAGE_ERRORS:
                 pass  # the loop waits the outage out; this only wakes it
             if delay > 0:
                 await asyncio.sleep(delay)
-            consume.nudge(sub)
-            if delay <= 0:
-                # due but not yet scheduled (another executor holds the routine): give the pass a moment
+                if time.monotonic() - full >= self.config.poll_s:
+                    full = time.monotonic()
+                    consume.nudge(sub)
+                elif delay < self.config.poll_s:
+                    with contextlib.suppress(asyncio.QueueFull):
+                        sub.queue.put_nowait(Notification("routines", "timer"))
+            else:
+                # due but not scheduled yet (the loop is on it, or another executor holds the routine)
                 await asyncio.sleep(min(0.05, self.config.poll_s))
 
     # ---- triggers and schedules ---------------------------------------------------------------------
