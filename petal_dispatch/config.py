@@ -122,6 +122,8 @@ class Settings(BaseSettings):
     # Routines: a schedule's instant noticed later than this (the fleet was down) counts as missed and follows
     # the routine's policy (skip, or run once for all of them).
     routine_missed_grace_s: float = Field(default=60.0, gt=0)
+    # How often the routines loop looks at the store without being woken (its timer wakes it at each instant).
+    routine_poll_s: float = Field(default=1.0, gt=0)
     # What the runs of all routines of one project may cost in a UTC day; a run that would pass it is skipped.
     routine_project_usd_per_day: float | None = Field(default=None, gt=0)
     # Test-only: the routines' clock reads "now" from this file (ISO 8601), so tests cross instants and DST
@@ -296,7 +298,7 @@ def routines_config(settings: Settings) -> RoutinesConfig:
 
     clock = FileClock(settings.routines_clock_file) if settings.routines_clock_file else system_clock
     return RoutinesConfig(clock=clock, missed_grace_s=settings.routine_missed_grace_s,
-                          project_usd_per_day=settings.routine_project_usd_per_day)
+                          project_usd_per_day=settings.routine_project_usd_per_day, poll_s=settings.routine_poll_s)
 
 
 # --- the ingress ---

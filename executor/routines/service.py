@@ -47,20 +47,24 @@ def system_clock() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass(frozen=True)
 class FileClock:
     """Test-only: "now" is the ISO timestamp in a file (the real time while there is none), so a test drives
-    schedules across instants, days and DST changes without waiting for them."""
+    schedules across instants, days and DST changes without waiting for them. A file caught half-written
+    keeps the time read before."""
 
-    path: Path
+    def __init__(self, path: Path):
+        self.path = path
+        self._last: datetime | None = None
 
     def __call__(self) -> datetime:
         try:
-            text = self.path.read_text().strip()
+            at = datetime.fromisoformat(self.path.read_text().strip())
         except FileNotFoundError:
-            return system_clock()
-        at = datetime.fromisoformat(text)
-        return at if at.tzinfo else at.replace(tzinfo=UTC)
+            return self._last or system_clock()
+        except ValueError:
+            return self._last or system_clock()
+        self._last = at if at.tzinfo else at.replace(tzinfo=UTC)
+        return self._last
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ class Routines:
                     delay = min(delay, (row["at"] - self.config.clock()).total_seconds() / self.config.clock_rate)
             except OUTAGE_ERRORS:
                 pass  # the loop waits the outage out; this only wakes it
+            except Exception:  # noqa: BLE001 - the timer only hastens the loop: it must not end the executor
+                log.exception("routine_timer_failed")
             if delay > 0:
                 await asyncio.sleep(delay)
                 if time.monotonic() - full >= self.config.poll_s:

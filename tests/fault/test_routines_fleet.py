@@ -21,18 +21,25 @@ INSTANTS = 20
 KILL_AT = 10
 
 
+def _set(clock: Path, at: datetime) -> None:
+    """Move the executors' clock: written aside, then renamed over (a reader never sees half a file)."""
+    aside = clock.with_suffix(".new")
+    aside.write_text(at.isoformat())
+    aside.replace(clock)
+
+
 @pytest.mark.timeout(240)
 async def test_two_executors_one_schedule_twenty_instants_one_killed_midway_each_instant_runs_exactly_once(
     db: DB, tmp_path: Path
 ) -> None:
     clock = tmp_path / "clock"
     now = datetime.now(UTC)
-    clock.write_text(now.isoformat())
-    first = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    _set(clock, now)
     with ScriptedModelServer(Scenario.single({"text": "checked"})) as model:
         fleet = Fleet(db, model, tmp_path)
         try:
-            env = {"PETAL_ROUTINES_CLOCK_FILE": str(clock)}
+            # the clock file's changes wake nobody: a short poll notices them
+            env = {"PETAL_ROUTINES_CLOCK_FILE": str(clock), "PETAL_ROUTINE_POLL_S": "0.2"}
             alpha = await fleet.start("alpha", **env)
             await fleet.start("beta", **env)
             async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
@@ -41,9 +48,11 @@ async def test_two_executors_one_schedule_twenty_instants_one_killed_midway_each
                     "schedule": {"cron": "* * * * *", "tz": "Europe/Berlin", "overlap": "parallel"}})
                 assert made.status_code == 202, made.text
             routine = made.json()["id"]
+            # the first instant after the routine was made (the executors' clock still shows the test's start)
+            first = datetime.fromisoformat(made.json()["next_fire_times"][0])
             for i in range(INSTANTS):
                 instant = first + timedelta(minutes=i)
-                clock.write_text((instant + timedelta(seconds=1)).isoformat())
+                _set(clock, instant + timedelta(seconds=1))
                 if i == KILL_AT:
                     # mid-way, while the instant is being scheduled: its lock dies with it, the survivor goes on
                     alpha.send_signal(signal.SIGKILL)
