@@ -176,6 +176,7 @@ class BudgetIn(_Body):
     runtime_s: int | None = Field(default=None, gt=0, le=7 * 24 * 3600, description="a run is stopped after this")
     usd_per_day: float | None = Field(default=None, gt=0, le=100_000,
                                       description="a run that would pass the routine's day (UTC) is skipped")
+    max_workers: int | None = Field(default=None, gt=0, le=100, description="workers a run may have at once")
 
 
 class RoutineIn(_Body):

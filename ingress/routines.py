@@ -72,7 +72,8 @@ def new_routine(spec: RoutineIn, created_by: str, now: datetime) -> tuple[dict[s
         "next_fire_at": rules.next_fire(schedule.cron, schedule.tz, now) if schedule and spec.enabled else None,
         "webhook_secret": webhook_secret, "fire_token_sha256": _token_hash(fire_token),
         "usd_per_run": budget.usd_per_run if budget else None, "runtime_s": budget.runtime_s if budget else None,
-        "usd_per_day": budget.usd_per_day if budget else None, "created_by": created_by,
+        "usd_per_day": budget.usd_per_day if budget else None,
+        "max_workers": budget.max_workers if budget else None, "created_by": created_by,
     }, fire_token, webhook_secret
 
 

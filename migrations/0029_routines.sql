@@ -27,6 +27,8 @@ CREATE TABLE routines (
     usd_per_run      numeric CHECK (usd_per_run > 0),
     runtime_s        integer CHECK (runtime_s > 0),
     usd_per_day      numeric CHECK (usd_per_day > 0),
+    -- workers a run may have going at once (its turns' dispatch_worker is refused past it)
+    max_workers      integer CHECK (max_workers > 0),
     created_by       text CHECK (length(created_by) BETWEEN 1 AND 200),
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
@@ -111,7 +113,7 @@ GRANT SELECT, INSERT ON routine_queue TO petal_ingress;
 GRANT SELECT ON routine_runs TO petal_ingress;
 -- executor: schedules, claims triggers, runs; never reads the webhook key
 GRANT SELECT (id, name, project_id, mode, prompt, enabled, cron, tz, missed, overlap, scheduled_through,
-              next_fire_at, usd_per_run, runtime_s, usd_per_day, created_by, created_at, updated_at, deleted_at)
+              next_fire_at, usd_per_run, runtime_s, usd_per_day, max_workers, created_by, created_at, updated_at, deleted_at)
     ON routines TO petal_executor;
 GRANT UPDATE (scheduled_through, next_fire_at) ON routines TO petal_executor;
 GRANT SELECT, UPDATE ON routine_queue TO petal_executor;

@@ -1,17 +1,18 @@
 -- name: insert_routine --
 INSERT INTO routines (id, name, project_id, mode, prompt, enabled, cron, tz, missed, overlap, scheduled_through,
-                      next_fire_at, webhook_secret, fire_token_sha256, usd_per_run, runtime_s, usd_per_day, created_by)
+                      next_fire_at, webhook_secret, fire_token_sha256, usd_per_run, runtime_s, usd_per_day,
+                      max_workers, created_by)
 VALUES (%(id)s, %(name)s, %(project_id)s, %(mode)s, %(prompt)s, %(enabled)s, %(cron)s, %(tz)s, %(missed)s,
         %(overlap)s, %(now)s, %(next_fire_at)s, %(webhook_secret)s, %(fire_token_sha256)s, %(usd_per_run)s,
-        %(runtime_s)s, %(usd_per_day)s, %(created_by)s)
+        %(runtime_s)s, %(usd_per_day)s, %(max_workers)s, %(created_by)s)
 RETURNING id, name, project_id, mode, prompt, enabled, cron, tz, missed, overlap, next_fire_at,
           usd_per_run::float8 AS usd_per_run, usd_per_day::float8 AS usd_per_day,
-          runtime_s, created_by, created_at, webhook_secret IS NOT NULL AS webhook
+          runtime_s, max_workers, created_by, created_at, webhook_secret IS NOT NULL AS webhook
 
 -- name: list_routines --
 SELECT r.id, r.name, r.project_id, r.mode, r.prompt, r.enabled, r.cron, r.tz, r.missed, r.overlap,
        r.next_fire_at, r.usd_per_run::float8 AS usd_per_run, r.runtime_s, r.usd_per_day::float8 AS usd_per_day,
-       r.created_by, r.created_at, r.updated_at, r.webhook_secret IS NOT NULL AS webhook,
+       r.max_workers, r.created_by, r.created_at, r.updated_at, r.webhook_secret IS NOT NULL AS webhook,
        (SELECT to_jsonb(x) FROM (SELECT l.id, l.trigger, l.status, l.reason, l.scheduled_at, l.created_at,
                                         l.started_at, l.ended_at, l.cost_usd, l.thread_id
                                  FROM routine_runs l WHERE l.routine_id = r.id
@@ -23,14 +24,15 @@ ORDER BY r.created_at
 
 -- name: get_routine_for_edit --
 SELECT id, name, prompt, mode, enabled, cron, tz, missed, overlap, usd_per_run::float8 AS usd_per_run, runtime_s,
-       usd_per_day::float8 AS usd_per_day, next_fire_at
+       usd_per_day::float8 AS usd_per_day, max_workers, next_fire_at
 FROM routines WHERE id = %(id)s AND deleted_at IS NULL FOR UPDATE
 
 -- name: update_routine --
 -- `reschedule`: the schedule changed or the routine was enabled again: instants before now are not owed.
 UPDATE routines SET name = %(name)s, prompt = %(prompt)s, mode = %(mode)s, enabled = %(enabled)s, cron = %(cron)s,
                     tz = %(tz)s, missed = %(missed)s, overlap = %(overlap)s, usd_per_run = %(usd_per_run)s,
-                    runtime_s = %(runtime_s)s, usd_per_day = %(usd_per_day)s, next_fire_at = %(next_fire_at)s,
+                    runtime_s = %(runtime_s)s, usd_per_day = %(usd_per_day)s, max_workers = %(max_workers)s,
+                    next_fire_at = %(next_fire_at)s,
                     scheduled_through = CASE WHEN %(reschedule)s THEN %(now)s ELSE scheduled_through END,
                     updated_at = now()
 WHERE id = %(id)s

@@ -65,7 +65,8 @@ def routine_add(args: argparse.Namespace, settings: Settings) -> int:
     if args.cron:
         spec["schedule"] = {"cron": args.cron, "tz": args.tz, "missed": args.missed, "overlap": args.overlap}
     budget = {k: v for k, v in (("usd_per_run", args.usd_per_run), ("runtime_s", args.runtime_s),
-                                ("usd_per_day", args.usd_per_day)) if v is not None}
+                                ("usd_per_day", args.usd_per_day), ("max_workers", args.max_workers))
+              if v is not None}
     if budget:
         spec["budget"] = budget
     try:
@@ -139,6 +140,7 @@ def add_parser(sub: Any, data_dir_option: Any) -> None:
     p.add_argument("--usd-per-run", type=float)
     p.add_argument("--runtime-s", type=int)
     p.add_argument("--usd-per-day", type=float)
+    p.add_argument("--max-workers", type=int)
     data_dir_option(p)
     p.set_defaults(handler=routine_add)
     p = group.add_parser("fire", help="run a routine now")

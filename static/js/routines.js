@@ -34,6 +34,7 @@ function form(routine) {
     field("USD per run", h("input", { name: "usd_per_run", type: "number", step: "0.01", min: "0", value: r.usd_per_run ?? "" })),
     field("USD per day", h("input", { name: "usd_per_day", type: "number", step: "0.01", min: "0", value: r.usd_per_day ?? "" })),
     field("Max runtime (s)", h("input", { name: "runtime_s", type: "number", step: "1", min: "1", value: r.runtime_s ?? "" })),
+    field("Max workers at once", h("input", { name: "max_workers", type: "number", step: "1", min: "1", value: r.max_workers ?? "" })),
     r.id ? null : h("label", { class: "field check" }, h("input", { name: "webhook", type: "checkbox" }), " Webhook (issue a secret)"),
     h("div", { class: "actions" }, h("button", { type: "submit" }, r.id ? "Save" : "Create"),
       r.id ? h("button", { type: "button", class: "secondary", onclick: () => { R.editing = null; loadRoutines(); } }, "Cancel") : null),
@@ -45,7 +46,8 @@ function form(routine) {
 async function save(f, old) {
   const v = Object.fromEntries(new FormData(f).entries());
   const num = (x) => (x === "" || x === undefined ? null : Number(x));
-  const budget = { usd_per_run: num(v.usd_per_run), usd_per_day: num(v.usd_per_day), runtime_s: num(v.runtime_s) };
+  const budget = { usd_per_run: num(v.usd_per_run), usd_per_day: num(v.usd_per_day), runtime_s: num(v.runtime_s),
+    max_workers: num(v.max_workers) };
   const body = { name: v.name, prompt: v.prompt, mode: v.mode, budget: Object.values(budget).some((x) => x !== null) ? budget : undefined };
   const schedule = v.cron.trim() ? { cron: v.cron.trim(), tz: v.tz.trim() || "UTC", missed: v.missed, overlap: v.overlap } : null;
   if (old.id) {

@@ -24,9 +24,12 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from executor.routines import Routines, RoutinesConfig
+from executor.settle import dispatch
+from executor.sql import queries as executor_sql
 from shared import journal
 from shared.database import Database
 from shared.models import NewEvent
+from shared.query import Queries
 from tests.pg import DB
 from tests.served import ingress_server
 
@@ -319,3 +322,24 @@ async def test_an_exhausted_quota_window_holds_unattended_runs_until_its_reset_a
     await _drain(routines)
     (run,) = _runs(db, routine["id"])
     assert run["status"] == "running" and run["reason"] is None
+
+
+async def test_a_runs_workers_are_capped_at_its_routines_max_workers(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http, budget={"max_workers": 2})
+    await http.post(f"/api/routines/{routine['id']}/run", json={})
+    await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
+    (run,) = _runs(db, routine["id"])
+    q = Queries(pool, executor_sql)
+
+    async def full() -> bool:
+        return await q.one("check_routine_workers_full", {"thread_id": run["thread_id"]}) is not None
+
+    for i in range(3):
+        assert await full() is (i == 2)
+        await dispatch.request(pool, dispatch.TaskRequest("worker", f"w{i}", parent_task_id=run["task_id"]))
+    _rows(db, "UPDATE tasks SET status = 'success' WHERE role = 'worker' AND brief = 'w0' RETURNING id")
+    assert await full() is True  # two still going
+    _rows(db, "UPDATE tasks SET status = 'success' WHERE role = 'worker' AND brief = 'w1' RETURNING id")
+    assert await full() is False
