@@ -106,6 +106,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         notify_sub = listener.subscribe(["journal", "notify_queue"])
         rule_sub = listener.subscribe(["gate_rule_queue"])
         routine_sub = listener.subscribe(["routine_queue", "routines"])
+        routine_end_sub = listener.subscribe(["task_changed"])
 
         # the loops: each one's stop is pushed as it starts, so they stop in the reverse order
         group = await stack.enter_async_context(asyncio.TaskGroup())
@@ -123,7 +124,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             loops.start(group, "projects", repos.run(project_sub)),
             loops.start(group, "notifier", notifier.run(notify_sub)),
             loops.start(group, "gate-rules", gates.run_rule_queue(db.pool, writer, rule_sub)),
-            loops.start(group, "routines", Routines(db.pool, config.routines).run(routine_sub)),
+            loops.start(group, "routines", Routines(db.pool, config.routines).run(routine_sub, routine_end_sub)),
         ]
         stack.push_async_callback(_cancel, *side)
         settling = loops.start(group, "settler", settler.run(settle_sub))

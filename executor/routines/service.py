@@ -1,12 +1,14 @@
 """The routines loop: schedule due instants, turn verified triggers into runs, start runs as thread turns
 (within the routine's overlap policy and budgets), and record each run's end.
 
-Passes, in order (one `consume` loop; a timer nudges it at the next instant a schedule waits for):
+Passes, in order (one `consume` loop; a timer wakes it at the next instant a schedule waits for):
 - `claim_triggers`: routine_queue rows (run now, fire, webhook) become queued runs, once.
 - `schedule`: a routine whose next instant has come gets a queued run per instant the missed-instant policy
   keeps (`shared.routines.due`); the run's unique (routine, instant) makes it exactly once across the fleet.
 - `start_runs`: a queued run is skipped (overlap, budget), failed (a template error) or started: its thread
   and first turn are created through `request_task`, in one commit with the run's `running` mark.
+- `record_quota`: the account's rate-limit windows from the journal's rate_limit_event lines.
+And a loop of its own, woken by task changes, so that it never holds an instant back:
 - `finish_runs`: a running run whose thread has nothing open any more ends: succeeded, failed or gated,
   with its cost and the gate's denials, journaled as `routine.run_ended` (the notifier tells the user).
 """
@@ -41,6 +43,8 @@ log = logs.get(__name__)
 
 Clock = Callable[[], datetime]
 CHANNELS = ("routine_queue", "routines")
+# a burst of task changes (a run's workers ending together) is taken in one round
+ENDS_DEBOUNCE_S = 0.2
 
 
 def system_clock() -> datetime:
@@ -88,25 +92,27 @@ class Routines:
         self.q = Queries(pool, queries)
         self._sub: Subscription | None = None
 
-    async def run(self, sub: Subscription) -> None:
+    async def run(self, sub: Subscription, ends: Subscription) -> None:
+        """Two loops: starting (`sub`: routine_queue, routines, and the timer) and ending (`ends`:
+        task_changed), so recording the ends of many runs never holds a schedule's instant back."""
         self._sub = sub
+        availability = database.availability(self.pool)
         async with asyncio.TaskGroup() as group:
             group.create_task(self._timer(sub))
-            await consume.consume("routines", sub, self.passes_by_channel(), self.config.poll_s,
-                                  database.availability(self.pool))
+            group.create_task(consume.consume("routine-ends", ends, {"task_changed": [self.finish_runs]},
+                                              self.config.poll_s, availability, debounce_s=ENDS_DEBOUNCE_S))
+            await consume.consume("routines", sub, self.passes_by_channel(), self.config.poll_s, availability)
 
     def passes_by_channel(self) -> dict[str, list[consume.Pass]]:
-        # a trigger or an edited schedule, then what follows from either; every poll also ends runs
-        return {"routine_queue": [self.claim_triggers, self.start_runs],
-                "routines": [self.schedule, self.start_runs],
-                # a run's end is noticed by the poll: a wake-up on every task's change would cost more than it saves
-                consume.POLL_ONLY: [self.claim_triggers, self.schedule, self.record_quota, self.start_runs,
-                                    self.finish_runs]}
+        # the order a wake-up runs them in is the first list's: a run is made before it is started
+        return {consume.POLL_ONLY: [self.claim_triggers, self.schedule, self.record_quota, self.start_runs],
+                "routine_queue": [self.claim_triggers, self.start_runs],
+                "routines": [self.schedule, self.start_runs]}
 
     async def _timer(self, sub: Subscription) -> None:
         """Wake the loop at the next instant a schedule waits for (the poll is the backstop): as a note on the
         `routines` channel, so only scheduling and starting run, at once. Those notes keep the loop from ever
-        waiting out its poll: at least once a poll the wake-up is a full one (every pass, ends of runs too)."""
+        waiting out its poll: at least once a poll the wake-up is a full one (every pass)."""
         full = time.monotonic()
         while True:
             delay = self.config.poll_s
@@ -258,6 +264,7 @@ class Routines:
     # ---- a run's end --------------------------------------------------------------------------------
 
     async def finish_runs(self) -> bool:
+        """Stop runs past their runtime, and record the end of every run whose work has all ended."""
         for row in await self.q.all("stop_overdue_runs", {"now": self.config.clock()}):
             log.info("routine_run_overdue", task=str(row["task_id"]))
         ended = await self.q.all("list_ended_runs")
