@@ -43,6 +43,8 @@ log = logs.get(__name__)
 
 Clock = Callable[[], datetime]
 CHANNELS = ("routine_queue", "routines")
+# the most a rendered prompt may hold (a template that pastes a whole webhook payload fails the run instead)
+MAX_PROMPT_CHARS = 200_000
 # a burst of task changes (a run's workers ending together) is taken in one round
 ENDS_DEBOUNCE_S = 0.2
 
@@ -219,6 +221,9 @@ class Routines:
                                                                        "name": run["name"]})
             if not prompt.strip():
                 raise rules.TemplateError("the rendered prompt is empty")
+            if len(prompt) > MAX_PROMPT_CHARS:
+                raise rules.TemplateError(f"the rendered prompt has {len(prompt)} characters (at most "
+                                          f"{MAX_PROMPT_CHARS}): name the event's fields it needs, not all of it")
         except rules.TemplateError as exc:
             await tx.execute("mark_run_failed", {"id": run["id"], "reason": str(exc), "prompt": None})
             tx.emit(self._ended(run, "failed", str(exc)))

@@ -54,8 +54,9 @@ ON CONFLICT (routine_id, delivery_id) DO NOTHING
 RETURNING id, routine_id, trigger, delivery_id, created_at
 
 -- name: list_routine_runs --
+-- The trigger's event only as an excerpt: a webhook's payload may be a megabyte, and a page of runs 200 of them.
 SELECT id, routine_id, trigger, scheduled_at, status, reason, prompt, thread_id, task_id, cost_usd, gate_denials,
-       event, created_at, started_at, ended_at,
+       left(event::text, 2000) AS event_excerpt, created_at, started_at, ended_at,
        extract(epoch FROM (ended_at - started_at))::float8 AS duration_s
 FROM routine_runs WHERE routine_id = %(id)s
 ORDER BY created_at DESC, id LIMIT %(limit)s

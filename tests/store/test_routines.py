@@ -143,6 +143,8 @@ async def test_create_validates_and_shows_secrets_once_and_triggers_are_verified
     assert turn["brief"].startswith("Review: Fix the parser")
     history = (await http.get(f"/api/routines/{rid}/runs")).json()["runs"]
     assert {h["trigger"] for h in history} == {"webhook", "fire", "run"}
+    assert [json.loads(h["event_excerpt"]) for h in history if h["trigger"] == "webhook"] == [
+        {"pull_request": {"title": "Fix the parser"}, "_event": "pull_request"}]
 
 
 async def test_a_missing_template_field_fails_the_run_with_a_message_naming_it(
