@@ -15,10 +15,11 @@ RETURNING id, routine_id, trigger
 -- name: claim_due_routine --
 -- A routine whose next instant has come (by the scheduler's clock). Locked, so executors that race for it
 -- agree on the missed-instant policy; the run's unique (routine_id, scheduled_at) is what makes each instant
--- run at most once even without the lock.
+-- run at most once even without the lock. NO KEY UPDATE: a trigger queued meanwhile (its row's key check on the
+-- routine) does not wait for it.
 SELECT id, name, cron, tz, missed, scheduled_through, next_fire_at FROM routines
 WHERE next_fire_at <= %(now)s AND enabled AND deleted_at IS NULL AND cron IS NOT NULL
-ORDER BY next_fire_at LIMIT 1 FOR UPDATE SKIP LOCKED
+ORDER BY next_fire_at LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED
 
 -- name: insert_scheduled_run --
 INSERT INTO routine_runs (routine_id, trigger, scheduled_at, event)
@@ -49,7 +50,7 @@ WHERE r.status = 'queued'
       OR EXISTS (SELECT 1 FROM routine_runs o WHERE o.routine_id = r.routine_id AND o.status = 'queued'
                  AND (o.created_at, o.id) < (r.created_at, r.id))))
 ORDER BY r.created_at LIMIT 1
-FOR UPDATE OF r, rt SKIP LOCKED
+FOR NO KEY UPDATE OF r, rt SKIP LOCKED
 
 -- name: get_routine_spend_today --
 -- What a routine's runs since `since` cost: ended runs their cost, running ones their per-run cap (the most

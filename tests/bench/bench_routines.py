@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import tempfile
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -72,8 +74,13 @@ async def run(tmp: Path, fires: int, rate: float) -> tuple[list[float], list[flo
             async with running_executor(db, model, tmp, routines=RoutinesConfig(
                     clock=clock, clock_rate=clock_rate, missed_grace_s=1e9), max_workers=64) as h, \
                     ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
-                threads = [(await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
-                           for _ in range(fires)]
+                # a thread per message, so each starts a turn at once (made in the store: the API's thread control
+                # is not what is measured)
+                threads = [str(uuid.uuid4()) for _ in range(fires)]
+                with psycopg.connect(db.admin_dsn) as conn:
+                    conn.cursor().executemany(
+                        "INSERT INTO sessions (id, role, lifecycle, mode) VALUES (%s, 'orchestrator', 'idle', 'autonomous')",
+                        [(t,) for t in threads])
                 for i in range(ROUTINES):  # routine i fires on the clock minutes ≡ i (mod 10)
                     made = await http.post("/api/routines", json={
                         "name": f"r{i}", "prompt": "tick", "schedule": {
@@ -143,6 +150,7 @@ async def run(tmp: Path, fires: int, rate: float) -> tuple[list[float], list[flo
 
 
 async def main(fires: int, rate: float) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmpdir:
         fired, chatted = await run(Path(tmpdir), fires, rate)
     print(f"{rate:g} fires/s from {ROUTINES} routines, chat at the same rate alongside (from the client's send)")
