@@ -45,6 +45,8 @@ Clock = Callable[[], datetime]
 CHANNELS = ("routine_queue", "routines")
 # the most a rendered prompt may hold (a template that pastes a whole webhook payload fails the run instead)
 MAX_PROMPT_CHARS = 200_000
+# due routines one scheduling pass takes before the runs it made are started
+SCHEDULE_BATCH = 20
 # a burst of task changes (a run's workers ending together) is taken in one round
 ENDS_DEBOUNCE_S = 0.2
 
@@ -135,7 +137,10 @@ class Routines:
                     with contextlib.suppress(asyncio.QueueFull):
                         sub.queue.put_nowait(Notification("routines", "timer"))
             else:
-                # due but not scheduled yet (the loop is on it, or another executor holds the routine)
+                # due but not scheduled yet (a backlog, or another executor holds the routine): wake the loop
+                # again, at most every 50 ms
+                with contextlib.suppress(asyncio.QueueFull):
+                    sub.queue.put_nowait(Notification("routines", "timer"))
                 await asyncio.sleep(min(0.05, self.config.poll_s))
 
     # ---- triggers and schedules ---------------------------------------------------------------------
@@ -148,6 +153,15 @@ class Routines:
         return bool(made)
 
     async def schedule(self) -> bool:
+        """Up to SCHEDULE_BATCH due routines, each in a transaction of its own; then it yields (falsy), so
+        starting the runs it made is never starved by instants coming faster than they are scheduled (the
+        timer wakes the loop again while any is due)."""
+        for _ in range(SCHEDULE_BATCH):
+            if not await self._schedule_one():
+                break
+        return False
+
+    async def _schedule_one(self) -> bool:
         now = self.config.clock()
         async with self.q.transaction() as tx:
             routine = await tx.one("claim_due_routine", {"now": now})

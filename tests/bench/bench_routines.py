@@ -104,7 +104,7 @@ async def run(tmp: Path, fires: int, rate: float) -> tuple[list[float], list[flo
                 with psycopg.connect(db.admin_dsn) as conn:
                     conn.execute("UPDATE routines SET enabled = false")
                 # every instant up to `end` and every chat spawned (a slow tail is measured, not cut off)
-                deadline = time.monotonic() + 300
+                deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:
                     with psycopg.connect(db.admin_dsn) as conn:
                         left = conn.execute("SELECT count(*) FROM tasks WHERE status = 'pending'").fetchone()
