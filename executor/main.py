@@ -21,11 +21,12 @@ from executor.journal.writer import JournalWriter
 from executor.notify import notifier as notify
 from executor.notify.duty import Duty
 from executor.projects import service as projects
+from executor.routines import Routines, RoutinesConfig
 from executor.run.substrate import SubstrateConfig, config_home
+from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.sessions import adopt as claude_sessions
 from executor.sessions.index import Index as SessionIndex
 from executor.sessions.index import SessionsConfig
-from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.settle import threads
 from executor.settle.settler import Settler, SettlerConfig
 from shared import errors, logs
@@ -36,7 +37,7 @@ log = logs.get(__name__)
 # Channels the executor listens on. Each carries an id; readers re-read the tables.
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
             "notify_queue", "task_changed", "project_queue",
-            "gate_rule_queue"]
+            "gate_rule_queue", "routine_queue", "routines"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
 # The executor's loops wait this long for a pooled connection before counting the database as away.
@@ -60,6 +61,7 @@ class ExecutorConfig:
     journal_hold_bytes: int = JOURNAL_HOLD_BYTES
     # the CLI's stored conversations this executor lists and lets threads continue
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    routines: RoutinesConfig = field(default_factory=RoutinesConfig)
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
@@ -111,6 +113,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         notify_sub = listener.subscribe(["journal", "notify_queue"])
         rule_sub = listener.subscribe(["gate_rule_queue"])
         sessions_sub = listener.subscribe(["task_changed"])
+        routine_sub = listener.subscribe(["routine_queue", "routines"])
+        routine_end_sub = listener.subscribe(["task_changed"])
 
         # the loops: each one's stop is pushed as it starts, so they stop in the reverse order
         group = await stack.enter_async_context(asyncio.TaskGroup())
@@ -129,6 +133,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             loops.start(group, "notifier", notifier.run(notify_sub)),
             loops.start(group, "gate-rules", gates.run_rule_queue(db.pool, writer, rule_sub)),
             loops.start(group, "claude-sessions", claude_sessions.run(sessions, sessions_sub)),
+            loops.start(group, "routines", Routines(db.pool, config.routines).run(routine_sub, routine_end_sub)),
         ]
         stack.push_async_callback(_cancel, *side)
         settling = loops.start(group, "settler", settler.run(settle_sub))

@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ingress import actions, attachments, claude_sessions, gate_rules, notify, problems, reads, stream
+from ingress import routines as routine_routes
 from ingress import projects as project_routes
 from ingress.auth import (
     COOKIE,
@@ -42,6 +43,9 @@ from ingress.models import (
     PushSubscriptionIn,
     RetryIn,
     ReviewIn,
+    RoutineIn,
+    RoutinePatch,
+    RunIn,
     StopIn,
     ThreadIn,
     ThreadPatch,
@@ -110,6 +114,7 @@ _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 10
 _TASK = Param("task_id", "path", UUID)
 _THREADQ = Param("thread_id", "query", UUID)
 _TASK_Q = Param("task_id", "query", UUID)
+_ROUTINE = Param("routine_id", "path", UUID)
 
 OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF012 - the route table, read once
     (Op("post", "/api/chat", "queue a chat message for a thread", ChatIn, status=202, errors=(400, 409, 413, 415, 422)),
@@ -210,6 +215,29 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
     (Op("get", "/api/usage", "tokens and cost from the runs' result lines, by task, thread, project or day",
         params=(Param("by", "query", {"type": "string", "enum": ["task", "thread", "project", "day"]}), _TASK_Q,
                 _THREADQ, Param("project_id", "query", UUID)), errors=(400,)), project_routes.usage),
+    # routines: definitions are the user's; a trigger is verified and queued, the executor runs it
+    (Op("post", "/api/routines", "create a routine (cron expression and template checked); its fire token and "
+        "webhook secret are in this answer only", RoutineIn, status=202, errors=(404, 415, 422)),
+     routine_routes.create_routine),
+    (Op("get", "/api/routines", "routines, with their next fire times and last run"), routine_routes.list_routines),
+    (Op("patch", "/api/routines/{routine_id}", "enable, disable or edit a routine", RoutinePatch,
+        params=(_ROUTINE,), errors=(404, 415, 422)), routine_routes.patch_routine),
+    (Op("delete", "/api/routines/{routine_id}", "delete a routine (its runs stay in the history)",
+        params=(_ROUTINE,), errors=(404,)), routine_routes.delete_routine),
+    (Op("get", "/api/routines/{routine_id}/runs", "a routine's runs, newest first: trigger, rendered prompt, "
+        "status, cost, duration, thread and turn", params=(_ROUTINE,), errors=(404,)), routine_routes.list_runs),
+    (Op("post", "/api/routines/{routine_id}/run", "run a routine now, as the signed-in user", RunIn, True,
+        (_ROUTINE,), 202, (404, 415, 422)), routine_routes.run_now),
+    (Op("post", "/api/routines/{routine_id}/fire", "start a run with the routine's fire token (Authorization: "
+        "Bearer <fire token>; not the user's token)", RunIn, True, (_ROUTINE,), 202, (409, 415, 422)),
+     routine_routes.fire),
+    (Op("post", "/api/hooks/{routine_id}", "a webhook delivery (GitHub-style: X-Hub-Signature-256 HMAC of the body "
+        "with the routine's secret, X-GitHub-Delivery refused when seen before); the JSON payload is the run's "
+        "`event`", params=(_ROUTINE, Param("X-Hub-Signature-256", "header", {"type": "string"}),
+                           Param("X-GitHub-Delivery", "header", {"type": "string"})),
+        status=202, errors=(400, 409, 413, 415)), routine_routes.hook),
+    (Op("get", "/api/quota", "the account's rate-limit windows as the CLI reports them (utilisation, reset time); "
+        "while one is exhausted routines' runs wait for its reset"), routine_routes.quota),
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ PROXY_HEADER = b"x-authentik-username"
 COOKIE = "petal_session"
 # Reachable without credentials: liveness, readiness, and the way in.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/login", "/openapi.json"})
+# Routes that check a credential of their own instead of the user's: a routine's fire token, a webhook's HMAC
+# (ingress/routines.py). A webhook's body may be larger than the API's usual limit, up to HOOK_BODY_BYTES.
+SELF_AUTHENTICATED = re.compile(r"^/api/(hooks/[0-9a-fA-F-]{36}|routines/[0-9a-fA-F-]{36}/fire)$")
+HOOK_BODY_BYTES = 1024 * 1024
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Wrong tokens (bearer or /login) a client may send per window before it gets 429.
 FAILURES_PER_WINDOW = 10
@@ -167,7 +172,7 @@ class GuardMiddleware:
         if "\x00" in path or b"%00" in scope.get("query_string", b"").lower():
             await problem(400, "the URL may not contain NUL characters")(scope, receive, send)
             return
-        if path not in PUBLIC_PATHS:
+        if path not in PUBLIC_PATHS and not SELF_AUTHENTICATED.match(path):
             status, reason = identify(self.config, headers)
             if self.config.mode == "proxy" and not self.boundary.trusts(peer(scope)):
                 # the identity header is only as good as whoever set it: only a trusted proxy may
@@ -195,7 +200,8 @@ class GuardMiddleware:
             scope.setdefault("state", {})["user"] = reason
         method = scope["method"]
         upload = method == "POST" and path == UPLOAD_PATH
-        limit = self.config.upload_max_bytes + MULTIPART_FRAMING_BYTES if upload else self.config.max_body_bytes
+        limit = (self.config.upload_max_bytes + MULTIPART_FRAMING_BYTES if upload
+                 else HOOK_BODY_BYTES if path.startswith("/api/hooks/") else self.config.max_body_bytes)
         if method in _STATE_CHANGING and path != "/login":
             length = int(headers.get(b"content-length", b"0") or 0)
             has_body = length > 0 or b"transfer-encoding" in headers

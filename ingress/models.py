@@ -170,3 +170,48 @@ class ProjectIn(_Body):
 
 class ReviewIn(_Body):
     reason: str | None = Field(default=None, max_length=500)
+
+
+# ---- routines ------------------------------------------------------------------------------------------
+
+class ScheduleIn(_Body):
+    cron: str = Field(min_length=1, max_length=200, description="five fields: minute hour day month weekday")
+    tz: str = Field(min_length=1, max_length=100, description="an IANA time zone, e.g. Europe/Berlin")
+    missed: Literal["skip", "run_once"] = Field(
+        default="skip", description="instants missed while no executor ran: none of them, or one run for all")
+    overlap: Literal["skip", "queue", "parallel"] = Field(
+        default="skip", description="when the previous run is still going: skip this one, queue it, or run both")
+
+
+class BudgetIn(_Body):
+    usd_per_run: float | None = Field(default=None, gt=0, le=10_000, description="the CLI's --max-budget-usd")
+    runtime_s: int | None = Field(default=None, gt=0, le=7 * 24 * 3600, description="a run is stopped after this")
+    usd_per_day: float | None = Field(default=None, gt=0, le=100_000,
+                                      description="a run that would pass the routine's day (UTC) is skipped")
+    max_workers: int | None = Field(default=None, gt=0, le=100, description="workers a run may have at once")
+
+
+class RoutineIn(_Body):
+    name: str = Field(min_length=1, max_length=200)
+    project_id: uuid.UUID | None = None
+    prompt: str = Field(min_length=1, max_length=100_000,
+                        description="a template: {{ event.<field> }} from the trigger's payload")
+    mode: Mode = "autonomous"
+    schedule: ScheduleIn | None = None
+    webhook: bool = Field(default=False, description="issue a webhook secret (POST /api/hooks/{id})")
+    budget: BudgetIn | None = None
+    enabled: bool = True
+
+
+class RoutinePatch(_Body):
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    prompt: str | None = Field(default=None, min_length=1, max_length=100_000)
+    mode: Mode | None = None
+    enabled: bool | None = None
+    schedule: ScheduleIn | None = None
+    unschedule: Literal[True] | None = Field(default=None, description="remove the schedule")
+    budget: BudgetIn | None = None
+
+
+class RunIn(_Body):
+    event: dict[str, object] = Field(default_factory=dict, description="what the template sees as `event`")

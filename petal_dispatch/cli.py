@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 
 from petal_dispatch import config
-from petal_dispatch.commands import claude, db, handoffs, project, retention, services, transcript, views
+from petal_dispatch.commands import claude, db, handoffs, project, retention, routines, services, transcript, views
 from petal_dispatch.config import Settings
 from shared import errors, lifeline, logs
 
@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", default="30d", help="an age: 30d, 12h, 45m (default 30d)")
     _data_dir_option(p)
     p.set_defaults(handler=retention.purge)
+
+    routines.add_parser(sub, _data_dir_option)
 
     db_cmd = sub.add_parser("db", help="database commands").add_subparsers(dest="db_command", required=True)
     p = db_cmd.add_parser("status", help="where the server is, each role's DSN, whether migrations are current")

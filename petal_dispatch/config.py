@@ -25,6 +25,7 @@ from shared.errors import ConfigError
 if TYPE_CHECKING:
     from executor.main import ExecutorConfig
     from executor.notify.notifier import NotifyConfig
+    from executor.routines import RoutinesConfig
     from executor.run.substrate import SubstrateConfig
     from executor.run.supervisor import SupervisorConfig
     from executor.sandbox.bwrap import SandboxPolicy
@@ -122,6 +123,16 @@ class Settings(BaseSettings):
     # Test-only: accept push endpoints on loopback (a local push stand-in). Never in production.
     push_allow_loopback: bool = False
     notify_rate_limit_s: float = Field(default=60.0, ge=0)
+    # Routines: a schedule's instant noticed later than this (the fleet was down) counts as missed and follows
+    # the routine's policy (skip, or run once for all of them).
+    routine_missed_grace_s: float = Field(default=60.0, gt=0)
+    # How often the routines loop looks at the store without being woken (its timer wakes it at each instant).
+    routine_poll_s: float = Field(default=1.0, gt=0)
+    # What the runs of all routines of one project may cost in a UTC day; a run that would pass it is skipped.
+    routine_project_usd_per_day: float | None = Field(default=None, gt=0)
+    # Test-only: the routines' clock reads "now" from this file (ISO 8601), so tests cross instants and DST
+    # changes without waiting for them. Never in production.
+    routines_clock_file: Path | None = None
     # Where tasks without a project run.
     workdir: Path = Path(".")
     # Directories a project's repository must lie in (separated by ":"); empty: the service user's home.
@@ -289,7 +300,17 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
         sessions=SessionsConfig(
             dirs=tuple(Path(p).expanduser() for p in settings.claude_session_dirs.split(":") if p.strip()),
             poll_s=settings.claude_sessions_poll_s),
+        routines=routines_config(settings),
     )
+
+
+def routines_config(settings: Settings) -> RoutinesConfig:
+    from executor.routines import RoutinesConfig
+    from executor.routines.service import FileClock, system_clock
+
+    clock = FileClock(settings.routines_clock_file) if settings.routines_clock_file else system_clock
+    return RoutinesConfig(clock=clock, missed_grace_s=settings.routine_missed_grace_s,
+                          project_usd_per_day=settings.routine_project_usd_per_day, poll_s=settings.routine_poll_s)
 
 
 # --- the ingress ---

@@ -11,6 +11,7 @@ import { loadContext } from "./js/context.js";
 import { $, h } from "./js/dom.js";
 import { disableNotify, enableNotify, presence, renderNotify, testNotify } from "./js/notify.js";
 import { S, TABS, currentTab } from "./js/state.js";
+import { loadRoutines } from "./js/routines.js";
 import { setConn, stream } from "./js/stream.js";
 import { detailEvent, loadDetail, loadTasks } from "./js/tasks.js";
 import { initSessions } from "./js/sessions.js";
@@ -53,6 +54,7 @@ function onEvent(e) {
   if (e.event_type.startsWith("question.")) soon("asks", loadAsks);
   if (e.event_type.startsWith("thread.")) soon("threads", loadThreads);
   if (e.event_type.startsWith("gate.")) soon("context", loadContext, 300);
+  if (e.event_type.startsWith("routine.")) soon("routines", loadRoutines, 300);
   detailEvent(e);
 }
 
@@ -77,6 +79,7 @@ function showTab() {
   else if (tab === "tasks") { S.detail = null; $("#task-detail").hidden = true; }
   if (tab === "activity") renderFeed();
   if (tab === "context") loadContext();
+  if (tab === "routines") loadRoutines().catch((e) => { $("#routines-body").textContent = `Could not load: ${e.message}`; });
   if (tab === "chat") scrollChat(true);
   presence();
 }

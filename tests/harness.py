@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from executor.journal.writer import JournalWriter
 from executor.main import ExecutorConfig, serve
 from executor.notify.notifier import NotifyConfig
+from executor.routines import RoutinesConfig
 from executor.run.substrate import SubstrateConfig
 from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.sandbox.bwrap import SandboxPolicy, install_root
@@ -202,6 +203,7 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
                    extra_env: dict[str, str] | None = None, extract: bool = False, backoff_base_s: float = 30.0,
                    substrate_kw: dict[str, Any] | None = None, notify_config: Any = None,
                    project_roots: tuple[Path, ...] = (), sessions: Any = None,
+                   routines: RoutinesConfig | None = None,
                    **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
@@ -214,6 +216,7 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
                               ask_timeout_s=ask_timeout_s,
                               settler=SettlerConfig(extract=extract, backoff_base_s=backoff_base_s),
                               notify=notify_config or NotifyConfig(data_dir=tmp / "var"), project_roots=project_roots,
+                              routines=routines or RoutinesConfig(),
                               **({"sessions": sessions} if sessions is not None else {}))
     task = asyncio.create_task(serve(executor, stop))
     deadline = time.monotonic() + 30

@@ -70,6 +70,12 @@ class _Workers:
         file_ids = tuple(f["id"] for f in files)
         # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
         mode = await self.harness.q.one("get_thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
+        if caller.thread_id is not None:
+            # a routine's run: at most its routine's max_workers at once (checked, then requested: a soft cap)
+            full = await self.harness.q.one("check_routine_workers_full", {"thread_id": caller.thread_id})
+            if full is not None:
+                raise ToolError(f"dispatch refused: routine {full['name']} runs at most {full['max_workers']} "
+                                "worker(s) at once; wait for a running worker's report, then dispatch again")
         if mode is not None and mode["mode"] == "interactive":
             return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx), file_ids)
         try:

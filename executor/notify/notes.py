@@ -54,6 +54,8 @@ def note_for(row: dict[str, Any]) -> Note | None:
                     line(f"Its lease expired; {crashed} running task(s) crashed and go through the policy "
                           f"(taken over by {p.get('taken_over_by')})."),
                     "/#context", None, None, row["seq"], {"executor": p.get("name")})
+    if row["event_type"] == "routine.run_ended":
+        return _routine_note(row, p)
     if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
         result = (p.get("result") or {})
         status = p.get("status")
@@ -62,3 +64,25 @@ def note_for(row: dict[str, Any]) -> Note | None:
                     f"/#chat/{row['task_session']}", row["task_id"], row["task_session"], row["seq"],
                     {"status": status, "subtype": result.get("subtype")})
     return None
+
+
+def _routine_note(row: dict[str, Any], p: dict[str, Any]) -> Note | None:
+    """A routine's run ended (or could not start for its budget or a template error): what came of it, and
+    the tool calls the gate denied, by name."""
+    status, reason = p.get("status"), p.get("reason")
+    if status == "skipped" and not str(reason or "").startswith("budget"):
+        return None  # an overlap skip is the policy doing its job, every instant
+    denials = p.get("gate_denials") or []
+    body = {"succeeded": "The run succeeded.", "gated": "The gate denied: "}.get(str(status), f"The run {status}.")
+    if denials:
+        body += "; ".join(str(d.get("summary") or d.get("tool")) for d in denials)
+    elif reason:
+        body = f"{body} {reason}"
+    cost = p.get("cost_usd")
+    if cost:
+        body += f" ({cost:.2f} USD)"
+    thread = p.get("thread_id")
+    return Note(f"routine_{status}", f"Routine {line(p.get('name'), 60)}: {status}", line(body),
+                f"/#chat/{thread}" if thread else "/#routines", row["task_id"], row["session_id"], row["seq"],
+                {"routine_id": p.get("routine_id"), "run_id": p.get("run_id"), "status": status,
+                 "gate_denials": [d.get("summary") for d in denials]})

@@ -213,6 +213,7 @@ class TaskRunner:
                 system_prompt=profile.system_prompt,
                 mcp_config=mcp_path,
                 json_schema=task.json_schema,
+                extra_args=("--max-budget-usd", f"{task.max_budget_usd:.4f}") if task.max_budget_usd else (),
             )
             cmd = substrate.build_command(conv.substrate, spec)
             env = substrate.build_env(conv.substrate, str(task_id))

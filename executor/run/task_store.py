@@ -36,6 +36,7 @@ class ClaimedTask(FromRow):
     attempt: int
     json_schema: dict[str, Any] | None
     attachment_ids: list[uuid.UUID]  # files fed to the CLI with the brief (a turn's messages carried them)
+    max_budget_usd: float | None  # the CLI's --max-budget-usd (a routine's run: its USD per run)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ UPDATE notify_cursor SET last_seq = greatest(last_seq, %(seq)s)
 -- The records after the cursor that may call for a notification, with their task's role and brief.
 SELECT j.seq, j.event_type, j.task_id, j.session_id, j.payload, t.role, t.brief, t.session_id AS task_session
 FROM journal j LEFT JOIN tasks t ON t.id = j.task_id
-WHERE j.seq > %(after)s AND j.event_type IN ('question.asked', 'task.stalled', 'task.exited', 'executor.lost')
+WHERE j.seq > %(after)s AND j.event_type IN ('question.asked', 'task.stalled', 'task.exited', 'executor.lost',
+                                             'routine.run_ended')
 ORDER BY j.seq
 LIMIT %(limit)s
 

@@ -56,13 +56,18 @@ SELECT event_id FROM journal WHERE task_id = %(id)s AND event_type = 'task.exite
 -- The one insert of a requested task (executor/settle/dispatch.py request_task): pending, with where it may
 -- run (a named executor and/or labels it must carry). The next attempt of a task (retry_of) is not claimed
 -- before its not_before, and is inserted only while no other run repeats that task (nothing is returned then).
+-- A routine's run caps every CLI process in it (its turns, their workers and extractors) at the routine's
+-- USD per run: a turn finds it through its thread, a worker or extractor through its parent.
 INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
                    json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels,
-                   attachment_ids)
+                   attachment_ids, max_budget_usd)
 SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
        %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
        'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
-       %(executor)s::text, %(labels)s::text[], %(attachment_ids)s::uuid[]
+       %(executor)s::text, %(labels)s::text[], %(attachment_ids)s::uuid[],
+       coalesce((SELECT p.max_budget_usd FROM tasks p WHERE p.id = %(parent_task_id)s::uuid),
+                (SELECT rt.usd_per_run FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
+                 WHERE r.thread_id = %(session_id)s::uuid))
 WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
 RETURNING id
 
@@ -100,7 +105,7 @@ FROM (
 ) picked
 WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
-          t.allowed_tools, t.attempt, t.json_schema, t.attachment_ids
+          t.allowed_tools, t.attempt, t.json_schema, t.attachment_ids, t.max_budget_usd::float8 AS max_budget_usd
 
 -- name: get_role_profile --
 SELECT role, system_prompt, allowed_tools, use_mcp FROM role_profiles WHERE role = %(role)s
@@ -177,7 +182,7 @@ SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND timed_out_at
 -- name: list_orphaned_running_tasks --
 -- This executor's own (an earlier run of its name; unnamed rows predate the fleet): others' are theirs.
 SELECT id, pid, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, attempt,
-       json_schema, attachment_ids
+       json_schema, attachment_ids, max_budget_usd::float8 AS max_budget_usd
 FROM tasks WHERE status = 'running' AND (executor_name = %(name)s OR executor_name IS NULL)
 
 -- name: crash_task --

@@ -1,7 +1,7 @@
 // The page's state: a cache of what the API and the stream said, never a source of truth.
 import { firstLine, short } from "./dom.js";
 
-export const TABS = ["chat", "tasks", "asks", "activity", "context"];
+export const TABS = ["chat", "tasks", "asks", "activity", "context", "routines"];
 export const FINAL = new Set(["success", "failed", "crashed", "cancelled", "rate_limited", "partial", "skipped", "gated",
   "extraction_failed"]);
 

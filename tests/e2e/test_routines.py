@@ -1,0 +1,130 @@
+"""A routine's run end to end (real PostgreSQL, the real claude CLI, the scripted model): a signed webhook
+starts an autonomous run whose prompt carries the payload; its worker's gated command is denied; the run ends
+`gated` with its history, and the notification names the denied call."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from executor.notify.notifier import NotifyConfig
+from executor.routines import RoutinesConfig
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from shared import journal
+from shared.models import NewEvent
+from tests.harness import Harness, running_executor
+from tests.pg import DB
+from tests.scenarios import handoff, one_worker
+from tests.served import ingress_server
+from tests.wait import until
+
+pytestmark = pytest.mark.e2e
+
+
+async def _run(http: httpx.AsyncClient, routine: str) -> dict[str, Any] | None:
+    runs = (await http.get(f"/api/routines/{routine}/runs")).json()["runs"]
+    return runs[0] if runs and runs[0]["status"] not in ("queued", "running") else None
+
+
+async def _routine_notes(h: Harness) -> list[tuple[str, str, str]] | None:
+    cur = await (await h._conn()).execute("SELECT kind, title, body FROM notifications WHERE kind LIKE 'routine_%%'"
+                                          " ORDER BY created_at")
+    return [(r[0], r[1], r[2]) for r in await cur.fetchall()] or None
+
+
+@pytest.mark.timeout(240)
+async def test_a_webhook_run_in_an_autonomous_routine_whose_worker_is_gated_ends_gated_and_the_note_names_it(
+    db: DB, tmp_path: Path
+) -> None:
+    scenario = one_worker("tidy up", {"tool_use": {"name": "Bash", "input": {"command": "sudo true"}}},
+                          {"text": "done"}, result=handoff("tidy up", "done what was allowed", status="gated"))
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True,
+                                    notify_config=NotifyConfig(data_dir=tmp_path / "var", rate_limit_s=0)) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+            made = await http.post("/api/routines", json={
+                "name": "pr review", "webhook": True, "budget": {"usd_per_run": 0.5},
+                "prompt": "Review pull request {{ event.number }}: {{ event.pull_request.title }}"})
+            assert made.status_code == 202, made.text
+            routine, secret = made.json()["id"], made.json()["webhook_secret"]
+            body = json.dumps({"number": 42, "pull_request": {"title": "Tidy the parser"}}).encode()
+            signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+            hooked = await http.post(f"/api/hooks/{routine}", content=body, headers={
+                "content-type": "application/json", "x-github-delivery": "72d3162e", "x-hub-signature-256": signature})
+            assert hooked.status_code == 202, hooked.text
+            run = await until(lambda: _run(http, routine), "the run's end", timeout=180)
+            notes = await until(lambda: _routine_notes(h), "the routine's notification", timeout=30)
+            prompts = [r.body for r in model.requests if r.role == "orchestrator"]
+            argvs = [e.payload["argv"] for e in await h.events() if e.event_type == "task.spawned"]
+            thread_turns = (await http.get("/api/tasks", params={"thread_id": run["thread_id"]})).json()["tasks"]
+    assert run["status"] == "gated" and run["trigger"] == "webhook"
+    assert run["prompt"] == "Review pull request 42: Tidy the parser"
+    assert [d["summary"] for d in run["gate_denials"]] == ["Bash: sudo true"]
+    assert run["duration_s"] > 0 and run["task_id"] and run["cost_usd"] is not None
+    assert any("Review pull request 42: Tidy the parser" in json.dumps(p) for p in prompts)
+    [(kind, title, said)] = notes
+    assert (kind, title) == ("routine_gated", "Routine pr review: gated")
+    assert said.startswith("The gate denied: Bash: sudo true") and said.endswith(" USD)"), said
+    # every CLI process of the run (turns, the worker, its extractor) under the routine's USD per run
+    assert len(argvs) >= 3 and all(a[a.index("--max-budget-usd") + 1] == "0.5000" for a in argvs), argvs
+    assert thread_turns  # the run's thread holds its turns (and the history links to them)
+
+
+@dataclass
+class FakeClock:
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.mark.timeout(180)
+async def test_an_exhausted_quota_window_holds_a_routines_run_while_chat_still_runs_and_the_run_goes_at_reset(
+    db: DB, tmp_path: Path
+) -> None:
+    clock = FakeClock(datetime.now(UTC))
+    resets = clock.now + timedelta(hours=2)
+    with ScriptedModelServer(Scenario.single({"text": "on it"})) as model:
+        async with running_executor(db, model, tmp_path, routines=RoutinesConfig(clock=clock)) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+            # the window as the CLI reports it under a subscription's login (the scripted model's API-key login
+            # gets no such line from the CLI: docs/claude-cli.md), journaled as a run's stream line
+            await journal.append(h.db.pool, [NewEvent("stream.rate_limit_event", {
+                "type": "rate_limit_event", "rate_limit_info": {
+                    "status": "rejected", "rateLimitType": "five_hour", "resetsAt": int(resets.timestamp())}})])
+            made = (await http.post("/api/routines", json={"name": "sweep", "prompt": "sweep the logs"})).json()
+            await until(lambda: _exhausted(http), "the window recorded")
+            await http.post(f"/api/routines/{made['id']}/run", json={})
+            waiting = await until(lambda: _waiting(http, made["id"]), "the run waiting for quota")
+            # interactive work still goes: the user decides
+            thread = (await http.post("/api/threads", json={"mode": "interactive"})).json()["thread_id"]
+            await http.post("/api/chat", json={"text": "hello", "thread_id": thread})
+            await until(lambda: _turn_done(h, thread), "the chat's turn", timeout=90)
+            still = (await http.get(f"/api/routines/{made['id']}/runs")).json()["runs"][0]
+            clock.now = resets + timedelta(seconds=1)
+            ran = await until(lambda: _run(http, made["id"]), "the run after the reset", timeout=90)
+    assert waiting["reason"].startswith(f"waiting for quota until {resets.astimezone(UTC):%H:%M} UTC")
+    assert still["status"] == "queued" and still["task_id"] is None
+    assert ran["status"] == "succeeded" and ran["reason"] is None
+
+
+async def _exhausted(http: httpx.AsyncClient) -> bool:
+    return any(w["exhausted"] for w in (await http.get("/api/quota")).json()["windows"])
+
+
+async def _waiting(http: httpx.AsyncClient, routine: str) -> dict[str, Any] | None:
+    runs = (await http.get(f"/api/routines/{routine}/runs")).json()["runs"]
+    return runs[0] if runs and (runs[0]["reason"] or "").startswith("waiting for quota") else None
+
+
+async def _turn_done(h: Harness, thread: str) -> bool:
+    cur = await (await h._conn()).execute("SELECT status FROM tasks WHERE session_id = %s", [thread])
+    return [r[0] for r in await cur.fetchall()] == ["success"]

@@ -1,0 +1,347 @@
+"""Routines against a real PostgreSQL: the API (create, list, edit, triggers verified and queued), and the
+executor's routines passes driven by a fake clock — exactly once per instant with two schedulers racing,
+the missed-instant and overlap policies, budgets, templates. No CLI: a started run's turn stays pending."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from executor.routines import Routines, RoutinesConfig
+from executor.settle import dispatch
+from executor.sql import queries as executor_sql
+from shared import journal
+from shared.database import Database
+from shared.models import NewEvent
+from shared.query import Queries
+from tests.pg import DB
+from tests.served import ingress_server
+
+pytestmark = pytest.mark.store
+
+
+@dataclass
+class FakeClock:
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _rows(db: DB, sql: str, *params: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(db.admin_dsn, row_factory=dict_row) as conn:
+        return conn.execute(sql.encode(), params).fetchall()
+
+
+def _runs(db: DB, routine_id: str) -> list[dict[str, Any]]:
+    return _rows(db, "SELECT * FROM routine_runs WHERE routine_id = %s ORDER BY created_at, scheduled_at", routine_id)
+
+
+@pytest.fixture
+async def http(db: DB) -> AsyncIterator[httpx.AsyncClient]:
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        yield client
+
+
+async def _create(http: httpx.AsyncClient, **spec: Any) -> dict[str, Any]:
+    made = await http.post("/api/routines", json={"name": "r", "prompt": "check the build", **spec})
+    assert made.status_code == 202, made.text
+    return made.json()  # type: ignore[no-any-return]  # JSON from the API
+
+
+def _signed(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+async def _drain(r: Routines) -> None:
+    for step in (r.claim_triggers, r.schedule, r.start_runs):
+        while await step():
+            pass
+
+
+async def test_create_validates_and_shows_secrets_once_and_triggers_are_verified_before_anything_is_queued(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    for bad, says in (({"schedule": {"cron": "61 * * * *", "tz": "UTC"}}, "invalid cron"),
+                      ({"schedule": {"cron": "* * * * *", "tz": "Mars/Base"}}, "unknown time zone"),
+                      ({"prompt": "{{ event.title "}, "template error"),
+                      ({"project_id": str(uuid.uuid4())}, "no project")):
+        refused = await http.post("/api/routines", json={"name": "r", "prompt": "x", **bad})
+        assert refused.status_code in (404, 422) and says in refused.text, refused.text
+    routine = await _create(http, prompt="Review: {{ event.pull_request.title }}", webhook=True,
+                            schedule={"cron": "0 9 * * 1-5", "tz": "Europe/Berlin"})
+    rid, secret, token = routine["id"], routine["webhook_secret"], routine["fire_token"]
+    assert len(routine["next_fire_times"]) == 3 and routine["mode"] == "autonomous"
+    listed = (await http.get("/api/routines")).json()["routines"]
+    assert [r["id"] for r in listed] == [rid]
+    assert "fire_token" not in listed[0] and "webhook_secret" not in listed[0] and listed[0]["webhook"] is True
+    stored = _rows(db, "SELECT fire_token_sha256 FROM routines WHERE id = %s", rid)[0]
+    assert bytes(stored["fire_token_sha256"]) == hashlib.sha256(token.encode()).digest()  # the hash only
+
+    body = json.dumps({"pull_request": {"title": "Fix the parser"}}).encode()
+    headers = {"content-type": "application/json", "x-github-delivery": "d-1", "x-github-event": "pull_request"}
+    wrong = await http.post(f"/api/hooks/{rid}", content=body, headers={**headers, "x-hub-signature-256":
+                                                                          _signed("not the secret", body)})
+    assert wrong.status_code == 401
+    unsigned = await http.post(f"/api/hooks/{rid}", content=body, headers=headers)
+    assert unsigned.status_code == 401
+    assert _rows(db, "SELECT count(*) AS n FROM routine_queue")[0]["n"] == 0  # nothing queued for either
+    good = await http.post(f"/api/hooks/{rid}", content=body,
+                           headers={**headers, "x-hub-signature-256": _signed(secret, body)})
+    assert good.status_code == 202, good.text
+    replay = await http.post(f"/api/hooks/{rid}", content=body,
+                             headers={**headers, "x-hub-signature-256": _signed(secret, body)})
+    assert replay.status_code == 409 and "already received" in replay.text
+    big = b'{"x": "' + b"a" * (1024 * 1024) + b'"}'
+    oversize = await http.post(f"/api/hooks/{rid}", content=big,
+                               headers={**headers, "x-github-delivery": "d-2", "x-hub-signature-256": _signed(secret, big)})
+    assert oversize.status_code == 413
+
+    # the fire token, never anything else: no bearer, a wrong one, and another routine's all look the same
+    other = await _create(http, name="other")
+    for auth in (None, "Bearer nope", f"Bearer {other['fire_token']}"):
+        refused = await http.post(f"/api/routines/{rid}/fire", json={},
+                                  headers={"authorization": auth} if auth else {})
+        assert refused.status_code == 401, (auth, refused.text)
+    fired = await http.post(f"/api/routines/{rid}/fire", json={"event": {"pull_request": {"title": "From CI"}}},
+                            headers={"authorization": f"Bearer {token}"})
+    assert fired.status_code == 202, fired.text
+    ran = await http.post(f"/api/routines/{rid}/run", json={})  # run now, as the user: no event fields
+    assert ran.status_code == 202
+    queued = _rows(db, "SELECT trigger, requested_by, delivery_id FROM routine_queue ORDER BY created_at")
+    assert [(q["trigger"], q["delivery_id"]) for q in queued] == [("webhook", "d-1"), ("fire", None), ("run", None)]
+    assert queued[2]["requested_by"] == "open"
+
+    clock = FakeClock(datetime.now(UTC))
+    routines = Routines(pool, RoutinesConfig(clock=clock))
+    await _drain(routines)
+    runs = {r["trigger"]: r for r in _runs(db, rid)}
+    assert runs["webhook"]["status"] == "running" and runs["webhook"]["prompt"] == "Review: Fix the parser"
+    assert runs["webhook"]["event"]["_event"] == "pull_request"
+    # the overlap policy (skip, the default): the fire came while the webhook's run was going
+    assert runs["fire"]["status"] == "skipped" and "overlap" in runs["fire"]["reason"]
+    assert runs["run"]["status"] == "skipped"
+    turn = _rows(db, "SELECT t.role, t.brief, t.status, s.mode, s.title FROM tasks t JOIN sessions s "
+                     "ON s.id = t.session_id WHERE t.id = %s", runs["webhook"]["task_id"])[0]
+    assert (turn["role"], turn["status"], turn["mode"]) == ("orchestrator", "pending", "autonomous")
+    assert turn["brief"].startswith("Review: Fix the parser")
+    history = (await http.get(f"/api/routines/{rid}/runs")).json()["runs"]
+    assert {h["trigger"] for h in history} == {"webhook", "fire", "run"}
+    assert [json.loads(h["event_excerpt"]) for h in history if h["trigger"] == "webhook"] == [
+        {"pull_request": {"title": "Fix the parser"}, "_event": "pull_request"}]
+
+
+async def test_a_missing_template_field_fails_the_run_with_a_message_naming_it(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http, prompt="Review: {{ event.pull_request.title }}", schedule=None)
+    await http.post(f"/api/routines/{routine['id']}/run", json={"event": {"issue": {"title": "x"}}})
+    await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
+    (run,) = _runs(db, routine["id"])
+    assert run["status"] == "failed" and "pull_request" in run["reason"] and "issue" in run["reason"]
+    ended = _rows(db, "SELECT payload FROM journal WHERE event_type = 'routine.run_ended'")
+    assert ended[0]["payload"]["status"] == "failed"
+
+
+def _minute(t: datetime) -> datetime:
+    return t.replace(second=0, microsecond=0)
+
+
+async def test_two_schedulers_racing_over_twenty_instants_make_exactly_one_run_each(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http, schedule={"cron": "* * * * *", "tz": "Europe/Berlin", "overlap": "parallel"})
+    clock = FakeClock(datetime.now(UTC))
+    async with Database(db.executor_dsn, name="test-executor-2", max_size=4) as second:
+        a, b = Routines(pool, RoutinesConfig(clock=clock)), Routines(second.pool, RoutinesConfig(clock=clock))
+        first = _minute(clock.now) + timedelta(minutes=1)
+        for i in range(20):
+            clock.now = first + timedelta(minutes=i, seconds=1)
+            await asyncio.gather(_drain(a), _drain(b), _drain(a), _drain(b))
+    runs = _runs(db, routine["id"])
+    assert [r["scheduled_at"] for r in runs] == [first + timedelta(minutes=i) for i in range(20)]
+    assert {r["status"] for r in runs} == {"running"}
+    assert len({r["task_id"] for r in runs}) == 20
+
+
+async def test_after_three_missed_instants_skip_runs_none_and_run_once_runs_one_then_the_next_runs_on_time(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    skip = await _create(http, name="skip", schedule={"cron": "* * * * *", "tz": "UTC", "missed": "skip",
+                                                      "overlap": "parallel"})
+    once = await _create(http, name="once", schedule={"cron": "* * * * *", "tz": "UTC", "missed": "run_once",
+                                                      "overlap": "parallel"})
+    clock = FakeClock(datetime.now(UTC))
+    routines = Routines(pool, RoutinesConfig(clock=clock, missed_grace_s=10))
+    start = _minute(clock.now)
+    clock.now = start + timedelta(minutes=3, seconds=30)  # down across three instants
+    await _drain(routines)
+    assert _runs(db, skip["id"]) == []
+    (caught_up,) = _runs(db, once["id"])
+    assert caught_up["scheduled_at"] == start + timedelta(minutes=3) and caught_up["event"]["missed"] == 2
+    clock.now = start + timedelta(minutes=4, seconds=2)  # back up: the next instant is on time for both
+    await _drain(routines)
+    assert [r["scheduled_at"] for r in _runs(db, skip["id"])] == [start + timedelta(minutes=4)]
+    assert len(_runs(db, once["id"])) == 2
+
+
+async def test_overlap_queue_waits_for_the_running_run_and_a_day_budget_skips_the_run_that_would_pass_it(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    queued = await _create(http, name="q", schedule={"cron": "* * * * *", "tz": "UTC", "overlap": "queue"})
+    budgeted = await _create(http, name="b", budget={"usd_per_day": 1.0})
+    clock = FakeClock(datetime.now(UTC))
+    routines = Routines(pool, RoutinesConfig(clock=clock))
+    start = _minute(clock.now)
+    for i in (1, 2):
+        clock.now = start + timedelta(minutes=i, seconds=1)
+        await _drain(routines)
+    assert [r["status"] for r in _runs(db, queued["id"])] == ["running", "queued"]
+    # the first run ends: the queued one starts
+    _rows(db, "UPDATE routine_runs SET status = 'succeeded', ended_at = now() WHERE routine_id = %s "
+              "AND status = 'running' RETURNING id", queued["id"])
+    await _drain(routines)
+    assert [r["status"] for r in _runs(db, queued["id"])] == ["succeeded", "running"]
+
+    await http.post(f"/api/routines/{budgeted['id']}/run", json={})
+    await _drain(routines)
+    _rows(db, "UPDATE routine_runs SET status = 'succeeded', cost_usd = 1.0, ended_at = now() WHERE routine_id = %s"
+              " RETURNING id", budgeted["id"])
+    await http.post(f"/api/routines/{budgeted['id']}/run", json={})
+    await _drain(routines)
+    runs = _runs(db, budgeted["id"])
+    assert [r["status"] for r in runs] == ["succeeded", "skipped"] and runs[1]["reason"].startswith("budget")
+
+
+async def test_disabling_stops_the_schedule_and_enabling_again_owes_nothing_for_the_pause(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http, schedule={"cron": "* * * * *", "tz": "UTC", "missed": "run_once"})
+    off = await http.patch(f"/api/routines/{routine['id']}", json={"enabled": False})
+    assert off.status_code == 200 and off.json()["next_fire_times"] == []
+    clock = FakeClock(datetime.now(UTC) + timedelta(minutes=5))
+    await _drain(Routines(pool, RoutinesConfig(clock=clock)))
+    assert _runs(db, routine["id"]) == []
+    on = await http.patch(f"/api/routines/{routine['id']}", json={"enabled": True})
+    assert on.status_code == 200 and len(on.json()["next_fire_times"]) == 3
+    bad = await http.patch(f"/api/routines/{routine['id']}", json={"schedule": {"cron": "x", "tz": "UTC"}})
+    assert bad.status_code == 422
+    assert (await http.delete(f"/api/routines/{routine['id']}")).status_code == 200
+    assert (await http.get("/api/routines")).json()["routines"] == []
+    assert (await http.post(f"/api/routines/{routine['id']}/run", json={})).status_code == 404
+
+
+async def test_a_run_past_its_runtime_is_stopped_and_ends_failed_saying_so(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http, budget={"runtime_s": 60})
+    await http.post(f"/api/routines/{routine['id']}/run", json={})
+    clock = FakeClock(datetime.now(UTC))
+    routines = Routines(pool, RoutinesConfig(clock=clock))
+    await _drain(routines)
+    (run,) = _runs(db, routine["id"])
+    _rows(db, "UPDATE tasks SET status = 'running' WHERE id = %s RETURNING id", run["task_id"])
+    await routines.finish_runs()  # within its runtime: nothing is stopped
+    assert _rows(db, "SELECT count(*) AS n FROM stop_queue")[0]["n"] == 0
+    clock.now += timedelta(seconds=61)
+    await routines.finish_runs()
+    await routines.finish_runs()  # asked once, however often the poll comes
+    stops = _rows(db, "SELECT task_id, reason FROM stop_queue")
+    assert [(s["task_id"], s["reason"]) for s in stops] == [(run["task_id"], "the routine's runtime cap")]
+    _rows(db, "UPDATE tasks SET status = 'cancelled', ended_at = now(), settled_at = now() WHERE id = %s "
+              "RETURNING id", run["task_id"])
+    await routines.finish_runs()
+    (ended,) = _runs(db, routine["id"])
+    assert ended["status"] == "failed" and ended["reason"] == "stopped at the routine's runtime cap (60 s)"
+
+
+def _cli(db: DB, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
+    return subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "routine", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_the_command_line_adds_lists_fires_and_shows_the_history_as_the_api_does(
+    db: DB, pool: AsyncConnectionPool
+) -> None:
+    bad = await asyncio.to_thread(_cli, db, "add", "--name", "n", "--prompt", "p", "--cron", "* * *")
+    assert bad.returncode != 0 and "5 fields" in bad.stderr
+    added = await asyncio.to_thread(_cli, db, "add", "--name", "nightly", "--prompt", "build {{ event.ref }}",
+                                    "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--usd-per-day", "5")
+    assert added.returncode == 0, added.stderr
+    made = json.loads(added.stdout)
+    assert made["fire_token"] and made["usd_per_day"] == 5.0 and len(made["next_fire_times"]) == 3
+    listed = json.loads((await asyncio.to_thread(_cli, db, "list")).stdout)["routines"]
+    assert [r["name"] for r in listed] == ["nightly"] and "fire_token" not in listed[0]
+    fired = await asyncio.to_thread(_cli, db, "fire", made["id"], "--event", '{"ref": "main"}')
+    assert fired.returncode == 0, fired.stderr
+    await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
+    history = json.loads((await asyncio.to_thread(_cli, db, "history", made["id"])).stdout)["runs"]
+    assert [(h["trigger"], h["status"], h["prompt"]) for h in history] == [("run", "running", "build main")]
+
+
+async def test_an_exhausted_quota_window_holds_unattended_runs_until_its_reset_and_says_until_when(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http)
+    clock = FakeClock(datetime.now(UTC).replace(microsecond=0))
+    resets = clock.now + timedelta(minutes=30)
+    # what the CLI writes under a subscription's login (journaled by a run as stream.rate_limit_event)
+    await journal.append(pool, [NewEvent("stream.rate_limit_event", {"type": "rate_limit_event", "rate_limit_info": {
+        "status": "allowed_warning", "rateLimitType": "seven_day", "utilization": 0.8,
+        "resetsAt": int((clock.now + timedelta(days=3)).timestamp())}}), NewEvent("stream.rate_limit_event", {
+        "type": "rate_limit_event", "rate_limit_info": {"status": "rejected", "rateLimitType": "five_hour",
+                                                        "utilization": 1.0, "resetsAt": int(resets.timestamp())}})])
+    routines = Routines(pool, RoutinesConfig(clock=clock))
+    await routines.record_quota()
+    windows = (await http.get("/api/quota")).json()["windows"]
+    assert [(w["kind"], w["status"], w["exhausted"]) for w in windows] == [
+        ("five_hour", "rejected", True), ("seven_day", "allowed_warning", False)]
+    await http.post(f"/api/routines/{routine['id']}/run", json={})
+    await _drain(routines)
+    (run,) = _runs(db, routine["id"])
+    assert run["status"] == "queued" and run["reason"].startswith(f"waiting for quota until {resets:%H:%M} UTC")
+    clock.now = resets - timedelta(seconds=1)
+    await _drain(routines)
+    assert _runs(db, routine["id"])[0]["status"] == "queued"
+    clock.now = resets + timedelta(seconds=1)  # the window has reset: the run goes, on time
+    await _drain(routines)
+    (run,) = _runs(db, routine["id"])
+    assert run["status"] == "running" and run["reason"] is None
+
+
+async def test_a_runs_workers_are_capped_at_its_routines_max_workers(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    routine = await _create(http, budget={"max_workers": 2})
+    await http.post(f"/api/routines/{routine['id']}/run", json={})
+    await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
+    (run,) = _runs(db, routine["id"])
+    q = Queries(pool, executor_sql)
+
+    async def full() -> bool:
+        return await q.one("check_routine_workers_full", {"thread_id": run["thread_id"]}) is not None
+
+    for i in range(3):
+        assert await full() is (i == 2)
+        await dispatch.request(pool, dispatch.TaskRequest("worker", f"w{i}", parent_task_id=run["task_id"]))
+    _rows(db, "UPDATE tasks SET status = 'success' WHERE role = 'worker' AND brief = 'w0' RETURNING id")
+    assert await full() is True  # two still going
+    _rows(db, "UPDATE tasks SET status = 'success' WHERE role = 'worker' AND brief = 'w1' RETURNING id")
+    assert await full() is False
