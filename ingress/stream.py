@@ -6,7 +6,9 @@ broadcaster first, then replays seq > its last id from the database, then takes 
 any it already sent and fetching any gap from the database. Queue, task and question changes are pushed
 as id-less `queue`, `task` and `question` events (wake-ups: re-read the REST view). Frames are encoded
 once into a shared ring and each client keeps only a cursor: a slow client delays nobody, and one that
-falls off the ring's end is closed and resumes by Last-Event-ID.
+falls off the ring's end is closed and resumes by Last-Event-ID. A small batch's `journal` notification
+carries its rows (shared/sql/journal.sql): those that follow on from the last seq published go out without
+a read; anything else (a large batch, a gap, a resync) is read from the database, in seq order.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
+from pydantic import TypeAdapter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
@@ -40,6 +43,8 @@ _SIGNALS = {
     "question_answered": ("question", "closed"), "task_changed": ("task", "changed"),
 }
 PAGE = 500
+# the rows a `journal` notification may carry, parsed as a read would give them
+_ROWS = TypeAdapter(list[Event])
 # Backstop for a notification lost without the listener noticing: look at the head this often.
 POLL_S = 2.0
 # A send blocked this long (a dead or stalled client) ends that stream.
@@ -138,6 +143,30 @@ class Broadcaster:
             if len(events) < PAGE:
                 return
 
+    def _on_journal(self, payload: str) -> bool:
+        """A `journal` notification: `<last_seq>`, or `<last_seq> <the batch's rows>` (shared/sql/journal.sql).
+        True when nothing is left to read: the batch came with its rows and follows on from the last seq
+        published (they go out without a read), or it was published already. False: read from the database
+        (rows not carried, an unreadable payload, or a gap: a notification lost, which the read fills)."""
+        head, _, body = payload.partition(" ")
+        if not head.isdigit():
+            return False
+        last = int(head)
+        if last <= self.last_seq:
+            return True  # a catch-up read it already (a batch commits whole, so all of it)
+        if not body:
+            return False
+        try:
+            events = _ROWS.validate_json(body)
+        except ValueError:
+            log.warning("journal_note_unreadable", last_seq=last)
+            return False
+        if not events or events[0].seq != self.last_seq + 1 or events[-1].seq != last:
+            return False
+        self._publish([event_frame(e) for e in events])
+        self.last_seq = last
+        return True
+
     async def run(self, sub: Subscription) -> None:
         availability = database.availability(self.pool)
         while not self.closing.is_set():  # started during an outage: wait for the head
@@ -154,8 +183,10 @@ class Broadcaster:
             except TimeoutError:
                 note = RESYNC
             try:
-                if note is RESYNC or note.channel == "journal":
-                    if note is RESYNC or not note.payload.isdigit() or int(note.payload) > self.last_seq:
+                if note is RESYNC:
+                    await self._catch_up()
+                elif note.channel == "journal":
+                    if not self._on_journal(note.payload):
                         await self._catch_up()
                 elif note.channel in _SIGNALS:
                     name, kind = _SIGNALS[note.channel]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 from ingress.stream import Broadcaster, Frame
@@ -47,3 +49,27 @@ async def test_a_client_takes_its_frames_in_order_at_most_a_batch_at_a_time() ->
     assert [f.seq for f in await client.next(most=4) or []] == [5, 6, 7, 8]
     b._publish([Frame(11, b"11")])
     assert [f.seq for f in await client.next(most=4) or []] == [9, 10, 11]
+
+
+def _rows(*seqs: int) -> str:
+    return json.dumps([{"event_id": str(uuid.uuid4()), "seq": s, "project_id": None, "session_id": None,
+                        "task_id": None, "parent_id": None, "message_id": None, "event_type": "task.stderr",
+                        "tier": "raw", "created_at": "2026-01-01T00:00:00+00:00", "payload": {"n": s}}
+                       for s in seqs])
+
+
+async def test_a_notification_carrying_rows_that_follow_on_is_published_without_a_read() -> None:
+    b = _ring()  # no pool: a read would fail the test
+    assert b._on_journal(f"2 {_rows(1, 2)}")
+    assert [f.seq for f in b.frames] == [1, 2] and b.last_seq == 2
+    assert b._on_journal("2")  # published already: nothing to read
+    assert b._on_journal(f"2 {_rows(1, 2)}") and len(b.frames) == 2  # the same batch again: not twice
+
+
+async def test_a_notification_the_ring_cannot_take_as_it_is_asks_for_a_read() -> None:
+    b = _ring()
+    assert not b._on_journal("3")  # rows not carried (a large batch)
+    assert not b._on_journal(f"3 {_rows(2, 3)}")  # seq 1 is missing: a lost notification, the read fills it
+    assert not b._on_journal("3 {not json")
+    assert not b._on_journal("resync")
+    assert not b.frames and b.last_seq == 0
