@@ -114,6 +114,8 @@ class Asks:
         self.timeout_s = timeout_s
         self.progress_interval_s = progress_interval_s
         self.tasks = TaskStore(q.pool)  # a task's activity: TaskStore.save_activity, its one writer
+        # each task's "running" write after an answer, until it is done (kept so it is neither lost nor reordered)
+        self._activity: dict[uuid.UUID, asyncio.Future[None]] = {}
 
     async def ask(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller, progress: Progress,
                   asked_by: str = "model") -> Answer:
@@ -132,6 +134,7 @@ class Asks:
                                                  session_id=caller.session_id, asked_by=asked_by))
             qid = posted.id
             await self.writer.put(posted.event)
+            await self._activity_settled(task_id)  # the last answer's "running" first, then this
             await self.tasks.save_activity(task_id, "awaiting_user")
             try:
                 # in a thread the question outlives the wait: a late answer goes to the thread as a message
@@ -142,8 +145,9 @@ class Asks:
                     await asyncio.shield(self.q.one("close_question", {"id": qid, "response": WENT_AWAY}))
                 raise
             finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.tasks.save_activity(task_id, "running"))
+                # the answer goes back without waiting for this write (a round trip on every answer's way):
+                # the task's next question waits for it instead, so the two writes keep their order
+                self._back_to_running(task_id)
         response = final.response
         if final.status == "cancelled" and response is None:
             response = DISMISSED
@@ -159,6 +163,23 @@ class Asks:
             payload["refused_answer"] = "no answering identity: not written by the ingress"
         await self.writer.put(NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
         return Answer(qid, final.status, final.answers, response, final.answered_via, final.answered_by)
+
+    def _back_to_running(self, task_id: uuid.UUID) -> None:
+        write = asyncio.ensure_future(self.tasks.save_activity(task_id, "running"))
+        self._activity[task_id] = write
+
+        def done(f: asyncio.Future[None]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("activity_write_failed", task_id=str(task_id), error=repr(f.exception()))
+            if self._activity.get(task_id) is f:
+                del self._activity[task_id]
+        write.add_done_callback(done)
+
+    async def _activity_settled(self, task_id: uuid.UUID) -> None:
+        pending = self._activity.get(task_id)
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pending)
 
     async def _adopt(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller,
                      asked_by: str) -> Posted | None:
