@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +45,12 @@ NOT_THE_USERS = ("Refused: the question was closed with an answer that did not c
                  "no answering identity), so it was not acted on")
 
 log = logs.get(__name__)
+
+# A closed question's notification that carries how it closed, then the id-only one every listener takes
+# (migration 0032 sends them in that order): a waiter returns from the first without reading the row back.
+CLOSED = "question_closed"
+CHANNELS = [CLOSED, "question_answered"]
+CLOSED_STATUSES = frozenset({"answered", "cancelled"})
 
 Answers = dict[str, str | list[str]]
 
@@ -122,7 +129,7 @@ class Asks:
         """Put questions in the Asks panel and wait for the answer (journaled both ways)."""
         task_id = caller.task_id
         # subscribe before the row exists, so an answer can never arrive unseen
-        with self.listener.subscribe(["question_answered"]) as sub:
+        with self.listener.subscribe(CHANNELS) as sub:
             posted = await self._adopt(questions, tool_use_id=tool_use_id, caller=caller, asked_by=asked_by)
             if posted is None:
                 posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
@@ -199,8 +206,11 @@ class Asks:
         """Until the question is closed, or the timeout: then it is closed (or, `late_ok`, marked late)."""
         deadline = time.monotonic() + self.timeout_s
         reports = 0
+        carried: dict[str, Any] | None = None
         while True:
-            row = await self.q.one("get_question", {"id": qid})
+            # how it closed, as its notification carried it (the committed row's own values), else read
+            row = carried or await self.q.one("get_question", {"id": qid})
+            carried = None
             assert row is not None
             if row["status"] != "pending":
                 if not honoured(row):
@@ -218,15 +228,28 @@ class Asks:
                     continue  # answered in the same instant: the answer wins
                 return Answer(qid, "cancelled", {}, TIMED_OUT)
             try:
-                await aio.wait_for(_news_of(sub, str(qid)), min(left, self.progress_interval_s))
+                carried = await aio.wait_for(_news_of(sub, str(qid)), min(left, self.progress_interval_s))
             except TimeoutError:
                 reports += 1
                 with contextlib.suppress(Exception):
                     await progress.report_progress(reports, None, "waiting for the user's answer")
 
 
-async def _news_of(sub: Subscription, qid: str) -> None:
-    """Until a notification says this question changed, or a resync says anything may have. Another
+async def _news_of(sub: Subscription, qid: str) -> dict[str, Any] | None:
+    """Until a notification says this question changed, or a resync says anything may have: how it closed
+    when the notification carries it (`question_closed`, migration 0032), else None (read the row). Another
     question's answer is no news: re-reading the row for it cost every waiter a query per answer."""
-    while (note := await sub.get()) is not RESYNC and note.payload != qid:
-        pass
+    while (note := await sub.get()) is not RESYNC:
+        if note.channel == CLOSED:
+            if qid not in note.payload:
+                continue  # another question's
+            try:
+                row = json.loads(note.payload)
+            except ValueError:
+                return None
+            if not isinstance(row, dict) or row.get("id") != qid:
+                continue
+            return row if row.get("status") in CLOSED_STATUSES else None
+        if note.payload == qid:
+            return None
+    return None
