@@ -170,9 +170,11 @@ class WarmPool:
                         reverse=True)[: self.config.turns]
         wanted = {t.session_id for t in chosen}
         for session_id, current in list(self.warm.items()):
+            # a thread that is no longer a candidate keeps its warm process until it idles out or another
+            # needs the room: its message may be the very turn that made it no candidate (pending, not yet
+            # claimed), and that turn takes the process
             reason = ("died" if not current.alive else
-                      "idle" if time.monotonic() - current.started > self.config.idle_s else
-                      "displaced" if session_id not in wanted else None)
+                      "idle" if time.monotonic() - current.started > self.config.idle_s else None)
             if reason is not None:
                 del self.warm[session_id]
                 if reason == "idle":
@@ -186,6 +188,13 @@ class WarmPool:
             retired_for = self._retired.get(session_id)
             if retired_for is not None and signals[session_id] <= retired_for:
                 continue  # idle already for this signal: warmed again on a newer one (a message, a page)
+            if len(self.warm) >= self.config.turns:
+                others = [w for s, w in self.warm.items() if s not in wanted]
+                if not others:
+                    break  # every slot holds a thread more likely next than this one
+                displaced = min(others, key=lambda w: w.signal or datetime.min.replace(tzinfo=UTC))
+                del self.warm[displaced.session_id]
+                await self._end(displaced, "displaced")
             started = await self.spawner.spawn_warm(template)
             if started is None:
                 continue

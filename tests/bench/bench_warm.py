@@ -8,7 +8,8 @@ against the scripted model. One thread takes `turns` messages, each sent `settle
 turn ended (a person reads the reply before writing the next; the warm process started meanwhile).
 (a) warm turns on (PETAL_WARM_TURNS=2): POST /api/chat -> the turn's first stream line at an SSE client,
     next to the CLI's own cold spawn -> first stdout line for the command line a cold turn runs, spawned
-    directly (unsandboxed, the executor's environment) between the turns. Goal: warm <= 0.5x cold at p50.
+    directly (unsandboxed, the executor's environment, on a copy of its CLI config directory) between the
+    turns. Goal: warm <= 0.5x cold at p50.
     Printed beside it: each warm process's resident memory (the sandbox and the CLI in it) while it waits.
 (b) warm turns off (PETAL_WARM_TURNS=0, the executor restarted): the same pairs; the cold path through the
     harness must stay within 1.10x of the CLI's own start (per turn, next to its own direct spawn).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -101,8 +103,14 @@ async def phase(url: str, admin_dsn: str, turns: int, settle: float, warm: bool,
             if "warm" in payload:
                 out["waited"].append(payload["warm"]["waited_s"])
             out["turn"].append(first - t0)
-            out["direct"].append(await cold_spawn_to_first_line(_direct_argv(payload["argv"], mcp_file), env,
-                                                                payload["workdir"], f"direct {i}".encode()))
+            # on a copy of the CLI's config directory: resuming the thread itself would add a turn to its
+            # conversation, which the next warm process (started with the conversation as it was) must not miss
+            copy = mcp_file.parent / "direct-config"
+            await asyncio.to_thread(shutil.rmtree, copy, True)
+            await asyncio.to_thread(shutil.copytree, env["CLAUDE_CONFIG_DIR"], copy, symlinks=True)
+            out["direct"].append(await cold_spawn_to_first_line(
+                _direct_argv(payload["argv"], mcp_file), {**env, "CLAUDE_CONFIG_DIR": str(copy)},
+                payload["workdir"], f"direct {i}".encode()))
         stream.task.cancel()
     return out
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from executor.run.warm import WarmConfig
-from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer, last_user_text
 from tests.bench import services
 from tests.harness import running_executor
 from tests.harness_caller import mcp_client
@@ -91,12 +91,17 @@ async def test_a_message_to_a_warm_thread_goes_once_to_the_waiting_process_and_i
             second = await _turn_done(db, thread, 2)
             spawned = _spawned(db, second)
             lines = [r[0] for r in _rows(db, "SELECT event_type FROM journal WHERE task_id = %s ORDER BY seq", second)]
+            # and the next: a turn that ran warm leaves its thread warm again
+            again = await _warm_started(db, thread, 2)
+            await http.post("/api/chat", json={"text": "third message", "thread_id": thread})
+            third = _spawned(db, await _turn_done(db, thread, 3))
     assert running == 0 and asked_before == 1
     # the turn is the warm process: its pid, its spawn id, its stream-json input
     assert spawned["pid"] == warm["pid"] and spawned["warm"]["spawn_id"] == warm["spawn_id"]
     assert "--input-format" in spawned["argv"] and "--resume" in spawned["argv"]
-    # delivered exactly once: one request of the model carries it, once
-    carrying = [r for r in model.requests if "second message" in json.dumps(r.body)]
+    assert third.get("warm", {}).get("spawn_id") == again["spawn_id"]
+    # delivered exactly once: one request of the model carries it as the new message, once
+    carrying = [r for r in model.requests if last_user_text(r.body).endswith("second message")]
     assert len(carrying) == 1 and json.dumps(carrying[0].body).count("second message") == 1
     # journaled from its first line: the message, spawned, then the CLI's init, ..., its result, its exit
     stream = [t for t in lines if t.startswith("stream.")]
@@ -124,7 +129,7 @@ async def test_a_warm_process_killed_before_its_message_is_replaced_and_the_mess
     assert replacement["pid"] != killed["pid"]
     assert [(r["spawn_id"], r["reason"]) for r in retired] == [(killed["spawn_id"], "died")]
     assert spawned["warm"]["spawn_id"] == replacement["spawn_id"]
-    assert sum("second message" in json.dumps(r.body) for r in model.requests) == 1
+    assert sum(last_user_text(r.body).endswith("second message") for r in model.requests) == 1
 
 
 async def test_a_warm_process_carries_its_own_credential_bound_only_to_the_turn_that_takes_it(
