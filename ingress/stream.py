@@ -28,7 +28,7 @@ from starlette.requests import Request
 
 from ingress.problems import Problem
 from shared import aio, database, logs
-from shared.listener import RESYNC, Subscription
+from shared.listener import RESYNC, Notification, Subscription
 from shared.models import Event
 from shared.query import Queries
 from shared.sql import queries as shared_sql
@@ -143,29 +143,48 @@ class Broadcaster:
             if len(events) < PAGE:
                 return
 
-    def _on_journal(self, payload: str) -> bool:
+    def _carried(self, payload: str) -> list[Frame] | None:
         """A `journal` notification: `<last_seq>`, or `<last_seq> <the batch's rows>` (shared/sql/journal.sql).
-        True when nothing is left to read: the batch came with its rows and follows on from the last seq
-        published (they go out without a read), or it was published already. False: read from the database
-        (rows not carried, an unreadable payload, or a gap: a notification lost, which the read fills)."""
+        The frames of its rows when they follow on from the last seq taken (they go out without a read), []
+        when it was taken already, None when the database must be read (rows not carried, an unreadable
+        payload, or a gap: a notification lost, which the read fills)."""
         head, _, body = payload.partition(" ")
         if not head.isdigit():
-            return False
+            return None
         last = int(head)
         if last <= self.last_seq:
-            return True  # a catch-up read it already (a batch commits whole, so all of it)
+            return []  # a catch-up read it already (a batch commits whole, so all of it)
         if not body:
-            return False
+            return None
         try:
             events = _ROWS.validate_json(body)
         except ValueError:
             log.warning("journal_note_unreadable", last_seq=last)
-            return False
+            return None
         if not events or events[0].seq != self.last_seq + 1 or events[-1].seq != last:
-            return False
-        self._publish([event_frame(e) for e in events])
+            return None
+        frames = [event_frame(e) for e in events]
         self.last_seq = last
-        return True
+        return frames
+
+    async def _take(self, notes: list[Notification]) -> None:
+        """Notifications in their order, as one publish: a backlog (a busy moment) goes out as one batch, one
+        wake-up and one write per client, rather than one per notification, so it drains instead of lasting."""
+        frames: list[Frame] = []
+        try:
+            for note in notes:
+                carried = None if note is RESYNC or note.channel != "journal" else self._carried(note.payload)
+                if carried is not None:
+                    frames += carried
+                elif note is RESYNC or note.channel == "journal":
+                    self._publish(frames)  # what came before it, then the read (which runs to the head)
+                    frames = []
+                    await self._catch_up()
+                elif note.channel in _SIGNALS:
+                    name, kind = _SIGNALS[note.channel]
+                    frames.append(frame(None, name, json.dumps({"kind": kind, "id": note.payload})))
+        finally:
+            self._publish(frames)  # taken (last_seq moved past them): out, even if a later read failed
 
     async def run(self, sub: Subscription) -> None:
         availability = database.availability(self.pool)
@@ -179,18 +198,13 @@ class Broadcaster:
                 await availability.pause(exc, "sse_broadcaster", self.closing)
         while not self.closing.is_set():
             try:
-                note = await aio.wait_for(sub.get(), POLL_S)
+                notes = [await aio.wait_for(sub.get(), POLL_S)]
             except TimeoutError:
-                note = RESYNC
+                notes = [RESYNC]
+            while not sub.queue.empty():  # everything that arrived meanwhile, in order
+                notes.append(sub.queue.get_nowait())
             try:
-                if note is RESYNC:
-                    await self._catch_up()
-                elif note.channel == "journal":
-                    if not self._on_journal(note.payload):
-                        await self._catch_up()
-                elif note.channel in _SIGNALS:
-                    name, kind = _SIGNALS[note.channel]
-                    self._publish([frame(None, name, json.dumps({"kind": kind, "id": note.payload}))])
+                await self._take(notes)
             except database.OUTAGE_ERRORS as exc:
                 # streams stay open on their heartbeats; the poll catches up once the database is back
                 availability.failed(exc, "sse_broadcaster")

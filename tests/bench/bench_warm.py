@@ -65,6 +65,13 @@ async def _warm_started(admin_dsn: str, thread: str, n: int, timeout: float = 60
     raise RuntimeError(f"warm process {n} of the thread never started")
 
 
+async def _retired(admin_dsn: str, thread: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT payload ->> 'reason' FROM journal WHERE event_type = 'warm.retired' "
+                                 "AND session_id = %s ORDER BY seq", [thread])
+        return [r[0] for r in await cur.fetchall()]
+
+
 def _direct_argv(argv: list[str], mcp_file: Path) -> list[str]:
     """A turn's command line as the CLI's own cold start: plain `-p` input, an MCP config without a credential."""
     out = [f"--mcp-config={mcp_file}" if a.startswith("--mcp-config=") else a for a in argv]
@@ -99,7 +106,8 @@ async def phase(url: str, admin_dsn: str, turns: int, settle: float, warm: bool,
             if not i:
                 continue
             if warm and "warm" not in payload:
-                print(f"    turn {i} ran cold (no warm process taken)", flush=True)
+                print(f"    turn {i} ran cold (no warm process taken); warm processes ended so far: "
+                      f"{await _retired(admin_dsn, thread)}", flush=True)
             if "warm" in payload:
                 out["waited"].append(payload["warm"]["waited_s"])
             out["turn"].append(first - t0)
@@ -115,7 +123,7 @@ async def phase(url: str, admin_dsn: str, turns: int, settle: float, warm: bool,
     return out
 
 
-def report(label: str, r: dict[str, list[float]], goal: float, per_turn: bool) -> None:
+def report(label: str, r: dict[str, list[float]], goal: float, per_turn: bool = True) -> None:
     print(label)
     print(f"    POST /api/chat -> first stream line at an SSE client: {stats.summary(r['turn'])}")
     print(f"    the CLI's own cold spawn -> first stdout line:        {stats.summary(r['direct'])}")
@@ -136,7 +144,7 @@ def report(label: str, r: dict[str, list[float]], goal: float, per_turn: bool) -
               "between its start and its message")
 
 
-async def main(turns: int, settle: float) -> None:
+async def main(turns: int, settle: float, cold_only: bool) -> None:
     with tempfile.TemporaryDirectory() as tmpdir, ScriptedModelServer(Scenario()) as model:
         tmp = Path(tmpdir)
         cluster = Cluster.start(tmp / "pg")
@@ -144,7 +152,7 @@ async def main(turns: int, settle: float) -> None:
         env = services.service_env(db, model, tmp)
         mcp_file = tmp / "direct-mcp.json"
         try:
-            async with services.running(db, {**env, "PETAL_WARM_TURNS": "2"}) as svc:
+            async with services.running(db, {**env, "PETAL_WARM_TURNS": "0" if cold_only else "2"}) as svc:
                 mcp_file.write_text(json.dumps(substrate.mcp_config(svc.mcp_url, "", None)))
                 # the environment the executor gives its CLI, built the same way (docs/claude-cli.md: it matters)
                 cli_env = substrate.build_env(substrate.SubstrateConfig(
@@ -152,13 +160,14 @@ async def main(turns: int, settle: float) -> None:
                     "bench-direct")
                 print(f"before: {stats.machine_load()}; {turns} turns per phase, each sent {settle:g} s after the "
                       "previous one ended")
-                warm = await phase(svc.url, db.admin_dsn, turns, settle, True, cli_env, mcp_file)
-                report("(a) warm turns on", warm, 0.5, per_turn=False)
-                services.stop(svc.executor)
-                svc.executor = services.start("executor", {**env, "PETAL_WARM_TURNS": "0"})
-                await services.executor_started(db.admin_dsn, 2)
+                if not cold_only:
+                    warm = await phase(svc.url, db.admin_dsn, turns, settle, True, cli_env, mcp_file)
+                    report("(a) warm turns on", warm, 0.5)
+                    services.stop(svc.executor)
+                    svc.executor = services.start("executor", {**env, "PETAL_WARM_TURNS": "0"})
+                    await services.executor_started(db.admin_dsn, 2)
                 cold = await phase(svc.url, db.admin_dsn, turns, settle, False, cli_env, mcp_file)
-                report("(b) warm turns off: the cold path", cold, 1.10, per_turn=True)
+                report("(b) warm turns off: the cold path", cold, 1.10)
                 print(f"after: {stats.machine_load()}")
         finally:
             cluster.drop_all()
@@ -168,5 +177,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=20, help="measured turns per phase (a p50 needs 20)")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds between a turn's end and the next message")
+    parser.add_argument("--cold-only", action="store_true",
+                        help="(b) alone (also against a tree without warm turns, for a before/after)")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.settle))
+    asyncio.run(main(args.turns, args.settle, args.cold_only))

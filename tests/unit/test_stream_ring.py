@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from ingress.stream import Broadcaster, Frame
+from shared.listener import Notification
 
 
 def _ring() -> Broadcaster:
@@ -58,18 +59,31 @@ def _rows(*seqs: int) -> str:
                        for s in seqs])
 
 
+def _note(payload: str) -> Notification:
+    return Notification("journal", payload)
+
+
 async def test_a_notification_carrying_rows_that_follow_on_is_published_without_a_read() -> None:
     b = _ring()  # no pool: a read would fail the test
-    assert b._on_journal(f"2 {_rows(1, 2)}")
+    await b._take([_note(f"2 {_rows(1, 2)}")])
     assert [f.seq for f in b.frames] == [1, 2] and b.last_seq == 2
-    assert b._on_journal("2")  # published already: nothing to read
-    assert b._on_journal(f"2 {_rows(1, 2)}") and len(b.frames) == 2  # the same batch again: not twice
+    await b._take([_note("2"), _note(f"2 {_rows(1, 2)}")])  # published already: nothing to read, not twice
+    assert len(b.frames) == 2
+
+
+async def test_a_backlog_of_notifications_goes_out_as_one_batch_in_order() -> None:
+    b = _ring()
+    client = b.subscribe()
+    await b._take([_note(f"1 {_rows(1)}"), Notification("chat_queue", "q-1"), _note(f"3 {_rows(2, 3)}")])
+    batch = await client.next()
+    assert batch is not None and [f.seq for f in batch] == [1, None, 2, 3]
+    assert b.published == 4 and b.frames[-1].breaks == 0  # one publish, no gap
 
 
 async def test_a_notification_the_ring_cannot_take_as_it_is_asks_for_a_read() -> None:
     b = _ring()
-    assert not b._on_journal("3")  # rows not carried (a large batch)
-    assert not b._on_journal(f"3 {_rows(2, 3)}")  # seq 1 is missing: a lost notification, the read fills it
-    assert not b._on_journal("3 {not json")
-    assert not b._on_journal("resync")
+    assert b._carried("3") is None  # rows not carried (a large batch)
+    assert b._carried(f"3 {_rows(2, 3)}") is None  # seq 1 is missing: a lost notification, the read fills it
+    assert b._carried("3 {not json") is None
+    assert b._carried("resync") is None
     assert not b.frames and b.last_seq == 0
