@@ -40,7 +40,7 @@ log = logs.get(__name__)
 
 @dataclass(frozen=True)
 class WarmConfig:
-    # at most this many warm processes (each holds a node process: ~165 MiB resident, docs/claude-cli.md)
+    # at most this many warm processes (each holds a sandboxed node process: ~205 MiB resident, docs/claude-cli.md)
     turns: int = 2
     # a warm process unused this long after its start is retired
     idle_s: float = 300.0
