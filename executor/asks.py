@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +45,12 @@ NOT_THE_USERS = ("Refused: the question was closed with an answer that did not c
                  "no answering identity), so it was not acted on")
 
 log = logs.get(__name__)
+
+# A closed question's notification that carries how it closed, then the id-only one every listener takes
+# (migration 0032 sends them in that order): a waiter returns from the first without reading the row back.
+CLOSED = "question_closed"
+CHANNELS = [CLOSED, "question_answered"]
+CLOSED_STATUSES = frozenset({"answered", "cancelled"})
 
 Answers = dict[str, str | list[str]]
 
@@ -114,13 +121,15 @@ class Asks:
         self.timeout_s = timeout_s
         self.progress_interval_s = progress_interval_s
         self.tasks = TaskStore(q.pool)  # a task's activity: TaskStore.save_activity, its one writer
+        # each task's "running" write after an answer, until it is done (kept so it is neither lost nor reordered)
+        self._activity: dict[uuid.UUID, asyncio.Future[None]] = {}
 
     async def ask(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller, progress: Progress,
                   asked_by: str = "model") -> Answer:
         """Put questions in the Asks panel and wait for the answer (journaled both ways)."""
         task_id = caller.task_id
         # subscribe before the row exists, so an answer can never arrive unseen
-        with self.listener.subscribe(["question_answered"]) as sub:
+        with self.listener.subscribe(CHANNELS) as sub:
             posted = await self._adopt(questions, tool_use_id=tool_use_id, caller=caller, asked_by=asked_by)
             if posted is None:
                 posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
@@ -132,6 +141,7 @@ class Asks:
                                                  session_id=caller.session_id, asked_by=asked_by))
             qid = posted.id
             await self.writer.put(posted.event)
+            await self._activity_settled(task_id)  # the last answer's "running" first, then this
             await self.tasks.save_activity(task_id, "awaiting_user")
             try:
                 # in a thread the question outlives the wait: a late answer goes to the thread as a message
@@ -142,8 +152,9 @@ class Asks:
                     await asyncio.shield(self.q.one("close_question", {"id": qid, "response": WENT_AWAY}))
                 raise
             finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.tasks.save_activity(task_id, "running"))
+                # the answer goes back without waiting for this write (a round trip on every answer's way):
+                # the task's next question waits for it instead, so the two writes keep their order
+                self._back_to_running(task_id)
         response = final.response
         if final.status == "cancelled" and response is None:
             response = DISMISSED
@@ -159,6 +170,23 @@ class Asks:
             payload["refused_answer"] = "no answering identity: not written by the ingress"
         await self.writer.put(NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
         return Answer(qid, final.status, final.answers, response, final.answered_via, final.answered_by)
+
+    def _back_to_running(self, task_id: uuid.UUID) -> None:
+        write = asyncio.ensure_future(self.tasks.save_activity(task_id, "running"))
+        self._activity[task_id] = write
+
+        def done(f: asyncio.Future[None]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("activity_write_failed", task_id=str(task_id), error=repr(f.exception()))
+            if self._activity.get(task_id) is f:
+                del self._activity[task_id]
+        write.add_done_callback(done)
+
+    async def _activity_settled(self, task_id: uuid.UUID) -> None:
+        pending = self._activity.get(task_id)
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pending)
 
     async def _adopt(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller,
                      asked_by: str) -> Posted | None:
@@ -178,8 +206,11 @@ class Asks:
         """Until the question is closed, or the timeout: then it is closed (or, `late_ok`, marked late)."""
         deadline = time.monotonic() + self.timeout_s
         reports = 0
+        carried: dict[str, Any] | None = None
         while True:
-            row = await self.q.one("get_question", {"id": qid})
+            # how it closed, as its notification carried it (the committed row's own values), else read
+            row = carried or await self.q.one("get_question", {"id": qid})
+            carried = None
             assert row is not None
             if row["status"] != "pending":
                 if not honoured(row):
@@ -197,15 +228,28 @@ class Asks:
                     continue  # answered in the same instant: the answer wins
                 return Answer(qid, "cancelled", {}, TIMED_OUT)
             try:
-                await aio.wait_for(_news_of(sub, str(qid)), min(left, self.progress_interval_s))
+                carried = await aio.wait_for(_news_of(sub, str(qid)), min(left, self.progress_interval_s))
             except TimeoutError:
                 reports += 1
                 with contextlib.suppress(Exception):
                     await progress.report_progress(reports, None, "waiting for the user's answer")
 
 
-async def _news_of(sub: Subscription, qid: str) -> None:
-    """Until a notification says this question changed, or a resync says anything may have. Another
+async def _news_of(sub: Subscription, qid: str) -> dict[str, Any] | None:
+    """Until a notification says this question changed, or a resync says anything may have: how it closed
+    when the notification carries it (`question_closed`, migration 0032), else None (read the row). Another
     question's answer is no news: re-reading the row for it cost every waiter a query per answer."""
-    while (note := await sub.get()) is not RESYNC and note.payload != qid:
-        pass
+    while (note := await sub.get()) is not RESYNC:
+        if note.channel == CLOSED:
+            if qid not in note.payload:
+                continue  # another question's
+            try:
+                row = json.loads(note.payload)
+            except ValueError:
+                return None
+            if not isinstance(row, dict) or row.get("id") != qid:
+                continue
+            return row if row.get("status") in CLOSED_STATUSES else None
+        if note.payload == qid:
+            return None
+    return None

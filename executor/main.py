@@ -34,10 +34,11 @@ from shared.database import Database
 
 log = logs.get(__name__)
 
-# Channels the executor listens on. Each carries an id; readers re-read the tables.
+# Channels the executor listens on. Each carries an id; readers re-read the tables (but an asking tool takes
+# how its question closed from `question_closed`, executor/asks.py).
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
             "notify_queue", "task_changed", "project_queue",
-            "gate_rule_queue", "routine_queue", "routines"]
+            "gate_rule_queue", "routine_queue", "routines", "question_closed"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
 # The executor's loops wait this long for a pooled connection before counting the database as away.

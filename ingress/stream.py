@@ -6,7 +6,9 @@ broadcaster first, then replays seq > its last id from the database, then takes 
 any it already sent and fetching any gap from the database. Queue, task and question changes are pushed
 as id-less `queue`, `task` and `question` events (wake-ups: re-read the REST view). Frames are encoded
 once into a shared ring and each client keeps only a cursor: a slow client delays nobody, and one that
-falls off the ring's end is closed and resumes by Last-Event-ID.
+falls off the ring's end is closed and resumes by Last-Event-ID. A small batch's `journal` notification
+carries its rows (shared/sql/journal.sql): those that follow on from the last seq published go out without
+a read; anything else (a large batch, a gap, a resync) is read from the database, in seq order.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
+from pydantic import TypeAdapter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
 from ingress.problems import Problem
 from shared import aio, database, failover, logs
-from shared.listener import RESYNC, Subscription
+from shared.listener import RESYNC, Notification, Subscription
 from shared.models import Event
 from shared.query import Queries
 from shared.sql import queries as shared_sql
@@ -40,6 +43,8 @@ _SIGNALS = {
     "question_answered": ("question", "closed"), "task_changed": ("task", "changed"),
 }
 PAGE = 500
+# the rows a `journal` notification may carry, parsed as a read would give them
+_ROWS = TypeAdapter(list[Event])
 # Backstop for a notification lost without the listener noticing: look at the head this often.
 POLL_S = 2.0
 # A send blocked this long (a dead or stalled client) ends that stream.
@@ -135,12 +140,16 @@ class Broadcaster:
             self._publish([event_frame(e) for e in events])  # encoded once, shared by every client
             if events:
                 self.last_seq = events[-1].seq
-                failover.seq_mark(self.pool).saw(self.last_seq)
-                for e in events:
-                    if e.event_type == failover.SEQS_LOST:  # the executor's record of a failover's gap
-                        self._note_loss(e.payload.get("after", 0), e.payload.get("upto", 0), "executor")
+                self._seen(events)
             if len(events) < PAGE:
                 return
+
+    def _seen(self, events: list[Event]) -> None:
+        """Events sent to clients: the highest seq marked, and a failover's gap the executor recorded noted."""
+        failover.seq_mark(self.pool).saw(events[-1].seq)
+        for e in events:
+            if e.event_type == failover.SEQS_LOST:
+                self._note_loss(e.payload.get("after", 0), e.payload.get("upto", 0), "executor")
 
     async def _check_head(self) -> None:
         """After a reconnect (a failover's new primary): a head below what clients were sent means seqs were
@@ -158,6 +167,50 @@ class Broadcaster:
                   detected_by=by, note="a failover lost journal seqs the old primary had committed (a standby "
                                        "that lacked them); SSE clients go on from past them")
 
+    def _carried(self, payload: str) -> list[Frame] | None:
+        """A `journal` notification: `<last_seq>`, or `<last_seq> <the batch's rows>` (shared/sql/journal.sql).
+        The frames of its rows when they follow on from the last seq taken (they go out without a read), []
+        when it was taken already, None when the database must be read (rows not carried, an unreadable
+        payload, or a gap: a notification lost, which the read fills)."""
+        head, _, body = payload.partition(" ")
+        if not head.isdigit():
+            return None
+        last = int(head)
+        if last <= self.last_seq:
+            return []  # a catch-up read it already (a batch commits whole, so all of it)
+        if not body:
+            return None
+        try:
+            events = _ROWS.validate_json(body)
+        except ValueError:
+            log.warning("journal_note_unreadable", last_seq=last)
+            return None
+        if not events or events[0].seq != self.last_seq + 1 or events[-1].seq != last:
+            return None
+        frames = [event_frame(e) for e in events]
+        self.last_seq = last
+        self._seen(events)
+        return frames
+
+    async def _take(self, notes: list[Notification]) -> None:
+        """Notifications in their order, as one publish: a backlog (a busy moment) goes out as one batch, one
+        wake-up and one write per client, rather than one per notification, so it drains instead of lasting."""
+        frames: list[Frame] = []
+        try:
+            for note in notes:
+                carried = None if note is RESYNC or note.channel != "journal" else self._carried(note.payload)
+                if carried is not None:
+                    frames += carried
+                elif note is RESYNC or note.channel == "journal":
+                    self._publish(frames)  # what came before it, then the read (which runs to the head)
+                    frames = []
+                    await self._catch_up()
+                elif note.channel in _SIGNALS:
+                    name, kind = _SIGNALS[note.channel]
+                    frames.append(frame(None, name, json.dumps({"kind": kind, "id": note.payload})))
+        finally:
+            self._publish(frames)  # taken (last_seq moved past them): out, even if a later read failed
+
     async def run(self, sub: Subscription) -> None:
         availability = database.availability(self.pool)
         while not self.closing.is_set():  # started during an outage: wait for the head
@@ -171,18 +224,15 @@ class Broadcaster:
         while not self.closing.is_set():
             polled = False
             try:
-                note = await aio.wait_for(sub.get(), POLL_S)
+                notes = [await aio.wait_for(sub.get(), POLL_S)]
             except TimeoutError:
-                note, polled = RESYNC, True
+                notes, polled = [RESYNC], True
+            while not sub.queue.empty():  # everything that arrived meanwhile, in order
+                notes.append(sub.queue.get_nowait())
             try:
-                if note is RESYNC or note.channel == "journal":
-                    if note is RESYNC and not polled:  # the listener reconnected: perhaps to another server
-                        await self._check_head()
-                    if note is RESYNC or not note.payload.isdigit() or int(note.payload) > self.last_seq:
-                        await self._catch_up()
-                elif note.channel in _SIGNALS:
-                    name, kind = _SIGNALS[note.channel]
-                    self._publish([frame(None, name, json.dumps({"kind": kind, "id": note.payload}))])
+                if not polled and any(n is RESYNC for n in notes):  # the listener reconnected: perhaps elsewhere
+                    await self._check_head()
+                await self._take(notes)
             except database.OUTAGE_ERRORS as exc:
                 # streams stay open on their heartbeats; the poll catches up once the database is back
                 availability.failed(exc, "sse_broadcaster")

@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     shared_claude_config: bool = False
     # The policy's back-off for rate_limited workers: this many seconds, doubling with each retry.
     backoff_base_s: float = Field(default=30.0, ge=0)
+    # Warm turns: at most this many threads (shown in a page, or whose turn just ended) have their next
+    # turn's CLI started ahead of the message (0: off), each retired this long after its start.
+    warm_turns: int = Field(default=2, ge=0, le=16)
+    warm_idle_s: float = Field(default=300.0, gt=0)
 
     # Notifications. Web Push needs a VAPID key: generated into the data directory on first run unless
     # given here (PEM, or base64url DER/raw). ntfy is optional: a topic URL and, if it needs one, a token.
@@ -248,6 +252,7 @@ def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateCon
 def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> SupervisorConfig:
     from executor import harness
     from executor.run import fleet
+    from executor.run.warm import WarmConfig
     from executor.run.supervisor import SupervisorConfig
 
     return SupervisorConfig(
@@ -266,6 +271,7 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
         labels=fleet.parse_labels(settings.executor_labels),
         lease_s=settings.lease_s,
         shared_claude_config=settings.shared_claude_config,
+        warm=WarmConfig(turns=settings.warm_turns, idle_s=settings.warm_idle_s),
     )
 
 

@@ -162,8 +162,11 @@ class Listener:
                         if note.channel == self._probe_channel:
                             got_probe = got_probe or note.payload == probe_token
                             continue
-                        if note.channel == "journal" and self.seq_mark is not None and note.payload.isdigit():
-                            self.seq_mark.saw(int(note.payload))
+                        if note.channel == "journal" and self.seq_mark is not None:
+                            # `<last_seq>`, or `<last_seq> <the batch's rows>` (shared/sql/journal.sql)
+                            head = note.payload.partition(" ")[0]
+                            if head.isdigit():
+                                self.seq_mark.saw(int(head))
                         self._publish(Notification(note.channel, note.payload))
                         if self._stopping.is_set():
                             break

@@ -24,6 +24,7 @@ from executor.notify.notifier import NotifyConfig
 from executor.routines import RoutinesConfig
 from executor.run.substrate import SubstrateConfig
 from executor.run.supervisor import Supervisor, SupervisorConfig
+from executor.run.warm import WarmConfig
 from executor.sandbox.bwrap import SandboxPolicy, install_root
 from executor.settle import dispatch
 from executor.settle.settler import SettlerConfig
@@ -193,8 +194,11 @@ def sandbox_for(tmp: Path, allow: tuple[str, ...] = ()) -> SandboxPolicy:
 def config_for(tmp: Path, **kw: Any) -> SupervisorConfig:
     workdir = tmp / "work"
     workdir.mkdir(parents=True, exist_ok=True)
+    # warm turns off unless a test is about them (tests/e2e/test_warm_turns.py): each would start a CLI after
+    # every turn, a cost the rest of the suite does not need
     base = SupervisorConfig(stall_timeout_s=60, stop_grace_s=5, poll_interval_s=0.5, watchdog_interval_s=0.2,
-                            default_workdir=workdir, run_dir=tmp / "run", sandbox=sandbox_for(tmp))
+                            default_workdir=workdir, run_dir=tmp / "run", sandbox=sandbox_for(tmp),
+                            warm=WarmConfig(turns=0))
     return replace(base, **kw)
 
 

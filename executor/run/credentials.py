@@ -32,19 +32,37 @@ class Credentials:
 
     async def grant(self, task_id: uuid.UUID, session_id: uuid.UUID) -> Path | None:
         """The per-spawn MCP config carrying a fresh credential; only its hash reaches the database."""
+        written = self.write(f"mcp-{task_id}.json")
+        if written is None:
+            return None
+        path, digest = written
+        try:
+            await self.bind(digest, task_id, session_id)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path
+
+    def write(self, name: str) -> tuple[Path, bytes] | None:
+        """A fresh credential in a private MCP config file, not yet anyone's: (its path, its hash). A warm
+        turn's process reads it at start and sends it on every request; the harness refuses it until `bind`
+        (executor/run/warm.py)."""
         if not self.mcp_url:
             return None
         token = secrets.token_urlsafe(32)
-        await self.store.grant_credential(hashlib.sha256(token.encode()).digest(), task_id, session_id)
         # the credential is the caller's identity: readable by this user only, from the first byte
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)  # an older or hand-made directory may be wider
-        path = self.directory / f"mcp-{task_id}.json"
+        path = self.directory / name
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(substrate.mcp_config(self.mcp_url, token, self.mcp_timeout_ms)))
-        return path
+        return path, hashlib.sha256(token.encode()).digest()
+
+    async def bind(self, digest: bytes, task_id: uuid.UUID, session_id: uuid.UUID) -> None:
+        """The credential is the task's from now on (the harness answers its calls as the task's)."""
+        await self.store.grant_credential(digest, task_id, session_id)
 
     async def revoke(self, task_id: uuid.UUID, config: Path) -> bool:
         """The credential dies with its process, before the task's end is settled (a Bash grandchild that

@@ -92,3 +92,17 @@ def reap_orphans(procs: list[psutil.Process], grace_s: float) -> list[int]:
     what still runs. Blocking; returns the pids it had to kill."""
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     return kill_all(alive)
+
+
+def tree_rss(pid: int) -> int | None:
+    """Resident memory of a process and its descendants, in bytes (a sandboxed CLI runs under bubblewrap);
+    None when it is gone."""
+    try:
+        root = psutil.Process(pid)
+        total = 0
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        return total
+    except psutil.Error:
+        return None

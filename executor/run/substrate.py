@@ -97,6 +97,9 @@ class SpawnSpec:
     # a new conversation that starts as a copy of this one (`--fork-session`): an adopted thread's first turn
     # while a live process held the conversation
     fork_from: str | None = None
+    # the message goes as one stream-json line whatever it holds: a warm turn's process is started before
+    # its message exists (executor/run/warm.py)
+    stream_input: bool = False
 
 
 def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
@@ -135,7 +138,7 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
         # use mean the same in its default draft, and our own gate validates as 2020-12.
         cli_schema = {k: v for k, v in spec.json_schema.items() if k != "$schema"}
         cmd += ["--json-schema", json.dumps(cli_schema)]
-    if spec.content:
+    if spec.content or spec.stream_input:
         # images and documents travel only inside a user message of the stream-json input
         cmd += ["--input-format", "stream-json"]
     # The prompt is not on the command line (another process of the user reads /proc/<pid>/cmdline): `-p` with
@@ -146,7 +149,9 @@ def build_command(config: SubstrateConfig, spec: SpawnSpec) -> list[str]:
 def stdin_input(spec: SpawnSpec) -> bytes:
     """What the runner writes on the CLI's stdin before closing it: the prompt as text, or, for a message
     with content blocks, that message as one stream-json line."""
-    return user_input.stream_json_line(spec.content) if spec.content else spec.prompt.encode()
+    if spec.content or spec.stream_input:
+        return user_input.stream_json_line(spec.content or ({"type": "text", "text": spec.prompt},))
+    return spec.prompt.encode()
 
 
 def permission_args(deny: list[str] | None = None) -> list[str]:
@@ -206,6 +211,19 @@ def session_stored(config: SubstrateConfig, session_uuid: str) -> bool:
     `--resume` of it fails with "No conversation found" while `--session-id` starts it afresh.
     """
     return any((config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl"))
+
+
+def session_state(config: SubstrateConfig, session_uuid: str) -> tuple[int, int] | None:
+    """The stored conversation's (inode, size), None when there is none: a process started with `--resume`
+    read it at its start (observed: docs/claude-cli.md "Warm turns"), so a warm one is usable only while this
+    has not changed. The CLI touches the file's time when it resumes, so the time is no sign."""
+    for path in (config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl"):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        return st.st_ino, st.st_size
+    return None
 
 
 def mcp_config(url: str, credential: str, timeout_ms: int | None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from executor.run import fleet, process, substrate
 from executor.run.reconcile import reconcile
 from executor.run.task_run import EXECUTOR_SHUTDOWN, USER_STOP, RunConfig, Running, TaskRunner
 from executor.run.task_store import ClaimedTask, TaskStore
+from executor.run.warm import WarmConfig
 from executor.run.watchdog import Limits, Watchdog
 from executor.sandbox.bwrap import SandboxPolicy
 from shared import aio, logs
@@ -62,12 +63,15 @@ class SupervisorConfig:
     shared_claude_config: bool = False
     # every spawn's sandbox (None: unsandboxed, the operator's explicit PETAL_SANDBOX=off)
     sandbox: SandboxPolicy | None = None
+    # threads' next turns started ahead of their messages (executor/run/warm.py): how many, and for how long
+    warm: WarmConfig = field(default_factory=WarmConfig)
 
     def run_config(self) -> RunConfig:
         return RunConfig(stop_grace_s=self.stop_grace_s, drain_timeout_s=self.drain_timeout_s,
                          default_workdir=self.default_workdir, run_dir=self.run_dir,
                          worktree_root=self.worktree_root,
-                         mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms, sandbox=self.sandbox)
+                         mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms, sandbox=self.sandbox,
+                         warm=self.warm)
 
 
 class Supervisor:
@@ -136,6 +140,7 @@ class Supervisor:
             if wake_on is not None:
                 side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
             side.append(asyncio.create_task(self._forward_fence(), name="fence"))
+            side.append(asyncio.create_task(self.runner.warm.run(), name="warm-turns"))
             self.ready.set()
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -161,6 +166,7 @@ class Supervisor:
                 except TimeoutError:
                     self._stops_due = True  # the poll: whatever a lost notification would have said
         finally:
+            await self.runner.warm.close()  # before the runs: none is left behind, nor started meanwhile
             await self._stop_children(EXECUTOR_SHUTDOWN)
             if self.runner.isolation is not None:
                 self.runner.isolation.close()
@@ -189,7 +195,7 @@ class Supervisor:
         for r in lost:
             self.runner.kill_fenced(r)
         killed = await asyncio.to_thread(lambda: [
-            pid for r in lost for pid in process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))])
+            pid for r in lost for pid in process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.spawn_key)))])
         await self.runner.wait(self.config.drain_timeout_s + 5)
         await self.writer.drain()  # what the fenced run still queued is dropped, not carried into the new one
         old_epoch = self.lease.epoch

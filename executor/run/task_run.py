@@ -21,6 +21,7 @@ from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
 from executor.run.isolation import Isolation
 from executor.run.task_store import ClaimedTask, TaskEnd, TaskStore
+from executor.run.warm import Template, Warm, WarmConfig, WarmPool
 from executor.sandbox import bwrap as sandbox
 from executor.sandbox.gateway import Gateway
 from shared import aio, journal, lifeline, logs
@@ -71,6 +72,8 @@ class RunConfig:
     mcp_timeout_ms: int | None
     # every spawn sandboxed (None: the operator's explicit PETAL_SANDBOX=off)
     sandbox: sandbox.SandboxPolicy | None = None
+    # threads' next turns started ahead of their messages (executor/run/warm.py)
+    warm: WarmConfig = field(default_factory=WarmConfig)
 
 
 @dataclass
@@ -102,6 +105,12 @@ class Running:
     saving: bool = False
     spawned_id: uuid.UUID | None = None  # its task.spawned event: the parent of its task.exited
     tool_calls: dict[str, uuid.UUID] = field(default_factory=dict)  # tool_use_id → the line that made the call
+    # the process's PETAL_TASK_ID and sandbox key: the task's id, or the warm process's own it was started with
+    spawn_id: uuid.UUID | None = None
+
+    @property
+    def spawn_key(self) -> uuid.UUID:
+        return self.spawn_id or self.task_id
 
 
 class Conversation(NamedTuple):
@@ -131,6 +140,8 @@ class TaskRunner:
         # every spawn sandboxed, unless the operator's explicit PETAL_SANDBOX=off
         self.isolation = (Isolation(config.sandbox, substrate_config, config.mcp_url, store)
                           if config.sandbox is not None else None)
+        self.warm = WarmPool(config.warm, self, lambda offered, presence_s, n: self.store.warm_candidates(
+            offered, presence_s, n, name=lease.name))
 
     async def wait(self, timeout: float) -> None:
         """Until every run is reaped, or the timeout."""
@@ -170,8 +181,9 @@ class TaskRunner:
         return Conversation(resume, sub, cli_session, None if resume else fork_from, workdir)
 
     async def start(self, task: ClaimedTask) -> None:
-        """Spawn a claimed task's process and supervise it until it is reaped. An outage error before the
-        process exists leaves the task claimed, to start again; from the spawn on, the run goes on."""
+        """Spawn a claimed task's process (or take its thread's warm one) and supervise it until it is reaped.
+        An outage error before the process exists leaves the task claimed, to start again; from the spawn on,
+        the run goes on."""
         task_id = task.id
         # What the spawn needs is asked for at once, not one round trip after another: each is on the way to
         # the process's first line. The event its task.spawned hangs under is needed only after the spawn.
@@ -180,6 +192,7 @@ class TaskRunner:
         parent_lookup.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is read or moot
         proc = None
         gateway: Gateway | None = None
+        warmed: Warm | None = None
         try:
             isolated, profile, conv = await asyncio.gather(
                 self._worktree(task), self.store.role_profile(task.role), self._conversation(task))
@@ -193,14 +206,27 @@ class TaskRunner:
             # A task of a conversation that goes on (a thread's turn) reuses its session; any other task is
             # a conversation of its own.
             session_id = task.session_id or uuid.uuid4()
-            mcp_path, _ = await asyncio.gather(
-                self.credentials.grant(task_id, session_id) if profile.use_mcp else aio.resolved(None),
-                self.store.open_session(session_id, project_id=task.project_id, role=task.role,
-                                        executor=self.lease.name))
+            allowed = tuple(task.allowed_tools if task.allowed_tools is not None else profile.allowed_tools)
+            budget = ("--max-budget-usd", f"{task.max_budget_usd:.4f}") if task.max_budget_usd else ()
             content = await self._attachments(task, isolated)
             if isinstance(content, str):
                 await self._finish_unspawned(task, "failed", content)
                 return
+            # a warm process runs in the executor's own CLI config: an adopted conversation (its own) spawns
+            warmed = (await self._take_warm(task, workdir, conv.resume, allowed, profile.system_prompt, budget)
+                      if conv.substrate is self.substrate else None)
+            if warmed is not None:
+                # its config's credential becomes this task's now (the harness refused it until here)
+                mcp_path = warmed.mcp_config
+                await asyncio.gather(
+                    self.credentials.bind(warmed.digest, task_id, session_id) if warmed.digest else aio.resolved(None),
+                    self.store.open_session(session_id, project_id=task.project_id, role=task.role,
+                                            executor=self.lease.name))
+            else:
+                mcp_path, _ = await asyncio.gather(
+                    self.credentials.grant(task_id, session_id) if profile.use_mcp else aio.resolved(None),
+                    self.store.open_session(session_id, project_id=task.project_id, role=task.role,
+                                            executor=self.lease.name))
             spec = substrate.SpawnSpec(
                 role=task.role,
                 prompt=task.brief,
@@ -208,50 +234,36 @@ class TaskRunner:
                 session_uuid=conv.cli_session or str(session_id),
                 resume=conv.resume,
                 fork_from=conv.fork_from,
-                allowed_tools=tuple(task.allowed_tools if task.allowed_tools is not None
-                                    else profile.allowed_tools),
+                allowed_tools=allowed,
                 system_prompt=profile.system_prompt,
                 mcp_config=mcp_path,
                 json_schema=task.json_schema,
-                extra_args=("--max-budget-usd", f"{task.max_budget_usd:.4f}") if task.max_budget_usd else (),
+                extra_args=budget,
+                stream_input=warmed is not None,
             )
-            cmd = substrate.build_command(conv.substrate, spec)
-            env = substrate.build_env(conv.substrate, str(task_id))
-            try:
-                argv = cmd
-                if self.isolation is not None:
-                    gateway = await self.isolation.open_gateway(task_id, task.project_id)
-                    argv, env = self.isolation.wrap(gateway, workdir, mcp_path, cmd, env, task_id, spec.session_uuid,
-                                                    substrate_config=conv.substrate, fork_from=spec.fork_from)
-                # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
-                # Bash-tool children itself (they run in their own session, out of reach of a group signal)
-                argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    # the prompt goes on stdin, never in argv (another process's /proc/<pid>/cmdline)
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    cwd=workdir,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=preexec,
-                )
-            except OSError as exc:
-                if mcp_path is not None:
-                    mcp_path.unlink(missing_ok=True)
-                if gateway is not None and self.isolation is not None:
-                    await gateway.close()
-                    self.isolation.forget_spawn(task_id)
-                await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
-                return
+            if warmed is not None:
+                proc, cmd, gateway = warmed.proc, warmed.cmd, warmed.gateway
+            else:
+                cmd = substrate.build_command(conv.substrate, spec)
+                try:
+                    proc, gateway = await self._launch(task_id, task.project_id, workdir, spec, cmd, conv.substrate)
+                except OSError as exc:
+                    if mcp_path is not None:
+                        mcp_path.unlink(missing_ok=True)
+                    await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
+                    return
+        except BaseException:
+            if warmed is not None and proc is None:
+                self.warm.give_back(warmed, "start_failed")
+            raise
         finally:
             if proc is None:
                 parent_lookup.cancel()  # no process, no task.spawned to hang under anything
         started = time.monotonic()
         r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway,
-                    workdir=workdir, cli_session=spec.session_uuid, substrate=conv.substrate)
+                    workdir=workdir, cli_session=spec.session_uuid, substrate=conv.substrate,
+                    spawn_id=warmed.spawn_id if warmed is not None else None)
         self.runs[task_id] = r
         feeding = asyncio.create_task(self._feed_prompt(proc, substrate.stdin_input(spec)))
         self.children.add(feeding)
@@ -260,11 +272,15 @@ class TaskRunner:
         await self.save(r, lambda: self.store.set_process(task_id, proc.pid, session_id))
         parent_id = await self._spawn_parent(parent_lookup, task_id)
         # queued before any line of the task: the single writer keeps that order in the journal
-        spawned = self._event(r, "task.spawned", {
+        facts: dict[str, Any] = {
             "pid": proc.pid, "role": task.role, "argv": cmd, "workdir": str(workdir),
             "sandbox": "bwrap" if gateway is not None else "off",
             "attempt": task.attempt, "plan_ref": task.plan_ref,
-            "executor": self.lease.name, "executor_epoch": self.lease.epoch}, parent_id=parent_id)
+            "executor": self.lease.name, "executor_epoch": self.lease.epoch}
+        if warmed is not None:
+            # started ahead of its message (executor/run/warm.py): its PETAL_TASK_ID is the warm spawn's id
+            facts["warm"] = {"spawn_id": str(warmed.spawn_id), "waited_s": round(started - warmed.started, 3)}
+        spawned = self._event(r, "task.spawned", facts, parent_id=parent_id)
         r.spawned_id = spawned.event_id
         await self.writer.put(spawned)
         if task.session_id is not None:  # a thread's turn: the command that continues it in a terminal
@@ -273,6 +289,120 @@ class TaskRunner:
         child = asyncio.create_task(self._supervise(r, task), name=f"task-{task_id}")
         self.children.add(child)
         child.add_done_callback(self.children.discard)
+
+    async def _launch(self, spawn_id: uuid.UUID, project_id: uuid.UUID | None, workdir: Path,
+                      spec: substrate.SpawnSpec, cmd: list[str],
+                      sub: substrate.SubstrateConfig) -> tuple[asyncio.subprocess.Process, Gateway | None]:
+        """Start the CLI (inside its sandbox, unless the operator turned that off) with the CLI config `sub` (an
+        adopted conversation's own); OSError if it cannot be, with nothing of it left behind."""
+        env = substrate.build_env(sub, str(spawn_id))
+        gateway: Gateway | None = None
+        try:
+            argv = cmd
+            if self.isolation is not None:
+                gateway = await self.isolation.open_gateway(spawn_id, project_id)
+                argv, env = self.isolation.wrap(gateway, workdir, spec.mcp_config, cmd, env, spawn_id, spec.session_uuid,
+                                                substrate_config=sub, fork_from=spec.fork_from)
+            # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
+            # Bash-tool children itself (they run in their own session, out of reach of a group signal)
+            argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                # the prompt goes on stdin, never in argv (another process's /proc/<pid>/cmdline)
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        except OSError:
+            if gateway is not None and self.isolation is not None:
+                await gateway.close()
+                self.isolation.forget_spawn(spawn_id)
+            raise
+        return proc, gateway
+
+    # ---- warm turns (executor/run/warm.py) -------------------------------------------------------------
+
+    async def _take_warm(self, task: ClaimedTask, workdir: Path, resume: bool, allowed: tuple[str, ...],
+                         system_prompt: str, extra_args: tuple[str, ...] = ()) -> Warm | None:
+        """The thread's warm process, when it was started exactly as this turn would be spawned and its
+        conversation has not moved on since (it read it at its start); else None (and it is ended)."""
+        if task.json_schema is not None or not resume:
+            return None
+        warmed = self.warm.take(task.session_id)
+        if warmed is None:
+            return None
+        expected = substrate.build_command(self.substrate, substrate.SpawnSpec(
+            role=task.role, prompt="", session_uuid=str(task.session_id), resume=True, allowed_tools=allowed,
+            system_prompt=system_prompt, mcp_config=warmed.mcp_config, stream_input=True, extra_args=extra_args))
+        transcript = await asyncio.to_thread(substrate.session_state, self.substrate, str(task.session_id))
+        reason = ("spawn_differs" if expected != warmed.cmd or workdir != warmed.workdir
+                  or task.project_id != warmed.project_id else
+                  "conversation_moved_on" if transcript != warmed.transcript else None)
+        if reason is not None:
+            log.info("warm_turn_unused", thread=str(task.session_id), reason=reason)
+            self.warm.give_back(warmed, reason)
+            return None
+        return warmed
+
+    async def spawn_warm(self, template: Template) -> Warm | None:
+        """A thread's next turn's process, started now and left waiting on stdin (None if it cannot be)."""
+        session = str(template.session_id)
+        transcript = await asyncio.to_thread(substrate.session_state, self.substrate, session)
+        workdir = Path(template.workdir or self.config.default_workdir)
+        if transcript is None or not workdir.is_dir():
+            return None  # no conversation to resume yet (a first turn spawns cold), or nowhere to run
+        profile = await self.store.role_profile(template.role)
+        spawn_id = uuid.uuid4()
+        written = self.credentials.write(f"mcp-warm-{spawn_id}.json") if profile.use_mcp else None
+        mcp_path, digest = written if written is not None else (None, None)
+        spec = substrate.SpawnSpec(
+            role=template.role, prompt="", session_uuid=session, resume=True,
+            allowed_tools=tuple(template.allowed_tools if template.allowed_tools is not None
+                                else profile.allowed_tools),
+            system_prompt=profile.system_prompt, mcp_config=mcp_path, stream_input=True)
+        cmd = substrate.build_command(self.substrate, spec)
+        try:
+            proc, gateway = await self._launch(spawn_id, template.project_id, workdir, spec, cmd, self.substrate)
+        except OSError as exc:
+            if mcp_path is not None:
+                mcp_path.unlink(missing_ok=True)
+            log.warning("warm_turn_not_started", thread=session, error=str(exc))
+            return None
+        log.info("warm_turn_started", thread=session, pid=proc.pid, spawn_id=str(spawn_id))
+        await self.writer.put(NewEvent("warm.started", {"pid": proc.pid, "spawn_id": str(spawn_id)},
+                                       session_id=template.session_id, project_id=template.project_id))
+        return Warm(session_id=template.session_id, spawn_id=spawn_id, proc=proc, spec=spec, cmd=cmd,
+                    workdir=workdir, project_id=template.project_id, mcp_config=mcp_path, digest=digest,
+                    gateway=gateway, transcript=transcript)
+
+    async def end_warm(self, w: Warm, reason: str) -> None:
+        """A warm process no turn will take: its process group ended (SIGTERM, the grace, SIGKILL), its
+        config (and the credential in it, never bound to a task) deleted, its sandbox closed."""
+        rss = await asyncio.to_thread(process.tree_rss, w.proc.pid) if w.alive else None
+        if w.alive:
+            if w.gateway is not None and self.isolation is not None:
+                process.signal_inside(w.proc.pid, signal.SIGTERM, self.isolation.policy.bwrap)
+            else:
+                process.signal_group(w.proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(w.proc.wait(), self.config.stop_grace_s)
+            except TimeoutError:
+                process.signal_group(w.proc.pid, signal.SIGKILL)
+                await w.proc.wait()
+        if w.mcp_config is not None:
+            w.mcp_config.unlink(missing_ok=True)
+        if w.gateway is not None and self.isolation is not None:
+            await w.gateway.close()
+            self.isolation.forget_spawn(w.spawn_id)
+        log.info("warm_turn_retired", thread=str(w.session_id), reason=reason, rss_bytes=rss)
+        await self.writer.put(NewEvent("warm.retired", {
+            "pid": w.proc.pid, "spawn_id": str(w.spawn_id), "reason": reason, "rss_bytes": rss,
+            "age_s": round(time.monotonic() - w.started, 3), "exit_code": w.proc.returncode},
+            session_id=w.session_id, project_id=w.project_id))
 
     @staticmethod
     async def _feed_prompt(proc: asyncio.subprocess.Process, prompt: bytes) -> None:
@@ -372,7 +502,7 @@ class TaskRunner:
             if r.gateway is not None and self.isolation is not None:
                 await r.gateway.close()
                 assert r.workdir is not None
-                self.isolation.keep_session(r.workdir, r.cli_session or str(r.session_id), r.task_id,
+                self.isolation.keep_session(r.workdir, r.cli_session or str(r.session_id), r.spawn_key,
                                             substrate_config=r.substrate)
             if r.mcp_config is not None:
                 r.revoke_pending = await self.credentials.revoke(r.task_id, r.mcp_config)
@@ -408,7 +538,7 @@ class TaskRunner:
         swept: list[int] = []
         if rc < 0 or r.killed:
             swept = await asyncio.to_thread(
-                lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.task_id)))
+                lambda: process.kill_all(process.find_by_env(substrate.TASK_ENV_VAR, str(r.spawn_key)))
             )
         # the harness's own gate refusals (a gate that failed or timed out is missing from permission_denials)
         gated = await self.availability.retry(lambda: self.store.gate_denials(r.task_id), "gate_denials")
@@ -437,6 +567,8 @@ class TaskRunner:
             outcome.status, reason, rc if rc >= 0 else None, -rc if rc < 0 else None, r.last_output_at))
         await self.store.end_session(r.session_id, "idle" if task.session_id else "ended",
                                      r.facts.substrate_session_id)
+        if task.session_id is not None and task.json_schema is None:
+            self.warm.turn_ended(task.session_id)  # its conversation is stored: the next turn can start now
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
             if r.revoke_pending:

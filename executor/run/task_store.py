@@ -15,6 +15,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from executor.run.user_input import Attachment
+from executor.run.warm import Template
 from executor.sql import queries
 from shared.query import FromRow, Queries
 from shared.sql import queries as shared_queries
@@ -178,6 +179,12 @@ class TaskStore:
     async def grant_credential(self, token_sha256: bytes, task_id: uuid.UUID, session_id: uuid.UUID) -> None:
         await self.q.execute("grant_harness_credential", {"token_sha256": token_sha256, "task_id": task_id,
                                                           "session_id": session_id})
+
+    async def warm_candidates(self, offered: list[uuid.UUID], presence_s: float, n: int, *,
+                              name: str) -> list[Template]:
+        """Threads whose next turn may be started ahead of its message (executor/sql/warm.sql)."""
+        return await self.q.all("list_warm_candidates", {"offered": offered, "presence_s": presence_s,
+                                                         "n": n + len(offered), "name": name}, into=Template)
 
     async def revoke_credential(self, task_id: uuid.UUID) -> None:
         await self.q.execute("revoke_harness_credential", {"task_id": task_id})

@@ -51,6 +51,8 @@ LIMIT %(limit)s
 -- name: append_small_batch --
 -- A whole small batch in one statement (one round trip in autocommit): reserve seqs, insert, notify.
 -- The head's row lock lasts until the statement's own commit, so commit order is still seq order.
+-- The NOTIFY carries the batch's rows as they were stored (`<last_seq> <JSON array>`) when they fit well
+-- under the 8000-byte cap, else only `<last_seq>`: the SSE fan-out then needs no read after it.
 WITH head AS (
     UPDATE journal_head SET last_seq = last_seq + cardinality(%(event_ids)s::uuid[]) RETURNING last_seq
 ), inserted AS (
@@ -64,9 +66,16 @@ WITH head AS (
                       %(payloads)s::text[])
          WITH ORDINALITY AS e(event_id, project_id, session_id, task_id, parent_id, message_id,
                               event_type, tier, created_at, payload, ord)
-    RETURNING 1
+    RETURNING event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier,
+              created_at, payload
+), body AS (
+    SELECT json_agg(i ORDER BY i.seq)::text AS rows, count(*) AS n FROM inserted i
 )
-SELECT last_seq, pg_notify('journal', last_seq::text), (SELECT count(*) FROM inserted) FROM head
+SELECT last_seq,
+       pg_notify('journal', CASE WHEN octet_length(body.rows) <= 7900 THEN last_seq::text || ' ' || body.rows
+                                 ELSE last_seq::text END),
+       body.n
+FROM head, body
 
 -- name: list_event_types --
 SELECT name, tier FROM event_types

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from executor.asks import Asks
+from executor.asks import CHANNELS, Asks
 from executor.journal.writer import JournalWriter
 from executor.sql import queries
 from shared.database import Database
@@ -67,3 +68,54 @@ async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answe
         listening.cancel()
     assert final.answers == {"Go on?": "Yes"}
     assert ctx.reports >= 3  # about one per 0.3 s of the 1.5 s
+
+
+class _Counting(Queries):
+    """The executor's queries, counting the waiter's reads of the row."""
+
+    reads = 0
+
+    async def one(self, name: str, *args: Any, **kw: Any) -> Any:
+        if name == "get_question":
+            self.reads += 1
+        return await super().one(name, *args, **kw)
+
+
+async def _answered(db: DB, channels: list[str], answer: str) -> tuple[Any, int]:
+    async with Database(db.executor_dsn, name="wait-test", max_size=4) as database:
+        listener = database.listener(channels)
+        listening = asyncio.create_task(listener.run())
+        await asyncio.wait_for(listener.connected.wait(), 30)
+        writer = JournalWriter(database.pool)
+        await writer.start()
+        q = _Counting(database.pool, queries)
+        asks = Asks(q, writer, listener, timeout_s=60)
+        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
+            cur = await admin.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
+                                      [f"tool-{uuid.uuid4()}", Jsonb(QUESTIONS)])
+            mine = await cur.fetchone()
+            assert mine is not None
+            sub = listener.subscribe(channels)
+            waiting = asyncio.create_task(asks.wait(mine[0], sub, _Progress()))
+            await asyncio.sleep(0.3)  # not a wait for anything: the waiter's first read, before the answer
+            await admin.execute("UPDATE questions SET status = 'answered', answers = %s, answered_by = 'travis' "
+                                "WHERE id = %s", [Jsonb({"Go on?": answer}), mine[0]])
+        final = await asyncio.wait_for(waiting, 10)
+        sub.close()
+        await writer.flush_and_stop()
+        await listener.stop()
+        listening.cancel()
+    return final, q.reads
+
+
+async def test_the_answer_its_notification_carries_returns_without_reading_the_row_back(db: DB) -> None:
+    final, reads = await _answered(db, CHANNELS, "Yes")
+    assert (final.status, final.answers, final.answered_by, reads) == ("answered", {"Go on?": "Yes"}, "travis", 1)
+
+
+async def test_an_answer_too_large_to_carry_and_a_listener_of_ids_alone_read_the_row(db: DB) -> None:
+    big = "y" * 9000  # past NOTIFY's cap: only the id-only notification goes
+    final, reads = await _answered(db, CHANNELS, big)
+    assert (final.answers, reads) == ({"Go on?": big}, 2)
+    final, reads = await _answered(db, ["question_answered"], "Yes")  # the control: without the carried row
+    assert (final.answers, reads) == ({"Go on?": "Yes"}, 2)

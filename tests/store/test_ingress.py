@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -62,6 +63,24 @@ async def test_sse_delivers_events_appended_by_the_executor_role_in_seq_order(db
     assert [int(e.id) for e in events] == list(range(1, 31))  # type: ignore[arg-type]  # journal events carry an id
     assert [json.loads(e.data)["payload"]["n"] for e in events] == list(range(30))
     assert {e.event for e in events} == {"task.stderr"}
+
+
+async def test_live_frames_are_byte_for_byte_the_frames_a_resume_reads(db: DB, pool: AsyncConnectionPool) -> None:
+    # small batches go out from their notification's rows, a large one (past NOTIFY's cap) from a read:
+    # a client resuming from 0 must get exactly the bytes the live client got
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        ready = asyncio.Event()
+        reader = asyncio.create_task(collect(http, 6, ready=ready))
+        await ready.wait()
+        await _append(pool, 2)
+        await journal.append(pool, [NewEvent("task.stderr", {"line": "é" * 5000, "f": 1.5, "z": None})])
+        await journal.append(pool, [NewEvent("task.stderr", {"b": [1, {"a": "x"}], "a": "\u2028"},
+                                             task_id=None, created_at=datetime(2026, 1, 1, tzinfo=UTC))])
+        await _append(pool, 2, 10)
+        live = await asyncio.wait_for(reader, 30)
+        replayed = await collect(http, 6, headers={"Last-Event-ID": "0"})
+    assert [(e.id, e.event, e.data) for e in live] == [(e.id, e.event, e.data) for e in replayed]
+    assert [int(e.id) for e in live] == list(range(1, 7))  # type: ignore[arg-type]  # journal events carry an id
 
 
 async def test_a_client_that_missed_100_appends_gets_exactly_those_on_resume(db: DB, pool: AsyncConnectionPool) -> None:

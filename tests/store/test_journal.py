@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import UTC, datetime
 
@@ -115,8 +116,26 @@ async def test_append_notifies_journal_once_per_batch_with_the_last_seq(
         notes = [await asyncio.wait_for(sub.get(), 10) for _ in range(2)]
     finally:
         runner.cancel()
-    assert [(n.channel, n.payload) for n in notes] == [("journal", "4"), ("journal", "6")]
+    assert [(n.channel, n.payload.partition(" ")[0]) for n in notes] == [("journal", "4"), ("journal", "6")]
+    # a small batch's notification carries its rows as stored (the SSE fan-out sends them without a read)
+    carried = [[row["seq"] for row in json.loads(n.payload.partition(" ")[2])] for n in notes]
+    assert carried == [[1, 2, 3, 4], [5, 6]]
     assert sub.queue.empty()
+
+
+async def test_a_batch_too_large_for_a_notification_notifies_its_last_seq_alone(
+    executor_db: Database, pool: AsyncConnectionPool
+) -> None:
+    listener = executor_db.listener(["journal"])
+    sub = listener.subscribe(["journal"])
+    runner = asyncio.create_task(listener.run())
+    try:
+        assert (await asyncio.wait_for(sub.get(), 10)).payload == "resync"
+        await journal.append(pool, [NewEvent("task.stderr", {"line": "x" * 9000})])
+        note = await asyncio.wait_for(sub.get(), 10)
+    finally:
+        runner.cancel()
+    assert note.payload == "1"  # past NOTIFY's 8000-byte cap: readers read the row
 
 
 async def test_append_survives_its_connection_dropping_mid_batch_and_writes_the_batch_once(db: DB) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 from ingress.stream import Broadcaster, Frame
+from shared.listener import Notification
 
 
 def _ring() -> Broadcaster:
@@ -47,3 +50,40 @@ async def test_a_client_takes_its_frames_in_order_at_most_a_batch_at_a_time() ->
     assert [f.seq for f in await client.next(most=4) or []] == [5, 6, 7, 8]
     b._publish([Frame(11, b"11")])
     assert [f.seq for f in await client.next(most=4) or []] == [9, 10, 11]
+
+
+def _rows(*seqs: int) -> str:
+    return json.dumps([{"event_id": str(uuid.uuid4()), "seq": s, "project_id": None, "session_id": None,
+                        "task_id": None, "parent_id": None, "message_id": None, "event_type": "task.stderr",
+                        "tier": "raw", "created_at": "2026-01-01T00:00:00+00:00", "payload": {"n": s}}
+                       for s in seqs])
+
+
+def _note(payload: str) -> Notification:
+    return Notification("journal", payload)
+
+
+async def test_a_notification_carrying_rows_that_follow_on_is_published_without_a_read() -> None:
+    b = _ring()  # no pool: a read would fail the test
+    await b._take([_note(f"2 {_rows(1, 2)}")])
+    assert [f.seq for f in b.frames] == [1, 2] and b.last_seq == 2
+    await b._take([_note("2"), _note(f"2 {_rows(1, 2)}")])  # published already: nothing to read, not twice
+    assert len(b.frames) == 2
+
+
+async def test_a_backlog_of_notifications_goes_out_as_one_batch_in_order() -> None:
+    b = _ring()
+    client = b.subscribe()
+    await b._take([_note(f"1 {_rows(1)}"), Notification("chat_queue", "q-1"), _note(f"3 {_rows(2, 3)}")])
+    batch = await client.next()
+    assert batch is not None and [f.seq for f in batch] == [1, None, 2, 3]
+    assert b.published == 4 and b.frames[-1].breaks == 0  # one publish, no gap
+
+
+async def test_a_notification_the_ring_cannot_take_as_it_is_asks_for_a_read() -> None:
+    b = _ring()
+    assert b._carried("3") is None  # rows not carried (a large batch)
+    assert b._carried(f"3 {_rows(2, 3)}") is None  # seq 1 is missing: a lost notification, the read fills it
+    assert b._carried("3 {not json") is None
+    assert b._carried("resync") is None
+    assert not b.frames and b.last_seq == 0

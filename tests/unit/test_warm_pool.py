@@ -1,0 +1,136 @@
+"""The warm pool's bookkeeping (executor/run/warm.py): how many, which threads, when one is ended or replaced.
+Processes are stand-ins; the real CLI's side is tests/e2e/test_warm_turns.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from executor.run import substrate
+from executor.run.warm import Template, Warm, WarmConfig, WarmPool
+
+
+class _Proc:
+    """What the pool reads of a process: its return code, and a wait for it."""
+
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.pid = 4242
+        self._exited = asyncio.Event()
+
+    def die(self) -> None:
+        self.returncode = -9
+        self._exited.set()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
+class _Spawner:
+    def __init__(self) -> None:
+        self.started: list[Warm] = []
+        self.ended: list[tuple[uuid.UUID, str]] = []
+
+    async def spawn_warm(self, template: Template) -> Warm | None:
+        proc: Any = _Proc()
+        warm = Warm(session_id=template.session_id, spawn_id=uuid.uuid4(), proc=proc,
+                    spec=substrate.SpawnSpec(role="orchestrator", prompt="", session_uuid=str(template.session_id)),
+                    cmd=["claude"], workdir=Path("."), project_id=None, mcp_config=None, digest=None, gateway=None,
+                    transcript=(1, 1))
+        self.started.append(warm)
+        return warm
+
+    async def end_warm(self, warm: Warm, reason: str) -> None:
+        if warm.proc.returncode is None:
+            warm.proc.die()  # type: ignore[attr-defined]  # the stand-in's
+        self.ended.append((warm.session_id, reason))
+
+
+def _thread(seen_s_ago: float | None) -> Template:
+    seen = None if seen_s_ago is None else datetime.now(UTC) - timedelta(seconds=seen_s_ago)
+    return Template(session_id=uuid.uuid4(), project_id=None, role="orchestrator", workdir=None, allowed_tools=None,
+                    seen_at=seen)
+
+
+def _pool(found: list[Template], **kw: Any) -> tuple[WarmPool, _Spawner]:
+    spawner = _Spawner()
+
+    async def candidates(offered: list[uuid.UUID], presence_s: float, n: int) -> list[Template]:
+        known = {t.session_id for t in found}
+        return found + [Template(session_id=s, project_id=None, role="orchestrator", workdir=None,
+                                 allowed_tools=None, seen_at=None) for s in offered if s not in known]
+    return WarmPool(WarmConfig(**{"turns": 2, "idle_s": 60, **kw}), spawner, candidates), spawner
+
+
+async def test_at_most_the_configured_number_warm_the_threads_signalled_last() -> None:
+    a, b, c = _thread(30), _thread(5), _thread(10)
+    pool, spawner = _pool([a, b, c])
+    await pool.refresh()
+    assert set(pool.warm) == {b.session_id, c.session_id}
+    # a turn just ended in the oldest-shown thread: it is now the likeliest, and takes the least likely's place
+    pool.turn_ended(a.session_id)
+    await pool.refresh()
+    assert set(pool.warm) == {a.session_id, b.session_id}
+    assert spawner.ended == [(c.session_id, "displaced")]
+
+
+async def test_a_thread_that_stops_being_a_candidate_keeps_its_process_for_the_turn_about_to_take_it() -> None:
+    a = _thread(1)
+    found = [a]
+    pool, spawner = _pool(found)
+    await pool.refresh()
+    found.clear()  # its message made it a pending turn: no candidate any more
+    await pool.refresh()
+    taken = pool.take(a.session_id)
+    assert taken is not None and taken.alive and spawner.ended == [] and pool.warm == {}
+
+
+async def test_a_dead_warm_process_is_ended_and_replaced_and_never_taken() -> None:
+    a = _thread(1)
+    pool, spawner = _pool([a])
+    await pool.refresh()
+    pool.warm[a.session_id].proc.die()  # type: ignore[attr-defined]  # the stand-in's
+    await asyncio.sleep(0)  # its watcher sees the exit
+    await asyncio.sleep(0)
+    await pool.refresh()
+    assert len(spawner.started) == 2 and (a.session_id, "died") in spawner.ended
+    replacement = pool.take(a.session_id)
+    assert replacement is spawner.started[1] and replacement.alive
+    # one that dies between the last pass and its message is not handed out
+    await pool.refresh()
+    pool.warm[a.session_id].proc.die()  # type: ignore[attr-defined]
+    assert pool.take(a.session_id) is None
+
+
+async def test_an_idle_warm_process_is_retired_and_not_started_again_for_the_same_signal() -> None:
+    a = _thread(1)
+    pool, spawner = _pool([a], idle_s=0.05)
+    await pool.refresh()
+    await asyncio.sleep(0.1)
+    await pool.refresh()
+    assert spawner.ended == [(a.session_id, "idle")] and pool.warm == {} and len(spawner.started) == 1
+    pool.turn_ended(a.session_id)  # a newer signal: warm again
+    await pool.refresh()
+    assert len(spawner.started) == 2
+
+
+async def test_closing_ends_every_warm_process_and_starts_none() -> None:
+    a, b = _thread(1), _thread(2)
+    pool, spawner = _pool([a, b])
+    await pool.refresh()
+    await pool.close()
+    await pool.run()  # after close: returns at once, starts nothing
+    assert sorted(r for _, r in spawner.ended) == ["executor_stopping", "executor_stopping"]
+    assert pool.warm == {} and len(spawner.started) == 2
+
+
+async def test_turned_off_the_pool_starts_nothing() -> None:
+    pool, spawner = _pool([_thread(1)], turns=0)
+    await pool.run()
+    pool.turn_ended(uuid.uuid4())
+    assert spawner.started == []
