@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import re
 import subprocess
@@ -228,15 +229,15 @@ async def run(big: Target, small: Target, samples: int) -> None:
                 order = targets if i % 2 else targets[::-1]
                 for read in reads:
                     for t in order:
-                        t.samples.setdefault(read, []).append(await timed(lambda t=t: get(t, t.paths[read])))
+                        t.samples.setdefault(read, []).append(await timed(functools.partial(get, t, t.paths[read])))
                 for t in order:
                     key = f"SSE resume, {SSE_BACK:,} back"
                     t.samples.setdefault(key, []).append(
-                        await timed(lambda t=t: sse_resume(t.url, t.head - SSE_BACK, SSE_BACK)))
+                        await timed(functools.partial(sse_resume, t.url, t.head - SSE_BACK, SSE_BACK)))
                 for label in cases["small"]:
                     for t in order:
                         name, params = cases[t.label][label]
-                        t.samples.setdefault(label, []).append(await timed(lambda: query(t, name, params)))
+                        t.samples.setdefault(label, []).append(await timed(functools.partial(query, t, name, params)))
                 if i == 4:
                     for t in targets:
                         t.samples.clear()
