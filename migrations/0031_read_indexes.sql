@@ -14,3 +14,10 @@ CREATE INDEX journal_rule_uses_idx ON journal ((payload ->> 'rule_id'))
 -- The newest tasks (the task list) and the newest questions (the Asks panel's answered ones).
 CREATE INDEX tasks_created_idx ON tasks (created_at);
 CREATE INDEX questions_created_idx ON questions (created_at);
+
+-- The thread list (newest first): threads only, not the session of every worker and extractor.
+CREATE INDEX sessions_threads_idx ON sessions (created_at) WHERE role = 'orchestrator';
+
+-- Each project's branches waiting for review (the project list counts them): the few, not all its tasks.
+CREATE INDEX tasks_branches_waiting_idx ON tasks (project_id)
+    WHERE branch IS NOT NULL AND review IS NULL AND changes_recorded_at IS NOT NULL;

@@ -127,6 +127,7 @@ async def page_paths(t: Target, http: httpx.AsyncClient) -> None:
         "conversation (chat.js)": f"/api/threads/{th}/conversation?limit=100",
         "conversation, paged back": f"/api/threads/{th}/conversation?before_seq={before}&limit=100",
         "thread list (threads.js)": "/api/threads",
+        "projects (threads.js)": "/api/projects",
         "queue (chat.js)": f"/api/queue?thread_id={th}",
         "task list (tasks.js)": "/api/tasks?limit=200",
         "a thread's tasks (tasks.js)": f"/api/tasks?limit=500&thread_id={th}",

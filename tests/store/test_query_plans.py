@@ -87,6 +87,7 @@ def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
         "conversation, paged back": ("list_thread_conversation", {
             "thread_id": thread, "after": 0, "before": s.head // 2, "limit": 100, "types": CONVERSATION_TYPES}),
         "threads": ("list_threads", {}),
+        "projects": ("list_projects", {}),
         "tasks": ("list_tasks", {**nothing, "thread_id": None, "limit": 200}),
         "a thread's tasks": ("list_tasks", {**nothing, "thread_id": thread, "limit": 500}),
         "a task's events": ("list_task_events", {**nothing, "task_id": worker, "after": 0, "limit": 1000}),
