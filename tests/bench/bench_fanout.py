@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 from psycopg_pool import AsyncConnectionPool
 
 from tests.bench import stats
-from tests.bench.bench_sse import append_at, wait_up
+from tests.bench.bench_sse import append_at
 from tests.bench.sse_load import HEADROOM, PROCESSES, Generators
 from tests.pg import DB, Cluster
 from tests.served import free_port
@@ -59,6 +60,15 @@ class Ingress:
         t = self.ps.cpu_times()
         return float(t.user + t.system)
 
+    def waited(self) -> float:
+        """Seconds its event loop's thread spent runnable but waiting for a CPU (Linux schedstat): an
+        ingress starved by the machine delivers late while its own CPU share looks small."""
+        try:
+            with open(f"/proc/{self.ps.pid}/schedstat") as f:
+                return int(f.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
 
 def start_ingress(db: DB, tmp: Path, i: int) -> Ingress:
     port = free_port()
@@ -67,6 +77,20 @@ def start_ingress(db: DB, tmp: Path, i: int) -> Ingress:
            "PETAL_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "ingress"], env=env)
     return Ingress(f"http://127.0.0.1:{port}", proc, psutil.Process(proc.pid))
+
+
+async def wait_up(url: str, timeout: float = 180) -> None:
+    """Until the ingress answers (on a loaded machine a start takes tens of seconds)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=url) as http:
+        while True:
+            try:
+                await http.get("/healthz")
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} never came up") from None
+                await asyncio.sleep(0.2)
 
 
 def _gens(res: list[dict[str, Any]]) -> str:
@@ -100,11 +124,13 @@ async def phase(ingresses: list[Ingress], pool: AsyncConnectionPool, clients: in
         cpu0 = [x.cpu() for x in ingresses]
         await asyncio.sleep(IDLE_S)
         cpu1 = [x.cpu() for x in ingresses]
+        wait1 = [x.waited() for x in ingresses]
         t0 = time.monotonic()
         await append_at(pool, rate, count)
         results = [await g.results() for g in gens]
         flow_s = time.monotonic() - t0
         cpu2 = [x.cpu() for x in ingresses]
+        wait2 = [x.waited() for x in ingresses]
     finally:
         for g in entered:
             await g.__aexit__(None, None, None)
@@ -112,6 +138,7 @@ async def phase(ingresses: list[Ingress], pool: AsyncConnectionPool, clients: in
             "rss_idle": rss_idle, "rss_conn": rss_conn,
             "idle_cores": [(b - a) / IDLE_S for a, b in zip(cpu0, cpu1, strict=True)],
             "flow_cores": [(c - b) / flow_s for b, c in zip(cpu1, cpu2, strict=True)], "flow_s": flow_s,
+            "flow_wait": [(b - a) / flow_s for a, b in zip(wait1, wait2, strict=True)],
             "results": results, "complete": sum(r["complete"] for r in results),
             "latencies": [x for r in results for x in r["latencies"]]}
 
@@ -130,7 +157,7 @@ def show(label: str, p: dict[str, Any], rate: float) -> list[Point]:
         print(f"  ingress {i}: RSS {p['rss_idle'][i] / MB:.0f} MB idle -> {p['rss_conn'][i] / MB:.0f} MB with {share} "
               f"clients ({grew / share / 1024:.1f} KiB per client); CPU {p['idle_cores'][i]:.3f} cores connected "
               f"only, {p['flow_cores'][i]:.3f} cores at {rate:g} events/s ({p['flow_cores'][i] / share * 1e3:.3f} "
-              f"millicores per client)")
+              f"millicores per client), waiting for a CPU {p['flow_wait'][i]:.0%} of the time")
     print(f"  append -> client latency: {stats.summary(p['latencies'], (50, 99))}")
     print(f"  {_gens(p['results'])}")
     return points
