@@ -203,3 +203,27 @@ def test_the_checks_catch_a_walk_of_the_journal(store: Store) -> None:
     assert row is not None
     plan = row[0][0]["Plan"]
     assert "journal" in _seq_scanned(plan) or _journal_rows_read(plan) > MAX_SHARE * store.events
+
+
+def test_an_attempts_tool_calls_say_which_returned(db: DB) -> None:
+    # list_attempt_tool_calls reads the results' ids once: the answer is still per call, in order, bounded
+    task = uuid.uuid4()
+
+    def line(kind: str, content: list[dict[str, Any]]) -> str:
+        return json.dumps({"type": kind, "message": {"content": content}})
+
+    calls = [line("assistant", [{"type": "text", "text": "first"},
+                                {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"command": str(i)}}])
+             for i in range(3)]
+    results = [line("user", [{"type": "tool_result", "tool_use_id": "toolu_0", "content": "ok"}]),
+               line("user", [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "ok"}])]
+    rows = [("stream.assistant", calls[0]), ("stream.user", results[0]), ("stream.assistant", calls[1]),
+            ("stream.assistant", calls[2]), ("stream.user", results[1])]
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO tasks (id, role, status) VALUES (%s, 'worker', 'crashed')", (task,))
+        for seq, (kind, payload) in enumerate(rows, start=1):
+            conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "
+                         "VALUES (%s, %s, %s, %s, 'raw', %s)", (uuid.uuid4(), seq, task, kind, payload))
+        got = conn.execute(executor_sql["list_attempt_tool_calls"], {"task_id": task, "limit": 2}).fetchall()
+    assert [(name, inp, total, finished) for name, inp, total, finished in got] == [
+        ("Bash", {"command": "0"}, 3, True), ("Bash", {"command": "1"}, 3, False)]
