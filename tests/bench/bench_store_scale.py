@@ -84,6 +84,7 @@ def prepare(t: Target) -> None:
     if took > 5:
         print(f"{t.label}: migrated to the current schema in {took:.0f} s")
     with psycopg.connect(t.admin_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")  # statistics for indexes a migration just made, as autovacuum would soon
         conn.execute("INSERT INTO executors (name, capacity, lease_s, lease_until) VALUES (%s, 8, 30, now() + "
                      "interval '1 day') ON CONFLICT (name) DO UPDATE SET lease_until = now() + interval '1 day', "
                      "lost_at = NULL, stopped_at = NULL, epoch = 1", (EXECUTOR,))
