@@ -60,12 +60,14 @@ async def task_events(request: Request) -> Response:
     if await q.one("get_task", {"id": task_id}) is None:
         raise Problem(404, f"no task {task_id}")
     params = _events_params(request, task_id)
-    return respond(_page(await q.all("list_events", params), params))
+    return respond(_page(await q.all("list_task_events", params), params))
 
 
 async def events(request: Request) -> Response:
     params = _events_params(request)
-    return respond(_page(await ingress_queries(request).all("list_events", params), params))
+    # one task's records come from its own index (list_task_events), not from a walk of the journal by seq
+    name = "list_task_events" if params["task_id"] is not None else "list_events"
+    return respond(_page(await ingress_queries(request).all(name, params), params))
 
 
 # The records a thread's chat renders (see static/app.js); the rest of the journal is in Activity.

@@ -52,23 +52,56 @@ WHERE seq > %(after)s
 ORDER BY seq
 LIMIT %(limit)s
 
+-- name: list_task_events --
+-- One task's records by seq, read in the order of its index, (task_id, seq). The task is named as a one-element
+-- array, not by an equality: with `task_id = …` the planner treats task_id as fixed, orders by seq alone, and
+-- may walk the journal's seq index looking for a long task's records (it assumes they are spread evenly over
+-- the journal; they sit in one stretch of it), reading everything before that stretch. With `= ANY` the
+-- order asked for is (task_id, seq), which only that index gives. (tests/store/test_query_plans.py)
+SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
+FROM journal
+WHERE task_id = ANY(ARRAY[%(task_id)s::uuid]) AND seq > %(after)s
+  AND (%(tier)s::text IS NULL OR tier = %(tier)s::text)
+  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
+ORDER BY task_id, seq
+LIMIT %(limit)s
+
 -- name: get_thread --
 SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at, project_id,
        resume_command, adopted_session_id, cli_session_id, cli_workdir, executor_name
 FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
 
 -- name: list_asks --
-SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
-       q.asked_by, q.created_at, q.answered_at, q.answered_by, q.answered_via, q.timed_out_at,
-       q.timed_out_at IS NOT NULL AS late,
-       coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
-FROM questions q
-LEFT JOIN tasks t ON t.id = q.task_id
-LEFT JOIN tasks p ON p.id = t.parent_task_id
-WHERE (%(status)s::text IS NULL OR q.status = %(status)s::text)
-  AND (%(thread_id)s::uuid IS NULL OR q.source_session_uuid = %(thread_id)s::uuid
-       OR t.session_id = %(thread_id)s::uuid OR p.session_id = %(thread_id)s::uuid)
-ORDER BY (q.status = 'pending') DESC, q.created_at DESC
+-- Pending first, then the newest: each part read newest first and cut at `limit` (the pending ones from
+-- their partial index, the rest by created_at), so the answered history's length does not count.
+SELECT * FROM (
+    (SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
+            q.asked_by, q.created_at, q.answered_at, q.answered_by, q.answered_via, q.timed_out_at,
+            q.timed_out_at IS NOT NULL AS late,
+            coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
+     FROM questions q
+     LEFT JOIN tasks t ON t.id = q.task_id
+     LEFT JOIN tasks p ON p.id = t.parent_task_id
+     WHERE q.status = 'pending' AND (%(status)s::text IS NULL OR %(status)s::text = 'pending')
+       AND (%(thread_id)s::uuid IS NULL OR q.source_session_uuid = %(thread_id)s::uuid
+            OR t.session_id = %(thread_id)s::uuid OR p.session_id = %(thread_id)s::uuid)
+     ORDER BY q.created_at DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
+            q.asked_by, q.created_at, q.answered_at, q.answered_by, q.answered_via, q.timed_out_at,
+            q.timed_out_at IS NOT NULL AS late,
+            coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
+     FROM questions q
+     LEFT JOIN tasks t ON t.id = q.task_id
+     LEFT JOIN tasks p ON p.id = t.parent_task_id
+     WHERE q.status <> 'pending' AND (%(status)s::text IS NULL OR q.status = %(status)s::text)
+       AND (%(thread_id)s::uuid IS NULL OR q.source_session_uuid = %(thread_id)s::uuid
+            OR t.session_id = %(thread_id)s::uuid OR p.session_id = %(thread_id)s::uuid)
+     ORDER BY q.created_at DESC
+     LIMIT %(limit)s)
+) asks
+ORDER BY (status = 'pending') DESC, created_at DESC
 LIMIT %(limit)s
 
 -- name: count_applied_migrations --
@@ -76,14 +109,33 @@ SELECT count(*) FROM schema_migrations
 
 -- name: list_thread_conversation --
 -- What a thread's chat renders: its own records and those of the workers its turns dispatched (and their
--- retries), the newest `limit` of them (before `before`, when paging back), oldest first.
+-- retries), the newest `limit` of them (before `before`, when paging back), oldest first. Two disjoint parts,
+-- each read newest first from its own index and cut at `limit`: the thread's records by (session_id, seq),
+-- each worker's by (task_id, event_type, seq). (One scan over `session_id = … OR task_id IN …` walks the
+-- journal by seq until it has found `limit`: the older the thread, the more of the journal it reads.)
 SELECT * FROM (
-    SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
-    FROM journal
-    WHERE seq > %(after)s AND (%(before)s::bigint IS NULL OR seq < %(before)s::bigint) AND event_type = ANY(%(types)s)
-      AND (session_id = %(thread_id)s
-           OR task_id IN (SELECT w.id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
-                          WHERE p.session_id = %(thread_id)s))
+    SELECT * FROM (
+        (SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at,
+                payload
+         FROM journal
+         -- the thread as a one-element array, not an equality: see list_task_events
+         WHERE session_id = ANY(ARRAY[%(thread_id)s::uuid]) AND seq > %(after)s
+           AND (%(before)s::bigint IS NULL OR seq < %(before)s::bigint) AND event_type = ANY(%(types)s)
+         ORDER BY session_id DESC, seq DESC
+         LIMIT %(limit)s)
+        UNION ALL
+        (SELECT j.event_id, j.seq, j.project_id, j.session_id, j.task_id, j.parent_id, j.message_id, j.event_type,
+                j.tier, j.created_at, j.payload
+         FROM tasks p JOIN tasks w ON w.parent_task_id = p.id
+         CROSS JOIN LATERAL (
+             SELECT * FROM journal
+             WHERE task_id = w.id AND event_type = ANY(%(types)s) AND seq > %(after)s
+               AND (%(before)s::bigint IS NULL OR seq < %(before)s::bigint)
+               AND session_id IS DISTINCT FROM %(thread_id)s
+             ORDER BY seq DESC
+             LIMIT %(limit)s) j
+         WHERE p.session_id = %(thread_id)s)
+    ) parts
     ORDER BY seq DESC
     LIMIT %(limit)s
 ) newest ORDER BY seq

@@ -67,6 +67,16 @@ WITH runs AS (
     LEFT JOIN tasks pp ON pp.id = p.parent_task_id
     LEFT JOIN sessions pps ON pps.id = pp.session_id
     WHERE j.event_type = 'stream.result'
+      -- narrowed to the runs a task or thread filter can match (the WHERE below decides), so a task's or a
+      -- thread's usage reads its own result lines through (task_id, event_type, seq), not every run's
+      AND (%(task_id)s::uuid IS NULL OR j.task_id = %(task_id)s::uuid)
+      AND (%(thread_id)s::uuid IS NULL OR j.task_id IN (
+          SELECT id FROM tasks WHERE session_id = %(thread_id)s::uuid
+          UNION ALL
+          SELECT w.id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id WHERE p.session_id = %(thread_id)s::uuid
+          UNION ALL
+          SELECT x.id FROM tasks x JOIN tasks w ON w.id = x.parent_task_id JOIN tasks p ON p.id = w.parent_task_id
+          WHERE p.session_id = %(thread_id)s::uuid))
 ), scoped AS (
     SELECT r.*, coalesce(r.task_project, ts.project_id) AS project_id
     FROM runs r LEFT JOIN sessions ts ON ts.id = r.thread_id

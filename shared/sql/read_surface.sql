@@ -1,11 +1,23 @@
 -- name: list_handoffs --
 -- Newest first, for whatever scope the id names: a task, a session (and the workers it dispatched) or a project.
+-- Each part read newest first from its own index and cut at `limit` (one scan over the OR of them walks every
+-- handoff ever made).
 SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
 FROM journal
-WHERE event_type = 'handoff'
-  AND (task_id = %(scope)s OR session_id = %(scope)s OR project_id = %(scope)s
-       OR task_id IN (SELECT t.id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
-                      WHERE p.session_id = %(scope)s))
+WHERE event_type = 'handoff' AND event_id IN (
+    (SELECT event_id FROM journal WHERE task_id = %(scope)s AND event_type = 'handoff'
+     ORDER BY task_id, event_type, seq DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT event_id FROM journal WHERE session_id = %(scope)s AND event_type = 'handoff'
+     ORDER BY session_id, seq DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT event_id FROM journal WHERE project_id = %(scope)s AND event_type = 'handoff'
+     ORDER BY project_id, seq DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT h.event_id FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+     CROSS JOIN LATERAL (SELECT event_id FROM journal WHERE task_id = t.id AND event_type = 'handoff'
+                         ORDER BY seq DESC LIMIT %(limit)s) h
+     WHERE p.session_id = %(scope)s))
 ORDER BY seq DESC
 LIMIT %(limit)s
 
