@@ -80,7 +80,7 @@ class SeqMark:
 def seq_mark(pool: AsyncConnectionPool) -> SeqMark:
     """The mark of a pool made by `shared.database.Database` (a throwaway one for any other pool)."""
     found = getattr(pool, "seq_mark", None)
-    return found if isinstance(found, SeqMark) else SeqMark(pool.name)
+    return found if isinstance(found, SeqMark) else SeqMark(getattr(pool, "name", ""))
 
 
 async def guard_journal_head(conn: psycopg.AsyncConnection[Any], mark: SeqMark) -> Loss | None:
