@@ -13,6 +13,11 @@ from shared.database import Database
 from tests.pg import DB, Cluster, PgUnavailable
 from tests.resilience import OwnServer
 
+# Warm turns off in every service a test starts, in-process or as a process (tests/harness.config_for does the same
+# for the in-process executor): each would start a CLI after every turn, and retire it with a journal record while
+# the executor stops, after a test's readers have finished. tests/e2e/test_warm_turns.py turns them on.
+os.environ.setdefault("PETAL_WARM_TURNS", "0")
+
 # The tiers are folders; each test carries its folder's marker (`-m unit`, `-m "not web"` …).
 TIERS = ("unit", "store", "e2e", "web", "fault")
 HERE = Path(__file__).resolve().parent

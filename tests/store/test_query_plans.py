@@ -118,7 +118,7 @@ def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
         "thread state": ("get_thread_state", {"id": thread}),
         "turn open": ("check_thread_turn_open", {"id": thread}),
         "take chat": ("take_pending_chat", {"thread_id": thread, "origin": None, "limit": 50}),
-        "thread controls": ("claim_thread_controls", {}),
+        "thread controls": ("claim_thread_controls", {"executor": "vm"}),
         "notify candidates": ("list_notify_candidates", {"after": s.head - 100, "limit": 100}),
         "rule-outs": ("list_scope_rule_outs", {"scope": thread, "limit": 20}),
         "turn reruns": ("list_turn_reruns", {"ids": [turn]}),
