@@ -43,6 +43,9 @@ SERIAL = {
         "binds one port twice; 50 clients",
     "tests/web/test_web_client.py::test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_up_with_nothing_missing":
         "binds one port twice; a 2 s stall threshold",
+    # a takeover timed to half a second within 1.5 leases of 3 s: on shared cores a renewal or the reap pass comes late
+    "tests/fault/test_fleet.py::test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_and_are_retried_on_another":
+        "lease timing to the half second",
     # eight workers at once on two executors with a 3 s lease: on busy cores the first executor's renewal can
     # fall behind its lease, and then its namesake (which must be refused) may rightly take the name over
     "tests/fault/test_fleet.py::test_eight_workers_spread_over_two_executors_within_capacity_labels_placed_and_a_namesake_refused":
