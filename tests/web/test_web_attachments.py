@@ -71,7 +71,7 @@ async def test_a_photo_attached_at_phone_size_uploads_shows_and_reaches_the_mode
                 # back online: Retry uploads it, the thumbnail shows, and the message goes with the file
                 await page.unroute("**/api/attachments", drop)
                 await failed.get_by_role("button", name="Retry").click()
-                await expect(page.locator(".composer-files .draft.stored img")).to_be_visible()
+                await expect(page.locator(".composer-files .draft.stored img")).to_be_visible(timeout=30_000)
                 await expect(page.locator("#composer-error")).to_be_empty()  # nothing holds the message now
                 await shot(page, "attach-thumbnail-390")
                 await page.click("#composer button[type=submit]")
@@ -115,12 +115,14 @@ async def test_an_image_pasted_on_a_desktop_goes_with_its_message_and_a_reload_s
     async with ingress_server(db.ingress_dsn) as url, browser() as b:  # no executor: the message waits
         async with page_at(b, url, DESKTOP) as page:
             await page.evaluate(PASTE, base64.b64encode(_png((200, 30, 30))).decode())
-            await expect(page.locator(".composer-files .draft.stored img")).to_be_visible()
+            await expect(page.locator(".composer-files .draft.stored img")).to_be_visible(timeout=30_000)
             assert await page.locator("#composer-text").input_value() == ""  # the file, not its name as text
             await page.locator(".composer-files .remove").click()  # removed: it does not go
             await expect(page.locator(".composer-files .draft")).to_have_count(0)
             await page.evaluate(DROP, base64.b64encode(_png((0, 0, 200))).decode())  # a drop on Chat adds it too
-            await expect(page.locator(".composer-files .draft.stored img")).to_have_attribute("alt", "dropped.png")
+            # an upload re-encodes the image: on busy cores that outlasts the default 5 s
+            await expect(page.locator(".composer-files .draft.stored img")).to_have_attribute("alt", "dropped.png",
+                                                                                              timeout=30_000)
             await page.locator(".composer-files .remove").click()
             await expect(page.locator(".composer-files .draft")).to_have_count(0)
             # a slow network: the upload shows its progress, and Send waits for it
@@ -134,7 +136,7 @@ async def test_an_image_pasted_on_a_desktop_goes_with_its_message_and_a_reload_s
             await page.fill("#composer-text", "this red banner")
             await page.press("#composer-text", "Control+Enter")
             await expect(page.locator("#composer-error")).to_contain_text("a file is still uploading")
-            await expect(page.locator(".composer-files .draft.stored")).to_have_count(1)
+            await expect(page.locator(".composer-files .draft.stored")).to_have_count(1, timeout=30_000)
             await expect(page.locator("#composer-error")).to_be_empty()
             assert _queued(db.admin_dsn) == []
             await page.press("#composer-text", "Control+Enter")
