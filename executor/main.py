@@ -117,6 +117,10 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         routine_sub = listener.subscribe(["routine_queue", "routines"])
         routine_end_sub = listener.subscribe(["task_changed"])
 
+        # a live namesake is refused before any loop runs: none of them may act under another's name
+        await db.availability.retry(supervisor.lease.join, "lease")
+        stack.push_async_callback(supervisor.lease.leave)  # a failed start frees the name; a second leave is a no-op
+
         # the loops: each one's stop is pushed as it starts, so they stop in the reverse order
         group = await stack.enter_async_context(asyncio.TaskGroup())
         listening = loops.start(group, "listener", listener.run())

@@ -129,7 +129,8 @@ class Supervisor:
         """Supervise until stop(); then stop children, journal their ends, and return. A database outage
         of any length only pauses claiming: running tasks go on, and the loop resumes when it returns."""
         availability = self.db.availability
-        await availability.retry(self.lease.join, "lease")  # refuses a live executor of the same name
+        if self.lease.epoch is None:  # the executor joins before its loops start (executor/main.py)
+            await availability.retry(self.lease.join, "lease")  # refuses a live executor of the same name
         self.writer.fence = self.lease
         side: list[asyncio.Task[None]] = []
         leasing = asyncio.create_task(self.lease.run(), name="lease")

@@ -142,6 +142,8 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
     assert same.returncode != 0
     err = same.stderr.decode().strip().splitlines()
     assert err[-1].startswith("petal-dispatch: another executor named 'alpha' is already running"), err
+    # refused before any loop ran under alpha's name: no harness server, no threads, sessions or routines
+    assert not [line for line in err if "session manager started" in line or "claude_sessions" in line], err
     assert epochs_after == epochs
     assert "alpha" in status.stdout and "beta" in status.stdout and "4/4" in status.stdout, status.stdout
     assert [(x["name"], x["state"], x["load"], x["capacity"], x["labels"]) for x in listed] == [
