@@ -20,6 +20,8 @@ from executor.run.caller import Caller
 from executor.settle import approvals, briefs, dispatch
 from shared import read_surface
 from shared.models import NewEvent
+from shared.query import Queries
+from shared.work import Work, work
 
 STARTED = "the harness runs it; its handoff comes back to you when it finishes"
 
@@ -70,23 +72,32 @@ class _Workers:
         file_ids = tuple(f["id"] for f in files)
         # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
         mode = await self.harness.q.one("get_thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
-        if caller.thread_id is not None:
-            # a routine's run: at most its routine's max_workers at once (checked, then requested: a soft cap)
-            full = await self.harness.q.one("check_routine_workers_full", {"thread_id": caller.thread_id})
-            if full is not None:
-                raise ToolError(f"dispatch refused: routine {full['name']} runs at most {full['max_workers']} "
-                                "worker(s) at once; wait for a running worker's report, then dispatch again")
+        if caller.thread_id is not None:  # a routine's run: at most its routine's max_workers at once
+            await self._check_routine_workers(self.harness.q, caller.thread_id)
         if mode is not None and mode["mode"] == "interactive":
             return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx), file_ids)
         try:
-            new_id = await dispatch.request(self.pool, dispatch.TaskRequest(
-                "worker", brief, project_id=project, project_workdir=True, plan_ref=plan_ref,
-                allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
-                parent_task_id=caller.task_id, requested_by=str(caller.session_id), tool_use_id=tool_use_id(ctx),
-                attachment_ids=file_ids))
+            async with work(self.harness.q) as unit:
+                if caller.thread_id is not None:
+                    # again under the run's row lock, to the insert's commit: two calls at once are counted in
+                    # turn (the lock first, then a count that sees the other's committed worker)
+                    await unit.execute("lock_routine_run_of_thread", {"thread_id": caller.thread_id})
+                    await self._check_routine_workers(unit, caller.thread_id)
+                new_id = await dispatch.request_task(unit, dispatch.TaskRequest(
+                    "worker", brief, project_id=project, project_workdir=True, plan_ref=plan_ref,
+                    allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
+                    parent_task_id=caller.task_id, requested_by=str(caller.session_id),
+                    tool_use_id=tool_use_id(ctx), attachment_ids=file_ids))
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return Dispatched(task_id=str(new_id), status="pending", note=STARTED)
+
+    @staticmethod
+    async def _check_routine_workers(q: Queries | Work, thread_id: uuid.UUID) -> None:
+        full = await q.one("check_routine_workers_full", {"thread_id": thread_id})
+        if full is not None:
+            raise ToolError(f"dispatch refused: routine {full['name']} runs at most {full['max_workers']} "
+                            "worker(s) at once; wait for a running worker's report, then dispatch again")
 
     async def _files(self, caller: Caller, chosen: list[str] | None) -> list[dict[str, Any]]:
         """The files of the caller's turn a worker is handed: all of them by default, or those `chosen` by

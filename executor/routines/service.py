@@ -300,6 +300,8 @@ class Routines:
             denials = out.get("gate_denials") or []
             if run["overran"]:
                 status, reason = "failed", f"stopped at the routine's runtime cap ({run['runtime_s']} s)"
+            elif out.get("budget_reason"):  # a process of the run found its USD per run spent
+                status, reason = "failed", out["budget_reason"]
             elif denials:
                 status, reason = "gated", f"the gate denied {len(denials)} tool call(s)"
             elif out.get("last_status") == "success":

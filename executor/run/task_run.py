@@ -35,6 +35,8 @@ log = logs.get(__name__)
 EXECUTOR_SHUTDOWN = "executor_shutdown"  # the reason the executor gives the runs its own stop cuts off
 HARNESS_STOPS = {EXECUTOR_SHUTDOWN: "crashed", "max_runtime": "failed"}
 USER_STOP = "stop_requested"
+# a routine run's process is not started with less than this left of the run's USD (it could not finish a call)
+MIN_GRANT_USD = 0.01
 
 
 def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None,
@@ -207,7 +209,15 @@ class TaskRunner:
             # a conversation of its own.
             session_id = task.session_id or uuid.uuid4()
             allowed = tuple(task.allowed_tools if task.allowed_tools is not None else profile.allowed_tools)
-            budget = ("--max-budget-usd", f"{task.max_budget_usd:.4f}") if task.max_budget_usd else ()
+            budget: tuple[str, ...] = ()
+            if task.max_budget_usd:  # a routine run's: what is left of the run's USD, not a full run's each
+                grant = await self.store.grant_budget(task.id)
+                usd = task.max_budget_usd if grant is None else grant["granted"]
+                if grant is not None and usd < MIN_GRANT_USD:
+                    await self._finish_unspawned(task, "skipped", f"budget: the run spent {grant['spent']:.2f} of "
+                                                 f"its {grant['cap']:.2f} USD")
+                    return
+                budget = ("--max-budget-usd", f"{usd:.4f}")
             content = await self._attachments(task, isolated)
             if isinstance(content, str):
                 await self._finish_unspawned(task, "failed", content)

@@ -164,6 +164,11 @@ class TaskStore:
         await self.q.execute("upsert_running_session", {"id": session_id, "project_id": project_id, "role": role,
                                                         "name": executor})
 
+    async def grant_budget(self, task_id: uuid.UUID) -> dict[str, Any] | None:
+        """A routine run's task: what it may spend (the run's cap less its ended processes' cost), written to
+        the task; None when the task is no routine run's."""
+        return await self.q.one("grant_run_budget", {"task_id": task_id})
+
     async def session_cli(self, session_id: uuid.UUID) -> dict[str, Any] | None:
         """The CLI conversation a thread's turns continue, when it was adopted (its directory, config, fork)."""
         return await self.q.one("get_session_cli", {"id": session_id})

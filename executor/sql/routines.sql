@@ -102,6 +102,10 @@ WHERE id = %(id)s
 INSERT INTO sessions (id, role, lifecycle, title, mode, project_id)
 VALUES (%(id)s, 'orchestrator', 'idle', %(title)s, %(mode)s, %(project_id)s)
 
+-- name: lock_routine_run_of_thread --
+-- A run's dispatches of workers, one at a time (held to the dispatching transaction's commit).
+SELECT 1 FROM routine_runs WHERE thread_id = %(thread_id)s FOR UPDATE
+
 -- name: check_routine_workers_full --
 -- A routine's run whose thread already has its routine's max_workers workers going (a row only then).
 SELECT rt.max_workers, rt.name FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
@@ -135,8 +139,8 @@ FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
 WHERE r.id = %(id)s AND r.status = 'running' FOR UPDATE OF r SKIP LOCKED
 
 -- name: get_run_outcome --
--- What the run's tasks came to: its last turn's status, the cost of every run's result line, the gate's
--- denials (tool and summary).
+-- What the run's tasks came to: its last turn's status, a process not started for the run's budget, the cost
+-- of every run's result line, the gate's denials (tool and summary).
 WITH RECURSIVE run_tasks AS (
     SELECT t.id, t.role, t.status, t.status_reason, t.created_at FROM tasks t WHERE t.session_id = %(thread_id)s
     UNION ALL
@@ -144,6 +148,8 @@ WITH RECURSIVE run_tasks AS (
 )
 SELECT (SELECT status FROM run_tasks WHERE role = 'orchestrator' ORDER BY created_at DESC LIMIT 1) AS last_status,
        (SELECT status_reason FROM run_tasks WHERE role = 'orchestrator' ORDER BY created_at DESC LIMIT 1) AS last_reason,
+       (SELECT status_reason FROM run_tasks WHERE status = 'skipped' AND status_reason LIKE 'budget:%%'
+        ORDER BY created_at LIMIT 1) AS budget_reason,
        (SELECT coalesce(sum((j.payload ->> 'total_cost_usd')::numeric), 0)::float8 FROM journal j
         WHERE j.event_type = 'stream.result' AND j.task_id IN (SELECT id FROM run_tasks)) AS cost_usd,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('tool', j.payload ->> 'tool', 'summary', j.payload ->> 'summary',

@@ -246,3 +246,31 @@ FROM tasks t CROSS JOIN LATERAL unnest(t.attachment_ids) WITH ORDINALITY AS u(id
 JOIN attachments a ON a.id = u.id
 WHERE t.id = %(task_id)s
 ORDER BY u.n
+
+-- name: grant_run_budget --
+-- What a routine run's task may spend, taken at its spawn: the run's USD per run less what its ended processes
+-- cost (their result lines), and never more than the task was given. Under the run's row lock, so spawns of one
+-- run read each other's ends in order. The grant is written back: the task shows what its process was allowed.
+WITH RECURSIVE up AS (
+    SELECT t.id, t.parent_task_id, t.session_id, 0 AS depth FROM tasks t WHERE t.id = %(task_id)s
+    UNION ALL
+    SELECT p.id, p.parent_task_id, p.session_id, up.depth + 1 FROM up JOIN tasks p ON p.id = up.parent_task_id
+    WHERE up.depth < 64
+), run AS (
+    SELECT r.id, r.thread_id, rt.usd_per_run::float8 AS cap
+    FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
+    WHERE r.thread_id IN (SELECT session_id FROM up WHERE session_id IS NOT NULL) AND rt.usd_per_run IS NOT NULL
+    ORDER BY r.started_at DESC LIMIT 1
+    FOR UPDATE OF r
+), run_tasks AS (
+    SELECT t.id FROM tasks t JOIN run ON t.session_id = run.thread_id
+    UNION
+    SELECT c.id FROM run_tasks x JOIN tasks c ON c.parent_task_id = x.id
+), spent AS (
+    SELECT coalesce(sum((j.payload ->> 'total_cost_usd')::numeric), 0)::float8 AS usd FROM journal j
+    WHERE j.event_type = 'stream.result' AND j.task_id IN (SELECT id FROM run_tasks)
+)
+UPDATE tasks t SET max_budget_usd = least(t.max_budget_usd, greatest(run.cap - spent.usd, 0))
+FROM run, spent
+WHERE t.id = %(task_id)s
+RETURNING t.max_budget_usd::float8 AS granted, run.cap, spent.usd AS spent

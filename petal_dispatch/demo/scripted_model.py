@@ -11,6 +11,7 @@ the number of tool results the conversation carries (the last reply repeats). A 
 
     {"text": "..."}                                   a text answer
     {"text": "...", "delay_s": 0.05}                  slow text, one token at a time
+    {"text": "...", "usage": {"output_tokens": 9000}} a reply the CLI prices as that many tokens
     {"tool_use": {"name": "...", "input": {...}}, "text": "optional preamble"}
     {"error": {"status": 429, "retry_after": 3, "headers": {...}, "message": "..."}}
     {"stall": {"seconds": 30, "text": "after the stall"}}  headers and message_start, then silence
@@ -170,7 +171,8 @@ def _blocks(reply: dict[str, Any]) -> list[dict[str, Any]]:
     return blocks or [{"type": "text", "text": ""}]
 
 
-def _message(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+def _message(blocks: list[dict[str, Any]], usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """An assistant message; `usage` (a reply's own, else a token's worth) is what the CLI prices it by."""
     stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
     return {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
@@ -180,7 +182,7 @@ def _message(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         "content": blocks,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 5},
+        "usage": {"input_tokens": 10, "output_tokens": 5, **(usage or {})},
     }
 
 
@@ -246,7 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
         if stall is not None:
             self.server.wait(stall.get("seconds"))
             reply = {"text": stall.get("text", "")}
-        self._json(200, _message(_blocks(reply)))
+        self._json(200, _message(_blocks(reply), reply.get("usage")))
 
     def _event(self, name: str, data: dict[str, Any]) -> None:
         self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
@@ -262,7 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         stall = reply.get("stall")
         blocks = _blocks({"text": stall.get("text", "")} if stall is not None else reply)
-        message = _message(blocks)
+        message = _message(blocks, reply.get("usage"))
         try:
             self._event("message_start", {"type": "message_start", "message": {**message, "content": [],
                                                                                "stop_reason": None}})
@@ -273,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._stream_block(index, block, delay)
             self._event("message_delta", {"type": "message_delta",
                                           "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                                          "usage": {"output_tokens": 5}})
+                                          "usage": {"output_tokens": message["usage"]["output_tokens"]}})
             self._event("message_stop", {"type": "message_stop"})
         except (BrokenPipeError, ConnectionResetError):
             pass  # the CLI gave up on this stream (idle timeout, SIGTERM): nothing to finish

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -133,3 +134,26 @@ async def test_a_workers_brief_carries_its_plan_tasks_earlier_handoffs(db: DB, t
     assert same_task["brief"].startswith("finish the parser speed-up\n\n## Earlier handoffs for T-007")
     assert "[success] done (next: none)" in same_task["brief"]
     assert other_task["brief"] == "write the docs"  # nothing known about T-008, nothing added
+
+
+async def test_a_routine_runs_workers_dispatched_at_the_same_moment_stay_within_its_max_workers(
+    db: DB, tmp_path: Path
+) -> None:
+    with ScriptedModelServer(Scenario.single({"text": "ok"})) as model:
+        async with running_executor(db, model, tmp_path) as h:
+            await wait_started(h)
+            turn = add_spawn(db)  # a run's turn: its session is the run's thread
+            with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+                routine = conn.execute("INSERT INTO routines (name, prompt, max_workers) VALUES ('r', 'p', 1) "
+                                       "RETURNING id").fetchone()[0]  # type: ignore[index]  # RETURNING
+                conn.execute("INSERT INTO routine_runs (routine_id, trigger, status, thread_id, task_id, started_at) "
+                             "VALUES (%s, 'run', 'running', %s, %s, now())", [routine, turn.session_id, turn.task_id])
+            async with mcp_client(h.mcp_url or "", turn.token) as client:
+                results = await asyncio.gather(*(client.call_tool("dispatch_worker", {"brief": f"part {i}"})
+                                                 for i in range(6)))
+            with psycopg.connect(db.admin_dsn) as conn:
+                workers = conn.execute("SELECT count(*) FROM tasks WHERE parent_task_id = %s",
+                                       [turn.task_id]).fetchone()[0]  # type: ignore[index]  # an aggregate
+    refused = [r.content[0].text for r in results if r.is_error]  # type: ignore[union-attr]  # text blocks
+    assert len(refused) == 5 and workers == 1, (refused, workers)
+    assert all("runs at most 1 worker(s) at once" in text for text in refused), refused

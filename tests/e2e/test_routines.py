@@ -17,12 +17,12 @@ import pytest
 
 from executor.notify.notifier import NotifyConfig
 from executor.routines import RoutinesConfig
-from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal
 from shared.models import NewEvent
 from tests.harness import Harness, running_executor
 from tests.pg import DB
-from tests.scenarios import handoff, one_worker
+from tests.scenarios import dispatch, extractor, handoff, one_worker
 from tests.served import ingress_server
 from tests.wait import until
 
@@ -73,8 +73,9 @@ async def test_a_webhook_run_in_an_autonomous_routine_whose_worker_is_gated_ends
     [(kind, title, said)] = notes
     assert (kind, title) == ("routine_gated", "Routine pr review: gated")
     assert said.startswith("The gate denied: Bash: sudo true") and said.endswith(" USD)"), said
-    # every CLI process of the run (turns, the worker, its extractor) under the routine's USD per run
-    assert len(argvs) >= 3 and all(a[a.index("--max-budget-usd") + 1] == "0.5000" for a in argvs), argvs
+    # every CLI process of the run (turns, the worker, its extractor) under what is left of its USD per run
+    budgets = [float(a[a.index("--max-budget-usd") + 1]) for a in argvs]
+    assert len(budgets) >= 3 and budgets[0] == 0.5 and all(0.49 < b <= 0.5 for b in budgets), budgets
     assert thread_turns  # the run's thread holds its turns (and the history links to them)
 
 
@@ -128,3 +129,41 @@ async def _waiting(http: httpx.AsyncClient, routine: str) -> dict[str, Any] | No
 async def _turn_done(h: Harness, thread: str) -> bool:
     cur = await (await h._conn()).execute("SELECT status FROM tasks WHERE session_id = %s", [thread])
     return [r[0] for r in await cur.fetchall()] == ["success"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_runs_processes_share_its_usd_per_run_and_one_that_would_start_with_it_spent_is_skipped(
+    db: DB, tmp_path: Path
+) -> None:
+    # priced by the CLI (docs/claude-cli.md): 10 000 output tokens 0.20 USD, 14 750 about 0.295
+    scenario = Scenario(rules=[
+        Rule(role="orchestrator", match_last="[harness]", replies=[{"text": "noted"}]),
+        Rule(role="orchestrator", replies=[{**dispatch("count the files"), "usage": {"output_tokens": 10_000}},
+                                           {"text": "dispatched"}]),
+        Rule(role="worker", replies=[{"text": "three files", "usage": {"output_tokens": 14_750}}]),
+        extractor(handoff("count the files", "three files")),
+    ])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, extract=True) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+            made = await http.post("/api/routines", json={"name": "count", "prompt": "count the files",
+                                                          "budget": {"usd_per_run": 0.5}})
+            assert made.status_code == 202, made.text
+            routine = made.json()["id"]
+            assert (await http.post(f"/api/routines/{routine}/run", json={})).status_code == 202
+            run = await until(lambda: _run(http, routine), "the run's end", timeout=180)
+            events = await h.events()
+    roles = {e.task_id: e.payload["role"] for e in events if e.event_type == "task.spawned"}
+    budgets = {roles[e.task_id]: e.payload["argv"][e.payload["argv"].index("--max-budget-usd") + 1]
+               for e in events if e.event_type == "task.spawned"}
+    costs = [float(e.payload["total_cost_usd"]) for e in events if e.event_type == "stream.result"]
+    unspawned = [e.payload["reason"] for e in events if e.event_type == "task.exited" and not e.payload.get("spawned", True)]
+    # the first turn had the whole 0.50; the worker what the turn left if it had ended, else the whole
+    assert budgets["orchestrator"] == "0.5000"
+    assert budgets["worker"] in ("0.5000", f"{0.5 - costs[0]:.4f}"), (budgets, costs)
+    # the turn and the worker spent 0.495: the extractor would start with less than a cent, and is not started
+    assert len(costs) == 2 and 0.49 < sum(costs) < 0.5, costs
+    assert "extractor" not in budgets
+    assert unspawned and unspawned[0] == f"budget: the run spent {sum(costs):.2f} of its 0.50 USD", unspawned
+    assert (run["status"], run["reason"]) == ("failed", unspawned[0])
+    assert run["cost_usd"] == pytest.approx(sum(costs))

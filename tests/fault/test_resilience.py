@@ -415,36 +415,38 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
     scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
         {"tool_use": {"name": "mcp__harness__ask_user_question", "input": {"questions": [QUESTION]}}},
         {"text": "after the question"}])])
-    outcomes = []
-    threads = []
-    # the far offsets make sure both outcomes happen on a loaded machine; the near ones race for real
+    # the far offsets make sure both outcomes happen on a loaded machine; the near ones race for real. The rounds
+    # run side by side, each in a thread of its own (a new conversation, so the scripted model asks again).
     offsets = (-1.0, -0.2, -0.05, 0.0, 0.05, 0.2, 1.0)
     with ScriptedModelServer(scenario) as model:
-        async with running_executor(odb, model, tmp_path, ask_timeout_s=timeout_s), \
+        async with running_executor(odb, model, tmp_path, ask_timeout_s=timeout_s, max_workers=len(offsets)), \
                 ingress_server(odb.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            for offset in offsets:
-                # a thread per round: each is a new conversation, so the scripted model asks again
+
+            async def round_(offset: float) -> tuple[str, int]:
                 thread = (await http.post("/api/threads", json={"title": str(offset)})).json()["thread_id"]
-                threads.append(thread)
                 await post_chat(http, f"ask me ({offset})", thread)
                 deadline = time.monotonic() + 60
-                while not (asks := (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]):
+                while not (asks := (await http.get("/api/asks", params={
+                        "status": "pending", "thread_id": thread})).json()["asks"]):
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.02)
-                ask = asks[0]
                 asked_at = time.monotonic()
                 await asyncio.sleep(max(0.0, timeout_s + offset - 0.05))
-                r = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {"Go ahead?": "Yes"}})
-                outcomes.append(r.status_code)
+                r = await http.post(f"/api/asks/{asks[0]['id']}/answer", json={"answers": {"Go ahead?": "Yes"}})
                 assert r.status_code in (200, 202), r.text
-                await settled(odb.admin_dsn)
                 assert time.monotonic() - asked_at < 60
+                return thread, r.status_code
+
+            rounds = await asyncio.gather(*(round_(offset) for offset in offsets))
+            await settled(odb.admin_dsn)
+    threads = [thread for thread, _ in rounds]
+    outcomes = [code for _, code in rounds]
     check_invariants(odb.admin_dsn)
     with psycopg.connect(odb.admin_dsn) as conn:
-        closed = conn.execute(
+        closed = [row for thread in threads for row in conn.execute(
             "SELECT q.status, q.response, (SELECT count(*) FROM journal j WHERE j.payload ->> 'question_id' = q.id::text"
-            " AND j.event_type IN ('question.answered', 'question.cancelled')) FROM questions q ORDER BY created_at"
-        ).fetchall()
+            " AND j.event_type IN ('question.answered', 'question.cancelled')) FROM questions q"
+            " WHERE q.source_session_uuid = %s", [thread]).fetchall()]
         received = [_ask_tool_result(conn, thread) for thread in threads]
     assert len(closed) == len(offsets) and all(n == 1 for _, _, n in closed)
     assert set(outcomes) == {200, 202}, outcomes  # both sides of the race were exercised
