@@ -234,9 +234,15 @@ class Supervisor:
         await self._start_claimed()
 
     async def _start_claimed(self) -> None:
-        while self._claimed:
-            await self.runner.start(self._claimed[0])  # an outage error leaves it first in line
-            self._claimed.pop(0)
+        """Start what was claimed, side by side: each start waits mostly on its own round trips and its
+        sandbox, so a burst (a plan's workers, a minute's routines) is not spawned one after another. A start
+        an outage cut short stays claimed, in its place, and the first such error is raised."""
+        batch, self._claimed = self._claimed, []
+        results = await asyncio.gather(*(self.runner.start(t) for t in batch), return_exceptions=True)
+        self._claimed = [t for t, r in zip(batch, results, strict=True) if isinstance(r, BaseException)]
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
     async def _claim_stops(self) -> None:
         for stop in await self.store.claim_stops(self.lease.name):

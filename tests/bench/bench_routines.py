@@ -1,16 +1,17 @@
 """Fire latency of scheduled routines next to plain chat, in one run.
 
-    python -m tests.bench.bench_routines [--fires 200] [--rate 10]
+    python -m tests.bench.bench_routines [--fires 1000] [--rate 10]
 
-One executor (in-process, the real loops) and the ingress on a fresh database. Ten routines fire between
-them `--rate` times a second: their schedules are read on a test clock that runs fast (one clock minute
-every 1/rate real seconds, `RoutinesConfig.clock_rate`), each routine firing on every tenth clock minute, so
-a scheduled instant falls on a known real time. Meanwhile chat messages go to fresh threads through the
-ingress at the same rate. The "claude" spawned is a script that prints one result line and exits, so the
-figures are the path to the process: scheduled instant -> the run's `task.spawned`, and chat row queued ->
-its turn's `task.spawned` (the database's clock for both ends but the instant, whose real time the test
-clock fixes). Printed: each with its sample count and exact order statistics, and the ratio of the p99s
-(goal: routines <= 1.5x chat).
+One executor (in-process, the real loops) and the ingress on a fresh database. First the baseline: `--fires`
+chat messages at `--rate` a second, each to a fresh thread through the ingress, sent on a timetable. Then as
+many scheduled instants at the same rate from ten routines: their schedules are read on a test clock that
+runs fast (one clock minute every 1/rate real seconds, `RoutinesConfig.clock_rate`), each routine firing on
+every tenth clock minute, so a scheduled instant falls on a known real time. The two phases take turns rather
+than overlap: together they would be twice the rate the goal names. The "claude" spawned is a script that
+prints one result line and exits, so the figures are the path to the process: scheduled instant -> the run's
+`task.spawned`, and chat sent -> its turn's `task.spawned` (the database's clock for both ends but the
+instant, whose real time the test clock fixes, and the send). Printed: each with its sample count and exact
+order statistics, the ratio of the p99s (goal: routines <= 1.5x chat), and the load average after each phase.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from executor.routines import RoutinesConfig
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.bench.stats import fmt_pct, percentile, ratio
 from tests.harness import running_executor
-from tests.pg import Cluster
+from tests.pg import DB, Cluster
 from tests.served import ingress_server
 
 RESULT = ('{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"x",'
@@ -86,32 +87,43 @@ async def run(tmp: Path, fires: int, rate: float) -> tuple[list[float], list[flo
                         "name": f"r{i}", "prompt": "tick", "schedule": {
                             "cron": f"{i}-59/{ROUTINES} * * * *", "tz": "UTC", "overlap": "parallel"}})
                     assert made.status_code == 202, made.text
-                # the clock shows `base` two seconds from now; the schedules start there (nothing before is owed)
+                # first the baseline: chat at the same rate, to fresh threads, each spawned (a slow tail is
+                # measured, not cut off); the routines' clock stands a day before their schedules meanwhile
+                # (sent on a timetable, each POST in a task of its own: a slow answer does not hold back the next)
+                sent: dict[str, datetime] = {}
+                posts = []
+                t0 = time.time() + 1.0
+                for i in range(fires):
+                    await asyncio.sleep(max(0.0, t0 + i / rate - time.time()))
+                    sent[threads[i]] = datetime.now(UTC)
+                    posts.append(asyncio.create_task(http.post("/api/chat", json={
+                        "text": f"hello {i}", "thread_id": threads[i]})))
+                await asyncio.gather(*posts)
+                await _all_spawned(db)
+                print(f"after chat: load average {os.getloadavg()[0]:.2f}")
+                # then the routines: the clock shows `base` two seconds from now; the schedules start there
+                # (nothing before is owed)
                 clock.base, clock.t0 = base, time.time() + 2.0
                 with psycopg.connect(db.admin_dsn) as conn:
                     conn.execute("UPDATE routines SET scheduled_through = %s, next_fire_at = %s + make_interval("
                                  "mins => CASE WHEN name = 'r0' THEN 10 ELSE substring(name from 2)::int END)",
                                  [base, base])
                 end = base + timedelta(minutes=fires)
-                sent: dict[str, datetime] = {}
-                for i in range(1, fires + 1):  # chat at the same rate, alongside
-                    await asyncio.sleep(max(0.0, (clock.real(base + timedelta(minutes=i)) - datetime.now(UTC))
-                                            .total_seconds()))
-                    sent[threads[i - 1]] = datetime.now(UTC)
-                    await http.post("/api/chat", json={"text": f"hello {i}", "thread_id": threads[i - 1]})
                 while clock() < end + timedelta(minutes=1):
                     await asyncio.sleep(0.2)
-                with psycopg.connect(db.admin_dsn) as conn:
-                    conn.execute("UPDATE routines SET enabled = false")
-                # every instant up to `end` and every chat spawned (a slow tail is measured, not cut off)
-                deadline = time.monotonic() + 120
+                # every instant up to `end` made a run (a lagging schedule is measured, not cut off) ...
+                deadline = time.monotonic() + 300
                 while time.monotonic() < deadline:
                     with psycopg.connect(db.admin_dsn) as conn:
-                        left = conn.execute("SELECT count(*) FROM tasks WHERE status = 'pending'").fetchone()
-                        queued = conn.execute("SELECT count(*) FROM routine_runs WHERE status = 'queued'").fetchone()
-                    if left == (0,) and queued == (0,):
+                        count = conn.execute("SELECT count(*) FROM routine_runs WHERE scheduled_at <= %s",
+                                            [end]).fetchone()
+                    if count is not None and count[0] >= fires:
                         break
                     await asyncio.sleep(0.5)
+                with psycopg.connect(db.admin_dsn) as conn:
+                    conn.execute("UPDATE routines SET enabled = false")
+                await _all_spawned(db)  # ... and every run spawned
+                print(f"after routines: load average {os.getloadavg()[0]:.2f}")
                 with psycopg.connect(db.admin_dsn) as conn:
                     routine_rows = conn.execute(
                         "SELECT r.scheduled_at, j.created_at, d.created_at FROM routine_runs r JOIN journal j"
@@ -149,11 +161,23 @@ async def run(tmp: Path, fires: int, rate: float) -> tuple[list[float], list[flo
     return fired, chatted
 
 
+async def _all_spawned(db: DB, timeout: float = 300) -> None:
+    """Until nothing waits to be spawned: no pending task and no queued run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with psycopg.connect(db.admin_dsn) as conn:
+            left = conn.execute("SELECT count(*) FROM tasks WHERE status = 'pending'").fetchone()
+            queued = conn.execute("SELECT count(*) FROM routine_runs WHERE status = 'queued'").fetchone()
+        if left == (0,) and queued == (0,):
+            return
+        await asyncio.sleep(0.5)
+
+
 async def main(fires: int, rate: float) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmpdir:
         fired, chatted = await run(Path(tmpdir), fires, rate)
-    print(f"{rate:g} fires/s from {ROUTINES} routines, chat at the same rate alongside (from the client's send)")
+    print(f"{rate:g} fires/s from {ROUTINES} routines, after chat at the same rate (from the client's send)")
     for label, values in (("scheduled instant -> task.spawned", fired), ("chat sent -> task.spawned", chatted)):
         print(f"  {label:<36} n={len(values)}  {fmt_pct(values, 50)}  {fmt_pct(values, 90)}  {fmt_pct(values, 99)}"
               f"  max {max(values) * 1000:.2f} ms" if values else f"  {label}: no samples")
