@@ -143,7 +143,7 @@ class Notifier:
         return due
 
     async def _hold_back(self, notes: list[Note]) -> list[Note]:
-        """Drop what the rate limit holds back, and turns someone is watching."""
+        """Drop what the rate limit holds back, turns someone is watching and a routine run's turns."""
         due: list[Note] = []
         seen: set[tuple[str, str]] = set()
         for n in notes:

@@ -23,8 +23,11 @@ ORDER BY j.seq
 LIMIT %(limit)s
 
 -- name: check_thread_watched --
+-- A turn's end is not pushed while a page shows its thread, nor in a routine's run (whose end is pushed once,
+-- as the run's: routine.run_ended).
 SELECT true AS holds WHERE EXISTS (SELECT 1 FROM client_presence WHERE thread_id = %(thread_id)s
                                    AND seen_at > now() - make_interval(secs => %(seconds)s))
+                        OR EXISTS (SELECT 1 FROM routine_runs WHERE thread_id = %(thread_id)s)
 
 -- name: check_recent_notification --
 SELECT true AS holds WHERE EXISTS (
