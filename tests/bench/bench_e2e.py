@@ -162,6 +162,22 @@ async def bench_memory(url: str, admin_dsn: str, executor_dsn: str, ingress_pid:
         print(f"    {name:9s} {rest[name]:7.1f} MiB at rest   {peak[name]:7.1f} MiB under load")
 
 
+async def pre_spawn_steps(admin_dsn: str) -> None:
+    """Where a turn's time before its spawn goes, from the store's own clocks (the first turn left out): the
+    chat row -> the turn's request (the threads loop), -> its claim (the supervisor), -> task.spawned
+    journaled (the start: credential, sandbox, exec, and the journal writer)."""
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT c.created_at, d.created_at, t.started_at, s.created_at FROM chat_queue c"
+            " JOIN journal u ON u.message_id = c.id AND u.event_type = 'task.user_message'"
+            " JOIN tasks t ON t.id = u.task_id"
+            " JOIN journal d ON d.task_id = t.id AND d.event_type = 'task.dispatch_requested'"
+            " JOIN journal s ON s.task_id = t.id AND s.event_type = 'task.spawned' ORDER BY c.created_at OFFSET 1")
+        rows = await cur.fetchall()
+    for name, i in (("chat row -> turn requested", 0), ("requested -> claimed", 1), ("claimed -> task.spawned", 2)):
+        print(f"      {name + ':':<42}{stats.summary([(r[i + 1] - r[i]).total_seconds() for r in rows])}")
+
+
 async def main(turns: int, clients: int, workers: int) -> None:
     with tempfile.TemporaryDirectory() as tmpdir, ScriptedModelServer(Scenario()) as model:
         tmp = Path(tmpdir)
@@ -172,6 +188,7 @@ async def main(turns: int, clients: int, workers: int) -> None:
             async with services.running(db, env) as svc:
                 print(f"before: {stats.machine_load()}")
                 await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp)
+                await pre_spawn_steps(db.admin_dsn)
                 services.stop(svc.executor)
                 svc.executor = services.start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
                 await services.executor_started(db.admin_dsn, 2)
