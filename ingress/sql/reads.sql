@@ -1,13 +1,15 @@
 -- name: list_threads --
 -- resume_command: what continues the thread's CLI conversation in a terminal (set at its first turn, or
--- when it was made from a stored conversation); adopted_session_id: the conversation it was made from.
+-- when it was made from a stored conversation); adopted_session_id: the conversation it was made from;
+-- routine_id: the routine whose run the thread is (the page lists run threads apart).
 SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending, s.project_id,
-       s.resume_command, s.adopted_session_id, s.executor_name
+       s.resume_command, s.adopted_session_id, s.executor_name,
+       (SELECT r.routine_id FROM routine_runs r WHERE r.thread_id = s.id LIMIT 1) AS routine_id
 FROM sessions s WHERE s.role = 'orchestrator'
 UNION ALL
 SELECT q.thread_id, q.args ->> 'title', coalesce(q.args ->> 'mode', 'interactive'), 'creating', q.created_at,
        q.created_at, true, (q.args ->> 'project_id')::uuid,
-       NULL, q.args -> 'adopt' ->> 'session_id', q.args -> 'adopt' ->> 'executor'
+       NULL, q.args -> 'adopt' ->> 'session_id', q.args -> 'adopt' ->> 'executor', NULL
 FROM thread_control_queue q
 WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = q.thread_id)

@@ -19,15 +19,23 @@ export async function loadThreads() {
   }
   // first visit (or a thread that is gone): the most recent thread (the list is newest first)
   if (!S.thread || (!data.threads.some((t) => t.id === S.thread) && S.thread !== S.defaultThread)) {
-    S.thread = S.threads[0]?.id || S.defaultThread;
+    S.thread = (S.threads.find((t) => !t.routine_id) || S.threads[0])?.id || S.defaultThread;
   }
   renderThreadPicker();
 }
 
+// Routine runs each have a thread: listed apart, the newest few (and the one shown), not among the threads
+// the user keeps; the Routines view's history reaches every run.
+const ROUTINE_RUNS_LISTED = 10;
+
 export function renderThreadPicker() {
   const sel = $("#thread-picker");
-  sel.replaceChildren(...S.threads.map((t) => h("option", { value: t.id, selected: t.id === S.thread },
-    threadName(t) + (t.pending ? " (creating…)" : ""))));
+  const option = (t) => h("option", { value: t.id, selected: t.id === S.thread },
+    threadName(t) + (t.pending ? " (creating…)" : ""));
+  const runs = S.threads.filter((t) => t.routine_id);
+  const listed = runs.filter((t, i) => i < ROUTINE_RUNS_LISTED || t.id === S.thread);
+  sel.replaceChildren(...S.threads.filter((t) => !t.routine_id).map(option),
+    ...(listed.length ? [h("optgroup", { label: "Routine runs" }, ...listed.map(option))] : []));
   $("#thread-names").replaceChildren(...S.threads.map((t) => h("option", { value: threadName(t) })));
   const t = S.threads.find((x) => x.id === S.thread);
   const project = t?.project_id ? (S.projects || []).find((p) => p.id === t.project_id) : null;

@@ -42,6 +42,14 @@ async def test_a_routine_is_made_in_the_page_refused_first_for_its_cron_then_run
                 await routine.get_by_role("button", name="Run now").click()
                 await routine.get_by_role("button", name="History").click()
                 await expect(routine.locator(".routine-runs .chip.succeeded")).to_have_count(1, timeout=60_000)
+                # the run's thread is listed apart in the thread picker, not among the user's own threads
+                await page.reload()
+                picker = page.locator("#thread-picker")
+                await expect(picker.locator("optgroup[label='Routine runs'] option")).to_have_count(1)
+                await expect(picker.locator("optgroup option")).to_contain_text("Sweep · ")
+                assert "Sweep · " not in " ".join(await picker.locator(":scope > option").all_inner_texts())
+                assert await picker.input_value() != await picker.locator("optgroup option").get_attribute("value")
+                await page.click("a[data-tab='routines']")
                 assert await axe_violations(page) == []
                 await shot(page, "view-routines-1280")
                 await page.set_viewport_size(PHONE)
