@@ -113,6 +113,7 @@ _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
 _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000})
 _TASK = Param("task_id", "path", UUID)
 _THREADQ = Param("thread_id", "query", UUID)
+_BEFORE = Param("before", "query", {"type": "string"}, "the next page: the list's next_before")
 _TASK_Q = Param("task_id", "query", UUID)
 _ROUTINE = Param("routine_id", "path", UUID)
 
@@ -142,7 +143,8 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
     (Op("delete", "/api/asks/{ask_id}", "cancel a question",
         params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409)),
      actions.cancel_ask),
-    (Op("get", "/api/threads", "threads, including ones still being created"), reads.list_threads),
+    (Op("get", "/api/threads", "threads, newest first, including ones still being created; a page at a time",
+        params=(_LIMIT, _BEFORE), errors=(400,)), reads.list_threads),
     (Op("get", "/api/push", "Web Push: the VAPID public key, and whether an endpoint is subscribed",
         params=(Param("endpoint", "query", {"type": "string"}),)), notify.push_info),
     (Op("post", "/api/push/subscriptions", "store a browser's push subscription (PushSubscription.toJSON())",
@@ -169,7 +171,7 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
      reads.pending_queue),
     (Op("get", "/api/tasks", "running and recent tasks", params=(
         Param("status", "query", {"type": "string", "enum": list(reads.STATUSES)}), _THREADQ,
-        Param("running", "query", {"type": "boolean"}), _LIMIT), errors=(400,)), reads.list_tasks),
+        Param("running", "query", {"type": "boolean"}), _LIMIT, _BEFORE), errors=(400,)), reads.list_tasks),
     (Op("get", "/api/tasks/{task_id}", "one task: status, activity, last output, exit facts", params=(_TASK,),
         errors=(404,)), reads.get_task),
     (Op("get", "/api/tasks/{task_id}/events", "a task's journal events, by seq", params=(_TASK, _AFTER, _LIMIT),

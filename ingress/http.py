@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import uuid
+from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -134,6 +136,26 @@ def query_uuid(request: Request, name: str) -> uuid.UUID | None:
         return uuid.UUID(raw)
     except ValueError:
         raise Problem(400, f"{name} must be a UUID") from None
+
+
+def query_cursor(request: Request, name: str = "before") -> tuple[datetime, uuid.UUID] | None:
+    """A list's keyset cursor (`next_before` of the page before): the last row's (created_at, id)."""
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        at, _, row_id = base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)).decode().partition("|")
+        return datetime.fromisoformat(at), uuid.UUID(row_id)
+    except (ValueError, UnicodeDecodeError):
+        raise Problem(400, f"{name} must be a list's next_before, as it gave it") from None
+
+
+def next_cursor(rows: list[dict[str, Any]], limit: int) -> str | None:
+    """The cursor of the page after `rows` (a full page), else None: the list ends here."""
+    if len(rows) < limit:
+        return None
+    last = rows[-1]
+    return base64.urlsafe_b64encode(f"{last['created_at'].isoformat()}|{last['id']}".encode()).decode().rstrip("=")
 
 
 def query_int(request: Request, name: str, default: int, *, lo: int = 0, hi: int = 10**18) -> int:

@@ -8,7 +8,8 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import ingress_queries, path_uuid, query_bool, query_choice, query_int, query_uuid, respond
+from ingress.http import (ingress_queries, next_cursor, path_uuid, query_bool, query_choice, query_cursor, query_int,
+                          query_uuid, respond)
 from ingress.problems import Problem
 from ingress.sql import queries
 from shared import read_surface, threads
@@ -16,11 +17,22 @@ from shared.models import ACTIVE_STATUSES, FINAL_STATUSES
 from shared.query import Queries
 
 STATUSES = (*ACTIVE_STATUSES, *FINAL_STATUSES)
+# the lists' pages when the client names no limit: what a page shows at once (older ones by `before`)
+THREADS_PAGE = 200
+TASKS_PAGE = 100
+
+
+def _page_params(request: Request, default: int) -> dict[str, Any]:
+    before = query_cursor(request)
+    return {"limit": query_int(request, "limit", default, lo=1, hi=1000),
+            "before_at": before[0] if before else None, "before_id": before[1] if before else None}
 
 
 async def list_threads(request: Request) -> Response:
-    return respond({"threads": await ingress_queries(request).all("list_threads"),
-                    "default_thread_id": threads.DEFAULT_THREAD_ID})
+    params = _page_params(request, THREADS_PAGE)
+    rows = await ingress_queries(request).all("list_threads", params)
+    return respond({"threads": rows, "default_thread_id": threads.DEFAULT_THREAD_ID,
+                    "next_before": next_cursor(rows, params["limit"])})
 
 
 async def pending_queue(request: Request) -> Response:
@@ -30,8 +42,9 @@ async def pending_queue(request: Request) -> Response:
 
 async def list_tasks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", STATUSES), "thread_id": query_uuid(request, "thread_id"),
-              "running": query_bool(request, "running"), "limit": query_int(request, "limit", 100, lo=1, hi=1000)}
-    return respond({"tasks": await ingress_queries(request).all("list_tasks", params)})
+              "running": query_bool(request, "running"), **_page_params(request, TASKS_PAGE)}
+    rows = await ingress_queries(request).all("list_tasks", params)
+    return respond({"tasks": rows, "next_before": next_cursor(rows, params["limit"])})
 
 
 async def get_task(request: Request) -> Response:
@@ -126,7 +139,8 @@ async def context(request: Request) -> Response:
     thread_id = query_uuid(request, "thread_id") or threads.DEFAULT_THREAD_ID
     q = ingress_queries(request)
     thread = await q.one("get_thread", {"id": thread_id})
-    tasks = await q.all("list_tasks", {"status": None, "thread_id": thread_id, "running": None, "limit": 50})
+    tasks = await q.all("list_tasks", {"status": None, "thread_id": thread_id, "running": None, "limit": 50,
+                                       "before_at": None, "before_id": None})
     turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ACTIVE_STATUSES), None)
     workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ACTIVE_STATUSES]
     return respond({

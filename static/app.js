@@ -15,7 +15,7 @@ import { loadRoutines } from "./js/routines.js";
 import { setConn, stream } from "./js/stream.js";
 import { detailEvent, loadDetail, loadTasks } from "./js/tasks.js";
 import { initSessions } from "./js/sessions.js";
-import { archiveThread, changeMode, findThread, focusThread, loadThreads, newThread, renameThread } from "./js/threads.js";
+import { archiveThread, changeMode, findThread, focusThread, loadThreads, newThread, pickThread, renameThread } from "./js/threads.js";
 
 function onWake(kind) {
   if (kind === "queue") { soon("queue", loadQueue); soon("threads", loadThreads, 300); }
@@ -90,7 +90,7 @@ async function start() {
   $("#composer-text").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) $("#composer").requestSubmit();
   });
-  $("#thread-picker").addEventListener("change", (ev) => focusThread(ev.target.value));
+  $("#thread-picker").addEventListener("change", (ev) => pickThread(ev.target.value));
   $("#thread-mode").addEventListener("change", (ev) => changeMode(ev.target.value).catch((e) => alert(e.message)));
   $("#new-thread").addEventListener("click", () => newThread().catch((e) => alert(e.message)));
   $("#asks-scope").addEventListener("change", renderAsks);

@@ -1,19 +1,22 @@
 -- name: list_threads --
 -- resume_command: what continues the thread's CLI conversation in a terminal (set at its first turn, or
 -- when it was made from a stored conversation); adopted_session_id: the conversation it was made from;
--- routine_id: the routine whose run the thread is (the page lists run threads apart).
+-- routine_id: the routine whose run the thread is (the page lists run threads apart). Newest first, a page
+-- at a time (keyset: the last row's created_at and id); threads still being made come on the first page.
 SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending, s.project_id,
        s.resume_command, s.adopted_session_id, s.executor_name,
        (SELECT r.routine_id FROM routine_runs r WHERE r.thread_id = s.id LIMIT 1) AS routine_id
 FROM sessions s WHERE s.role = 'orchestrator'
+  AND (%(before_at)s::timestamptz IS NULL OR (s.created_at, s.id) < (%(before_at)s, %(before_id)s::uuid))
 UNION ALL
 SELECT q.thread_id, q.args ->> 'title', coalesce(q.args ->> 'mode', 'interactive'), 'creating', q.created_at,
        q.created_at, true, (q.args ->> 'project_id')::uuid,
        NULL, q.args -> 'adopt' ->> 'session_id', q.args -> 'adopt' ->> 'executor', NULL
 FROM thread_control_queue q
-WHERE q.action = 'create' AND q.status IN ('pending', 'claimed')
+WHERE q.action = 'create' AND q.status IN ('pending', 'claimed') AND %(before_at)s::timestamptz IS NULL
   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = q.thread_id)
-ORDER BY created_at DESC
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
 
 -- name: list_pending_chat --
 -- with each message's files (no bytes), in the order sent: the page shows them on the pending message
@@ -27,6 +30,7 @@ WHERE status IN ('pending', 'claimed') AND (%(thread_id)s::uuid IS NULL OR threa
 ORDER BY created_at
 
 -- name: list_tasks --
+-- Newest first, a page at a time (keyset: the last row's created_at and id).
 SELECT t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.status, t.activity,
        t.status_reason, t.exit_code, t.exit_signal, t.pid, t.attempt, t.last_output_at, t.created_at,
        t.started_at, t.ended_at, t.retry_of, t.not_before
@@ -35,7 +39,8 @@ WHERE (%(status)s::text IS NULL OR t.status = %(status)s::text)
   AND (%(running)s::boolean IS NULL OR (t.status = 'running') = %(running)s::boolean)
   AND (%(thread_id)s::uuid IS NULL OR t.session_id = %(thread_id)s::uuid
        OR t.parent_task_id IN (SELECT id FROM tasks WHERE session_id = %(thread_id)s::uuid))
-ORDER BY t.created_at DESC
+  AND (%(before_at)s::timestamptz IS NULL OR (t.created_at, t.id) < (%(before_at)s, %(before_id)s::uuid))
+ORDER BY t.created_at DESC, t.id DESC
 LIMIT %(limit)s
 
 -- name: get_task --
@@ -69,9 +74,10 @@ ORDER BY task_id, seq
 LIMIT %(limit)s
 
 -- name: get_thread --
-SELECT id, title, mode, lifecycle, substrate_session_id, created_at, updated_at, project_id,
-       resume_command, adopted_session_id, cli_session_id, cli_workdir, executor_name
-FROM sessions WHERE id = %(id)s AND role = 'orchestrator'
+SELECT s.id, s.title, s.mode, s.lifecycle, s.substrate_session_id, s.created_at, s.updated_at, s.project_id,
+       s.resume_command, s.adopted_session_id, s.cli_session_id, s.cli_workdir, s.executor_name,
+       (SELECT r.routine_id FROM routine_runs r WHERE r.thread_id = s.id LIMIT 1) AS routine_id
+FROM sessions s WHERE s.id = %(id)s AND s.role = 'orchestrator'
 
 -- name: list_asks --
 -- Pending first, then the newest: each part read newest first and cut at `limit` (the pending ones from

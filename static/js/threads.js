@@ -14,6 +14,12 @@ export async function loadThreads() {
   S.projects = projects?.projects || [];
   S.defaultThread = data.default_thread_id;
   S.threads = data.threads.filter((t) => t.lifecycle !== "archived");
+  S.threadsBefore = data.next_before;  // older threads are a page away
+  // the thread this page was on, when it is older than the first page: fetched alone
+  if (S.thread && S.threadsBefore && !data.threads.some((t) => t.id === S.thread)) {
+    const one = await api(`/api/threads/${S.thread}`).catch(() => null);
+    if (one && one.lifecycle !== "archived") { S.threads.push(one); data.threads.push(one); }
+  }
   if (!S.threads.some((t) => t.id === S.defaultThread)) {
     S.threads.push({ id: S.defaultThread, title: "Default", mode: "interactive", lifecycle: "new" });
   }
@@ -35,6 +41,7 @@ export function renderThreadPicker() {
   const runs = S.threads.filter((t) => t.routine_id);
   const listed = runs.filter((t, i) => i < ROUTINE_RUNS_LISTED || t.id === S.thread);
   sel.replaceChildren(...S.threads.filter((t) => !t.routine_id).map(option),
+    ...(S.threadsBefore ? [h("option", { value: OLDER }, "Older threads…")] : []),
     ...(listed.length ? [h("optgroup", { label: "Routine runs" }, ...listed.map(option))] : []));
   $("#thread-names").replaceChildren(...S.threads.map((t) => h("option", { value: threadName(t) })));
   const t = S.threads.find((x) => x.id === S.thread);
@@ -42,6 +49,17 @@ export function renderThreadPicker() {
   $("#thread-title").textContent = t ? threadName(t) + (project ? ` · ${project.slug}` : "") : "";
   $("#thread-mode").value = t?.mode || "interactive";
   renderHandback();
+}
+
+// The picker's last entry while older threads are not loaded: choosing it loads the next page.
+const OLDER = "older";
+
+export async function pickThread(id) {
+  if (id !== OLDER) return focusThread(id);
+  const data = await api(`/api/threads?before=${encodeURIComponent(S.threadsBefore)}`);
+  S.threads.push(...data.threads.filter((t) => t.lifecycle !== "archived" && !S.threads.some((x) => x.id === t.id)));
+  S.threadsBefore = data.next_before;
+  renderThreadPicker();
 }
 
 export async function focusThread(id) {

@@ -79,14 +79,15 @@ def store(cluster: Cluster) -> Iterator[Store]:
 def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
     """Each hot query with the values the page, the settler, the claim and the threads loop give it."""
     thread, worker, turn = s.thread, s.worker, s.turn
-    nothing: dict[str, Any] = {"status": None, "running": None, "tier": None, "event_type": None, "before": None}
+    nothing: dict[str, Any] = {"status": None, "running": None, "tier": None, "event_type": None, "before": None,
+                               "before_at": None, "before_id": None}
     return {
         # the page (static/js): chat, its paging back, threads, tasks, a task's events, asks, context, usage, SSE
         "conversation": ("list_thread_conversation", {"thread_id": thread, "after": 0, "before": None, "limit": 100,
                                                       "types": CONVERSATION_TYPES}),
         "conversation, paged back": ("list_thread_conversation", {
             "thread_id": thread, "after": 0, "before": s.head // 2, "limit": 100, "types": CONVERSATION_TYPES}),
-        "threads": ("list_threads", {}),
+        "threads": ("list_threads", {"limit": 200, "before_at": None, "before_id": None}),
         "projects": ("list_projects", {}),
         "tasks": ("list_tasks", {**nothing, "thread_id": None, "limit": 200}),
         "a thread's tasks": ("list_tasks", {**nothing, "thread_id": thread, "limit": 500}),

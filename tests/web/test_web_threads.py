@@ -94,3 +94,27 @@ async def test_threads_are_found_renamed_and_archived_and_a_long_history_pages_b
                 await page.reload()
                 await expect(page.locator("body[data-ready='1']")).to_have_count(1)
                 await expect(page.locator(f"#thread-picker option[value='{alpha}']")).to_have_count(0)
+
+
+async def test_older_threads_are_a_page_away_in_the_picker_and_the_thread_open_stays_open(
+    db: DB, tmp_path: Path
+) -> None:
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:  # 205 threads, one a minute: oldest is 'old 0'
+        ids = [conn.execute("INSERT INTO sessions (role, lifecycle, title, created_at) VALUES ('orchestrator', 'idle',"
+                            " %s, '2026-01-01'::timestamptz + make_interval(mins => %s)) RETURNING id",
+                            [f"old {i}", i]).fetchone()[0] for i in range(205)]  # type: ignore[index]  # RETURNING
+    with ScriptedModelServer(Scenario(rules=[])) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url, DESKTOP) as page:
+                picker = page.locator("#thread-picker")
+                await expect(picker.locator("option", has_text="Older threads…")).to_have_count(1)
+                await expect(picker.locator("option", has_text="old 0")).to_have_count(0)
+                await picker.select_option(label="Older threads…")
+                await expect(picker.locator("option", has_text="old 0")).to_have_count(1)
+                await expect(picker.locator("option", has_text="Older threads…")).to_have_count(0)
+                await picker.select_option(label="old 0")
+                await expect(page.locator("#thread-title")).to_have_text("old 0")
+                # a reload keeps the thread open, though it is older than the first page
+                await page.reload()
+                await expect(page.locator("#thread-title")).to_have_text("old 0")
+                assert await picker.input_value() == str(ids[0])
