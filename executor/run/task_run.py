@@ -278,8 +278,6 @@ class TaskRunner:
         feeding = asyncio.create_task(self._feed_prompt(proc, substrate.stdin_input(spec)))
         self.children.add(feeding)
         feeding.add_done_callback(self.children.discard)
-        # the process runs from here on, database or not: the row learns its pid now or once it is back
-        await self.save(r, lambda: self.store.set_process(task_id, proc.pid, session_id))
         parent_id = await self._spawn_parent(parent_lookup, task_id)
         # queued before any line of the task: the single writer keeps that order in the journal
         facts: dict[str, Any] = {
@@ -293,6 +291,9 @@ class TaskRunner:
         spawned = self._event(r, "task.spawned", facts, parent_id=parent_id)
         r.spawned_id = spawned.event_id
         await self.writer.put(spawned)
+        # the process runs from here on, database or not: the row learns its pid now or once it is back (after
+        # task.spawned is queued, so that its round trip is not on the way to the turn's first line)
+        await self.save(r, lambda: self.store.set_process(task_id, proc.pid, session_id))
         if task.session_id is not None:  # a thread's turn: the command that continues it in a terminal
             command = substrate.resume_command(conv.substrate, workdir, spec.session_uuid)
             await self.save(r, lambda: self.store.mark_session_cli(session_id, spec.session_uuid, workdir, command))
