@@ -195,7 +195,8 @@ def extrapolate(points: list[Point], base_rss: float, rate: float) -> None:
 async def run(db: DB, tmp: Path, clients: int, rate: float, seconds: float) -> None:
     points: list[Point] = []
     idle_rss: list[int] = []
-    async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=2) as pool:
+    # autocommit, as the executor's pool: a small batch's notification then carries its rows
+    async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
         for k in (1, 2, 3, 4):
             ingresses = [start_ingress(db, tmp, i) for i in range(k)]
             try:

@@ -153,7 +153,10 @@ async def main(n: int, latency_only: bool = False) -> None:
             await wait_up(bare_url, "/")
             print(f"before: {stats.machine_load()}; {PROCESSES} load generator processes; a passing trial counts, a failing "
                   f"one only when each used < {HEADROOM} of a core and waited for a CPU < {STARVED} of the time")
-            async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=2, open=False) as pool:
+            # autocommit, as the executor's pool (shared/database.py): a small batch is then one statement whose
+            # notification carries its rows (shared/sql/journal.sql), the path the executor's lines take
+            async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=2, open=False,
+                                           kwargs={"autocommit": True}) as pool:
                 # (a) latency
                 r = await clients_trial(url, "/api/stream", 10, 1000, lambda: append_at(pool, 200, 1000))
                 rtt = await bare_notify_rtt(db.executor_dsn)
