@@ -269,8 +269,10 @@ WITH RECURSIVE up AS (
 ), spent AS (
     SELECT coalesce(sum((j.payload ->> 'total_cost_usd')::numeric), 0)::float8 AS usd FROM journal j
     WHERE j.event_type = 'stream.result' AND j.task_id IN (SELECT id FROM run_tasks)
+), granted AS (
+    SELECT least(t.max_budget_usd::float8, greatest(run.cap - spent.usd, 0)) AS usd, run.cap, spent.usd AS spent
+    FROM tasks t, run, spent WHERE t.id = %(task_id)s
+), written AS (  -- nothing left is not written (the column holds a positive cap): the task is not started
+    UPDATE tasks t SET max_budget_usd = g.usd FROM granted g WHERE t.id = %(task_id)s AND g.usd > 0
 )
-UPDATE tasks t SET max_budget_usd = least(t.max_budget_usd, greatest(run.cap - spent.usd, 0))
-FROM run, spent
-WHERE t.id = %(task_id)s
-RETURNING t.max_budget_usd::float8 AS granted, run.cap, spent.usd AS spent
+SELECT usd AS granted, cap, spent FROM granted

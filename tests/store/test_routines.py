@@ -345,3 +345,36 @@ async def test_a_runs_workers_are_capped_at_its_routines_max_workers(
     assert await full() is True  # two still going
     _rows(db, "UPDATE tasks SET status = 'success' WHERE role = 'worker' AND brief = 'w1' RETURNING id")
     assert await full() is False
+
+
+async def test_a_runs_processes_are_granted_what_is_left_of_its_usd_and_nothing_once_it_is_spent(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    from executor.run.task_store import TaskStore
+
+    routine = await _create(http, budget={"usd_per_run": 0.5})
+    await http.post(f"/api/routines/{routine['id']}/run", json={})
+    await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
+    (run,) = _runs(db, routine["id"])
+    store = TaskStore(pool)
+
+    async def worker(brief: str) -> uuid.UUID:
+        return await dispatch.request(pool, dispatch.TaskRequest("worker", brief, parent_task_id=run["task_id"]))
+
+    async def cost(task_id: uuid.UUID, usd: float) -> None:
+        await journal.append(pool, [NewEvent("stream.result", {"type": "result", "total_cost_usd": usd},
+                                             task_id=task_id)])
+
+    first = await worker("w1")
+    assert await store.grant_budget(first) == {"granted": 0.5, "cap": 0.5, "spent": 0.0}
+    await cost(run["task_id"], 0.125)  # the turn's own result, then the first worker's
+    await cost(first, 0.25)
+    second = await worker("w2")
+    assert await store.grant_budget(second) == {"granted": 0.125, "cap": 0.5, "spent": 0.375}
+    assert _rows(db, "SELECT max_budget_usd::float8 AS usd FROM tasks WHERE id = %s", second) == [{"usd": 0.125}]
+    await cost(second, 0.25)  # past the cap: the next is granted nothing, and its row keeps a valid cap
+    third = await worker("w3")
+    assert await store.grant_budget(third) == {"granted": 0.0, "cap": 0.5, "spent": 0.625}
+    assert _rows(db, "SELECT max_budget_usd::float8 AS usd FROM tasks WHERE id = %s", third) == [{"usd": 0.5}]
+    # a task of no routine run is granted nothing by this: it keeps what it was given
+    assert await store.grant_budget(await dispatch.request(pool, dispatch.TaskRequest("worker", "x"))) is None
