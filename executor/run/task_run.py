@@ -258,8 +258,6 @@ class TaskRunner:
                 try:
                     proc, gateway = await self._launch(task_id, task.project_id, workdir, spec, cmd, conv.substrate)
                 except OSError as exc:
-                    if mcp_path is not None:
-                        mcp_path.unlink(missing_ok=True)
                     await self._finish_unspawned(task, "failed", f"could not start {cmd[0]}: {exc}")
                     return
         except BaseException:
@@ -305,7 +303,8 @@ class TaskRunner:
                       spec: substrate.SpawnSpec, cmd: list[str],
                       sub: substrate.SubstrateConfig) -> tuple[asyncio.subprocess.Process, Gateway | None]:
         """Start the CLI (inside its sandbox, unless the operator turned that off) with the CLI config `sub` (an
-        adopted conversation's own); OSError if it cannot be, with nothing of it left behind."""
+        adopted conversation's own); OSError if it cannot be, with nothing of it left behind (its gateway, its
+        MCP config and the credential the config holds)."""
         env = substrate.build_env(sub, str(spawn_id))
         gateway: Gateway | None = None
         try:
@@ -332,6 +331,8 @@ class TaskRunner:
             if gateway is not None and self.isolation is not None:
                 await gateway.close()
                 self.isolation.forget_spawn(spawn_id)
+            if spec.mcp_config is not None:
+                spec.mcp_config.unlink(missing_ok=True)
             raise
         return proc, gateway
 
@@ -379,8 +380,6 @@ class TaskRunner:
         try:
             proc, gateway = await self._launch(spawn_id, template.project_id, workdir, spec, cmd, self.substrate)
         except OSError as exc:
-            if mcp_path is not None:
-                mcp_path.unlink(missing_ok=True)
             log.warning("warm_turn_not_started", thread=session, error=str(exc))
             return None
         log.info("warm_turn_started", thread=session, pid=proc.pid, spawn_id=str(spawn_id))

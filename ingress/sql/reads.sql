@@ -81,33 +81,25 @@ FROM sessions s WHERE s.id = %(id)s AND s.role = 'orchestrator'
 
 -- name: list_asks --
 -- Pending first, then the newest: each part read newest first and cut at `limit` (the pending ones from
--- their partial index, the rest by created_at), so the answered history's length does not count.
+-- their partial index, the rest by created_at), so the answered history's length does not count. The scoped
+-- questions are written once and inlined into each part (NOT MATERIALIZED), so each keeps its own index.
+WITH scoped AS NOT MATERIALIZED (
+    SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
+           q.asked_by, q.created_at, q.answered_at, q.answered_by, q.answered_via, q.timed_out_at,
+           q.timed_out_at IS NOT NULL AS late,
+           coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
+    FROM questions q
+    LEFT JOIN tasks t ON t.id = q.task_id
+    LEFT JOIN tasks p ON p.id = t.parent_task_id
+    WHERE %(thread_id)s::uuid IS NULL OR q.source_session_uuid = %(thread_id)s::uuid
+          OR t.session_id = %(thread_id)s::uuid OR p.session_id = %(thread_id)s::uuid
+)
 SELECT * FROM (
-    (SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
-            q.asked_by, q.created_at, q.answered_at, q.answered_by, q.answered_via, q.timed_out_at,
-            q.timed_out_at IS NOT NULL AS late,
-            coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
-     FROM questions q
-     LEFT JOIN tasks t ON t.id = q.task_id
-     LEFT JOIN tasks p ON p.id = t.parent_task_id
-     WHERE q.status = 'pending' AND (%(status)s::text IS NULL OR %(status)s::text = 'pending')
-       AND (%(thread_id)s::uuid IS NULL OR q.source_session_uuid = %(thread_id)s::uuid
-            OR t.session_id = %(thread_id)s::uuid OR p.session_id = %(thread_id)s::uuid)
-     ORDER BY q.created_at DESC
-     LIMIT %(limit)s)
+    (SELECT * FROM scoped WHERE status = 'pending' AND (%(status)s::text IS NULL OR %(status)s::text = 'pending')
+     ORDER BY created_at DESC LIMIT %(limit)s)
     UNION ALL
-    (SELECT q.id, q.tool_use_id, q.source_session_uuid, q.task_id, q.questions, q.status, q.answers, q.response,
-            q.asked_by, q.created_at, q.answered_at, q.answered_by, q.answered_via, q.timed_out_at,
-            q.timed_out_at IS NOT NULL AS late,
-            coalesce(q.source_session_uuid, t.session_id, p.session_id) AS thread_scope
-     FROM questions q
-     LEFT JOIN tasks t ON t.id = q.task_id
-     LEFT JOIN tasks p ON p.id = t.parent_task_id
-     WHERE q.status <> 'pending' AND (%(status)s::text IS NULL OR q.status = %(status)s::text)
-       AND (%(thread_id)s::uuid IS NULL OR q.source_session_uuid = %(thread_id)s::uuid
-            OR t.session_id = %(thread_id)s::uuid OR p.session_id = %(thread_id)s::uuid)
-     ORDER BY q.created_at DESC
-     LIMIT %(limit)s)
+    (SELECT * FROM scoped WHERE status <> 'pending' AND (%(status)s::text IS NULL OR status = %(status)s::text)
+     ORDER BY created_at DESC LIMIT %(limit)s)
 ) asks
 ORDER BY (status = 'pending') DESC, created_at DESC
 LIMIT %(limit)s

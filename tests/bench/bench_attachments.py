@@ -20,18 +20,14 @@ import asyncio
 import io
 import json
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import psycopg
 from PIL import Image
 
-from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.bench import services, stats
 from tests.bench.bench_e2e import Stream
-from tests.pg import Cluster
 from tests.served import SSEEvent
 
 
@@ -137,18 +133,12 @@ async def bench(url: str, admin_dsn: str, turns: int, n_uploads: int, mib: float
 
 
 async def main(turns: int, n_uploads: int, mib: float) -> None:
-    with tempfile.TemporaryDirectory() as tmpdir, ScriptedModelServer(Scenario()) as model:
-        tmp = Path(tmpdir)
-        cluster = Cluster.start(tmp / "pg")
-        db = cluster.create_migrated()
+    with services.scratch_store() as (tmp, db, model):
         env = services.service_env(db, model, tmp)
-        try:
-            async with services.running(db, env) as svc:
-                print(f"before: {stats.machine_load()}")
-                await bench(svc.url, db.admin_dsn, turns, n_uploads, mib)
-                print(f"after: {stats.machine_load()}")
-        finally:
-            cluster.drop_all()
+        async with services.running(db, env) as svc:
+            print(f"before: {stats.machine_load()}")
+            await bench(svc.url, db.admin_dsn, turns, n_uploads, mib)
+            print(f"after: {stats.machine_load()}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,12 +27,10 @@ import psycopg
 
 from executor.run import substrate
 from executor.settle import dispatch
-from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
 from tests.bench import services, stats
 from tests.bench.sse_load import Generators
 from tests.harness import worker
-from tests.pg import Cluster
 from tests.served import SSEEvent, sse_events
 
 TRANSCRIPT = Path(__file__).parent.parent / "transcripts" / "partial_messages.jsonl"
@@ -179,25 +176,19 @@ async def pre_spawn_steps(admin_dsn: str) -> None:
 
 
 async def main(turns: int, clients: int, workers: int) -> None:
-    with tempfile.TemporaryDirectory() as tmpdir, ScriptedModelServer(Scenario()) as model:
-        tmp = Path(tmpdir)
-        cluster = Cluster.start(tmp / "pg")
-        db = cluster.create_migrated()
+    with services.scratch_store() as (tmp, db, model):
         env = services.service_env(db, model, tmp, workers=workers)
-        try:
-            async with services.running(db, env) as svc:
-                print(f"before: {stats.machine_load()}")
-                await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp)
-                await pre_spawn_steps(db.admin_dsn)
-                services.stop(svc.executor)
-                svc.executor = services.start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
-                await services.executor_started(db.admin_dsn, 2)
-                await asyncio.sleep(1)
-                await bench_memory(svc.url, db.admin_dsn, db.executor_dsn, svc.ingress.pid, svc.executor.pid,
-                                   clients, workers, svc.workdir)
-                print(f"after: {stats.machine_load()}")
-        finally:
-            cluster.drop_all()
+        async with services.running(db, env) as svc:
+            print(f"before: {stats.machine_load()}")
+            await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp)
+            await pre_spawn_steps(db.admin_dsn)
+            services.stop(svc.executor)
+            svc.executor = services.start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
+            await services.executor_started(db.admin_dsn, 2)
+            await asyncio.sleep(1)
+            await bench_memory(svc.url, db.admin_dsn, db.executor_dsn, svc.ingress.pid, svc.executor.pid,
+                               clients, workers, svc.workdir)
+            print(f"after: {stats.machine_load()}")
 
 
 if __name__ == "__main__":

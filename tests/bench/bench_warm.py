@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,8 @@ import httpx
 import psycopg
 
 from executor.run import process, substrate
-from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.bench import services, stats
 from tests.bench.bench_e2e import Stream
-from tests.pg import Cluster
 
 
 async def cold_spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str, prompt: bytes) -> float:
@@ -145,32 +142,26 @@ def report(label: str, r: dict[str, list[float]], goal: float, per_turn: bool = 
 
 
 async def main(turns: int, settle: float, cold_only: bool) -> None:
-    with tempfile.TemporaryDirectory() as tmpdir, ScriptedModelServer(Scenario()) as model:
-        tmp = Path(tmpdir)
-        cluster = Cluster.start(tmp / "pg")
-        db = cluster.create_migrated()
+    with services.scratch_store() as (tmp, db, model):
         env = services.service_env(db, model, tmp)
         mcp_file = tmp / "direct-mcp.json"
-        try:
-            async with services.running(db, {**env, "PETAL_WARM_TURNS": "0" if cold_only else "2"}) as svc:
-                mcp_file.write_text(json.dumps(substrate.mcp_config(svc.mcp_url, "", None)))
-                # the environment the executor gives its CLI, built the same way (docs/claude-cli.md: it matters)
-                cli_env = substrate.build_env(substrate.SubstrateConfig(
-                    config_dir=svc.config_dir, base_env=env, max_retries=int(env["PETAL_CLAUDE_MAX_RETRIES"])),
-                    "bench-direct")
-                print(f"before: {stats.machine_load()}; {turns} turns per phase, each sent {settle:g} s after the "
-                      "previous one ended")
-                if not cold_only:
-                    warm = await phase(svc.url, db.admin_dsn, turns, settle, True, cli_env, mcp_file)
-                    report("(a) warm turns on", warm, 0.5)
-                    services.stop(svc.executor)
-                    svc.executor = services.start("executor", {**env, "PETAL_WARM_TURNS": "0"})
-                    await services.executor_started(db.admin_dsn, 2)
-                cold = await phase(svc.url, db.admin_dsn, turns, settle, False, cli_env, mcp_file)
-                report("(b) warm turns off: the cold path", cold, 1.10)
-                print(f"after: {stats.machine_load()}")
-        finally:
-            cluster.drop_all()
+        async with services.running(db, {**env, "PETAL_WARM_TURNS": "0" if cold_only else "2"}) as svc:
+            mcp_file.write_text(json.dumps(substrate.mcp_config(svc.mcp_url, "", None)))
+            # the environment the executor gives its CLI, built the same way (docs/claude-cli.md: it matters)
+            cli_env = substrate.build_env(substrate.SubstrateConfig(
+                config_dir=svc.config_dir, base_env=env, max_retries=int(env["PETAL_CLAUDE_MAX_RETRIES"])),
+                "bench-direct")
+            print(f"before: {stats.machine_load()}; {turns} turns per phase, each sent {settle:g} s after the "
+                  "previous one ended")
+            if not cold_only:
+                warm = await phase(svc.url, db.admin_dsn, turns, settle, True, cli_env, mcp_file)
+                report("(a) warm turns on", warm, 0.5)
+                services.stop(svc.executor)
+                svc.executor = services.start("executor", {**env, "PETAL_WARM_TURNS": "0"})
+                await services.executor_started(db.admin_dsn, 2)
+            cold = await phase(svc.url, db.admin_dsn, turns, settle, False, cli_env, mcp_file)
+            report("(b) warm turns off: the cold path", cold, 1.10)
+            print(f"after: {stats.machine_load()}")
 
 
 if __name__ == "__main__":

@@ -11,16 +11,17 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
-from petal_dispatch.demo.scripted_model import ScriptedModelServer
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.bench.bench_sse import wait_up
 from tests.harness import claude_bin, claude_env
-from tests.pg import DB
+from tests.pg import DB, Cluster
 from tests.served import free_port
 
 
@@ -32,6 +33,18 @@ class Services:
     workdir: Path
     ingress: subprocess.Popen[bytes]
     executor: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def scratch_store() -> Iterator[tuple[Path, DB, ScriptedModelServer]]:
+    """A temporary directory, the scripted model, and a migrated database on a server of its own, dropped after."""
+    with tempfile.TemporaryDirectory() as tmpdir, ScriptedModelServer(Scenario()) as model:
+        tmp = Path(tmpdir)
+        cluster = Cluster.start(tmp / "pg")
+        try:
+            yield tmp, cluster.create_migrated(), model
+        finally:
+            cluster.drop_all()
 
 
 def service_env(db: DB, model: ScriptedModelServer, tmp: Path, *, workers: int = 1,

@@ -67,6 +67,14 @@ async def _thread(http: httpx.AsyncClient) -> str:
     return str(created.json()["thread_id"])
 
 
+async def _warm_thread(http: httpx.AsyncClient, db: DB) -> tuple[str, dict[str, Any]]:
+    """A new thread whose first turn has run, and the warm process its next turn got (its warm.started)."""
+    thread = await _thread(http)
+    await http.post("/api/chat", json={"text": "first message", "thread_id": thread})
+    await _turn_done(db, thread, 1)
+    return thread, await _warm_started(db, thread, 1)
+
+
 def _spawned(db: DB, task_id: uuid.UUID) -> dict[str, Any]:
     payload: dict[str, Any] = _rows(db, "SELECT payload FROM journal WHERE task_id = %s AND "
                                         "event_type = 'task.spawned'", task_id)[0][0]
@@ -78,10 +86,7 @@ async def test_a_message_to_a_warm_thread_goes_once_to_the_waiting_process_and_i
     with ScriptedModelServer(Scenario()) as model:
         async with running_executor(db, model, tmp_path, warm=WARM), \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            thread = await _thread(http)
-            await http.post("/api/chat", json={"text": "first message", "thread_id": thread})
-            await _turn_done(db, thread, 1)
-            warm = await _warm_started(db, thread, 1)
+            thread, warm = await _warm_thread(http, db)
             waiting = psutil.Process(warm["pid"])
             assert waiting.is_running()
             # waiting is not running: no task claims a worker slot for it, and the model has not been asked
@@ -116,10 +121,7 @@ async def test_a_warm_process_killed_before_its_message_is_replaced_and_the_mess
     with ScriptedModelServer(Scenario()) as model:
         async with running_executor(db, model, tmp_path, warm=WARM), \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            thread = await _thread(http)
-            await http.post("/api/chat", json={"text": "first message", "thread_id": thread})
-            await _turn_done(db, thread, 1)
-            killed = await _warm_started(db, thread, 1)
+            thread, killed = await _warm_thread(http, db)
             os.killpg(killed["pid"], signal.SIGKILL)  # the sandbox and the CLI in it
             replacement = await _warm_started(db, thread, 2)
             retired = await until(lambda: _journal(db, "warm.retired", thread), "the dead one's end")
@@ -139,10 +141,7 @@ async def test_a_warm_process_carries_its_own_credential_bound_only_to_the_turn_
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, warm=WarmConfig(turns=1, idle_s=8, poll_s=0.2)) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            thread = await _thread(http)
-            await http.post("/api/chat", json={"text": "first message", "thread_id": thread})
-            await _turn_done(db, thread, 1)
-            first = await _warm_started(db, thread, 1)
+            thread, first = await _warm_thread(http, db)
             config = tmp_path / "run" / "mcp" / f"mcp-warm-{first['spawn_id']}.json"
             token = json.loads(config.read_text())["mcpServers"]["harness"]["headers"]["Authorization"][7:]
             async with mcp_client(h.mcp_url or "", token) as client:  # nobody's yet: refused
@@ -197,10 +196,7 @@ async def test_an_executor_stopped_by_sigterm_leaves_no_warm_process(db: DB, tmp
         try:
             await services.executor_started(db.admin_dsn, 1)
             async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-                thread = await _thread(http)
-                await http.post("/api/chat", json={"text": "first message", "thread_id": thread})
-                await _turn_done(db, thread, 1)
-                warm = await _warm_started(db, thread, 1)
+                thread, warm = await _warm_thread(http, db)
                 before = _claudes_of(config_dir)  # the control: the scan sees the warm process
                 executor.send_signal(signal.SIGTERM)
                 rc = await asyncio.to_thread(executor.wait, 60)
