@@ -38,7 +38,7 @@ log = logs.get(__name__)
 # how its question closed from `question_closed`, executor/asks.py).
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
             "notify_queue", "task_changed", "project_queue",
-            "gate_rule_queue", "routine_queue", "routines", "question_closed"]
+            "gate_rule_queue", "routine_queue", "routines", "question_closed", "question_settle"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
 # The executor's loops wait this long for a pooled connection before counting the database as away.
@@ -108,7 +108,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         notifier = notify.Notifier(db.pool, config.notify, Duty(db.dsn, notify.NOTIFIER_DUTY, name),
                                    name=name)
         await db.availability.retry(notifier.start, "notifier")
-        settle_sub = listener.subscribe(["task_changed", "question_answered"])
+        settle_sub = listener.subscribe(["task_changed", "question_settle"])
         thread_sub = listener.subscribe(["chat_queue", "thread_control_queue"])
         project_sub = listener.subscribe(["project_queue"])
         notify_sub = listener.subscribe(["journal", "notify_queue"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -32,4 +33,8 @@ def serve_until_stopped(serve: Callable[[C, asyncio.Event], Awaitable[None]], co
         on_stop(stop.set)
         await serve(config, stop)
 
+    # What the imports made lives as long as the process: out of the collector's sight, a full collection walks
+    # only what the service made since (it was a request's slowest milliseconds: bench_ask's POST p99 6.3 ->
+    # 4.6 ms with nothing else changed).
+    gc.freeze()
     asyncio.run(run())

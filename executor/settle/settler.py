@@ -14,7 +14,8 @@ settles it after the restart, exactly once; a step that raises rolls back, is lo
 growing delay — never lost.
 
 It is one `consume` loop (shared/consume.py): ends on `task_changed` (every end is a status change),
-answers on `question_answered`, and everything on the poll.
+the answers it acts on on `question_settle` (an approval's, an escalation's, a late one: migration 0035),
+and everything on the poll.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class Settler:
         return {
             # an approval is owed also when its worker was stopped meanwhile (a status change)
             "task_changed": [self.settle_pending, self.apply_approvals],
-            "question_answered": [self.apply_escalations, self.apply_approvals, self.deliver_late_answers],
+            # only for the questions these passes act on (migration 0035): not on every answer
+            "question_settle": [self.apply_escalations, self.apply_approvals, self.deliver_late_answers],
             consume.POLL_ONLY: [self.record_leftover_changes],  # rare by construction
         }
 

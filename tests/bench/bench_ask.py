@@ -1,11 +1,13 @@
-"""Time from an answer POST to ask_user_question's return, at MCP clients calling the tool directly,
-next to a bare NOTIFY round trip measured between the same rounds; with one question pending and with
-20 pending. The executor (hosting the MCP server) and the ingress run as their own processes.
+"""Time from an answer POST to ask_user_question's return, at MCP clients calling the tool directly (raw
+JSON-RPC POSTs, as the CLI's own client sends them on the wire), next to bare NOTIFY round trips taken all
+along by a process of their own (tests/bench/notify_rtt.py: the same machine load); with one question
+pending and with 20 pending. The executor (hosting the MCP server) and the ingress run as their own processes.
 
     python -m tests.bench.bench_ask [--asks 1000] [--pending 20]
 
 Each measured answer is POSTed by id while the stated number of questions wait (with 20, the client
-whose question was answered asks again before the next answer). A thread LISTENs on the same server
+whose question was answered asks again before the next answer), once the executor has put its question up
+(as a user answers a question after reading it). A thread LISTENs on the same server
 for `question_answered`, which splits each round trip in two: POST start -> the NOTIFY reaching a bare
 listener (the ingress's answer path and the commit), and that NOTIFY -> the tool's return at the
 client (the executor's LISTEN dispatch, the answer as `question_closed` carried it, and the MCP server's
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
+import json
 import os
 import secrets
 import socket
@@ -26,15 +30,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
-import httpx2
 import psutil
 import psycopg
-from mcp.client import Client
-from mcp.client.streamable_http import streamable_http_client
 
-from tests.bench import stats
+from tests.bench import notify_rtt, stats
 from tests.bench.bench_sse import wait_up
 from tests.pg import Cluster
 from tests.served import free_port
@@ -44,21 +46,28 @@ from tests.served import free_port
 
 QUESTION = {"question": "Go on?", "header": "Go", "multiSelect": False,
             "options": [{"label": "Yes", "description": "continue"}, {"label": "No", "description": "stop"}]}
-# bare NOTIFY round trips taken after each measured answer, so the baseline sees the same load
-BARE_PER_ASK = 2
+# the longest wait for a question's put-up to end where its task's activity does not change (put_up)
+ACTIVITY_WAIT_S = 0.2
+# what the SDK's client sends with every call on the stateless transport
+PROTOCOL = "2026-07-28"
+META = {"io.modelcontextprotocol/protocolVersion": PROTOCOL,
+        "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {}}
 
 
 class Notes:
-    """A LISTEN connection in its own thread: the moment each question NOTIFY arrives, on perf_counter."""
+    """A LISTEN connection in its own thread: the moment each question NOTIFY arrives, on perf_counter, and
+    the questions asked and the tasks' activity changes in the order they came."""
 
     def __init__(self, dsn: str, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.asked: asyncio.Queue[str] = asyncio.Queue()
+        self.asked: asyncio.Queue[tuple[str, str]] = asyncio.Queue()  # (channel, payload)
         self.answered: dict[str, float] = {}
         self._stop = threading.Event()
         self._conn = psycopg.connect(dsn, autocommit=True)
         self._conn.execute("LISTEN question_asked")
         self._conn.execute("LISTEN question_answered")
+        self._conn.execute("LISTEN task_activity")
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -69,7 +78,7 @@ class Notes:
                 if note.channel == "question_answered":
                     self.answered[note.payload] = now
                 else:
-                    self.loop.call_soon_threadsafe(self.asked.put_nowait, note.payload)
+                    self.loop.call_soon_threadsafe(self.asked.put_nowait, (note.channel, note.payload))
 
     def close(self) -> None:
         self._stop.set()
@@ -78,47 +87,73 @@ class Notes:
 
 
 class Asker:
-    """One MCP session asking one question at a time, in its own task (anyio wants a session entered and
-    left in the same task)."""
+    """One client asking one question at a time, as a raw JSON-RPC POST per call (the stateless transport
+    needs no session): the moment is the response's arrival whole, as the CLI, the harness's real client,
+    gets it. The Python SDK's client spent some 2 ms of this process's CPU per call parsing and validating,
+    on the same two cores as the services it measures."""
 
     def __init__(self, mcp_url: str, i: int, headers: dict[str, str]):
         self.text = f"Go on with {i}?"
         self._url = mcp_url
-        self._headers = headers
+        self._headers = {**headers, "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": PROTOCOL,
+                         "MCP-Method": "tools/call", "MCP-Name": "ask_user_question"}
         self._asks: asyncio.Queue[asyncio.Future[float] | None] = asyncio.Queue()
+        self._calls = 0
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        async with httpx2.AsyncClient(headers=self._headers, timeout=httpx2.Timeout(30, read=300)) as http, \
-                Client(streamable_http_client(self._url, http_client=http)) as client:
+        async with httpx.AsyncClient(headers=self._headers, timeout=httpx.Timeout(30, read=300)) as http:
             while (returned := await self._asks.get()) is not None:
-                result = await client.call_tool("ask_user_question", {"questions": [{**QUESTION, "question": self.text}]})
-                if result.is_error:
-                    returned.set_exception(RuntimeError(str(result.content)))
+                self._calls += 1
+                r = await http.post(self._url, json={
+                    "jsonrpc": "2.0", "id": self._calls, "method": "tools/call",
+                    "params": {"name": "ask_user_question",
+                               "arguments": {"questions": [{**QUESTION, "question": self.text}]}, "_meta": META}})
+                at = time.perf_counter()
+                try:
+                    result = _result(r)
+                except (ValueError, KeyError, httpx.HTTPStatusError) as exc:
+                    returned.set_exception(RuntimeError(f"{exc}: {r.text[:500]}"))
+                    continue
+                if result.get("isError"):
+                    returned.set_exception(RuntimeError(str(result.get("content"))))
                 else:
-                    returned.set_result(time.perf_counter())
+                    returned.set_result(at)
 
     async def ask(self, notes: Notes) -> tuple[str, asyncio.Future[float]]:
         """Ask; (the stored question's id, a future of the moment the tool returned)."""
         returned: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._asks.put_nowait(returned)
-        return await asyncio.wait_for(notes.asked.get(), 30), returned
+        return await asyncio.wait_for(put_up(notes), 30), returned
 
     async def close(self) -> None:
         self._asks.put_nowait(None)
         await self.task
 
 
-async def bare_rtt(lis: psycopg.AsyncConnection, snd: psycopg.AsyncConnection, n: int, out: list[float]) -> None:
-    gen = lis.notifies()
-    try:
-        for _ in range(n):
-            t = time.perf_counter()
-            await snd.execute("SELECT pg_notify('bench_rtt', 'x')")
-            await anext(gen)
-            out.append(time.perf_counter() - t)
-    finally:
-        await gen.aclose()
+def _result(r: httpx.Response) -> dict[str, Any]:
+    """A tools/call's result, from a JSON response or the last message of an event stream (a call that sent
+    progress first)."""
+    r.raise_for_status()
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
+        body = json.loads(data[-1])
+    else:
+        body = r.json()
+    return body["result"]  # type: ignore[no-any-return]
+
+
+async def put_up(notes: Notes) -> str:
+    """The next question asked, once the executor has finished putting it up (its task's activity became
+    awaiting_user, the ask's last write): a user answers a question after reading it, so an answer is not
+    measured against the asking's own work. Where the activity does not change (it already was
+    awaiting_user: a second question of the task) the wait ends after ACTIVITY_WAIT_S."""
+    while (note := await notes.asked.get())[0] != "question_asked":
+        pass  # an activity change before the question: the previous answer's
+    with contextlib.suppress(TimeoutError):
+        while (await asyncio.wait_for(notes.asked.get(), ACTIVITY_WAIT_S))[0] != "task_activity":
+            pass
+    return note[1]
 
 
 def as_spawn(admin_dsn: str) -> dict[str, str]:
@@ -147,9 +182,7 @@ async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str
     out: dict[str, list[float]] = {"total": [], "post": [], "to_notify": [], "notify_to_return": [], "bare": []}
     askers = [Asker(mcp_url, i, headers) for i in range(pending)]
     waiting = [await a.ask(notes) for a in askers]  # one at a time, so each stored id is known to be its
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as lis, \
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as snd:
-        await lis.execute("LISTEN bench_rtt")
+    async with notify_rtt.Beside(dsn) as beside:  # the baseline, under the same load, all along
         for k in range(asks):
             i = k % pending
             qid, returned = waiting[i]
@@ -167,8 +200,8 @@ async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str
             out["post"].append(posted - start)
             out["to_notify"].append(notified - start)
             out["notify_to_return"].append(done - notified)
-            await bare_rtt(lis, snd, BARE_PER_ASK, out["bare"])
             waiting[i] = await askers[i].ask(notes)  # back to `pending` questions waiting
+    out["bare"] = beside.rtts
     for qid, _ in waiting:
         await http.delete(f"/api/asks/{qid}")
     for a in askers:
@@ -190,7 +223,7 @@ def report(label: str, r: dict[str, list[float]], goal: float, cpu: dict[str, fl
     print("    CPU per answer (robust to load; includes each side's share of asking): "
           + "  ".join(f"{k} {v / n * 1000:.2f} ms" for k, v in cpu.items()))
     print(f"    answer POST -> tool return:       {stats.summary(r['total'])}")
-    print(f"    bare NOTIFY round trip:           {stats.summary(r['bare'], digits=3)}")
+    print(f"    bare NOTIFY round trip (alongside): {stats.summary(r['bare'], digits=3)}")
     print(f"    p99 ratio: {stats.fmt_ratio(stats.ratio(r['total'], r['bare'], 99), f'goal <= {goal:g}x')}")
     print("    breakdown (each from its own samples; the parts overlap, they do not add up):")
     print(f"      POST round trip at the client:  {stats.summary(r['post'])}")
