@@ -177,7 +177,10 @@ async def pre_spawn_steps(admin_dsn: str) -> None:
 
 async def main(turns: int, clients: int, workers: int) -> None:
     with services.scratch_store() as (tmp, db, model):
-        env = services.service_env(db, model, tmp, workers=workers)
+        # the cold path: no warm turns (bench_warm measures those), so no warm process is started after each turn
+        # beside the direct spawn, nor found stale (the direct spawn moved the conversation on) and retired on
+        # the next turn's way
+        env = {**services.service_env(db, model, tmp, workers=workers), "PETAL_WARM_TURNS": "0"}
         async with services.running(db, env) as svc:
             print(f"before: {stats.machine_load()}")
             await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp)

@@ -6,8 +6,9 @@ loop, on a big store next to the same read on a nearly empty one, in one run.
 
 DSNs are superuser DSNs of databases seeded by tests/bench/seed_store.py (migrated here to the current
 schema first; on a big store a new index takes minutes, once). Without --small-dsn the baseline store is
-made next to the big one: the same seeding at 1/500 of its size (20,000 events, 40 tasks, 4 threads for the
-default), so each read returns the same kind and amount of data and only the store's size differs. (A store
+made next to the big one: the same seeding at 1/100 of its journal (100,000 events, 2,100 tasks, 210 threads
+for the default: the thread and task lists come back as full pages of 200 on both, and each thread is as
+busy), so each read returns the same kind and amount of data and only the store's size differs. (A store
 with nothing in it would answer every read with nothing, or 404.)
 
 Each read is chosen the same way in both stores: the newest thread that is not archived, a worker of about
@@ -54,6 +55,8 @@ QS = (50, 90, 99)
 # the executor row the claim query needs to see live (a benchmark's own name)
 EXECUTOR = "bench-scale"
 SSE_BACK = 1_000
+# more threads than the page's thread list and task list show (200 each), so both stores answer full pages
+LIST_FLOOR = 210
 
 
 @dataclass
@@ -191,9 +194,18 @@ def executor_cases(t: Target) -> dict[str, tuple[str, dict[str, Any]]]:
         "thread state (threads loop)": ("get_thread_state", {"id": t.thread}),
         "turn open (threads loop)": ("check_thread_turn_open", {"id": t.thread}),
         "take chat (threads loop)": ("take_pending_chat", {"thread_id": t.thread, "origin": None, "limit": 50}),
-        "thread controls (threads loop)": ("claim_thread_controls", {}),
+        "thread controls (threads loop)": ("claim_thread_controls", {"executor": EXECUTOR}),
         "notify candidates (notifier)": ("list_notify_candidates", {"after": t.head - 100, "limit": 100}),
     }
+
+
+def check_cases() -> None:
+    """Every executor query is given what it names (said before the minutes of seeding, not after them)."""
+    t = Target("check", "")
+    t.thread = t.worker = uuid.uuid4()
+    for label, (name, params) in executor_cases(t).items():
+        if missing := set(re.findall(r"%\((\w+)\)s", executor_sql[name])) - set(params):
+            raise SystemExit(f"bench_store_scale: {label} ({name}) is not given {sorted(missing)}")
 
 
 async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
@@ -280,10 +292,13 @@ def _db(cluster: Cluster, label: str) -> str:
 
 
 def small_shape(big_events: int) -> seed_store.Shape:
+    """A store 1/100 of the big one's journal, with enough threads and tasks that the lists the page reads
+    come back full on both (a page of threads and of tasks is 200: LIST_FLOOR), each thread as busy."""
     base = seed_store.Shape()
     scale = max(big_events, 1) / base.events
-    return seed_store.Shape(events=max(round(big_events / 500), 10_000), tasks=max(round(base.tasks * scale / 500), 40),
-                            threads=max(round(base.threads * scale / 500), 4), projects=2)
+    threads = max(round(base.threads * scale / 100), LIST_FLOOR)
+    return seed_store.Shape(events=max(round(big_events / 100), 100_000),
+                            tasks=round(threads * base.tasks / base.threads), threads=threads, projects=2)
 
 
 def main() -> None:
@@ -296,6 +311,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="stop the rounds after this long and report what was measured")
     args = parser.parse_args()
+    check_cases()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         cluster: Cluster | None = None

@@ -126,11 +126,16 @@ async def test_hostile_text_in_every_rendered_field_runs_nothing_and_the_page_wo
             styled = await strict.locator("#pinned-asks").frame_locator("iframe.html-preview").locator("#styled").evaluate(
                 "e => getComputedStyle(e).color")
             assert styled == "rgb(200, 0, 0)"
-            await page.locator("#pinned-asks .ask .option label", has_text="Markdown").click()
+            # the option's own control: its label's middle is the preview opened above, which selects nothing
+            await page.locator("#pinned-asks .ask .option", has_text="Markdown").locator("input[type='radio']").check()
             await page.locator("#pinned-asks .ask button[type='submit']").click()
-            # a reply
+            await expect(page.locator("#pinned-asks .ask")).to_have_count(0)
+            # a reply, to the answer given (not to the question's timeout)
             reply = page.locator(".msg.assistant", has_text="Reply:")
             await expect(reply).to_have_count(1, timeout=60_000)
+            closed = [e for e in await h.events() if e.event_type in ("question.answered", "question.timed_out")]
+            assert [(e.event_type, e.payload["answers"]) for e in closed] == [
+                ("question.answered", {"Which design?": "Markdown"})]
             await _nothing_ran(page, dialogs)
             await expect(reply.locator("strong")).to_have_text("bold")
             await expect(reply).to_contain_text("[y](javascript:window.__xss='link')")
