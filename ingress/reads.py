@@ -43,8 +43,15 @@ async def pending_queue(request: Request) -> Response:
 async def list_tasks(request: Request) -> Response:
     params = {"status": query_choice(request, "status", STATUSES), "thread_id": query_uuid(request, "thread_id"),
               "running": query_bool(request, "running"), **_page_params(request, TASKS_PAGE)}
-    rows = await ingress_queries(request).all("list_tasks", params)
+    rows = await _tasks(ingress_queries(request), params)
     return respond({"tasks": rows, "next_before": next_cursor(rows, params["limit"])})
+
+
+async def _tasks(q: Queries, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """A page of tasks: a thread's (picked by their indexes) or any."""
+    if params["thread_id"] is None:
+        return await q.all("list_tasks", {k: v for k, v in params.items() if k != "thread_id"})
+    return await q.all("list_thread_tasks", params)
 
 
 async def get_task(request: Request) -> Response:
@@ -139,8 +146,8 @@ async def context(request: Request) -> Response:
     thread_id = query_uuid(request, "thread_id") or threads.DEFAULT_THREAD_ID
     q = ingress_queries(request)
     thread = await q.one("get_thread", {"id": thread_id})
-    tasks = await q.all("list_tasks", {"status": None, "thread_id": thread_id, "running": None, "limit": 50,
-                                       "before_at": None, "before_id": None})
+    tasks = await _tasks(q, {"status": None, "thread_id": thread_id, "running": None, "limit": 50,
+                             "before_at": None, "before_id": None})
     turn = next((t for t in tasks if t["session_id"] == thread_id and t["status"] in ACTIVE_STATUSES), None)
     workers = [t for t in tasks if t["session_id"] != thread_id and t["status"] in ACTIVE_STATUSES]
     return respond({

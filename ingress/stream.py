@@ -350,9 +350,10 @@ async def _read_since(journal: Queries, after: int) -> list[Event]:
 
 
 async def _replay(journal: Queries, after: int, upto: int | None = None) -> AsyncIterator[list[Frame]]:
-    """Pages of frames for the committed events after `after` (up to `upto`), from the database."""
+    """Pages of frames for the committed events after `after` (up to `upto`), from the database. A client that
+    goes away mid-read does not interrupt the page's query: psycopg would close its pooled connection."""
     while True:
-        events = await _read_since(journal, after)
+        events = await aio.finished(_read_since(journal, after))
         page = [event_frame(e) for e in events if upto is None or e.seq <= upto]
         if page:
             yield page

@@ -314,3 +314,51 @@ async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_an
     assert seen == list(range(1, len(seen) + 1)) and len(seen) < 400
     # journal events carry an id
     assert [int(e.id) for e in resumed] == list(range(seen[-1] + 1, 401))  # type: ignore[arg-type]
+
+
+async def _ingress_backends(admin: psycopg.AsyncConnection[Any]) -> dict[int, str | None]:
+    cur = await admin.execute("SELECT pid, wait_event_type FROM pg_stat_activity WHERE usename = 'petal_ingress' "
+                              "AND datname = current_database()")
+    return {pid: wait for pid, wait in await cur.fetchall()}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["as served", "negative control: read interrupted"])
+async def test_a_client_gone_while_its_replay_reads_costs_the_ingress_no_connection(
+    db: DB, pool: AsyncConnectionPool, monkeypatch: pytest.MonkeyPatch, guarded: bool
+) -> None:
+    """A resuming client that goes away while its replay's page is being read: the read runs to its end and its
+    connection goes back to the pool. Interrupted (the control), psycopg cancels the query and closes the
+    connection under the ingress's pool."""
+    from shared import aio
+
+    if not guarded:
+        async def interrupted(coro: Any) -> Any:
+            return await coro
+        monkeypatch.setattr(aio, "finished", interrupted)
+    await _append(pool, 50)
+    async with ingress_server(db.ingress_dsn) as url, \
+            await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin, \
+            await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as locker:
+        async with httpx.AsyncClient(base_url=url) as http:
+            await http.get("/api/events?after_seq=0&limit=1")  # the pool has its connection open
+            await locker.execute("BEGIN")
+            await locker.execute("LOCK TABLE journal IN ACCESS EXCLUSIVE MODE")  # the replay's read waits on it
+            async with http.stream("GET", "/api/stream", headers={"Last-Event-ID": "0"}):
+                for _ in range(300):
+                    waiting = [pid for pid, wait in (await _ingress_backends(admin)).items() if wait == "Lock"]
+                    if waiting:
+                        break
+                    await asyncio.sleep(0.05)
+                assert waiting, "the replay's read never waited on the lock"
+            # the client is gone; its read still waits: then the lock goes
+            await asyncio.sleep(0.5)
+            await locker.execute("COMMIT")
+            for _ in range(100):
+                backends = await _ingress_backends(admin)
+                if backends.get(waiting[0]) != "Lock":  # its read ended, or it is gone
+                    break
+                await asyncio.sleep(0.05)
+            assert (waiting[0] in backends) is guarded, backends
+            # either way the next reader is served
+            replayed = await collect(http, 50, headers={"Last-Event-ID": "0"})
+    assert [e.id for e in replayed] == [str(i) for i in range(1, 51)]
