@@ -70,10 +70,8 @@ async def usage(pool: AsyncConnectionPool, by: str, *, task_id: uuid.UUID | None
     """Tokens and cost summed from the runs' result lines, one row per task, thread, project or UTC day."""
     if by not in USAGE_GROUPS:
         raise ValueError(f"by is one of {', '.join(USAGE_GROUPS)}")
-    if task_id is None and thread_id is None:
-        return await Queries(pool, queries).all("list_usage", {"by": by, "project_id": project_id})
-    return await Queries(pool, queries).all("list_usage_scoped", {"by": by, "task_id": task_id, "thread_id": thread_id,
-                                                                  "project_id": project_id})
+    params = {"by": by, "task_id": task_id, "thread_id": thread_id, "project_id": project_id}
+    return await Queries(pool, queries).all("list_usage" if thread_id is None else "list_thread_usage", params)
 
 
 def total(rows: list[dict[str, Any]]) -> dict[str, Any]:

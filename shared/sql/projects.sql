@@ -52,9 +52,9 @@ LEFT JOIN LATERAL (SELECT seq, payload FROM journal
 WHERE t.id = %(id)s
 
 -- name: list_usage --
--- Tokens and cost from each run's result line, summed by task, thread, project or UTC day, over every run
--- (a project's or the whole store's usage; one task's or one thread's: list_usage_scoped). A run belongs to a
--- thread through its own session (a turn), its parent (a worker) or its grandparent (an extractor).
+-- Tokens and cost from each run's result line, summed by task, thread, project or UTC day. A run belongs
+-- to a thread through its own session (a turn), its parent (a worker) or its grandparent (an extractor).
+-- One thread's usage is list_thread_usage (read from the thread's runs, not placed among every run's).
 WITH runs AS (
     SELECT j.task_id, j.created_at, j.payload, t.project_id AS task_project,
            coalesce(CASE WHEN s.role = 'orchestrator' THEN s.id END,
@@ -68,6 +68,16 @@ WITH runs AS (
     LEFT JOIN tasks pp ON pp.id = p.parent_task_id
     LEFT JOIN sessions pps ON pps.id = pp.session_id
     WHERE j.event_type = 'stream.result'
+      -- narrowed to the runs a task or thread filter can match (the WHERE below decides), so a task's or a
+      -- thread's usage reads its own result lines through (task_id, event_type, seq), not every run's
+      AND (%(task_id)s::uuid IS NULL OR j.task_id = %(task_id)s::uuid)
+      AND (%(thread_id)s::uuid IS NULL OR j.task_id IN (
+          SELECT id FROM tasks WHERE session_id = %(thread_id)s::uuid
+          UNION ALL
+          SELECT w.id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id WHERE p.session_id = %(thread_id)s::uuid
+          UNION ALL
+          SELECT x.id FROM tasks x JOIN tasks w ON w.id = x.parent_task_id JOIN tasks p ON p.id = w.parent_task_id
+          WHERE p.session_id = %(thread_id)s::uuid))
 ), scoped AS (
     SELECT r.*, coalesce(r.task_project, ts.project_id) AS project_id
     FROM runs r LEFT JOIN sessions ts ON ts.id = r.thread_id
@@ -83,18 +93,18 @@ SELECT CASE %(by)s WHEN 'task' THEN task_id::text WHEN 'thread' THEN thread_id::
        sum(coalesce((payload -> 'usage' ->> 'cache_read_input_tokens')::bigint, 0))::bigint AS cache_read_input_tokens,
        sum(coalesce((payload ->> 'total_cost_usd')::numeric, 0))::float8 AS cost_usd
 FROM scoped
-WHERE (%(project_id)s::uuid IS NULL OR project_id = %(project_id)s::uuid)
+WHERE (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
+  AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)
+  AND (%(project_id)s::uuid IS NULL OR project_id = %(project_id)s::uuid)
 GROUP BY 1
 ORDER BY 1
 
--- name: list_usage_scoped --
--- The same sums for one task's runs or one thread's, read from those runs alone: their ids first (the task;
--- the thread's turns, their workers and those workers' extractors), each by an index, then each one's result
--- lines by (task_id, event_type, seq). Joined the other way round, the planner hashed every task and session
+-- name: list_thread_usage --
+-- The same sums for one thread's runs, read from those runs alone: their ids first (the thread's turns, their
+-- workers and those workers' extractors), each by an index, then each one's result lines by (task_id,
+-- event_type, seq). Joined the other way round, the planner hashed every task and session
 -- of the store to find a thread's dozen (53 ms on 20,000 tasks, growing with them).
 WITH picked AS (
-    SELECT %(task_id)s::uuid AS id WHERE %(task_id)s::uuid IS NOT NULL
-    UNION
     SELECT id FROM tasks WHERE session_id = %(thread_id)s::uuid
     UNION
     SELECT w.id FROM tasks w JOIN tasks p ON p.id = w.parent_task_id WHERE p.session_id = %(thread_id)s::uuid

@@ -79,7 +79,7 @@ def _plan(db: DB, sql: str, params: dict[str, Any]) -> tuple[dict[str, Any], int
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "a thread's tasks": (ingress_sql["list_thread_tasks"], {"status": None, "running": None, "limit": 500,
                                                              "before_at": None, "before_id": None}),
-    "a thread's usage": (shared_sql["list_usage_scoped"], {"by": "thread", "task_id": None, "project_id": None}),
+    "a thread's usage": (shared_sql["list_thread_usage"], {"by": "thread", "task_id": None, "project_id": None}),
 }
 
 
