@@ -48,6 +48,9 @@ PAGE = 500
 _ROWS = TypeAdapter(list[Event])
 # Backstop for a notification lost without the listener noticing: look at the head this often.
 POLL_S = 2.0
+# A replay's page read goes on after its client left (aio.finished) for at most this long: a read held up
+# (a lock) then gives its pooled connection back rather than keep it until the hold ends.
+DETACHED_READ_S = 5.0
 # A send blocked this long (a dead or stalled client) ends that stream.
 SEND_TIMEOUT_S = 30.0
 # While the database is away, a client whose stream had to end comes back after this long.
@@ -353,7 +356,7 @@ async def _replay(journal: Queries, after: int, upto: int | None = None) -> Asyn
     """Pages of frames for the committed events after `after` (up to `upto`), from the database. A client that
     goes away mid-read does not interrupt the page's query: psycopg would close its pooled connection."""
     while True:
-        events = await aio.finished(_read_since(journal, after))
+        events = await aio.finished(_read_since(journal, after), detached_s=DETACHED_READ_S)
         page = [event_frame(e) for e in events if upto is None or e.seq <= upto]
         if page:
             yield page

@@ -25,11 +25,29 @@ async def resolved(value: T) -> T:
     return value
 
 
-async def finished(coro: Coroutine[Any, Any, T]) -> T:
+# work `finished` goes on with after its caller went: kept referenced until done
+_detached: set[asyncio.Task[Any]] = set()
+
+
+def _settled(task: asyncio.Task[Any]) -> None:
+    _detached.discard(task)
+    if not task.cancelled():
+        task.exception()  # read, so an error no one waits for is not reported as never retrieved
+
+
+async def finished(coro: Coroutine[Any, Any, T], *, detached_s: float) -> T:
     """Await `coro` in a task of its own that a cancellation of the caller does not interrupt: the caller is
-    cancelled at once, the work runs to its end. For a short query whose interruption costs more than it
-    saves (psycopg closes a connection whose query was cancelled mid-flight). Its error, once no one waits,
-    is dropped."""
+    cancelled at once, the work runs to its end, or is cancelled (once, as plain asyncio does) `detached_s`
+    after its caller went. For a short query whose interruption costs more than it saves (psycopg closes a
+    connection whose query a repeated cancellation interrupts, as anyio's cancel scopes deliver it). Its
+    error, once no one waits, is dropped."""
     task = asyncio.ensure_future(coro)
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
-    return await asyncio.shield(task)
+    _detached.add(task)
+    task.add_done_callback(_settled)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            handle = asyncio.get_running_loop().call_later(detached_s, task.cancel)
+            task.add_done_callback(lambda _: handle.cancel())
+        raise

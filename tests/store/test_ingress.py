@@ -316,23 +316,28 @@ async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_an
     assert [int(e.id) for e in resumed] == list(range(seen[-1] + 1, 401))  # type: ignore[arg-type]
 
 
-async def _ingress_backends(admin: psycopg.AsyncConnection[Any]) -> dict[int, str | None]:
-    cur = await admin.execute("SELECT pid, wait_event_type FROM pg_stat_activity WHERE usename = 'petal_ingress' "
-                              "AND datname = current_database()")
-    return {pid: wait for pid, wait in await cur.fetchall()}
+async def _ingress_backends(admin: psycopg.AsyncConnection[Any]) -> dict[int, tuple[str, str | None]]:
+    """The ingress's server connections: pid -> (state, wait event type)."""
+    cur = await admin.execute("SELECT pid, state, wait_event_type FROM pg_stat_activity "
+                              "WHERE usename = 'petal_ingress' AND datname = current_database()")
+    return {pid: (state, wait) for pid, state, wait in await cur.fetchall()}
 
 
-@pytest.mark.parametrize("guarded", [True, False], ids=["as served", "negative control: read interrupted"])
+@pytest.mark.parametrize(("case", "hold_s"), [("as served", 0.5), ("held past the detached limit", 3.0),
+                                              ("negative control: read interrupted", 0.5)])
 async def test_a_client_gone_while_its_replay_reads_costs_the_ingress_no_connection(
-    db: DB, pool: AsyncConnectionPool, monkeypatch: pytest.MonkeyPatch, guarded: bool
+    db: DB, pool: AsyncConnectionPool, monkeypatch: pytest.MonkeyPatch, case: str, hold_s: float
 ) -> None:
-    """A resuming client that goes away while its replay's page is being read: the read runs to its end and its
-    connection goes back to the pool. Interrupted (the control), psycopg cancels the query and closes the
-    connection under the ingress's pool."""
+    """A resuming client that goes away while its replay's page is being read: the read runs to its end (or, held
+    up past DETACHED_READ_S, is cancelled the way psycopg survives) and its connection goes back to the pool.
+    Interrupted (the control), psycopg cancels the query and closes the connection under the ingress's pool."""
+    from ingress import stream
     from shared import aio
 
-    if not guarded:
-        async def interrupted(coro: Any) -> Any:
+    monkeypatch.setattr(stream, "POLL_S", 3600.0)  # the broadcaster's idle read would wait on the lock as well
+    monkeypatch.setattr(stream, "DETACHED_READ_S", 1.0)
+    if case.startswith("negative"):
+        async def interrupted(coro: Any, **_: Any) -> Any:
             return await coro
         monkeypatch.setattr(aio, "finished", interrupted)
     await _append(pool, 50)
@@ -345,20 +350,23 @@ async def test_a_client_gone_while_its_replay_reads_costs_the_ingress_no_connect
             await locker.execute("LOCK TABLE journal IN ACCESS EXCLUSIVE MODE")  # the replay's read waits on it
             async with http.stream("GET", "/api/stream", headers={"Last-Event-ID": "0"}):
                 for _ in range(300):
-                    waiting = [pid for pid, wait in (await _ingress_backends(admin)).items() if wait == "Lock"]
+                    waiting = [pid for pid, (_, wait) in (await _ingress_backends(admin)).items() if wait == "Lock"]
                     if waiting:
                         break
                     await asyncio.sleep(0.05)
-                assert waiting, "the replay's read never waited on the lock"
-            # the client is gone; its read still waits: then the lock goes
-            await asyncio.sleep(0.5)
+                assert len(waiting) == 1, "the replay's read (alone) never waited on the lock"
+            # the client is gone; its read waits on: then the lock goes
+            await asyncio.sleep(hold_s)
+            if case.startswith("held"):  # given up at the detached limit, before the lock went, and kept
+                assert (await _ingress_backends(admin)).get(waiting[0]) == ("idle", "Client"), "still waiting"
             await locker.execute("COMMIT")
-            for _ in range(100):
+            for _ in range(200):  # until the read's connection is idle again, or gone
                 backends = await _ingress_backends(admin)
-                if backends.get(waiting[0]) != "Lock":  # its read ended, or it is gone
+                if waiting[0] not in backends or backends[waiting[0]][0] == "idle":
                     break
                 await asyncio.sleep(0.05)
-            assert (waiting[0] in backends) is guarded, backends
+            kept = waiting[0] in backends
             # either way the next reader is served
             replayed = await collect(http, 50, headers={"Last-Event-ID": "0"})
+    assert kept is not case.startswith("negative"), backends
     assert [e.id for e in replayed] == [str(i) for i in range(1, 51)]

@@ -18,7 +18,8 @@ from shared.models import NewEvent
 from shared.sql import queries as shared_sql
 from tests.pg import DB, Cluster
 
-OTHER_THREADS, TASKS_EACH = 500, 10
+OTHER_THREADS, TURNS = 500, 5
+TASKS_EACH = 2 * TURNS  # a thread's task list: its turns and their workers (an extractor is its worker's)
 # a read that picks the thread's rows touches tens of task and session rows; a walk touches thousands
 MAX_ROWS = 200
 # the shape of the reads before they were picked by index, kept as the check's negative control
@@ -29,7 +30,8 @@ ORDER BY t.created_at DESC, t.id DESC LIMIT %(limit)s"""
 
 @pytest.fixture(scope="module")
 def store(cluster: Cluster) -> Iterator[tuple[DB, Any]]:
-    """Many threads of ten tasks (turns, each with a worker and its extractor), and one more to read."""
+    """Many threads of five turns, each with a worker and the worker's extractor, and one more to read; a result
+    line for every run."""
     db = cluster.create_migrated()
     try:
         with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
@@ -37,9 +39,11 @@ def store(cluster: Cluster) -> Iterator[tuple[DB, Any]]:
                 WITH th AS (INSERT INTO sessions (role, lifecycle)
                             SELECT 'orchestrator', 'running' FROM generate_series(1, %s) RETURNING id),
                      turns AS (INSERT INTO tasks (session_id, role, status)
-                               SELECT th.id, 'orchestrator', 'success' FROM th, generate_series(1, %s) RETURNING id)
-                INSERT INTO tasks (role, status, parent_task_id) SELECT 'worker', 'success', id FROM turns""",
-                         [OTHER_THREADS + 1, TASKS_EACH // 2])
+                               SELECT th.id, 'orchestrator', 'success' FROM th, generate_series(1, %s) RETURNING id),
+                     workers AS (INSERT INTO tasks (role, status, parent_task_id)
+                                 SELECT 'worker', 'success', id FROM turns RETURNING id)
+                INSERT INTO tasks (role, status, parent_task_id) SELECT 'extractor', 'success', id FROM workers""",
+                         [OTHER_THREADS + 1, TURNS])
             thread = conn.execute("SELECT id FROM sessions WHERE role = 'orchestrator' ORDER BY created_at DESC, id "
                                   "LIMIT 1").fetchone()[0]  # type: ignore[index]
             tasks = conn.execute("SELECT id, session_id FROM tasks").fetchall()
@@ -93,8 +97,23 @@ def test_a_threads_read_touches_its_own_rows_not_every_tasks(store: tuple[DB, An
     assert read <= MAX_ROWS, f"{case} read {read} task and session rows: {json.dumps(plan)[:3000]}"
 
 
-def test_the_check_catches_a_walk_of_every_task(store: tuple[DB, Any]) -> None:
+@pytest.mark.parametrize("by", ["thread", "task", "project", "day"])
+def test_a_threads_usage_sums_what_the_every_run_query_sums_for_it(store: tuple[DB, Any], by: str) -> None:
     db, thread = store
-    plan, returned = _plan(db, WALKING_TASK_LIST, {"thread_id": thread, "limit": 500})
-    assert returned == TASKS_EACH
+    params = {"by": by, "task_id": None, "thread_id": thread, "project_id": None}
+    with psycopg.connect(db.admin_dsn) as conn:
+        picked = conn.execute(shared_sql["list_thread_usage"], params).fetchall()
+        placed = conn.execute(shared_sql["list_usage"], params).fetchall()
+    assert picked == placed
+    # its turns, their workers and the workers' extractors: 15 runs
+    assert sum(r[1] for r in picked) == 3 * TURNS
+
+
+@pytest.mark.parametrize(("shape", "sql"), [("task list", WALKING_TASK_LIST), ("usage", shared_sql["list_usage"])])
+def test_the_check_catches_a_walk_of_every_task(store: tuple[DB, Any], shape: str, sql: str) -> None:
+    # negative controls: the task list as it was read, and the every-run usage query given the thread
+    db, thread = store
+    plan, returned = _plan(db, sql, {"thread_id": thread, "limit": 500, "by": "thread", "task_id": None,
+                                     "project_id": None})
+    assert returned == (TASKS_EACH if shape == "task list" else 1)
     assert _rows_read(plan, ("tasks", "sessions")) > 10 * MAX_ROWS
