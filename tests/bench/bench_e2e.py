@@ -29,6 +29,7 @@ from executor.run import substrate
 from executor.settle import dispatch
 from shared.database import Database
 from tests.bench import services, stats
+from tests.bench.bench_ask import as_spawn
 from tests.bench.sse_load import Generators
 from tests.harness import worker
 from tests.served import SSEEvent, sse_events
@@ -73,11 +74,16 @@ async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str) ->
 
 
 async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], config_dir: Path, mcp_url: str,
-                         tmp: Path) -> None:
-    harness, direct, to_spawn, after_spawn = [], [], [], []
+                         tmp: Path, admin_dsn: str) -> None:
+    harness, direct, connected, to_spawn, after_spawn = [], [], [], [], []
     mcp_file = tmp / "direct-mcp.json"
     # no credential: the direct spawn is not a caller the harness knows
     mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, "", None)))
+    # and one with a credential of its own (a running task's, as bench_ask makes them): the harness MCP then
+    # connects as in a turn, unsandboxed, which splits the CLI's extra start between the two
+    token = as_spawn(admin_dsn)["Authorization"].removeprefix("Bearer ")
+    connected_file = tmp / "direct-mcp-connected.json"
+    connected_file.write_text(json.dumps(substrate.mcp_config(mcp_url, token, None)))
     # The environment the executor gives its CLI, built the same way from the executor's own: what the CLI
     # costs depends on it (NODE_EXTRA_CA_CERTS, for one, makes every node start read a certificate bundle).
     env = substrate.build_env(substrate.SubstrateConfig(
@@ -95,15 +101,20 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
             payload = json.loads(spawned.data)["payload"]
             argv = [f"--mcp-config={mcp_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]]
             alone = await spawn_to_first_line(argv, env, payload["workdir"])
+            with_mcp = await spawn_to_first_line(
+                [f"--mcp-config={connected_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]],
+                env, payload["workdir"])
             if i:
                 harness.append(first - t0)
                 direct.append(alone)
+                connected.append(with_mcp)
                 to_spawn.append(spawned_at - t0)
                 after_spawn.append(first - spawned_at)
         stream.task.cancel()
     print(f"(a) {turns} turns, each next to a direct spawn of its own command line")
     print(f"    POST /api/chat -> first stream line at an SSE client: {stats.summary(harness)}")
     print(f"    CLI alone, spawn -> first stdout line:                {stats.summary(direct)}")
+    print(f"    CLI alone, its harness MCP connected (unsandboxed): {stats.summary(connected)}")
     print(f"      of which POST -> task.spawned at the client: {stats.summary(to_spawn)}")
     print(f"      and task.spawned -> first stream line:      {stats.summary(after_spawn)}")
     h50, d50 = stats.percentile(harness, 50), stats.percentile(direct, 50)
@@ -183,7 +194,7 @@ async def main(turns: int, clients: int, workers: int) -> None:
         env = {**services.service_env(db, model, tmp, workers=workers), "PETAL_WARM_TURNS": "0"}
         async with services.running(db, env) as svc:
             print(f"before: {stats.machine_load()}")
-            await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp)
+            await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp, db.admin_dsn)
             await pre_spawn_steps(db.admin_dsn)
             services.stop(svc.executor)
             svc.executor = services.start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
