@@ -60,16 +60,23 @@ class Stream:
                     return at, ev
 
 
-async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str) -> float:
+async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str, prompt: bytes) -> float:
+    """Spawn -> the CLI's first stdout line, the prompt given on stdin as the executor gives it. Without one, a
+    resumed conversation's CLI prints no line at all: it exits with an error ("Provide a prompt"), and the
+    time to that exit is no baseline. So the line must be the init line."""
     start = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.DEVNULL, env=env, cwd=cwd,
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
                                                 start_new_session=True, limit=1 << 26)
-    assert proc.stdout is not None
-    await proc.stdout.readline()
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(prompt)
+    await proc.stdin.drain()
+    proc.stdin.close()
+    line = await proc.stdout.readline()
     first = time.perf_counter() - start
-    await proc.stdout.read()
-    await proc.wait()
+    _, err = await proc.communicate()
+    if not line.startswith(b'{"type":"system","subtype":"init"'):
+        raise RuntimeError(f"the direct spawn printed no init line ({line[:200]!r}; stderr {err[:300]!r})")
     return first
 
 
@@ -98,18 +105,20 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
             spawned_at, spawned = await stream.until(lambda ev: ev.event == "task.spawned")
             first, _ = await stream.until(lambda ev: ev.event.startswith("stream."))
             await stream.until(lambda ev: ev.event == "task.exited")
+            if not i:
+                continue  # the thread's first turn starts its conversation: a second start of it is refused
             payload = json.loads(spawned.data)["payload"]
             argv = [f"--mcp-config={mcp_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]]
-            alone = await spawn_to_first_line(argv, env, payload["workdir"])
+            prompt = f"turn {i}".encode()
+            alone = await spawn_to_first_line(argv, env, payload["workdir"], prompt)
             with_mcp = await spawn_to_first_line(
                 [f"--mcp-config={connected_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]],
-                env, payload["workdir"])
-            if i:
-                harness.append(first - t0)
-                direct.append(alone)
-                connected.append(with_mcp)
-                to_spawn.append(spawned_at - t0)
-                after_spawn.append(first - spawned_at)
+                env, payload["workdir"], prompt)
+            harness.append(first - t0)
+            direct.append(alone)
+            connected.append(with_mcp)
+            to_spawn.append(spawned_at - t0)
+            after_spawn.append(first - spawned_at)
         stream.task.cancel()
     print(f"(a) {turns} turns, each next to a direct spawn of its own command line")
     print(f"    POST /api/chat -> first stream line at an SSE client: {stats.summary(harness)}")
