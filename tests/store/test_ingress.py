@@ -19,6 +19,7 @@ from shared import journal
 from shared.models import NewEvent
 from tests.pg import DB, lock_waiter
 from tests.served import SSEEvent, collect, ingress_server
+from tests.wait import until
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
 # (RETURNING, an aggregate, a row the test made)
@@ -349,23 +350,21 @@ async def test_a_client_gone_while_its_replay_reads_costs_the_ingress_no_connect
             await locker.execute("BEGIN")
             await locker.execute("LOCK TABLE journal IN ACCESS EXCLUSIVE MODE")  # the replay's read waits on it
             async with http.stream("GET", "/api/stream", headers={"Last-Event-ID": "0"}):
-                for _ in range(300):
-                    waiting = [pid for pid, (_, wait) in (await _ingress_backends(admin)).items() if wait == "Lock"]
-                    if waiting:
-                        break
-                    await asyncio.sleep(0.05)
-                assert len(waiting) == 1, "the replay's read (alone) never waited on the lock"
+                reader = await lock_waiter(db.admin_dsn, "usename = 'petal_ingress'")
+                assert [pid for pid, (_, wait) in (await _ingress_backends(admin)).items() if wait == "Lock"] \
+                    == [reader], "the replay's read is not the only one waiting on the lock"
             # the client is gone; its read waits on: then the lock goes
             await asyncio.sleep(hold_s)
             if case.startswith("held"):  # given up at the detached limit, before the lock went, and kept
-                assert (await _ingress_backends(admin)).get(waiting[0]) == ("idle", "Client"), "still waiting"
+                assert (await _ingress_backends(admin)).get(reader) == ("idle", "Client"), "still waiting"
             await locker.execute("COMMIT")
-            for _ in range(200):  # until the read's connection is idle again, or gone
+
+            async def settled() -> dict[int, tuple[str, str | None]] | None:
                 backends = await _ingress_backends(admin)
-                if waiting[0] not in backends or backends[waiting[0]][0] == "idle":
-                    break
-                await asyncio.sleep(0.05)
-            kept = waiting[0] in backends
+                return backends if reader not in backends or backends[reader][0] == "idle" else None
+            backends = await until(settled, "the read's connection to be idle again, or gone", timeout=10,
+                                   every=0.05)
+            kept = reader in backends
             # either way the next reader is served
             replayed = await collect(http, 50, headers={"Last-Event-ID": "0"})
     assert kept is not case.startswith("negative"), backends

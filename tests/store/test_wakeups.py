@@ -3,6 +3,10 @@ activity is not an end, and a question whose asking tool waits for it is nothing
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import psycopg
 from psycopg.types.json import Jsonb
 
@@ -26,11 +30,18 @@ def _heard(conn: psycopg.Connection, admin: psycopg.Connection, sql: str, args: 
     raise AssertionError(f"the marker never came (heard {heard})")
 
 
-def test_an_activity_change_is_not_a_task_change_and_an_end_is(db: DB) -> None:
+@contextlib.contextmanager
+def _listening(db: DB) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
+    """A connection listening on CHANNELS (and the marker), and one to change the store with."""
     with psycopg.connect(db.admin_dsn, autocommit=True) as listen, \
             psycopg.connect(db.admin_dsn, autocommit=True) as admin:
         for channel in (*CHANNELS, "wake_probe"):
             listen.execute(f"LISTEN {channel}")
+        yield listen, admin
+
+
+def test_an_activity_change_is_not_a_task_change_and_an_end_is(db: DB) -> None:
+    with _listening(db) as (listen, admin):
         session = admin.execute("INSERT INTO sessions (role, lifecycle) VALUES ('worker', 'running') "
                                 "RETURNING id").fetchone()[0]  # type: ignore[index]
         task = admin.execute("INSERT INTO tasks (session_id, role, status, started_at) "
@@ -45,10 +56,7 @@ def test_an_activity_change_is_not_a_task_change_and_an_end_is(db: DB) -> None:
 
 
 def test_only_the_answers_the_settler_acts_on_wake_it(db: DB) -> None:
-    with psycopg.connect(db.admin_dsn, autocommit=True) as listen, \
-            psycopg.connect(db.admin_dsn, autocommit=True) as admin:
-        for channel in (*CHANNELS, "wake_probe"):
-            listen.execute(f"LISTEN {channel}")
+    with _listening(db) as (listen, admin):
         session = admin.execute("INSERT INTO sessions (role, lifecycle) VALUES ('orchestrator', 'running') "
                                 "RETURNING id").fetchone()[0]  # type: ignore[index]
 
