@@ -34,6 +34,10 @@ ALWAYS_HIDDEN = (Path("/etc/petal-dispatch"), Path("/var/lib/postgresql"), Path(
 INSTALL_HINT = "apt-get install bubblewrap socat"
 # In the sandbox, before the CLI: one forwarder per loopback port (`port=socket`: TCP → the gateway's Unix
 # socket), and the CLI started only once each one accepts (its MCP connection must not race the forwarder's bind).
+# The shell itself tries each port (a connect: no process started per try), pausing 0.2 ms between tries with a
+# `read` that times out on a pty nothing is ever written to (a pause without a process, leaving the cores to the
+# forwarders' start), for 10 s at most. A subshell and a `sleep` per try had the CLI start some 5 ms after the
+# forwarders were listening.
 # The launcher then waits for the CLI (passing a stop's signal on) and exits with its status, rather than exec it:
 # bubblewrap's init ends the sandbox when its first child ends, so a CLI that dies for any reason takes the
 # forwarders with it — also when the executor died while bubblewrap was still starting, before the sandbox's init
@@ -46,10 +50,15 @@ while [ "$1" != "--" ]; do
   ports+=("$port"); shift
 done
 shift
+{ exec {pause}<>/dev/ptmx; } 2>/dev/null || pause=
+deadline=$((EPOCHSECONDS + 10))
 for p in "${ports[@]}"; do
-  for _ in $(seq 2000); do (: >"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break; sleep 0.005; done
+  until { : >"/dev/tcp/127.0.0.1/$p"; } 2>/dev/null || ((EPOCHSECONDS > deadline)); do
+    [ -z "$pause" ] || read -r -t 0.0002 -u "$pause"
+  done
 done
-unset SOCKETS
+[ -z "$pause" ] || exec {pause}>&-
+unset SOCKETS pause deadline
 "$@" <&0 &
 cli=$!
 trap 'kill -TERM "$cli" 2>/dev/null' TERM

@@ -152,14 +152,20 @@ class Gateway:
         if self._full(writer):
             return
         self._track(writer)
+        # the service is reached once the client has said something: the launcher's readiness tries (a connect
+        # and a close, at every spawn's start) then cost no connection to it
         try:
-            up = await asyncio.wait_for(asyncio.open_connection(*target), CONNECT_TIMEOUT_S)
+            first = await reader.read(_PIPE_CHUNK)
+            up = await asyncio.wait_for(asyncio.open_connection(*target), CONNECT_TIMEOUT_S) if first else None
         except (OSError, TimeoutError):
+            up = None
+        if up is None:
             writer.close()
             self.conns.discard(writer)
             return
         self._track(up[1])
         try:
+            up[1].write(first)
             await _splice((reader, writer), up)
         finally:
             self.conns.discard(writer)

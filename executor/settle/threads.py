@@ -145,18 +145,20 @@ class Threads:
     # ---- chat delivery -------------------------------------------------------------------------------
 
     async def deliver(self) -> None:
-        for row in await self.q.all("list_threads_with_pending_chat"):
-            await self._deliver_thread(row["thread_id"])
+        for thread in await self.q.all("list_threads_with_pending_chat", {"id": None}):
+            await self._deliver_thread(thread)
 
-    async def _deliver_thread(self, thread_id: uuid.UUID) -> None:
-        thread = await self.q.one("get_thread_state", {"id": thread_id})
-        if thread is None:
+    async def _deliver_thread(self, thread: dict[str, Any]) -> None:
+        thread_id = thread["thread_id"]
+        if not thread["found"]:
             if thread_id == threads.DEFAULT_THREAD_ID:
                 await self.q.execute("create_thread", {"id": thread_id, "title": "Default", "mode": "interactive",
                                                        "project_id": None})
                 await self.writer.put(NewEvent("thread.created", {"title": "Default", "mode": "interactive"},
                                                session_id=thread_id))
-                return await self._deliver_thread(thread_id)
+                for made in await self.q.all("list_threads_with_pending_chat", {"id": thread_id}):
+                    await self._deliver_thread(made)
+                return None
             if await self.q.one("check_thread_create_pending", {"id": thread_id}) is None:
                 await self.q.execute("fail_pending_chat", {"thread_id": thread_id, "error": f"no thread {thread_id}"})
             return None
@@ -202,8 +204,7 @@ class Threads:
                           context: str | None) -> None:
         async with work(self.q) as tx:
             await tx.execute("lock_thread_for_turn", {"id": thread_id})
-            if await tx.one("check_thread_turn_open", {"id": thread_id}) is not None:
-                return  # another executor started the turn meanwhile: these messages wait for its end
+            # none while a turn is open (another executor started one meanwhile): they wait for its end
             messages = await tx.all("take_pending_chat",
                                     {"thread_id": thread_id, "limit": MAX_MESSAGES_PER_TURN, "origin": None})
             if not messages:

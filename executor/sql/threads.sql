@@ -37,21 +37,21 @@ WHERE id = %(id)s AND role = 'orchestrator'
 RETURNING id
 
 -- name: list_threads_with_pending_chat --
-SELECT DISTINCT thread_id FROM chat_queue WHERE status = 'pending'
-
--- name: get_thread_state --
--- A turn is open until its end is settled: a failed turn's re-run is inserted by its settlement, and no
--- later message may start a turn before that. blocked_question: a question the thread's running turn is
--- waiting on (a chat message answers it as a reply).
-SELECT s.id, s.lifecycle, s.mode, s.project_id,
+-- Each thread with messages waiting (only %(id)s, when given) and what their delivery depends on, in one round trip
+-- on the way to every turn's spawn; `found` is false for a thread that does not exist (yet). A turn is open until its
+-- end is settled: a failed turn's re-run is inserted by its settlement, and no later message may start a turn before
+-- that. blocked_question: a question the thread's running turn is waiting on (a chat message answers it as a reply).
+SELECT c.thread_id, s.id IS NOT NULL AS found, s.lifecycle, s.mode, s.project_id,
        EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id
                AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)) AS turn_open,
-       EXISTS (SELECT 1 FROM thread_control_queue c WHERE c.thread_id = s.id AND c.status IN ('pending', 'claimed'))
+       EXISTS (SELECT 1 FROM thread_control_queue q WHERE q.thread_id = s.id AND q.status IN ('pending', 'claimed'))
            AS controls_pending,
        (SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
         WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND t.session_id = s.id AND t.status = 'running'
         ORDER BY q.created_at LIMIT 1) AS blocked_question
-FROM sessions s WHERE s.id = %(id)s AND s.role = 'orchestrator'
+FROM (SELECT DISTINCT thread_id FROM chat_queue
+      WHERE status = 'pending' AND (%(id)s::uuid IS NULL OR thread_id = %(id)s::uuid)) c
+LEFT JOIN sessions s ON s.id = c.thread_id AND s.role = 'orchestrator'
 
 -- name: check_thread_create_pending --
 SELECT true AS holds WHERE EXISTS (SELECT 1 FROM thread_control_queue WHERE thread_id = %(id)s AND action = 'create'
@@ -61,10 +61,15 @@ SELECT true AS holds WHERE EXISTS (SELECT 1 FROM thread_control_queue WHERE thre
 -- origin NULL takes every message (a turn boundary); 'user' only the user's own (a reply in chat that
 -- answers a pending question: a harness report must never answer for the user, it waits for the boundary).
 -- A reply carries text only: a message with attachments waits for the boundary, where a turn takes its files.
+-- A boundary takes nothing while the thread has a turn open (as in list_threads_with_pending_chat): run after
+-- lock_thread_for_turn, in a statement of its own, it sees a turn another executor started meanwhile.
 UPDATE chat_queue c SET status = 'delivered', claimed_at = now(), done_at = now()
 FROM (SELECT id FROM chat_queue
       WHERE thread_id = %(thread_id)s AND status = 'pending'
         AND (%(origin)s::text IS NULL OR (origin = %(origin)s AND cardinality(attachment_ids) = 0))
+        AND (%(origin)s::text IS NOT NULL
+             OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = %(thread_id)s
+                            AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)))
       ORDER BY created_at
       FOR UPDATE SKIP LOCKED LIMIT %(limit)s) picked
 WHERE c.id = picked.id
@@ -89,15 +94,11 @@ RETURNING id, answered_by
 
 -- name: lock_thread_for_turn --
 -- Executors of a fleet deliver chat concurrently: the thread's row lock makes "no turn open → start one"
--- one step (the open-turn check runs after it, in a statement of its own, so it sees the other's commit).
+-- one step (the open-turn check, take_pending_chat's, runs after it in a statement of its own, so it sees the
+-- other's commit).
 -- NO KEY UPDATE, not UPDATE: a journal append naming the thread checks its key FOR KEY SHARE while it
 -- holds the journal head, and this transaction appends next; FOR UPDATE would deadlock the two.
 SELECT id FROM sessions WHERE id = %(id)s FOR NO KEY UPDATE
-
--- name: check_thread_turn_open --
--- Open as in get_thread_state: until its end is settled.
-SELECT true AS holds WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = %(id)s
-                                   AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL))
 
 -- name: cancel_archived_turns --
 -- A turn queued in a thread before it was archived (a delayed re-run) does not run: it ends as cancelled,

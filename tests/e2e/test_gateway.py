@@ -1,6 +1,7 @@
 """A sandboxed spawn's gateway on its own (real sockets, no CLI): the proxy admits only the allowlist and never an
-internal address in any spelling, and a spawn cannot hold more connections than its limit or a request head open
-for long."""
+internal address in any spelling, a spawn cannot hold more connections than its limit or a request head open
+for long, a forward costs its service nothing until the client speaks, and the sandbox's command starts only once
+every forwarder accepts."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from executor.sandbox import gateway
+from executor.sandbox import bwrap, gateway
+from executor.sandbox.bwrap import SandboxPolicy, SpawnBox
 from executor.sandbox.gateway import Gateway, parse_allowlist
+from tests.harness import sandbox_for
 from tests.wait import until
 
 
@@ -98,3 +101,66 @@ async def test_a_spawn_cannot_hold_more_connections_than_its_limit_nor_a_request
     assert over == [True] * 12 and kept == 8
     assert timed_out == [True] * 8 and left == 0
     assert "too many connections" in gw.refused
+
+
+async def test_a_forward_reaches_its_service_only_once_the_client_speaks(tmp_path: Path) -> None:
+    """The launcher's readiness try at every spawn's start (a connect and a close) costs the service nothing; a
+    request that follows is forwarded whole, its first bytes included."""
+    accepted: list[int] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = head.split(b"\r\n", 1)[0]
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    gw = await Gateway.open(tmp_path / "gw", {port: ("127.0.0.1", port)}, (), "t")
+    try:
+        _, probe = await asyncio.open_unix_connection(str(gw.directory / f"{port}.sock"))
+        probe.close()
+        # accepted after the probe, so answered only once the probe's connection was handled
+        reply = await _ask(gw.directory / f"{port}.sock", b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+        await until(lambda: not gw.conns, lambda: f"the gateway to let go of {len(gw.conns)} connections", 10,
+                    every=0.01)
+    finally:
+        await gw.close()
+        server.close()
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"GET /x HTTP/1.1")
+    assert len(accepted) == 1  # the request's, not the probe's
+
+
+async def _first_tries(policy: SandboxPolicy, box: SpawnBox, ports: list[int]) -> list[str]:
+    """What a command that connects to each forwarded port the instant it starts (as the CLI's MCP client would,
+    had it no start of its own) finds, in one sandbox."""
+    probe = ["bash", "-c", 'for p; do { : >"/dev/tcp/127.0.0.1/$p"; } 2>/dev/null && echo up || echo refused; done',
+             "probe", *map(str, ports)]
+    proc = await asyncio.create_subprocess_exec(*bwrap.wrap(policy, box, probe), stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return out.decode().split()
+
+
+async def test_the_sandboxed_command_starts_once_every_forwarder_accepts(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """No forwarder races the command's first connection, spawn after spawn; with the launcher's wait taken out (the
+    negative control), the same command finds one refusing."""
+    async with _target() as port:
+        gw = await Gateway.open(tmp_path / "gw", {port: ("127.0.0.2", port), port + 1: ("127.0.0.2", port)}, (),
+                                "t")
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        box = SpawnBox(workdir=workdir, ports=tuple(gw.forwards), sockets_dir=gw.directory)
+        ports = [port, port + 1, bwrap.PROXY_PORT]
+        policy = sandbox_for(tmp_path)
+        try:
+            waited = [await _first_tries(policy, box, ports) for _ in range(10)]
+            start, end = bwrap._LAUNCHER.index("{ exec {pause}"), bwrap._LAUNCHER.index("unset SOCKETS")
+            monkeypatch.setattr(bwrap, "_LAUNCHER", bwrap._LAUNCHER[:start] + bwrap._LAUNCHER[end:])
+            raced = [await _first_tries(policy, box, ports) for _ in range(5)]
+        finally:
+            await gw.close()
+    assert waited == [["up"] * 3] * 10
+    assert any("refused" in tries for tries in raced), raced  # a forwarder can win the race now and then
