@@ -15,7 +15,7 @@ from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPa
 from ingress.problems import Problem
 from shared import threads
 from shared.models import ACTIVE_STATUSES
-from shared.query import Transaction
+from shared.query import Queries, Transaction
 
 _FINAL_ASK = {"answered", "cancelled"}
 
@@ -32,20 +32,33 @@ async def post_chat(request: Request) -> Response:
         await _known_thread(request, thread_id)
     params = {"thread_id": thread_id, "text": msg.text, "client_msg_id": msg.client_msg_id, "sent_by": who(request),
               "attachment_ids": msg.attachment_ids}
+    q = ingress_queries(request)
+    if not msg.attachment_ids:
+        # a message alone is one statement, a transaction of its own: BEGIN and COMMIT would be two round trips
+        # more on the way to its turn
+        row = await q.one("enqueue_chat", params)
+        if row is None:
+            return await _repeated(q, msg, params)
+        return respond({**row, "duplicate": False}, 202)
     # the message and its attachments are one unit: queued and tied together in one transaction, or neither
-    async with ingress_queries(request).transaction() as tx:
+    async with q.transaction() as tx:
         row = await tx.one("enqueue_chat", params)
-        if row is None:  # the same client_msg_id was queued before: this is a retry
-            row = await tx.one("get_chat_by_client_msg_id", params)
-            assert row is not None
-            if (row["text"] != msg.text or row["thread_id"] != params["thread_id"]
-                    or list(row["attachment_ids"]) != msg.attachment_ids):
-                raise Problem(409, "client_msg_id was already used for a different message")
-            return respond({**row, "duplicate": True}, 202)
-        if msg.attachment_ids:
-            await _attach(tx, row["id"], msg.attachment_ids, who(request),
-                          request.app.state.config.message_attachments_max_bytes)
+        if row is None:
+            return await _repeated(tx, msg, params)
+        await _attach(tx, row["id"], msg.attachment_ids, who(request),
+                      request.app.state.config.message_attachments_max_bytes)
     return respond({**row, "duplicate": False}, 202)
+
+
+async def _repeated(q: Queries | Transaction, msg: ChatIn, params: dict[str, Any]) -> Response:
+    """The same client_msg_id was queued before: a retry of that message (answered as it was queued), or a
+    different message under a used id (409)."""
+    row = await q.one("get_chat_by_client_msg_id", params)
+    assert row is not None
+    if (row["text"] != msg.text or row["thread_id"] != params["thread_id"]
+            or list(row["attachment_ids"]) != msg.attachment_ids):
+        raise Problem(409, "client_msg_id was already used for a different message")
+    return respond({**row, "duplicate": True}, 202)
 
 
 async def _attach(tx: Transaction, message_id: uuid.UUID, ids: list[uuid.UUID], sender: str, max_bytes: int) -> None:
