@@ -115,6 +115,8 @@ class Settings(BaseSettings):
     # turn's CLI started ahead of the message (0: off), each retired this long after its start.
     warm_turns: int = Field(default=2, ge=0, le=16)
     warm_idle_s: float = Field(default=300.0, gt=0)
+    # A thread's next turn's sandbox started as soon as its message is seen, beside the turn's bookkeeping.
+    sandbox_ahead: bool = True
 
     # Notifications. Web Push needs a VAPID key: generated into the data directory on first run unless
     # given here (PEM, or base64url DER/raw). ntfy is optional: a topic URL and, if it needs one, a token.
@@ -272,6 +274,7 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
         lease_s=settings.lease_s,
         shared_claude_config=settings.shared_claude_config,
         warm=WarmConfig(turns=settings.warm_turns, idle_s=settings.warm_idle_s),
+        ahead=settings.sandbox_ahead,
     )
 
 

@@ -49,9 +49,10 @@ class Isolation:
 
     def wrap(self, gateway: Gateway, workdir: Path, mcp_path: Path | None, cmd: list[str], env: dict[str, str],
              task_id: uuid.UUID, session_uuid: str, *, substrate_config: substrate.SubstrateConfig | None = None,
-             fork_from: str | None = None) -> tuple[list[str], dict[str, str]]:
+             fork_from: str | None = None, argv_fd: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and environment of a spawn inside its sandbox (`substrate_config`: an adopted
-        conversation's own config directory; `fork_from`: the conversation its new one copies)."""
+        conversation's own config directory; `fork_from`: the conversation its new one copies; `argv_fd`: the
+        sandbox starts ahead of its command, which comes on that descriptor, and `cmd` is only its program)."""
         sub = substrate_config or self.substrate
         git_rw, git_ro = sandbox.git_parts(workdir)
         home = Path(sub.base_env.get("HOME") or Path.home())
@@ -74,7 +75,8 @@ class Isolation:
         box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
                                hidden=hidden, bound=config.bound, ports=tuple(gateway.forwards),
                                sockets_dir=gateway.directory)
-        return sandbox.wrap(self.policy, box, cmd), {**env, **sandbox.proxy_env()}
+        return (sandbox.wrap(self.policy, box, [] if argv_fd is not None else cmd, argv_fd=argv_fd),
+                {**env, **sandbox.proxy_env()})
 
     def keep_session(self, workdir: Path, session_id: str, task_id: uuid.UUID, *,
                      substrate_config: substrate.SubstrateConfig | None = None) -> None:

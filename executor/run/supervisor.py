@@ -65,13 +65,15 @@ class SupervisorConfig:
     sandbox: SandboxPolicy | None = None
     # threads' next turns started ahead of their messages (executor/run/warm.py): how many, and for how long
     warm: WarmConfig = field(default_factory=WarmConfig)
+    # a thread's next turn's sandbox started when the threads loop sees its message (executor/run/ahead.py)
+    ahead: bool = True
 
     def run_config(self) -> RunConfig:
         return RunConfig(stop_grace_s=self.stop_grace_s, drain_timeout_s=self.drain_timeout_s,
                          default_workdir=self.default_workdir, run_dir=self.run_dir,
                          worktree_root=self.worktree_root,
                          mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms, sandbox=self.sandbox,
-                         warm=self.warm)
+                         warm=self.warm, ahead=self.ahead)
 
 
 class Supervisor:
@@ -168,6 +170,7 @@ class Supervisor:
                     self._stops_due = True  # the poll: whatever a lost notification would have said
         finally:
             await self.runner.warm.close()  # before the runs: none is left behind, nor started meanwhile
+            await self.runner.ahead.close()
             await self._stop_children(EXECUTOR_SHUTDOWN)
             if self.runner.isolation is not None:
                 self.runner.isolation.close()

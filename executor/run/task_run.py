@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 import uuid
@@ -17,6 +18,7 @@ from executor.journal.writer import Fenced, JournalWriter
 from executor.projects import service as projects
 from executor.projects import worktrees
 from executor.run import lineage, process, substrate, user_input
+from executor.run.ahead import Ahead, AheadPool
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
 from executor.run.isolation import Isolation
@@ -76,6 +78,8 @@ class RunConfig:
     sandbox: sandbox.SandboxPolicy | None = None
     # threads' next turns started ahead of their messages (executor/run/warm.py)
     warm: WarmConfig = field(default_factory=WarmConfig)
+    # a thread's next turn's sandbox started when its message is seen (executor/run/ahead.py)
+    ahead: bool = True
 
 
 @dataclass
@@ -144,6 +148,8 @@ class TaskRunner:
                           if config.sandbox is not None else None)
         self.warm = WarmPool(config.warm, self, lambda offered, presence_s, n: self.store.warm_candidates(
             offered, presence_s, n, name=lease.name))
+        self.ahead = AheadPool(self, enabled=config.ahead and self.isolation is not None,
+                               pinned_here=lambda name: name == lease.name)
 
     async def wait(self, timeout: float) -> None:
         """Until every run is reaped, or the timeout."""
@@ -195,6 +201,7 @@ class TaskRunner:
         proc = None
         gateway: Gateway | None = None
         warmed: Warm | None = None
+        ahead: Ahead | None = None
         try:
             isolated, profile, conv = await asyncio.gather(
                 self._worktree(task), self.store.role_profile(task.role), self._conversation(task))
@@ -225,11 +232,15 @@ class TaskRunner:
             # a warm process runs in the executor's own CLI config: an adopted conversation (its own) spawns
             warmed = (await self._take_warm(task, workdir, conv.resume, allowed, profile.system_prompt, budget)
                       if conv.substrate is self.substrate else None)
-            if warmed is not None:
+            # else its sandbox, when the threads loop had it started on seeing the message
+            ahead = await self._take_ahead(task, workdir, conv, profile.use_mcp) if warmed is None else None
+            started_ahead = warmed or ahead
+            if started_ahead is not None:
                 # its config's credential becomes this task's now (the harness refused it until here)
-                mcp_path = warmed.mcp_config
+                mcp_path = started_ahead.mcp_config
+                digest = started_ahead.digest
                 await asyncio.gather(
-                    self.credentials.bind(warmed.digest, task_id, session_id) if warmed.digest else aio.resolved(None),
+                    self.credentials.bind(digest, task_id, session_id) if digest else aio.resolved(None),
                     self.store.open_session(session_id, project_id=task.project_id, role=task.role,
                                             executor=self.lease.name))
             else:
@@ -253,6 +264,10 @@ class TaskRunner:
             )
             if warmed is not None:
                 proc, cmd, gateway = warmed.proc, warmed.cmd, warmed.gateway
+            elif ahead is not None:
+                cmd = substrate.build_command(conv.substrate, spec)
+                ahead.give(cmd)  # its launcher starts the CLI at once
+                proc, gateway = ahead.proc, ahead.gateway
             else:
                 cmd = substrate.build_command(conv.substrate, spec)
                 try:
@@ -263,6 +278,8 @@ class TaskRunner:
         except BaseException:
             if warmed is not None and proc is None:
                 self.warm.give_back(warmed, "start_failed")
+            if ahead is not None and proc is None:
+                self.ahead.give_back(ahead, "start_failed")
             raise
         finally:
             if proc is None:
@@ -271,7 +288,7 @@ class TaskRunner:
         r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway,
                     workdir=workdir, cli_session=spec.session_uuid, substrate=conv.substrate,
-                    spawn_id=warmed.spawn_id if warmed is not None else None)
+                    spawn_id=started_ahead.spawn_id if started_ahead is not None else None)
         self.runs[task_id] = r
         feeding = asyncio.create_task(self._feed_prompt(proc, substrate.stdin_input(spec)))
         self.children.add(feeding)
@@ -286,6 +303,9 @@ class TaskRunner:
         if warmed is not None:
             # started ahead of its message (executor/run/warm.py): its PETAL_TASK_ID is the warm spawn's id
             facts["warm"] = {"spawn_id": str(warmed.spawn_id), "waited_s": round(started - warmed.started, 3)}
+        elif ahead is not None:
+            # its sandbox started when its message was seen (executor/run/ahead.py); the CLI only now
+            facts["ahead"] = {"spawn_id": str(ahead.spawn_id), "waited_s": round(started - ahead.started, 3)}
         spawned = self._event(r, "task.spawned", facts, parent_id=parent_id)
         r.spawned_id = spawned.event_id
         await self.writer.put(spawned)
@@ -300,11 +320,12 @@ class TaskRunner:
         child.add_done_callback(self.children.discard)
 
     async def _launch(self, spawn_id: uuid.UUID, project_id: uuid.UUID | None, workdir: Path,
-                      spec: substrate.SpawnSpec, cmd: list[str],
-                      sub: substrate.SubstrateConfig) -> tuple[asyncio.subprocess.Process, Gateway | None]:
+                      spec: substrate.SpawnSpec, cmd: list[str], sub: substrate.SubstrateConfig,
+                      argv_fd: int | None = None) -> tuple[asyncio.subprocess.Process, Gateway | None]:
         """Start the CLI (inside its sandbox, unless the operator turned that off) with the CLI config `sub` (an
         adopted conversation's own); OSError if it cannot be, with nothing of it left behind (its gateway, its
-        MCP config and the credential the config holds)."""
+        MCP config and the credential the config holds). With `argv_fd` the sandbox starts ahead of the CLI,
+        whose command line it reads from that descriptor (`cmd` names only its program)."""
         env = substrate.build_env(sub, str(spawn_id))
         gateway: Gateway | None = None
         try:
@@ -312,7 +333,7 @@ class TaskRunner:
             if self.isolation is not None:
                 gateway = await self.isolation.open_gateway(spawn_id, project_id)
                 argv, env = self.isolation.wrap(gateway, workdir, spec.mcp_config, cmd, env, spawn_id, spec.session_uuid,
-                                                substrate_config=sub, fork_from=spec.fork_from)
+                                                substrate_config=sub, fork_from=spec.fork_from, argv_fd=argv_fd)
             # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
             # Bash-tool children itself (they run in their own session, out of reach of a group signal)
             argv, preexec = lifeline.spawn_dying_with_parent(argv, signal.SIGTERM, path=env.get("PATH"))
@@ -326,6 +347,7 @@ class TaskRunner:
                 env=env,
                 start_new_session=True,
                 preexec_fn=preexec,
+                pass_fds=(argv_fd,) if argv_fd is not None else (),
             )
         except OSError:
             if gateway is not None and self.isolation is not None:
@@ -413,6 +435,79 @@ class TaskRunner:
             "pid": w.proc.pid, "spawn_id": str(w.spawn_id), "reason": reason, "rss_bytes": rss,
             "age_s": round(time.monotonic() - w.started, 3), "exit_code": w.proc.returncode},
             session_id=w.session_id, project_id=w.project_id))
+
+    # ---- sandboxes started ahead (executor/run/ahead.py) ----------------------------------------------
+
+    async def start_ahead(self, session_id: uuid.UUID, role: str) -> Ahead | None:
+        """A thread's next turn's sandbox, started now with its launcher waiting for the command (None when the
+        turn will not spawn as a plain cold spawn here: unsandboxed, no stored conversation, an adopted one)."""
+        if self.isolation is None:
+            return None
+        # each wait here is on the way to the sandbox's start, which must come before the turn's claim to pay
+        profile, transcript = await asyncio.gather(
+            self.store.role_profile(role),
+            asyncio.to_thread(substrate.session_state, self.substrate, str(session_id)))
+        if transcript is None:
+            return None  # a first turn: it starts its conversation (cold)
+        workdir = self.config.default_workdir
+        spawn_id = uuid.uuid4()
+        written = self.credentials.write(f"mcp-ahead-{spawn_id}.json") if profile.use_mcp else None
+        mcp_path, digest = written if written is not None else (None, None)
+        spec = substrate.SpawnSpec(role=role, prompt="", session_uuid=str(session_id), resume=True,
+                                   mcp_config=mcp_path)
+        program = substrate.build_command(self.substrate, spec)[0]
+        read_end, write_end = os.pipe()
+        try:
+            proc, gateway = await self._launch(spawn_id, None, workdir, spec, [program], self.substrate,
+                                               argv_fd=read_end)
+        except OSError as exc:
+            os.close(write_end)
+            log.warning("ahead_not_started", thread=str(session_id), error=str(exc))
+            return None
+        finally:
+            os.close(read_end)
+        assert gateway is not None  # sandboxed
+        command, _ = await asyncio.get_running_loop().connect_write_pipe(
+            asyncio.Protocol, os.fdopen(write_end, "wb", buffering=0))
+        return Ahead(session_id=session_id, role=role, spawn_id=spawn_id, proc=proc,
+                     command=command,
+                     program=program, workdir=workdir, mcp_config=mcp_path, digest=digest, gateway=gateway,
+                     transcript=transcript)
+
+    async def end_ahead(self, ahead: Ahead, reason: str) -> None:
+        """A sandbox no turn will take: its launcher told there is no command (an end of file), so the sandbox
+        ends; ended by signal after the grace; its config (and the credential in it, never bound) deleted."""
+        ahead.command.close()
+        try:
+            await asyncio.wait_for(ahead.proc.wait(), self.config.stop_grace_s)
+        except TimeoutError:
+            process.signal_group(ahead.proc.pid, signal.SIGKILL)
+            await ahead.proc.wait()
+        if ahead.mcp_config is not None:
+            ahead.mcp_config.unlink(missing_ok=True)
+        await ahead.gateway.close()
+        if self.isolation is not None:
+            self.isolation.forget_spawn(ahead.spawn_id)
+        log.info("ahead_retired", thread=str(ahead.session_id), reason=reason, spawn_id=str(ahead.spawn_id))
+
+    async def _take_ahead(self, task: ClaimedTask, workdir: Path, conv: Conversation,
+                          mcp_wanted: bool) -> Ahead | None:
+        """The thread's sandbox started ahead, when this turn spawns as it was started for and its conversation
+        has not moved on since (it linked the stored one at its start); else None (and it is ended)."""
+        if task.json_schema is not None or not conv.resume or conv.substrate is not self.substrate:
+            return None
+        ahead = await self.ahead.take(task.session_id)
+        if ahead is None:
+            return None
+        transcript = await asyncio.to_thread(substrate.session_state, self.substrate, str(task.session_id))
+        reason = ("spawn_differs" if workdir != ahead.workdir or task.project_id is not None or conv.fork_from
+                  or task.role != ahead.role or mcp_wanted != (ahead.mcp_config is not None) else
+                  "conversation_moved_on" if transcript != ahead.transcript else None)
+        if reason is not None:
+            log.info("ahead_unused", thread=str(task.session_id), reason=reason)
+            self.ahead.give_back(ahead, reason)
+            return None
+        return ahead
 
     @staticmethod
     async def _feed_prompt(proc: asyncio.subprocess.Process, prompt: bytes) -> None:

@@ -38,6 +38,8 @@ INSTALL_HINT = "apt-get install bubblewrap socat"
 # `read` that times out on a pty nothing is ever written to (a pause without a process, leaving the cores to the
 # forwarders' start), for 10 s at most. A subshell and a `sleep` per try had the CLI start some 5 ms after the
 # forwarders were listening.
+# A sandbox started ahead of its command (ARGV_FD set: executor/run/ahead.py) reads it from that descriptor once
+# the forwarders accept, NUL-separated, and ends without starting anything at an end of file with none.
 # The launcher then waits for the CLI (passing a stop's signal on) and exits with its status, rather than exec it:
 # bubblewrap's init ends the sandbox when its first child ends, so a CLI that dies for any reason takes the
 # forwarders with it — also when the executor died while bubblewrap was still starting, before the sandbox's init
@@ -59,6 +61,14 @@ for p in "${ports[@]}"; do
 done
 [ -z "$pause" ] || exec {pause}>&-
 unset SOCKETS pause deadline
+if [ -n "${ARGV_FD:-}" ]; then
+  mapfile -d '' -t argv <&"$ARGV_FD"
+  exec {ARGV_FD}<&-
+  unset ARGV_FD
+  ((${#argv[@]})) || exit 0
+  set -- "${argv[@]}"
+  unset argv
+fi
 "$@" <&0 &
 cli=$!
 trap 'kill -TERM "$cli" 2>/dev/null' TERM
@@ -208,8 +218,11 @@ def _branch_dir(gitdir: Path, common: Path) -> Path | None:
     return ref.parent
 
 
-def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str]) -> list[str]:
-    """`argv` as run inside the spawn's sandbox."""
+def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str], *, argv_fd: int | None = None) -> list[str]:
+    """`argv` as run inside the spawn's sandbox; with `argv_fd`, the command line is read from that descriptor
+    (the child's, passed to it open) once the sandbox is up, and `argv` must be empty."""
+    if argv_fd is not None and argv:
+        raise ValueError("a sandbox reads its command from argv_fd or is given it, not both")
     mounts: list[Mount] = [Mount("--tmpfs", p) for p in policy.hidden if _is_real_dir(p)]
     mounts += [Mount("--bind", box.workdir)]
     mounts += [Mount("--bind", p) for p in box.writable]
@@ -226,6 +239,8 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str]) -> list[str]
     if box.sockets_dir is not None:
         args += ["--bind", str(box.sockets_dir), SOCKETS_INSIDE]
     args += ["--chdir", str(box.workdir), "--setenv", "SOCKETS", SOCKETS_INSIDE, "--setenv", "TMPDIR", "/tmp"]
+    if argv_fd is not None:
+        args += ["--setenv", "ARGV_FD", str(argv_fd)]
     forwards = [f"{port}={port}.sock" for port in box.ports]
     if box.sockets_dir is not None:
         forwards.append(f"{PROXY_PORT}=proxy.sock")

@@ -16,6 +16,7 @@ when a turn's end is settled (a boundary sends no NOTIFY of its own).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -42,8 +43,13 @@ ARCHIVED = "thread archived"  # the response of a question its thread's archivin
 
 
 class Threads:
-    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter, sessions: SessionIndex | None = None):
+    def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter, sessions: SessionIndex | None = None,
+                 turn_coming: Callable[[uuid.UUID, str, str | None], None] | None = None):
         self.pool = pool
+        # told a plain thread's turn is about to be queued (its id, the turn's role, the executor it is pinned to):
+        # the supervisor starts its sandbox meanwhile (executor/run/ahead.py). Not a project's or an adopted
+        # conversation's (their turns run in directories of their own).
+        self.turn_coming = turn_coming
         self.sessions = sessions  # the CLI conversations this executor holds (a thread may be made from one)
         self.q = Queries(pool, queries)
         self.shared = Queries(pool, shared_queries)
@@ -172,6 +178,8 @@ class Threads:
             return None
         if thread["turn_open"]:
             return None  # delivered at the boundary: the settler wakes us when the turn ends
+        if self.turn_coming is not None and thread["project_id"] is None and not thread["adopted"]:
+            self.turn_coming(thread_id, dispatch.TURN_ROLE, thread["executor_name"])
         await self._start_turn(thread_id, thread["project_id"])
         return None
 

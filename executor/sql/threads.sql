@@ -41,7 +41,10 @@ RETURNING id
 -- on the way to every turn's spawn; `found` is false for a thread that does not exist (yet). A turn is open until its
 -- end is settled: a failed turn's re-run is inserted by its settlement, and no later message may start a turn before
 -- that. blocked_question: a question the thread's running turn is waiting on (a chat message answers it as a reply).
-SELECT c.thread_id, s.id IS NOT NULL AS found, s.lifecycle, s.mode, s.project_id,
+-- executor_name: the executor its turns are pinned to (its first turn's); adopted: it continues a stored
+-- conversation of the CLI's (in that conversation's own directories).
+SELECT c.thread_id, s.id IS NOT NULL AS found, s.lifecycle, s.mode, s.project_id, s.executor_name,
+       s.adopted_session_id IS NOT NULL AS adopted,
        EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id
                AND (t.status IN ('pending', 'running') OR t.settled_at IS NULL)) AS turn_open,
        EXISTS (SELECT 1 FROM thread_control_queue q WHERE q.thread_id = s.id AND q.status IN ('pending', 'claimed'))

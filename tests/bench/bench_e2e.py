@@ -1,6 +1,6 @@
 """What the harness adds to a turn, and what its services weigh, each next to a baseline from the same run.
 
-    python -m tests.bench.bench_e2e [--turns 40] [--clients 200] [--workers 8] [--sandbox-off]
+    python -m tests.bench.bench_e2e [--turns 40] [--clients 200] [--workers 8] [--sandbox-off] [--ahead-off]
 
 The ingress and the executor run as their own processes, the real CLI against the scripted model.
 (a) POST /api/chat -> the turn's first stream line at an SSE client, next to the CLI's own
@@ -195,13 +195,14 @@ async def pre_spawn_steps(admin_dsn: str) -> None:
         print(f"      {name + ':':<42}{stats.summary([(r[i + 1] - r[i]).total_seconds() for r in rows])}")
 
 
-async def main(turns: int, clients: int, workers: int, sandbox_off: bool = False) -> None:
+async def main(turns: int, clients: int, workers: int, sandbox_off: bool = False, ahead_off: bool = False) -> None:
     with services.scratch_store() as (tmp, db, model):
         # the cold path: no warm turns (bench_warm measures those), so no warm process is started after each turn
         # beside the direct spawn, nor found stale (the direct spawn moved the conversation on) and retired on
         # the next turn's way
         env = {**services.service_env(db, model, tmp, workers=workers), "PETAL_WARM_TURNS": "0",
-               **({"PETAL_SANDBOX": "off"} if sandbox_off else {})}
+               **({"PETAL_SANDBOX": "off"} if sandbox_off else {}),
+               **({"PETAL_SANDBOX_AHEAD": "0"} if ahead_off else {})}
         async with services.running(db, env) as svc:
             print(f"before: {stats.machine_load()}")
             await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp, db.admin_dsn)
@@ -222,5 +223,7 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--sandbox-off", action="store_true", help="the executor's spawns unsandboxed (what the "
                         "sandbox costs a turn's start)")
+    parser.add_argument("--ahead-off", action="store_true", help="no sandbox started when the message is seen "
+                        "(executor/run/ahead.py): each turn's sandbox starts after its bookkeeping")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.clients, args.workers, args.sandbox_off))
+    asyncio.run(main(args.turns, args.clients, args.workers, args.sandbox_off, args.ahead_off))

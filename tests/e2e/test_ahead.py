@@ -1,0 +1,113 @@
+"""Sandboxes started ahead (executor/run/ahead.py): a thread's next turn's sandbox started when the threads loop
+sees its message, its CLI only once the turn is claimed. Against the real CLI, the scripted model and bubblewrap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import psycopg
+
+from executor.sandbox import bwrap
+from executor.sandbox.bwrap import SpawnBox
+from executor.sandbox.gateway import Gateway
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer, last_user_text
+from tests.harness import running_executor, sandbox_for
+from tests.pg import DB
+from tests.served import ingress_server
+from tests.wait import until
+
+
+def _rows(db: DB, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(db.admin_dsn) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+async def _turn_done(db: DB, thread: str, n: int) -> uuid.UUID:
+    def done() -> uuid.UUID | None:
+        turns = _rows(db, "SELECT id, status FROM tasks WHERE session_id = %s AND role = 'orchestrator' "
+                          "ORDER BY created_at", thread)
+        return turns[n - 1][0] if len(turns) >= n and turns[n - 1][1] == "success" else None
+    return await until(done, f"turn {n} of the thread to succeed", timeout=90)
+
+
+async def _two_turns(db: DB, tmp: Path, **config: Any) -> tuple[dict[str, Any], list[str], list[Any], list[str]]:
+    """A thread's second turn, after its first: its task.spawned, its journal's types, the model's requests and the
+    files left in the MCP config directory once the executor stopped."""
+    with ScriptedModelServer(Scenario()) as model:
+        async with running_executor(db, model, tmp, **config), ingress_server(db.ingress_dsn) as url, \
+                httpx.AsyncClient(base_url=url) as http:
+            thread = str((await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"])
+            await http.post("/api/chat", json={"text": "first message", "thread_id": thread})
+            await _turn_done(db, thread, 1)
+            await http.post("/api/chat", json={"text": "second message", "thread_id": thread})
+            second = await _turn_done(db, thread, 2)
+            spawned = _rows(db, "SELECT payload FROM journal WHERE task_id = %s AND event_type = 'task.spawned'",
+                            second)[0][0]
+            lines = [r[0] for r in _rows(db, "SELECT event_type FROM journal WHERE task_id = %s ORDER BY seq", second)]
+            requests = list(model.requests)
+    left = sorted(p.name for p in (tmp / "run" / "mcp").glob("*.json"))
+    return spawned, lines, requests, left
+
+
+async def test_a_turn_takes_the_sandbox_started_when_its_message_was_seen_and_its_message_goes_once(
+        db: DB, tmp_path: Path) -> None:
+    spawned, lines, requests, left = await _two_turns(db, tmp_path)
+    # its sandbox was started ahead (its own spawn id, before the turn was claimed); the CLI only with the turn
+    assert spawned["sandbox"] == "bwrap" and uuid.UUID(spawned["ahead"]["spawn_id"])
+    assert spawned["ahead"]["waited_s"] >= 0 and "--resume" in spawned["argv"]
+    assert "--input-format" not in spawned["argv"]  # a cold turn's command: the prompt on stdin, then its end
+    # delivered exactly once, and journaled from the CLI's first line
+    carrying = [r for r in requests if last_user_text(r.body).endswith("second message")]
+    assert len(carrying) == 1 and json.dumps(carrying[0].body).count("second message") == 1
+    at = lines.index("task.spawned")
+    assert not any(t.startswith("stream.") for t in lines[:at])
+    assert lines[at + 1] == "stream.system.init" and lines[-1] == "task.exited"
+    assert left == []  # its credential's config went with its process
+
+
+async def test_with_the_sandbox_ahead_off_the_same_turn_spawns_cold(db: DB, tmp_path: Path) -> None:
+    spawned, lines, requests, _ = await _two_turns(db, tmp_path, ahead=False)
+    assert "ahead" not in spawned and spawned["sandbox"] == "bwrap"
+    assert lines[lines.index("task.spawned") + 1] == "stream.system.init"
+    assert len([r for r in requests if last_user_text(r.body).endswith("second message")]) == 1
+
+
+async def _launched(tmp: Path, argv: list[str] | None) -> tuple[int, bytes, list[str]]:
+    """A sandbox started ahead of its command, then given `argv` (None: told there is none): its exit status,
+    its output, and what it ran (the command lines of the sandbox's processes)."""
+    gw = await Gateway.open(tmp / "gw", {}, (), "t")
+    workdir = tmp / "work"
+    workdir.mkdir(exist_ok=True)
+    box = SpawnBox(workdir=workdir, sockets_dir=gw.directory)
+    read_end, write_end = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *bwrap.wrap(sandbox_for(tmp), box, [], argv_fd=read_end), pass_fds=(read_end,),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    finally:
+        os.close(read_end)
+    await asyncio.sleep(0.5)  # it is up, waiting: nothing of the command runs yet
+    inside = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
+    with open(write_end, "wb", buffering=0) as command:
+        if argv is not None:
+            command.write(b"".join(a.encode() + b"\0" for a in argv))
+    out, _ = await asyncio.wait_for(proc.communicate(b"from stdin\n"), 30)
+    await gw.close()
+    assert proc.returncode is not None
+    return proc.returncode, out, inside
+
+
+async def test_a_sandbox_started_ahead_runs_its_command_once_given_and_ends_with_none(tmp_path: Path) -> None:
+    code, out, inside = await _launched(tmp_path / "given", ["sh", "-c", 'read line; echo "ran: $1 $line"', "sh",
+                                                             "with spaces"])
+    assert code == 0 and out == b"ran: with spaces from stdin\n"
+    assert not any("ran:" in c for c in inside)  # the command did not run before it was given
+    code, out, _ = await _launched(tmp_path / "none", None)
+    assert code == 0 and out == b""
