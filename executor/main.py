@@ -99,7 +99,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         supervisor = Supervisor(db, writer, config.substrate, config.supervisor)
         supervisor.on_credential_revoked = harness.forget
         sessions = _session_index(config, db)
-        conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.ahead.turn_coming)
+        conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.turn_coming)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, config.settler, conversations.wake)
         repos = projects.Projects(db.pool, writer,

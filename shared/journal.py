@@ -152,9 +152,8 @@ def _small_batch_params(events: Sequence[NewEvent], now: datetime) -> dict[str, 
 async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent],
                        on_sent: Callable[[], None] | None = None) -> Appended:
     now = datetime.now(UTC)
-    if len(events) <= SMALL_BATCH:
-        # latency path: one round trip instead of BEGIN, UPDATE, COPY, NOTIFY, COMMIT (in the caller's transaction,
-        # of UPDATE and COPY: a turn's start appends its records so, on the way to its spawn)
+    if len(events) <= SMALL_BATCH and conn.autocommit:
+        # latency path: one round trip instead of BEGIN, UPDATE, COPY, NOTIFY, COMMIT
         cur = await conn.execute(queries["append_small_batch"], _small_batch_params(events, now))
         row = await cur.fetchone()
         assert row is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -59,8 +60,14 @@ class Ahead:
 
     def give(self, argv: list[str]) -> None:
         """The CLI's command line to the launcher, which starts it."""
-        self.command.write(b"".join(a.encode() + b"\0" for a in argv))
+        self.command.write(command_line(argv))
         self.command.close()
+
+
+def command_line(argv: list[str]) -> bytes:
+    """A command line as the launcher reads it: each argument NUL-terminated, then an empty one, without which (a
+    write cut short) it runs nothing."""
+    return b"".join(os.fsencode(a) + b"\0" for a in argv) + b"\0"
 
 
 class Starter(Protocol):
@@ -127,7 +134,7 @@ class AheadPool:
                 ahead = await started
                 if ahead is not None:
                     await self.starter.end_ahead(ahead, "executor_stopping")
-        if self._ending:
+        while self._ending:  # including what a turn gave back meanwhile
             await asyncio.gather(*self._ending, return_exceptions=True)
 
     async def _start(self, session_id: uuid.UUID, role: str) -> Ahead | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -438,6 +439,12 @@ class TaskRunner:
 
     # ---- sandboxes started ahead (executor/run/ahead.py) ----------------------------------------------
 
+    def turn_coming(self, session_id: uuid.UUID, role: str, pinned_to: str | None) -> None:
+        """The threads loop is about to queue a turn of this thread: its sandbox is started now, unless a warm
+        process waits for the turn already."""
+        if session_id not in self.warm.warm:
+            self.ahead.turn_coming(session_id, role, pinned_to)
+
     async def start_ahead(self, session_id: uuid.UUID, role: str) -> Ahead | None:
         """A thread's next turn's sandbox, started now with its launcher waiting for the command (None when the
         turn will not spawn as a plain cold spawn here: unsandboxed, no stored conversation, an adopted one)."""
@@ -457,22 +464,42 @@ class TaskRunner:
                                    mcp_config=mcp_path)
         program = substrate.build_command(self.substrate, spec)[0]
         read_end, write_end = os.pipe()
+        launched: tuple[asyncio.subprocess.Process, Gateway | None] | None = None
         try:
-            proc, gateway = await self._launch(spawn_id, None, workdir, spec, [program], self.substrate,
-                                               argv_fd=read_end)
-        except OSError as exc:
-            os.close(write_end)
-            log.warning("ahead_not_started", thread=str(session_id), error=str(exc))
-            return None
-        finally:
-            os.close(read_end)
-        assert gateway is not None  # sandboxed
-        command, _ = await asyncio.get_running_loop().connect_write_pipe(
-            asyncio.Protocol, os.fdopen(write_end, "wb", buffering=0))
-        return Ahead(session_id=session_id, role=role, spawn_id=spawn_id, proc=proc,
-                     command=command,
+            try:
+                launched = await self._launch(spawn_id, None, workdir, spec, [program], self.substrate,
+                                              argv_fd=read_end)
+            finally:
+                os.close(read_end)
+            proc, gateway = launched
+            assert gateway is not None  # sandboxed
+            command, _ = await asyncio.get_running_loop().connect_write_pipe(
+                asyncio.Protocol, os.fdopen(write_end, "wb", buffering=0))
+        except BaseException as exc:
+            # nothing of it is left: its process (an end of file for its launcher, then a kill), its gateway,
+            # its config (_launch removes what it made itself when the start fails)
+            with contextlib.suppress(OSError):
+                os.close(write_end)
+            if launched is not None:
+                process.signal_group(launched[0].pid, signal.SIGKILL)
+                await asyncio.shield(self._reap_unstarted(launched[0], launched[1], spawn_id))
+            if mcp_path is not None:
+                mcp_path.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                log.warning("ahead_not_started", thread=str(session_id), error=str(exc))
+                return None
+            raise
+        return Ahead(session_id=session_id, role=role, spawn_id=spawn_id, proc=proc, command=command,
                      program=program, workdir=workdir, mcp_config=mcp_path, digest=digest, gateway=gateway,
                      transcript=transcript)
+
+    async def _reap_unstarted(self, proc: asyncio.subprocess.Process, gateway: Gateway | None,
+                              spawn_id: uuid.UUID) -> None:
+        await proc.wait()
+        if gateway is not None:
+            await gateway.close()
+        if self.isolation is not None:
+            self.isolation.forget_spawn(spawn_id)
 
     async def end_ahead(self, ahead: Ahead, reason: str) -> None:
         """A sandbox no turn will take: its launcher told there is no command (an end of file), so the sandbox
@@ -499,7 +526,13 @@ class TaskRunner:
         ahead = await self.ahead.take(task.session_id)
         if ahead is None:
             return None
-        transcript = await asyncio.to_thread(substrate.session_state, self.substrate, str(task.session_id))
+        try:  # the turn's from here: ended if anything cuts this short
+            transcript = await asyncio.to_thread(substrate.session_state, self.substrate, str(task.session_id))
+        except BaseException:
+            self.ahead.give_back(ahead, "start_cut_short")
+            raise
+        # a spawn has an MCP config when its role uses the harness and the executor serves it
+        mcp_wanted = mcp_wanted and bool(self.credentials.mcp_url)
         reason = ("spawn_differs" if workdir != ahead.workdir or task.project_id is not None or conv.fork_from
                   or task.role != ahead.role or mcp_wanted != (ahead.mcp_config is not None) else
                   "conversation_moved_on" if transcript != ahead.transcript else None)

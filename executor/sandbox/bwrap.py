@@ -39,7 +39,8 @@ INSTALL_HINT = "apt-get install bubblewrap socat"
 # forwarders' start), for 10 s at most. A subshell and a `sleep` per try had the CLI start some 5 ms after the
 # forwarders were listening.
 # A sandbox started ahead of its command (ARGV_FD set: executor/run/ahead.py) reads it from that descriptor once
-# the forwarders accept, NUL-separated, and ends without starting anything at an end of file with none.
+# the forwarders accept: each argument NUL-terminated, then an empty one; without that last one (an end of file
+# with nothing, or a write cut short) it ends without starting anything. Bash 5 or newer (EPOCHSECONDS).
 # The launcher then waits for the CLI (passing a stop's signal on) and exits with its status, rather than exec it:
 # bubblewrap's init ends the sandbox when its first child ends, so a CLI that dies for any reason takes the
 # forwarders with it — also when the executor died while bubblewrap was still starting, before the sandbox's init
@@ -56,7 +57,7 @@ shift
 deadline=$((EPOCHSECONDS + 10))
 for p in "${ports[@]}"; do
   until { : >"/dev/tcp/127.0.0.1/$p"; } 2>/dev/null || ((EPOCHSECONDS > deadline)); do
-    [ -z "$pause" ] || read -r -t 0.0002 -u "$pause"
+    if [ -n "$pause" ]; then read -r -t 0.0002 -u "$pause"; else sleep 0.001; fi
   done
 done
 [ -z "$pause" ] || exec {pause}>&-
@@ -65,7 +66,8 @@ if [ -n "${ARGV_FD:-}" ]; then
   mapfile -d '' -t argv <&"$ARGV_FD"
   exec {ARGV_FD}<&-
   unset ARGV_FD
-  ((${#argv[@]})) || exit 0
+  ((${#argv[@]} > 1)) && [ -z "${argv[-1]}" ] || exit 0
+  unset 'argv[-1]'
   set -- "${argv[@]}"
   unset argv
 fi
@@ -124,6 +126,8 @@ class SandboxPolicy:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxUnavailable(f"the worker sandbox cannot start: {exc}") from None
+        if subprocess.run([self.bash, "-c", "((BASH_VERSINFO[0] >= 5))"], check=False, timeout=20).returncode:
+            raise SandboxUnavailable(f"the worker sandbox's launcher needs bash 5 or newer ({self.bash} is older)")
         if res.returncode != 0:
             why = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
             raise SandboxUnavailable(

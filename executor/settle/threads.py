@@ -184,12 +184,21 @@ class Threads:
         return None
 
     async def _reply_in_chat(self, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
+        try:
+            await self._answer_with_chat(thread_id, question_id)
+        except _Unanswered:
+            # answered or timed out since the threads' states were read: the message stays queued (rolled back)
+            # for the next pass, which finds the thread as it is now
+            log.info("reply_in_chat_unanswered", thread=str(thread_id), question=str(question_id))
+
+    async def _answer_with_chat(self, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
         async with self.q.transaction() as tx:
             # only the user answers the user's question; a harness report waits for the turn boundary
             msg = await tx.one("take_pending_chat", {"thread_id": thread_id, "limit": 1, "origin": "user"})
             if msg is None:
                 return
-            await tx.execute("answer_in_chat", {"id": question_id, "text": msg["text"], "chat_id": msg["id"]})
+            if await tx.one("answer_in_chat", {"id": question_id, "text": msg["text"], "chat_id": msg["id"]}) is None:
+                raise _Unanswered
             await journal.append_on(tx.conn, [NewEvent(
                 "task.user_message", {"text": msg["text"], "thread_id": str(thread_id), "origin": msg["origin"],
                                       "answered_question": str(question_id)},
@@ -230,6 +239,10 @@ class Threads:
                 dispatch.TURN_ROLE, brief, id=turn_id, project_id=project["id"] if project else None,
                 session_id=thread_id, record={"messages": len(messages)}, attachment_ids=attachments))
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))
+
+
+class _Unanswered(Exception):
+    """The question a reply in chat was for is no longer pending: its transaction is undone."""
 
 
 async def purge_attachments(pool: AsyncConnectionPool, older_than_s: float) -> list[dict[str, Any]]:

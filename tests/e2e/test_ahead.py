@@ -14,6 +14,7 @@ import httpx
 import psutil
 import psycopg
 
+from executor.run import ahead
 from executor.sandbox import bwrap
 from executor.sandbox.bwrap import SpawnBox
 from executor.sandbox.gateway import Gateway
@@ -79,9 +80,9 @@ async def test_with_the_sandbox_ahead_off_the_same_turn_spawns_cold(db: DB, tmp_
     assert len([r for r in requests if last_user_text(r.body).endswith("second message")]) == 1
 
 
-async def _launched(tmp: Path, argv: list[str] | None) -> tuple[int, bytes, list[str]]:
-    """A sandbox started ahead of its command, then given `argv` (None: told there is none): its exit status,
-    its output, and what it ran (the command lines of the sandbox's processes)."""
+async def _launched(tmp: Path, argv: list[str] | None, *, cut: int = 0) -> tuple[int, bytes, list[str]]:
+    """A sandbox started ahead of its command, then given `argv` as a turn gives it (None: told there is none;
+    `cut`: that many bytes of the end never written): its exit status, its output, and what ran in it before."""
     gw = await Gateway.open(tmp / "gw", {}, (), "t")
     workdir = tmp / "work"
     workdir.mkdir(exist_ok=True)
@@ -94,10 +95,12 @@ async def _launched(tmp: Path, argv: list[str] | None) -> tuple[int, bytes, list
     finally:
         os.close(read_end)
     await asyncio.sleep(0.5)  # it is up, waiting: nothing of the command runs yet
+    argv_bytes = ahead.command_line(argv or [])
+    argv_bytes = argv_bytes[:len(argv_bytes) - cut]
     inside = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
     with open(write_end, "wb", buffering=0) as command:
         if argv is not None:
-            command.write(b"".join(a.encode() + b"\0" for a in argv))
+            command.write(argv_bytes)
     out, _ = await asyncio.wait_for(proc.communicate(b"from stdin\n"), 30)
     await gw.close()
     assert proc.returncode is not None
@@ -111,3 +114,7 @@ async def test_a_sandbox_started_ahead_runs_its_command_once_given_and_ends_with
     assert not any("ran:" in c for c in inside)  # the command did not run before it was given
     code, out, _ = await _launched(tmp_path / "none", None)
     assert code == 0 and out == b""
+    # a command line cut short runs nothing: neither without its last argument's end nor without the end mark
+    for cut in (1, 4):
+        code, out, _ = await _launched(tmp_path / f"cut{cut}", ["sh", "-c", "echo ran"], cut=cut)
+        assert code == 0 and out == b"", cut
