@@ -20,7 +20,11 @@ _Ts = TypeVarTuple("_Ts")
 
 
 class PidfdWatcher(asyncio.AbstractChildWatcher):
-    """A child's end read from its pidfd by the event loop that started it."""
+    """A child's end read from its pidfd by the event loop that started it (by a thread of its own when no pidfd
+    can be had: out of file descriptors)."""
+
+    def __init__(self) -> None:
+        self._threaded = asyncio.ThreadedChildWatcher()
 
     def is_active(self) -> bool:
         return True
@@ -40,7 +44,11 @@ class PidfdWatcher(asyncio.AbstractChildWatcher):
     def add_child_handler(self, pid: int, callback: Callable[[int, int, Unpack[_Ts]], object],
                           *args: Unpack[_Ts]) -> None:
         loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(pid)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            self._threaded.add_child_handler(pid, callback, *args)
+            return
         loop.add_reader(pidfd, self._ended, loop, pid, pidfd, callback, args)
 
     def remove_child_handler(self, pid: int) -> bool:
