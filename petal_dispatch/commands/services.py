@@ -12,7 +12,7 @@ import os
 
 from petal_dispatch import config, datalock, dbserver, ports, signals
 from petal_dispatch.config import Settings
-from shared import children, database, errors, logs
+from shared import database, errors, logs
 
 log = logs.get(__name__)
 
@@ -43,7 +43,6 @@ def executor(args: argparse.Namespace, settings: Settings) -> int:
         ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
         info = dbserver.resolve(settings)
         database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
-        children.watch_by_pidfd()  # this process and its one event loop start every spawn: no thread per child
         signals.serve_until_stopped(executor_main.serve,
                                     config.executor_config(settings, os.environ, info.executor_dsn, sandbox))
         log.info("executor_stopped")
