@@ -421,16 +421,8 @@ class TaskRunner:
                 process.signal_inside(w.proc.pid, signal.SIGTERM, self.isolation.policy.bwrap)
             else:
                 process.signal_group(w.proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(w.proc.wait(), self.config.stop_grace_s)
-            except TimeoutError:
-                process.signal_group(w.proc.pid, signal.SIGKILL)
-                await w.proc.wait()
-        if w.mcp_config is not None:
-            w.mcp_config.unlink(missing_ok=True)
-        if w.gateway is not None and self.isolation is not None:
-            await w.gateway.close()
-            self.isolation.forget_spawn(w.spawn_id)
+            await self._ended_or_killed(w.proc)
+        await self._release(w.mcp_config, w.gateway, w.spawn_id)
         log.info("warm_turn_retired", thread=str(w.session_id), reason=reason, rss_bytes=rss)
         await self.writer.put(NewEvent("warm.retired", {
             "pid": w.proc.pid, "spawn_id": str(w.spawn_id), "reason": reason, "rss_bytes": rss,
@@ -496,25 +488,31 @@ class TaskRunner:
     async def _reap_unstarted(self, proc: asyncio.subprocess.Process, gateway: Gateway | None,
                               spawn_id: uuid.UUID) -> None:
         await proc.wait()
-        if gateway is not None:
+        await self._release(None, gateway, spawn_id)
+
+    async def _ended_or_killed(self, proc: asyncio.subprocess.Process) -> None:
+        """Until a process told to end has, or the grace is over and its group is killed."""
+        try:
+            await asyncio.wait_for(proc.wait(), self.config.stop_grace_s)
+        except TimeoutError:
+            process.signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    async def _release(self, mcp_config: Path | None, gateway: Gateway | None, spawn_id: uuid.UUID) -> None:
+        """What a spawn no run took leaves: its config (and the credential in it), its sandbox's gateway and
+        private conversation directory."""
+        if mcp_config is not None:
+            mcp_config.unlink(missing_ok=True)
+        if gateway is not None and self.isolation is not None:
             await gateway.close()
-        if self.isolation is not None:
             self.isolation.forget_spawn(spawn_id)
 
     async def end_ahead(self, ahead: Ahead, reason: str) -> None:
         """A sandbox no turn will take: its launcher told there is no command (an end of file), so the sandbox
         ends; ended by signal after the grace; its config (and the credential in it, never bound) deleted."""
         ahead.command.close()
-        try:
-            await asyncio.wait_for(ahead.proc.wait(), self.config.stop_grace_s)
-        except TimeoutError:
-            process.signal_group(ahead.proc.pid, signal.SIGKILL)
-            await ahead.proc.wait()
-        if ahead.mcp_config is not None:
-            ahead.mcp_config.unlink(missing_ok=True)
-        await ahead.gateway.close()
-        if self.isolation is not None:
-            self.isolation.forget_spawn(ahead.spawn_id)
+        await self._ended_or_killed(ahead.proc)
+        await self._release(ahead.mcp_config, ahead.gateway, ahead.spawn_id)
         log.info("ahead_retired", thread=str(ahead.session_id), reason=reason, spawn_id=str(ahead.spawn_id))
 
     async def _take_ahead(self, task: ClaimedTask, workdir: Path, conv: Conversation,

@@ -12,6 +12,7 @@ import pytest
 
 from executor.run import ahead as ahead_module
 from executor.run.ahead import MAX_AHEAD, Ahead, AheadPool
+from tests.wait import until
 
 HERE = "host-1"
 
@@ -76,10 +77,7 @@ async def test_one_not_taken_in_time_is_ended(monkeypatch: pytest.MonkeyPatch) -
     pool = _pool(starter)
     thread = uuid.uuid4()
     pool.turn_coming(thread, "orchestrator", HERE)
-    for _ in range(100):
-        if starter.ended:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: starter.ended, "the idle one to be ended", timeout=5, every=0.01)
     assert starter.ended == [(thread, "not_taken")] and await pool.take(thread) is None
 
 
@@ -88,7 +86,7 @@ async def test_one_that_died_is_ended_not_used_and_one_that_failed_to_start_is_n
     pool = _pool(starter)
     thread = uuid.uuid4()
     pool.turn_coming(thread, "orchestrator", HERE)
-    await asyncio.sleep(0.01)
+    await pool.starting[thread]
     starter.started[0].proc.returncode = 1  # type: ignore[misc]
     assert await pool.take(thread) is None
     await pool.close()
