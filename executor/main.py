@@ -37,7 +37,7 @@ log = logs.get(__name__)
 # Channels the executor listens on. Each carries an id; readers re-read the tables (but an asking tool takes
 # how its question closed from `question_closed`, executor/asks.py).
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
-            "notify_queue", "task_changed", "project_queue",
+            "notify_queue", "task_ended", "project_queue",
             "gate_rule_queue", "routine_queue", "routines", "question_closed", "question_settle"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
@@ -108,14 +108,14 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         notifier = notify.Notifier(db.pool, config.notify, Duty(db.dsn, notify.NOTIFIER_DUTY, name),
                                    name=name)
         await db.availability.retry(notifier.start, "notifier")
-        settle_sub = listener.subscribe(["task_changed", "question_settle"])
+        settle_sub = listener.subscribe(["task_ended", "question_settle"])
         thread_sub = listener.subscribe(["chat_queue", "thread_control_queue"])
         project_sub = listener.subscribe(["project_queue"])
-        notify_sub = listener.subscribe(["journal", "notify_queue"])
+        notify_sub = listener.subscribe(["journal", "notify_queue"], keep=notify.wants)
         rule_sub = listener.subscribe(["gate_rule_queue"])
-        sessions_sub = listener.subscribe(["task_changed"])
+        sessions_sub = listener.subscribe(["task_ended"])
         routine_sub = listener.subscribe(["routine_queue", "routines"])
-        routine_end_sub = listener.subscribe(["task_changed"])
+        routine_end_sub = listener.subscribe(["task_ended"])
 
         # a live namesake is refused before any loop runs: none of them may act under another's name
         await db.availability.retry(supervisor.lease.join, "lease")

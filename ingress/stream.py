@@ -36,11 +36,12 @@ from shared.sql import queries as shared_sql
 log = logs.get(__name__)
 
 CHANNELS = ["journal", "chat_queue", "stop_queue", "thread_control_queue", "question_asked",
-            "question_answered", "task_changed", "task_activity"]
+            "question_answered", "task_changed", "task_ended", "task_activity"]
 _SIGNALS = {
     "chat_queue": ("queue", "chat"), "stop_queue": ("queue", "stop"),
     "thread_control_queue": ("queue", "thread_control"), "question_asked": ("question", "asked"),
     "question_answered": ("question", "closed"), "task_changed": ("task", "changed"),
+    "task_ended": ("task", "changed"),  # a change into a final status (migration 0036)
     "task_activity": ("task", "changed"),  # awaiting_user and back (migration 0035: not an end)
 }
 PAGE = 500

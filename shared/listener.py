@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,13 +47,17 @@ RESYNC = Notification("", "resync")
 
 
 class Subscription:
-    def __init__(self, listener: Listener, channels: frozenset[str] | None):
+    def __init__(self, listener: Listener, channels: frozenset[str] | None,
+                 keep: Callable[[Notification], bool] | None = None):
         self._listener = listener
         self.channels = channels
+        # which of its channels' notifications can give the subscriber work (the rest are not queued; a RESYNC is)
+        self.keep = keep
         self.queue: asyncio.Queue[Notification] = asyncio.Queue(SUBSCRIBER_QUEUE_SIZE)
 
     def _offer(self, note: Notification) -> None:
-        if note is not RESYNC and self.channels is not None and note.channel not in self.channels:
+        if note is not RESYNC and ((self.channels is not None and note.channel not in self.channels)
+                                   or (self.keep is not None and not self.keep(note))):
             return
         try:
             self.queue.put_nowait(note)
@@ -105,8 +109,9 @@ class Listener:
         self.connects = 0
         self.backend_pid: int | None = None
 
-    def subscribe(self, channels: list[str] | None = None) -> Subscription:
-        sub = Subscription(self, frozenset(channels) if channels is not None else None)
+    def subscribe(self, channels: list[str] | None = None,
+                  keep: Callable[[Notification], bool] | None = None) -> Subscription:
+        sub = Subscription(self, frozenset(channels) if channels is not None else None, keep)
         self._subscribers.add(sub)
         return sub
 

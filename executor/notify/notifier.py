@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 import aiohttp
+import orjson
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from py_vapid import Vapid
@@ -27,7 +28,7 @@ from executor.notify.duty import Duty
 from executor.notify.notes import Note
 from executor.sql import queries
 from shared import consume, database, endpoints, logs
-from shared.listener import Subscription
+from shared.listener import Notification, Subscription
 from shared.query import Queries
 
 log = logs.get(__name__)
@@ -42,6 +43,25 @@ PAGE = 500
 SEND_TIMEOUT_S = 10.0
 PUSH_TTL_S = 3600
 GONE = (404, 410)
+# The records a notification may be made from: what list_notify_candidates reads (executor/sql/notify.sql).
+NOTABLE = frozenset({"question.asked", "task.stalled", "task.exited", "executor.lost", "routine.run_ended"})
+
+
+def wants(note: Notification) -> bool:
+    """Whether a notification can have given the notifier work: any but a `journal` one that carries its rows
+    (shared/sql/journal.sql) and none of them notable. Every line a worker prints is a journal notification:
+    the passes they would wake (four or five queries each) are left to the next notable one or the poll."""
+    if note.channel != "journal":
+        return True
+    _, _, rows = note.payload.partition(" ")
+    if not rows:
+        return True  # only the head: the batch was too big to carry
+    try:
+        parsed = orjson.loads(rows)
+    except orjson.JSONDecodeError:
+        return True
+    return not isinstance(parsed, list) or any(not isinstance(r, dict) or r.get("event_type") in NOTABLE
+                                               for r in parsed)
 
 
 @dataclass(frozen=True)

@@ -98,12 +98,12 @@ class Routines:
 
     async def run(self, sub: Subscription, ends: Subscription) -> None:
         """Two loops: starting (`sub`: routine_queue, routines, and the timer) and ending (`ends`:
-        task_changed), so recording the ends of many runs never holds a schedule's instant back."""
+        task_ended), so recording the ends of many runs never holds a schedule's instant back."""
         self._sub = sub
         availability = database.availability(self.pool)
         async with asyncio.TaskGroup() as group:
             group.create_task(self._timer(sub))
-            group.create_task(consume.consume("routine-ends", ends, {"task_changed": [self.finish_runs]},
+            group.create_task(consume.consume("routine-ends", ends, {"task_ended": [self.finish_runs]},
                                               self.config.poll_s, availability, debounce_s=ENDS_DEBOUNCE_S))
             await consume.consume("routines", sub, self.passes_by_channel(), self.config.poll_s, availability)
 

@@ -41,7 +41,7 @@ async def run(index: Index, sub: Subscription) -> None:
     when a turn ends: its thread may have been waiting for it)."""
     async def imports() -> bool:
         return await import_grown(index)
-    await consume.consume("claude-sessions", sub, {"task_changed": [index.refresh, imports]}, index.poll_s,
+    await consume.consume("claude-sessions", sub, {"task_ended": [index.refresh, imports]}, index.poll_s,
                           database.availability(index.pool))
 
 

@@ -5,7 +5,7 @@ reads only what changed: a new file whole, a grown one from where the last pass 
 or was replaced is read again). Only rows that changed are written; a file that went is deleted. Which
 conversations a live process holds is looked up each pass (executor/sessions/live.py). The same pass brings
 the journal of this executor's adopted threads up to date with what a terminal added to their conversation
-(executor/sessions/adopt.py), and runs again at once when a turn ends (task_changed).
+(executor/sessions/adopt.py), and runs again at once when a turn ends (task_ended).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ transaction and the supervisor claims it. So an executor that dies between an en
 settles it after the restart, exactly once; a step that raises rolls back, is logged, and is retried with a
 growing delay — never lost.
 
-It is one `consume` loop (shared/consume.py): ends on `task_changed` (every end is a status change),
+It is one `consume` loop (shared/consume.py): ends on `task_ended` (a status change into a final one, migration 0036),
 the answers it acts on on `question_settle` (an approval's, an escalation's, a late one: migration 0035),
 and everything on the poll.
 """
@@ -50,7 +50,7 @@ class SettlerConfig:
     # whether finished workers are extracted and gated (off, an end is only marked settled)
     extract: bool = True
     backoff_base_s: float = 30.0
-    # backstop for task_changed notifications lost while the LISTEN connection was down
+    # backstop for task_ended notifications lost while the LISTEN connection was down
     poll_interval_s: float = 1.0
     # a settlement that raised is retried after this, doubled per failure up to the cap
     retry_base_s: float = 1.0
@@ -143,7 +143,7 @@ class Settler:
     def passes_by_channel(self) -> dict[str, list[consume.Pass]]:
         return {
             # an approval is owed also when its worker was stopped meanwhile (a status change)
-            "task_changed": [self.settle_pending, self.apply_approvals],
+            "task_ended": [self.settle_pending, self.apply_approvals],
             # only for the questions these passes act on (migration 0035): not on every answer
             "question_settle": [self.apply_escalations, self.apply_approvals, self.deliver_late_answers],
             consume.POLL_ONLY: [self.record_leftover_changes],  # rare by construction

@@ -5,8 +5,8 @@
 The ingress and the executor run as their own processes, the real CLI against the scripted model.
 (a) POST /api/chat -> the turn's first stream line at an SSE client, next to the CLI's own
     spawn -> first stdout line for the very command line the executor ran (read from its
-    task.spawned event), in the environment the executor gives it, spawned directly between the
-    turns (goal: the harness adds <= 10%).
+    task.spawned event), in the environment the executor gives it, given its input at once, spawned
+    directly between the turns (goal: the harness adds <= 10%).
 (b) resident memory of the ingress and the executor at rest, then with 200 SSE clients connected
     (load generator processes) and 8 workers streaming (the executor restarted with a replayer as
     its `claude`, printing a recorded stream-json transcript line by line).
@@ -25,7 +25,7 @@ import httpx
 import psutil
 import psycopg
 
-from executor.run import substrate
+from executor.run import substrate, user_input
 from executor.settle import dispatch
 from shared.database import Database
 from tests.bench import services, stats
@@ -83,6 +83,7 @@ async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str, pr
 async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], config_dir: Path, mcp_url: str,
                          tmp: Path, admin_dsn: str) -> None:
     harness, direct, connected, to_spawn, after_spawn = [], [], [], [], []
+    ahead_waited = []  # how long each turn's sandbox had been started when its claim took it (executor/run/ahead.py)
     mcp_file = tmp / "direct-mcp.json"
     # no credential: the direct spawn is not a caller the harness knows
     mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, "", None)))
@@ -108,8 +109,12 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
             if not i:
                 continue  # the thread's first turn starts its conversation: a second start of it is refused
             payload = json.loads(spawned.data)["payload"]
+            if "ahead" in payload:
+                ahead_waited.append(payload["ahead"]["waited_s"])
             argv = [f"--mcp-config={mcp_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]]
-            prompt = f"turn {i}".encode()
+            # its input as the executor wrote it (a turn with content blocks reads stream-json)
+            prompt = (user_input.stream_json_line(({"type": "text", "text": f"turn {i}"},))
+                      if "--input-format" in payload["argv"] else f"turn {i}".encode())
             alone = await spawn_to_first_line(argv, env, payload["workdir"], prompt)
             with_mcp = await spawn_to_first_line(
                 [f"--mcp-config={connected_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]],
@@ -126,6 +131,8 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
     print(f"    CLI alone, its harness MCP connected (unsandboxed): {stats.summary(connected)}")
     print(f"      of which POST -> task.spawned at the client: {stats.summary(to_spawn)}")
     print(f"      and task.spawned -> first stream line:      {stats.summary(after_spawn)}")
+    print(f"    turns that took a sandbox started on their message: {len(ahead_waited)}/{len(harness)}; started that "
+          f"long before the claim took it: {stats.summary(ahead_waited)}")
     h50, d50 = stats.percentile(harness, 50), stats.percentile(direct, 50)
     if h50 is not None and d50 is not None:
         print(f"    p50 against p50: the harness adds {100 * (h50 - d50) / d50:+.1f}% ({(h50 - d50) * 1000:+.1f} ms)")

@@ -1,20 +1,30 @@
-"""The notifications a change sends wake only the loops that have work for it (migration 0035): a task's
-activity is not an end, and a question whose asking tool waits for it is nothing for the settler."""
+"""The notifications a change sends wake only the loops that have work for it (migrations 0035, 0036): a task's
+activity is not an end, nor is its claim, and a question whose asking tool waits for it is nothing for the
+settler."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 
+from executor.notify import notifier
+from executor.sql import queries as executor_queries
+from shared import journal
+from shared.listener import RESYNC, Listener, Notification
+from shared.models import NewEvent
 from tests.pg import DB
 
 QUESTIONS = [{"question": "Go on?", "header": "Go", "multiSelect": False,
               "options": [{"label": "Yes", "description": ""}, {"label": "No", "description": ""}]}]
-CHANNELS = ("task_changed", "task_activity", "question_answered", "question_settle")
+CHANNELS = ("task_changed", "task_ended", "task_activity", "question_answered", "question_settle")
 
 
 def _heard(conn: psycopg.Connection, admin: psycopg.Connection, sql: str, args: list[object]) -> list[str]:
@@ -40,19 +50,27 @@ def _listening(db: DB) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connec
         yield listen, admin
 
 
-def test_an_activity_change_is_not_a_task_change_and_an_end_is(db: DB) -> None:
+def test_an_activity_change_is_not_a_task_change_a_claim_is_not_an_end_and_an_end_is(db: DB) -> None:
     with _listening(db) as (listen, admin):
         session = admin.execute("INSERT INTO sessions (role, lifecycle) VALUES ('worker', 'running') "
                                 "RETURNING id").fetchone()[0]  # type: ignore[index]
-        task = admin.execute("INSERT INTO tasks (session_id, role, status, started_at) "
-                             "VALUES (%s, 'worker', 'running', now()) RETURNING id", [session]).fetchone()[0]  # type: ignore[index]
+        task = admin.execute("INSERT INTO tasks (session_id, role) VALUES (%s, 'worker') RETURNING id",
+                             [session]).fetchone()[0]  # type: ignore[index]
+        # the claim: the page hears it, the loops that wait for ends do not
+        assert _heard(listen, admin, "UPDATE tasks SET status = 'running', started_at = now() WHERE id = %s",
+                      [task]) == ["task_changed"]
         assert _heard(listen, admin, "UPDATE tasks SET activity = 'awaiting_user' WHERE id = %s", [task]) \
             == ["task_activity"]
         assert _heard(listen, admin, "UPDATE tasks SET activity = 'running' WHERE id = %s", [task]) \
             == ["task_activity"]
         assert _heard(listen, admin, "UPDATE tasks SET activity = 'running' WHERE id = %s", [task]) == []
         assert _heard(listen, admin, "UPDATE tasks SET status = 'success', activity = NULL, ended_at = now() "
-                      "WHERE id = %s", [task]) == ["task_changed"]
+                      "WHERE id = %s", [task]) == ["task_ended"]
+        # an end straight from pending (cancelled before any claim) is one too
+        unclaimed = admin.execute("INSERT INTO tasks (session_id, role) VALUES (%s, 'worker') RETURNING id",
+                                  [session]).fetchone()[0]  # type: ignore[index]
+        assert _heard(listen, admin, "UPDATE tasks SET status = 'cancelled', ended_at = now() WHERE id = %s",
+                      [unclaimed]) == ["task_ended"]
 
 
 def test_only_the_answers_the_settler_acts_on_wake_it(db: DB) -> None:
@@ -82,3 +100,46 @@ def test_only_the_answers_the_settler_acts_on_wake_it(db: DB) -> None:
                 == ["question_answered", "question_settle"], kind
         cancel = "UPDATE questions SET status = 'cancelled', response = 'dismissed' WHERE id = %s"
         assert _heard(listen, admin, cancel, [question("approvals")]) == ["question_answered", "question_settle"]
+
+
+def _journal_notes(db: DB, batches: list[list[NewEvent]]) -> list[Notification]:
+    """The `journal` notifications the journal's own append sends for each batch, as the executor receives them
+    (from the journal writer's autocommit pool)."""
+    async def append() -> None:
+        async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=1, open=False,
+                                       kwargs={"autocommit": True}) as pool:
+            for batch in batches:
+                await journal.append(pool, batch)
+
+    with psycopg.connect(db.admin_dsn, autocommit=True) as listen:
+        listen.execute("LISTEN journal")
+        asyncio.run(append())
+        notes = [Notification(n.channel, n.payload) for n in listen.notifies(timeout=5, stop_after=len(batches))]
+    assert len(notes) == len(batches)
+    return notes
+
+
+def test_the_notifier_is_woken_by_the_journal_only_for_a_record_it_may_notify_of(db: DB) -> None:
+    with psycopg.connect(db.admin_dsn, autocommit=True) as admin:
+        task = admin.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id").fetchone()[0]  # type: ignore[index]
+    def lines() -> list[NewEvent]:  # a record's own payload naming a notable type is not one
+        return [NewEvent("stream.assistant", {"type": "assistant", "event_type": "task.exited"}, task_id=task)
+                for _ in range(3)]
+    big = [NewEvent("task.stderr", {"line": "x" * 3000}, task_id=task) for _ in range(4)]  # too big to carry
+    notes = _journal_notes(db, [lines(), [*lines(), NewEvent("task.exited", {"status": "success"}, task_id=task)],
+                                [NewEvent("question.asked", {"question_id": str(uuid.uuid4())})], big])
+    assert [notifier.wants(n) for n in notes] == [False, True, True, True]
+    assert " " not in notes[3].payload  # the head only: the notifier reads the rows itself
+    # and the subscription queues only what it keeps (any other channel, and a resync, always)
+    listener = Listener(db.executor_dsn, ["journal", "notify_queue"])
+    sub = listener.subscribe(["journal", "notify_queue"], keep=notifier.wants)
+    for note in [*notes, Notification("notify_queue", "1"), RESYNC]:
+        listener._publish(note)
+    queued = [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+    assert queued == [*notes[1:], Notification("notify_queue", "1"), RESYNC]
+
+
+def test_the_notable_records_are_those_the_notifier_reads() -> None:
+    listed = re.search(r"event_type IN \(([^)]*)\)", executor_queries["list_notify_candidates"])
+    assert listed is not None
+    assert frozenset(re.findall(r"'([^']+)'", listed.group(1))) == notifier.NOTABLE

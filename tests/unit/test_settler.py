@@ -78,9 +78,9 @@ def _woken(by_channel: dict[str, list[consume.Pass]], *channels: str) -> list[st
     return [consume._name(p) for p in consume.due_passes(notes, by_channel)]
 
 
-async def test_the_settler_takes_ends_on_task_changed_and_the_answers_it_acts_on_on_question_settle() -> None:
+async def test_the_settler_takes_ends_on_task_ended_and_the_answers_it_acts_on_on_question_settle() -> None:
     by_channel = Settler(AsyncConnectionPool("postgresql://unused", open=False), SettlerConfig()).passes_by_channel()
-    assert _woken(by_channel, "task_changed") == ["settle_pending", "apply_approvals"]
+    assert _woken(by_channel, "task_ended") == ["settle_pending", "apply_approvals"]
     assert _woken(by_channel, "question_settle") == ["apply_approvals", "apply_escalations", "deliver_late_answers"]
     assert _woken(by_channel, "") == ["settle_pending", "apply_approvals", "apply_escalations",
                                       "deliver_late_answers", "record_leftover_changes"]  # the poll
