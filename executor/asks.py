@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 from executor.journal.writer import JournalWriter
 from executor.run.caller import Caller
 from executor.run.task_store import TaskStore
-from shared import aio, logs
+from shared import after_response, aio, logs
 from shared.listener import RESYNC, Listener, Subscription
 from shared.models import NewEvent
 from shared.query import Queries, Transaction
@@ -140,8 +140,9 @@ class Asks:
                 posted = Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=task_id,
                                                  session_id=caller.session_id, asked_by=asked_by))
             qid = posted.id
+            # the last answer's record and "running" first (_afterwards), then this question's
+            await self._activity_settled(task_id)
             await self.writer.put(posted.event)
-            await self._activity_settled(task_id)  # the last answer's "running" first, then this
             await self.tasks.save_activity(task_id, "awaiting_user")
             try:
                 # in a thread the question outlives the wait: a late answer goes to the thread as a message
@@ -150,11 +151,8 @@ class Asks:
                 # the caller went away (the CLI was stopped): the question can never be delivered
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.q.one("close_question", {"id": qid, "response": WENT_AWAY}))
+                await self._afterwards(task_id, None)
                 raise
-            finally:
-                # the answer goes back without waiting for this write (a round trip on every answer's way):
-                # the task's next question waits for it instead, so the two writes keep their order
-                self._back_to_running(task_id)
         response = final.response
         if final.status == "cancelled" and response is None:
             response = DISMISSED
@@ -168,11 +166,26 @@ class Asks:
             payload["answered_by"] = final.answered_by
         if final.response == NOT_THE_USERS:
             payload["refused_answer"] = "no answering identity: not written by the ingress"
-        await self.writer.put(NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
+        await self._afterwards(task_id, NewEvent(event, payload, task_id=task_id, session_id=caller.session_id))
         return Answer(qid, final.status, final.answers, response, final.answered_via, final.answered_by)
 
-    def _back_to_running(self, task_id: uuid.UUID) -> None:
-        write = asyncio.ensure_future(self.tasks.save_activity(task_id, "running"))
+    async def _afterwards(self, task_id: uuid.UUID, record: NewEvent | None) -> None:
+        """The answer's record journaled and the task's activity set back to running, which the answer does
+        not wait for: asked through the MCP server, once the tool's response is sent (shared/after_response.py
+        — on the response's way out their queries came first); else the record now and the activity write
+        beside. The task's next question waits for both (_activity_settled), so the journal and the
+        activity keep their order."""
+        async def afterwards() -> None:
+            if record is not None:
+                await self.writer.put(record)
+            await self.tasks.save_activity(task_id, "running")
+
+        if after_response.in_request():
+            write = after_response.defer(afterwards)
+        else:
+            if record is not None:
+                await self.writer.put(record)
+            write = asyncio.ensure_future(self.tasks.save_activity(task_id, "running"))
         self._activity[task_id] = write
 
         def done(f: asyncio.Future[None]) -> None:

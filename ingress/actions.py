@@ -166,12 +166,38 @@ async def _close(request: Request, row: dict[str, Any], status: str, answers: An
 
 
 async def answer_ask(request: Request) -> Response:
+    seen = await _answer_seen(request)
+    if seen is not None:
+        return _answered(seen)
     row = await _question(request)
     answer = await body(request, AnswerIn)
     if row["status"] in _FINAL_ASK:
         raise Problem(409, f"question already {row['status']}")
     answers = asks.normalise(row["questions"], answer)
-    closed = await _close(request, row, "answered", answers, answer.response)
+    return _answered(await _close(request, row, "answered", answers, answer.response))
+
+
+async def _answer_seen(request: Request) -> dict[str, Any] | None:
+    """An answer to a question this process saw asked (ingress/asked.py), checked against the questions kept
+    and written by the conditional UPDATE alone: one round trip, not a read and then the write. None when
+    that cannot say it all — not seen, refused, or not pending — and the reading way then answers, with its
+    own order of errors (404, bad body, 409, 422)."""
+    broadcaster = getattr(request.app.state, "broadcaster", None)
+    seen = broadcaster.asked.get(request.path_params["ask_id"]) if broadcaster is not None else None
+    if seen is None:
+        return None
+    qid, questions = seen
+    try:
+        answer = await body(request, AnswerIn)
+        answers = asks.normalise(questions, answer)
+    except Problem:
+        return None
+    return await ingress_queries(request).one("answer_question", {
+        "id": qid, "status": "answered", "answers": Jsonb(answers), "response": answer.response,
+        "answered_by": who(request)})
+
+
+def _answered(closed: dict[str, Any]) -> Response:
     # Told from the row as our update left it, not as first read: the asking tool may have stopped waiting
     # in between (it marks the row late only while it is pending, so one of the two always sees the other).
     if closed["timed_out_at"] is None:

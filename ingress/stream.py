@@ -26,6 +26,7 @@ from pydantic import TypeAdapter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
+from ingress.asked import Asked
 from ingress.problems import Problem
 from shared import aio, database, failover, logs
 from shared.listener import RESYNC, Notification, Subscription
@@ -106,6 +107,7 @@ class Broadcaster:
         self._breaks = 0
         # the last batch joined for a client: every client at the same cursor takes the same bytes
         self._joined: tuple[int, int, bytes] = (-1, 0, b"")
+        self.asked = Asked()  # the questions seen asked, for the answer route (ingress/asked.py)
 
     @property
     def first(self) -> int:
@@ -150,8 +152,10 @@ class Broadcaster:
                 return
 
     def _seen(self, events: list[Event]) -> None:
-        """Events sent to clients: the highest seq marked, and a failover's gap the executor recorded noted."""
+        """Events sent to clients: the highest seq marked, the questions asked kept, and a failover's gap the
+        executor recorded noted."""
         failover.seq_mark(self.pool).saw(events[-1].seq)
+        self.asked.saw(events)
         for e in events:
             if e.event_type == failover.SEQS_LOST:
                 self._note_loss(e.payload.get("after", 0), e.payload.get("upto", 0), "executor")

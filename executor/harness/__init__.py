@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.applications import Starlette
 
 from executor.harness import permission, questions, reads, workers
 from executor.harness.services import Harness
+from shared.after_response import AfterResponse
 
 __all__ = ["PATH", "Harness", "asgi_app", "build"]
 
@@ -36,7 +36,7 @@ def build(harness: Harness) -> MCPServer:
     return server
 
 
-def asgi_app(server: MCPServer, host: str) -> Starlette:
+def asgi_app(server: MCPServer, host: str) -> AfterResponse:
     # Host/Origin checks on: only loopback names reach the server (no DNS rebinding from a browser).
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
@@ -46,5 +46,7 @@ def asgi_app(server: MCPServer, host: str) -> Starlette:
     # Stateless: no server-side session per client, so nothing a local process can open by the thousand
     # to exhaust the SDK's session cap and lock real spawns out (each call is identified by its credential
     # anyway, never by a session; progress still flows on the call's own response stream).
-    return server.streamable_http_app(streamable_http_path=PATH, transport_security=security, host=host,
-                                      stateless_http=True)
+    # What a tool leaves for after its response (an answer's record, the task's activity) runs once the
+    # response is sent (shared/after_response.py).
+    return AfterResponse(server.streamable_http_app(streamable_http_path=PATH, transport_security=security,
+                                                    host=host, stateless_http=True))

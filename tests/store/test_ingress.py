@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries as executor_queries
-from shared import journal
+from shared import journal, query
 from shared.models import NewEvent
 from tests.pg import DB, lock_waiter
 from tests.served import SSEEvent, collect, ingress_server
@@ -235,6 +235,55 @@ async def test_an_answer_to_a_question_that_timed_out_between_its_read_and_its_w
         answered = await post
     assert answered.status_code == 202, answered.text
     assert answered.json()["late"] is True and answered.json()["status"] == "answered"
+
+
+async def test_an_answer_to_a_question_seen_asked_is_written_without_reading_its_row_first(
+        db: DB, pool: AsyncConnectionPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The broadcaster keeps the questions of each `question.asked` it fans out; an answer to one of those is
+    # checked against them and written by the conditional UPDATE alone. Anything it cannot settle goes the
+    # reading way: a question not seen, one named by tool_use_id, a refused answer, one already closed.
+    seen, late = _ask(db, "toolu_seen"), _ask(db, "toolu_late")
+    unseen = _ask(db, "toolu_unseen")  # no question.asked record: asked before this process, say
+    ran: list[str] = []
+    sql = query._Runner.sql
+
+    def spied(self: query._Runner, name: str) -> str:
+        ran.append(name)  # the name of every query the ingress runs, which still runs as it would
+        return sql(self, name)
+    monkeypatch.setattr(query._Runner, "sql", spied)
+    answer = {"answers": {"Which database?": "Postgres", "Which extras?": ["Auth"]}}
+
+    async def post(ref: object, json: dict[str, Any]) -> tuple[int, Any, list[str]]:
+        ran.clear()
+        r = await http.post(f"/api/asks/{ref}/answer", json=json)
+        return r.status_code, r.json(), [n for n in ran if "question" in n]
+
+    async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+        ready = asyncio.Event()
+        reader = asyncio.create_task(collect(http, 2, ready=ready))
+        await ready.wait()
+        await journal.append(pool, [NewEvent("question.asked", {"question_id": str(q), "questions": QUESTIONS,
+                                                                "tool_use_id": f"toolu_{q}"}) for q in (seen, late)])
+        assert {json.loads(e.data)["event_type"] for e in await asyncio.wait_for(reader, 30)} == {"question.asked"}
+        with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
+            conn.execute(executor_queries["mark_question_timed_out"], {"id": late})
+
+        refused = await post(seen, {"answers": {"Which database?": "Oracle", "Which extras?": ["Auth"]}})
+        by_tool_use_id = await post("toolu_seen", {"answers": {"Nope?": "x"}})
+        ok = await post(seen, answer)
+        again = await post(seen, answer)
+        told_late = await post(late, answer)
+        not_seen = await post(unseen, answer)
+    assert refused[0] == 422 and "'Oracle' is not an option" in refused[1]["detail"]
+    assert refused[2] == ["get_question_by_ref"]  # the reading way tells it, in its own words
+    assert by_tool_use_id[0] == 422 and by_tool_use_id[2] == ["get_question_by_ref"]
+    assert ok[0] == 200 and ok[1]["status"] == "answered" and ok[1]["answered_by"] == "open"
+    assert ok[1]["answers"] == answer["answers"]
+    assert ok[2] == ["answer_question"]  # one round trip: no read before the write
+    assert again[0] == 409 and again[1]["detail"] == "question already answered"
+    assert again[2] == ["answer_question", "get_question_by_ref"]
+    assert told_late[0] == 202 and told_late[1]["late"] is True and told_late[2] == ["answer_question"]
+    assert not_seen[0] == 200 and not_seen[2] == ["get_question_by_ref", "answer_question"]
 
 
 @pytest.mark.parametrize(
