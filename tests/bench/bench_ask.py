@@ -36,7 +36,7 @@ import httpx
 import psutil
 import psycopg
 
-from tests.bench import notify_rtt, stats
+from tests.bench import notify_rtt, raw_http, stats
 from tests.bench.bench_sse import wait_up
 from tests.pg import Cluster
 from tests.served import free_port
@@ -88,9 +88,10 @@ class Notes:
 
 class Asker:
     """One client asking one question at a time, as a raw JSON-RPC POST per call (the stateless transport
-    needs no session): the moment is the response's arrival whole, as the CLI, the harness's real client,
-    gets it. The Python SDK's client spent some 2 ms of this process's CPU per call parsing and validating,
-    on the same two cores as the services it measures."""
+    needs no session) on a keep-alive connection of its own (tests/bench/raw_http.py): the moment is the
+    response's arrival whole, as the CLI, the harness's real client, gets it. The Python SDK's client spent
+    some 2 ms of this process's CPU per call parsing and validating, and httpx 1 ms, on the same two cores
+    as the services it measures."""
 
     def __init__(self, mcp_url: str, i: int, headers: dict[str, str]):
         self.text = f"Go on with {i}?"
@@ -102,23 +103,25 @@ class Asker:
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        async with httpx.AsyncClient(headers=self._headers, timeout=httpx.Timeout(30, read=300)) as http:
+        http = raw_http.Client(self._url, self._headers)
+        try:
             while (returned := await self._asks.get()) is not None:
                 self._calls += 1
-                r = await http.post(self._url, json={
+                r = await http.post_json("", {
                     "jsonrpc": "2.0", "id": self._calls, "method": "tools/call",
                     "params": {"name": "ask_user_question",
                                "arguments": {"questions": [{**QUESTION, "question": self.text}]}, "_meta": META}})
-                at = time.perf_counter()
                 try:
                     result = _result(r)
-                except (ValueError, KeyError, httpx.HTTPStatusError) as exc:
-                    returned.set_exception(RuntimeError(f"{exc}: {r.text[:500]}"))
+                except (ValueError, KeyError, raw_http.HTTPError) as exc:
+                    returned.set_exception(RuntimeError(f"{exc}: {r.body[:500]!r}"))
                     continue
                 if result.get("isError"):
                     returned.set_exception(RuntimeError(str(result.get("content"))))
                 else:
-                    returned.set_result(at)
+                    returned.set_result(r.at)
+        finally:
+            await http.close()
 
     async def ask(self, notes: Notes) -> tuple[str, asyncio.Future[float]]:
         """Ask; (the stored question's id, a future of the moment the tool returned)."""
@@ -131,12 +134,12 @@ class Asker:
         await self.task
 
 
-def _result(r: httpx.Response) -> dict[str, Any]:
+def _result(r: raw_http.Response) -> dict[str, Any]:
     """A tools/call's result, from a JSON response or the last message of an event stream (a call that sent
     progress first)."""
     r.raise_for_status()
     if r.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
+        data = [line[5:].strip() for line in r.body.decode().splitlines() if line.startswith("data:")]
         body = json.loads(data[-1])
     else:
         body = r.json()
@@ -179,6 +182,7 @@ def as_spawn(admin_dsn: str) -> dict[str, str]:
 
 async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str, pending: int,
                    asks: int, headers: dict[str, str]) -> dict[str, list[float]]:
+    answering = raw_http.Client(str(http.base_url))
     out: dict[str, list[float]] = {"total": [], "post": [], "to_notify": [], "notify_to_return": [], "bare": []}
     askers = [Asker(mcp_url, i, headers) for i in range(pending)]
     waiting = [await a.ask(notes) for a in askers]  # one at a time, so each stored id is known to be its
@@ -187,8 +191,8 @@ async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str
             i = k % pending
             qid, returned = waiting[i]
             start = time.perf_counter()
-            r = await http.post(f"/api/asks/{qid}/answer", json={"answers": {askers[i].text: "Yes"}})
-            posted = time.perf_counter()
+            r = await answering.post_json(f"/api/asks/{qid}/answer", {"answers": {askers[i].text: "Yes"}})
+            posted = r.at
             r.raise_for_status()
             done = await asyncio.wait_for(returned, 30)
             for _ in range(100):  # the listener thread may not have stamped it yet
@@ -206,6 +210,7 @@ async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str
         await http.delete(f"/api/asks/{qid}")
     for a in askers:
         await a.close()
+    await answering.close()
     return out
 
 
