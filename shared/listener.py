@@ -164,6 +164,11 @@ class Listener:
                 async with contextlib.aclosing(conn.notifies(timeout=wait_s)) as notes:
                     async for note in notes:
                         traffic = True
+                        if self.availability is not None and self.availability.down:
+                            # the server speaks: back. The connect's own word is not taken within an outage's
+                            # settling second (Availability.succeeded), and after a quick failover nothing else
+                            # a process that only listens does would say it again
+                            self.availability.succeeded()
                         if note.channel == self._probe_channel:
                             got_probe = got_probe or note.payload == probe_token
                             continue

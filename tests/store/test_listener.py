@@ -5,6 +5,8 @@ from collections.abc import Awaitable
 
 import psycopg
 
+from shared import availability
+from shared.availability import Availability
 from shared.listener import RESYNC, Listener, Notification
 from tests.pg import DB
 from tests.proxy import FreezableProxy
@@ -13,6 +15,10 @@ from tests.proxy import FreezableProxy
 async def _notify(dsn: str, channel: str, payload: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+
+def _down(seen: Availability) -> bool:
+    return seen.down  # read anew each time (an assert on the property narrows it for the type checker)
 
 
 async def _next(sub_get: Awaitable[Notification], timeout: float = 10) -> Notification:
@@ -48,6 +54,30 @@ async def test_listener_reconnects_after_its_backend_is_terminated_and_asks_for_
         assert await _next(sub.get()) == Notification("journal", "7")
     finally:
         runner.cancel()
+
+
+async def test_a_reconnect_within_an_outages_settling_second_is_declared_back_once_the_server_speaks(
+        db: DB) -> None:
+    # A failover quicker than SETTLE_S: the reconnect's success is not taken as the outage's end (a connection
+    # at an outage's edge may still work while the next fails), and a process that only listens (the
+    # ingress) asked nothing else of the server that would say so: it stayed "down" for good.
+    seen = Availability("test")
+    listener = Listener(db.executor_dsn, ["journal"], availability=seen, probe_interval_s=0.2)
+    sub = listener.subscribe()
+    runner = asyncio.create_task(listener.run())
+    try:
+        assert await _next(sub.get()) is RESYNC
+        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", [listener.backend_pid])
+        assert await _next(sub.get()) is RESYNC  # back within the settling second: not yet declared
+        assert _down(seen) and seen.outages == 1
+        await asyncio.sleep(availability.SETTLE_S)
+        await _notify(db.executor_dsn, "journal", "8")
+        assert await _next(sub.get()) == Notification("journal", "8")  # declared back as it came in
+        assert not _down(seen) and seen.outages == 1
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
 
 
 async def test_a_silent_half_open_connection_fails_its_probe_and_is_replaced(db: DB) -> None:
