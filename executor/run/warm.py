@@ -107,6 +107,8 @@ class WarmPool:
         self.warm: dict[uuid.UUID, Warm] = {}
         self._ended: dict[uuid.UUID, datetime] = {}  # turns that just ended here: thread → when
         self._retired: dict[uuid.UUID, datetime | None] = {}  # thread → the signal its idle warm was for
+        # threads a turn started in since the running pass read its candidates: what it read of them is stale
+        self._turn_started: set[uuid.UUID] = set()
         self._wake = asyncio.Event()
         self._closed = False
         self._ending: set[asyncio.Task[None]] = set()
@@ -125,6 +127,7 @@ class WarmPool:
         from now on: the pool forgets it). A dead one is ended and replaced, not used."""
         if session_id is None:
             return None
+        self._turn_started.add(session_id)
         warm = self.warm.pop(session_id, None)
         if warm is None:
             return None
@@ -163,6 +166,11 @@ class WarmPool:
         now = datetime.now(UTC)
         horizon = now - timedelta(seconds=self.config.idle_s)
         self._ended = {s: at for s, at in self._ended.items() if at > horizon}
+        # A thread whose turn starts while this pass reads (or spawns) is not warmed by it: the candidates
+        # leave out threads with a turn under way only as of their read, and a process started now would read
+        # the conversation that turn is about to add to (it would be found moved on, and ended unused). The
+        # turn's end warms the thread's next.
+        self._turn_started.clear()
         found = await self.candidates(list(self._ended), self.config.presence_s, self.config.turns)
         signals = {t.session_id: max(at for at in (t.seen_at, self._ended.get(t.session_id)) if at is not None)
                    for t in found if t.seen_at is not None or t.session_id in self._ended}
@@ -183,7 +191,7 @@ class WarmPool:
         self._retired = {s: sig for s, sig in self._retired.items() if s in wanted}
         for template in chosen:
             session_id = template.session_id
-            if session_id in self.warm or self.closed():
+            if session_id in self.warm or session_id in self._turn_started or self.closed():
                 continue
             retired_for = self._retired.get(session_id)
             if retired_for is not None and signals[session_id] <= retired_for:
@@ -197,6 +205,9 @@ class WarmPool:
                 await self._end(displaced, "displaced")
             started = await self.spawner.spawn_warm(template)
             if started is None:
+                continue
+            if session_id in self._turn_started:  # a turn began while it started: it read the old conversation
+                await self._end(started, "turn_started")
                 continue
             started.signal = signals[session_id]
             if self.closed():  # stopped while it started
