@@ -9,6 +9,7 @@ between 2.1.x versions, so an `error_*` subtype is a failure whatever `is_error`
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from collections.abc import Callable, Mapping
@@ -224,6 +225,37 @@ def session_state(config: SubstrateConfig, session_uuid: str) -> tuple[int, int]
             continue
         return st.st_ino, st.st_size
     return None
+
+
+# Lines the CLI appends to a stored conversation as the session's own metadata, again now and then (not a
+# message of it): a process resuming it may write one before its input (observed: the permission mode, once
+# a conversation had grown some turns long; docs/claude-cli.md "Warm turns").
+SESSION_METADATA = frozenset({"mode", "atis-latch"})
+
+
+def conversation_unchanged(config: SubstrateConfig, session_uuid: str, since: tuple[int, int] | None) -> bool:
+    """Whether the stored conversation is what it was at `since` (its (inode, size) from `session_state`) but
+    for session metadata lines appended after it: what a process that resumed it at `since` read of it is
+    still the whole conversation."""
+    for path in (config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl"):
+        try:
+            with path.open("rb") as f:
+                st = os.fstat(f.fileno())
+                if since is None or (st.st_ino, st.st_size) == since:
+                    return since is not None
+                if st.st_ino != since[0] or st.st_size < since[1]:
+                    return False  # replaced or cut: not the conversation it read
+                f.seek(since[1])
+                added = f.read()
+        except OSError:
+            continue
+        try:
+            lines = [json.loads(line) for line in added.splitlines() if line.strip()]
+        except ValueError:
+            return False  # a line being written, or not from the start of one
+        return added.endswith(b"\n") and all(isinstance(d, dict) and d.get("type") in SESSION_METADATA
+                                              for d in lines)
+    return since is None
 
 
 def mcp_config(url: str, credential: str, timeout_ms: int | None) -> dict[str, Any]:

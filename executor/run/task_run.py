@@ -373,10 +373,11 @@ class TaskRunner:
         expected = substrate.build_command(self.substrate, substrate.SpawnSpec(
             role=task.role, prompt="", session_uuid=str(task.session_id), resume=True, allowed_tools=allowed,
             system_prompt=system_prompt, mcp_config=warmed.mcp_config, stream_input=True, extra_args=extra_args))
-        transcript = await asyncio.to_thread(substrate.session_state, self.substrate, str(task.session_id))
+        unchanged = await asyncio.to_thread(substrate.conversation_unchanged, self.substrate, str(task.session_id),
+                                            warmed.transcript)
         reason = ("spawn_differs" if expected != warmed.cmd or workdir != warmed.workdir
                   or task.project_id != warmed.project_id else
-                  "conversation_moved_on" if transcript != warmed.transcript else None)
+                  "conversation_moved_on" if not unchanged else None)
         if reason is not None:
             log.info("warm_turn_unused", thread=str(task.session_id), reason=reason)
             self.warm.give_back(warmed, reason)

@@ -200,3 +200,36 @@ def test_the_conversations_directory_of_a_long_working_directory_is_cut_and_hash
     got = sandbox.session_dir(Path("/cfg"), deep).name
     assert len(got) == 207 and got.endswith("-ab5c1e") and got.startswith("-tmp-pytest-of-root-pytest-77-")
     assert sandbox.session_dir(Path("/cfg"), Path("/srv/w")).name == "-srv-w"
+
+
+def test_a_conversation_is_unchanged_for_a_warm_process_but_for_the_session_metadata_the_cli_appends(
+        tmp_path: Path) -> None:
+    # A process that resumed a conversation read it whole at its start; the CLI may append the session's own
+    # metadata again afterwards (its permission mode, by the resuming process itself): still the same
+    # conversation. A message, a replacement, a cut or a half-written line is not.
+    cfg = substrate.SubstrateConfig(claude_bin="claude", config_dir=tmp_path / "cfg")
+    session = "2cdf1b69-101f-4ae7-b118-c8e5c03f1d80"
+    stored = tmp_path / "cfg" / "projects" / "-work" / f"{session}.jsonl"
+    stored.parent.mkdir(parents=True)
+    stored.write_text('{"type":"user","message":{"role":"user","content":"hi"}}\n')
+    at_start = substrate.session_state(cfg, session)
+    assert substrate.conversation_unchanged(cfg, session, at_start)
+    with stored.open("a") as f:
+        f.write(f'{{"type":"mode","mode":"normal","sessionId":"{session}"}}\n')
+        f.write(f'{{"type":"atis-latch","atis":"","sessionId":"{session}"}}\n')
+    assert substrate.session_state(cfg, session) != at_start
+    assert substrate.conversation_unchanged(cfg, session, at_start)
+    with stored.open("a") as f:
+        f.write('{"type":"mode","mode":"normal"')  # still being written
+    assert not substrate.conversation_unchanged(cfg, session, at_start)
+    with stored.open("a") as f:
+        f.write('}\n{"type":"user","message":{"role":"user","content":"another turn"}}\n')
+    assert not substrate.conversation_unchanged(cfg, session, at_start)
+    stored.write_text('{"type":"user","message":{"role":"user","content":"hi"}}\n')  # cut back: same size, same inode
+    assert substrate.conversation_unchanged(cfg, session, at_start)
+    replaced = stored.with_suffix(".new")
+    replaced.write_text(stored.read_text())
+    replaced.replace(stored)  # the same bytes under a new inode: not the file it read
+    assert not substrate.conversation_unchanged(cfg, session, at_start)
+    assert substrate.conversation_unchanged(cfg, "no-such-session", None)
+    assert not substrate.conversation_unchanged(cfg, session, None)  # one came to be since
