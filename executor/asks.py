@@ -175,17 +175,16 @@ class Asks:
         — on the response's way out their queries came first); else the record now and the activity write
         beside. The task's next question waits for both (_activity_settled), so the journal and the
         activity keep their order."""
+        if record is not None and not after_response.in_request():
+            await self.writer.put(record)
+            record = None
+
         async def afterwards() -> None:
             if record is not None:
                 await self.writer.put(record)
             await self.tasks.save_activity(task_id, "running")
 
-        if after_response.in_request():
-            write = after_response.defer(afterwards)
-        else:
-            if record is not None:
-                await self.writer.put(record)
-            write = asyncio.ensure_future(self.tasks.save_activity(task_id, "running"))
+        write = after_response.defer(afterwards)  # outside a request: at once
         self._activity[task_id] = write
 
         def done(f: asyncio.Future[None]) -> None:

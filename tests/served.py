@@ -46,6 +46,20 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {start}..{start + PORTS_PER_WORKER - 1}")
 
 
+async def answering(url: str, path: str, serving: asyncio.Future[Any]) -> None:
+    """Until `path` answers 200 (some 10 s at most), or the server's task ended (its error raised)."""
+    async with httpx.AsyncClient(base_url=url, timeout=5) as probe:
+        for _ in range(200):
+            if serving.done():
+                serving.result()
+            try:
+                if (await probe.get(path)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+
+
 @asynccontextmanager
 async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
     """The ingress on `dsn`, configured as `petal-dispatch ingress` would be by these settings (open mode and a
@@ -57,16 +71,7 @@ async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
     stop = asyncio.Event()
     task = asyncio.create_task(serve(ingress, stop))
     url = f"http://127.0.0.1:{ingress.port}"
-    async with httpx.AsyncClient(base_url=url, timeout=5) as probe:
-        for _ in range(200):
-            if task.done():
-                task.result()
-            try:
-                if (await probe.get("/healthz")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.05)
+    await answering(url, "/healthz", task)
     try:
         yield url
     finally:

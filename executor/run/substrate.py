@@ -12,7 +12,7 @@ import json
 import os
 import re
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -204,6 +204,11 @@ def resume_command(config: SubstrateConfig, workdir: Path, session_uuid: str) ->
     return threads.resume_command(str(workdir), None if home == default else str(home), session_uuid)
 
 
+def _stored(config: SubstrateConfig, session_uuid: str) -> Iterator[Path]:
+    """Where the CLI keeps the conversation: `projects/<its working directory, mangled>/<uuid>.jsonl`."""
+    return (config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl")
+
+
 def session_stored(config: SubstrateConfig, session_uuid: str) -> bool:
     """Whether the CLI keeps a transcript of this conversation, i.e. whether `--resume` can find it.
 
@@ -211,14 +216,14 @@ def session_stored(config: SubstrateConfig, session_uuid: str) -> bool:
     before that (a whitespace-only prompt) or killed right after its init line stored nothing, and
     `--resume` of it fails with "No conversation found" while `--session-id` starts it afresh.
     """
-    return any((config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl"))
+    return any(_stored(config, session_uuid))
 
 
 def session_state(config: SubstrateConfig, session_uuid: str) -> tuple[int, int] | None:
     """The stored conversation's (inode, size), None when there is none: a process started with `--resume`
     read it at its start (observed: docs/claude-cli.md "Warm turns"), so a warm one is usable only while this
     has not changed. The CLI touches the file's time when it resumes, so the time is no sign."""
-    for path in (config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl"):
+    for path in _stored(config, session_uuid):
         try:
             st = path.stat()
         except OSError:
@@ -237,7 +242,7 @@ def conversation_unchanged(config: SubstrateConfig, session_uuid: str, since: tu
     """Whether the stored conversation is what it was at `since` (its (inode, size) from `session_state`) but
     for session metadata lines appended after it: what a process that resumed it at `since` read of it is
     still the whole conversation."""
-    for path in (config_home(config) / "projects").glob(f"*/{session_uuid}.jsonl"):
+    for path in _stored(config, session_uuid):
         try:
             with path.open("rb") as f:
                 st = os.fstat(f.fileno())

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared import after_response
-from tests.served import free_port
+from tests.served import answering, free_port
 
 
 class _Seen:
@@ -76,13 +76,7 @@ async def _served(app: ASGIApp) -> AsyncIterator[str]:
     stop = asyncio.Event()
     task = asyncio.ensure_future(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(base_url=url) as probe:
-        for _ in range(200):
-            try:
-                await probe.get("/reply")
-                break
-            except httpx.TransportError:
-                await asyncio.sleep(0.02)
+    await answering(url, "/reply", task)
     try:
         yield url
     finally:

@@ -143,30 +143,33 @@ async def test_a_turn_that_starts_while_a_pass_reads_or_spawns_is_not_warmed_on_
     a = _thread(1)
     pool, spawner = _pool([a])
     await pool.refresh()
-    reading, spawning = asyncio.Event(), asyncio.Event()
+    reading, spawning, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
     candidates, spawn_warm = pool.candidates, spawner.spawn_warm
 
     async def slow_candidates(*args: Any) -> list[Template]:
         found = await candidates(*args)
         reading.set()
-        await asyncio.sleep(0.05)  # the query in flight
+        await go_on.wait()  # the query in flight
         return found
     pool.candidates = slow_candidates
     pass_ = asyncio.create_task(pool.refresh())
     await reading.wait()
     assert pool.take(a.session_id) is spawner.started[0]  # the turn takes it while the pass reads
+    go_on.set()
     await pass_
     assert len(spawner.started) == 1 and pool.warm == {}
 
     async def slow_spawn(template: Template) -> Warm | None:
         spawning.set()
-        await asyncio.sleep(0.05)  # its sandbox and CLI starting
+        await go_on.wait()  # its sandbox and CLI starting
         return await spawn_warm(template)
     pool.candidates = candidates
     spawner.spawn_warm = slow_spawn  # type: ignore[method-assign]
+    go_on.clear()
     pass_ = asyncio.create_task(pool.refresh())
     await spawning.wait()
     assert pool.take(a.session_id) is None  # a turn starts cold while the pass is spawning for its thread
+    go_on.set()
     await pass_
     assert len(spawner.started) == 2 and spawner.ended == [(a.session_id, "turn_started")] and pool.warm == {}
     await pool.refresh()  # the next pass (the turn's end) warms it again
