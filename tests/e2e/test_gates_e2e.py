@@ -15,6 +15,7 @@ from executor.settle import briefs
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
+from tests.resilience import settled
 from tests.scenarios import dispatch, extractor, handoff, one_worker
 from tests.served import ingress_server
 from tests.wait import until
@@ -353,6 +354,9 @@ async def test_the_context_view_lists_the_thread_s_standing_rules_adds_one_and_r
                 listed = (await http.get("/api/threads")).json()["threads"]
                 return any(t["id"] == str(threads.DEFAULT_THREAD_ID) for t in listed)
             await until(default_thread, "the default thread")
+            # its first turn ended and settled: its end would re-render the view (and the input the rule is
+            # typed into) between the fill and the click
+            await settled(db.admin_dsn, timeout=60)
             async with page_at(b, url) as page:
                 await page.click("a[data-tab='context']")
                 await expect(page.locator("#context-body")).to_contain_text("No standing rules.")
