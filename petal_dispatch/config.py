@@ -115,8 +115,10 @@ class Settings(BaseSettings):
     # turn's CLI started ahead of the message (0: off), each retired this long after its start.
     warm_turns: int = Field(default=2, ge=0, le=16)
     warm_idle_s: float = Field(default=300.0, gt=0)
-    # A thread's next turn's sandbox started as soon as its message is seen, beside the turn's bookkeeping.
+    # A thread's next turn's sandbox started before its claim: one of this many spares (kept started for
+    # whichever thread's message comes first), else its own as soon as its message is seen.
     sandbox_ahead: bool = True
+    sandbox_spares: int = Field(default=1, ge=0, le=4)
 
     # Notifications. Web Push needs a VAPID key: generated into the data directory on first run unless
     # given here (PEM, or base64url DER/raw). ntfy is optional: a topic URL and, if it needs one, a token.
@@ -274,7 +276,7 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
         lease_s=settings.lease_s,
         shared_claude_config=settings.shared_claude_config,
         warm=WarmConfig(turns=settings.warm_turns, idle_s=settings.warm_idle_s),
-        ahead=settings.sandbox_ahead,
+        ahead=settings.sandbox_ahead, ahead_spares=settings.sandbox_spares,
     )
 
 

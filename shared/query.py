@@ -161,10 +161,18 @@ class Queries(_Runner):
             yield conn
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
-        """One transaction: committed when the block ends, rolled back when it raises."""
+    async def transaction(self, *, pipelined: bool = False) -> AsyncIterator[Transaction]:
+        """One transaction: committed when the block ends, rolled back when it raises. `pipelined`: in
+        psycopg's pipeline mode, a statement whose result nobody waits for (an `execute`) goes out with the
+        next one, in one round trip (BEGIN with the first); the server still runs them one after another,
+        each with its own snapshot. An error of such a statement is raised by the next one that waits."""
         try:
-            async with self.pool.connection() as conn, conn.transaction():
-                yield Transaction(conn, self.registry)
+            async with self.pool.connection() as conn:
+                if not pipelined:
+                    async with conn.transaction():
+                        yield Transaction(conn, self.registry)
+                    return
+                async with conn.pipeline(), conn.transaction():
+                    yield Transaction(conn, self.registry)
         except psycopg.Error as exc:
             raise (translate(exc) or exc) from exc

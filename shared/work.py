@@ -46,10 +46,10 @@ class Work(Transaction):
 
 
 @asynccontextmanager
-async def work(q: Queries) -> AsyncIterator[Work]:
+async def work(q: Queries, *, pipelined: bool = False) -> AsyncIterator[Work]:
     """One unit of work over `q`'s pool and registry: committed with its records when the block ends,
-    rolled back (records and all) when it raises."""
-    async with q.transaction() as tx:
+    rolled back (records and all) when it raises (`pipelined`: Queries.transaction's)."""
+    async with q.transaction(pipelined=pipelined) as tx:
         unit = Work(tx.conn, q.registry)
         yield unit
         await unit.append()

@@ -1,25 +1,34 @@
-"""Sandboxes started ahead: a thread's next turn's sandbox, started the moment its message is seen.
+"""Sandboxes started ahead: a thread's next turn's sandbox, up before its turn is claimed.
 
 A cold turn's spawn waits for its bookkeeping (the threads loop's delivery, the claim, the credential, the
-session) and then for its sandbox to start (bubblewrap, the forwarders listening: some 15 ms). When the threads
-loop sees a message for a thread that will start a turn, this executor starts that thread's sandbox at once,
-with nothing inside yet: the same mounts, gateway and per-spawn MCP config as a cold spawn of the turn, its
-launcher waiting for the command on a pipe (executor/sandbox/bwrap.py, ARGV_FD). When the turn is claimed, the
-runner builds the CLI's command as for a cold spawn and writes it there (executor/run/task_run.py): the CLI
-starts at once, as one process per turn, its exit the boundary, journaled from its first line. Nothing of the
-CLI runs before the turn is claimed; the sandbox's start runs beside the bookkeeping instead of after it.
+session) and for its sandbox to start (bubblewrap, the forwarders listening: 13 ms on an idle machine, 20-30 ms
+beside the bookkeeping). Two ways take the sandbox off that path; in both, nothing of the CLI runs before the
+turn is claimed. When the turn is claimed, the runner builds the CLI's command as for a cold spawn and writes it
+to the sandbox's launcher, waiting on a pipe (executor/sandbox/bwrap.py, ARGV_FD; executor/run/task_run.py): the
+CLI starts at once, as one process per turn, its exit the boundary, journaled from its first line.
+
+- **Spares**: up to `spares` sandboxes kept started for no thread yet, for the role of the turns this executor
+  has had (the first one's message teaches it), with the mounts, gateway and per-spawn MCP config a plain
+  thread's turn gets. A thread's message takes one: its stored conversation is linked into the spare's private
+  conversations directory then (executor/sandbox/bwrap.py, `link_conversation`), and a new spare is started
+  `SPARE_REFILL_S` later (not beside the CLI's start). A conversation that needs a mount of its own (its side
+  directory) cannot go into a spare. Each spare is replaced after `SPARE_AGE_S`: a file the CLI replaced by a
+  rename since it started would show its old content inside.
+- **On the message**: without a spare to take, the thread's own sandbox is started the moment the threads loop
+  sees its message, beside the bookkeeping rather than after it.
 
 Only for a thread whose conversation goes on here (pinned to this executor, stored in its own CLI config, no
-project): anything else spawns cold. Bounded: at most `MAX_AHEAD` at once; one not taken within `IDLE_S` (its
-turn went elsewhere, or waits for room) is ended; one that died, or whose conversation changed since it started
-(it linked the stored conversation then), is ended and the turn spawns cold. Its credential is bound to the
-turn that takes it (the harness refuses it until then). On stop every one is ended; a restart starts with none.
+project): anything else spawns cold. Bounded: at most `MAX_AHEAD` threads at once; one not taken within `IDLE_S`
+(its turn went elsewhere, or waits for room) is ended; one that died, or whose conversation changed since it was
+linked, is ended and the turn spawns cold. Its credential is bound to the turn that takes it (the harness
+refuses it until then). On stop every one is ended, spares too; a restart starts with none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 import uuid
@@ -35,13 +44,18 @@ log = logs.get(__name__)
 
 MAX_AHEAD = 4
 IDLE_S = 30.0
+# a spare is started this long after the last one was taken: after the taking turn's CLI has started
+SPARE_REFILL_S = 1.0
+# and replaced this long after its own start; one that could not start or died is tried again this long after
+SPARE_AGE_S = 300.0
+SPARE_RETRY_S = 5.0
 
 
 @dataclass(eq=False)
 class Ahead:
     """One sandbox started ahead, its launcher waiting for the command line."""
 
-    session_id: uuid.UUID
+    session_id: uuid.UUID | None  # the thread it is for (None: a spare, for whichever thread comes first)
     role: str  # the role of the turn it was started for (its profile chose whether it has an MCP config)
     spawn_id: uuid.UUID  # its PETAL_TASK_ID and sandbox key (the run's spawn_id once a turn takes it)
     proc: asyncio.subprocess.Process
@@ -51,8 +65,9 @@ class Ahead:
     mcp_config: Path | None
     digest: bytes | None  # the hash of the credential in its config, bound to the turn's task when taken
     gateway: Gateway
-    transcript: tuple[int, int] | None  # (inode, size) of the stored conversation when it started
+    transcript: tuple[int, int] | None  # (inode, size) of the stored conversation when it was linked
     started: float = field(default_factory=time.monotonic)
+    spare: bool = False  # started as a spare (its thread took it later)
 
     @property
     def alive(self) -> bool:
@@ -71,17 +86,24 @@ def command_line(argv: list[str]) -> bytes:
 
 
 class Starter(Protocol):
-    """The runner's side: starting and ending sandboxes ahead (executor/run/task_run.py)."""
+    """The runner's side: starting, handing over and ending sandboxes ahead (executor/run/task_run.py)."""
 
-    async def start_ahead(self, session_id: uuid.UUID, role: str) -> Ahead | None: ...
+    async def start_ahead(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
+        """A thread's next turn's sandbox (`session_id` None: a spare), or None when there is none to start."""
+        ...
+
+    async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
+        """The spare with the thread's conversation linked in, or None when the conversation cannot go into it."""
+        ...
 
     async def end_ahead(self, ahead: Ahead, reason: str) -> None: ...
 
 
 class AheadPool:
-    """The sandboxes started ahead of one executor's turns, one per thread at most."""
+    """The sandboxes started ahead of one executor's turns: one per thread at most, and its spares."""
 
-    def __init__(self, starter: Starter, *, enabled: bool, pinned_here: Callable[[str | None], bool]):
+    def __init__(self, starter: Starter, *, enabled: bool, pinned_here: Callable[[str | None], bool],
+                 spares: int = 1):
         self.starter = starter
         self.enabled = enabled
         self.pinned_here = pinned_here  # whether a thread pinned to this executor name runs its turns here
@@ -89,15 +111,56 @@ class AheadPool:
         self._idle: dict[uuid.UUID, asyncio.Task[None]] = {}  # each one's end if no turn takes it in time
         self._ending: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.spares_wanted = spares if enabled else 0
+        self.spares: list[asyncio.Future[Ahead | None]] = []
+        self.spare_role: str | None = None  # the role of the turns seen here (what a spare is started for)
+        self._refill_at = 0.0
+        self._changed = asyncio.Event()
 
     def turn_coming(self, session_id: uuid.UUID, role: str, pinned_to: str | None) -> None:
         """The threads loop is about to queue a turn (of `role`) of this thread, whose turns are pinned to the
-        executor named `pinned_to`: start its sandbox now, when it will run here."""
-        if (not self.enabled or self._closed or session_id in self.starting or len(self.starting) >= MAX_AHEAD
-                or not self.pinned_here(pinned_to)):
+        executor named `pinned_to`: hand it a spare, or start its sandbox now, when it will run here."""
+        if not self.enabled or self._closed:
             return
-        self.starting[session_id] = asyncio.create_task(self._start(session_id, role), name=f"ahead-{session_id}")
+        if self.spare_role != role and (pinned_to is None or self.pinned_here(pinned_to)):
+            # the spares are for the role of the turns that may run here (a new thread's first turn teaches it)
+            self.spare_role = role
+            self._refill_at = time.monotonic() + SPARE_REFILL_S
+            self._end_spares("role_changed")
+        if session_id in self.starting or len(self.starting) >= MAX_AHEAD or not self.pinned_here(pinned_to):
+            return
+        spare = self._ready_spare()
+        self.starting[session_id] = asyncio.create_task(
+            self._start(session_id, role) if spare is None else self._hand_over(spare, session_id, role),
+            name=f"ahead-{session_id}")
         self._idle[session_id] = asyncio.create_task(self._retire_when_idle(session_id))
+
+    def _ready_spare(self) -> Ahead | None:
+        """A spare that is up and alive (the pool's no longer): None while each is still starting."""
+        for started in [s for s in self.spares if s.done()]:
+            spare = _result(started)
+            if spare is not None and spare.alive:
+                self.spares.remove(started)
+                self._refill_at = time.monotonic() + SPARE_REFILL_S
+                self._changed.set()
+                return spare
+        return None
+
+    async def _hand_over(self, spare: Ahead, session_id: uuid.UUID, role: str) -> Ahead | None:
+        try:
+            linked = await self.starter.link_spare(spare, session_id)
+        except BaseException:
+            self.give_back(spare, "start_cut_short")
+            raise
+        if linked is not None:
+            return linked
+        if self._closed:
+            self.give_back(spare, "executor_stopping")
+        else:  # another thread's may go into it
+            kept: asyncio.Future[Ahead | None] = asyncio.get_running_loop().create_future()
+            kept.set_result(spare)
+            self.spares.append(kept)
+        return await self._start(session_id, role)
 
     async def take(self, session_id: uuid.UUID | None) -> Ahead | None:
         """The thread's sandbox for the turn about to start (the turn's from now on: the pool forgets it), once it
@@ -121,14 +184,41 @@ class AheadPool:
         """A taken sandbox the turn could not use: ended in the background."""
         self._end_soon(self.starter.end_ahead(ahead, reason))
 
+    async def run(self) -> None:
+        """Keep the spares: started once a turn's role is known (`SPARE_REFILL_S` after the last was taken),
+        one that died or could not start replaced, each replaced after `SPARE_AGE_S`."""
+        while not self._closed:
+            self._changed.clear()
+            now = time.monotonic()
+            for started in [s for s in self.spares if s.done()]:
+                spare = _result(started)
+                if spare is None or not spare.alive or now - spare.started > SPARE_AGE_S:
+                    self.spares.remove(started)
+                    if spare is None or not spare.alive:  # not again at once: what failed may fail again
+                        self._refill_at = max(self._refill_at, now + SPARE_RETRY_S)
+                    if spare is not None:
+                        self._end_soon(self.starter.end_ahead(spare, "spare_replaced" if spare.alive else "died"))
+            wait = SPARE_AGE_S
+            if self.spare_role is not None and len(self.spares) < self.spares_wanted:
+                if now >= self._refill_at:
+                    started = asyncio.create_task(self._start(None, self.spare_role), name="ahead-spare")
+                    started.add_done_callback(lambda _: self._changed.set())
+                    self.spares.append(started)
+                    continue
+                wait = self._refill_at - now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(wait, _next_age(self.spares, now)))
+
     async def close(self) -> None:
-        """End every sandbox not taken (the executor stops)."""
+        """End every sandbox not taken (the executor stops), spares too."""
         self._closed = True
+        self._changed.set()
         for idle in self._idle.values():
             idle.cancel()
         self._idle.clear()
-        pending = list(self.starting.values())
+        pending = [*self.starting.values(), *self.spares]
         self.starting.clear()
+        self.spares.clear()
         for started in pending:
             with contextlib.suppress(Exception):
                 ahead = await started
@@ -137,12 +227,18 @@ class AheadPool:
         while self._ending:  # including what a turn gave back meanwhile
             await asyncio.gather(*self._ending, return_exceptions=True)
 
-    async def _start(self, session_id: uuid.UUID, role: str) -> Ahead | None:
+    async def _start(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
         try:
             return await self.starter.start_ahead(session_id, role)
         except Exception:  # noqa: BLE001 - the turn spawns cold: said in the log, nothing else depends on it
             log.exception("ahead_not_started", thread=str(session_id))
             return None
+
+    def _end_spares(self, reason: str) -> None:
+        for started in self.spares:
+            started.add_done_callback(functools.partial(self._end_result, reason=reason))
+        self.spares.clear()
+        self._changed.set()
 
     async def _retire_when_idle(self, session_id: uuid.UUID) -> None:
         """Cancelled when a turn takes it (or at close); else, after IDLE_S, it is ended."""
@@ -153,12 +249,23 @@ class AheadPool:
         if ahead is not None:
             self._end_soon(self.starter.end_ahead(ahead, "not_taken"))
 
-    def _end_result(self, started: asyncio.Task[Ahead | None]) -> None:
-        ahead = None if started.cancelled() or started.exception() else started.result()
+    def _end_result(self, started: asyncio.Future[Ahead | None], reason: str = "start_cut_short") -> None:
+        ahead = _result(started)
         if ahead is not None:
-            self.give_back(ahead, "start_cut_short")
+            self.give_back(ahead, reason)
 
     def _end_soon(self, ending: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(ending)
         self._ending.add(task)
         task.add_done_callback(self._ending.discard)
+
+
+def _result(started: asyncio.Future[Ahead | None]) -> Ahead | None:
+    """What a finished start gave (None if it gave none, failed or was cancelled)."""
+    return None if started.cancelled() or started.exception() is not None else started.result()
+
+
+def _next_age(spares: list[asyncio.Future[Ahead | None]], now: float) -> float:
+    """Until the oldest spare that is up is due to be replaced."""
+    ups = [a.started for a in (_result(s) for s in spares if s.done()) if a is not None]
+    return max(0.01, SPARE_AGE_S - (now - min(ups))) if ups else SPARE_AGE_S

@@ -48,11 +48,12 @@ class Isolation:
         return self._gateways
 
     def wrap(self, gateway: Gateway, workdir: Path, mcp_path: Path | None, cmd: list[str], env: dict[str, str],
-             task_id: uuid.UUID, session_uuid: str, *, substrate_config: substrate.SubstrateConfig | None = None,
+             task_id: uuid.UUID, session_uuid: str | None, *, substrate_config: substrate.SubstrateConfig | None = None,
              fork_from: str | None = None, argv_fd: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and environment of a spawn inside its sandbox (`substrate_config`: an adopted
         conversation's own config directory; `fork_from`: the conversation its new one copies; `argv_fd`: the
-        sandbox starts ahead of its command, which comes on that descriptor, and `cmd` is only its program)."""
+        sandbox starts ahead of its command, which comes on that descriptor, and `cmd` is only its program;
+        `session_uuid` None: a spare's, its conversation linked in later by `link_conversation`)."""
         sub = substrate_config or self.substrate
         git_rw, git_ro = sandbox.git_parts(workdir)
         home = Path(sub.base_env.get("HOME") or Path.home())
@@ -77,6 +78,10 @@ class Isolation:
                                sockets_dir=gateway.directory)
         return (sandbox.wrap(self.policy, box, [] if argv_fd is not None else cmd, argv_fd=argv_fd),
                 {**env, **sandbox.proxy_env()})
+
+    def link_conversation(self, workdir: Path, session_uuid: str, task_id: uuid.UUID) -> bool:
+        """A spare's sandbox given its thread's conversation (False: it cannot take that one)."""
+        return sandbox.link_conversation(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
 
     def keep_session(self, workdir: Path, session_id: str, task_id: uuid.UUID, *,
                      substrate_config: substrate.SubstrateConfig | None = None) -> None:

@@ -65,15 +65,17 @@ class SupervisorConfig:
     sandbox: SandboxPolicy | None = None
     # threads' next turns started ahead of their messages (executor/run/warm.py): how many, and for how long
     warm: WarmConfig = field(default_factory=WarmConfig)
-    # a thread's next turn's sandbox started when the threads loop sees its message (executor/run/ahead.py)
+    # a thread's next turn's sandbox started before its claim (executor/run/ahead.py): a spare kept for it, or
+    # its own started when the threads loop sees its message
     ahead: bool = True
+    ahead_spares: int = 1
 
     def run_config(self) -> RunConfig:
         return RunConfig(stop_grace_s=self.stop_grace_s, drain_timeout_s=self.drain_timeout_s,
                          default_workdir=self.default_workdir, run_dir=self.run_dir,
                          worktree_root=self.worktree_root,
                          mcp_url=self.mcp_url, mcp_timeout_ms=self.mcp_timeout_ms, sandbox=self.sandbox,
-                         warm=self.warm, ahead=self.ahead)
+                         warm=self.warm, ahead=self.ahead, ahead_spares=self.ahead_spares)
 
 
 class Supervisor:
@@ -144,6 +146,7 @@ class Supervisor:
                 side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
             side.append(asyncio.create_task(self._forward_fence(), name="fence"))
             side.append(asyncio.create_task(self.runner.warm.run(), name="warm-turns"))
+            side.append(asyncio.create_task(self.runner.ahead.run(), name="sandbox-spares"))
             self.ready.set()
             while not self._stopping.is_set():
                 self._wake.clear()

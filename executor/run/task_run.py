@@ -79,8 +79,9 @@ class RunConfig:
     sandbox: sandbox.SandboxPolicy | None = None
     # threads' next turns started ahead of their messages (executor/run/warm.py)
     warm: WarmConfig = field(default_factory=WarmConfig)
-    # a thread's next turn's sandbox started when its message is seen (executor/run/ahead.py)
+    # a thread's next turn's sandbox started before its claim (executor/run/ahead.py), and how many spares wait
     ahead: bool = True
+    ahead_spares: int = 1
 
 
 @dataclass
@@ -150,7 +151,7 @@ class TaskRunner:
         self.warm = WarmPool(config.warm, self, lambda offered, presence_s, n: self.store.warm_candidates(
             offered, presence_s, n, name=lease.name))
         self.ahead = AheadPool(self, enabled=config.ahead and self.isolation is not None,
-                               pinned_here=lambda name: name == lease.name)
+                               pinned_here=lambda name: name == lease.name, spares=config.ahead_spares)
 
     async def wait(self, timeout: float) -> None:
         """Until every run is reaped, or the timeout."""
@@ -305,8 +306,9 @@ class TaskRunner:
             # started ahead of its message (executor/run/warm.py): its PETAL_TASK_ID is the warm spawn's id
             facts["warm"] = {"spawn_id": str(warmed.spawn_id), "waited_s": round(started - warmed.started, 3)}
         elif ahead is not None:
-            # its sandbox started when its message was seen (executor/run/ahead.py); the CLI only now
-            facts["ahead"] = {"spawn_id": str(ahead.spawn_id), "waited_s": round(started - ahead.started, 3)}
+            # its sandbox started as a spare or when its message was seen (executor/run/ahead.py); the CLI only now
+            facts["ahead"] = {"spawn_id": str(ahead.spawn_id), "waited_s": round(started - ahead.started, 3),
+                              "spare": ahead.spare}
         spawned = self._event(r, "task.spawned", facts, parent_id=parent_id)
         r.spawned_id = spawned.event_id
         await self.writer.put(spawned)
@@ -333,7 +335,9 @@ class TaskRunner:
             argv = cmd
             if self.isolation is not None:
                 gateway = await self.isolation.open_gateway(spawn_id, project_id)
-                argv, env = self.isolation.wrap(gateway, workdir, spec.mcp_config, cmd, env, spawn_id, spec.session_uuid,
+                # a spare's spec names no conversation: it is linked in when a thread takes it
+                argv, env = self.isolation.wrap(gateway, workdir, spec.mcp_config, cmd, env, spawn_id,
+                                                spec.session_uuid or None,
                                                 substrate_config=sub, fork_from=spec.fork_from, argv_fd=argv_fd)
             # if the executor dies, its workers die with it; SIGTERM, not SIGKILL: the CLI then ends its
             # Bash-tool children itself (they run in their own session, out of reach of a group signal)
@@ -438,23 +442,25 @@ class TaskRunner:
         if session_id not in self.warm.warm:
             self.ahead.turn_coming(session_id, role, pinned_to)
 
-    async def start_ahead(self, session_id: uuid.UUID, role: str) -> Ahead | None:
-        """A thread's next turn's sandbox, started now with its launcher waiting for the command (None when the
-        turn will not spawn as a plain cold spawn here: unsandboxed, no stored conversation, an adopted one)."""
+    async def start_ahead(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
+        """A thread's next turn's sandbox (`session_id` None: a spare, for no thread yet), started now with its
+        launcher waiting for the command (None when the turn will not spawn as a plain cold spawn here:
+        unsandboxed, no stored conversation, an adopted one)."""
         if self.isolation is None:
             return None
         # each wait here is on the way to the sandbox's start, which must come before the turn's claim to pay
         profile, transcript = await asyncio.gather(
             self.store.role_profile(role),
-            asyncio.to_thread(substrate.session_state, self.substrate, str(session_id)))
-        if transcript is None:
+            asyncio.to_thread(substrate.session_state, self.substrate, str(session_id)) if session_id is not None
+            else aio.resolved(None))
+        if transcript is None and session_id is not None:
             return None  # a first turn: it starts its conversation (cold)
         workdir = self.config.default_workdir
         spawn_id = uuid.uuid4()
         written = self.credentials.write(f"mcp-ahead-{spawn_id}.json") if profile.use_mcp else None
         mcp_path, digest = written if written is not None else (None, None)
-        spec = substrate.SpawnSpec(role=role, prompt="", session_uuid=str(session_id), resume=True,
-                                   mcp_config=mcp_path)
+        spec = substrate.SpawnSpec(role=role, prompt="", session_uuid=str(session_id) if session_id else "",
+                                   resume=True, mcp_config=mcp_path)
         program = substrate.build_command(self.substrate, spec)[0]
         read_end, write_end = os.pipe()
         launched: tuple[asyncio.subprocess.Process, Gateway | None] | None = None
@@ -484,7 +490,22 @@ class TaskRunner:
             raise
         return Ahead(session_id=session_id, role=role, spawn_id=spawn_id, proc=proc, command=command,
                      program=program, workdir=workdir, mcp_config=mcp_path, digest=digest, gateway=gateway,
-                     transcript=transcript)
+                     transcript=transcript, spare=session_id is None)
+
+    async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
+        """A spare sandbox as the thread's: its conversation linked in (None when it cannot go into a spare).
+        Its state is read before the link: a conversation replaced in between is found moved on when taken."""
+        isolation = self.isolation
+        assert isolation is not None  # spares are sandboxes
+        session = str(session_id)
+
+        def link() -> tuple[int, int] | None:
+            state = substrate.session_state(self.substrate, session)
+            return state if state is not None and isolation.link_conversation(
+                spare.workdir, session, spare.spawn_id) else None
+
+        transcript = await asyncio.to_thread(link)
+        return None if transcript is None else replace(spare, session_id=session_id, transcript=transcript)
 
     async def _reap_unstarted(self, proc: asyncio.subprocess.Process, gateway: Gateway | None,
                               spawn_id: uuid.UUID) -> None:

@@ -310,14 +310,15 @@ def spawn_sessions(config_home: Path, key: str) -> Path:
     return config_home / SPAWNS_DIR / key
 
 
-def config_view(config_home: Path, workdir: Path, session_uuid: str, key: str, *,
+def config_view(config_home: Path, workdir: Path, session_uuid: str | None, key: str, *,
                 fork_from: str | None = None) -> ConfigView:
     """A spawn's view of the CLI's config directory, on a whitelist: an empty tmpfs in its place, with its login and
     state file read-write, what every spawn obeys read-only, and in its working directory's conversations
     directory only its own conversation: a private directory holding a hard link to the conversation's file (and
     its side directory) when it goes on, where the CLI appends, and where it starts a new one
     (`keep_session` moves that into place after the exit). Everything else the CLI writes goes with the spawn,
-    and no spawn sees another conversation, of its own directory or any other, whenever it was started."""
+    and no spawn sees another conversation, of its own directory or any other, whenever it was started.
+    `session_uuid` None: a spare's, whose conversation is linked in later (`link_conversation`)."""
     config_home.mkdir(parents=True, exist_ok=True)
     for name, empty in {**OBEYED_CONFIG, ".claude.json": "{}\n"}.items():
         if not (config_home / name).exists():
@@ -329,19 +330,35 @@ def config_view(config_home: Path, workdir: Path, session_uuid: str, key: str, *
         shutil.rmtree(private)
     private.mkdir(parents=True, mode=0o700)
     bound = [(real, private)]
-    transcript = real / f"{session_uuid}.jsonl"
-    if transcript.is_file():
-        os.link(transcript, private / transcript.name)
-    # a fork reads the conversation it copies (the CLI does not write it: observed, docs/claude-cli.md)
-    source = real / f"{fork_from}.jsonl"
-    if fork_from and source.is_file() and not (private / source.name).exists():
-        os.link(source, private / source.name)
-    if (real / session_uuid).is_dir():
-        (private / session_uuid).mkdir()
-        bound.append((real / session_uuid, real / session_uuid))
+    if session_uuid is not None:
+        _link_transcript(real, private, session_uuid)
+        # a fork reads the conversation it copies (the CLI does not write it: observed, docs/claude-cli.md)
+        source = real / f"{fork_from}.jsonl"
+        if fork_from and source.is_file() and not (private / source.name).exists():
+            os.link(source, private / source.name)
+        if (real / session_uuid).is_dir():
+            (private / session_uuid).mkdir()
+            bound.append((real / session_uuid, real / session_uuid))
     writable = [config_home / name for name in CLI_STATE if (config_home / name).is_file()]
     readonly = [config_home / name for name in (*OBEYED_CONFIG, *OBEYED_DIRS) if (config_home / name).exists()]
     return ConfigView(hidden=(config_home,), writable=tuple(writable), readonly=tuple(readonly), bound=tuple(bound))
+
+
+def _link_transcript(real: Path, private: Path, session_uuid: str) -> None:
+    transcript = real / f"{session_uuid}.jsonl"
+    if transcript.is_file():
+        os.link(transcript, private / transcript.name)
+
+
+def link_conversation(config_home: Path, workdir: Path, session_uuid: str, key: str) -> bool:
+    """A conversation that goes on, linked into a started spawn's private conversations directory (a spare's, which
+    showed none until now: the directory is bound, so the link shows inside). False, with nothing linked, when it
+    cannot be: it is not stored, or it has a side directory, which needs a mount of its own, fixed at the start."""
+    real = session_dir(config_home, workdir)
+    if (real / session_uuid).exists() or not (real / f"{session_uuid}.jsonl").is_file():
+        return False
+    _link_transcript(real, spawn_sessions(config_home, key), session_uuid)
+    return True
 
 
 def keep_session(config_home: Path, workdir: Path, session_uuid: str, key: str) -> None:

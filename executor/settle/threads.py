@@ -219,7 +219,8 @@ class Threads:
 
     async def _queue_turn(self, thread_id: uuid.UUID, turn_id: uuid.UUID, project: dict[str, Any] | None,
                           context: str | None) -> None:
-        async with work(self.q) as tx:
+        # pipelined: BEGIN, the lock and the take go out in one round trip (the take still runs after the lock)
+        async with work(self.q, pipelined=True) as tx:
             await tx.execute("lock_thread_for_turn", {"id": thread_id})
             # none while a turn is open (another executor started one meanwhile): they wait for its end
             messages = await tx.all("take_pending_chat",

@@ -1,6 +1,7 @@
 """What the harness adds to a turn, and what its services weigh, each next to a baseline from the same run.
 
     python -m tests.bench.bench_e2e [--turns 40] [--clients 200] [--workers 8] [--sandbox-off] [--ahead-off]
+                                    [--spares 1]
 
 The ingress and the executor run as their own processes, the real CLI against the scripted model.
 (a) POST /api/chat -> the turn's first stream line at an SSE client, next to the CLI's own
@@ -83,7 +84,9 @@ async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str, pr
 async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], config_dir: Path, mcp_url: str,
                          tmp: Path, admin_dsn: str) -> None:
     harness, direct, connected, to_spawn, after_spawn = [], [], [], [], []
-    ahead_waited = []  # how long each turn's sandbox had been started when its claim took it (executor/run/ahead.py)
+    # how long each turn's sandbox had been started when its claim took it (executor/run/ahead.py), by whether it
+    # was a spare (started before the message) or the thread's own (started when the threads loop saw it)
+    ahead_waited: dict[bool, list[float]] = {True: [], False: []}
     mcp_file = tmp / "direct-mcp.json"
     # no credential: the direct spawn is not a caller the harness knows
     mcp_file.write_text(json.dumps(substrate.mcp_config(mcp_url, "", None)))
@@ -110,7 +113,7 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
                 continue  # the thread's first turn starts its conversation: a second start of it is refused
             payload = json.loads(spawned.data)["payload"]
             if "ahead" in payload:
-                ahead_waited.append(payload["ahead"]["waited_s"])
+                ahead_waited[bool(payload["ahead"].get("spare"))].append(payload["ahead"]["waited_s"])
             argv = [f"--mcp-config={mcp_file}" if a.startswith("--mcp-config=") else a for a in payload["argv"]]
             # its input as the executor wrote it (a turn with content blocks reads stream-json)
             prompt = (user_input.stream_json_line(({"type": "text", "text": f"turn {i}"},))
@@ -131,8 +134,10 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
     print(f"    CLI alone, its harness MCP connected (unsandboxed): {stats.summary(connected)}")
     print(f"      of which POST -> task.spawned at the client: {stats.summary(to_spawn)}")
     print(f"      and task.spawned -> first stream line:      {stats.summary(after_spawn)}")
-    print(f"    turns that took a sandbox started on their message: {len(ahead_waited)}/{len(harness)}; started that "
-          f"long before the claim took it: {stats.summary(ahead_waited)}")
+    for spare, said in ((True, "a spare sandbox (started before the message)"),
+                        (False, "a sandbox of their own started on their message")):
+        print(f"    turns that took {said}: {len(ahead_waited[spare])}/{len(harness)}; started that long before the "
+              f"claim took it: {stats.summary(ahead_waited[spare])}")
     h50, d50 = stats.percentile(harness, 50), stats.percentile(direct, 50)
     if h50 is not None and d50 is not None:
         print(f"    p50 against p50: the harness adds {100 * (h50 - d50) / d50:+.1f}% ({(h50 - d50) * 1000:+.1f} ms)")
@@ -202,14 +207,15 @@ async def pre_spawn_steps(admin_dsn: str) -> None:
         print(f"      {name + ':':<42}{stats.summary([(r[i + 1] - r[i]).total_seconds() for r in rows])}")
 
 
-async def main(turns: int, clients: int, workers: int, sandbox_off: bool = False, ahead_off: bool = False) -> None:
+async def main(turns: int, clients: int, workers: int, sandbox_off: bool = False, ahead_off: bool = False,
+               spares: int = 1) -> None:
     with services.scratch_store() as (tmp, db, model):
         # the cold path: no warm turns (bench_warm measures those), so no warm process is started after each turn
         # beside the direct spawn, nor found stale (the direct spawn moved the conversation on) and retired on
         # the next turn's way
         env = {**services.service_env(db, model, tmp, workers=workers), "PETAL_WARM_TURNS": "0",
                **({"PETAL_SANDBOX": "off"} if sandbox_off else {}),
-               **({"PETAL_SANDBOX_AHEAD": "0"} if ahead_off else {})}
+               **({"PETAL_SANDBOX_AHEAD": "0"} if ahead_off else {}), "PETAL_SANDBOX_SPARES": str(spares)}
         async with services.running(db, env) as svc:
             print(f"before: {stats.machine_load()}")
             await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp, db.admin_dsn)
@@ -230,7 +236,9 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--sandbox-off", action="store_true", help="the executor's spawns unsandboxed (what the "
                         "sandbox costs a turn's start)")
-    parser.add_argument("--ahead-off", action="store_true", help="no sandbox started when the message is seen "
+    parser.add_argument("--ahead-off", action="store_true", help="no sandbox started before the claim "
                         "(executor/run/ahead.py): each turn's sandbox starts after its bookkeeping")
+    parser.add_argument("--spares", type=int, default=1, help="spare sandboxes kept (PETAL_SANDBOX_SPARES; 0: "
+                        "each turn's own sandbox starts when its message is seen)")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.clients, args.workers, args.sandbox_off, args.ahead_off))
+    asyncio.run(main(args.turns, args.clients, args.workers, args.sandbox_off, args.ahead_off, args.spares))

@@ -1,12 +1,15 @@
-"""Sandboxes started ahead (executor/run/ahead.py): a thread's next turn's sandbox started when the threads loop
-sees its message, its CLI only once the turn is claimed. Against the real CLI, the scripted model and bubblewrap."""
+"""Sandboxes started ahead (executor/run/ahead.py): a thread's next turn's sandbox, a spare started before its
+message or its own started when the threads loop sees the message, its CLI only once the turn is claimed. Against
+the real CLI, the scripted model and bubblewrap."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,29 +41,62 @@ async def _turn_done(db: DB, thread: str, n: int) -> uuid.UUID:
     return await until(done, f"turn {n} of the thread to succeed", timeout=90)
 
 
-async def _two_turns(db: DB, tmp: Path, **config: Any) -> tuple[dict[str, Any], list[str], list[Any], list[str]]:
-    """A thread's second turn, after its first: its task.spawned, its journal's types, the model's requests and the
-    files left in the MCP config directory once the executor stopped."""
+def _sandboxes() -> list[int]:
+    """This process's sandboxes (an in-process executor's): the pid of each one's outer bubblewrap process (the
+    pid the executor spawned, and its task.spawned names)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            parent = p.parent()
+            if p.name() == "bwrap" and parent is not None and parent.name() != "bwrap":
+                found.append(p.pid)
+    return found
+
+
+async def _two_turns(db: DB, tmp: Path, *, before_second: Callable[[str], Awaitable[None]] | None = None,
+                     after_second: Callable[[], None] | None = None, **config: Any) -> tuple[dict[str, Any], list[str], list[Any], list[str]]:
+    """A thread's second turn, after its first (`before_second` given the thread in between, `after_second` called
+    once it succeeded): its task.spawned,
+    its journal's types, the model's requests and the files left in the MCP config directory once the executor
+    stopped, which left no sandbox behind."""
     with ScriptedModelServer(Scenario()) as model:
         async with running_executor(db, model, tmp, **config), ingress_server(db.ingress_dsn) as url, \
                 httpx.AsyncClient(base_url=url) as http:
             thread = str((await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"])
             await http.post("/api/chat", json={"text": "first message", "thread_id": thread})
             await _turn_done(db, thread, 1)
+            if before_second is not None:
+                await before_second(thread)
             await http.post("/api/chat", json={"text": "second message", "thread_id": thread})
             second = await _turn_done(db, thread, 2)
+            if after_second is not None:
+                after_second()
             spawned = _rows(db, "SELECT payload FROM journal WHERE task_id = %s AND event_type = 'task.spawned'",
                             second)[0][0]
             lines = [r[0] for r in _rows(db, "SELECT event_type FROM journal WHERE task_id = %s ORDER BY seq", second)]
             requests = list(model.requests)
     left = sorted(p.name for p in (tmp / "run" / "mcp").glob("*.json"))
+    assert _sandboxes() == []  # the stop ended every one, the spare too
     return spawned, lines, requests, left
 
 
-async def test_a_turn_takes_the_sandbox_started_when_its_message_was_seen_and_its_message_goes_once(
+async def _spare_up() -> None:
+    """Until the spare is up, and the only sandbox (the first turn's ended): one process tree, waiting."""
+    await until(lambda: len(_sandboxes()) == 1, "the spare sandbox to be up", timeout=30)
+
+
+async def test_a_turn_takes_the_spare_sandbox_started_before_its_message_and_its_message_goes_once(
         db: DB, tmp_path: Path) -> None:
-    spawned, lines, requests, left = await _two_turns(db, tmp_path)
-    # its sandbox was started ahead (its own spawn id, before the turn was claimed); the CLI only with the turn
+    spares: list[int] = []
+
+    async def spare_up(_: str) -> None:
+        await _spare_up()
+        spares.extend(_sandboxes())
+
+    spawned, lines, requests, left = await _two_turns(db, tmp_path, before_second=spare_up)
+    # the first turn taught the executor its role: a spare was started after it, before this message existed,
+    # and this turn took it (the conversation linked in then); the CLI only with the turn
+    assert spawned["pid"] == spares[0] and spawned["ahead"]["spare"] is True
     assert spawned["sandbox"] == "bwrap" and uuid.UUID(spawned["ahead"]["spawn_id"])
     assert spawned["ahead"]["waited_s"] >= 0 and "--resume" in spawned["argv"]
     assert "--input-format" not in spawned["argv"]  # a cold turn's command: the prompt on stdin, then its end
@@ -71,6 +107,41 @@ async def test_a_turn_takes_the_sandbox_started_when_its_message_was_seen_and_it
     assert not any(t.startswith("stream.") for t in lines[:at])
     assert lines[at + 1] == "stream.system.init" and lines[-1] == "task.exited"
     assert left == []  # its credential's config went with its process
+
+
+async def test_without_spares_a_turn_takes_its_own_sandbox_started_when_its_message_was_seen(
+        db: DB, tmp_path: Path) -> None:
+    spawned, lines, requests, left = await _two_turns(db, tmp_path, ahead_spares=0)
+    assert spawned["ahead"]["spare"] is False and spawned["sandbox"] == "bwrap"
+    assert lines[lines.index("task.spawned") + 1] == "stream.system.init"
+    assert len([r for r in requests if last_user_text(r.body).endswith("second message")]) == 1
+    assert left == []
+
+
+async def test_a_conversation_with_a_side_directory_gets_its_own_sandbox_and_the_spare_waits_for_another(
+        db: DB, tmp_path: Path) -> None:
+    """A stored conversation's side directory needs a mount of its own, fixed when a sandbox starts: a spare cannot
+    take that conversation, so the turn's own sandbox is started, the directory mounted, and the spare stays."""
+    spares: list[int] = []
+    seen: list[tuple[int, bool]] = []
+
+    async def side_directory(thread: str) -> None:
+        stored = next(p for p in tmp_path.rglob(f"{thread}.jsonl") if bwrap.SPAWNS_DIR not in p.parts)
+        (stored.parent / thread).mkdir()
+        (stored.parent / thread / "kept.txt").write_text("the conversation's own\n")
+        await _spare_up()
+        spares.extend(_sandboxes())
+
+    def spare_still_up() -> None:
+        seen.extend((pid, psutil.pid_exists(pid)) for pid in spares)
+
+    spawned, lines, requests, left = await _two_turns(db, tmp_path, before_second=side_directory,
+                                                      after_second=spare_still_up)
+    assert spawned["ahead"]["spare"] is False and spawned["pid"] not in spares
+    assert seen == [(spares[0], True)]  # kept for another thread's turn, not ended
+    assert lines[lines.index("task.spawned") + 1] == "stream.system.init" and lines[-1] == "task.exited"
+    assert len([r for r in requests if last_user_text(r.body).endswith("second message")]) == 1
+    assert left == []
 
 
 async def test_with_the_sandbox_ahead_off_the_same_turn_spawns_cold(db: DB, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ ended unused or at the stop. Processes are stand-ins; the real sandbox's side is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,26 +26,31 @@ class _Proc:
 class _Starter:
     def __init__(self, *, fail: bool = False) -> None:
         self.started: list[Ahead] = []
-        self.ended: list[tuple[uuid.UUID, str]] = []
+        self.ended: list[tuple[uuid.UUID | None, str]] = []
         self.fail = fail
+        self.unlinkable: set[uuid.UUID] = set()  # conversations no spare can take (a side directory)
 
-    async def start_ahead(self, session_id: uuid.UUID, role: str) -> Ahead | None:
+    async def start_ahead(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
         await asyncio.sleep(0)  # its start takes a moment
         if self.fail:
             raise OSError("no sandbox")
         stand_in: Any = None
         made = Ahead(session_id=session_id, role=role, spawn_id=uuid.uuid4(), proc=_Proc(),  # type: ignore[arg-type]
                      command=stand_in, program="claude", workdir=Path("."), mcp_config=None, digest=None,
-                     gateway=stand_in, transcript=(1, 1))
+                     gateway=stand_in, transcript=(1, 1), spare=session_id is None)
         self.started.append(made)
         return made
+
+    async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
+        await asyncio.sleep(0)
+        return None if session_id in self.unlinkable else dataclasses.replace(spare, session_id=session_id)
 
     async def end_ahead(self, ahead: Ahead, reason: str) -> None:
         self.ended.append((ahead.session_id, reason))
 
 
-def _pool(starter: _Starter, enabled: bool = True) -> AheadPool:
-    return AheadPool(starter, enabled=enabled, pinned_here=lambda name: name == HERE)
+def _pool(starter: _Starter, enabled: bool = True, spares: int = 0) -> AheadPool:
+    return AheadPool(starter, enabled=enabled, pinned_here=lambda name: name == HERE, spares=spares)
 
 
 async def test_a_thread_pinned_here_gets_one_which_its_turn_takes_once() -> None:
@@ -103,7 +109,108 @@ async def test_at_most_max_ahead_and_the_stop_ends_every_one_not_taken() -> None
     for t in threads:
         pool.turn_coming(t, "orchestrator", HERE)
     await pool.close()
-    assert sorted(s for s, _ in starter.ended) == sorted(threads[:MAX_AHEAD])
+    assert sorted(str(s) for s, _ in starter.ended) == sorted(str(t) for t in threads[:MAX_AHEAD])
     assert {r for _, r in starter.ended} == {"executor_stopping"}
     pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)  # none after the stop
     assert len(starter.started) == MAX_AHEAD
+
+
+# ---- spares ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def quick_spares(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ahead_module, "SPARE_REFILL_S", 0.01)
+    monkeypatch.setattr(ahead_module, "SPARE_RETRY_S", 0.01)
+
+
+async def _spares_up(pool: AheadPool, n: int = 1) -> list[Ahead]:
+    def up() -> list[Ahead] | None:
+        ready = [a for a in (f.result() for f in pool.spares if f.done()) if a is not None]
+        return ready if len(ready) >= n else None
+    return await until(up, f"{n} spare(s) up", timeout=5, every=0.01)
+
+
+async def test_a_spare_is_started_once_a_turn_taught_the_role_and_the_next_thread_takes_it_then_it_is_refilled(
+        quick_spares: None) -> None:
+    starter = _Starter()
+    pool = _pool(starter, spares=1)
+    running = asyncio.create_task(pool.run())
+    await asyncio.sleep(0.05)
+    assert starter.started == []  # no turn yet: the role of a spare is not known
+    first, second = uuid.uuid4(), uuid.uuid4()
+    pool.turn_coming(first, "orchestrator", None)  # a new thread's first turn (not pinned yet) teaches the role
+    assert await pool.take(first) is None  # not pinned here yet: no sandbox of its own
+    [spare] = await _spares_up(pool)
+    assert spare.session_id is None and spare.spare and spare.role == "orchestrator"
+    pool.turn_coming(second, "orchestrator", HERE)
+    taken = await pool.take(second)
+    assert taken is not None and taken.spawn_id == spare.spawn_id and taken.session_id == second and taken.spare
+    [refill] = await _spares_up(pool)  # another one for the next message
+    assert refill.spawn_id != spare.spawn_id
+    await pool.close()
+    await running
+    assert (None, "executor_stopping") in starter.ended  # the stop ended the spare
+    assert all(s != second for s, _ in starter.ended)  # the taken one is the run's
+
+
+async def test_a_conversation_a_spare_cannot_take_gets_its_own_and_the_spare_stays(quick_spares: None) -> None:
+    starter = _Starter()
+    pool = _pool(starter, spares=1)
+    running = asyncio.create_task(pool.run())
+    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
+    [spare] = await _spares_up(pool)
+    side = uuid.uuid4()
+    starter.unlinkable.add(side)
+    pool.turn_coming(side, "orchestrator", HERE)
+    own = await pool.take(side)
+    assert own is not None and own.session_id == side and not own.spare
+    assert [f.result() for f in pool.spares] == [spare]  # kept for another thread
+    other = uuid.uuid4()
+    pool.turn_coming(other, "orchestrator", HERE)
+    assert (taken := await pool.take(other)) is not None and taken.spawn_id == spare.spawn_id
+    await pool.close()
+    await running
+
+
+async def test_a_spare_that_died_is_not_handed_over_and_is_replaced(quick_spares: None) -> None:
+    starter = _Starter()
+    pool = _pool(starter, spares=1)
+    running = asyncio.create_task(pool.run())
+    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
+    [spare] = await _spares_up(pool)
+    spare.proc.returncode = 1  # type: ignore[misc]
+    thread = uuid.uuid4()
+    pool.turn_coming(thread, "orchestrator", HERE)
+    own = await pool.take(thread)
+    assert own is not None and not own.spare  # its own, started on the message
+    pool._changed.set()  # the loop looks again (as its timer would)
+    await until(lambda: (None, "died") in starter.ended, "the dead spare to be ended", timeout=5, every=0.01)
+    [new] = await _spares_up(pool)
+    assert new.spawn_id != spare.spawn_id
+    await pool.close()
+    await running
+
+
+async def test_a_spare_is_replaced_once_old_and_none_is_kept_with_it_off(
+        quick_spares: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ahead_module, "SPARE_AGE_S", 0.2)
+    starter = _Starter()
+    pool = _pool(starter, spares=1)
+    running = asyncio.create_task(pool.run())
+    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
+    [spare] = await _spares_up(pool)
+    await until(lambda: (None, "spare_replaced") in starter.ended, "the old spare to be replaced", timeout=5,
+                every=0.01)
+    [new] = await _spares_up(pool)
+    assert new.spawn_id != spare.spawn_id
+    await pool.close()
+    await running
+    off = _Starter()
+    none = _pool(off, enabled=False, spares=1)
+    idle = asyncio.create_task(none.run())
+    none.turn_coming(uuid.uuid4(), "orchestrator", HERE)
+    await asyncio.sleep(0.05)
+    await none.close()
+    await idle
+    assert off.started == []

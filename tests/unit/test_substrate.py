@@ -233,3 +233,25 @@ def test_a_conversation_is_unchanged_for_a_warm_process_but_for_the_session_meta
     assert not substrate.conversation_unchanged(cfg, session, at_start)
     assert substrate.conversation_unchanged(cfg, "no-such-session", None)
     assert not substrate.conversation_unchanged(cfg, session, None)  # one came to be since
+
+
+def test_a_spares_view_shows_no_conversation_until_one_is_linked_and_never_one_with_a_side_directory(
+        tmp_path: Path) -> None:
+    from executor.sandbox import bwrap as sandbox
+
+    cfg, work = tmp_path / "cfg", tmp_path / "work"
+    real = sandbox.session_dir(cfg, work)
+    real.mkdir(parents=True)
+    (real / "plain.jsonl").write_text("{}\n")
+    (real / "sided.jsonl").write_text("{}\n")
+    (real / "sided").mkdir()
+    view = sandbox.config_view(cfg, work, None, "spare1")
+    private = sandbox.spawn_sessions(cfg, "spare1")
+    assert view.bound == ((real, private),) and list(private.iterdir()) == []  # a spare's: no conversation yet
+    assert not sandbox.link_conversation(cfg, work, "sided", "spare1")  # its side directory needs a mount
+    assert not sandbox.link_conversation(cfg, work, "unknown", "spare1")  # nothing stored to go on with
+    assert list(private.iterdir()) == []
+    assert sandbox.link_conversation(cfg, work, "plain", "spare1")
+    # the same file (a hard link): the CLI inside appends to the stored conversation
+    assert [p.name for p in private.iterdir()] == ["plain.jsonl"]
+    assert (private / "plain.jsonl").stat().st_ino == (real / "plain.jsonl").stat().st_ino
