@@ -152,9 +152,8 @@ def _small_batch_params(events: Sequence[NewEvent], now: datetime) -> dict[str, 
 async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent],
                        on_sent: Callable[[], None] | None = None) -> Appended:
     now = datetime.now(UTC)
-    if len(events) <= SMALL_BATCH:
-        # latency path: one round trip instead of BEGIN, UPDATE, COPY, NOTIFY, COMMIT (in autocommit), or of
-        # SAVEPOINT, UPDATE, COPY, RELEASE (in the caller's transaction, whose commit sends its NOTIFY)
+    if len(events) <= SMALL_BATCH and conn.autocommit:
+        # latency path: one round trip instead of BEGIN, UPDATE, COPY, NOTIFY, COMMIT
         cur = await conn.execute(queries["append_small_batch"], _small_batch_params(events, now))
         row = await cur.fetchone()
         assert row is not None
@@ -174,8 +173,8 @@ async def _write_batch(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]
 
 
 async def append_on(conn: psycopg.AsyncConnection, events: Sequence[NewEvent]) -> Appended:
-    """Append inside the caller's transaction, so a row and its event commit together. A refusal (an unknown
-    event type) aborts that transaction: the caller's rows go with it.
+    """Append inside the caller's transaction, so a row and its event commit together (on the pools'
+    autocommit connections, as one statement of it; on another connection, in a savepoint).
 
     Holds the journal head's lock until the caller commits: keep that transaction short.
     """

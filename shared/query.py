@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any, LiteralString, Self, TypeVar, cast, overload
 
 import psycopg
+from psycopg import pq
 from psycopg import errors as pgerrors
 from psycopg.rows import dict_row, kwargs_row
 from psycopg_pool import AsyncConnectionPool
@@ -165,14 +166,21 @@ class Queries(_Runner):
         """One transaction: committed when the block ends, rolled back when it raises. `pipelined`: in
         psycopg's pipeline mode, a statement whose result nobody waits for (an `execute`) goes out with the
         next one, in one round trip (BEGIN with the first); the server still runs them one after another,
-        each with its own snapshot. An error of such a statement is raised by the next one that waits."""
+        each with its own snapshot. An error of such a statement is raised by the next one that waits; its
+        `execute` returns before its result, so its row count says nothing (-1)."""
         try:
             async with self.pool.connection() as conn:
                 if not pipelined:
                     async with conn.transaction():
                         yield Transaction(conn, self.registry)
                     return
-                async with conn.pipeline(), conn.transaction():
-                    yield Transaction(conn, self.registry)
+                try:
+                    async with conn.pipeline(), conn.transaction():
+                        yield Transaction(conn, self.registry)
+                finally:
+                    # psycopg only warns when it cannot leave pipeline mode (a cancellation mid-sync): such a
+                    # connection would hang its next user, so the pool gets it closed and replaces it
+                    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                        await conn.close()
         except psycopg.Error as exc:
             raise (translate(exc) or exc) from exc

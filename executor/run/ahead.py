@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import time
 import uuid
@@ -68,6 +67,8 @@ class Ahead:
     transcript: tuple[int, int] | None  # (inode, size) of the stored conversation when it was linked
     started: float = field(default_factory=time.monotonic)
     spare: bool = False  # started as a spare (its thread took it later)
+    # a spare's: the CLI config files it shows, as they were when it started (bwrap.config_state)
+    config_state: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def alive(self) -> bool:
@@ -85,6 +86,11 @@ def command_line(argv: list[str]) -> bytes:
     return b"".join(os.fsencode(a) + b"\0" for a in argv) + b"\0"
 
 
+class SpareStale(Exception):
+    """A spare shows a CLI config file (the login, the settings every spawn obeys) that was replaced since it
+    started: its mount still shows the old one. It is ended, not handed over."""
+
+
 class Starter(Protocol):
     """The runner's side: starting, handing over and ending sandboxes ahead (executor/run/task_run.py)."""
 
@@ -93,7 +99,8 @@ class Starter(Protocol):
         ...
 
     async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
-        """The spare with the thread's conversation linked in, or None when the conversation cannot go into it."""
+        """The spare with the thread's conversation linked in, or None when the conversation cannot go into it
+        (nothing linked: the spare may take another's). Raises SpareStale for a spare no thread may take."""
         ...
 
     async def end_ahead(self, ahead: Ahead, reason: str) -> None: ...
@@ -116,6 +123,7 @@ class AheadPool:
         self.spare_role: str | None = None  # the role of the turns seen here (what a spare is started for)
         self._refill_at = 0.0
         self._changed = asyncio.Event()
+        self._watching: set[asyncio.Future[int]] = set()  # each spare's process, woken on its exit
 
     def turn_coming(self, session_id: uuid.UUID, role: str, pinned_to: str | None) -> None:
         """The threads loop is about to queue a turn (of `role`) of this thread, whose turns are pinned to the
@@ -139,7 +147,11 @@ class AheadPool:
         """A spare that is up and alive (the pool's no longer): None while each is still starting."""
         for started in [s for s in self.spares if s.done()]:
             spare = _result(started)
-            if spare is not None and spare.alive:
+            if spare is not None and not spare.alive:  # died waiting: ended, and replaced by the loop
+                self.spares.remove(started)
+                self.give_back(spare, "died")
+                self._changed.set()
+            elif spare is not None:
                 self.spares.remove(started)
                 self._refill_at = time.monotonic() + SPARE_REFILL_S
                 self._changed.set()
@@ -149,18 +161,24 @@ class AheadPool:
     async def _hand_over(self, spare: Ahead, session_id: uuid.UUID, role: str) -> Ahead | None:
         try:
             linked = await self.starter.link_spare(spare, session_id)
-        except BaseException:
+        except asyncio.CancelledError:
             self.give_back(spare, "start_cut_short")
             raise
-        if linked is not None:
-            return linked
-        if self._closed:
-            self.give_back(spare, "executor_stopping")
-        else:  # another thread's may go into it
-            kept: asyncio.Future[Ahead | None] = asyncio.get_running_loop().create_future()
-            kept.set_result(spare)
-            self.spares.append(kept)
-        return await self._start(session_id, role)
+        except SpareStale:
+            self.give_back(spare, "spare_stale")
+        except Exception:  # noqa: BLE001 - the turn gets its own: said in the log
+            log.exception("spare_not_linked", thread=str(session_id))
+            self.give_back(spare, "link_failed")
+        else:
+            if linked is not None:
+                return linked
+            if self._closed or len(self.spares) >= self.spares_wanted:
+                self.give_back(spare, "not_needed")
+            else:  # nothing was linked: another thread's conversation may go into it
+                kept: asyncio.Future[Ahead | None] = asyncio.get_running_loop().create_future()
+                kept.set_result(spare)
+                self.spares.append(kept)
+        return None if self._closed else await self._start(session_id, role)
 
     async def take(self, session_id: uuid.UUID | None) -> Ahead | None:
         """The thread's sandbox for the turn about to start (the turn's from now on: the pool forgets it), once it
@@ -189,25 +207,48 @@ class AheadPool:
         one that died or could not start replaced, each replaced after `SPARE_AGE_S`."""
         while not self._closed:
             self._changed.clear()
-            now = time.monotonic()
-            for started in [s for s in self.spares if s.done()]:
-                spare = _result(started)
-                if spare is None or not spare.alive or now - spare.started > SPARE_AGE_S:
-                    self.spares.remove(started)
-                    if spare is None or not spare.alive:  # not again at once: what failed may fail again
-                        self._refill_at = max(self._refill_at, now + SPARE_RETRY_S)
-                    if spare is not None:
-                        self._end_soon(self.starter.end_ahead(spare, "spare_replaced" if spare.alive else "died"))
-            wait = SPARE_AGE_S
-            if self.spare_role is not None and len(self.spares) < self.spares_wanted:
-                if now >= self._refill_at:
-                    started = asyncio.create_task(self._start(None, self.spare_role), name="ahead-spare")
-                    started.add_done_callback(lambda _: self._changed.set())
-                    self.spares.append(started)
-                    continue
-                wait = self._refill_at - now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(wait, _next_age(self.spares, now)))
+            try:
+                wait = self._keep_spares()
+            except Exception:  # noqa: BLE001 - a bug here must not end the loop: said, and tried again later
+                log.exception("spares_not_kept")
+                wait = SPARE_RETRY_S
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), wait)
+
+    def _keep_spares(self) -> float:
+        """One look at the spares: what is dead or old is ended, one is started if due; how long until the next."""
+        now = time.monotonic()
+        for started in [s for s in self.spares if s.done()]:
+            spare = _result(started)
+            if spare is None or not spare.alive or now - spare.started > SPARE_AGE_S:
+                self.spares.remove(started)
+                if spare is None or not spare.alive:  # not again at once: what failed may fail again
+                    self._refill_at = max(self._refill_at, now + SPARE_RETRY_S)
+                if spare is not None:
+                    self.give_back(spare, "spare_replaced" if spare.alive else "died")
+        if self.spare_role is not None and len(self.spares) < self.spares_wanted:
+            if now >= self._refill_at:
+                started = asyncio.create_task(self._start(None, self.spare_role), name="ahead-spare")
+                started.add_done_callback(self._watch)
+                self.spares.append(started)
+                return 0.0
+            return min(self._refill_at - now, _next_age(self.spares, now))
+        return _next_age(self.spares, now)
+
+    def _watch(self, started: asyncio.Future[Ahead | None]) -> None:
+        """A spare's start ended: the loop looks again now, and again once its process exits (a spare that died
+        waiting is replaced then, not when it would have been old)."""
+        self._changed.set()
+        spare = _result(started)
+        if spare is not None:
+            watching = asyncio.ensure_future(spare.proc.wait())
+            self._watching.add(watching)
+            watching.add_done_callback(self._exited)
+
+    def _exited(self, watching: asyncio.Future[int]) -> None:
+        self._watching.discard(watching)
+        self._changed.set()
 
     async def close(self) -> None:
         """End every sandbox not taken (the executor stops), spares too."""
@@ -219,6 +260,8 @@ class AheadPool:
         pending = [*self.starting.values(), *self.spares]
         self.starting.clear()
         self.spares.clear()
+        for watching in self._watching:
+            watching.cancel()
         for started in pending:
             with contextlib.suppress(Exception):
                 ahead = await started
@@ -235,10 +278,16 @@ class AheadPool:
             return None
 
     def _end_spares(self, reason: str) -> None:
-        for started in self.spares:
-            started.add_done_callback(functools.partial(self._end_result, reason=reason))
+        for started in self.spares:  # ended once up (the stop waits for those endings too)
+            self._end_soon(self._end_when_up(started, reason))
         self.spares.clear()
         self._changed.set()
+
+    async def _end_when_up(self, started: asyncio.Future[Ahead | None], reason: str) -> None:
+        with contextlib.suppress(Exception):
+            ahead = await started
+            if ahead is not None:
+                await self.starter.end_ahead(ahead, reason)
 
     async def _retire_when_idle(self, session_id: uuid.UUID) -> None:
         """Cancelled when a turn takes it (or at close); else, after IDLE_S, it is ended."""
@@ -249,10 +298,10 @@ class AheadPool:
         if ahead is not None:
             self._end_soon(self.starter.end_ahead(ahead, "not_taken"))
 
-    def _end_result(self, started: asyncio.Future[Ahead | None], reason: str = "start_cut_short") -> None:
+    def _end_result(self, started: asyncio.Future[Ahead | None]) -> None:
         ahead = _result(started)
         if ahead is not None:
-            self.give_back(ahead, reason)
+            self.give_back(ahead, "start_cut_short")
 
     def _end_soon(self, ending: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(ending)

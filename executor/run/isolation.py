@@ -79,6 +79,10 @@ class Isolation:
         return (sandbox.wrap(self.policy, box, [] if argv_fd is not None else cmd, argv_fd=argv_fd),
                 {**env, **sandbox.proxy_env()})
 
+    def config_state(self) -> tuple[tuple[str, int, int], ...]:
+        """The executor's CLI config files as a spawn's view mounts them (sandbox.config_state)."""
+        return sandbox.config_state(substrate.config_home(self.substrate))
+
     def link_conversation(self, workdir: Path, session_uuid: str, task_id: uuid.UUID) -> bool:
         """A spare's sandbox given its thread's conversation (False: it cannot take that one)."""
         return sandbox.link_conversation(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)

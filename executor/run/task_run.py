@@ -19,7 +19,7 @@ from executor.journal.writer import Fenced, JournalWriter
 from executor.projects import service as projects
 from executor.projects import worktrees
 from executor.run import lineage, process, substrate, user_input
-from executor.run.ahead import Ahead, AheadPool
+from executor.run.ahead import Ahead, AheadPool, SpareStale
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
 from executor.run.isolation import Isolation
@@ -457,6 +457,8 @@ class TaskRunner:
             return None  # a first turn: it starts its conversation (cold)
         workdir = self.config.default_workdir
         spawn_id = uuid.uuid4()
+        # a spare's config files as before its mounts are made: one replaced later is found when a thread comes
+        config_state = self.isolation.config_state() if session_id is None else ()
         written = self.credentials.write(f"mcp-ahead-{spawn_id}.json") if profile.use_mcp else None
         mcp_path, digest = written if written is not None else (None, None)
         spec = substrate.SpawnSpec(role=role, prompt="", session_uuid=str(session_id) if session_id else "",
@@ -490,16 +492,19 @@ class TaskRunner:
             raise
         return Ahead(session_id=session_id, role=role, spawn_id=spawn_id, proc=proc, command=command,
                      program=program, workdir=workdir, mcp_config=mcp_path, digest=digest, gateway=gateway,
-                     transcript=transcript, spare=session_id is None)
+                     transcript=transcript, spare=session_id is None, config_state=config_state)
 
     async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
         """A spare sandbox as the thread's: its conversation linked in (None when it cannot go into a spare).
-        Its state is read before the link: a conversation replaced in between is found moved on when taken."""
+        Its state is read before the link: a conversation replaced in between is found moved on when taken.
+        SpareStale: a config file it shows was replaced since it started."""
         isolation = self.isolation
         assert isolation is not None  # spares are sandboxes
         session = str(session_id)
 
         def link() -> tuple[int, int] | None:
+            if isolation.config_state() != spare.config_state:
+                raise SpareStale(f"a CLI config file was replaced since spare {spare.spawn_id} started")
             state = substrate.session_state(self.substrate, session)
             return state if state is not None and isolation.link_conversation(
                 spare.workdir, session, spare.spawn_id) else None

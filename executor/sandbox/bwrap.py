@@ -13,6 +13,7 @@ for everything else). Threat model and what remains: docs/threat-model.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -359,6 +360,18 @@ def link_conversation(config_home: Path, workdir: Path, session_uuid: str, key: 
         return False
     _link_transcript(real, spawn_sessions(config_home, key), session_uuid)
     return True
+
+
+def config_state(config_home: Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, device, inode) of each CLI config file a spawn's view mounts from `config_home` by name (its login
+    and state, what every spawn obeys): a mount shows the file it was made on, so a file replaced since (a
+    rename: a new login, edited settings) changes this, and a sandbox started before shows the old one."""
+    state = []
+    for name in (*CLI_STATE, *OBEYED_CONFIG, *OBEYED_DIRS):
+        with contextlib.suppress(FileNotFoundError):
+            st = (config_home / name).stat()
+            state.append((name, st.st_dev, st.st_ino))
+    return tuple(state)
 
 
 def keep_session(config_home: Path, workdir: Path, session_uuid: str, key: str) -> None:

@@ -39,6 +39,9 @@ log = logs.get(__name__)
 POLL_S = 1.0
 # most messages one turn carries; the rest wait for the next boundary
 MAX_MESSAGES_PER_TURN = 50
+# A turn's records (its messages and its request) are one small journal batch: a statement of the pipelined
+# transaction that queues the turn (a larger one would COPY, which pipeline mode does not allow).
+assert MAX_MESSAGES_PER_TURN + 1 <= journal.SMALL_BATCH
 ARCHIVED = "thread archived"  # the response of a question its thread's archiving closed
 
 

@@ -144,6 +144,26 @@ async def test_a_conversation_with_a_side_directory_gets_its_own_sandbox_and_the
     assert left == []
 
 
+async def test_a_spare_started_before_the_settings_every_spawn_obeys_were_replaced_is_not_handed_over(
+        db: DB, tmp_path: Path) -> None:
+    """A mount shows the file it was made on: a spare started before the operator replaced the settings (or a
+    login replaced the credentials) would run the turn under the old ones. It is ended; the turn gets its own."""
+    spares: list[int] = []
+
+    async def settings_replaced(_: str) -> None:
+        await _spare_up()
+        spares.extend(_sandboxes())
+        settings = tmp_path / "claude-config" / "settings.json"
+        (tmp_path / "claude-config" / "new-settings.json").write_text('{"env": {"PETAL_TEST_NEW": "1"}}\n')
+        os.replace(tmp_path / "claude-config" / "new-settings.json", settings)
+
+    spawned, lines, requests, left = await _two_turns(db, tmp_path, before_second=settings_replaced)
+    assert spawned["ahead"]["spare"] is False and spawned["pid"] not in spares
+    assert lines[lines.index("task.spawned") + 1] == "stream.system.init" and lines[-1] == "task.exited"
+    assert len([r for r in requests if last_user_text(r.body).endswith("second message")]) == 1
+    assert left == []
+
+
 async def test_with_the_sandbox_ahead_off_the_same_turn_spawns_cold(db: DB, tmp_path: Path) -> None:
     spawned, lines, requests, _ = await _two_turns(db, tmp_path, ahead=False)
     assert "ahead" not in spawned and spawned["sandbox"] == "bwrap"

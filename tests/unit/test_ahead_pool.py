@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from executor.run import ahead as ahead_module
-from executor.run.ahead import MAX_AHEAD, Ahead, AheadPool
+from executor.run.ahead import MAX_AHEAD, Ahead, AheadPool, SpareStale
 from tests.wait import until
 
 HERE = "host-1"
@@ -21,6 +21,16 @@ HERE = "host-1"
 class _Proc:
     def __init__(self) -> None:
         self.returncode: int | None = None
+        self._exited = asyncio.Event()
+
+    def exit(self, code: int) -> None:
+        self.returncode = code
+        self._exited.set()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
 
 
 class _Starter:
@@ -29,6 +39,7 @@ class _Starter:
         self.ended: list[tuple[uuid.UUID | None, str]] = []
         self.fail = fail
         self.unlinkable: set[uuid.UUID] = set()  # conversations no spare can take (a side directory)
+        self.link_error: BaseException | None = None  # what linking raises (a stale spare, a failed link)
 
     async def start_ahead(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
         await asyncio.sleep(0)  # its start takes a moment
@@ -43,6 +54,8 @@ class _Starter:
 
     async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
         await asyncio.sleep(0)
+        if self.link_error is not None:
+            raise self.link_error
         return None if session_id in self.unlinkable else dataclasses.replace(spare, session_id=session_id)
 
     async def end_ahead(self, ahead: Ahead, reason: str) -> None:
@@ -173,21 +186,22 @@ async def test_a_conversation_a_spare_cannot_take_gets_its_own_and_the_spare_sta
     await running
 
 
-async def test_a_spare_that_died_is_not_handed_over_and_is_replaced(quick_spares: None) -> None:
+async def test_a_spare_that_died_is_replaced_once_it_exits_and_never_handed_over(quick_spares: None) -> None:
     starter = _Starter()
     pool = _pool(starter, spares=1)
     running = asyncio.create_task(pool.run())
     pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
     [spare] = await _spares_up(pool)
-    spare.proc.returncode = 1  # type: ignore[misc]
+    spare.proc.exit(1)  # type: ignore[attr-defined]
+    # its exit is seen at once (not when it would have been old): ended, and another one started
+    await until(lambda: (None, "died") in starter.ended, "the dead spare to be ended", timeout=5, every=0.01)
+    [new] = await _spares_up(pool)
+    assert new.spawn_id != spare.spawn_id
+    new.proc.returncode = 1  # type: ignore[misc]  # dead, its exit not seen yet: not handed over either
     thread = uuid.uuid4()
     pool.turn_coming(thread, "orchestrator", HERE)
     own = await pool.take(thread)
     assert own is not None and not own.spare  # its own, started on the message
-    pool._changed.set()  # the loop looks again (as its timer would)
-    await until(lambda: (None, "died") in starter.ended, "the dead spare to be ended", timeout=5, every=0.01)
-    [new] = await _spares_up(pool)
-    assert new.spawn_id != spare.spawn_id
     await pool.close()
     await running
 
@@ -214,3 +228,22 @@ async def test_a_spare_is_replaced_once_old_and_none_is_kept_with_it_off(
     await none.close()
     await idle
     assert off.started == []
+
+
+@pytest.mark.parametrize(("error", "reason"), [(SpareStale("the login was replaced"), "spare_stale"),
+                                               (OSError("link failed"), "link_failed")])
+async def test_a_spare_that_cannot_be_handed_over_is_ended_and_the_turn_gets_its_own(
+        quick_spares: None, error: BaseException, reason: str) -> None:
+    starter = _Starter()
+    pool = _pool(starter, spares=1)
+    running = asyncio.create_task(pool.run())
+    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
+    [spare] = await _spares_up(pool)
+    starter.link_error = error
+    thread = uuid.uuid4()
+    pool.turn_coming(thread, "orchestrator", HERE)
+    own = await pool.take(thread)  # no error reaches the turn's start
+    assert own is not None and own.session_id == thread and not own.spare
+    await until(lambda: (None, reason) in starter.ended, "the spare to be ended", timeout=5, every=0.01)
+    await pool.close()
+    await running

@@ -255,3 +255,23 @@ def test_a_spares_view_shows_no_conversation_until_one_is_linked_and_never_one_w
     # the same file (a hard link): the CLI inside appends to the stored conversation
     assert [p.name for p in private.iterdir()] == ["plain.jsonl"]
     assert (private / "plain.jsonl").stat().st_ino == (real / "plain.jsonl").stat().st_ino
+
+
+def test_the_config_state_changes_when_a_mounted_config_file_is_replaced_not_when_it_is_written_in_place(
+        tmp_path: Path) -> None:
+    import os
+
+    from executor.sandbox import bwrap as sandbox
+
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / ".credentials.json").write_text("{}")
+    before = sandbox.config_state(cfg)
+    (cfg / ".credentials.json").write_text('{"refreshed": 1}')  # in place: a mount shows it
+    assert sandbox.config_state(cfg) == before
+    (cfg / "new.json").write_text('{"login": 2}')
+    os.replace(cfg / "new.json", cfg / ".credentials.json")  # a new file: a mount made before shows the old one
+    assert sandbox.config_state(cfg) != before
+    again = sandbox.config_state(cfg)
+    (cfg / "settings.json").write_text("{}")  # a file every spawn obeys, made since
+    assert sandbox.config_state(cfg) != again
