@@ -26,7 +26,7 @@ import httpx
 import psutil
 import psycopg
 
-from executor.run import substrate, user_input
+from executor.run import process, substrate, user_input
 from executor.settle import dispatch
 from shared.database import Database
 from tests.bench import services, stats
@@ -153,6 +153,16 @@ async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], con
               f"({extra * 1000:+.1f} ms at p50; n={len(paired)})  (goal <= 10%)")
 
 
+def spare_memory(executor_pid: int) -> None:
+    """What each sandbox waiting in the executor (a spare, between turns) holds resident: bubblewrap, its
+    launcher and its forwarders, no CLI. Shared pages count in each process, so this is an upper bound."""
+    tops = [p for p in psutil.Process(executor_pid).children() if p.name() == "bwrap"]
+    sizes = [size / 2**20 for p in tops if (size := process.tree_rss(p.pid)) is not None]
+    procs = [len(p.children(recursive=True)) + 1 for p in tops]
+    print(f"    sandboxes waiting after the turns: {len(sizes)}; resident each (its {procs} processes): "
+          + ", ".join(f"{s:.1f} MiB" for s in sizes))
+
+
 def replayer(tmp: Path, pace_s: float, repeats: int) -> Path:
     lines = [ln for ln in TRANSCRIPT.read_bytes().split(b"\n") if ln.strip()]
     body = tmp / "replay-slow.jsonl"
@@ -220,6 +230,8 @@ async def main(turns: int, clients: int, workers: int, sandbox_off: bool = False
             print(f"before: {stats.machine_load()}")
             await bench_overhead(svc.url, turns, env, svc.config_dir, svc.mcp_url, tmp, db.admin_dsn)
             await pre_spawn_steps(db.admin_dsn)
+            await asyncio.sleep(2)  # the last turn's refill is up
+            spare_memory(svc.executor.pid)
             services.stop(svc.executor)
             svc.executor = services.start("executor", {**env, "PETAL_CLAUDE_BIN": str(replayer(tmp, 0.01, 8))})
             await services.executor_started(db.admin_dsn, 2)
