@@ -15,7 +15,7 @@ Programming errors (a syntax error, an unknown column) are left as they are: the
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 import dataclasses
 from typing import Any, LiteralString, Self, TypeVar, cast, overload
 
@@ -170,12 +170,11 @@ class Queries(_Runner):
         `execute` returns before its result, so its row count says nothing (-1)."""
         try:
             async with self.pool.connection() as conn:
-                if not pipelined:
-                    async with conn.transaction():
-                        yield Transaction(conn, self.registry)
-                    return
                 try:
-                    async with conn.pipeline(), conn.transaction():
+                    async with AsyncExitStack() as modes:
+                        if pipelined:
+                            await modes.enter_async_context(conn.pipeline())
+                        await modes.enter_async_context(conn.transaction())
                         yield Transaction(conn, self.registry)
                 finally:
                     # psycopg only warns when it cannot leave pipeline mode (a cancellation mid-sync): such a

@@ -12,8 +12,9 @@ CLI starts at once, as one process per turn, its exit the boundary, journaled fr
   thread's turn gets. A thread's message takes one: its stored conversation is linked into the spare's private
   conversations directory then (executor/sandbox/bwrap.py, `link_conversation`), and a new spare is started
   `SPARE_REFILL_S` later (not beside the CLI's start). A conversation that needs a mount of its own (its side
-  directory) cannot go into a spare. Each spare is replaced after `SPARE_AGE_S`: a file the CLI replaced by a
-  rename since it started would show its old content inside.
+  directory) cannot go into a spare. A mount shows the file it was made on, so a spare whose CLI config files
+  were replaced since it started (a new login, edited settings: `bwrap.config_state`) is ended, not handed
+  over, and each spare is replaced after `SPARE_AGE_S` anyway.
 - **On the message**: without a spare to take, the thread's own sandbox is started the moment the threads loop
   sees its message, beside the bookkeeping rather than after it.
 
@@ -144,14 +145,11 @@ class AheadPool:
         self._idle[session_id] = asyncio.create_task(self._retire_when_idle(session_id))
 
     def _ready_spare(self) -> Ahead | None:
-        """A spare that is up and alive (the pool's no longer): None while each is still starting."""
+        """A spare that is up and alive (the pool's no longer): None while each is still starting. One that died
+        is left to the loop, which its exit woke (`_watch`): ended there, and replaced."""
         for started in [s for s in self.spares if s.done()]:
             spare = _result(started)
-            if spare is not None and not spare.alive:  # died waiting: ended, and replaced by the loop
-                self.spares.remove(started)
-                self.give_back(spare, "died")
-                self._changed.set()
-            elif spare is not None:
+            if spare is not None and spare.alive:
                 self.spares.remove(started)
                 self._refill_at = time.monotonic() + SPARE_REFILL_S
                 self._changed.set()
@@ -263,10 +261,7 @@ class AheadPool:
         for watching in self._watching:
             watching.cancel()
         for started in pending:
-            with contextlib.suppress(Exception):
-                ahead = await started
-                if ahead is not None:
-                    await self.starter.end_ahead(ahead, "executor_stopping")
+            await self._end_when_up(started, "executor_stopping")
         while self._ending:  # including what a turn gave back meanwhile
             await asyncio.gather(*self._ending, return_exceptions=True)
 

@@ -4,8 +4,10 @@ ended unused or at the stop. Processes are stand-ins; the real sandbox's side is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +146,21 @@ async def _spares_up(pool: AheadPool, n: int = 1) -> list[Ahead]:
     return await until(up, f"{n} spare(s) up", timeout=5, every=0.01)
 
 
+@contextlib.asynccontextmanager
+async def _with_a_spare(starter: _Starter) -> AsyncIterator[tuple[AheadPool, Ahead]]:
+    """A pool keeping one spare, its loop running, taught the role by a first turn; the spare once up. Closed
+    after, its loop ended."""
+    pool = _pool(starter, spares=1)
+    running = asyncio.create_task(pool.run())
+    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
+    [spare] = await _spares_up(pool)
+    try:
+        yield pool, spare
+    finally:
+        await pool.close()
+        await running
+
+
 async def test_a_spare_is_started_once_a_turn_taught_the_role_and_the_next_thread_takes_it_then_it_is_refilled(
         quick_spares: None) -> None:
     starter = _Starter()
@@ -169,57 +186,42 @@ async def test_a_spare_is_started_once_a_turn_taught_the_role_and_the_next_threa
 
 async def test_a_conversation_a_spare_cannot_take_gets_its_own_and_the_spare_stays(quick_spares: None) -> None:
     starter = _Starter()
-    pool = _pool(starter, spares=1)
-    running = asyncio.create_task(pool.run())
-    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
-    [spare] = await _spares_up(pool)
-    side = uuid.uuid4()
-    starter.unlinkable.add(side)
-    pool.turn_coming(side, "orchestrator", HERE)
-    own = await pool.take(side)
-    assert own is not None and own.session_id == side and not own.spare
-    assert [f.result() for f in pool.spares] == [spare]  # kept for another thread
-    other = uuid.uuid4()
-    pool.turn_coming(other, "orchestrator", HERE)
-    assert (taken := await pool.take(other)) is not None and taken.spawn_id == spare.spawn_id
-    await pool.close()
-    await running
+    async with _with_a_spare(starter) as (pool, spare):
+        side = uuid.uuid4()
+        starter.unlinkable.add(side)
+        pool.turn_coming(side, "orchestrator", HERE)
+        own = await pool.take(side)
+        assert own is not None and own.session_id == side and not own.spare
+        assert [f.result() for f in pool.spares] == [spare]  # kept for another thread
+        other = uuid.uuid4()
+        pool.turn_coming(other, "orchestrator", HERE)
+        assert (taken := await pool.take(other)) is not None and taken.spawn_id == spare.spawn_id
 
 
 async def test_a_spare_that_died_is_replaced_once_it_exits_and_never_handed_over(quick_spares: None) -> None:
     starter = _Starter()
-    pool = _pool(starter, spares=1)
-    running = asyncio.create_task(pool.run())
-    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
-    [spare] = await _spares_up(pool)
-    spare.proc.exit(1)  # type: ignore[attr-defined]
-    # its exit is seen at once (not when it would have been old): ended, and another one started
-    await until(lambda: (None, "died") in starter.ended, "the dead spare to be ended", timeout=5, every=0.01)
-    [new] = await _spares_up(pool)
-    assert new.spawn_id != spare.spawn_id
-    new.proc.returncode = 1  # type: ignore[misc]  # dead, its exit not seen yet: not handed over either
-    thread = uuid.uuid4()
-    pool.turn_coming(thread, "orchestrator", HERE)
-    own = await pool.take(thread)
-    assert own is not None and not own.spare  # its own, started on the message
-    await pool.close()
-    await running
+    async with _with_a_spare(starter) as (pool, spare):
+        spare.proc.exit(1)  # type: ignore[attr-defined]
+        # its exit is seen at once (not when it would have been old): ended, and another one started
+        await until(lambda: (None, "died") in starter.ended, "the dead spare to be ended", timeout=5, every=0.01)
+        [new] = await _spares_up(pool)
+        assert new.spawn_id != spare.spawn_id
+        new.proc.returncode = 1  # type: ignore[misc]  # dead, its exit not seen yet: not handed over either
+        thread = uuid.uuid4()
+        pool.turn_coming(thread, "orchestrator", HERE)
+        own = await pool.take(thread)
+        assert own is not None and not own.spare  # its own, started on the message
 
 
 async def test_a_spare_is_replaced_once_old_and_none_is_kept_with_it_off(
         quick_spares: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ahead_module, "SPARE_AGE_S", 0.2)
     starter = _Starter()
-    pool = _pool(starter, spares=1)
-    running = asyncio.create_task(pool.run())
-    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
-    [spare] = await _spares_up(pool)
-    await until(lambda: (None, "spare_replaced") in starter.ended, "the old spare to be replaced", timeout=5,
-                every=0.01)
-    [new] = await _spares_up(pool)
-    assert new.spawn_id != spare.spawn_id
-    await pool.close()
-    await running
+    async with _with_a_spare(starter) as (pool, spare):
+        await until(lambda: (None, "spare_replaced") in starter.ended, "the old spare to be replaced", timeout=5,
+                    every=0.01)
+        [new] = await _spares_up(pool)
+        assert new.spawn_id != spare.spawn_id
     off = _Starter()
     none = _pool(off, enabled=False, spares=1)
     idle = asyncio.create_task(none.run())
@@ -235,15 +237,10 @@ async def test_a_spare_is_replaced_once_old_and_none_is_kept_with_it_off(
 async def test_a_spare_that_cannot_be_handed_over_is_ended_and_the_turn_gets_its_own(
         quick_spares: None, error: BaseException, reason: str) -> None:
     starter = _Starter()
-    pool = _pool(starter, spares=1)
-    running = asyncio.create_task(pool.run())
-    pool.turn_coming(uuid.uuid4(), "orchestrator", HERE)
-    [spare] = await _spares_up(pool)
-    starter.link_error = error
-    thread = uuid.uuid4()
-    pool.turn_coming(thread, "orchestrator", HERE)
-    own = await pool.take(thread)  # no error reaches the turn's start
-    assert own is not None and own.session_id == thread and not own.spare
-    await until(lambda: (None, reason) in starter.ended, "the spare to be ended", timeout=5, every=0.01)
-    await pool.close()
-    await running
+    async with _with_a_spare(starter) as (pool, spare):
+        starter.link_error = error
+        thread = uuid.uuid4()
+        pool.turn_coming(thread, "orchestrator", HERE)
+        own = await pool.take(thread)  # no error reaches the turn's start
+        assert own is not None and own.session_id == thread and not own.spare
+        await until(lambda: (None, reason) in starter.ended, "the spare to be ended", timeout=5, every=0.01)
