@@ -90,6 +90,8 @@ Node.js (its distribution ships it), then run this again."
 fi
 
 if [ ${#packages[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null 2>&1 || die "needs ${packages[*]} and there is no apt-get here: install them with
+this system's package manager, then run this again."
     # root runs apt-get itself; a user through sudo, when sudo works without a password or can ask for one
     prefix="" how="as root" reason=""
     if [ "$(id -u)" -ne 0 ]; then
@@ -103,8 +105,6 @@ if [ ${#packages[@]} -gt 0 ]; then
             reason="not root, and sudo needs a password with no terminal to ask on"
         fi
     fi
-    command -v apt-get >/dev/null 2>&1 || die "needs ${packages[*]} and there is no apt-get here: install them with
-this system's package manager, then run this again."
     if [ -z "$reason" ]; then
         doing "installing ${packages[*]} ($how)"
         # shellcheck disable=SC2086  # $prefix is empty or "sudo [-n]": words on purpose

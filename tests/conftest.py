@@ -19,7 +19,7 @@ from tests.resilience import OwnServer
 os.environ.setdefault("PETAL_WARM_TURNS", "0")
 
 # The tiers are folders; each test carries its folder's marker (`-m unit`, `-m "not web"` …).
-TIERS = ("unit", "store", "e2e", "web", "fault")
+TIERS = ("unit", "store", "e2e", "web", "fault", "shipped")
 HERE = Path(__file__).resolve().parent
 
 
