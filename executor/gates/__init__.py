@@ -7,7 +7,7 @@ tables.py are the rules. Shell commands are parsed with bashlex and every simple
 wherever it sits and through wrappers (shell.py). What cannot be read — a parse failure, a command name or a
 write target computed at run time — is gated as `opaque`. Scripts run by an interpreter (`python x.py`,
 `./build.sh`, `make`) are not read: the gate covers the calls the model makes, not the programs those calls
-start. README.md ("Gates") states these choices; tests/data/gate_corpus.tsv holds the examples.
+start. docs/gates.md states these choices; tests/data/gate_corpus.tsv holds the examples.
 
 The room: verdict.py (Finding, Verdict), paths.py (path resolution), matching.py (a command against the
 tables), walker.py (the shell walker's grammar: constructs, words, redirects), shell.py (what each command

@@ -3,7 +3,7 @@
 A declared table, status → rule. A rule's action is tried while its budget lasts (the budget counts
 retries of one brief: attempt 1 is the first run); past the budget the end is escalated to the user.
 The decision is code's, from the exit-derived status, never a model's; every one is journaled.
-README.md ("Not-clean-return policy") documents this table; a test keeps the two in step.
+docs/threads.md ("Not-clean-return policy") documents this table; a test keeps the two in step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Every third-party package the code imports is declared in pyproject.toml and has its reason in the README.
+"""Every third-party package the code imports is declared in pyproject.toml and has its reason in
+docs/dependencies.md ("Dependencies and why"; the README links it).
 
 A package that arrives only as another's dependency (aiohttp through pywebpush) can vanish from under the
 code with that package's next release; and a dependency nobody can say why we carry is one nobody removes.
@@ -40,8 +41,8 @@ def declared(pyproject: dict[str, object]) -> set[str]:
     return {normalise(re.split(r"[<>=\[;! ]", spec, maxsplit=1)[0]) for spec in project["dependencies"]}
 
 
-def readme_reasons(readme: str) -> set[str]:
-    table = readme.split("## Dependencies and why", 1)[1]
+def documented_reasons(page: str) -> set[str]:
+    table = page.split("# Dependencies and why", 1)[1]
     names: set[str] = set()
     for line in table.splitlines():
         if line.startswith("| ") and not line.startswith("| package") and not line.startswith("|---"):
@@ -50,14 +51,14 @@ def readme_reasons(readme: str) -> set[str]:
     return names
 
 
-def test_every_imported_package_is_declared_with_its_reason_in_the_readme() -> None:
+def test_every_imported_package_is_declared_with_its_reason_in_the_docs() -> None:
     distributions = importlib.metadata.packages_distributions()
     wanted = {normalise(distributions[module][0]) for module in imported_top_level(ROOT)}
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     missing = wanted - declared(pyproject)
     assert not missing, f"imported but not declared in pyproject.toml [project] dependencies: {sorted(missing)}"
-    unexplained = wanted - readme_reasons((ROOT / "README.md").read_text())
-    assert not unexplained, f"declared but without a row in the README's 'Dependencies and why': {sorted(unexplained)}"
+    unexplained = wanted - documented_reasons((ROOT / "docs" / "dependencies.md").read_text())
+    assert not unexplained, f"declared but without a row in docs/dependencies.md: {sorted(unexplained)}"
 
 
 def test_the_check_sees_an_undeclared_import(tmp_path: Path) -> None:
