@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
-from shared import errors, failover, logs
+from shared import errors, failover, logs, migration_manifest
 from shared.sql import queries
 
 log = logs.get(__name__)
@@ -29,7 +28,7 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        return migration_manifest.sha256(self.path)
 
 
 def migrations_dir() -> Path:
@@ -66,23 +65,40 @@ class MigrationStatus:
         return not self.pending
 
 
-def _check_applied(applied: dict[int, tuple[str, str]], available: list[Migration]) -> None:
+def _check_applied(applied: dict[int, tuple[str, str]], available: list[Migration],
+                   manifest: dict[str, migration_manifest.Entry]) -> list[tuple[Migration, str]]:
+    """Refuse a database that applied a migration this code lacks or has changed; returns the applied
+    migrations whose recorded checksum is an earlier equivalent of the file's (see migrations/checksums.json)."""
     by_version = {m.version: m for m in available}
+    equivalent: list[tuple[Migration, str]] = []
     for version, (name, checksum) in applied.items():
         mig = by_version.get(version)
         if mig is None:
             raise errors.MigrationError(f"database has migration {version:04d}_{name}, which this code lacks")
-        if mig.checksum != checksum:
-            raise errors.MigrationError(f"migration {mig.path.name} changed after it was applied")
+        if mig.checksum == checksum:
+            continue
+        entry = manifest.get(mig.path.name)
+        # equivalents were declared against the manifest's bytes: a file that differs from those has none
+        if entry is not None and entry.sha256 == mig.checksum and entry.accepts(checksum):
+            equivalent.append((mig, checksum))
+            continue
+        as_applied = "" if name == mig.name else f" (applied as {version:04d}_{name}.sql)"
+        raise errors.MigrationError(
+            f"migration {mig.path.name} changed after it was applied{as_applied}: the database has sha256 "
+            f"{checksum[:12]}, this code {mig.checksum[:12]}, not a known equivalent ({migration_manifest.MANIFEST}); "
+            "run the release that made this database, or restore it from a backup")
+    return equivalent
 
 
 def status(dsn: str, directory: Path | None = None) -> MigrationStatus:
+    """What is applied and pending (read-only: an equivalent checksum is accepted, and recorded by `migrate`)."""
+    directory = directory or migrations_dir()
     available = discover(directory)
     with psycopg.connect(dsn, autocommit=True) as conn:
         exists = conn.execute(queries["check_migrations_table_exists"]).fetchone()
         rows = conn.execute(queries["list_applied_migrations"]).fetchall() if exists and exists[0] else []
     applied = {v: (n, c) for v, n, c in rows}
-    _check_applied(applied, available)
+    _check_applied(applied, available, migration_manifest.load(directory))
     return MigrationStatus(
         applied=sorted(applied), pending=[m.version for m in available if m.version not in applied]
     )
@@ -97,7 +113,12 @@ def require_current(dsn: str) -> None:
 
 
 def migrate(dsn: str, directory: Path | None = None) -> list[Migration]:
-    """Apply pending migrations; returns what was applied (empty when already current)."""
+    """Apply pending migrations; returns what was applied (empty when already current).
+
+    An applied migration recorded with an earlier equivalent checksum gets the current one recorded, so later
+    starts (and `db status`) see the file's own.
+    """
+    directory = directory or migrations_dir()
     available = discover(directory)
     done: list[Migration] = []
     # a multi-host DSN: the primary, never a standby listed first
@@ -106,7 +127,11 @@ def migrate(dsn: str, directory: Path | None = None) -> list[Migration]:
         try:
             conn.execute(queries["create_migrations_table"])
             applied = {v: (n, c) for v, n, c in conn.execute(queries["list_applied_migrations"]).fetchall()}
-            _check_applied(applied, available)
+            for mig, earlier in _check_applied(applied, available, migration_manifest.load(directory)):
+                conn.execute(queries["update_migration_checksum"],
+                             {"version": mig.version, "earlier": earlier, "checksum": mig.checksum})
+                log.info("migration_checksum_updated", version=mig.version, name=mig.name, earlier=earlier,
+                         checksum=mig.checksum)
             for mig in available:
                 if mig.version in applied:
                     continue

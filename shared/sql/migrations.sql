@@ -21,3 +21,7 @@ INSERT INTO schema_migrations (version, name, checksum) VALUES (%(version)s, %(n
 
 -- name: check_migrations_table_exists --
 SELECT true AS holds WHERE to_regclass('schema_migrations') IS NOT NULL
+
+-- name: update_migration_checksum --
+-- an applied migration recorded with an earlier equivalent of the file's bytes (migrations/checksums.json)
+UPDATE schema_migrations SET checksum = %(checksum)s WHERE version = %(version)s AND checksum = %(earlier)s
