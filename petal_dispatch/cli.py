@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 
-from petal_dispatch import config
+from petal_dispatch import __version__, config
 from petal_dispatch.commands import claude, db, handoffs, project, retention, routines, services, transcript, views
 from petal_dispatch.config import Settings
 from shared import errors, lifeline, logs
@@ -33,6 +33,7 @@ def _data_dir_option(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petal-dispatch", description="Drive Claude Code from a phone or browser.")
+    parser.add_argument("--version", action="version", version=f"petal-dispatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("up", help="start everything: database, migrations, executor, ingress")
