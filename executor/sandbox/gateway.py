@@ -7,6 +7,12 @@ sandbox's forwarders reach from inside its network namespace.
   hosts on the spawn's allowlist, and never to a loopback, private or link-local address unless that very address
   is on it (a name on the list that resolves to 127.0.0.1 does not open the ingress). Refusals are answered 403
   with the reason, and logged.
+  The host the bytes go to is the one checked, not only the request line's: a tunnel's TLS ClientHello must name
+  its CONNECT host (SNI, peeked in `sni.py`: TLS is not terminated), else it is closed after a TLS alert; every
+  plain HTTP request on a connection (kept alive or not) must be for the connection's host, in its target and its
+  `Host` header alike, and is forwarded as parsed (`http1.py`). A CDN serving many sites from one address routes
+  by those names: a listed CDN host in the request line and another site in SNI or `Host` is domain fronting.
+  (A name inside the TLS session, its HTTP `Host`, stays out of sight without terminating TLS.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from executor.sandbox import http1, sni
 from shared import logs
 
 log = logs.get(__name__)
@@ -31,6 +38,8 @@ CONNECT_TIMEOUT_S = 10.0
 # connections would use up the executor's file descriptors.
 MAX_CONNECTIONS = 64
 HEAD_TIMEOUT_S = 10.0
+# how long the answers to a connection's earlier requests may take to come back once a later one is refused
+DRAIN_S = 10.0
 _PIPE_CHUNK = 1 << 16
 
 
@@ -186,51 +195,136 @@ class Gateway:
                 writer.close()
 
     async def _refuse(self, writer: asyncio.StreamWriter, status: str, why: str) -> None:
-        self.refused.append(why)
-        log.warning("sandbox_proxy_refused", spawn=self.label, reason=why)
+        self._journal(why)
         body = f"petal-dispatch sandbox: {why}\n".encode()
         writer.write(f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
                      "Connection: close\r\n\r\n".encode() + body)
         with contextlib.suppress(Exception):
             await writer.drain()
 
+    def _journal(self, why: str) -> None:
+        """A refusal: kept on the gateway (the spawn's record of what it was refused) and logged."""
+        self.refused.append(why)
+        log.warning("sandbox_proxy_refused", spawn=self.label, reason=why)
+
     async def _proxy_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-        if len(head) > HEAD_LIMIT:
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        if len(raw) > HEAD_LIMIT:
             await self._refuse(writer, "431 Request Header Fields Too Large", "request head too large")
             return
-        request_line, _, rest = head.partition(b"\r\n")
-        method, target, version = request_line.decode("latin-1").split(" ", 2)
-        if method.upper() == "CONNECT":
-            host, port = _split_host_port(target, 443)
-            path_part = b""
+        try:
+            head = http1.parse_head(raw)
+        except http1.BadRequest as exc:
+            await self._refuse(writer, "400 Bad Request", str(exc))
+            return
+        if head.method.upper() == "CONNECT":
+            await self._tunnel(head, reader, writer)
         else:
-            if not target.lower().startswith("http://"):
-                await self._refuse(writer, "400 Bad Request", f"not a proxy request: {target[:200]}")
-                return
-            authority, slash, path = target[7:].partition("/")
-            host, port = _split_host_port(authority, 80)
-            path_part = ("/" + path if slash else "/").encode("latin-1")
+            await self._plain(head, reader, writer)
+
+    async def _open(self, writer: asyncio.StreamWriter, host: str,
+                    port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to an allowed `host:port`; None when refused (answered with the reason)."""
         address = await self._permitted(host, port)
         if isinstance(address, str) and address.startswith("!"):
             await self._refuse(writer, "403 Forbidden", address[1:])
-            return
+            return None
         try:
             up = await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             await self._refuse(writer, "502 Bad Gateway", f"{host}:{port} unreachable: {exc}")
-            return
+            return None
         self._track(up[1])
+        return up
+
+    # ---- CONNECT: a tunnel whose TLS must name the host it was opened for --------------------------------
+
+    async def _tunnel(self, head: http1.Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = http1.split_host_port(head.target, 443)
+        up = await self._open(writer, host, port)
+        if up is None:
+            return
         try:
-            if method.upper() == "CONNECT":
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
-            else:
-                headers = [h for h in rest.split(b"\r\n") if h and not h.lower().startswith(b"proxy-")]
-                up[1].write(b" ".join([method.encode(), path_part, version.encode()]) + b"\r\n"
-                            + b"\r\n".join(headers) + b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            hello = await self._client_hello(reader, writer, host, port)
+            if hello is None:
+                up[1].close()
+                return
+            up[1].write(hello)
             await _splice((reader, writer), up)
         finally:
+            self.conns.discard(up[1])
+
+    async def _client_hello(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
+                            port: int) -> bytes | None:
+        """The tunnel's first bytes, read until they hold the whole TLS ClientHello, if it names `host`;
+        None when the tunnel is refused (closed, after a TLS alert if the client spoke TLS) or the client left."""
+        data = b""
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                while (hello := sni.parse(data)) is None:
+                    if len(data) >= sni.MAX_BYTES:
+                        raise sni.NotClientHello(f"no whole ClientHello in {len(data)} bytes")
+                    chunk = await reader.read(_PIPE_CHUNK)
+                    if not chunk:
+                        return None
+                    data += chunk
+            why = _named_otherwise(hello, host)
+        except sni.NotClientHello as exc:
+            why = f"not a TLS ClientHello ({exc})"
+        except TimeoutError:
+            why = f"no TLS ClientHello within {HEAD_TIMEOUT_S:g} s"
+        if why is None:
+            return data
+        self._journal(f"CONNECT {host}:{port}: {why}")
+        if data[:1] == b"\x16":
+            writer.write(_ACCESS_DENIED)
+            with contextlib.suppress(Exception):
+                await writer.drain()
+        return None
+
+    # ---- plain HTTP: every request's target and Host name the authority the connection was opened for ----
+
+    async def _plain(self, head: http1.Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            host, port, path = http1.origin(head)
+            http1.check_request(head, host, port)
+        except http1.BadRequest as exc:
+            status = "403 Forbidden" if isinstance(exc, http1.Forbidden) else "400 Bad Request"
+            await self._refuse(writer, status, str(exc))
+            return
+        up = await self._open(writer, host, port)
+        if up is None:
+            return
+        # responses go back as they come; requests are read, checked and written anew one by one
+        responses = asyncio.create_task(_pipe(up[0], writer))
+        refused = False
+        try:
+            while True:
+                try:
+                    await http1.send(head, path, reader, up[1])
+                    next_head = await http1.next_head(reader, HEAD_LIMIT)
+                    if next_head is None:
+                        break
+                    head = next_head
+                    _, _, path = http1.origin(head, (host, port))
+                    http1.check_request(head, host, port)
+                except http1.BadRequest as exc:
+                    self._journal(str(exc))
+                    refused = True
+                    break
+            # the server's answers to what was sent still come back; after a refusal no answer of the proxy's
+            # can follow them (it does not parse responses): the connection just ends once they are through
+            if up[1].can_write_eof():
+                up[1].write_eof()
+            if refused:
+                await asyncio.wait({responses}, timeout=DRAIN_S)
+            else:
+                await responses
+        finally:
+            responses.cancel()
+            up[1].close()
             self.conns.discard(up[1])
 
     async def _permitted(self, host: str, port: int) -> str:
@@ -252,11 +346,31 @@ class Gateway:
         return addresses[0]
 
 
-def _split_host_port(authority: str, default: int) -> tuple[str, int]:
-    if authority.startswith("["):
-        host, _, rest = authority[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else default
-    host, sep, port = authority.rpartition(":")
-    if sep and port.isdigit():
-        return host, int(port)
-    return authority, default
+# a fatal TLS alert, access_denied (RFC 8446 §6): the client reports a refusal rather than a dropped connection
+_ACCESS_DENIED = bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49])
+
+
+def _is_address(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return True
+    return False
+
+
+def _named_otherwise(hello: sni.ClientHello, host: str) -> str | None:
+    """Why a ClientHello is not one for `host` (the CONNECT's), or None if it is."""
+    host = host.lower().strip("[]")
+    if hello.sealed_name:
+        return "the ClientHello seals the name it is for (encrypted_client_hello)"
+    if _is_address(host):
+        # TLS names no address (RFC 6066): a name here would pick a site behind the listed address
+        return None if hello.server_name is None else \
+            f"the ClientHello names {hello.server_name} (SNI) in a tunnel to the address {host}"
+    if hello.server_name is None:
+        # a server given no name answers with a site of its choosing, not necessarily this host's
+        return f"the ClientHello names no server (no SNI): a tunnel to {host} must name {host}"
+    if hello.server_name != host:
+        return f"the ClientHello names {hello.server_name} (SNI), not {host}"
+    return None
+
+

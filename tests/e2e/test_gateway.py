@@ -51,7 +51,8 @@ async def test_the_proxy_admits_the_listed_address_and_refuses_every_other_spell
         gw = await Gateway.open(tmp_path / "gw", {}, parse_allowlist([f"127.0.0.2:{port}", "localhost"]), "t")
         sock = gw.directory / "proxy.sock"
         try:
-            listed = await _ask(sock, f"GET http://127.0.0.2:{port}/x HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+            listed = await _ask(sock, f"GET http://127.0.0.2:{port}/x HTTP/1.1\r\nHost: 127.0.0.2:{port}\r\n\r\n"
+                                      .encode())
             tunnel = await _ask(sock, f"CONNECT 127.0.0.2:{port} HTTP/1.1\r\n\r\n".encode())
             refused = {target: await _ask(sock, f"CONNECT {target} HTTP/1.1\r\n\r\n".encode()) for target in (
                 f"127.0.0.1:{port}", f"[::ffff:127.0.0.2]:{port}", f"2130706434:{port}", f"0x7f000002:{port}",
