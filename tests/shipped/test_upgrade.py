@@ -54,11 +54,13 @@ def _checkout(commit: str, into: Path) -> Path:
 def _env(data_dir: Path, code: Path | None) -> dict[str, str]:
     """The environment of a command on `data_dir`: the embedded server (no DATABASE_URL); `code` an old checkout
     whose packages stand first on the path (run with `python -S`, so this checkout's editable install is not
-    on it at all), else today's code as installed."""
+    on it at all), else today's: this checkout's, as the test itself imports it."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "PETAL_DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN", "PYTHONPATH")}
     env.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json")
-    if code is not None:
+    if code is None:
+        env["PYTHONPATH"] = str(ROOT)
+    else:
         libraries = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
         env["PYTHONPATH"] = os.pathsep.join([str(code), *libraries])
     return env
