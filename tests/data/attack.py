@@ -52,9 +52,9 @@ def unix(path: str) -> Callable[[], str]:
     return connect
 
 
-def post_chat(headers: dict[str, str]) -> Callable[[], int]:
+def post_chat(headers: dict[str, str], text: str) -> Callable[[], int]:
     def post() -> int:
-        body = json.dumps({"text": "injected by the repository", "thread_id": targets["thread_id"]}).encode()
+        body = json.dumps({"text": text, "thread_id": targets["thread_id"]}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{targets['ingress_port']}/api/chat", data=body,
                                      headers={"Content-Type": "application/json", **headers}, method="POST")
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -119,16 +119,17 @@ attempt("mount", can_mount)
 attempt("outside_write", write_outside)
 attempt("tokens", find_tokens)
 attempt("ingress_tcp", tcp(targets["ingress_port"]))
-attempt("ingress_chat_open", post_chat({}))
-for token in (report["tokens"].get("value") or []):
-    attempt("ingress_chat_token", post_chat({"Authorization": f"Bearer {token}"}))
+attempt("ingress_chat_open", post_chat({}, "injected by the repository"))
+for token in (report["tokens"].get("value") or []):  # whatever other processes of the machine hold
+    attempt("ingress_chat_token", post_chat({"Authorization": f"Bearer {token}"}, "injected with a found token"))
 attempt("ingress_via_proxy", through_proxy)
-attempt("postgres_tcp", tcp(targets["pg_port"]))
+attempt("postgres_tcp", tcp(targets["db_tcp_port"]))
 for i, path in enumerate(targets["pg_sockets"]):
     attempt(f"postgres_unix_{i}", unix(path))
 attempt("sibling_mcp_config", read(targets["sibling_mcp_config"]))
 attempt("sibling_cmdline", read(f"/proc/{targets['sibling_pid']}/cmdline"))
 attempt("sibling_environ", read(f"/proc/{targets['sibling_pid']}/environ"))
+attempt("decoy_cmdline", read(f"/proc/{targets['decoy_pid']}/cmdline"))
 attempt("data_dir_listing", lambda: sorted(str(Path(d, f)) for d, _, files in os.walk(targets["data_dir"])
                                            for f in files))
 attempt("processes", proc_of_others)

@@ -1,7 +1,9 @@
 """Worker isolation end to end: a worker of an autonomous thread runs a hostile script planted in its tree
 (tests/data/attack.py) while a sibling spawn runs, and reads the data directory with its own Grep tool. Sandboxed,
 every channel is shut and the script still ran; with the sandbox off (the negative control), the same channels
-are open — so the test can fail. Real PostgreSQL, the real CLI, the scripted model, the real ingress."""
+are open — so the test can fail. What the attack reaches for is the test's own (a decoy process holding a secret,
+a listening port and socket standing for a database), so both outcomes hold whatever else the machine runs. Real
+PostgreSQL, the real CLI, the scripted model, the real ingress."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -25,7 +30,7 @@ from psycopg.conninfo import conninfo_to_dict
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
 from tests.pg import DB
-from tests.wait import until
+from tests.wait import until, until_blocking
 from tests.scenarios import STALL_FOREVER, one_worker
 from tests.served import ingress_server
 
@@ -33,7 +38,40 @@ from tests.served import ingress_server
 # (RETURNING, an aggregate, a row the test made)
 
 ATTACK = Path(__file__).parents[1] / "data" / "attack.py"
+# a system PostgreSQL's sockets, where the machine has one: tried too, but the negative control judges the channel
+# by the test's own socket (_listeners), not by what the machine happens to run
 SYSTEM_PG_SOCKETS = ["/run/postgresql/.s.PGSQL.5432", "/var/run/postgresql/.s.PGSQL.5432"]
+
+
+@contextlib.contextmanager
+def _decoy() -> Iterator[tuple[int, str]]:
+    """A process of the test's own holding a secret in its environment (as PETAL_AUTH_TOKEN, what the attack looks
+    for in every process) and in its argv: the reach into other processes is judged by it, whatever else the
+    machine runs (another service's token would be found, and used, too)."""
+    secret = f"decoy-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", secret],
+                            env={"PATH": os.environ["PATH"], "PETAL_AUTH_TOKEN": secret})
+    try:
+        # exec'd: until then its /proc holds the forked test's argv and environment
+        until_blocking(lambda: secret.encode() in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), "the decoy", 30)
+        yield proc.pid, secret
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def _listeners() -> Iterator[tuple[int, str]]:
+    """A loopback TCP port and a Unix socket of the test's own, listening (the kernel completes a connection to
+    either without an accept): what the attack tries for a database, so neither answer depends on whether the
+    machine runs a PostgreSQL of its own on 5432 (the test's embedded server listens on a Unix socket only)."""
+    with socket.socket() as tcp, socket.socket(socket.AF_UNIX) as unix, tempfile.TemporaryDirectory() as d:
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen(8)
+        path = os.path.join(d, ".s.PGSQL.5432")
+        unix.bind(path)
+        unix.listen(8)
+        yield tcp.getsockname()[1], path
 
 
 def _tool(name: str, **input: Any) -> dict[str, Any]:
@@ -70,11 +108,13 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
         {"text": "done"},
         before=[Rule(role="worker", match="sibling", replies=[STALL_FOREVER])])  # the sibling dispatched directly
     pg = conninfo_to_dict(db.admin_dsn)
-    sockets = [*SYSTEM_PG_SOCKETS]
-    if str(pg.get("host", "")).startswith("/"):
-        sockets.append(f"{pg['host']}/.s.PGSQL.{pg.get('port', 5432)}")
     extra: dict[str, Any] = {} if sandboxed else {"sandbox": None}  # Any: running_executor's **config_kw
-    with ScriptedModelServer(scenario) as model:
+    with _decoy() as (decoy_pid, decoy_secret), _listeners() as (db_tcp_port, db_socket), \
+            ScriptedModelServer(scenario) as model:
+        # the test's own socket, its database's when that is a socket, then the machine's
+        sockets = [db_socket, *SYSTEM_PG_SOCKETS]
+        if str(pg.get("host", "")).startswith("/"):
+            sockets.insert(1, f"{pg['host']}/.s.PGSQL.{pg.get('port', 5432)}")
         async with running_executor(db, model, tmp, **extra) as h, ingress_server(db.ingress_dsn) as url, \
                 httpx.AsyncClient(base_url=url) as http:
             # the sibling runs (its MCP config and process exist) for as long as the attack does
@@ -86,7 +126,7 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
             (work / "targets.json").write_text(json.dumps({
                 "outside": str(tmp / "outside" / "pwned"),
                 "ingress_port": httpx.URL(url).port, "thread_id": thread_id,
-                "pg_port": int(pg.get("port") or 5432), "pg_sockets": sockets,
+                "db_tcp_port": db_tcp_port, "pg_sockets": sockets, "decoy_pid": decoy_pid,
                 "sibling_mcp_config": str(mcp_dir / f"mcp-{sibling_id}.json"),
                 "sibling_pid": sibling["pid"], "data_dir": str(tmp / "run"),
                 "claude_config": str(tmp / "claude-config"),
@@ -98,12 +138,13 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
             ready = (await http.get("/readyz")).status_code
             info = (await http.get("/api/info")).json()
             async with await psycopg.AsyncConnection.connect(db.admin_dsn) as conn:
-                injected = (await (await conn.execute(
-                    "SELECT count(*) FROM chat_queue WHERE text LIKE 'injected%%'")).fetchone())[0]  # type: ignore[index]
+                injected = [text for text, in await (await conn.execute(
+                    "SELECT text FROM chat_queue WHERE text LIKE 'injected%%'")).fetchall()]
     report_path = work / "attack-report.json"
     return {"final": final, "events": events, "ready": ready, "info": info, "injected": injected, "tmp": tmp,
             "report": json.loads(report_path.read_text()) if report_path.exists() else None, "sibling": str(sibling_id), "sibling_session": str(sibling["session_id"]),
-            "sockets": sockets}
+            "sockets": sockets, "own_sockets": sockets[:len(sockets) - len(SYSTEM_PG_SOCKETS)],
+            "decoy_secret": decoy_secret}
 
 
 async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_path: Path) -> None:
@@ -122,13 +163,15 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     assert not report["ingress_tcp"]["ok"] and not report["ingress_chat_open"]["ok"]
     assert report["tokens"]["value"] == [] and "ingress_chat_token" not in report
     assert not report["ingress_via_proxy"]["ok"] and "403" in report["ingress_via_proxy"]["error"]
-    assert got["injected"] == 0
+    assert got["injected"] == []
     # the database: neither TCP nor any socket
     assert not report["postgres_tcp"]["ok"]
     assert all(not report[f"postgres_unix_{i}"]["ok"] for i in range(len(got["sockets"])))
     # the sibling: its credential, its argv and environment, its very process are out of sight
     assert not report["sibling_mcp_config"]["ok"]
     assert not report["sibling_cmdline"]["ok"] and not report["sibling_environ"]["ok"]
+    # nor is any other process of the machine (the test's decoy holds a secret in its argv and environment)
+    assert not report["decoy_cmdline"]["ok"]
     # of the data directory, it sees its own MCP config and nothing else
     assert report["data_dir_listing"]["value"] == [str(tmp_path / "run" / "mcp" / f"mcp-{got['final']['id']}.json")]
     # of the CLI's conversations, only its own (the sibling runs in the same directory)
@@ -157,12 +200,14 @@ async def test_with_the_sandbox_off_the_same_channels_are_open(db: DB, tmp_path:
         assert int(report["capabilities"]["value"], 16) != 0
         assert report["kernel_knobs"]["value"]["/proc/sys/kernel/core_pattern"] is True
     assert report["ingress_tcp"]["ok"] and report["ingress_chat_open"]["value"] == 202
-    assert got["injected"] == 1
+    assert got["injected"].count("injected by the repository") == 1
+    # another process's secrets: the test's decoy's token found in its environment, its argv read
+    assert got["decoy_secret"] in report["tokens"]["value"]
+    assert got["decoy_secret"] in report["decoy_cmdline"]["value"]
     # the opt-out is visible: the executor's own row says so, and /api/info (the page's banner) reads it
     assert got["info"]["workers_isolated"] is False and len(got["info"]["unsandboxed_executors"]) == 1
-    assert report["postgres_tcp"]["ok"]
-    present = [i for i, s in enumerate(got["sockets"]) if Path(s).exists()]
-    assert all(report[f"postgres_unix_{i}"]["ok"] for i in present)
+    assert report["postgres_tcp"]["ok"]  # the test's own listening port
+    assert all(report[f"postgres_unix_{i}"]["ok"] for i in range(len(got["own_sockets"])))
     assert "Bearer" in report["sibling_mcp_config"]["value"]
     assert "PETAL_TASK_ID" in report["sibling_environ"]["value"]
     assert f"{got['sibling_session']}.jsonl" in report["conversations"]["value"]
