@@ -1,5 +1,5 @@
 """Routines over HTTP: their definitions (the user's), and their triggers — run now (the user), fire (the
-routine's own token), a webhook (GitHub-style HMAC). A trigger is only verified and queued here
+routine's own token), a webhook (Standard Webhooks or GitHub-style HMAC: ingress/webhooks.py). A trigger is only verified and queued here
 (routine_queue); the executor makes and starts the run."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import hmac
 import json
 import secrets
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ingress import webhooks
 from ingress.auth import BodyTooLarge
 from ingress.http import body, ingress_queries, json_depth_exceeds, path_uuid, respond, shared_queries, who
 from ingress.models import RoutineIn, RoutinePatch, RunIn
@@ -26,8 +27,9 @@ from shared import routines as rules
 NEXT_FIRES = 3
 # most runs GET /api/routines/{id}/runs returns
 RUNS_LIMIT = 200
-SIGNATURE_HEADER = "x-hub-signature-256"
-DELIVERY_HEADER = "x-github-delivery"
+# how long a GitHub-style delivery's body is remembered: the same body again within it is a replay (GitHub signs
+# no date, so past it a captured delivery would pass again; its own redeliveries go back 3 days)
+HOOK_BODY_RETENTION = timedelta(days=30)
 
 
 def _now() -> datetime:
@@ -63,7 +65,7 @@ def new_routine(spec: RoutineIn, created_by: str, now: datetime) -> tuple[dict[s
     schedule, budget = spec.schedule, spec.budget
     _check(spec.prompt, schedule.cron if schedule else None, schedule.tz if schedule else None)
     fire_token = secrets.token_urlsafe(32)
-    webhook_secret = secrets.token_hex(32) if spec.webhook else None
+    webhook_secret = webhooks.new_secret() if spec.webhook else None
     return {
         "id": uuid.uuid4(), "name": spec.name, "project_id": spec.project_id, "mode": spec.mode,
         "prompt": spec.prompt, "enabled": spec.enabled, "cron": schedule.cron if schedule else None,
@@ -183,22 +185,22 @@ async def fire(request: Request) -> Response:
 
 
 async def hook(request: Request) -> Response:
-    """A webhook delivery, GitHub-style: X-Hub-Signature-256 (HMAC-SHA256 of the raw body with the routine's
-    secret), X-GitHub-Delivery (a delivery received before is refused). The JSON payload is the run's `event`."""
+    """A webhook delivery, signed the Standard Webhooks way or GitHub's (ingress/webhooks.py). Refused when its
+    id was received before, a Standard one outside its timestamp's tolerance, a GitHub one whose body was accepted
+    within HOOK_BODY_RETENTION (a replay under a new X-GitHub-Delivery). The JSON payload is the run's `event`."""
     routine_id = path_uuid(request, "routine_id")
     try:
         raw = await request.body()  # bounded by the guard (HOOK_BODY_BYTES): over it, 413
     except BodyTooLarge:
         raise Problem(413, "body too large") from None
     row = await _routine_or_401(request, routine_id)
-    secret = row["webhook_secret"]
-    signature = request.headers.get(SIGNATURE_HEADER, "")
-    expected = "sha256=" + hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest() if secret else ""
-    if not secret or not hmac.compare_digest(signature.encode(), expected.encode()):
-        raise Problem(401, "unknown routine or wrong credential (X-Hub-Signature-256)")
-    delivery = request.headers.get(DELIVERY_HEADER, "").strip()
-    if not delivery or len(delivery) > 200:
-        raise Problem(400, "X-GitHub-Delivery (the delivery's id, at most 200 characters) is required")
+    if not row["webhook_secret"]:
+        raise Problem(401, "unknown routine or wrong credential (the routine takes no webhook)")
+    now = _now()
+    try:
+        delivery = webhooks.verify(request.headers, raw, row["webhook_secret"], now.timestamp())
+    except webhooks.Refused as exc:
+        raise Problem(exc.status, exc.detail) from None
     if not row["enabled"]:
         raise Problem(409, f"routine {routine_id} is disabled")
     if json_depth_exceeds(raw):
@@ -209,12 +211,20 @@ async def hook(request: Request) -> Response:
         raise Problem(400, f"malformed JSON: {exc}") from None
     event = payload if isinstance(payload, dict) else {"payload": payload}
     kind = request.headers.get("x-github-event")
-    if kind:
+    if kind and delivery.scheme == "github":
         event = {**event, "_event": kind[:100]}
-    queued = await _enqueue(request, routine_id, "webhook", event, delivery_id=delivery,
-                            requested_by="webhook")
-    if queued is None:
-        raise Problem(409, f"delivery {delivery} was already received")
+    async with ingress_queries(request).transaction() as tx:
+        # both refusals raise inside the transaction: nothing of a refused delivery stays, its queue row included
+        queued = await tx.one("enqueue_routine_trigger", {
+            "routine_id": routine_id, "trigger": "webhook", "event": Jsonb(event), "delivery_id": delivery.delivery_id,
+            "requested_by": "webhook"})
+        if queued is None:
+            raise Problem(409, f"delivery {delivery.delivery_id} was already received")
+        if delivery.body_sha256 is not None and await tx.one("record_hook_body", {
+                "routine_id": routine_id, "body_sha256": delivery.body_sha256, "now": now,
+                "since": now - HOOK_BODY_RETENTION}) is None:
+            raise Problem(409, f"this body was already accepted within the last {HOOK_BODY_RETENTION.days} days "
+                               "(a replay: X-Hub-Signature-256 signs the body only, not X-GitHub-Delivery)")
     return respond(queued, 202)
 
 

@@ -47,6 +47,19 @@ RETURNING id
 -- What the trigger endpoints verify against: the webhook's key, the fire token's hash.
 SELECT id, enabled, webhook_secret, fire_token_sha256 FROM routines WHERE id = %(id)s AND deleted_at IS NULL
 
+-- name: record_hook_body --
+-- A GitHub-style delivery's body (its sha256), remembered from `now`: no row when the routine accepted the same body
+-- since `since` (a replay, whatever X-GitHub-Delivery it came with). The routine's receipts older than `since` go.
+WITH expired AS (
+    DELETE FROM routine_hook_bodies
+    WHERE routine_id = %(routine_id)s AND received_at < %(since)s AND body_sha256 <> %(body_sha256)s
+)
+INSERT INTO routine_hook_bodies (routine_id, body_sha256, received_at)
+VALUES (%(routine_id)s, %(body_sha256)s, %(now)s)
+ON CONFLICT (routine_id, body_sha256) DO UPDATE SET received_at = excluded.received_at
+    WHERE routine_hook_bodies.received_at < %(since)s
+RETURNING received_at
+
 -- name: enqueue_routine_trigger --
 INSERT INTO routine_queue (routine_id, trigger, event, delivery_id, requested_by)
 VALUES (%(routine_id)s, %(trigger)s, %(event)s, %(delivery_id)s, %(requested_by)s)

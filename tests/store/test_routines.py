@@ -5,6 +5,7 @@ the missed-instant and overlap policies, budgets, templates. No CLI: a started r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -26,6 +27,8 @@ from psycopg_pool import AsyncConnectionPool
 from executor.routines import Routines, RoutinesConfig
 from executor.settle import dispatch
 from executor.sql import queries as executor_sql
+from ingress import webhooks
+from petal_dispatch import config
 from shared import journal
 from shared.database import Database
 from shared.models import NewEvent
@@ -147,6 +150,66 @@ async def test_create_validates_and_shows_secrets_once_and_triggers_are_verified
         {"pull_request": {"title": "Fix the parser"}, "_event": "pull_request"}]
 
 
+async def test_a_github_delivery_replayed_under_a_new_delivery_id_starts_nothing_within_the_retention_window(
+    db: DB, http: httpx.AsyncClient
+) -> None:
+    routine = await _create(http, webhook=True)
+    rid, secret = routine["id"], routine["webhook_secret"]
+    body = json.dumps({"action": "opened", "number": 7}).encode()
+
+    async def deliver(delivery: str, payload: bytes = body) -> httpx.Response:
+        return await http.post(f"/api/hooks/{rid}", content=payload, headers={
+            "content-type": "application/json", "x-github-delivery": delivery,
+            "x-hub-signature-256": _signed(secret, payload)})
+
+    # the audit's replay: once as sent, then the captured delivery again under the same and under new ids
+    answers = [await deliver(d) for d in ("d-1", "d-1", "d-2", "d-3")]
+    assert [a.status_code for a in answers] == [202, 409, 409, 409]  # before: [202, 409, 202, 202]
+    assert "delivery d-1 was already received" in answers[1].text
+    assert "this body was already accepted within the last 30 days" in answers[2].text
+    other = await deliver("d-4", json.dumps({"action": "closed", "number": 7}).encode())
+    assert other.status_code == 202  # another body is another delivery
+    queued = _rows(db, "SELECT delivery_id FROM routine_queue WHERE routine_id = %s ORDER BY created_at", rid)
+    assert [q["delivery_id"] for q in queued] == ["d-1", "d-4"]  # a refused delivery left nothing queued
+    # past the retention window the body is forgotten (GitHub signs no date: nothing else could tell)
+    _rows(db, "UPDATE routine_hook_bodies SET received_at = received_at - interval '31 days' RETURNING 1")
+    assert (await deliver("d-5")).status_code == 202
+    # and the routine's other expired receipt went as this one was recorded
+    kept = _rows(db, "SELECT body_sha256, received_at > now() - interval '1 minute' AS fresh FROM routine_hook_bodies")
+    assert [(bytes(k["body_sha256"]), k["fresh"]) for k in kept] == [(hashlib.sha256(body).digest(), True)]
+
+
+async def test_a_standard_webhooks_delivery_is_accepted_once_within_its_timestamps_tolerance(
+    db: DB, http: httpx.AsyncClient
+) -> None:
+    routine = await _create(http, prompt="{{ event.type }}", webhook=True)
+    rid, secret = routine["id"], routine["webhook_secret"]
+    assert secret.startswith("whsec_")
+    body = json.dumps({"type": "invoice.paid", "data": {"id": 3}}).encode()
+
+    async def deliver(msg_id: str, off_s: int = 0, sign_with: str = secret) -> httpx.Response:
+        stamp = int(datetime.now(UTC).timestamp()) + off_s
+        return await http.post(f"/api/hooks/{rid}", content=body, headers={
+            "content-type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(stamp),
+            "webhook-signature": webhooks.standard_signature(sign_with, msg_id, stamp, body)})
+
+    first = await deliver("msg_1")
+    assert first.status_code == 202, first.text
+    again = await deliver("msg_1")  # the same id, freshly signed: a retry or a replay, never a second run
+    assert again.status_code == 409 and "delivery msg_1 was already received" in again.text
+    # the same body under another id is another event (the id is signed: only the sender can make one)
+    assert (await deliver("msg_2", off_s=-240)).status_code == 202
+    stale, early = await deliver("msg_3", off_s=-360), await deliver("msg_4", off_s=360)
+    assert stale.status_code == early.status_code == 401
+    assert "behind this server's clock" in stale.json()["detail"] and "ahead of" in early.json()["detail"]
+    wrong = await deliver("msg_5", sign_with="whsec_" + "A" * 44)
+    assert wrong.status_code == 401 and "webhook-signature" in wrong.json()["detail"]
+    queued = _rows(db, "SELECT delivery_id, event FROM routine_queue WHERE routine_id = %s ORDER BY created_at", rid)
+    assert [q["delivery_id"] for q in queued] == ["msg_1", "msg_2"]
+    assert queued[0]["event"] == {"type": "invoice.paid", "data": {"id": 3}}
+    assert _rows(db, "SELECT count(*) AS n FROM routine_hook_bodies")[0]["n"] == 0  # ids, not bodies, here
+
+
 async def test_a_missing_template_field_fails_the_run_with_a_message_naming_it(
     db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
 ) -> None:
@@ -201,11 +264,10 @@ async def test_after_three_missed_instants_skip_runs_none_and_run_once_runs_one_
     assert len(_runs(db, once["id"])) == 2
 
 
-async def test_overlap_queue_waits_for_the_running_run_and_a_day_budget_skips_the_run_that_would_pass_it(
+async def test_overlap_queue_waits_for_the_running_run(
     db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
 ) -> None:
     queued = await _create(http, name="q", schedule={"cron": "* * * * *", "tz": "UTC", "overlap": "queue"})
-    budgeted = await _create(http, name="b", budget={"usd_per_day": 1.0})
     clock = FakeClock(datetime.now(UTC))
     routines = Routines(pool, RoutinesConfig(clock=clock))
     start = _minute(clock.now)
@@ -219,31 +281,110 @@ async def test_overlap_queue_waits_for_the_running_run_and_a_day_budget_skips_th
     await _drain(routines)
     assert [r["status"] for r in _runs(db, queued["id"])] == ["succeeded", "running"]
 
-    await http.post(f"/api/routines/{budgeted['id']}/run", json={})
+
+# a schedule that never comes due in a test (its overlap policy is what the test wants)
+YEARLY = {"cron": "0 0 1 1 *", "tz": "UTC", "overlap": "parallel"}
+
+
+async def _run_now(http: httpx.AsyncClient, db: DB, routines: Routines, routine_id: str) -> dict[str, Any]:
+    """Run now, and the run the executor made of it (started or skipped)."""
+    assert (await http.post(f"/api/routines/{routine_id}/run", json={})).status_code == 202
     await _drain(routines)
-    _rows(db, "UPDATE routine_runs SET status = 'succeeded', cost_usd = 1.0, ended_at = now() WHERE routine_id = %s"
-              " RETURNING id", budgeted["id"])
-    await http.post(f"/api/routines/{budgeted['id']}/run", json={})
-    await _drain(routines)
-    runs = _runs(db, budgeted["id"])
-    assert [r["status"] for r in runs] == ["succeeded", "skipped"] and runs[1]["reason"].startswith("budget")
+    return _runs(db, routine_id)[-1]
+
+
+def _end(db: DB, run: dict[str, Any], cost: float) -> None:
+    _rows(db, "UPDATE routine_runs SET status = 'succeeded', cost_usd = %s, ended_at = now() WHERE id = %s "
+              "RETURNING id", cost, run["id"])
+
+
+async def test_a_day_budget_counts_running_runs_at_their_cap_and_skips_a_run_that_would_pass_it(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    # (binary fractions: the sums below are exact, so the boundary is the rule's, not rounding's)
+    routine = await _create(http, budget={"usd_per_day": 1.0, "usd_per_run": 0.375}, schedule=YEARLY)
+    routines = Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC))))
+    first, second = [await _run_now(http, db, routines, routine["id"]) for _ in range(2)]
+    assert (first["status"], second["status"]) == ("running", "running")
+    # two running runs count 0.75 (their cap: what they may still spend) though neither has cost anything yet;
+    # 0.75 is under the cap, but 0.75 + 0.375 is over it
+    third = await _run_now(http, db, routines, routine["id"])
+    assert third["status"] == "skipped" and third["reason"] == "budget: 0.75 of 1.00 USD spent today"
+    # an ended run counts what it cost: 0.125 + 0.375 running, and 0.375 more fits
+    _end(db, first, 0.125)
+    fourth = await _run_now(http, db, routines, routine["id"])
+    assert fourth["status"] == "running"
+    # spent + usd_per_run exactly the cap (0.125 + 0.125 + 0.375 + 0.375) is within it; one more run is not
+    _end(db, second, 0.125)
+    fifth = await _run_now(http, db, routines, routine["id"])
+    sixth = await _run_now(http, db, routines, routine["id"])
+    assert fifth["status"] == "running"
+    assert sixth["status"] == "skipped" and sixth["reason"] == "budget: 1.00 of 1.00 USD spent today"
+
+
+async def test_the_project_day_budget_from_its_setting_caps_all_routines_of_a_project_together(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PETAL_ROUTINE_PROJECT_USD_PER_DAY, read as the executor reads it (config.routines_config), caps the runs of
+    every routine of one project together; a routine of no project, or the setting unset, is not held by it."""
+    project = _rows(db, "INSERT INTO projects (name) VALUES ('budgeted') RETURNING id::text AS id")[0]["id"]
+    spec = {"budget": {"usd_per_run": 0.25}, "schedule": YEARLY}
+    a = await _create(http, name="a", project_id=project, **spec)
+    b = await _create(http, name="b", project_id=project, **spec)
+    loose = await _create(http, name="no project", **spec)
+    clock = FakeClock(datetime.now(UTC))
+
+    def routines_from_env(value: str | None) -> Routines:
+        if value is None:
+            monkeypatch.delenv("PETAL_ROUTINE_PROJECT_USD_PER_DAY", raising=False)
+        else:
+            monkeypatch.setenv("PETAL_ROUTINE_PROJECT_USD_PER_DAY", value)
+        return Routines(pool, dataclasses.replace(config.routines_config(config.load()), clock=clock))
+
+    capped = routines_from_env("0.5")
+    assert capped.config.project_usd_per_day == 0.5
+    assert (await _run_now(http, db, capped, a["id"]))["status"] == "running"
+    assert (await _run_now(http, db, capped, b["id"]))["status"] == "running"
+    # a and b each within their own (no day cap), the project's 0.25 + 0.25 running leaves nothing for a third
+    held = await _run_now(http, db, capped, a["id"])
+    assert held["status"] == "skipped"
+    assert held["reason"] == "budget: the project's routines spent 0.50 of 0.50 USD today"
+    assert all([(await _run_now(http, db, capped, loose["id"]))["status"] == "running" for _ in range(3)])
+    # negative control: the setting unset, the same run goes
+    assert routines_from_env(None).config.project_usd_per_day is None
+    assert (await _run_now(http, db, routines_from_env(None), a["id"]))["status"] == "running"
 
 
 async def test_disabling_stops_the_schedule_and_enabling_again_owes_nothing_for_the_pause(
     db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
 ) -> None:
-    routine = await _create(http, schedule={"cron": "* * * * *", "tz": "UTC", "missed": "run_once"})
-    off = await http.patch(f"/api/routines/{routine['id']}", json={"enabled": False})
-    assert off.status_code == 200 and off.json()["next_fire_times"] == []
+    every_minute = {"cron": "* * * * *", "tz": "UTC", "missed": "run_once", "overlap": "parallel"}
+    routine = await _create(http, schedule=every_minute)
+    control = await _create(http, name="control", schedule=every_minute)
+    for r in (routine, control):
+        off = await http.patch(f"/api/routines/{r['id']}", json={"enabled": False})
+        assert off.status_code == 200 and off.json()["next_fire_times"] == []
     clock = FakeClock(datetime.now(UTC) + timedelta(minutes=5))
     await _drain(Routines(pool, RoutinesConfig(clock=clock)))
     assert _runs(db, routine["id"]) == []
+    # the pause began five minutes ago, as far as the schedule's cursor knows
+    _rows(db, "UPDATE routines SET scheduled_through = now() - interval '5 minutes' WHERE id IN (%s, %s) "
+              "RETURNING id", routine["id"], control["id"])
     on = await http.patch(f"/api/routines/{routine['id']}", json={"enabled": True})
     assert on.status_code == 200 and len(on.json()["next_fire_times"]) == 3
+    # negative control: enabled again without the cursor moved to now (as a bare UPDATE would)
+    due = datetime.fromisoformat(on.json()["next_fire_times"][0])
+    _rows(db, "UPDATE routines SET enabled = true, next_fire_at = %s WHERE id = %s RETURNING id", due, control["id"])
+    clock.now = due + timedelta(seconds=2)
+    await _drain(Routines(pool, RoutinesConfig(clock=clock)))
+    (resumed,) = _runs(db, routine["id"])
+    assert resumed["scheduled_at"] == due and resumed["event"]["missed"] == 0  # nothing owed for the pause
+    (owed,) = _runs(db, control["id"])
+    assert owed["scheduled_at"] == due and owed["event"]["missed"] >= 4
     bad = await http.patch(f"/api/routines/{routine['id']}", json={"schedule": {"cron": "x", "tz": "UTC"}})
     assert bad.status_code == 422
     assert (await http.delete(f"/api/routines/{routine['id']}")).status_code == 200
-    assert (await http.get("/api/routines")).json()["routines"] == []
+    assert [r["id"] for r in (await http.get("/api/routines")).json()["routines"]] == [control["id"]]
     assert (await http.post(f"/api/routines/{routine['id']}/run", json={})).status_code == 404
 
 
