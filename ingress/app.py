@@ -233,10 +233,15 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
     (Op("post", "/api/routines/{routine_id}/fire", "start a run with the routine's fire token (Authorization: "
         "Bearer <fire token>; not the user's token)", RunIn, True, (_ROUTINE,), 202, (409, 415, 422)),
      routine_routes.fire),
-    (Op("post", "/api/hooks/{routine_id}", "a webhook delivery (GitHub-style: X-Hub-Signature-256 HMAC of the body "
-        "with the routine's secret, X-GitHub-Delivery refused when seen before); the JSON payload is the run's "
-        "`event`", params=(_ROUTINE, Param("X-Hub-Signature-256", "header", {"type": "string"}),
-                           Param("X-GitHub-Delivery", "header", {"type": "string"})),
+    (Op("post", "/api/hooks/{routine_id}", "a webhook delivery, signed the Standard Webhooks way (webhook-id, "
+        "webhook-timestamp within 5 minutes, webhook-signature over id.timestamp.body) or GitHub's "
+        "(X-Hub-Signature-256 HMAC of the body, X-GitHub-Delivery); a delivery id seen before, or a GitHub body "
+        "accepted in the last 30 days, is refused; the JSON payload is the run's `event`",
+        params=(_ROUTINE, Param("webhook-id", "header", {"type": "string"}),
+                Param("webhook-timestamp", "header", {"type": "string"}),
+                Param("webhook-signature", "header", {"type": "string"}),
+                Param("X-Hub-Signature-256", "header", {"type": "string"}),
+                Param("X-GitHub-Delivery", "header", {"type": "string"})),
         status=202, errors=(400, 409, 413, 415)), routine_routes.hook),
     (Op("get", "/api/quota", "the account's rate-limit windows as the CLI reports them (utilisation, reset time); "
         "while one is exhausted routines' runs wait for its reset"), routine_routes.quota),
