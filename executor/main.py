@@ -16,6 +16,7 @@ from hypercorn.config import Config
 
 from executor import harness as harness_mcp
 from executor import gates
+from executor.harness.scope import DispatchLimits
 from executor.journal.writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
 from executor.journal.writer import JournalWriter
 from executor.notify import notifier as notify
@@ -63,6 +64,8 @@ class ExecutorConfig:
     # the CLI's stored conversations this executor lists and lets threads continue
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     routines: RoutinesConfig = field(default_factory=RoutinesConfig)
+    # how deep workers may dispatch workers, and how many one task may ask for
+    dispatch_limits: DispatchLimits = field(default_factory=DispatchLimits)
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
@@ -88,7 +91,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         # what can fail is made before any loop starts: a failed start unwinds only the above
         listener = db.listener(CHANNELS)
         wake = listener.subscribe(["task_pending", "stop_queue"])
-        harness = harness_mcp.Harness(db, writer, listener, config.ask_timeout_s)
+        harness = harness_mcp.Harness(db, writer, listener, config.ask_timeout_s,
+                                      dispatch_limits=config.dispatch_limits)
         mcp_stop = asyncio.Event()
         mcp_config = Config()
         mcp_config.bind = [f"{config.mcp_host}:{config.mcp_port}"]

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from executor.harness.scope import DispatchLimits
 from executor.journal.writer import JournalWriter
 from executor.main import ExecutorConfig, serve
 from executor.notify.notifier import NotifyConfig
@@ -207,7 +208,7 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
                    extra_env: dict[str, str] | None = None, extract: bool = False, backoff_base_s: float = 30.0,
                    substrate_kw: dict[str, Any] | None = None, notify_config: Any = None,
                    project_roots: tuple[Path, ...] = (), sessions: Any = None,
-                   routines: RoutinesConfig | None = None,
+                   routines: RoutinesConfig | None = None, dispatch_limits: DispatchLimits | None = None,
                    **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
@@ -221,6 +222,7 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
                               settler=SettlerConfig(extract=extract, backoff_base_s=backoff_base_s),
                               notify=notify_config or NotifyConfig(data_dir=tmp / "var"), project_roots=project_roots,
                               routines=routines or RoutinesConfig(),
+                              dispatch_limits=dispatch_limits or DispatchLimits(),
                               **({"sessions": sessions} if sessions is not None else {}))
     task = asyncio.create_task(serve(executor, stop))
     deadline = time.monotonic() + 30

@@ -3,7 +3,8 @@
 Every spawn's `--mcp-config` carries a random credential as `Authorization: Bearer <token>` (see
 substrate.mcp_config); the store keeps its hash with the task and session it was granted to. A call without
 a valid one is refused before anything is done, and only the refusal is journaled (`harness.call_refused`,
-within a per-peer budget: executor/harness/refusals.py).
+within a budget per credential: executor/harness/refusals.py). What a valid caller may name in its arguments
+is the tools' check (executor/harness/scope.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from executor.harness.refusals import RefusalBudget
+from executor.harness.refusals import RefusalBudget, anonymous_key, credential_key
 from executor.journal.writer import JournalWriter
 from executor.run.caller import Caller
 from shared import logs
@@ -88,7 +89,8 @@ class Identities:
     def __init__(self, q: Queries, writer: JournalWriter, refusals: RefusalBudget | None = None):
         self.q = q
         self.writer = writer
-        # refused calls journaled per peer address: a local loop of forged calls cannot fill the journal
+        # refused calls journaled within a budget per credential: a local loop of forged calls cannot fill
+        # the journal, and one spawn's flood cannot use up the records of another's refusals
         self.refusals = refusals or RefusalBudget()
         # Callers whose credential the store confirmed, by its hash, while their process lives (the
         # supervisor forgets them at its exit, in this same process): during a database outage a live
@@ -141,7 +143,10 @@ class Identities:
             payload["ignored_headers"] = declared
         if found is not None:  # an ended task's own credential: worth knowing whose it was
             payload["credential_task_id"] = str(found.task_id)
-        left_out = self.refusals.admit((payload["peer"] or "").rpartition(":")[0] or None)
+        # an ended or exited credential is still its task's: its refusals draw on that credential's budget
+        key = credential_key(found.task_id) if found is not None else \
+            anonymous_key((payload["peer"] or "").rpartition(":")[0] or None)
+        left_out = self.refusals.admit(key)
         if left_out is not None:
             if left_out:
                 payload["not_journaled_before"] = left_out

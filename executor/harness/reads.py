@@ -1,4 +1,8 @@
-"""The read tools: handoffs, a project's state, and the rule-outs a candidate approach runs into."""
+"""The read tools: handoffs, a project's state, and the rule-outs a candidate approach runs into.
+
+Each reads only what its caller may (executor/harness/scope.py): its own thread's tasks and conversations,
+and its own project. An id outside that answers exactly as an unknown id does.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ConfigDict, Field
 
+from executor.harness import scope as scopes
 from executor.harness.results import Result
 from executor.harness.services import Harness
 from shared import read_surface
@@ -94,25 +99,44 @@ def register(server: MCPServer, harness: Harness) -> None:
 
     @server.tool(structured_output=True)
     async def get_handoffs(ctx: Context, scope_id: str, limit: int = 10) -> Handoffs:
-        """The handoffs of a task, session or project, newest first (goal, state, next step, ruled out…)."""
-        await harness.identities.caller(ctx, "get_handoffs")
+        """The handoffs of a task, session or project, newest first (goal, state, next step, ruled out…).
+
+        `scope_id` names a task or session of your own thread (its turns and the workers they dispatched,
+        at any depth), or your thread's project or one of its tasks or sessions (a project's handoffs are
+        shared by its threads). Any other id gets no handoffs, as an unknown one does.
+        """
+        caller = await harness.identities.caller(ctx, "get_handoffs")
         scope = _uuid(scope_id, "scope_id")
+        if not await scopes.readable(harness.q, caller, scope):
+            return Handoffs(handoffs=[])
         rows = await read_surface.get_handoffs(pool, scope, max(1, min(limit, MAX_HANDOFFS)))
         return Handoffs(handoffs=[_handoff(r) for r in rows])
 
     @server.tool(structured_output=True)
     async def get_project_state(ctx: Context, project_id: str) -> ProjectState:
-        """A short rollup of a project's plan tasks: done, in flight, failed, blocked."""
-        await harness.identities.caller(ctx, "get_project_state")
-        state = await read_surface.get_project_state(pool, _uuid(project_id, "project_id"))
+        """A short rollup of a project's plan tasks: done, in flight, failed, blocked.
+
+        Only your thread's own project: any other id is answered as an unknown project.
+        """
+        caller = await harness.identities.caller(ctx, "get_project_state")
+        project = _uuid(project_id, "project_id")
+        state = await read_surface.get_project_state(pool, project) if scopes.project_visible(caller, project) \
+            else None
         if state is None:
-            raise ToolError(f"no project {project_id}")
+            raise ToolError(f"no project {project_id} (a thread reads only its own project's state)")
         return ProjectState.model_validate(state)
 
     @server.tool(structured_output=True)
     async def check_ruled_out(ctx: Context, scope_id: str, candidate: str) -> RuleOutMatches:
-        """Prior rule-outs in a scope that look like the candidate approach (check before dispatching)."""
-        await harness.identities.caller(ctx, "check_ruled_out")
-        rows = await read_surface.check_ruled_out(pool, _uuid(scope_id, "scope_id"), candidate)
+        """Prior rule-outs in a scope that look like the candidate approach (check before dispatching).
+
+        `scope_id` as for get_handoffs: a task or session of your own thread, or your thread's project or
+        one of its tasks or sessions; any other id finds no matches, as an unknown one does.
+        """
+        caller = await harness.identities.caller(ctx, "check_ruled_out")
+        scope = _uuid(scope_id, "scope_id")
+        if not await scopes.readable(harness.q, caller, scope):
+            return RuleOutMatches(matches=[])
+        rows = await read_surface.check_ruled_out(pool, scope, candidate)
         return RuleOutMatches(matches=[Match(approach=r["approach"], reason=r["reason"],
                                              overlap=round(r["overlap"], 2)) for r in rows])

@@ -1,4 +1,5 @@
-"""What the harness's tools share: the store's queries, the journal, who is calling, and the ask service."""
+"""What the harness's tools share: the store's queries, the journal, who is calling, the ask service, and the
+dispatch bounds."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import uuid
 
 from executor.asks import PROGRESS_INTERVAL_S, Asks
 from executor.harness.identity import Identities
+from executor.harness.scope import DispatchLimits
 from executor.journal.writer import JournalWriter
 from executor.sql import queries
 from shared.database import Database
@@ -15,8 +17,9 @@ from shared.query import Queries
 
 class Harness:
     def __init__(self, db: Database, writer: JournalWriter, listener: Listener, ask_timeout_s: float,
-                 progress_interval_s: float = PROGRESS_INTERVAL_S):
+                 progress_interval_s: float = PROGRESS_INTERVAL_S, dispatch_limits: DispatchLimits = DispatchLimits()):
         self.db = db
+        self.dispatch_limits = dispatch_limits
         self.writer = writer
         self.q = Queries(db.pool, queries)
         self.identities = Identities(self.q, writer)

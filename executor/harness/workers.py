@@ -4,14 +4,18 @@ waits for the user's approval (executor/settle/approvals.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from typing import Any, Literal
+import weakref
+from typing import Any, Literal, NoReturn
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
+from executor.harness import scope as scopes
 from executor.harness.identity import tool_use_id
+from executor.harness.refusals import credential_key
 from executor.harness.results import Result
 from executor.harness.services import Harness
 from executor.projects import service as projects
@@ -37,15 +41,35 @@ class _Workers:
     def __init__(self, harness: Harness):
         self.harness = harness
         self.pool = harness.db.pool
+        # a lock per caller while any of its calls holds it
+        self._locks: weakref.WeakValueDictionary[uuid.UUID, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def dispatch(self, ctx: Context, brief: str, plan_ref: str | None, project_id: str | None,
                        allowed_tools: list[str] | None, override_ruled_out: str | None,
                        attachments: list[str] | None) -> Dispatched:
         caller = await self.harness.identities.caller(ctx, "dispatch_worker")
         try:
-            project = uuid.UUID(project_id) if project_id else caller.project_id
+            named = uuid.UUID(project_id) if project_id else None
         except ValueError:
             raise ToolError(f"project_id {project_id!r} is not a UUID") from None
+        # one caller's dispatches in turn (its credential is served by this executor alone): the bounds are
+        # counted, then the worker inserted, with no other of its calls in between
+        lock = self._locks.setdefault(caller.task_id, asyncio.Lock())
+        async with lock:
+            return await self._dispatch(ctx, caller, brief, plan_ref, named, allowed_tools, override_ruled_out,
+                                        attachments)
+
+    async def _dispatch(self, ctx: Context, caller: Caller, brief: str, plan_ref: str | None,
+                        named: uuid.UUID | None, allowed_tools: list[str] | None, override_ruled_out: str | None,
+                        attachments: list[str] | None) -> Dispatched:
+        project = caller.project_id  # never another: a worker works where its caller's thread does
+        refused = scopes.project_refusal(caller, named)
+        if refused is not None:
+            await self._refuse(caller, brief, "another project", refused, {"project_id": str(named)})
+        found = await scopes.lineage(self.harness.q, caller)
+        over = scopes.over_bounds(self.harness.dispatch_limits, found)
+        if over is not None:
+            await self._refuse(caller, brief, over[0], over[1], {"depth": found.depth, "dispatched": found.dispatched})
         scope = project or caller.session_id
         title = None
         if plan_ref and project is not None:
@@ -56,12 +80,10 @@ class _Workers:
         if not override_ruled_out:
             matches = await read_surface.check_ruled_out(self.pool, scope, brief)
             if matches:
-                found = [{"approach": m["approach"], "reason": m["reason"]} for m in matches]
-                await self.harness.writer.put(NewEvent("task.dispatch_refused", {
-                    "brief": brief, "reason": "matches a prior rule-out", "rule_outs": found},
-                    task_id=caller.task_id, session_id=caller.session_id, project_id=project))
-                raise ToolError("dispatch refused: the brief matches approaches already ruled out "
-                                f"{found}; change the brief, or pass override_ruled_out with the reason")
+                rule_outs = [{"approach": m["approach"], "reason": m["reason"]} for m in matches]
+                await self._refuse(caller, brief, "matches a prior rule-out",
+                                   f"the brief matches approaches already ruled out {rule_outs}; change the "
+                                   "brief, or pass override_ruled_out with the reason", {"rule_outs": rule_outs})
         brief = await briefs.enrich(self.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
         if title:  # the worker knows which plan task it is doing
             brief = f"{brief}\n\n## Plan task {plan_ref}: {title}"
@@ -70,12 +92,15 @@ class _Workers:
             brief = f"{brief}\n\n" + user_input.files_note(
                 [f["name"] for f in files], [f["media_type"] for f in files], [f["size_bytes"] for f in files])
         file_ids = tuple(f["id"] for f in files)
-        # the thread's mode, not the caller's own session: a worker of an interactive thread asks too
-        mode = await self.harness.q.one("get_thread_mode", {"id": caller.thread_id}) if caller.thread_id else None
+        # the thread's mode, not the caller's own session: a worker of an interactive thread asks too, at any
+        # depth (the thread of its lineage's root)
+        thread = caller.thread_id or found.thread_id
+        mode = await self.harness.q.one("get_thread_mode", {"id": thread}) if thread else None
         if caller.thread_id is not None:  # a routine's run: at most its routine's max_workers at once
             await self._check_routine_workers(self.harness.q, caller.thread_id)
-        if mode is not None and mode["mode"] == "interactive":
-            return await self._approve(brief, caller, project, plan_ref, allowed_tools, tool_use_id(ctx), file_ids)
+        if thread is not None and mode is not None and mode["mode"] == "interactive":
+            return await self._approve(brief, caller, thread, project, plan_ref, allowed_tools, tool_use_id(ctx),
+                                       file_ids)
         try:
             async with work(self.harness.q) as unit:
                 if caller.thread_id is not None:
@@ -91,6 +116,18 @@ class _Workers:
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return Dispatched(task_id=str(new_id), status="pending", note=STARTED)
+
+    async def _refuse(self, caller: Caller, brief: str, reason: str, message: str, facts: dict[str, Any]) -> NoReturn:
+        """Refuse the call with `message`, journaled as `task.dispatch_refused` within the caller's own
+        refusal budget (a loop of refused dispatches cannot fill the journal, nor spend another's budget)."""
+        left_out = self.harness.identities.refusals.admit(credential_key(caller.task_id))
+        if left_out is not None:
+            payload: dict[str, Any] = {"brief": brief, "reason": reason, **facts}
+            if left_out:
+                payload["not_journaled_before"] = left_out
+            await self.harness.writer.put(NewEvent("task.dispatch_refused", payload, task_id=caller.task_id,
+                                                   session_id=caller.session_id, project_id=caller.project_id))
+        raise ToolError(f"dispatch refused: {message}")
 
     @staticmethod
     async def _check_routine_workers(q: Queries | Work, thread_id: uuid.UUID) -> None:
@@ -112,16 +149,15 @@ class _Workers:
             raise ToolError(f"no file {', '.join(unknown)} was sent with this turn (sent: {sent})")
         return list({by_key[c]["id"]: by_key[c] for c in chosen}.values())
 
-    async def _approve(self, brief: str, caller: Caller, project: uuid.UUID | None, plan_ref: str | None,
-                       allowed_tools: list[str] | None, call_id: str | None,
+    async def _approve(self, brief: str, caller: Caller, thread: uuid.UUID, project: uuid.UUID | None,
+                       plan_ref: str | None, allowed_tools: list[str] | None, call_id: str | None,
                        file_ids: tuple[uuid.UUID, ...]) -> Dispatched:
         """An interactive thread: the worker is recorded waiting for the user's Approve in the Asks panel,
         and the call returns at once — the approval is durable state, not a wait that could time out; the
         orchestrator hears the answer as a harness message."""
-        assert caller.thread_id is not None
         try:
             task_id = await approvals.request(
-                self.pool, brief=brief, thread_id=caller.thread_id, asker_task_id=caller.task_id,
+                self.pool, brief=brief, thread_id=thread, asker_task_id=caller.task_id,
                 project_id=project, plan_ref=plan_ref, allowed_tools=allowed_tools,
                 requested_by=str(caller.session_id), tool_use_id=call_id, attachment_ids=file_ids)
         except dispatch.DispatchRefused as exc:
@@ -145,6 +181,10 @@ def register(server: MCPServer, harness: Harness) -> None:
         A brief matching a prior rule-out is refused unless override_ruled_out gives the reason.
         The files the user sent with this turn go to the worker (in a project, as files in its worktree
         whose paths its brief lists); `attachments` picks some of them by name or id, [] none.
+        The worker runs in your thread's project (or without one when your thread has none): `project_id`
+        may be left out, and naming any other project is refused. Workers dispatch at most
+        PETAL_MAX_DISPATCH_DEPTH deep (a turn's worker is at depth 1) and one task asks for at most
+        PETAL_MAX_DISPATCH_PER_TASK workers; past either the call is refused with the reason.
         """
         return await workers.dispatch(ctx, brief, plan_ref, project_id, allowed_tools, override_ruled_out,
                                       attachments)
