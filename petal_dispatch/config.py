@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     # A wall-clock cap per task, separate from the stall threshold. Unset: none.
     max_runtime_s: float | None = Field(default=None, gt=0)
     max_workers: int = Field(default=4, ge=1)
+    # A worker's own dispatches are bounded: workers dispatch at most this deep (a turn's worker is at depth 1,
+    # its worker at 2 …), and one task asks for at most this many workers; past either the tool refuses.
+    max_dispatch_depth: int = Field(default=3, ge=1)
+    max_dispatch_per_task: int = Field(default=20, ge=1)
     # While the database is away, the executor holds this much of the workers' output in memory, then
     # spills the rest to a file in the data directory (journaled in order when the database returns).
     journal_hold_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
@@ -293,6 +297,7 @@ def notify_config(settings: Settings) -> NotifyConfig:
 def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
                     sandbox: SandboxPolicy | None) -> ExecutorConfig:
     """The executor's config: `dsn` its role's, `sandbox` what `sandbox_policy` found before anything started."""
+    from executor.harness.scope import DispatchLimits
     from executor.main import ExecutorConfig
     from executor.sessions.index import SessionsConfig
     from executor.settle.settler import SettlerConfig
@@ -312,6 +317,8 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
             dirs=tuple(Path(p).expanduser() for p in settings.claude_session_dirs.split(":") if p.strip()),
             poll_s=settings.claude_sessions_poll_s),
         routines=routines_config(settings),
+        dispatch_limits=DispatchLimits(max_depth=settings.max_dispatch_depth,
+                                       max_per_task=settings.max_dispatch_per_task),
     )
 
 
