@@ -4,6 +4,8 @@ Claude sees its tools as mcp__harness__<name>. It is the information surface; li
 the harness (dispatch_worker records a request, the supervisor spawns it). The modules:
 
 - `identity`: who is calling, from the per-spawn credential alone (`Caller`); refusals are journaled;
+- `scope`: what a caller may name in a tool's arguments (its own thread, its own project) and how far its
+  dispatches go (`DispatchLimits`); `refusals`: the journal's budget of refusals, per credential;
 - `asks`: the ask service — questions in the Asks panel, their wait, progress and timeout;
 - `services`: what the tools share (`Harness`: queries, journal, identities, asks);
 - tools by group, each with `register(server, harness)`: `questions` (ask_user_question), `reads`
