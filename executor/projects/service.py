@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
-from executor.projects import worktrees
+from executor.projects import git, worktrees
 from executor.sandbox import gateway
 from executor.sql import queries
 from shared import consume, database, logs, read_surface
@@ -86,6 +86,7 @@ class Projects:
 
     def __post_init__(self) -> None:
         self.q = Queries(self.pool, queries)
+        git.program()  # resolved at the executor's start (GitError: none fit), never through its PATH later
 
     async def run(self, sub: Subscription) -> None:
         available = database.availability(self.pool)
@@ -181,7 +182,15 @@ class Projects:
 
     async def _merge(self, row: dict[str, Any]) -> dict[str, Any]:
         task, branch = await self._reviewable(row)
-        merged = await worktrees.merge(task.repo, branch, f"Merge {branch} (task {task.id})")
+        # exactly the commit whose diff the user saw: recorded with it by the settlement
+        recorded = await self.q.one("get_latest_task_changes", {"id": task.id})
+        c = recorded["payload"] if recorded else None
+        if not c or "error" in c or not c.get("head_commit"):
+            why = f" ({c['error']})" if c and "error" in c else ""
+            raise Refused(f"task {task.id}'s changes could not be recorded{why}: there is no reviewed commit to "
+                          "merge")
+        merged = await worktrees.merge(task.repo, branch, c["head_commit"], c.get("base_commit"),
+                                       f"Merge {branch} (task {task.id})")
         # merged is merged: record it even if tidying up the branch fails
         await self.q.execute("set_task_review", {"id": task.id, "review": "merged"})
         try:  # the branch is in the project's branch now: it and any kept worktree go

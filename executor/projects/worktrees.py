@@ -1,14 +1,22 @@
-"""Git for projects: one worktree and branch per worker, what it changed, merge and discard.
+"""Git for projects: one worktree, branch and private repository per worker, what it changed, merge and discard.
 
-Every git call is `git` with an explicit argv (never a shell), run as an asyncio subprocess so the event
-loop never waits on it. Operations on one repository are serialised in this process: two workers' `git
-worktree add` or a merge racing a worktree would otherwise fight over the repository's lock files.
+A worker's repository is its own (`store_of`): a bare repository beside its tree, whose object store borrows
+the project's objects read-only (an alternate) and holds only what the worker writes, with the worker's
+branch made at the project's current commit. Nothing a worker writes is in the project's repository until its
+settlement brings the branch over with `git fetch` (each object hashed and checked on the way in); Merge
+merges exactly the commit whose diff was recorded, after checking its objects still hash to their ids.
+
+Every git call goes through `executor.projects.git` (a program fixed at start, nothing a repository's config
+says runs), as an asyncio subprocess. Operations on one repository are serialised in this process: a fetch
+or a merge racing another would otherwise fight over the repository's lock files.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import stat
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,40 +26,23 @@ from typing import Any, NotRequired, TypedDict
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from executor.projects.git import NO_DRIVERS, Git, GitError, Result, verify_objects
 from executor.sql import queries
-from shared import errors, lifeline, logs
+from shared import logs
 from shared.query import Queries, Transaction
+
+__all__ = ["GitError", "Result"]
 
 log = logs.get(__name__)
 
 # A diff larger than this is cut, with a visible marker saying how much was left out.
 MAX_DIFF_CHARS = 200_000
 MAX_COMMITS = 200
-# A git command that takes longer than this is killed (a hung hook, a network filesystem).
-GIT_TIMEOUT_S = 120.0
 BRANCH_PREFIX = "petal/"
-# Used only when the repository has no identity of its own (a commit or a merge commit needs one).
+# Used only when neither the repository nor the user configured an identity (a commit or a merge commit needs one).
 FALLBACK_IDENTITY = ("petal-dispatch", "petal-dispatch@localhost")
 
 _locks: dict[tuple[int, str], asyncio.Lock] = {}
-# For git run by the executor, outside any sandbox, in a tree a worker wrote: nothing in it may choose a command
-# to run. A nested repository's own config (its fsmonitor) would run when status recursed into it, and hooks
-# would run on commit. (The repository's config and hooks are read-only to the worker; these hold whatever
-# they say.) Passed on to the git processes git itself starts (GIT_CONFIG_PARAMETERS).
-UNTRUSTED_TREE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "submodule.recurse=false",
-                  "-c", "diff.ignoreSubmodules=all", "-c", "status.submoduleSummary=false",
-                  "-c", "core.untrackedCache=false", "-c", "protocol.allow=never")
-
-
-class GitError(errors.PetalError):
-    """A git command failed; the message carries its stderr."""
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    rc: int
-    out: str
-    err: str
 
 
 def repo_lock(repo: Path) -> asyncio.Lock:
@@ -59,40 +50,26 @@ def repo_lock(repo: Path) -> asyncio.Lock:
     return _locks.setdefault(key, asyncio.Lock())
 
 
-def _env() -> dict[str, str]:
-    """The environment git (and the repository's hooks) run with: never the harness's own settings or
-    database credentials."""
-    return {**lifeline.child_env(os.environ), "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+async def git(cwd: Path, *args: str, check: bool = True) -> Result:
+    """One git command at `cwd` (for a sequence, `Git.at` once and call it)."""
+    return await (await Git.at(cwd))(*args, check=check)
 
 
-async def git(repo: Path, *args: str, check: bool = True) -> Result:
-    env = _env()
-    proc = await asyncio.create_subprocess_exec(
-        "git", "-C", str(repo), *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise GitError(f"git {' '.join(args)} timed out after {GIT_TIMEOUT_S:.0f}s") from None
-    res = Result(proc.returncode or 0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
-    if check and res.rc != 0:
-        raise GitError(f"git {' '.join(args)} failed: {res.err.strip() or res.out.strip()}")
-    return res
-
-
-async def _identity(repo: Path) -> list[str]:
-    """`-c` options giving a commit an author when the repository and the user configured none."""
-    name = (await git(repo, "config", "user.name", check=False)).out.strip()
-    email = (await git(repo, "config", "user.email", check=False)).out.strip()
-    if name and email:
-        return []
+async def _identity(g: Git) -> list[str]:
+    """`-c` options giving a commit an author: the repository's or the user's own, else petal-dispatch's."""
+    values = g.with_user_config()
+    name = (await values("config", "--get", "user.name", check=False)).out.strip()
+    email = (await values("config", "--get", "user.email", check=False)).out.strip()
     return ["-c", f"user.name={name or FALLBACK_IDENTITY[0]}", "-c", f"user.email={email or FALLBACK_IDENTITY[1]}"]
 
 
 def branch_for(task_id: uuid.UUID) -> str:
     return f"{BRANCH_PREFIX}{task_id.hex[:8]}"
+
+
+def store_of(worktree: Path) -> Path:
+    """A worker's private repository: its objects, its branch and its worktree's admin files, beside its tree."""
+    return worktree.with_name(f"{worktree.name}.git")
 
 
 async def toplevel(path: Path) -> Path | None:
@@ -101,18 +78,23 @@ async def toplevel(path: Path) -> Path | None:
     return Path(res.out.strip()).resolve() if res.rc == 0 and res.out.strip() else None
 
 
-async def head(repo: Path) -> tuple[str | None, str | None]:
-    """(current branch or None when detached, HEAD commit or None when there is no commit yet)."""
-    branch = await git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-    commit = await git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
+async def _head(g: Git) -> tuple[str | None, str | None]:
+    branch = await g("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+    commit = await g("rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
     return (branch.out.strip() or None if branch.rc == 0 else None,
             commit.out.strip() or None if commit.rc == 0 else None)
+
+
+async def head(repo: Path) -> tuple[str | None, str | None]:
+    """(current branch or None when detached, HEAD commit or None when there is no commit yet)."""
+    return await _head(await Git.at(repo))
 
 
 async def init(repo: Path) -> None:
     """A new repository with one empty commit, so worktrees can branch from it."""
     await git(repo, "init", "--quiet")
-    await git(repo, *await _identity(repo), "commit", "--quiet", "--allow-empty", "-m", "petal-dispatch: start")
+    g = await Git.at(repo)
+    await g(*await _identity(g), "commit", "--quiet", "--allow-empty", "-m", "petal-dispatch: start")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,27 +106,66 @@ class Worktree:
 
 
 async def create(repo: Path, task_id: uuid.UUID, root: Path, name: str) -> Worktree:
-    """A worktree for one worker on a new branch made from the project's current branch.
+    """A worktree for one worker on a new branch made from the project's current commit, in a repository of
+    the worker's own (`store_of`) whose object store borrows the project's read-only.
 
     Raises:
-        GitError: the repository has no commit, or git refused.
+        GitError: the repository has no commit, the worktree exists already, or git refused.
     """
     branch = branch_for(task_id)
     path = root / f"{name}-{task_id.hex[:8]}"
+    store = store_of(path)
     async with repo_lock(repo):
-        base_branch, base_commit = await head(repo)
+        project = await Git.at(repo)
+        base_branch, base_commit = await _head(project)
         if base_commit is None:
             raise GitError(f"{repo} has no commit to branch from")
-        root.mkdir(parents=True, exist_ok=True)
-        await git(repo, "worktree", "add", "--quiet", "-b", branch, str(path), base_commit)
+        objects = (await project("rev-parse", "--path-format=absolute", "--git-path", "objects")).out.strip()
+        fmt = (await project("rev-parse", "--show-object-format")).out.strip()
+    if path.exists() or store.exists():
+        raise GitError(f"{path} or {store} exists already")
+    root.mkdir(parents=True, exist_ok=True)
+    # no template: no sample hooks, nothing but what git needs
+    await git(root, "init", "--quiet", "--bare", "--template=", f"--object-format={fmt}", str(store))
+    (store / "objects" / "info").mkdir(parents=True, exist_ok=True)
+    (store / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    (store / "logs").mkdir(exist_ok=True)  # the worker's reflogs (the sandbox makes it writable when it exists)
+    own = await Git.at(store)
+    await own("update-ref", f"refs/heads/{branch}", base_commit)
+    await own("worktree", "add", "--quiet", str(path), branch)
+    # empty and read-only before the worker starts: git reads it under extensions.worktreeConfig, and the
+    # sandbox keeps a file that exists read-only (a worker could not create it with a filter or an fsmonitor)
+    admin = Path((await git(path, "rev-parse", "--absolute-git-dir")).out.strip())
+    (admin / "config.worktree").write_text("")
+    (admin / "config.worktree").chmod(0o444)
     return Worktree(path=path, branch=branch, base_branch=base_branch, base_commit=base_commit)
 
 
+def _rmtree(path: Path) -> None:
+    """Remove a tree a worker wrote, also where it made a directory read-only."""
+    def writable_again(func: Any, failed: str, _exc: Any) -> None:
+        parent = os.path.dirname(failed)
+        os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+        func(failed)
+
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, onerror=writable_again)
+
+
 async def remove(repo: Path, path: Path) -> None:
-    async with repo_lock(repo):
+    """A worker's tree and its private repository go (the branch is in the project's repository by then)."""
+    store = store_of(path)
+    if store.is_dir():
+        await asyncio.to_thread(_rmtree, path)
+        await asyncio.to_thread(_rmtree, store)
+        return
+    async with repo_lock(repo):  # a worktree of the project's repository, made before private repositories
+        g = await Git.at(repo)
         if path.exists():
-            await git(repo, "worktree", "remove", "--force", str(path))
-        await git(repo, "worktree", "prune", check=False)
+            await g("worktree", "remove", "--force", str(path))
+        await g("worktree", "prune", check=False)
 
 
 def _bounded(diff: str, limit: int) -> tuple[str, bool]:
@@ -155,39 +176,71 @@ def _bounded(diff: str, limit: int) -> tuple[str, bool]:
             f"(see the branch for the whole change) …\n"), True
 
 
+async def _commit_left_work(worktree: Path, task_id: uuid.UUID, branch: str) -> str | None:
+    """Uncommitted work left in the worktree, committed to the task's branch (removing the worktree would
+    lose it, and only a commit can be merged); the commit, or None when there was none."""
+    wt = await Git.at(worktree)
+    if not (await wt("status", "--porcelain", "--untracked-files=all")).out.strip():
+        return None
+    # a commit lands where the worktree's HEAD points: only ever on the task's own branch
+    head_ref = (await wt("symbolic-ref", "--quiet", "HEAD", check=False)).out.strip()
+    if head_ref != f"refs/heads/{branch}":
+        raise GitError(f"the worktree's HEAD is {head_ref or 'detached'}, not {branch}: its uncommitted work "
+                       "was not committed")
+    await wt("add", "--all")
+    await wt(*await _identity(wt), "commit", "--quiet", "--no-verify",
+             "-m", f"petal-dispatch: work left uncommitted by task {task_id}")
+    return (await wt("rev-parse", "HEAD")).out.strip()
+
+
+async def _fetch(project: Git, store: Path, branch: str) -> str:
+    """The worker's branch brought into the project's repository from its private one; its commit.
+
+    The fetch receives a pack that git indexes itself: each object's id is its content's hash, the pack must
+    connect to what the project has, and transfer.fsckObjects checks every object is well formed."""
+    tip = (await git(store, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}",
+                     check=False)).out.strip()
+    if not tip:
+        raise GitError(f"the worker's branch {branch} is gone from {store}")
+    ref = f"refs/heads/{branch}"
+    await project("-c", "protocol.file.allow=always", "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+                  "--no-recurse-submodules", str(store), f"+{ref}:{ref}")
+    got = (await project("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")).out.strip()
+    if got != tip:  # a url.<base>.insteadOf in the project's config would fetch from somewhere else
+        raise GitError(f"fetched {branch} is {got}, not the worker's {tip}")
+    return tip
+
+
 async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch: str, base: str,
                   max_diff_chars: int = MAX_DIFF_CHARS) -> dict[str, Any]:
-    """What the branch holds over `base`. Uncommitted work left in the worktree is committed to the branch
-    first (removing the worktree would lose it, and only a commit can be merged)."""
+    """What the branch holds over `base`, once brought into the project's repository from the worker's own
+    (uncommitted work left in the worktree committed to it first). The caller holds `repo_lock(repo)`."""
     auto_commit = None
     if worktree is not None and worktree.is_dir():
-        dirty = (await git(worktree, *UNTRUSTED_TREE, "status", "--porcelain", "--untracked-files=all")).out.strip()
-        if dirty:
-            # a commit lands where the worktree's HEAD points: only ever on the task's own branch
-            head = (await git(worktree, *UNTRUSTED_TREE, "symbolic-ref", "--quiet", "HEAD", check=False)).out.strip()
-            if head != f"refs/heads/{branch}":
-                raise GitError(f"the worktree's HEAD is {head or 'detached'}, not {branch}: its uncommitted work "
-                               "was not committed")
-            await git(worktree, *UNTRUSTED_TREE, "add", "--all")
-            await git(worktree, *UNTRUSTED_TREE, *await _identity(worktree), "commit", "--quiet", "--no-verify",
-                      "-m", f"petal-dispatch: work left uncommitted by task {task_id}")
-            auto_commit = (await git(worktree, *UNTRUSTED_TREE, "rev-parse", "HEAD")).out.strip()
-    span = f"{base}..{branch}"
-    log_out = (await git(repo, "log", f"--max-count={MAX_COMMITS}", "--format=%H%x1f%an%x1f%s", span)).out
+        auto_commit = await _commit_left_work(worktree, task_id, branch)
+    project = await Git.at(repo)
+    store = store_of(worktree) if worktree is not None else None
+    if store is not None and store.is_dir():
+        tip = await _fetch(project, store, branch)
+    else:  # a worktree of the project's repository, made before private repositories: the branch is there
+        tip = (await project("rev-parse", "--verify", f"refs/heads/{branch}^{{commit}}")).out.strip()
+    span = f"{base}..{tip}"
+    log_out = (await project("log", *NO_DRIVERS, f"--max-count={MAX_COMMITS}", "--format=%H%x1f%an%x1f%s",
+                             span)).out
     commits = [dict(zip(("sha", "author", "subject"), line.split("\x1f"), strict=False))
                for line in log_out.splitlines() if line]
     files = []
-    for line in (await git(repo, "diff", "--numstat", "-z", "--no-renames", base, branch)).out.split("\x00"):
+    for line in (await project("diff", *NO_DRIVERS, "--numstat", "-z", "--no-renames", base, tip)).out.split("\x00"):
         if not line:
             continue
         added, deleted, path = line.split("\t", 2)
         files.append({"path": path, "added": None if added == "-" else int(added),
                       "deleted": None if deleted == "-" else int(deleted)})
-    stat = (await git(repo, "diff", "--stat", base, branch)).out
-    diff, cut = _bounded((await git(repo, "diff", "--no-renames", base, branch)).out, max_diff_chars)
-    return {"branch": branch, "base_commit": base, "head_commit": (await git(repo, "rev-parse", branch)).out.strip(),
-            "commits": commits, "auto_commit": auto_commit, "files": files, "diffstat": stat, "diff": diff,
-            "diff_truncated": cut}
+    stat_out = (await project("diff", *NO_DRIVERS, "--stat", base, tip)).out
+    diff, cut = _bounded((await project("diff", *NO_DRIVERS, "--no-renames", base, tip)).out, max_diff_chars)
+    # head_commit is the commit this diff is of: Merge merges it and nothing else
+    return {"branch": branch, "base_commit": base, "head_commit": tip, "commits": commits,
+            "auto_commit": auto_commit, "files": files, "diffstat": stat_out, "diff": diff, "diff_truncated": cut}
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +275,8 @@ async def task_worktree(pool: AsyncConnectionPool, task_id: uuid.UUID) -> TaskWo
 
 # ---- the user's decisions ---------------------------------------------------------------------------
 
-async def _clean(repo: Path) -> str:
-    return (await git(repo, "status", "--porcelain", "--untracked-files=normal")).out.strip()
+async def _clean(g: Git) -> str:
+    return (await g("status", "--porcelain", "--untracked-files=normal")).out.strip()
 
 
 class Merged(TypedDict):
@@ -234,49 +287,65 @@ class Merged(TypedDict):
     after: str | None
     branch_tip: str
     fast_forward: bool
+    # how many objects of the merged commits were hashed and found intact first
+    objects_checked: int
     # set by the review that removes the branch afterwards
     branch_deleted: NotRequired[bool]
     branch_delete_error: NotRequired[str]
 
 
-async def merge(repo: Path, branch: str, message: str) -> Merged:
-    """Merge `branch` into the main checkout's current branch: fast-forward when possible, else a merge
-    commit. A conflict is aborted and the checkout verified clean before GitError is raised.
+async def merge(repo: Path, branch: str, commit: str, base: str | None, message: str) -> Merged:
+    """Merge `commit` — the one whose diff over `base` was recorded, `branch`'s tip then — into the main
+    checkout's current branch: fast-forward when possible, else a merge commit. Refused when the branch moved
+    since, or when an object it brings no longer hashes to its id. A conflict is aborted and the checkout
+    verified clean before GitError is raised.
 
     Raises:
-        GitError: the checkout is not clean, is detached, the branch is gone, or the merge conflicted.
+        GitError: the checkout is not clean or is detached, the branch is gone or moved, an object changed,
+            or the merge conflicted.
     """
     async with repo_lock(repo):
-        target, before = await head(repo)
+        g = await Git.at(repo)
+        target, before = await _head(g)
         if target is None:
             raise GitError("the project's checkout is not on a branch (detached HEAD): nothing to merge into")
-        dirty = await _clean(repo)
+        dirty = await _clean(g)
         if dirty:
             raise GitError(f"the project's checkout at {repo} has uncommitted changes; commit or stash them "
                            f"first:\n{dirty[:1000]}")
-        if (await git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)).rc != 0:
+        found = await g("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", check=False)
+        if found.rc != 0:
             raise GitError(f"branch {branch} does not exist")
-        tip = (await git(repo, "rev-parse", branch)).out.strip()
-        res = await git(repo, *await _identity(repo), "merge", "--ff", "--no-edit", "-m", message, branch, check=False)
+        tip = found.out.strip()
+        if tip != commit:
+            raise GitError(f"branch {branch} moved since its changes were recorded (recorded {commit[:12]}, now "
+                           f"{tip[:12]}): only the reviewed commit is merged; discard it, or merge it by hand")
+        checked = await verify_objects(g, commit, base)
+        res = await g(*await _identity(g), "merge", "--ff", "--no-edit", "-m", message, commit, check=False)
         if res.rc != 0:
-            conflicted = (await git(repo, "diff", "--name-only", "--diff-filter=U", check=False)).out.split()
-            await git(repo, "merge", "--abort", check=False)
-            left = await _clean(repo)
-            after = (await head(repo))[1]
+            conflicted = (await g("diff", "--name-only", "--diff-filter=U", check=False)).out.split()
+            await g("merge", "--abort", check=False)
+            left = await _clean(g)
+            after = (await _head(g))[1]
             if left or after != before:
                 # nothing may stay half-merged: put the checkout back exactly where it was
-                await git(repo, "reset", "--hard", "--quiet", before or "HEAD", check=False)
+                await g("reset", "--hard", "--quiet", before or "HEAD", check=False)
             raise GitError(f"merging {branch} into {target} conflicted in {', '.join(conflicted) or 'some files'}; "
                            "the merge was aborted and the checkout left as it was")
-        _, after = await head(repo)
-        return Merged(into=target, before=before, after=after, branch_tip=tip, fast_forward=after == tip)
+        _, after = await _head(g)
+        return Merged(into=target, before=before, after=after, branch_tip=tip, fast_forward=after == tip,
+                      objects_checked=checked)
 
 
 async def delete_branch(repo: Path, branch: str, worktree: Path | None) -> None:
-    if worktree is not None and worktree.exists():
+    """The worker's tree and private repository, and its branch in the project's repository (where its
+    settlement brought it), go."""
+    if worktree is not None and (worktree.exists() or store_of(worktree).exists()):
         await remove(repo, worktree)
     async with repo_lock(repo):
-        await git(repo, "branch", "-D", branch)
+        g = await Git.at(repo)
+        if (await g("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)).rc == 0:
+            await g("branch", "-D", branch)
 
 
 async def artifacts(conn: AsyncConnection[Any], task_id: uuid.UUID) -> list[str]:

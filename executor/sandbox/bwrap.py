@@ -206,8 +206,21 @@ def git_parts(workdir: Path) -> tuple[list[Path], list[Path]]:
     (common / "objects" / "info").mkdir(parents=True, exist_ok=True)
     # HEAD too: pointed at the base branch, the executor's commit of uncommitted work would land there
     readonly = [common, dot_git, gitdir / "commondir", gitdir / "gitdir", gitdir / "config.worktree",
-                gitdir / "hooks", gitdir / "HEAD", common / "objects" / "info"]
+                gitdir / "hooks", gitdir / "HEAD", common / "objects" / "info", *_alternates(common / "objects")]
     return [p for p in writable if p.exists()], [p for p in readonly if p.exists()]
+
+
+def _alternates(objects: Path, depth: int = 0) -> list[Path]:
+    """The object stores a worker's private repository borrows (executor/projects/worktrees.py: the project's),
+    read-only: seen, so the base commit's objects are there, but never written. The alternates file is the
+    executor's, read-only in every spawn; git follows alternates five deep, and so does this."""
+    try:
+        lines = (objects / "info" / "alternates").read_text().splitlines()
+    except OSError:
+        return []
+    found = [(objects / line.strip()).resolve() for line in lines if line.strip() and not line.startswith("#")]
+    found = [p for p in found if p.is_dir()]
+    return found + [q for p in found if depth < 4 for q in _alternates(p, depth + 1)]
 
 
 def _branch_dir(gitdir: Path, common: Path) -> Path | None:

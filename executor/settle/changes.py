@@ -1,6 +1,7 @@
-"""A project worker's changes, recorded as a settlement step: what its branch holds over the commit it
-started from (a derived `task.changes` record), then its worktree removed (unless kept; the branch stays
-until the user merges or discards it).
+"""A project worker's changes, recorded as a settlement step: its branch brought from its private repository
+into the project's with `git fetch` (objects hashed on the way in), what it holds over the commit it started
+from (a derived `task.changes` record, with the commit the diff is of: Merge merges that one only), then its
+worktree and private repository removed (unless kept; the branch stays until the user merges or discards it).
 
 It runs inside the settler's transaction, before the end's own step (so an extractor finds the changes for
 the handoff's artifacts): the record, the `changes_recorded_at` marker and the end's settled marker commit
@@ -51,6 +52,6 @@ async def record_on(conn: AsyncConnection[Any], task_id: uuid.UUID, *, keep_work
             await worktrees.remove(repo, worktree)
             events.append(NewEvent("task.worktree_removed", {"path": str(worktree)}, task_id=task_id,
                                    project_id=row.project_id))
-        except worktrees.GitError:
+        except (worktrees.GitError, OSError):
             log.exception("worktree_remove_failed", task_id=str(task_id))
     return events

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from executor.projects import worktrees
+from executor.projects import git, worktrees
 from executor.settle.settler import Settler, SettlerConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, config_for, running_executor, running_supervisor, substrate_for
@@ -81,14 +81,14 @@ async def test_a_branch_merges_fast_forward_else_with_a_merge_commit_and_a_confl
     assert [[f["path"] for f in r["files"]] for r in recorded] == [["a.txt"], ["b.txt"], ["shared.txt"]]
     assert all(r["auto_commit"] for r in recorded) and made[0].base_branch == "main"
 
-    first = await worktrees.merge(repo, made[0].branch, "merge a")
-    second = await worktrees.merge(repo, made[1].branch, "merge b")
+    first, second = [await worktrees.merge(repo, wt.branch, r["head_commit"], wt.base_commit, f"merge {wt.branch}")
+                     for wt, r in zip(made[:2], recorded[:2], strict=True)]
     assert first["fast_forward"] and not second["fast_forward"]
     assert _git(repo, "log", "-1", "--format=%P").count(" ") == 1  # b came in with a merge commit
     _commit(repo, "shared.txt", "ours\n", "change shared on main")
     before = _git(repo, "rev-parse", "HEAD")
     try:
-        await worktrees.merge(repo, made[2].branch, "merge shared")
+        await worktrees.merge(repo, made[2].branch, recorded[2]["head_commit"], made[2].base_commit, "merge shared")
         raise AssertionError("the conflicting merge went through")
     except worktrees.GitError as exc:
         assert "conflicted in shared.txt" in str(exc)
@@ -102,7 +102,7 @@ def test_git_and_the_repositorys_hooks_never_see_the_harness_settings_or_databas
     monkeypatch.setenv("PETAL_AUTH_TOKEN", "secret")
     monkeypatch.setenv("PGPASSWORD", "secret")
     monkeypatch.setenv("DATABASE_URL", "postgresql://u:secret@h/db")
-    env = worktrees._env()
+    env = git.base_env()
     assert not {"PETAL_AUTH_TOKEN", "PGPASSWORD", "DATABASE_URL"} & set(env) and env["GIT_TERMINAL_PROMPT"] == "0"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor.projects import worktrees
+from executor.projects import git as project_git
 from executor.run import substrate
 from shared import lifeline
 
@@ -23,11 +23,13 @@ def test_git_and_the_cli_inherit_the_same_scrubbed_environment(monkeypatch: pyte
         monkeypatch.delenv(name, raising=False)
     for name, value in {**SECRETS, **KEPT}.items():
         monkeypatch.setenv(name, value)
-    git = worktrees._env()
+    git = project_git.base_env()
     cli = substrate.build_env(substrate.SubstrateConfig(claude_bin="claude", base_env={**SECRETS, **KEPT}), "t")
     for env in (git, cli):
         assert not set(SECRETS) & set(env), sorted(set(SECRETS) & set(env))
-        assert {k: env[k] for k in KEPT} == KEPT
+        assert {k: env[k] for k in KEPT if k != "PATH"} == {k: v for k, v in KEPT.items() if k != "PATH"}
+    # the executor's git runs with system directories only, whatever PATH the executor has
+    assert cli["PATH"] == KEPT["PATH"] and git["PATH"] == project_git.SYSTEM_PATH
 
 
 def test_the_configs_holding_secrets_keep_them_out_of_their_reprs() -> None:
