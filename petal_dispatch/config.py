@@ -44,6 +44,19 @@ LogLevel = Annotated[Literal["debug", "info", "warning", "error", "critical"],
                      BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)]
 
 
+def _spawn_size(value: object) -> object:
+    """"4G", "512M" (binary units) or bytes; "max" for none (executor/sandbox/limits.py)."""
+    from executor.sandbox.limits import parse_size
+
+    return parse_size(value) if isinstance(value, str) else value
+
+
+# a spawn's limit: a number, or "max" (or empty) for none
+SpawnSize = Annotated[Annotated[int, Field(gt=0)] | None, BeforeValidator(_spawn_size)]
+SpawnCount = Annotated[Annotated[int, Field(ge=16)] | None,
+                       BeforeValidator(lambda v: None if str(v).strip().lower() in ("", "max") else v)]
+
+
 class Settings(BaseSettings):
     """Every knob of both services and of the application. Only this package receives it: the services get
     the configs built below."""
@@ -159,6 +172,11 @@ class Settings(BaseSettings):
     # the model API is always reachable by the CLI itself); a project may add its own.
     sandbox: SandboxMode = "bwrap"
     sandbox_allow: str = ""
+    # Each spawn's share of the machine (executor/sandbox/limits.py; docs/deploy.md says what enforces them where):
+    # its processes and threads, its memory (its /tmp included), its /tmp. "max": no limit.
+    spawn_pids_max: SpawnCount = 1024
+    spawn_memory_max: SpawnSize = 4 << 30
+    spawn_tmp_size: SpawnSize = 1 << 30
     claude_config_dir: Path | None = None
     # The CLI config directories whose stored conversations the executor lists for adoption (":"-separated;
     # empty: the service user's ~/.claude), besides PETAL_CLAUDE_CONFIG_DIR; how often their files are looked at.
@@ -222,6 +240,7 @@ def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy 
     """Every spawn's sandbox, or None on the operator's explicit PETAL_SANDBOX=off (logged). Fails closed:
     SandboxUnavailable, naming the cause and the fix, where the sandbox cannot run."""
     from executor.sandbox.bwrap import SandboxPolicy, install_root
+    from executor.sandbox.limits import SpawnLimits
     from executor.sandbox.gateway import parse_allowlist
 
     if settings.sandbox == "off":
@@ -240,7 +259,8 @@ def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy 
         raise ConfigError(f"PETAL_SANDBOX_ALLOW: {exc}") from None
     # the CLI's install stays visible where it lies in a hidden home (a cache under ~/.cache)
     exposed = [root for root in (install_root(settings.claude_bin, env.get("PATH")),) if root is not None]
-    return SandboxPolicy.find(hidden=hidden, allow=allow, exposed=exposed, path=env.get("PATH"))
+    limits = SpawnLimits(settings.spawn_pids_max, settings.spawn_memory_max, settings.spawn_tmp_size)
+    return SandboxPolicy.find(hidden=hidden, allow=allow, exposed=exposed, path=env.get("PATH"), limits=limits)
 
 
 def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:

@@ -13,6 +13,7 @@ from pathlib import Path
 from executor.run import substrate
 from executor.run.task_store import TaskStore
 from executor.sandbox import bwrap as sandbox
+from executor.sandbox import limits
 from executor.sandbox.gateway import Gateway
 from executor.sandbox.gateway import parse_allowlist as gateway_allow
 from shared import logs
@@ -28,6 +29,14 @@ class Isolation:
         self.mcp_url = mcp_url
         self.store = store
         self._gateways: Path | None = None
+        # each spawn's limits: in a cgroup of its own where this executor can make one, else by rlimits
+        self.cgroups = limits.find_tree(policy.limits)
+        self.rlimits = limits.rlimits_for(policy.limits, self.cgroups)
+        self.spawn_cgroups: dict[uuid.UUID, limits.SpawnCgroup] = {}
+        log.info("spawn_limits", pids_max=policy.limits.pids_max, memory_max=policy.limits.memory_max,
+                 tmp_size=policy.limits.tmp_size, cgroup=self.cgroups and f"v{self.cgroups.version}",
+                 cgroup_controllers=sorted(self.cgroups.controllers) if self.cgroups else [],
+                 rlimit_nproc=self.rlimits[0], rlimit_data=self.rlimits[1])
 
     async def open_gateway(self, task_id: uuid.UUID, project_id: uuid.UUID | None) -> Gateway:
         forwards: dict[int, tuple[str, int]] = {}
@@ -76,8 +85,36 @@ class Isolation:
         box = sandbox.SpawnBox(workdir=workdir, writable=tuple(writable), readonly=tuple(readonly),
                                hidden=hidden, bound=config.bound, ports=tuple(gateway.forwards),
                                sockets_dir=gateway.directory)
-        return (sandbox.wrap(self.policy, box, [] if argv_fd is not None else cmd, argv_fd=argv_fd),
-                {**env, **sandbox.proxy_env()})
+        argv = sandbox.wrap(self.policy, box, [] if argv_fd is not None else cmd, argv_fd=argv_fd)
+        return self._limited(task_id, argv), {**env, **sandbox.proxy_env()}
+
+    def _limited(self, spawn_id: uuid.UUID, argv: list[str]) -> list[str]:
+        """The sandbox's command line run in the spawn's own cgroup and under the rlimits left to set. OSError
+        when its cgroup cannot be made: no spawn runs without its limits."""
+        procs: tuple[Path, ...] = ()
+        if self.cgroups is not None:
+            cgroup = self.cgroups.make(spawn_id.hex, self.policy.limits)
+            self.spawn_cgroups[spawn_id] = cgroup
+            procs = cgroup.procs
+        nproc, data = self.rlimits
+        return limits.enter_argv(self.policy.bash, procs, argv, nproc=nproc, data=data)
+
+    def limit_hit(self, spawn_id: uuid.UUID) -> str | None:
+        """Which limit the spawn hit (limits.PIDS_LIMIT, MEMORY_LIMIT), None if none or it has no cgroup."""
+        cgroup = self.spawn_cgroups.get(spawn_id)
+        return cgroup.hit() if cgroup is not None else None
+
+    def kill_spawn(self, spawn_id: uuid.UUID) -> None:
+        """Everything of the spawn killed at once (its cgroup's processes)."""
+        cgroup = self.spawn_cgroups.get(spawn_id)
+        if cgroup is not None:
+            cgroup.kill()
+
+    def drop_cgroup(self, spawn_id: uuid.UUID, timeout_s: float = 5.0) -> None:
+        """After the spawn's exit: its cgroup removed (blocking, while its last processes go)."""
+        cgroup = self.spawn_cgroups.pop(spawn_id, None)
+        if cgroup is not None and not cgroup.remove(timeout_s):
+            log.warning("spawn_cgroup_left", spawn_id=str(spawn_id), dirs=[str(d) for d in cgroup.dirs])
 
     def config_state(self) -> tuple[tuple[str, int, int], ...]:
         """The executor's CLI config files as a spawn's view mounts them (sandbox.config_state)."""
@@ -99,6 +136,7 @@ class Isolation:
     def forget_spawn(self, task_id: uuid.UUID) -> None:
         """A spawn that never started: its private conversation directory goes."""
         shutil.rmtree(sandbox.spawn_sessions(substrate.config_home(self.substrate), task_id.hex), ignore_errors=True)
+        self.drop_cgroup(task_id, timeout_s=0)  # what ran in it is gone (_release waited for it)
 
     def close(self) -> None:
         """At the executor's end: its gateways' directory (each gateway removes its own as its spawn ends)."""

@@ -26,6 +26,7 @@ from executor.run.isolation import Isolation
 from executor.run.task_store import ClaimedTask, TaskEnd, TaskStore
 from executor.run.warm import Template, Warm, WarmConfig, WarmPool
 from executor.sandbox import bwrap as sandbox
+from executor.sandbox import limits
 from executor.sandbox.gateway import Gateway
 from shared import aio, journal, lifeline, logs
 from shared.database import OUTAGE_ERRORS, Availability
@@ -37,15 +38,23 @@ log = logs.get(__name__)
 # (a deploy) cut the run off like a crash, and the runtime cap is a failure; the policy retries both.
 EXECUTOR_SHUTDOWN = "executor_shutdown"  # the reason the executor gives the runs its own stop cuts off
 HARNESS_STOPS = {EXECUTOR_SHUTDOWN: "crashed", "max_runtime": "failed"}
+# a spawn that hit its pids or memory limit (executor/sandbox/limits.py) crashed, even when its CLI outlived the
+# process the limit ended and finished: what it did was cut short
+LIMIT_STOPS = (limits.PIDS_LIMIT, limits.MEMORY_LIMIT)
 USER_STOP = "stop_requested"
 # a routine run's process is not started with less than this left of the run's USD (it could not finish a call)
 MIN_GRANT_USD = 0.01
+# how often a run's cgroup is looked at for a limit hit: a fork refused at pids.max or an OOM kill is no event
+# the loop can wait on (v1's counters have no file notification)
+LIMIT_CHECK_S = 0.25
 
 
 def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None,
                 gate_denials: int = 0) -> substrate.Outcome:
     """A run's status from its exit, why the harness stopped it (if it did) and how many of its calls the
     harness refused at a gate (pure)."""
+    if stop_reason in LIMIT_STOPS:
+        return substrate.Outcome("crashed", stop_reason)
     if stop_reason is None or stop_reason not in HARNESS_STOPS:
         outcome = substrate.derive_status(returncode, facts, stop_requested=stop_reason is not None,
                                           gate_denials=gate_denials)
@@ -532,6 +541,7 @@ class TaskRunner:
             mcp_config.unlink(missing_ok=True)
         if gateway is not None and self.isolation is not None:
             await gateway.close()
+            await asyncio.to_thread(self.isolation.drop_cgroup, spawn_id)
             self.isolation.forget_spawn(spawn_id)
 
     async def end_ahead(self, ahead: Ahead, reason: str) -> None:
@@ -689,13 +699,37 @@ class TaskRunner:
         """The process's exit status; a stop asked meanwhile is carried out here, beside the wait."""
         async with asyncio.TaskGroup() as tg:
             stopping = tg.create_task(self._stop_when_asked(r), name=f"stop-{r.task_id}")
+            watching = (tg.create_task(self._end_at_limit(r), name=f"limits-{r.task_id}")
+                        if self.isolation is not None and self.isolation.spawn_cgroups.get(r.spawn_key) else None)
             rc = await r.proc.wait()
             if not r.stop_asked.is_set():
                 stopping.cancel()
+            if watching is not None:
+                watching.cancel()
             # else: it sees the exit at its next step and returns (its journal lines are not cut short)
         return rc
 
+    async def _end_at_limit(self, r: Running) -> None:
+        """A spawn that hit its pids or memory limit ended at once, all of it: a fork bomb would spin at its limit,
+        and the CLI would go on without the process the kernel's OOM killer chose. Its task says which limit."""
+        assert self.isolation is not None
+        hit = None
+        while hit is None:
+            await asyncio.sleep(LIMIT_CHECK_S)
+            hit = self.isolation.limit_hit(r.spawn_key)
+        r.stop_reason, r.killed = hit, True
+        await asyncio.to_thread(self.isolation.kill_spawn, r.spawn_key)
+        sent = process.signal_group(r.proc.pid, signal.SIGKILL)
+        await self.writer.put(self._event(r, "task.signal_sent", {"signal": "SIGKILL", "reason": hit,
+                                                                  "delivered": sent}))
+
     async def _finish(self, r: Running, task: ClaimedTask, rc: int, *, drained: bool) -> None:
+        if self.isolation is not None and r.spawn_key in self.isolation.spawn_cgroups:
+            # the kernel may have ended it before the watch looked (cgroup v2's memory.oom.group kills it all)
+            hit = await asyncio.to_thread(self.isolation.limit_hit, r.spawn_key)
+            if hit is not None:
+                r.stop_reason = hit
+            await asyncio.to_thread(self.isolation.drop_cgroup, r.spawn_key)
         # After a SIGKILL (ours or anyone's), or any death by signal, the CLI could not clean up: its
         # Bash children survive in their own session. A clean or SIGTERM exit kills them itself.
         swept: list[int] = []

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from executor.sandbox.limits import SpawnLimits
 from shared import errors
 
 # Inside the sandbox: where the gateway's sockets appear, and the port of the allowlisting proxy.
@@ -101,10 +102,12 @@ class SandboxPolicy:
     allow: tuple[str, ...] = ()
     # read-only in every spawn though inside a hidden directory (the CLI's install in a home's cache)
     exposed: tuple[Path, ...] = ()
+    # each spawn's pids, memory and /tmp size (executor/sandbox/limits.py)
+    limits: SpawnLimits = SpawnLimits()
 
     @classmethod
     def find(cls, *, hidden: Sequence[Path] = (), allow: Sequence[str] = (), exposed: Sequence[Path] = (),
-             path: str | None = None) -> SandboxPolicy:
+             path: str | None = None, limits: SpawnLimits | None = None) -> SandboxPolicy:
         """The policy with the programs found on `path`; SandboxUnavailable naming what is missing."""
         found = {name: shutil.which(name, path=path) for name in ("bwrap", "socat", "bash")}
         missing = [name for name, where in found.items() if where is None]
@@ -114,7 +117,8 @@ class SandboxPolicy:
                 f"`{INSTALL_HINT}` (or set PETAL_SANDBOX=off to run workers unsandboxed)")
         policy = cls(bwrap=str(found["bwrap"]), socat=str(found["socat"]), bash=str(found["bash"]),
                      hidden=tuple(dict.fromkeys(Path(p).resolve() for p in (*ALWAYS_HIDDEN, *hidden))),
-                     allow=tuple(allow), exposed=tuple(dict.fromkeys(Path(p).resolve() for p in exposed)))
+                     allow=tuple(allow), exposed=tuple(dict.fromkeys(Path(p).resolve() for p in exposed)),
+                     limits=limits or SpawnLimits())
         policy.check()
         return policy
 
@@ -122,13 +126,17 @@ class SandboxPolicy:
         """Start an empty sandbox with every namespace a spawn gets: SandboxUnavailable with bubblewrap's own
         reason when the kernel refuses (user namespaces disabled, a container without the privilege)."""
         argv = [self.bwrap, "--die-with-parent", *_NAMESPACES, "--ro-bind", "/", "/", "--proc", "/proc",
-                *_PROC_READ_ONLY, "--dev", "/dev", "--", "/bin/true"]
+                *_PROC_READ_ONLY, "--dev", "/dev", *tmp_args(self.limits), "--tmpfs", "/tmp", "--", "/bin/true"]
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxUnavailable(f"the worker sandbox cannot start: {exc}") from None
         if subprocess.run([self.bash, "-c", "((BASH_VERSINFO[0] >= 5))"], check=False, timeout=20).returncode:
             raise SandboxUnavailable(f"the worker sandbox's launcher needs bash 5 or newer ({self.bash} is older)")
+        if res.returncode != 0 and "--size" in res.stderr:
+            raise SandboxUnavailable(
+                f"this bubblewrap ({self.bwrap}) cannot size a spawn's /tmp (no --size, or a setuid install): "
+                "install bubblewrap 0.7 or newer, or set PETAL_SPAWN_TMP_SIZE=max to leave /tmp unsized")
         if res.returncode != 0:
             why = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
             raise SandboxUnavailable(
@@ -141,6 +149,13 @@ class SandboxPolicy:
 # bubblewrap would otherwise keep root's capabilities inside (mount, remount / read-write, write sysctls).
 _NAMESPACES = ("--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc",
                "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+
+
+def tmp_args(limits: SpawnLimits) -> list[str]:
+    """bubblewrap's size for the next --tmpfs (the spawn's /tmp): unsized, a tmpfs may take half the RAM."""
+    return ["--size", str(limits.tmp_size)] if limits.tmp_size is not None else []
+
+
 # The kernel's knobs stay read-only whoever runs the sandbox (a uid 0 inside still owns them by their mode).
 _PROC_READ_ONLY = ("--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger",
                    "/proc/sysrq-trigger")
@@ -251,7 +266,7 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str], *, argv_fd: 
     # data directory) and what is hidden inside a bound one stays hidden (the data directory inside the tree)
     mounts.sort(key=lambda m: len(m.path.parts))
     args = [policy.bwrap, "--die-with-parent", *_NAMESPACES, "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", *_PROC_READ_ONLY, "--tmpfs", "/tmp"]
+            "--proc", "/proc", *_PROC_READ_ONLY, *tmp_args(policy.limits), "--tmpfs", "/tmp"]
     for m in mounts:
         args += m.args()
     if box.sockets_dir is not None:
