@@ -132,3 +132,20 @@ def test_a_spawn_ended_at_a_limit_crashed_with_the_limit_as_its_reason() -> None
         assert end_outcome(-9, substrate.TurnFacts(), reason) == substrate.Outcome("crashed", reason)
         # the CLI outlived the process the limit ended and finished: still cut short
         assert end_outcome(0, finished, reason) == substrate.Outcome("crashed", reason)
+
+
+def test_a_delegated_v2_subtree_is_made_ready_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its processes into a leaf (a cgroup with processes in it gives its children no controllers), then pids and
+    memory enabled for the children; a cgroup not delegated is left alone."""
+    (tmp_path / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("\n")
+    (tmp_path / "cgroup.procs").write_text("4242\n")
+    assert limits._setup_v2(tmp_path) is None  # a test runs as root or owns no delegated cgroup: not delegated
+    monkeypatch.setattr(limits, "_delegated", lambda base: True)
+    tree = limits._setup_v2(tmp_path)
+    assert tree == CgroupTree(2, {"pids": tmp_path, "memory": tmp_path})
+    assert (tmp_path / "petal-executor" / "cgroup.procs").read_text() == "4242"
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+pids +memory"
+    (tmp_path / "cgroup.controllers").write_text("cpu io\n")  # the controllers not delegated: no tree
+    (tmp_path / "cgroup.subtree_control").write_text("\n")
+    assert limits._setup_v2(tmp_path) is None
