@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 
 import psycopg
@@ -92,16 +93,30 @@ class IngressConfig:
     message_attachments_max_bytes: int = 20 * 1024 * 1024
 
 
+def _package_version() -> str:
+    try:
+        return metadata.version("petal-dispatch")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+_VERSION = _package_version()
+
+
 async def info(request: Request) -> Response:
     config: IngressConfig = request.app.state.config
     row = await shared_queries(request).one("get_journal_head")
     head = row["last_seq"] if row else 0  # the journal_head row exists from the first migration on
     # from the executors' own rows, not this process's settings: the executor decides how it spawns
     unsandboxed = [r["name"] for r in await ingress_queries(request).all("list_unsandboxed_executors")]
+    # where tasks without a project run, from each live executor's own row (its PETAL_WORKDIR)
+    workdirs = [{"executor": r["name"], "workdir": r["workdir"]}
+                for r in await ingress_queries(request).all("list_executor_workdirs") if r["workdir"]]
     # journal_head: a client that loads its views and then streams from here misses nothing in between
-    return JSONResponse({"name": "petal-dispatch", "version": "0.1.0", "demo": config.demo,
+    return JSONResponse({"name": "petal-dispatch", "version": _VERSION, "demo": config.demo,
                          "auth": request.app.state.auth.mode, "journal_head": head,
                          "workers_isolated": not unsandboxed, "unsandboxed_executors": unsandboxed,
+                         "workdirs": workdirs,
                          # the SSE heartbeat: a client that hears nothing for two of these reconnects
                          "heartbeat_s": config.sse_heartbeat_s,
                          # the page checks a file before uploading it (the routes check again)

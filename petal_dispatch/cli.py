@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingress", help="run the ingress: REST actions, reads, SSE, the web client")
     p.set_defaults(handler=services.ingress)
 
+    p = sub.add_parser("doctor", help="check the set-up: one line per check with ✓/✗ and the fix (exit 1 on any ✗)")
+    _data_dir_option(p)
+    p.set_defaults(handler=services.doctor_command)
+
     p = sub.add_parser("install-claude", help="install the pinned Claude Code CLI into a local cache (needs npm)")
     p.add_argument("--version", help="another version or npm tag (default: PETAL_CLAUDE_VERSION, else the pinned)")
     p.set_defaults(handler=claude.install)
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"petal-dispatch: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "data_dir", None) is not None:  # `--data-dir` wins over PETAL_DATA_DIR, as for `up`
-        settings = settings.model_copy(update={"data_dir": args.data_dir})
+        settings = config.absolute(settings.model_copy(update={"data_dir": args.data_dir}))
     logs.configure(settings.log_level, settings.log_format)
     handler: Handler = args.handler
     try:

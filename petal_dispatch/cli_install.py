@@ -68,3 +68,42 @@ def install(prefix: Path | None = None, version: str = CLAUDE_CODE_VERSION) -> P
     if found is None:
         raise errors.ConfigError(f"npm finished but {prefix}/node_modules/.bin/claude is missing")
     return found
+
+
+INSTALL_HINT = ("install it with `petal-dispatch install-claude` (the pinned version, needs npm) or "
+                "`npm install -g @anthropic-ai/claude-code`")
+
+
+def find(configured: str | None, path: str | None, *, install_missing: bool = False) -> Path:
+    """The CLI to run, as an absolute path: PETAL_CLAUDE_BIN when set (a path, or a name on PATH) and refused
+    when it names nothing; else `claude` on PATH, else the pinned install — installed first when
+    `install_missing` (`up` does; the services and `doctor` only look)."""
+    if configured:
+        found = shutil.which(configured, path=path) if "/" not in configured else configured
+        if found is None or not os.access(found, os.X_OK) or not Path(found).is_file():
+            raise errors.ConfigError(f"PETAL_CLAUDE_BIN={configured} is not an executable file (nor a command on "
+                                     f"PATH): point it at the CLI, or unset it to use `claude` on PATH or the "
+                                     f"pinned install ({INSTALL_HINT})")
+        return Path(found).absolute()
+    on_path = shutil.which("claude", path=path)
+    if on_path is not None:
+        return Path(on_path).absolute()
+    pinned = installed_bin()
+    if pinned is not None:
+        return pinned
+    if install_missing:
+        return install()
+    raise errors.ConfigError(f"the Claude Code CLI is not installed (no `claude` on PATH, no pinned install in "
+                             f"{default_prefix()}): {INSTALL_HINT}")
+
+
+def version_of(binary: Path) -> str:
+    """What `claude --version` prints (e.g. "2.1.328 (Claude Code)"); raises ConfigError when it cannot run."""
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise errors.ConfigError(f"the Claude Code CLI {binary} does not run: {exc}") from None
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        raise errors.ConfigError(f"the Claude Code CLI {binary} does not run: {why}")
+    return out.stdout.strip()

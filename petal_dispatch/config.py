@@ -12,6 +12,7 @@ Each builder imports the service it builds for: a command loads only what it run
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -158,15 +159,19 @@ class Settings(BaseSettings):
     # Test-only: the routines' clock reads "now" from this file (ISO 8601), so tests cross instants and DST
     # changes without waiting for them. Never in production.
     routines_clock_file: Path | None = None
-    # Where tasks without a project run.
-    workdir: Path = Path(".")
+    # Where tasks without a project run: an absolute path (or ~/…) of a directory that exists. Unset: a directory
+    # of petal's own (default_workdir), made on start. Never the directory `up` starts in: that is often the
+    # service's own checkout, and a worker writing into the checkout or its venv would plant what the service runs.
+    workdir: Path | None = None
     # Directories a project's repository must lie in (separated by ":"); empty: the service user's home.
     project_roots: str = ""
     # Where workers of a project get their git worktrees (unset: <data_dir>/worktrees), and whether a
     # worktree stays after its changes are recorded (its branch stays until merged or discarded anyway).
     worktree_dir: Path | None = None
     keep_worktrees: bool = False
-    claude_bin: str = "claude"
+    # The Claude Code CLI: a path, or a name on PATH. Unset: `claude` on PATH, else the pinned install
+    # (petal_dispatch/cli_install.py), which `up` installs when it is missing. A value that names nothing is refused.
+    claude_bin: str | None = None
     # Every spawn sandboxed (off: workers run as this user with its reach; logged, shown in /api/info and the
     # page). The hosts its tools may reach through the sandbox's proxy (comma-separated host or host:port;
     # the model API is always reachable by the CLI itself); a project may add its own.
@@ -198,17 +203,60 @@ class Settings(BaseSettings):
         return tuple(Path(p) for p in self.project_roots.split(":") if p.strip())
 
     @property
+    def free_workdir(self) -> Path:
+        """Where tasks without a project run (made absolute by `absolute`, which `load` applies)."""
+        return self.workdir if self.workdir is not None else default_workdir()
+
+    @property
     def pgdata(self) -> Path:
         return self.data_dir.resolve() / "pgdata"
 
 
 def load() -> Settings:
-    """The settings from the environment; a value that cannot work is a ConfigError naming its variable."""
+    """The settings from the environment, every path made absolute (`absolute`); a value that cannot work is a
+    ConfigError naming its variable."""
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as exc:
         wrong = "; ".join(f"PETAL_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid settings: {wrong}") from None
+    return absolute(settings)
+
+
+def default_workdir() -> Path:
+    """A free thread's working directory when PETAL_WORKDIR is unset: petal's own, beside the user's data
+    ($XDG_DATA_HOME, else ~/.local/share), never a directory the service runs from."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser().resolve() / "petal-dispatch" / "workdir"
+
+
+def _absolute(path: Path, cwd: Path) -> Path:
+    """`~` expanded, a relative path taken from `cwd` (the directory the command started in), `..` and symlinks
+    resolved: the one spelling every check and every spawn sees."""
+    path = path.expanduser()
+    return (path if path.is_absolute() else cwd / path).resolve()
+
+
+def _absolute_list(value: str, cwd: Path) -> str:
+    return ":".join(str(_absolute(Path(p.strip()), cwd)) for p in value.split(":") if p.strip())
+
+
+def absolute(settings: Settings, cwd: Path | None = None) -> Settings:
+    """Every path setting made absolute once, at load (and again after a command's own `--data-dir`): a spawn's
+    sandbox binds exactly these paths, so an unresolved `.` would bind the current directory over its root.
+    A relative PETAL_WORKDIR is refused rather than guessed: where workers write must be said outright."""
+    cwd = cwd or Path.cwd()
+    if settings.workdir is not None and not settings.workdir.expanduser().is_absolute():
+        raise ConfigError(f"PETAL_WORKDIR={settings.workdir} is relative: give an absolute path (or ~/…), e.g. "
+                          f"PETAL_WORKDIR=$HOME/petal-work, or unset it for the default {default_workdir()}")
+    update: dict[str, object] = {"data_dir": _absolute(settings.data_dir, cwd),
+                                 "project_roots": _absolute_list(settings.project_roots, cwd),
+                                 "claude_session_dirs": _absolute_list(settings.claude_session_dirs, cwd)}
+    for name in ("workdir", "worktree_dir", "claude_config_dir", "routines_clock_file"):
+        value = getattr(settings, name)
+        if value is not None:
+            update[name] = _absolute(value, cwd)
+    return settings.model_copy(update=update)
 
 
 # The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
@@ -258,9 +306,12 @@ def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy 
     except ValueError as exc:
         raise ConfigError(f"PETAL_SANDBOX_ALLOW: {exc}") from None
     # the CLI's install stays visible where it lies in a hidden home (a cache under ~/.cache)
-    exposed = [root for root in (install_root(settings.claude_bin, env.get("PATH")),) if root is not None]
+    exposed = [root for root in (install_root(settings.claude_bin or "claude", env.get("PATH")),) if root is not None]
+    # bubblewrap, socat and bash found once, by absolute path (`doctor` refuses one found where a worker could
+    # write: a venv, the checkout, a working directory)
     limits = SpawnLimits(settings.spawn_pids_max, settings.spawn_memory_max, settings.spawn_tmp_size)
-    return SandboxPolicy.find(hidden=hidden, allow=allow, exposed=exposed, path=env.get("PATH"), limits=limits)
+    return SandboxPolicy.find(hidden=hidden, allow=allow, exposed=exposed, path=env.get("PATH"),
+                              limits=limits)
 
 
 def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:
@@ -268,7 +319,7 @@ def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateCon
     from executor.run.substrate import SubstrateConfig
 
     return SubstrateConfig(
-        claude_bin=settings.claude_bin,
+        claude_bin=settings.claude_bin or "claude",
         config_dir=settings.claude_config_dir,
         base_env=dict(env),
         max_retries=settings.claude_max_retries,
@@ -291,7 +342,7 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
         stall_timeout_s=settings.stall_timeout_s,
         stop_grace_s=settings.stop_grace_s,
         max_runtime_s=settings.max_runtime_s,
-        default_workdir=settings.workdir,
+        default_workdir=settings.free_workdir,
         run_dir=settings.data_dir.resolve() / "run",
         worktree_dir=settings.worktree_dir,
         keep_worktrees=settings.keep_worktrees,

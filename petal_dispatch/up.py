@@ -10,7 +10,7 @@ died before; and the services die with `up` if it is killed outright (a parent-d
 from __future__ import annotations
 
 import json
-import shutil
+from importlib import metadata
 import signal
 import socket
 import subprocess
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from petal_dispatch import config, datalock, dbserver, ports, signals
+from petal_dispatch import cli_install, config, datalock, dbserver, doctor, ports, signals
 from petal_dispatch.config import Settings
 from shared import errors, lifeline, logs
 
@@ -37,20 +37,11 @@ RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 # a service that ran this long before dying starts again at the shortest back-off
 STABLE_AFTER_S = 60.0
-INSTALL_HINT = ("npm install -g @anthropic-ai/claude-code  (or: petal-dispatch install-claude, then set "
-                "PETAL_CLAUDE_BIN to the path it prints)")
-
-
-def find_claude(settings: Settings) -> str:
-    found = shutil.which(settings.claude_bin)
-    if found is None:
-        raise errors.ConfigError(f"the Claude Code CLI ({settings.claude_bin!r}) is not installed: {INSTALL_HINT}")
-    return found
 
 
 def _child_env(base: Mapping[str, str], settings: Settings, claude: str) -> dict[str, str]:
     env = dict(base)
-    env.update(PETAL_DATA_DIR=str(settings.data_dir.resolve()), PETAL_CLAUDE_BIN=claude,
+    env.update(PETAL_DATA_DIR=str(settings.data_dir), PETAL_CLAUDE_BIN=claude, PETAL_WORKDIR=str(settings.free_workdir),
                PETAL_INGRESS_HOST=settings.ingress_host, PETAL_INGRESS_PORT=str(settings.ingress_port),
                PETAL_MCP_HOST=settings.mcp_host, PETAL_MCP_PORT=str(settings.mcp_port))
     return env
@@ -193,37 +184,33 @@ def _stop(children: list[subprocess.Popen[bytes]] | list[subprocess.Popen[str]])
 DEMO_MESSAGE = "Show me what you can do with this project."
 
 
-def _demo_claude(settings: Settings) -> str:
-    """The demo runs the real CLI (against the scripted model): the configured one, else the pinned install."""
-    from petal_dispatch import cli_install
-
-    found = shutil.which(settings.claude_bin) or (str(cli_install.installed_bin() or "") or None)
-    if found is None:
-        raise errors.ConfigError("the demo runs the real Claude Code CLI against a scripted model: install it with "
-                                 "`petal-dispatch install-claude` (or npm install -g @anthropic-ai/claude-code)")
-    return found
-
-
 DEMO_SCENARIO = Path(__file__).resolve().parent / "demo" / "scenario.json"
 
 
-def _start_demo_model(settings: Settings, env: dict[str, str],
-                      scenario: Path = DEMO_SCENARIO) -> tuple[subprocess.Popen[str], str]:
+def demo_settings(settings: Settings) -> tuple[Settings, dict[str, str]]:
+    """The demo's own settings and environment: its project as the working directory (petal's own, beside the
+    default working directory, never in the data directory or the checkout), its own CLI config directory, the
+    scripted model's fake key; the page in open mode on loopback. The model's address is added when it starts."""
+    project = config.default_workdir().parent / "demo-project"
+    (project / "src").mkdir(parents=True, exist_ok=True)
+    (project / "README.md").write_text("# A demo project\n\nSomething for the demo worker to look at.\n")
+    (project / "src" / "app.py").write_text("print('hello')\n")
+    claude_config = settings.data_dir / "demo-claude"
+    env = {"ANTHROPIC_API_KEY": "sk-ant-demo-not-a-real-key", "PETAL_DEMO": "1",
+           "PETAL_CLAUDE_CONFIG_DIR": str(claude_config), "PETAL_CLAUDE_MAX_RETRIES": "0", "PETAL_WORKDIR": str(project)}
+    if config.is_loopback(settings.ingress_host):
+        env["OPEN_MODE"] = "1"  # the demo is for a browser on this machine
+    return settings.model_copy(update={"workdir": project, "claude_config_dir": claude_config}), env
+
+
+def _start_demo_model(env: dict[str, str], scenario: Path = DEMO_SCENARIO) -> tuple[subprocess.Popen[str], str]:
     model = subprocess.Popen([sys.executable, "-m", "petal_dispatch.demo.scripted_model", "--scenario", str(scenario)],
                              stdout=subprocess.PIPE, text=True, preexec_fn=lifeline.die_with_parent(signal.SIGTERM))
     url = (model.stdout.readline() if model.stdout else "").strip()
     if not url.startswith("http://127.0.0.1:"):
         model.kill()
         raise errors.PetalError("the demo's scripted model did not start")
-    project = settings.data_dir.resolve() / "demo-project"
-    (project / "src").mkdir(parents=True, exist_ok=True)
-    (project / "README.md").write_text("# A demo project\n\nSomething for the demo worker to look at.\n")
-    (project / "src" / "app.py").write_text("print('hello')\n")
-    env.update(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY="sk-ant-demo-not-a-real-key", PETAL_DEMO="1",
-               PETAL_CLAUDE_CONFIG_DIR=str(settings.data_dir.resolve() / "demo-claude"),
-               PETAL_CLAUDE_MAX_RETRIES="0", PETAL_WORKDIR=str(project))
-    if config.is_loopback(settings.ingress_host):
-        env["OPEN_MODE"] = "1"  # the demo is for a browser on this machine
+    env["ANTHROPIC_BASE_URL"] = url
     return model, url
 
 
@@ -261,14 +248,16 @@ def _post_demo_message(url: str, data_dir: Path) -> None:
     _post(f"{url}/api/chat", {"text": DEMO_MESSAGE, "thread_id": thread["thread_id"]})
 
 
-def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False) -> datalock.DataDirLock:
-    """The refusals `up` makes before it starts anything, each one line naming what is wrong; returns the
-    data directory's `up` lock, held until `up` ends (a second `up` on it is refused, naming this one)."""
+def preflight(settings: Settings, env: Mapping[str, str], *,
+              demo: bool = False) -> tuple[datalock.DataDirLock, Path]:
+    """The refusals `up` makes before it starts anything, each one line naming what is wrong (the checks of
+    `petal-dispatch doctor`, the sandbox probe included); returns the data directory's `up` lock, held until `up`
+    ends (a second `up` on it is refused, naming this one), and the CLI to run (installed when missing)."""
     # the same refusals the ingress and the executor make (no unsandboxed worker, ever)
     config.check_ingress_bind(settings)
     if not demo and not settings.open_mode:  # the demo opens the page itself (open mode on loopback)
         config.check_auth(settings)
-    config.sandbox_policy(settings, env)
+    claude = doctor.require(settings, env, scope="up", demo=demo)
     dbserver.check_data_dir(settings)
     # before the ports: a second `up` on this data directory is told who holds it, whatever its ports
     held = datalock.acquire(settings, datalock.UP)
@@ -279,7 +268,14 @@ def preflight(settings: Settings, env: Mapping[str, str], *, demo: bool = False)
     except BaseException:
         held.release()
         raise
-    return held
+    return held, claude
+
+
+def _version() -> str:
+    try:
+        return metadata.version("petal-dispatch")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def auth_warning(settings: Settings, *, demo: bool = False) -> str | None:
@@ -298,15 +294,22 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scena
     message."""
     if scenario is not None and not scenario.is_file():
         raise errors.ConfigError(f"no scenario file {scenario}")
-    claude = _demo_claude(settings) if demo else find_claude(settings)
-    with preflight(settings, env, demo=demo):
+    extra_env: dict[str, str] = {}
+    if demo:
+        settings, extra_env = demo_settings(settings)
+    held, claude = preflight(settings, {**env, **extra_env}, demo=demo)
+    with held:
+        # which CLI runs and where free threads work: said before anything starts (the page's URL comes last)
+        log.info("starting", version=_version(), claude=str(claude), claude_version=cli_install.version_of(claude),
+                 workdir=str(settings.free_workdir))
         warning = auth_warning(settings, demo=demo)
         if warning is not None:
             log.warning("auth_refuses_plain_browser", detail=warning)
         embedded = None if _external(settings) else dbserver.embedded(settings)
         try:
             info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
-            return _supervise(settings, env, info, embedded, claude, demo=demo, scenario=scenario)
+            return _supervise(settings, {**env, **extra_env}, info, embedded, str(claude), demo=demo,
+                              scenario=scenario)
         finally:
             if embedded is not None:
                 embedded.release()  # stops the server: no live process holds another handle
@@ -327,7 +330,7 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
     database = DatabaseWatch(embedded) if embedded is not None else None
     try:
         if demo:
-            model, _ = _start_demo_model(settings, child_env, scenario or DEMO_SCENARIO)
+            model, _ = _start_demo_model(child_env, scenario or DEMO_SCENARIO)
             extra.append(model)
         services = [Service(name, [*cmd, name], _service_env(child_env, info, name))
                     for name in ("executor", "ingress")]

@@ -70,6 +70,7 @@ class FleetConfig:
     capacity: int = 4
     lease_s: float = DEFAULT_LEASE_S
     sandbox: str = "bwrap"  # or "off": shown to the user as "workers are not isolated"
+    workdir: str | None = None  # where its tasks without a project run: shown to the user
 
 
 class Lease:
@@ -142,7 +143,8 @@ class Lease:
             conn = await self._connect()
             cur = await conn.execute(queries["join_fleet"], {
                 "name": self.name, "labels": list(self.config.labels), "capacity": self.config.capacity,
-                "lease_s": self.config.lease_s, "version": version(), "sandbox": self.config.sandbox})
+                "lease_s": self.config.lease_s, "version": version(), "sandbox": self.config.sandbox,
+                "workdir": self.config.workdir})
             row = await cur.fetchone()
             assert row is not None
             self.epoch = int(row[0])

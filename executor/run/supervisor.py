@@ -98,7 +98,7 @@ class Supervisor:
         self._claimed: list[ClaimedTask] = []
         self.lease = fleet.Lease(db.dsn, fleet.FleetConfig(
             name=config.name, labels=config.labels, capacity=config.max_workers, lease_s=config.lease_s,
-            sandbox="off" if config.sandbox is None else "bwrap"),
+            sandbox="off" if config.sandbox is None else "bwrap", workdir=str(config.default_workdir)),
             on_reaped=writer.write)
         self.runner = TaskRunner(self.store, writer, substrate_config, config.run_config(), self.lease,
                                  db.availability, on_reaped=self._wake.set)

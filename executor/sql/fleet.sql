@@ -7,11 +7,13 @@ SELECT pg_try_advisory_lock(hashtext('petal-dispatch.executor:' || %(name)s))
 
 -- name: join_fleet --
 -- (Re)join: a new epoch fences every write of a previous run of this name.
-INSERT INTO executors (name, labels, capacity, epoch, lease_s, lease_until, version, started_at, renewed_at, sandbox)
+INSERT INTO executors (name, labels, capacity, epoch, lease_s, lease_until, version, started_at, renewed_at, sandbox,
+                       workdir)
 VALUES (%(name)s, %(labels)s, %(capacity)s, 1, %(lease_s)s, now() + make_interval(secs => %(lease_s)s),
-        %(version)s, now(), now(), %(sandbox)s)
+        %(version)s, now(), now(), %(sandbox)s, %(workdir)s)
 ON CONFLICT (name) DO UPDATE
 SET labels = EXCLUDED.labels, capacity = EXCLUDED.capacity, epoch = executors.epoch + 1, sandbox = EXCLUDED.sandbox,
+    workdir = EXCLUDED.workdir,
     lease_s = EXCLUDED.lease_s, lease_until = EXCLUDED.lease_until, version = EXCLUDED.version,
     started_at = now(), renewed_at = now(), lost_at = NULL, stopped_at = NULL
 RETURNING epoch

@@ -164,6 +164,7 @@ SELECT retry_of, id FROM tasks WHERE retry_of = ANY(%(ids)s::uuid[])
 -- The fleet: each executor's labels, load against capacity, lease age, version and state (live; stopped:
 -- a clean stop; lost: a survivor took it over; expired: not renewed, not yet taken over).
 SELECT e.name, e.labels, e.capacity, e.version, e.epoch, e.started_at, e.renewed_at, e.lost_at, e.sandbox,
+       e.workdir,
        (SELECT count(*) FROM tasks t WHERE t.executor_name = e.name AND t.status = 'running')::int AS load,
        round(extract(epoch FROM now() - e.renewed_at)::numeric, 1)::float8 AS lease_age_s,
        CASE WHEN e.lost_at IS NOT NULL THEN 'lost' WHEN e.stopped_at IS NOT NULL THEN 'stopped'
@@ -186,6 +187,11 @@ SELECT id, tool_use_id, task_id, questions, created_at FROM questions WHERE stat
 SELECT seq, event_type, task_id, created_at FROM (
     SELECT seq, event_type, task_id, created_at FROM journal ORDER BY seq DESC LIMIT 5) last
 ORDER BY seq
+
+-- name: list_executor_workdirs --
+-- Live executors and where their tasks without a project run (PETAL_WORKDIR): the page's Context and /api/info.
+SELECT name, workdir FROM executors
+WHERE stopped_at IS NULL AND lost_at IS NULL AND lease_until > now() ORDER BY name
 
 -- name: list_unsandboxed_executors --
 -- Live executors whose spawns run unsandboxed (PETAL_SANDBOX=off): the page warns while there is one.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from petal_dispatch import config, datalock, dbserver, ports, signals
+from petal_dispatch import config, datalock, dbserver, doctor, ports, signals
 from petal_dispatch.config import Settings
 from shared import database, errors, logs
 
@@ -24,7 +24,12 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
                                    "data_dir": args.data_dir}.items() if v is not None}
     if args.scenario is not None and not args.demo:
         raise errors.ConfigError("--scenario goes with --demo (it is what the scripted model plays)")
-    return up_mod.run(settings.model_copy(update=overrides), os.environ, demo=args.demo, scenario=args.scenario)
+    return up_mod.run(config.absolute(settings.model_copy(update=overrides)), os.environ, demo=args.demo,
+                      scenario=args.scenario)
+
+
+def doctor_command(args: argparse.Namespace, settings: Settings) -> int:
+    return doctor.main(settings, os.environ)
 
 
 def executor(args: argparse.Namespace, settings: Settings) -> int:
@@ -35,7 +40,10 @@ def executor(args: argparse.Namespace, settings: Settings) -> int:
             raise errors.ConfigError("--name must not be empty")
         settings = settings.model_copy(update={"executor_name": args.name.strip()})
     config.check_executor_bind(settings)
-    sandbox = config.sandbox_policy(settings, os.environ)  # before anything starts: no unsandboxed spawn, ever
+    # before anything starts: the checks of `doctor` (the sandbox probe among them: no unsandboxed spawn, ever)
+    claude = doctor.require(settings, os.environ, scope="executor")
+    settings = settings.model_copy(update={"claude_bin": str(claude)})
+    sandbox = config.sandbox_policy(settings, os.environ)
     dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
     # one executor per data directory (`up` runs its own under this lock): a second is refused at once,
     # naming the holder, before it binds a port or writes anything

@@ -88,6 +88,8 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
         labels = ",".join(x["labels"]) or "-"
         print(inert(f"  {x['name']:<20} {x['state']:<8} load {x['load']}/{x['capacity']}  lease age "
                     f"{x['lease_age_s']}s  labels {labels}  version {x['version']}"))
+        if x.get("workdir"):
+            print(inert(f"  {'':<20} workdir {x['workdir']}"))
     print("last events")
     for e in state["last_events"]:
         print(f"  {e['seq']:>7} {e['created_at']:%H:%M:%S} {e['event_type']}")

@@ -75,6 +75,11 @@ function renderExecutors(list) {
   const look = { live: "running", stopped: "cancelled" };  // the task chips' colours: lost/expired as stalled
   const line = (x) => [h("span", { class: `chip ${look[x.state] || "stalled"}` }, x.state), " ",
     `${x.name} · ${x.load}/${x.capacity} · lease ${x.lease_age_s}s ago · ${(x.labels || []).join(", ") || "no labels"} · ${x.version || ""}`];
+  // where a thread without a project works (each live executor's PETAL_WORKDIR, from its own row)
+  const dirs = [...new Set(list.filter((x) => x.state === "live" && x.workdir).map((x) => x.workdir))];
+  $("#context-body").append(h("h3", {}, "Working directory"),
+    dirs.length ? h("p", { id: "workdir" }, ...dirs.flatMap((d, i) => [i ? ", " : "", h("code", {}, d)]),
+      " (threads without a project)") : h("p", { class: "empty" }, "No executor is running."));
   $("#context-body").append(h("h3", {}, "Executors"),
     list.length ? h("ul", { id: "executors" }, list.map((x) => h("li", { "data-state": x.state }, line(x))))
       : h("p", { class: "empty" }, "No executor has started."));

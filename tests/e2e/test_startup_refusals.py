@@ -20,7 +20,7 @@ def _env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN")}
     # port 0: no fixed port another run may hold (a test that wants a taken port sets it)
     env.update(PETAL_DATA_DIR=str(data_dir), PETAL_LOG_FORMAT="json", PETAL_CLAUDE_BIN=claude_bin(), OPEN_MODE="1",
-               PETAL_INGRESS_PORT="0", PETAL_MCP_PORT="0")
+               PETAL_INGRESS_PORT="0", PETAL_MCP_PORT="0", HOME=str(data_dir.parent), ANTHROPIC_API_KEY="sk-ant-fake")
     env.update(extra)
     return env
 

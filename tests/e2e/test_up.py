@@ -23,7 +23,8 @@ from tests.served import free_port
 def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN")}
-    env.update(OPEN_MODE="1", PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
+    env.update(OPEN_MODE="1", PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path),
+               ANTHROPIC_API_KEY="sk-ant-fake")  # a login: `up` refuses to start without one
     mcp_port = free_port()
     cmd = [sys.executable, "-m", "petal_dispatch.cli", "up", "--port", str(port), "--mcp-port", str(mcp_port),
            "--data-dir", str(tmp_path / "var")]
@@ -190,7 +191,7 @@ def _log_events(path: Path) -> list[dict[str, Any]]:
 def _up_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN",
                                                             "OPEN_MODE")}
-    env.update(PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path))
+    env.update(PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path), ANTHROPIC_API_KEY="sk-ant-fake")
     return env
 
 
@@ -214,7 +215,9 @@ def test_the_executor_killed_under_up_is_restarted_its_worker_dies_with_it_and_t
             return sorted((t for t in _get(f"{base}/api/tasks?thread_id={thread}")["tasks"] if t["role"] == "worker"),
                           key=lambda t: t["attempt"])
 
-        until_blocking(lambda: (data / "demo-project" / "step-one.txt").exists(), "the worker's Bash call")
+        # the demo's project: petal's own directory beside the default working directory (HOME is tmp_path)
+        project = tmp_path / ".local" / "share" / "petal-dispatch" / "demo-project"
+        until_blocking(lambda: (project / "step-one.txt").exists(), "the worker's Bash call")
         first = workers()[0]
         claude, bash = first["pid"], [p for p in _task_procs(first["id"]) if p != first["pid"]]
         assert _alive(claude) and bash, "the worker and its Bash child run"

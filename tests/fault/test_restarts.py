@@ -25,7 +25,8 @@ from tests.served import free_port
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PETAL_EXECUTOR_DSN", "PETAL_INGRESS_DSN",
                                                             "OPEN_MODE")}
-    env.update(PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path), **extra)
+    env.update(PETAL_CLAUDE_BIN=claude_bin(), PETAL_LOG_FORMAT="json", HOME=str(tmp_path),
+               ANTHROPIC_API_KEY="sk-ant-fake", **extra)  # a login: a start refuses without one
     return env
 
 

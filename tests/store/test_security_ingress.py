@@ -261,7 +261,7 @@ async def test_the_page_and_the_api_carry_the_security_headers(db: DB) -> None:
         csp = {d.strip().split(" ")[0]: d.strip() for d in r.headers["content-security-policy"].split(";")}
         assert csp["default-src"] == "default-src 'self'" and csp["script-src"] == "script-src 'self'"
         assert csp["frame-ancestors"] == "frame-ancestors 'none'" and csp["object-src"] == "object-src 'none'"
-        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "same-origin"
     assert "<script>" not in page.text and " style=" not in page.text  # nothing the CSP would block
 
 
