@@ -66,6 +66,9 @@ class ExecutorConfig:
     routines: RoutinesConfig = field(default_factory=RoutinesConfig)
     # how deep workers may dispatch workers, and how many one task may ask for
     dispatch_limits: DispatchLimits = field(default_factory=DispatchLimits)
+    # what no worker may write: no project's repository (nor an adopted conversation's directory) may contain it or
+    # lie inside it (shared/protected.py)
+    protected: tuple[tuple[str, Path], ...] = ()
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
@@ -107,7 +110,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, config.settler, conversations.wake)
         repos = projects.Projects(db.pool, writer,
-                                  projects.ProjectsConfig(config.project_roots, config.supervisor.keep_worktrees))
+                                  projects.ProjectsConfig(config.project_roots, config.supervisor.keep_worktrees,
+                                                          config.protected))
         name = config.supervisor.name
         notifier = notify.Notifier(db.pool, config.notify, Duty(db.dsn, notify.NOTIFIER_DUTY, name),
                                    name=name)
@@ -164,7 +168,7 @@ def _session_index(config: ExecutorConfig, db: Database) -> SessionIndex:
     home_claude = Path(config.substrate.base_env.get("HOME") or Path.home()) / ".claude"
     dirs = tuple(dict.fromkeys([*(config.sessions.dirs or (home_claude,)), config_home(config.substrate)]))
     return SessionIndex(db.pool, config.supervisor.name, dirs, config.project_roots, home_claude,
-                        config.sessions.poll_s)
+                        config.sessions.poll_s, protected=config.protected)
 
 
 class _Loops:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -274,6 +275,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def protected_paths(settings: Settings, claude: Path | None) -> tuple[tuple[str, Path], ...]:
+    """What no worker may write (shared/protected.py): the service's own code (its checkout, or the
+    site-packages it is installed in), its venv, the data directory and the CLI's install."""
+    code = Path(__file__).resolve().parent.parent
+    found = [("the service's checkout" if (code / "pyproject.toml").is_file() else "the service's installed code",
+              code), ("the data directory (PETAL_DATA_DIR)", settings.data_dir)]
+    if sys.prefix != sys.base_prefix:
+        found.append(("the service's venv", Path(sys.prefix).resolve()))
+    if claude is not None:
+        from executor.sandbox.bwrap import install_root
+
+        root = install_root(str(claude), None)
+        if root is not None:
+            found.append(("the Claude Code CLI's install", root))
+    return tuple(found)
+
+
 # --- the executor ---
 
 def check_executor_bind(settings: Settings) -> None:
@@ -388,6 +406,7 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
             dirs=tuple(Path(p).expanduser() for p in settings.claude_session_dirs.split(":") if p.strip()),
             poll_s=settings.claude_sessions_poll_s),
         routines=routines_config(settings),
+        protected=protected_paths(settings, Path(settings.claude_bin) if settings.claude_bin else None),
         dispatch_limits=DispatchLimits(max_depth=settings.max_dispatch_depth,
                                        max_per_task=settings.max_dispatch_per_task),
     )

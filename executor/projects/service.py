@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from executor.projects import git, worktrees
+from shared.protected import overlap
 from executor.sandbox import gateway
 from executor.sql import queries
 from shared import consume, database, logs, read_surface
@@ -43,13 +44,16 @@ class ProjectsConfig:
     # a project's workdir must lie under one of these (resolved); empty: the service user's home
     roots: tuple[Path, ...] = ()
     keep_worktrees: bool = False
+    # what no worker may write (shared/protected.py): no project's repository contains it or lies inside it
+    protected: tuple[tuple[str, Path], ...] = ()
 
     def resolved_roots(self) -> list[Path]:
         return [r.expanduser().resolve() for r in (self.roots or (Path.home(),))]
 
 
-def check_workdir(raw: str, roots: list[Path]) -> Path:
-    """The resolved workdir, or Refused with the reason (pure but for the filesystem lookups)."""
+def check_workdir(raw: str, roots: list[Path], protected: tuple[tuple[str, Path], ...] = ()) -> Path:
+    """The resolved workdir, or Refused with the reason (pure but for the filesystem lookups): under a root, a
+    directory, and neither containing nor inside what no worker may write (`protected`)."""
     given = Path(raw)
     if not given.is_absolute():
         raise Refused(f"workdir must be an absolute path (got {raw!r})")
@@ -61,6 +65,10 @@ def check_workdir(raw: str, roots: list[Path]) -> Path:
                       f"({', '.join(str(r) for r in roots)}; set PETAL_PROJECT_ROOTS)")
     if not resolved.is_dir():
         raise Refused(f"workdir {resolved} does not exist or is not a directory")
+    why = overlap(resolved, protected)
+    if why is not None:
+        raise Refused(f"workdir {resolved} {why}: a worker writing there would change what the service runs or "
+                      "trusts")
     return resolved
 
 
@@ -134,7 +142,7 @@ class Projects:
         if not SLUG.match(slug):
             raise Refused(f"slug {slug!r} must be 1-63 of a-z 0-9 . _ - (starting with a letter or digit)")
         allow = sandbox_allow(args.get("sandbox_allow"))  # checked before anything is made
-        repo = check_workdir(str(args.get("workdir") or ""), self.config.resolved_roots())
+        repo = check_workdir(str(args.get("workdir") or ""), self.config.resolved_roots(), self.config.protected)
         top = await worktrees.toplevel(repo)
         initialised = False
         if top is None:

@@ -67,6 +67,8 @@ class Index:
     roots: tuple[Path, ...]
     default_config_dir: Path  # ~/.claude of the service user: a command to continue needs no CLAUDE_CONFIG_DIR
     poll_s: float = 1.0
+    # what no worker may write (shared/protected.py): a conversation there is not adopted
+    protected: tuple[tuple[str, Path], ...] = ()
     files: dict[str, _File] = field(default_factory=dict)  # by path
     # conversations whose file grew (or appeared) since a thread's journal was last brought up to date with it
     grown: set[str] = field(default_factory=set)
@@ -196,7 +198,7 @@ class Index:
         if not cwd:
             return "the conversation names no working directory"
         try:
-            check_workdir(cwd, [r.expanduser().resolve() for r in (self.roots or (Path.home(),))])
+            check_workdir(cwd, [r.expanduser().resolve() for r in (self.roots or (Path.home(),))], self.protected)
         except Refused as exc:
             return str(exc)
         return None
