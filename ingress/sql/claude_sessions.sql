@@ -1,8 +1,10 @@
 -- The CLI's stored conversations the executors published (executor/sessions/), and threads made from them.
 
 -- name: list_claude_sessions --
--- Newest first; `q` matches the title, the directory or the id (as text, no wildcards), `dir` the directory
--- and everything under it. thread_id: the live thread that continues it, if any.
+-- The user's conversations, newest first: not those petal itself started for its workers, extractors and
+-- routine runs (their threads and tasks show them; each one's CLI conversation is named by its session's id,
+-- or the thread's cli_session_id). `q` matches the title, the directory or the id (as text, no wildcards),
+-- `dir` the directory and everything under it. thread_id: the live thread that continues it, if any.
 SELECT c.executor, c.session_id, c.cwd, c.title, c.git_branch, c.last_activity, c.message_count, c.size_bytes,
        c.live_pid IS NOT NULL AS live, c.live_pid, c.readable, c.unreadable_reason, c.adoptable, c.config_dir,
        c.indexed_at,
@@ -20,13 +22,24 @@ WHERE (%(q)s::text IS NULL OR strpos(lower(coalesce(c.title, '')), lower(%(q)s))
        OR strpos(lower(coalesce(c.cwd, '')), lower(%(q)s)) > 0 OR strpos(c.session_id, lower(%(q)s)) > 0)
   AND (%(dir)s::text IS NULL OR c.cwd = %(dir)s OR left(c.cwd, length(%(dir)s) + 1) = rtrim(%(dir)s, '/') || '/')
   AND (%(executor)s::text IS NULL OR c.executor = %(executor)s)
+  AND NOT EXISTS (SELECT 1 FROM sessions s
+                  WHERE (s.id = CASE WHEN c.session_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                                     THEN c.session_id::uuid END
+                         OR s.cli_session_id = c.session_id)
+                    AND (s.role <> 'orchestrator' OR EXISTS (SELECT 1 FROM routine_runs r WHERE r.thread_id = s.id)))
 ORDER BY c.last_activity DESC NULLS LAST, c.executor, c.session_id
 LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: list_claude_session_dirs --
--- The directories conversations were held in, busiest first: the picker's directory filter.
+-- The directories the user's conversations were held in, busiest first: the picker's directory filter (petal's
+-- own conversations left out as in list_claude_sessions).
 SELECT cwd, count(*) AS sessions, max(last_activity) AS last_activity
-FROM claude_sessions WHERE cwd IS NOT NULL
+FROM claude_sessions c WHERE cwd IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM sessions s
+                  WHERE (s.id = CASE WHEN c.session_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                                     THEN c.session_id::uuid END
+                         OR s.cli_session_id = c.session_id)
+                    AND (s.role <> 'orchestrator' OR EXISTS (SELECT 1 FROM routine_runs r WHERE r.thread_id = s.id)))
 GROUP BY cwd ORDER BY max(last_activity) DESC NULLS LAST LIMIT 100
 
 -- name: list_claude_session_holders --
