@@ -43,6 +43,10 @@ WENT_AWAY = "the asking process went away"
 # it is not acted on (the question ends as if dismissed, and the record says why).
 NOT_THE_USERS = ("Refused: the question was closed with an answer that did not come from the user (it carries "
                  "no answering identity), so it was not acted on")
+# A call identical to the thread's last answered question within this window is answered with that answer
+# instead of putting the question up again (a model re-asking after a late answer, an approval, a handoff).
+REASK_WINDOW_S = 600.0
+ALREADY_ANSWERED_STATUS = "already_answered"  # the call's outcome: the thread's earlier answer, nothing asked
 
 log = logs.get(__name__)
 
@@ -114,8 +118,9 @@ class Asks:
     """Questions that wait for their answer, for the length of one tool call."""
 
     def __init__(self, q: Queries, writer: JournalWriter, listener: Listener, timeout_s: float,
-                 progress_interval_s: float = PROGRESS_INTERVAL_S):
+                 progress_interval_s: float = PROGRESS_INTERVAL_S, reask_window_s: float = REASK_WINDOW_S):
         self.q = q
+        self.reask_window_s = reask_window_s
         self.writer = writer
         self.listener = listener
         self.timeout_s = timeout_s
@@ -131,7 +136,14 @@ class Asks:
         # subscribe before the row exists, so an answer can never arrive unseen
         with self.listener.subscribe(CHANNELS) as sub:
             posted = await self._adopt(questions, tool_use_id=tool_use_id, caller=caller, asked_by=asked_by)
-            if posted is None:
+            joined = False
+            if posted is None and caller.thread_id is not None:
+                earlier, posted = await self._once_per_thread(questions, tool_use_id=tool_use_id, caller=caller,
+                                                              asked_by=asked_by)
+                if isinstance(earlier, Answer):
+                    return earlier
+                joined = earlier
+            elif posted is None:
                 posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
                                     session_id=caller.session_id, asked_by=asked_by)
             if posted is None:  # the same tool call again (a client retry): wait on the first row
@@ -149,8 +161,9 @@ class Asks:
                 final = await self.wait(qid, sub, progress, late_ok=caller.thread_id is not None)
             except BaseException:
                 # the caller went away (the CLI was stopped): the question can never be delivered
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.q.one("close_question", {"id": qid, "response": WENT_AWAY}))
+                if not joined:  # a joined row is its first asker's to close
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self.q.one("close_question", {"id": qid, "response": WENT_AWAY}))
                 await self._afterwards(task_id, None)
                 raise
         response = final.response
@@ -213,6 +226,37 @@ class Asks:
         return Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=caller.task_id,
                                        session_id=caller.session_id, asked_by=asked_by,
                                        reasked_from=row["tool_use_id"]))
+
+    async def _once_per_thread(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller,
+                               asked_by: str) -> tuple[Answer | bool, Posted | None]:
+        """Never the same question to a thread twice in a row. Under the thread's lock: the same questions
+        (texts, headers, options) pending in the thread are joined (True: this call waits on that row, its
+        answer is both calls'; a row marked late is taken over, so its answer comes back as this call's result
+        rather than as a late message); the thread's last answered question, when identical and answered within
+        the window, answers this call at once (an Answer, nothing asked); else a new row (False)."""
+        assert caller.thread_id is not None
+        async with self.q.transaction() as tx:
+            await tx.one("lock_thread_questions", {"thread_id": caller.thread_id})
+            row = await tx.one("get_thread_repeat", {"thread_id": caller.thread_id, "questions": Jsonb(questions),
+                                                     "asked_by": asked_by, "window_s": self.reask_window_s})
+            if row is None:
+                posted = await post(tx, questions, tool_use_id=tool_use_id, task_id=caller.task_id,
+                                    session_id=caller.session_id, asked_by=asked_by)
+                return False, posted
+            if row["status"] == "pending":
+                if row["timed_out_at"] is not None:
+                    await tx.one("take_late_question", {"id": row["id"], "task_id": caller.task_id})
+                log.info("question_joined", question_id=str(row["id"]), tool_use_id=tool_use_id)
+                return True, Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id,
+                                                     task_id=caller.task_id, session_id=caller.session_id,
+                                                     asked_by=asked_by, joined=row["tool_use_id"]))
+        log.info("question_already_answered", question_id=str(row["id"]), tool_use_id=tool_use_id)
+        await self.writer.put(NewEvent("question.answered", {
+            "question_id": str(row["id"]), "tool_use_id": tool_use_id, "answers": row["answers"] or {},
+            "response": row["response"], "already_answered": "the thread's last question, asked again: its "
+            "answer returned, nothing asked"}, task_id=caller.task_id, session_id=caller.session_id))
+        return Answer(row["id"], ALREADY_ANSWERED_STATUS, row["answers"] or {}, row["response"],
+                      row["answered_via"], row["answered_by"]), None
 
     async def wait(self, qid: uuid.UUID, sub: Subscription, progress: Progress, *, late_ok: bool = False) -> Answer:
         """Until the question is closed, or the timeout: then it is closed (or, `late_ok`, marked late)."""

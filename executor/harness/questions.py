@@ -16,6 +16,8 @@ from executor.harness.services import Harness
 LATE_NOTE = ("the question stays open in the user's panel, marked late; if they answer it, the answer "
              "reaches you as a harness message")
 CHAT_NOTE = "the user replied in the chat instead of choosing an option"
+ALREADY_NOTE = ("already answered: the user answered this same question in this thread a moment ago, nothing was "
+                "asked again; their answer is above. Do not ask it again: act on it")
 MAX_QUESTIONS, MIN_OPTIONS, MAX_OPTIONS, MAX_HEADER = 4, 2, 4, 12
 
 
@@ -71,7 +73,9 @@ def register(server: MCPServer, harness: Harness) -> None:
         Each question has 2-4 options; headers are at most 12 characters; the user may also type a
         free-text answer or reply instead of choosing. Returns {questions, answers, response?}: answers
         maps each question's text to the chosen label (or a list of labels for multiSelect); a typed
-        answer is the text itself; a reply without answers comes back in `response`.
+        answer is the text itself; a reply without answers comes back in `response`. The same questions
+        already pending in this thread are not asked twice (this call waits for that answer), and the
+        thread's last question asked again soon after its answer returns that answer, annotated.
         """
         caller = await harness.identities.caller(ctx, "ask_user_question")
         rule = broken_rule(questions)
@@ -85,5 +89,7 @@ def register(server: MCPServer, harness: Harness) -> None:
             annotation = CHAT_NOTE
         if final.status == asks.TIMED_OUT_STATUS:
             annotation = LATE_NOTE
+        if final.status == asks.ALREADY_ANSWERED_STATUS:
+            annotation = ALREADY_NOTE
         return AskResult(questions=questions, answers=final.answers, response=final.response,
                          annotation=annotation)

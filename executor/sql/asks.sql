@@ -49,3 +49,36 @@ SELECT id, status, answers, response, answered_via, answered_by FROM questions W
 UPDATE questions SET status = 'cancelled', response = %(response)s
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id
+
+-- name: lock_thread_questions --
+-- One asker at a time per thread between looking for the same question and putting it up (held to commit).
+SELECT pg_advisory_xact_lock(hashtextextended('questions:' || %(thread_id)s::text, 0)) AS locked
+
+-- name: get_thread_repeat --
+-- The same questions (texts, headers, options) already before the user in this thread — asked by its turns
+-- or by any task they dispatched, transitively — pending; else the thread's last question of this asker when
+-- it is the same and was answered by the user within the window.
+WITH RECURSIVE tree(id) AS (
+    SELECT t.id FROM tasks t WHERE t.session_id = %(thread_id)s
+    UNION
+    SELECT c.id FROM tree JOIN tasks c ON c.parent_task_id = tree.id
+), latest AS (
+    SELECT q.id, q.tool_use_id, q.questions, q.status, q.answers, q.response, q.answered_via, q.answered_by,
+           q.answered_at, q.timed_out_at
+    FROM questions q
+    WHERE q.task_id IN (SELECT id FROM tree) AND q.asked_by = %(asked_by)s
+    ORDER BY (q.status = 'pending' AND q.questions = %(questions)s) DESC, q.created_at DESC
+    LIMIT 1
+)
+SELECT id, tool_use_id, status, answers, response, answered_via, answered_by, timed_out_at FROM latest
+WHERE questions = %(questions)s
+  AND (status = 'pending'
+       OR (status = 'answered' AND answered_by IS NOT NULL
+           AND answered_at > now() - make_interval(secs => %(window_s)s)))
+
+-- name: take_late_question --
+-- A late question asked again in its thread: the new call waits on it, so its answer comes back as the call's
+-- result (no longer late, no harness message).
+UPDATE questions SET task_id = %(task_id)s, timed_out_at = NULL
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id
