@@ -6,10 +6,19 @@ import uuid
 DEFAULT_THREAD_ID = uuid.uuid5(uuid.NAMESPACE_URL, "petal-dispatch:default-thread")
 
 
+# The hand-back runs unsandboxed, as the user: nothing a worker could have written may configure it. Only the
+# user's own settings (not the tree's .claude/settings.json hooks nor .claude/settings.local.json), and no MCP server
+# but those of petal's own config, which names none (not the tree's .mcp.json, nor a user- or local-scope one in
+# .claude.json). Observed on 2.1.328: docs/claude-cli.md "What the CLI reads from its config and the tree".
+HANDBACK_FLAGS = ("--setting-sources", "user", "--strict-mcp-config", '--mcp-config={"mcpServers":{}}')
+
+
 def resume_command(workdir: str, config_dir: str | None, session_id: str) -> str:
     """The shell command that continues a thread's CLI conversation in a terminal: in its directory, with
-    its config directory when that is not the default one."""
+    its config directory when that is not the default one, and without settings or MCP servers from the tree or
+    the CLI's state file (HANDBACK_FLAGS)."""
     import shlex
 
     env = f"CLAUDE_CONFIG_DIR={shlex.quote(config_dir)} " if config_dir else ""
-    return f"cd {shlex.quote(workdir)} && {env}claude --resume {shlex.quote(session_id)}"
+    return (f"cd {shlex.quote(workdir)} && {env}claude --resume {shlex.quote(session_id)} "
+            f"{shlex.join(HANDBACK_FLAGS)}")

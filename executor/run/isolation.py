@@ -67,14 +67,13 @@ class Isolation:
         git_rw, git_ro = sandbox.git_parts(workdir)
         home = Path(sub.base_env.get("HOME") or Path.home())
         config_home = substrate.config_home(sub)
-        config = sandbox.config_view(config_home, workdir, session_uuid, task_id.hex, fork_from=fork_from)
+        config = sandbox.config_view(config_home, workdir, session_uuid, task_id.hex, fork_from=fork_from,
+                                     state_file=substrate.state_file(sub))
         hidden = config.hidden
         own = substrate.config_home(self.substrate)
         if own.resolve() != config_home.resolve():
             hidden = (*hidden, own)  # the executor's own conversations stay out of an adopted one's sight
         writable = [*config.writable, *git_rw]
-        if sub.config_dir is None and not sub.base_env.get("CLAUDE_CONFIG_DIR"):
-            writable += [p for p in (home / ".claude.json",) if p.exists()]
         readonly = [*git_ro, *(p for p in (mcp_path,) if p is not None), *config.readonly, *self.policy.exposed]
         readonly += [p for p in (home / ".gitconfig", home / ".config" / "git") if p.exists()]
         found = shutil.which(cmd[0], path=env.get("PATH"))
@@ -135,7 +134,7 @@ class Isolation:
 
     def forget_spawn(self, task_id: uuid.UUID) -> None:
         """A spawn that never started: its private conversation directory goes."""
-        shutil.rmtree(sandbox.spawn_sessions(substrate.config_home(self.substrate), task_id.hex), ignore_errors=True)
+        sandbox.forget_spawn(substrate.config_home(self.substrate), task_id.hex)
         self.drop_cgroup(task_id, timeout_s=0)  # what ran in it is gone (_release waited for it)
 
     def close(self) -> None:

@@ -196,6 +196,14 @@ def config_home(config: SubstrateConfig) -> Path:
     return Path(config.base_env.get("HOME") or Path.home()) / ".claude"
 
 
+def state_file(config: SubstrateConfig) -> Path:
+    """Where the CLI keeps its global state (`.claude.json`): in its config directory when CLAUDE_CONFIG_DIR is
+    set, else in the HOME it runs with (observed on 2.1.328)."""
+    if config.config_dir is not None or config.base_env.get("CLAUDE_CONFIG_DIR"):
+        return config_home(config) / ".claude.json"
+    return Path(config.base_env.get("HOME") or Path.home()) / ".claude.json"
+
+
 def resume_command(config: SubstrateConfig, workdir: Path, session_uuid: str) -> str:
     """The shell command that continues a conversation in a terminal (CLAUDE_CONFIG_DIR only when it is not
     the service user's ~/.claude, which a terminal of that user reads anyway)."""

@@ -92,9 +92,10 @@ def test_messages_inside_the_threads_own_turns_are_not_imported_again() -> None:
 
 
 def test_the_command_that_continues_a_conversation_quotes_its_directory() -> None:
-    assert threads.resume_command("/w/my app", None, SID) == f"cd '/w/my app' && claude --resume {SID}"
+    flags = """--setting-sources user --strict-mcp-config '--mcp-config={"mcpServers":{}}'"""
+    assert threads.resume_command("/w/my app", None, SID) == f"cd '/w/my app' && claude --resume {SID} {flags}"
     assert threads.resume_command(str(Path("/w/a")), "/srv/claude cfg", SID) == (
-        f"cd /w/a && CLAUDE_CONFIG_DIR='/srv/claude cfg' claude --resume {SID}")
+        f"cd /w/a && CLAUDE_CONFIG_DIR='/srv/claude cfg' claude --resume {SID} {flags}")
 
 
 def test_a_registered_process_counts_only_while_that_very_process_lives(tmp_path: Path) -> None:

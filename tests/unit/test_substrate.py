@@ -247,7 +247,7 @@ def test_a_spares_view_shows_no_conversation_until_one_is_linked_and_never_one_w
     (real / "sided").mkdir()
     view = sandbox.config_view(cfg, work, None, "spare1")
     private = sandbox.spawn_sessions(cfg, "spare1")
-    assert view.bound == ((real, private),) and list(private.iterdir()) == []  # a spare's: no conversation yet
+    assert view.bound[0] == (real, private) and list(private.iterdir()) == []  # a spare's: no conversation yet
     assert not sandbox.link_conversation(cfg, work, "sided", "spare1")  # its side directory needs a mount
     assert not sandbox.link_conversation(cfg, work, "unknown", "spare1")  # nothing stored to go on with
     assert list(private.iterdir()) == []
