@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ingress import asks, claude_sessions
+from ingress.auth import size_text
 from ingress.http import body, ingress_queries, path_uuid, respond, shared_queries, who
 from ingress.models import AnswerIn, ChatIn, RetryIn, StopIn, ThreadIn, ThreadPatch
 from ingress.problems import Problem
@@ -73,8 +74,8 @@ async def _attach(tx: Transaction, message_id: uuid.UUID, ids: list[uuid.UUID], 
         raise Problem(409, f"attachment {', '.join(taken)} was already sent with another message")
     total = sum(int(found[i]["size_bytes"]) for i in ids)
     if total > max_bytes:
-        raise Problem(413, f"the attachments of one message are at most {max_bytes} bytes "
-                           f"together ({total} given)")
+        raise Problem(413, f"the attachments of one message are at most {size_text(max_bytes)} "
+                           f"together ({size_text(total)} given)")
     await tx.execute("mark_attachments_sent", {"message_id": message_id, "ids": ids})
 
 

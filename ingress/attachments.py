@@ -19,7 +19,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.auth import ATTACHMENT_MAX_BYTES, BodyTooLarge
+from ingress.auth import ATTACHMENT_MAX_BYTES, BodyTooLarge, size_text
 from ingress.http import ingress_queries, path_uuid, respond, who
 from ingress.problems import Problem
 
@@ -119,12 +119,12 @@ def clean_name(raw: str | None) -> str:
 def accept(data: bytes, max_bytes: int = ATTACHMENT_MAX_BYTES) -> Accepted:
     """The checks, in order, before anything is stored: size, type from the bytes, images re-encoded."""
     if len(data) > max_bytes:
-        raise Problem(413, f"an attachment is at most {max_bytes} bytes")
+        raise Problem(413, f"an attachment is at most {size_text(max_bytes)}")
     media_type = sniff(data)
     if media_type in IMAGES:
         data = strip_image(data, media_type)
         if len(data) > max_bytes:  # a re-encoding can come out larger than its source
-            raise Problem(413, f"the image re-encoded without metadata is over {max_bytes} bytes")
+            raise Problem(413, f"the image re-encoded without metadata is over {size_text(max_bytes)}")
         copy = model_copy(data, media_type)
         if copy is not None:
             return Accepted(data, media_type, *copy)
@@ -177,7 +177,7 @@ async def _read_capped(upload: UploadFile, max_bytes: int) -> bytes:
     while chunk := await upload.read(_READ_CHUNK):
         seen += len(chunk)
         if seen > max_bytes:
-            raise Problem(413, f"an attachment is at most {max_bytes} bytes")
+            raise Problem(413, f"an attachment is at most {size_text(max_bytes)}")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -194,7 +194,7 @@ async def upload(request: Request) -> Response:
             data = await _read_capped(part, max_bytes)
             name = clean_name(part.filename)
     except BodyTooLarge:
-        raise Problem(413, f"an attachment is at most {max_bytes} bytes") from None
+        raise Problem(413, f"an attachment is at most {size_text(max_bytes)}") from None
     # decoding and re-encoding an image is CPU work: off the event loop
     accepted = await asyncio.to_thread(accept, data, max_bytes)
     row = await ingress_queries(request).one("insert_attachment", {

@@ -213,7 +213,10 @@ class GuardMiddleware:
                 return
         length = int(headers.get(b"content-length", b"0") or 0)
         if length > limit:
-            await problem(413, f"body larger than {limit} bytes")(scope, receive, send)
+            # an upload is refused for its file's documented limit (the framing allowance is the guard's own)
+            what = (f"an attachment is at most {size_text(self.config.upload_max_bytes)}" if upload
+                    else f"body larger than {size_text(limit)}")
+            await problem(413, what)(scope, receive, send)
             return
         await self.app(scope, _limited(receive, limit), send)
 
@@ -235,6 +238,14 @@ def _limited(receive: Receive, limit: int) -> Receive:
 
 class BodyTooLarge(Exception):
     pass
+
+
+def size_text(n: int) -> str:
+    """A size in the units the limits are documented in (10 MiB, 256 KiB), as the page says them too."""
+    for unit, scale in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n} bytes"
 
 
 async def _redirect(send: Send, location: str) -> None:

@@ -9,6 +9,7 @@ import hmac
 import json
 import secrets
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,13 +42,18 @@ def _token_hash(token: str) -> bytes:
 
 
 def _check(prompt: str | None, cron: str | None, tz: str | None) -> None:
-    try:
-        if prompt is not None:
-            rules.check_template(prompt)
-        if cron is not None and tz is not None:
-            rules.check_schedule(cron, tz)
-    except (rules.TemplateError, rules.ScheduleError) as exc:
-        raise Problem(422, str(exc)) from None
+    """Raises Problem(422) naming the wrong field (`field`: prompt, tz or cron), so a form can point at it."""
+    checks: list[tuple[str, Callable[[], None]]] = []
+    if prompt is not None:
+        checks.append(("prompt", lambda: rules.check_template(prompt)))
+    if cron is not None and tz is not None:
+        checks.append(("tz", lambda: rules.check_schedule("0 0 * * *", tz)))  # the zone alone, first
+        checks.append(("cron", lambda: rules.check_schedule(cron, tz)))
+    for field, check in checks:
+        try:
+            check()
+        except (rules.TemplateError, rules.ScheduleError) as exc:
+            raise Problem(422, str(exc), field=field) from None
 
 
 def shown(row: dict[str, Any], now: datetime) -> dict[str, Any]:

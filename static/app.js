@@ -13,9 +13,10 @@ import { disableNotify, enableNotify, presence, renderNotify, testNotify } from 
 import { S, TABS, currentTab } from "./js/state.js";
 import { loadRoutines } from "./js/routines.js";
 import { setConn, stream } from "./js/stream.js";
+import { FLEET_POLL_MS, loadFleet } from "./js/fleet.js";
 import { detailEvent, loadDetail, loadTasks } from "./js/tasks.js";
 import { initSessions } from "./js/sessions.js";
-import { archiveThread, changeMode, findThread, focusThread, loadThreads, newThread, pickThread, renameThread } from "./js/threads.js";
+import { archiveThread, changeMode, clearMissing, findThread, focusThread, loadThreads, newThread, openThread, pickThread, renameThread } from "./js/threads.js";
 
 function onWake(kind) {
   if (kind === "queue") { soon("queue", loadQueue); soon("threads", loadThreads, 300); }
@@ -59,23 +60,22 @@ function onEvent(e) {
 }
 
 async function refreshAll() {
-  await Promise.allSettled([loadThreads(), loadTasks(), loadConversation(), loadQueue(), loadAsks(), loadContext()]);
+  await Promise.allSettled([loadThreads(), loadTasks(), loadConversation(), loadQueue(), loadAsks(), loadContext(), loadFleet()]);
 }
 
 function showTab() {
   const tab = currentTab();
   const [head, arg] = location.hash.replace(/^#/, "").split("/");
-  if (head === "chat" && arg && arg !== S.thread) { // a notification's link to a thread
-    history.replaceState(null, "", "#chat");
-    focusThread(arg);
-  }
+  if ((head === "chat" || head === "thread") && arg) { // a link to a thread (a notification's, one shared)
+    openThread(arg).catch((e) => { $("#thread-status").textContent = e.message; });
+  } else if (head === "chat") clearMissing();
   for (const t of TABS) {
     $(`#view-${t}`).hidden = t !== tab;
     const link = document.querySelector(`.tabs a[data-tab="${t}"]`);
     if (t === tab) link.setAttribute("aria-current", "page"); else link.removeAttribute("aria-current");
   }
   const [, taskId] = location.hash.replace(/^#/, "").split("/");
-  if (location.hash.startsWith("#task/") && taskId) loadDetail(taskId, true);
+  if (location.hash.startsWith("#task/") && taskId) loadDetail(taskId, true).catch((e) => console.warn("task", e));
   else if (tab === "tasks") { S.detail = null; $("#task-detail").hidden = true; }
   if (tab === "activity") renderFeed();
   if (tab === "context") loadContext();
@@ -121,6 +121,9 @@ async function start() {
   showTab();
   document.body.dataset.ready = "1";
   stream({ onEvent, onWake, onResume: refreshAll }, S.info.heartbeat_s);
+  const fleet = () => loadFleet().catch((e) => console.warn("fleet", e));
+  fleet();
+  setInterval(fleet, FLEET_POLL_MS);
   renderNotify();
 }
 

@@ -129,6 +129,8 @@ SELECT count(*) FROM schema_migrations
 -- each read newest first from its own index and cut at `limit`: the thread's records by (session_id, seq),
 -- each worker's by (task_id, event_type, seq). (One scan over `session_id = … OR task_id IN …` walks the
 -- journal by seq until it has found `limit`: the older the thread, the more of the journal it reads.)
+-- The thread's part also has what its turns said on the way (an assistant message with text, such as the words
+-- before a tool call): the final reply is only the last of them.
 SELECT * FROM (
     SELECT * FROM (
         (SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at,
@@ -136,7 +138,9 @@ SELECT * FROM (
          FROM journal
          -- the thread as a one-element array, not an equality: see list_task_events
          WHERE session_id = ANY(ARRAY[%(thread_id)s::uuid]) AND seq > %(after)s
-           AND (%(before)s::bigint IS NULL OR seq < %(before)s::bigint) AND event_type = ANY(%(types)s)
+           AND (%(before)s::bigint IS NULL OR seq < %(before)s::bigint)
+           AND (event_type = ANY(%(types)s) OR (event_type = 'stream.assistant'
+                                                AND payload -> 'message' -> 'content' @> '[{"type": "text"}]'))
          ORDER BY session_id DESC, seq DESC
          LIMIT %(limit)s)
         UNION ALL

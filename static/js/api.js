@@ -17,6 +17,7 @@ export async function api(path, options = {}) {
   if (!r.ok) {
     const err = new Error(data?.detail || data?.title || `${r.status} ${r.statusText}`);
     err.status = r.status;
+    err.data = data;  // the problem's other fields (e.g. `field`, `errors`: which input is wrong)
     throw err;
   }
   return data;

@@ -56,6 +56,15 @@ export function renderAsks() {
   renderHistory(scoped);
 }
 
+// Who answered, in words a user knows: the guard records the proxy's user name, or how the page was let in
+function answeredBy(a) {
+  const where = a.answered_via === "chat" ? "by a chat message" : "on this page";
+  if (a.answered_by === "open") return ` ${where}, in open mode (no sign-in)`;
+  if (a.answered_by === "token") return ` ${where}, signed in with the access token`;
+  if (!a.answered_by || a.answered_by === "unknown") return "";
+  return ` by ${a.answered_by}`;
+}
+
 // Asks history: what was answered, and with what
 function renderHistory(scoped) {
   const list = $("#ask-history");
@@ -64,7 +73,7 @@ function renderHistory(scoped) {
     const { parts, response } = answerText(a.answers, a.response);
     return h("li", { "data-ask-id": a.id },
       h("div", { class: "from" }, a.asked_by === "harness" ? "The harness asked" : "Claude asked",
-        a.answered_at ? ` · answered ${when(a.answered_at)}` : "", a.answered_by ? ` by ${a.answered_by}` : ""),
+        a.answered_at ? ` · answered ${when(a.answered_at)}` : "", answeredBy(a)),
       parts.map(([q, v]) => h("div", { class: "qa" }, h("span", { class: "q" }, q), " → ", h("b", { class: "answer" }, v))),
       response ? h("div", { class: "qa" }, "reply: ", h("b", { class: "answer" }, response)) : null);
   });

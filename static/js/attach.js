@@ -16,11 +16,16 @@ const limit = () => S.info?.attachment_max_bytes ?? 10 * 1024 * 1024;
 const messageLimit = () => S.info?.message_attachments_max_bytes ?? 20 * 1024 * 1024;
 export const isImage = (type) => /^image\/(png|jpeg|webp|gif)$/.test(type || "");
 
+// in the units the limits are documented in (10 MiB), as the server's refusals say them
 export function size(n) {
   if (n < 1024) return `${n} B`;
-  if (n < 1024 * 1024) return `${Math.round(n / 1024)} KB`;
-  return `${(n / 1024 / 1024).toFixed(1)} MB`;
+  if (n < 1024 * 1024) return `${Math.round(n / 1024)} KiB`;
+  return `${(n / 1024 / 1024).toFixed(1).replace(/\.0$/, "")} MiB`;
 }
+
+// a refusal a second try cannot change (too large, a type not taken, unreadable): no Retry; a timeout or
+// a busy server (408, 429) can pass later
+const settled = (status) => status >= 400 && status < 500 && status !== 408 && status !== 429;
 
 export function addFiles(list) {
   for (const file of list) {
@@ -62,7 +67,7 @@ function upload(draft) {
     let body = null;
     try { body = JSON.parse(xhr.responseText); } catch { /* not JSON: the status says enough */ }
     if (xhr.status === 201) { draft.state = "stored"; draft.stored = body; }
-    else fail(draft, body?.detail || `${xhr.status} ${xhr.statusText}`, xhr.status >= 400 && xhr.status < 500);
+    else fail(draft, body?.detail || `${xhr.status} ${xhr.statusText}`, settled(xhr.status));
     render();
   };
   xhr.onerror = () => { fail(draft, "the upload was interrupted", false); render(); };
@@ -128,13 +133,18 @@ export function held() {
 function draftItem(d) {
   const retry = d.state === "failed" && !d.refused && d.file
     ? h("button", { type: "button", class: "secondary small", onclick: () => { upload(d); render(); } }, "Retry") : null;
+  const remover = h("button", { type: "button", class: "remove", "aria-label": `Remove ${d.name}`, onclick: () => remove(d) }, "×");
+  // a file that did not upload is one line: its name, why, Retry where a retry can succeed, remove
+  if (d.state === "failed") {
+    return h("li", { class: "draft failed", "data-draft": d.key, title: d.name },
+      h("span", { class: "line", role: "alert" }, h("b", { class: "name" }, d.name), ` — not uploaded: ${d.error}`),
+      retry, remover);
+  }
   return h("li", { class: `draft ${d.state}`, "data-draft": d.key, title: d.name },
     d.url ? h("img", { src: d.url, alt: d.name }) : h("span", { class: "file-icon", "aria-hidden": "true" }, extension(d.name)),
     h("span", { class: "name" }, d.name),
     d.state === "uploading" ? h("progress", { max: 1, value: d.progress, "aria-label": `uploading ${d.name}` }) : null,
-    d.state === "failed" ? h("span", { class: "error", role: "alert" }, `not uploaded: ${d.error}`) : null,
-    retry,
-    h("button", { type: "button", class: "remove", "aria-label": `Remove ${d.name}`, onclick: () => remove(d) }, "×"));
+    remover);
 }
 
 const extension = (name) => (String(name).split(".").pop() || "file").slice(0, 4).toUpperCase();

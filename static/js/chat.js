@@ -65,6 +65,13 @@ function renderRecord(e) {
         parts.map(([q, v]) => h("div", { class: "qa" }, h("span", { class: "q" }, firstLine(q, 100)), " → ", h("b", { class: "answer" }, v))),
         response ? h("div", { class: "qa" }, "reply: ", h("b", { class: "answer" }, response)) : null);
     }
+    case "stream.assistant": {
+      // what a turn said on the way (before a tool call): shown by the turn's progress while it runs, kept in
+      // the conversation once it ended; the last of it is the final reply, shown once (by stream.result)
+      const text = saidText(e);
+      if (e.session_id !== S.thread || !text || saidState(e, text) !== "kept") return null;
+      return h("li", { class: "msg assistant said", ...key }, md(text));
+    }
     case "stream.result": {
       if (e.session_id !== S.thread) return null; // a worker's final text belongs to its task
       const text = typeof p.result === "string" ? p.result : (p.errors || []).join("\n") || p.subtype;
@@ -113,6 +120,18 @@ function renderRecord(e) {
   }
 }
 
+const saidText = (e) => {
+  const blocks = e.payload?.message?.content;
+  return (Array.isArray(blocks) ? blocks : []).filter((b) => b.type === "text").map((b) => b.text || "").join("\n").trim();
+};
+// ended: the turn's final reply (task id → its text), read once per render
+let replies = new Map();
+function saidState(e, text = saidText(e)) {
+  if (!replies.has(e.task_id) && !FINAL.has(S.tasks.get(e.task_id)?.status)) return "live";
+  const reply = replies.get(e.task_id);
+  return typeof reply === "string" && reply.trim() === text ? "final" : "kept";
+}
+
 // A harness report ("[harness] Worker <uuid> finished. Its handoff: …") is a compact system note: its first
 // line with the ids shortened and linked to their task, the whole text folded under it.
 const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/gi;
@@ -144,7 +163,9 @@ export function liveEvent(e) {
     workerProgress(e.task_id).add(e);
     return false; // updated in place: nothing to re-render
   }
-  if (hasResult(e.task_id)) return false;
+  // what the turn says is part of the conversation (kept when its progress gives way to the reply)
+  if (e.event_type === "stream.assistant" && saidText(e)) S.conv.set(e.event_id, e);
+  if (hasResult(e.task_id)) return S.conv.has(e.event_id);
   if (!S.live.has(e.task_id)) S.live.set(e.task_id, new Progress(e.task_id));
   const progress = S.live.get(e.task_id);
   if (!progress.add(e)) return false;
@@ -202,6 +223,7 @@ const follow = new Follow(() => currentTab() === "chat");  // not another view's
 export function scrollChat(force) { follow.scroll(force); }
 
 function recordSig(e) {
+  if (e.event_type === "stream.assistant") return saidState(e);
   return e.event_type === "task.dispatch_requested" ? taskState(S.tasks.get(e.task_id)) : "";
 }
 
@@ -209,6 +231,8 @@ export function renderConversation() {
   const keepPlace = S.keepPlace;
   S.keepPlace = false;
   $("#load-older").hidden = !S.convMore;
+  replies = new Map([...S.conv.values()].filter((e) => e.event_type === "stream.result" && e.session_id === S.thread)
+    .map((e) => [e.task_id, e.payload?.result]));
   // a turn's progress gives way to its final reply; a turn that ended without one leaves nothing behind
   for (const [id, progress] of S.live) {
     if (hasResult(id) || FINAL.has(S.tasks.get(id)?.status)) S.live.delete(id);
@@ -218,10 +242,13 @@ export function renderConversation() {
   for (const progress of S.live.values()) entries.push({ seq: progress.firstSeq, node: progress.node });
   const items = entries.filter((x) => x.node).sort((a, b) => a.seq - b.seq).map((x) => x.node);
   for (const q of S.queue) {
-    items.push(rendered.get(`queue:${q.id}`, `${q.status}`, () => (q.origin === "harness"
+    // no executor running (js/fleet.js): the message says it waits for one, not for a turn boundary
+    const down = q.status === "pending" && S.fleetDown;
+    items.push(rendered.get(`queue:${q.id}`, `${q.status}${down ? ":down" : ""}`, () => (q.origin === "harness"
       ? harnessNote(q.text, { "data-queue-id": q.id }, "waiting for the next turn")
       : h("li", { class: "msg user pending", "data-queue-id": q.id }, q.text, sentFiles(q.attachments),
-        h("span", { class: "meta" }, q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…")))));
+        h("span", { class: "meta" }, down ? "waiting — no executor is running; delivered when one is back"
+          : q.status === "pending" ? "pending — delivered at the next turn boundary" : "delivering…")))));
   }
   for (const item of S.outbox.values()) {
     if (item.thread === S.thread) items.push(rendered.get(`out:${item.id}`, item.state, () => outboxItem(item)));

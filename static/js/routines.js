@@ -8,6 +8,12 @@ import { currentTab } from "./state.js";
 const R = { editing: null, open: new Set(), made: null };
 const when = (t) => (t ? new Date(t).toLocaleString([], { dateStyle: "short", timeStyle: "short" }) : "");
 const hm = (t) => new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+// a fire time as the routine's own zone reads it, with the zone said (the page's zone may differ)
+function fireTime(t, tz) {
+  try {
+    return new Date(t).toLocaleString([], { timeZone: tz, dateStyle: "short", timeStyle: "short" }) + ` ${tz}`;
+  } catch { return when(t); }
+}
 
 export async function loadRoutines() {
   if (currentTab() !== "routines") return;
@@ -39,8 +45,25 @@ function form(routine) {
     h("div", { class: "actions" }, h("button", { type: "submit" }, r.id ? "Save" : "Create"),
       r.id ? h("button", { type: "button", class: "secondary", onclick: () => { R.editing = null; loadRoutines(); } }, "Cancel") : null),
     h("p", { id: "routine-error", class: "composer-error", role: "alert" }));
-  f.addEventListener("submit", (ev) => { ev.preventDefault(); save(f, r).catch((e) => { $("#routine-error").textContent = e.message; }); });
+  f.addEventListener("submit", (ev) => { ev.preventDefault(); save(f, r).catch((e) => refusedBy(f, e)); });
   return f;
+}
+
+// the form's inputs by the names the API gives them (a validation error's loc ends with one)
+const LABELS = { name: "Name", prompt: "Prompt", mode: "Mode", cron: "Cron", tz: "Time zone", missed: "Missed instants",
+  overlap: "If still running", usd_per_run: "USD per run", usd_per_day: "USD per day", runtime_s: "Max runtime",
+  max_workers: "Max workers at once" };
+
+// A refusal names the field it is about, marks and focuses it, and is scrolled into view with the form
+function refusedBy(f, e) {
+  const loc = e.data?.errors?.[0]?.loc || [];
+  const name = e.data?.field || [...loc].reverse().find((x) => x in LABELS);
+  for (const el of f.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
+  const input = name ? f.elements.namedItem(name) : null;
+  $("#routine-error").textContent = `${name && LABELS[name] ? `${LABELS[name]}: ` : ""}${e.message}`;
+  if (input) { input.setAttribute("aria-invalid", "true"); input.setAttribute("aria-describedby", "routine-error"); }
+  (input || $("#routine-error")).scrollIntoView({ block: "center" });
+  if (input) input.focus({ preventScroll: true });
 }
 
 async function save(f, old) {
@@ -99,12 +122,12 @@ function row(r, runs) {
   return h("li", { class: "routine", dataset: { id: r.id } },
     h("div", {}, h("b", {}, r.name), " ", chip(r.enabled ? "enabled" : "disabled"), " ", r.mode,
       r.cron ? h("span", {}, " · ", h("code", {}, r.cron), ` (${r.tz})`) : " · no schedule", r.webhook ? " · webhook" : ""),
-    r.next_fire_times.length ? h("div", { class: "next" }, "Next: ", r.next_fire_times.map(when).join(", ")) : null,
+    r.next_fire_times.length ? h("div", { class: "next" }, "Next: ", r.next_fire_times.map((t) => fireTime(t, r.tz)).join(", ")) : null,
     r.last_run ? h("div", {}, "Last run: ", chip(r.last_run.status), ` ${when(r.last_run.created_at)}`, r.last_run.reason ? ` · ${r.last_run.reason}` : "") : null,
     h("div", { class: "actions" },
       act("Run now", () => api(`/api/routines/${r.id}/run`, { method: "POST", body: {} }), "small"),
       act(r.enabled ? "Disable" : "Enable", () => api(`/api/routines/${r.id}`, { method: "PATCH", body: { enabled: !r.enabled } })),
-      act("Edit", () => { R.editing = r; return Promise.resolve(); }),
+      act("Edit", () => { R.editing = r; R.reveal = true; return Promise.resolve(); }),
       act(R.open.has(r.id) ? "Hide history" : "History", toggle),
       act("Delete", () => (confirm(`Delete ${r.name}?`) ? api(`/api/routines/${r.id}`, { method: "DELETE" }) : Promise.resolve()))),
     history(runs));
@@ -116,4 +139,10 @@ function render(routines, windows, runs) {
     h("ul", { class: "routine-list" }, routines.length ? routines.map((r) => row(r, runs.get(r.id)))
       : h("li", { class: "empty" }, "No routines yet.")),
     form(R.editing)].filter(Boolean));
+  if (R.reveal) {  // Edit opens the form at the list's end: brought into view, its first field focused
+    R.reveal = false;
+    const f = $("#routine-form");
+    f.scrollIntoView({ block: "start" });
+    f.elements.namedItem("name")?.focus({ preventScroll: true });
+  }
 }

@@ -14,6 +14,15 @@ export function initSessions(threads) {
   $("#sessions-q").addEventListener("input", () => { clearTimeout(searching); searching = setTimeout(load, 250); });
   $("#sessions-dir").addEventListener("change", load);
   $("#handback-copy").addEventListener("click", copyHandback);
+  // the hand-back is one line (the command cut short) until opened: the conversation keeps the screen
+  const more = h("button", { id: "handback-more", type: "button", class: "secondary small", "aria-expanded": "false",
+    "aria-controls": "handback" }, "More");
+  more.addEventListener("click", () => {
+    const open = $("#handback").classList.toggle("open");
+    more.setAttribute("aria-expanded", String(open));
+    more.textContent = open ? "Less" : "More";
+  });
+  $("#handback-copy").after(more);
 }
 
 function toggle() {

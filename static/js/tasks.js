@@ -37,7 +37,15 @@ export async function loadDetail(id, fresh) {
     S.detail = { id, task: null, events: new Map(), fresh: [], shownSeq: 0, handoff: null, children: new Map() };
     follow.stick = true;
   }
-  const [task, events] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`)]);
+  let task, events;
+  try {
+    [task, events] = await Promise.all([api(`/api/tasks/${id}`), api(`/api/tasks/${id}/events?limit=1000`)]);
+  } catch (e) {
+    // a link to a task that is not there (mistyped, another store's) says so, with the id it was given
+    if (e.status !== 404 && e.status !== 400) throw e;
+    if (S.detail?.id === id) notFound(id);
+    return;
+  }
   // an extractor derives the handoff of its parent (the worker): that is what it shows
   const scope = task.role === "extractor" && task.parent_task_id ? task.parent_task_id : id;
   // a project worker's recorded changes (409: not recorded yet; a task outside a project has none to ask
@@ -54,6 +62,14 @@ export async function loadDetail(id, fresh) {
   for (const e of events.events) detailEvent(e, false);
   S.detail.handoff = handoffs.handoffs.find((x) => x.task_id === scope)?.payload || null;
   renderDetail();
+}
+
+function notFound(id) {
+  const box = $("#task-detail");
+  box.hidden = false;
+  box.dataset.taskId = "";
+  box.replaceChildren(h("a", { href: "#tasks" }, "← all tasks"),
+    h("p", { class: "not-found", role: "alert" }, "Task not found: ", h("code", {}, id)));
 }
 
 // The tasks this one dispatched, by the event they hang under (their task.spawned's parent_id: the
@@ -183,7 +199,8 @@ export function renderDetail() {
     ...(t.role === "extractor" ? [h("h3", {}, "Derived"), h("p", { class: "derived-for" }, "The handoff of ",
       h("a", { href: `#task/${t.parent_task_id}` }, `worker ${short(t.parent_task_id)}`),
       d.handoff ? "" : ` — ${live ? "not derived yet" : "none recorded (see its events)"}`), d.handoff ? renderHandoff(d.handoff) : ""]
-      : [h("h3", {}, "Handoff"), renderHandoff(d.handoff)]),
+      // a turn of the orchestrator leaves no handoff of its own: its workers do (folded under its events)
+      : t.role === "orchestrator" ? [] : [h("h3", {}, "Handoff"), renderHandoff(d.handoff)]),
     d.changes ? renderChanges(t, d.changes) : "");
   renderDetailEvents();
 }

@@ -62,7 +62,36 @@ export async function pickThread(id) {
   renderThreadPicker();
 }
 
+// A thread named by a link (#thread/<id>, #chat/<id>): focused when it exists; one that does not is said to be
+// missing, with the id, instead of showing an empty conversation or another thread.
+export async function openThread(id) {
+  if (id === S.thread && !$("#view-chat").classList.contains("missing")) return;
+  if (!S.threads.some((t) => t.id === id)) {
+    let one = null;
+    try { one = await api(`/api/threads/${encodeURIComponent(id)}`); } catch (e) {
+      if (e.status !== 404 && e.status !== 400) throw e;
+    }
+    if (!one) { showMissing(id); return; }
+    if (!S.threads.some((t) => t.id === id)) S.threads.push(one);
+  }
+  await focusThread(id);
+}
+
+function showMissing(id) {
+  $("#view-chat").classList.add("missing");
+  const back = S.threads.find((t) => t.id === S.thread);
+  $("#chat-missing").replaceChildren(h("span", { role: "alert" }, "Thread not found: ", h("code", {}, id)), " ",
+    back ? h("button", { type: "button", class: "secondary small", onclick: () => { location.hash = "#chat"; focusThread(back.id); } },
+      `Back to “${threadName(back)}”`) : null);
+}
+
+export function clearMissing() {
+  $("#view-chat").classList.remove("missing");
+  $("#chat-missing").replaceChildren();
+}
+
 export async function focusThread(id) {
+  clearMissing();
   S.thread = id;
   presence();
   localStorage.setItem("petal.thread", id);
