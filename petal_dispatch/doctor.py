@@ -140,8 +140,10 @@ def _spawn_trees(settings: Settings) -> dict[str, Path]:
 
 def _cli(run: _Run) -> Check:
     try:
+        # by its real path: a link to it (the native installer's ~/.local/bin/claude, a cache reached through a
+        # linked ~/.cache) may lie where the sandbox hides, while the install it points into is what it exposes
         claude = cli_install.find(run.settings.claude_bin, run.env.get("PATH"),
-                                  install_missing=run.scope == "up")
+                                  install_missing=run.scope == "up").resolve()
         version = cli_install.version_of(claude)
     except errors.ConfigError as exc:
         return Check("claude", False, str(exc))
