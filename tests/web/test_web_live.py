@@ -85,6 +85,13 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                     await shot(second, "chat-live-1280")
                     await _one_final_reply(second)
                 await _one_final_reply(page)
+                # what it said before its tool call stays in the conversation past the turn's end, before the
+                # reply, and a reload reads it back (only the final reply survived the turn's end before)
+                said = "#messages .msg.assistant.said"
+                for p in (page, await _reloaded(page)):
+                    await expect(p.locator(said)).to_have_text(["Let me look at the handoffs first."])
+                    await expect(p.locator(f"{said} ~ .msg.assistant:not(.said)")).to_have_text(FINAL_TEXT)
+                    await seen(p.locator(said), "Let me look at the handoffs first.", scroll=True)
 
 
 async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_each_and_follows_only_a_reader_at_the_bottom(
@@ -229,12 +236,20 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
                 assert [t.split("\n")[-1].strip() for t in texts] == [f"tail line {k}." for k in range(lines)]
 
 
+async def _reloaded(page: Page) -> Page:
+    await page.reload()
+    await expect(page.locator("body[data-ready='1']")).to_have_count(1, timeout=20_000)
+    return page
+
+
 async def _one_final_reply(page: Page) -> None:
-    await expect(page.locator("#messages .msg.assistant")).to_have_text(FINAL_TEXT, timeout=60_000)
+    # the final reply once; what the turn said before its tool calls stays as messages of their own (.said)
+    reply = page.locator("#messages .msg.assistant:not(.said)")
+    await expect(reply).to_have_text(FINAL_TEXT, timeout=60_000)
     await expect(page.locator("#messages .msg.live")).to_have_count(0)
     await expect(page.locator("#turn-status")).to_be_hidden(timeout=30_000)
     await page.wait_for_timeout(500)  # a late duplicate would show up here
-    await expect(page.locator("#messages .msg.assistant")).to_have_count(1)
+    await expect(reply).to_have_count(1)
     await expect(page.locator("#messages .msg.user")).to_have_count(1)
 
 
