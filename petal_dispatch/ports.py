@@ -1,4 +1,5 @@
-"""Start-up refusal for a listening port that is taken, as one line naming the service and the port."""
+"""Start-up refusal for a listening port that is taken, as one line naming the service, the port and the flag
+(and setting) that chooses it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import errno
 import socket
 
 from shared import errors
+
+# what sets each service's port, named in the refusal so the user knows what to change
+SETTINGS = {"ingress": "--port / PETAL_INGRESS_PORT", "harness MCP server": "--mcp-port / PETAL_MCP_PORT"}
 
 
 def check_free(host: str, port: int, service: str) -> None:
@@ -15,10 +19,11 @@ def check_free(host: str, port: int, service: str) -> None:
     """
     if port == 0:
         return
+    knob = f" ({SETTINGS[service]})" if service in SETTINGS else ""
     try:
         infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise errors.ConfigError(f"the {service} cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise errors.ConfigError(f"the {service} cannot listen on {host}:{port}: {exc.strerror}{knob}") from None
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -26,4 +31,4 @@ def check_free(host: str, port: int, service: str) -> None:
             sock.bind(addr)
         except OSError as exc:
             why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-            raise errors.ConfigError(f"the {service} cannot listen on {host}:{port}: {why}") from None
+            raise errors.ConfigError(f"the {service} cannot listen on {host}:{port}: {why}{knob}") from None

@@ -9,6 +9,7 @@ died before; and the services die with `up` if it is killed outright (a parent-d
 
 from __future__ import annotations
 
+import contextlib
 import json
 from importlib import metadata
 import signal
@@ -21,6 +22,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from petal_dispatch import cli_install, config, datalock, dbserver, doctor, ports, signals
 from petal_dispatch.config import Settings
@@ -37,6 +39,38 @@ RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 # a service that ran this long before dying starts again at the shortest back-off
 STABLE_AFTER_S = 60.0
+# the page's line is printed again once the services' start-up output has settled: no line for this long
+# (or, a service still talking, after the cap), so it is the last thing on the screen
+SETTLE_QUIET_S = 1.0
+SETTLE_MAX_S = 15.0
+# how long a stopped service's last stderr lines are waited for (its pipe closes when it exits)
+RELAY_DRAIN_S = 2.0
+
+
+class Output:
+    """The services' stderr, relayed line by line to ours: `up` knows when their start-up lines have settled."""
+
+    def __init__(self) -> None:
+        self.last_line_at = time.monotonic()
+        self._lock = threading.Lock()  # one line at a time on our stderr, whole
+
+    def relay(self, stream: IO[bytes]) -> None:
+        """Until the child closes its stderr (it exited): its lines onto ours."""
+        with stream:
+            for chunk in iter(stream.readline, b""):
+                with self._lock:
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.buffer.flush()
+                self.last_line_at = time.monotonic()
+
+    def settle(self, stop: threading.Event) -> None:
+        """Until no service wrote a line for SETTLE_QUIET_S (at most SETTLE_MAX_S), or a stop."""
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            quiet = time.monotonic() - self.last_line_at
+            if quiet >= SETTLE_QUIET_S:
+                return
+            stop.wait(SETTLE_QUIET_S - quiet)
 
 
 def _child_env(base: Mapping[str, str], settings: Settings, claude: str) -> dict[str, str]:
@@ -76,9 +110,16 @@ class Service:
     failures: int = 0
     restart_at: float | None = None
     restarts: int = 0
+    output: Output | None = None  # its stderr relayed through `up` (else inherited)
+    relaying: threading.Thread | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=lifeline.die_with_parent(signal.SIGTERM))
+        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=lifeline.die_with_parent(signal.SIGTERM),
+                                     stderr=subprocess.PIPE if self.output is not None else None)
+        if self.output is not None and self.proc.stderr is not None:
+            self.relaying = threading.Thread(target=self.output.relay, args=(self.proc.stderr,),
+                                             name=f"{self.name}-stderr", daemon=True)
+            self.relaying.start()
         self.started = time.monotonic()
         self.restart_at = None
 
@@ -315,6 +356,15 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scena
                 embedded.release()  # stops the server: no live process holds another handle
 
 
+def _set_apart(line: str) -> None:
+    """`line` on stdout with a blank line before it (on stderr, where the log lines go: stdout's first line stays
+    the page's) and after it."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+    print(f"{line}\n", flush=True)
+
+
 def _external(settings: Settings) -> bool:
     return bool(settings.database_url or settings.executor_dsn or settings.ingress_dsn)
 
@@ -332,7 +382,8 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
         if demo:
             model, _ = _start_demo_model(child_env, scenario or DEMO_SCENARIO)
             extra.append(model)
-        services = [Service(name, [*cmd, name], _service_env(child_env, info, name))
+        output = Output()
+        services = [Service(name, [*cmd, name], _service_env(child_env, info, name), output=output)
                     for name in ("executor", "ingress")]
         for s in services:
             s.start()
@@ -344,8 +395,13 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
             _post_demo_message(url, settings.data_dir.resolve())
         what = "the demo (a scripted model, not Claude)" if demo else "petal-dispatch"
         page = f"{url}/login" if not demo and not settings.open_mode and settings.auth_mode == "token" else f"{url}/"
-        # the last start-up line: the page to open
-        print(f"{what} is up: {page}  (database: {info.location}; Ctrl-C stops everything)", flush=True)
+        # the page to open: stdout's first line (scripts read it), set apart from the log lines around it, and
+        # printed again once the services' start-up lines have settled, so it is the last thing on the screen
+        up_line = f"{what} is up: {page}  (database: {info.location}; Ctrl-C stops everything)"
+        _set_apart(up_line)
+        output.settle(stop)
+        if not stop.is_set():
+            _set_apart(up_line)
         while not stop.is_set():
             if database is not None:
                 database.watch(time.monotonic())
@@ -355,4 +411,7 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
         return 0
     finally:
         _stop([s.proc for s in services if s.proc is not None])
+        for s in services:  # their last lines (the stop's own) relayed before `up` exits
+            if s.relaying is not None:
+                s.relaying.join(RELAY_DRAIN_S)
         _stop(extra)

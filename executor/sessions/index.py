@@ -233,11 +233,17 @@ class Index:
                     if self.by_session(f.scan.session_id) is None:
                         await tx.execute("delete_claude_session", {"executor": self.executor,
                                                                    "session_id": f.scan.session_id})
+            new = sum(1 for f, _r in rows if f.published is None)
             for f, r in rows:
                 f.published = r
             self._cleaned = True
-            if rows or gone:
-                log.info("claude_sessions_indexed", changed=len(rows), gone=len(gone), known=len(self.files))
+            # a change of what is listed (a conversation appeared or went) is news; a known one growing while
+            # its CLI writes is every pass of a running turn: debug only
+            if new or gone:
+                log.info("claude_sessions_indexed", new=new, gone=len(gone), updated=len(rows) - new,
+                         known=len(self.files))
+            elif rows:
+                log.debug("claude_sessions_updated", updated=len(rows), known=len(self.files))
 
     def resume_command(self, workdir: str, config_dir: Path, session_id: str) -> str:
         """The shell command that continues a conversation in a terminal."""

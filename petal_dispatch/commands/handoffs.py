@@ -9,9 +9,9 @@ import uuid
 
 from psycopg_pool import AsyncConnectionPool
 
-from petal_dispatch.commands import with_pool
+from petal_dispatch.commands import ids, with_pool
 from petal_dispatch.config import Settings
-from shared import contract, errors
+from shared import contract
 
 
 def contract_list(args: argparse.Namespace, settings: Settings) -> int:
@@ -47,12 +47,8 @@ def contract_add(args: argparse.Namespace, settings: Settings) -> int:
 def reextract(args: argparse.Namespace, settings: Settings) -> int:
     from executor.settle import extraction
 
-    try:
-        task_id = uuid.UUID(args.task_id)
-    except ValueError:
-        raise errors.ConfigError(f"{args.task_id!r} is not a task id") from None
-
     async def again(pool: AsyncConnectionPool) -> uuid.UUID:
+        task_id = await ids.resolve_on(pool, "task", args.task_id)  # a unique prefix, as `status` prints it
         return await extraction.request(pool, task_id, requested_by="reextract")
 
     print(json.dumps({"extractor_task_id": str(with_pool(settings, again)),

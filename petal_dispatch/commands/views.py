@@ -6,30 +6,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import uuid
 from typing import Any
 
 from petal_dispatch import dbserver
+from petal_dispatch.commands import ids
 from petal_dispatch.config import Settings
 from petal_dispatch.journal_view import inert, line
-from shared import errors
 from shared.database import Database
 from shared.journal import read_lines
 
 
 def journal(args: argparse.Namespace, settings: Settings) -> int:
-    def as_uuid(value: str | None, name: str) -> uuid.UUID | None:
-        try:
-            return uuid.UUID(value) if value else None
-        except ValueError:
-            raise errors.ConfigError(f"--{name} takes an id (a UUID)") from None
-
-    task_id, thread_id = as_uuid(args.task, "task"), as_uuid(args.thread, "thread")
     limit = 500
     info = dbserver.resolve(settings, start=False)  # read-only: never starts a server
 
     async def run() -> None:
         async with Database(info.ingress_dsn, name="petal-journal", max_size=2) as db:
+            # ids as `status` prints them: a unique prefix names one
+            task_id = await ids.resolve_on(db.pool, "task", args.task) if args.task else None
+            thread_id = await ids.resolve_on(db.pool, "thread", args.thread) if args.thread else None
             listener = db.listener(["journal"]) if args.follow else None
             sub = listener.subscribe() if listener else None
             listening = asyncio.create_task(listener.run()) if listener else None

@@ -56,12 +56,14 @@ def test_a_taken_port_is_one_line_naming_the_service_and_the_port(service: str, 
     out = _run([service], _env(data, **{var: str(taken_port)}))
     line = _one_line_error(out, f"127.0.0.1:{taken_port}", "in use")
     assert ("harness MCP" if service == "executor" else "ingress") in line
+    # and what chooses the port
+    assert ("(--mcp-port / PETAL_MCP_PORT)" if service == "executor" else "(--port / PETAL_INGRESS_PORT)") in line
     assert not (data / "pgdata").exists()  # refused before any database was started
 
 
 def test_up_refuses_a_taken_mcp_port_before_starting_anything(taken_port: int, tmp_path: Path) -> None:
     out = _run(["up", "--mcp-port", str(taken_port), "--port", "0"], _env(tmp_path / "var"))
-    _one_line_error(out, f"127.0.0.1:{taken_port}", "harness MCP")
+    _one_line_error(out, f"127.0.0.1:{taken_port}", "harness MCP", "the port is in use (--mcp-port / PETAL_MCP_PORT)")
     assert not (tmp_path / "var" / "pgdata").exists()
 
 

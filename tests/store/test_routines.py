@@ -428,12 +428,12 @@ async def test_the_command_line_adds_lists_fires_and_shows_the_history_as_the_ap
     assert added.returncode == 0, added.stderr
     made = json.loads(added.stdout)
     assert made["fire_token"] and made["usd_per_day"] == 5.0 and len(made["next_fire_times"]) == 3
-    listed = json.loads((await asyncio.to_thread(_cli, db, "list")).stdout)["routines"]
+    listed = json.loads((await asyncio.to_thread(_cli, db, "list", "--json")).stdout)["routines"]
     assert [r["name"] for r in listed] == ["nightly"] and "fire_token" not in listed[0]
     fired = await asyncio.to_thread(_cli, db, "fire", made["id"], "--event", '{"ref": "main"}')
     assert fired.returncode == 0, fired.stderr
     await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
-    history = json.loads((await asyncio.to_thread(_cli, db, "history", made["id"])).stdout)["runs"]
+    history = json.loads((await asyncio.to_thread(_cli, db, "history", made["id"], "--json")).stdout)["runs"]
     assert [(h["trigger"], h["status"], h["prompt"]) for h in history] == [("run", "running", "build main")]
 
 
