@@ -159,7 +159,7 @@ function askCard(a, where) {
   });
   body.append(h("div", { class: "actions" },
     h("button", { type: "submit" }, "Submit"),
-    h("input", { class: "reply", name: "reply", placeholder: "…or reply instead", "aria-label": "Reply instead" }),
+    h("input", { class: "reply", name: "reply", placeholder: "or reply", "aria-label": "Reply instead" }),
     h("button", { type: "button", class: "secondary dismiss", onclick: () => dismiss(a, form, error) }, "Dismiss"),
     h("button", { type: "button", class: "secondary retry", hidden: true }, "Retry"),
     h("p", { class: "status", role: "status" }), error));

@@ -136,8 +136,9 @@ function draftItem(d) {
   const remover = h("button", { type: "button", class: "remove", "aria-label": `Remove ${d.name}`, onclick: () => remove(d) }, "×");
   // a file that did not upload is one line: its name, why, Retry where a retry can succeed, remove
   if (d.state === "failed") {
-    return h("li", { class: "draft failed", "data-draft": d.key, title: d.name },
-      h("span", { class: "line", role: "alert" }, h("b", { class: "name" }, d.name), ` — not uploaded: ${d.error}`),
+    return h("li", { class: "draft failed", "data-draft": d.key, title: `${d.name} — not uploaded: ${d.error}` },
+      h("span", { class: "line", role: "alert" }, h("b", { class: "name" }, d.name),
+        h("span", { class: "why" }, `: ${d.error}`), h("span", { class: "sr" }, " (not uploaded)")),
       retry, remover);
   }
   return h("li", { class: `draft ${d.state}`, "data-draft": d.key, title: d.name },

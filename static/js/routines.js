@@ -61,8 +61,13 @@ function refusedBy(f, e) {
   for (const el of f.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
   const input = name ? f.elements.namedItem(name) : null;
   $("#routine-error").textContent = `${name && LABELS[name] ? `${LABELS[name]}: ` : ""}${e.message}`;
-  if (input) { input.setAttribute("aria-invalid", "true"); input.setAttribute("aria-describedby", "routine-error"); }
-  (input || $("#routine-error")).scrollIntoView({ block: "center" });
+  // said under the field it is about, so the two are in view together
+  if (input) {
+    input.setAttribute("aria-invalid", "true");
+    input.setAttribute("aria-describedby", "routine-error");
+    input.closest(".field").after($("#routine-error"));
+  }
+  $("#routine-error").scrollIntoView({ block: "center" });
   if (input) input.focus({ preventScroll: true });
 }
 

@@ -62,7 +62,7 @@ async def test_a_photo_attached_at_phone_size_uploads_shows_and_reaches_the_mode
                 payload: FilePayload = {"name": "screen.png", "mimeType": "image/png", "buffer": photo}
                 await page.set_input_files("#attach-files", files=[payload])
                 failed = page.locator(".composer-files .draft.failed")
-                await expect(failed).to_contain_text("not uploaded: the upload was interrupted")
+                await expect(failed).to_contain_text("screen.png: the upload was interrupted")
                 await page.fill("#composer-text", "what is wrong here?")
                 await page.click("#composer button[type=submit]")
                 await expect(page.locator("#composer-error")).to_contain_text("screen.png did not upload")
