@@ -160,10 +160,12 @@ class Asks:
                 # in a thread the question outlives the wait: a late answer goes to the thread as a message
                 final = await self.wait(qid, sub, progress, late_ok=caller.thread_id is not None)
             except BaseException:
-                # the caller went away (the CLI was stopped): the question can never be delivered
+                # the caller went away (the CLI was stopped): the question can never be delivered (unless the
+                # supervisor marked it late as it ended a parked process: its answer goes to the thread)
                 if not joined:  # a joined row is its first asker's to close
                     with contextlib.suppress(Exception):
-                        await asyncio.shield(self.q.one("close_question", {"id": qid, "response": WENT_AWAY}))
+                        await asyncio.shield(self.q.one("close_abandoned_question",
+                                                        {"id": qid, "response": WENT_AWAY}))
                 await self._afterwards(task_id, None)
                 raise
         response = final.response
@@ -278,7 +280,11 @@ class Asks:
             if left <= 0:
                 if late_ok:
                     if await self.q.one("mark_question_timed_out", {"id": qid}) is None:
-                        continue  # answered in the same instant: the answer wins
+                        # answered in the same instant (the answer wins), or marked late already (its parked
+                        # process ended by the supervisor): read it again, and stop waiting if it is still open
+                        carried = await self.q.one("get_question", {"id": qid})
+                        if carried is not None and carried["status"] != "pending":
+                            continue
                     return Answer(qid, TIMED_OUT_STATUS, {}, TIMED_OUT)
                 if await self.q.one("close_question", {"id": qid, "response": TIMED_OUT}) is None:
                     continue  # answered in the same instant: the answer wins

@@ -113,7 +113,11 @@ class Settings(BaseSettings):
     stop_grace_s: float = Field(default=10.0, gt=0)
     # A wall-clock cap per task, separate from the stall threshold. Unset: none.
     max_runtime_s: float | None = Field(default=None, gt=0)
+    # What runs at once. A process parked on the user (a pending question or approval) holds no slot; at most
+    # max_parked wait at once (unset: a quarter of the available memory at ~200 MiB per parked CLI, 4 to 32), past
+    # it the oldest is ended and its question stays answerable (the answer resumes it in a new turn).
     max_workers: int = Field(default=4, ge=1)
+    max_parked: int | None = Field(default=None, ge=1)
     # A worker's own dispatches are bounded: workers dispatch at most this deep (a turn's worker is at depth 1,
     # its worker at 2 …), and one task asks for at most this many workers; past either the tool refuses.
     max_dispatch_depth: int = Field(default=3, ge=1)
@@ -350,13 +354,14 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
     from executor import harness
     from executor.run import fleet
     from executor.run.warm import WarmConfig
-    from executor.run.supervisor import SupervisorConfig
+    from executor.run.supervisor import SupervisorConfig, default_max_parked
 
     return SupervisorConfig(
         sandbox=sandbox,
         mcp_url=f"http://{settings.mcp_host}:{settings.mcp_port}{harness.PATH}",
         mcp_timeout_ms=int((settings.ask_timeout_s + MCP_TIMEOUT_MARGIN_S) * 1000),
         max_workers=settings.max_workers,
+        max_parked=settings.max_parked or default_max_parked(),
         stall_timeout_s=settings.stall_timeout_s,
         stop_grace_s=settings.stop_grace_s,
         max_runtime_s=settings.max_runtime_s,

@@ -1,6 +1,21 @@
 """The supervisor's claim loop: claims dispatched tasks and stop requests, starts runs (executor/run/task_run.py),
 rejoins when fenced, and wakes on notifications. The watchdog (executor/run/watchdog.py) and reconciliation
-(executor/run/reconcile.py) run beside it; every row goes through executor/run/task_store.py."""
+(executor/run/reconcile.py) run beside it; every row goes through executor/run/task_store.py.
+
+Slots (docs/supervisor.md, "Slots: what runs and what waits"):
+- `max_workers` bounds what runs. A process parked on the user (its task has a pending question of its own that
+  its tool call waits on: ask_user_question, a permission approval) holds no slot; `max_parked` bounds what waits.
+  Past that bound the oldest parked process whose question can outlive it (asked in a thread, or by a thread's
+  worker) is ended (stop reason `parked_limit`): its question stays pending, marked late, and its answer goes to
+  the thread as a message that resumes the conversation in a new turn (executor/settle/approvals.py).
+- An answered question's process resumes at once, even when every slot is taken meanwhile: it may run over
+  `max_workers` for the rest of its turn (never starved nor killed), and nothing new is claimed until the running
+  ones are back under the bound.
+- Chat comes first: a thread turn a user's message started (`tasks.chat`) is claimed ahead of unattended work
+  (routines' runs, retries, workers, turns on harness reports), and unattended work never takes the last free
+  slot (with `max_workers` of 1 there is no slot to keep).
+- A task that could be claimed here but waits for a slot says so: its activity is `waiting_for_slot` (set each
+  pass while the slots are full, or only the kept one is free; the claim sets `running`)."""
 
 from __future__ import annotations
 
@@ -14,8 +29,8 @@ from typing import Any
 from executor.journal.writer import JournalWriter
 from executor.run import fleet, process, substrate
 from executor.run.reconcile import reconcile
-from executor.run.task_run import EXECUTOR_SHUTDOWN, USER_STOP, RunConfig, Running, TaskRunner
-from executor.run.task_store import ClaimedTask, TaskStore
+from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT, USER_STOP, RunConfig, Running, TaskRunner
+from executor.run.task_store import ClaimedTask, Parked, TaskStore
 from executor.run.warm import WarmConfig
 from executor.run.watchdog import Limits, Watchdog
 from executor.sandbox.bwrap import SandboxPolicy
@@ -30,9 +45,28 @@ log = logs.get(__name__)
 TASK_PENDING = "task_pending"
 
 
+# a parked CLI (node, its MCP client and the conversation) holds about this much memory while it waits
+PARKED_CLI_BYTES = 200 * 1024 * 1024
+
+
+def default_max_parked(available_bytes: int | None = None) -> int:
+    """How many processes may wait on the user at once: a quarter of the memory available now, at about 200 MiB
+    per parked CLI, between 4 and 32."""
+    if available_bytes is None:
+        import psutil
+
+        available_bytes = psutil.virtual_memory().available
+    return min(32, max(4, available_bytes // 4 // PARKED_CLI_BYTES))
+
+
 @dataclass(frozen=True)
 class SupervisorConfig:
+    # what runs at once (CPU, the account's rate); a process parked on the user holds no slot
     max_workers: int = 4
+    # what waits on the user at once; past it the oldest parked process is ended, its question left answerable
+    max_parked: int = 16
+    # tests only: parked processes hold their slots, as before (the negative control of the slot rule)
+    parked_hold_slots: bool = False
     # silence longer than this marks a running task stalled (a separate limit from max_runtime_s)
     stall_timeout_s: float = 180.0
     # SIGTERM first (the CLI cleans up its children), SIGKILL after this grace
@@ -231,13 +265,51 @@ class Supervisor:
     async def _claim_tasks(self) -> None:
         # A claimed task whose start an outage cut short is still ours: start it before claiming more.
         await self._start_claimed()
-        free = self.config.max_workers - len(self.running)
-        if free <= 0 or self._stopping.is_set():
+        if self._stopping.is_set():
             return
-        self._claimed += await self.store.claim_tasks(
-            free, name=self.lease.name, epoch=self.lease.epoch, labels=list(self.config.labels),
-            shared_config=self.config.shared_claude_config)
+        free = self.config.max_workers - len(await self._active())
+        # the last free slot is kept for chat (none to keep with a single slot)
+        keep = 1 if self.config.max_workers > 1 else 0
+        claimed: list[ClaimedTask] = []
+        if free > 0:
+            claimed = await self.store.claim_tasks(
+                free, n_unattended=max(0, free - keep), name=self.lease.name, epoch=self.lease.epoch,
+                labels=list(self.config.labels), shared_config=self.config.shared_claude_config)
+            self._claimed += claimed
+        left = free - len(claimed)
+        if left - keep <= 0:  # what is claimable here now waits (chat too when no slot is left)
+            await self.store.mark_waiting_for_slot(chat_too=left <= 0, name=self.lease.name,
+                                                   labels=list(self.config.labels),
+                                                   shared_config=self.config.shared_claude_config)
         await self._start_claimed()
+
+    async def _active(self) -> list[Running]:
+        """The runs that hold a slot: all but those parked on the user. Parked ones are looked up only when it
+        matters (the slots nearly full, or more runs than may park), and past `max_parked` the oldest are ended."""
+        runs = list(self.running.values())
+        if not runs or self.config.parked_hold_slots or (
+                len(runs) + 1 < self.config.max_workers and len(runs) <= self.config.max_parked):
+            return runs
+        parked = await self.store.parked_tasks([r.task_id for r in runs])
+        await self._end_parked(parked)
+        held = {p.task_id for p in parked}
+        return [r for r in runs if r.task_id not in held]
+
+    async def _end_parked(self, parked: list[Parked]) -> None:
+        """Past `max_parked`, end the oldest parked processes whose question can outlive them: the question is
+        marked late first (its answer then goes to the thread and resumes it in a new turn), then the process is
+        stopped. One answered meanwhile is left to run."""
+        over = len(parked) - self.config.max_parked
+        for p in [p for p in parked if p.late_ok][:max(0, over)]:
+            r = self.running.get(p.task_id)
+            if r is None or r.stop_reason is not None:
+                continue
+            released = await self.store.release_parked_questions(p.task_id)
+            if not released:
+                continue  # answered since: it resumes
+            log.info("parked_process_ended", task_id=str(p.task_id), questions=[str(q) for q in released],
+                     parked=len(parked), max_parked=self.config.max_parked)
+            await self.runner.request_stop(r, PARKED_LIMIT)
 
     async def _start_claimed(self) -> None:
         """Start what was claimed, side by side: each start waits mostly on its own round trips and its

@@ -42,6 +42,9 @@ HARNESS_STOPS = {EXECUTOR_SHUTDOWN: "crashed", "max_runtime": "failed"}
 # process the limit ended and finished: what it did was cut short
 LIMIT_STOPS = (limits.PIDS_LIMIT, limits.MEMORY_LIMIT)
 USER_STOP = "stop_requested"
+# a process parked on the user past the supervisor's bound (PETAL_MAX_PARKED): ended, its question left answerable
+# (the answer resumes the conversation in a new turn); not the turn's failure
+PARKED_LIMIT = "parked_limit"
 # a routine run's process is not started with less than this left of the run's USD (it could not finish a call)
 MIN_GRANT_USD = 0.01
 # how often a run's cgroup is looked at for a limit hit: a fork refused at pids.max or an OOM kill is no event
@@ -107,6 +110,7 @@ class Running:
     output_dirty: bool = False
     stalled_since: float | None = None
     awaiting_user: bool = False
+    chat: bool = False  # a thread turn a user's message started (executor/run/supervisor.py: its slots)
     stop_reason: str | None = None
     stop_asked: asyncio.Event = field(default_factory=asyncio.Event)  # the run's own coroutine carries it out
     killed: bool = False
@@ -299,7 +303,7 @@ class TaskRunner:
         r = Running(task_id=task_id, session_id=session_id, project_id=task.project_id, role=task.role,
                     proc=proc, started=started, last_output=started, mcp_config=mcp_path, gateway=gateway,
                     workdir=workdir, cli_session=spec.session_uuid, substrate=conv.substrate,
-                    spawn_id=started_ahead.spawn_id if started_ahead is not None else None)
+                    spawn_id=started_ahead.spawn_id if started_ahead is not None else None, chat=task.chat)
         self.runs[task_id] = r
         feeding = asyncio.create_task(self._feed_prompt(proc, substrate.stdin_input(spec)))
         self.children.add(feeding)

@@ -38,6 +38,7 @@ class ClaimedTask(FromRow):
     json_schema: dict[str, Any] | None
     attachment_ids: list[uuid.UUID]  # files fed to the CLI with the brief (a turn's messages carried them)
     max_budget_usd: float | None  # the CLI's --max-budget-usd (a routine's run: its USD per run)
+    chat: bool  # a thread turn a user's message started (claimed first; the last free slot is kept for it)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,16 @@ class Requeued(FromRow):
 class ClosedQuestion(FromRow):
     id: uuid.UUID
     task_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class Parked(FromRow):
+    """A running task parked on the user: the question it waits on, and whether that can outlive the process."""
+
+    task_id: uuid.UUID
+    question_id: uuid.UUID
+    asked_at: datetime
+    late_ok: bool
 
 
 @dataclass(frozen=True)
@@ -121,11 +132,18 @@ class TaskStore:
 
     # ---- claiming ------------------------------------------------------------------------------------
 
-    async def claim_tasks(self, n: int, *, name: str, epoch: int | None, labels: list[str],
+    async def claim_tasks(self, n: int, *, n_unattended: int, name: str, epoch: int | None, labels: list[str],
                           shared_config: bool) -> list[ClaimedTask]:
+        """Up to `n` claimable tasks, chat turns first, at most `n_unattended` of them not chat."""
         return await self.q.all("claim_pending_tasks", {
-            "n": n, "name": name, "epoch": epoch, "labels": labels, "shared_config": shared_config},
-            into=ClaimedTask)
+            "n": n, "n_unattended": n_unattended, "name": name, "epoch": epoch, "labels": labels,
+            "shared_config": shared_config}, into=ClaimedTask)
+
+    async def mark_waiting_for_slot(self, *, chat_too: bool, name: str, labels: list[str],
+                                    shared_config: bool) -> int:
+        """The tasks claimable here that wait for a slot say so (activity `waiting_for_slot`); how many began to."""
+        return len(await self.q.all("mark_waiting_for_slot", {
+            "chat_too": chat_too, "name": name, "labels": labels, "shared_config": shared_config}, into=_Id))
 
     async def claim_stops(self, name: str) -> list[StopRequest]:
         return await self.q.all("claim_stop_requests", {"name": name}, into=StopRequest)
@@ -210,6 +228,14 @@ class TaskStore:
         """Which of these tasks wait on a pending question of theirs."""
         return {r.task_id for r in await self.q.all("list_tasks_with_pending_questions", {"ids": task_ids},
                                                     into=_TaskId)}
+
+    async def parked_tasks(self, task_ids: list[uuid.UUID]) -> list[Parked]:
+        """Which of these running tasks are parked on the user, oldest question first."""
+        return await self.q.all("list_parked_tasks", {"ids": task_ids}, into=Parked)
+
+    async def release_parked_questions(self, task_id: uuid.UUID) -> list[uuid.UUID]:
+        """A parked task's pending questions marked late: they outlive its process (answered, to its thread)."""
+        return [r.id for r in await self.q.all("release_parked_questions", {"task_id": task_id}, into=_Id)]
 
     async def mark_stop_requested(self, task_id: uuid.UUID) -> None:
         await self.q.execute("mark_stop_requested", {"id": task_id})

@@ -125,8 +125,8 @@ async def _act(tx: Transaction, row: dict[str, Any]) -> None:
 def late_answer_text(row: dict[str, Any]) -> str:
     """The harness message that carries an answer given after its question had timed out."""
     who = "your" if row["asked_by_role"] == "orchestrator" else f"worker {row['task_id']}'s"
-    lines = [f"[harness] A late answer: the user answered {who} question after ask_user_question had timed "
-             "out (the tool had returned no answer)."]
+    lines = [f"[harness] A late answer: the user answered {who} question after ask_user_question had stopped "
+             "waiting (it timed out, or the process was ended while it waited; the tool had returned no answer)."]
     answers = row["answers"] or {}
     for q in row["questions"] or []:
         text = q.get("question") if isinstance(q, dict) else None

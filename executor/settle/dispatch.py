@@ -72,6 +72,9 @@ class TaskRequest:
     id: uuid.UUID = field(default_factory=uuid.uuid4)
     # files the user sent with the messages the brief carries: the run feeds them to the CLI with it
     attachment_ids: tuple[uuid.UUID, ...] = ()
+    # a thread turn a user's message started: claimed ahead of unattended work (executor/run/supervisor.py);
+    # a repeat of a task (from_row) is unattended
+    chat: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TaskRequest:
@@ -127,7 +130,7 @@ async def request_task(work: Work, request: TaskRequest) -> uuid.UUID:
         "json_schema": Jsonb(dict(request.json_schema)) if request.json_schema is not None else None,
         "executor": request.executor, "labels": list(request.labels), "attempt": request.attempt,
         "retry_of": request.retry_of, "delay_s": request.delay_s if request.retry_of is not None else None,
-        "attachment_ids": list(request.attachment_ids)})
+        "attachment_ids": list(request.attachment_ids), "chat": request.chat})
     if inserted is None:
         raise AlreadyRepeated(f"task {request.retry_of} is already run again")
     work.emit(request.dispatch_record())

@@ -31,7 +31,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run.task_run import EXECUTOR_SHUTDOWN
+from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT
 from executor.settle import approvals, changes, extraction, settlement
 from executor.sql import queries
 from shared import consume, database, journal, logs
@@ -43,6 +43,7 @@ from shared.work import Work
 log = logs.get(__name__)
 
 SHUTDOWN = EXECUTOR_SHUTDOWN  # a run the executor's own stop cut off
+PARKED = PARKED_LIMIT  # a run parked on the user that the supervisor ended (its question stays answerable)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,9 @@ def route(ended: Ended, *, extract: bool) -> Step:
         # a deploy is never the turn's fault, and the messages it carried must not be dropped
         if ended.status == "crashed" and ended.status_reason == SHUTDOWN:
             return Step.RERUN_TURN
+        # ended while it waited on the user, past PETAL_MAX_PARKED: a boundary, not a failure (the answer resumes it)
+        if ended.status_reason == PARKED:
+            return Step.TELL_THREAD
         return Step.TELL_THREAD if ended.status == "success" else Step.TURN_FAILED
     if not extract:
         return Step.NOTHING

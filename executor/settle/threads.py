@@ -241,7 +241,8 @@ class Threads:
             attachments = tuple(a for m in messages for a in (m["attachment_ids"] or ()))
             await dispatch.request_task(tx, dispatch.TaskRequest(
                 dispatch.TURN_ROLE, brief, id=turn_id, project_id=project["id"] if project else None,
-                session_id=thread_id, record={"messages": len(messages)}, attachment_ids=attachments))
+                session_id=thread_id, record={"messages": len(messages)}, attachment_ids=attachments,
+                chat=any(m["origin"] == "user" for m in messages)))
         log.info("turn_queued", thread=str(thread_id), messages=len(messages))
 
 

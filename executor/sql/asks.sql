@@ -50,6 +50,13 @@ UPDATE questions SET status = 'cancelled', response = %(response)s
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id
 
+-- name: close_abandoned_question --
+-- Its asking tool call went away (the process ended): closed, unless it was marked late first (a parked process the
+-- supervisor ended past PETAL_MAX_PARKED): that one stays answerable, its answer goes to the thread.
+UPDATE questions SET status = 'cancelled', response = %(response)s
+WHERE id = %(id)s AND status = 'pending' AND timed_out_at IS NULL
+RETURNING id
+
 -- name: lock_thread_questions --
 -- One asker at a time per thread between looking for the same question and putting it up (held to commit).
 SELECT pg_advisory_xact_lock(hashtextextended('questions:' || %(thread_id)s::text, 0)) AS locked

@@ -57,17 +57,19 @@ SELECT event_id FROM journal WHERE task_id = %(id)s AND event_type = 'task.exite
 -- run (a named executor and/or labels it must carry). The next attempt of a task (retry_of) is not claimed
 -- before its not_before, and is inserted only while no other run repeats that task (nothing is returned then).
 -- A routine's run caps every CLI process in it (its turns, their workers and extractors) at the routine's
--- USD per run: a turn finds it through its thread, a worker or extractor through its parent.
+-- USD per run: a turn finds it through its thread, a worker or extractor through its parent. chat: a thread turn
+-- a user's message started (claimed first, migration 0039).
 INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
                    json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels,
-                   attachment_ids, max_budget_usd)
+                   attachment_ids, max_budget_usd, chat)
 SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
        %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
        'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
        %(executor)s::text, %(labels)s::text[], %(attachment_ids)s::uuid[],
        coalesce((SELECT p.max_budget_usd FROM tasks p WHERE p.id = %(parent_task_id)s::uuid),
                 (SELECT rt.usd_per_run FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
-                 WHERE r.thread_id = %(session_id)s::uuid))
+                 WHERE r.thread_id = %(session_id)s::uuid)),
+       %(chat)s::boolean
 WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
 RETURNING id
 
@@ -81,15 +83,14 @@ FROM tasks WHERE id = %(id)s
 SELECT workdir FROM projects WHERE id = %(project_id)s
 
 -- name: claim_pending_tasks --
--- Oldest first; SKIP LOCKED so a concurrent claimer never blocks or takes the same row. A back-off retry
--- waits for its not_before (the poll picks it up then). Only what may run here (placement: a named executor,
--- required labels, the project's executor, the executor of the session's first turn unless the CLI config
--- directory is shared), and only while this run's lease is live: a fenced run claims nothing.
-UPDATE tasks t
-SET status = 'running', activity = 'running', started_at = now(), last_output_at = now(),
-    executor_name = %(name)s, executor_epoch = %(epoch)s
-FROM (
-    SELECT c.id FROM tasks c
+-- Chat turns first (a thread turn a user's message started), then the rest, each oldest first: at most %(n)s in
+-- all, and at most %(n_unattended)s that are not chat (the supervisor keeps the last free slot for chat). SKIP
+-- LOCKED so a concurrent claimer never blocks or takes the same row. A back-off retry waits for its not_before
+-- (the poll picks it up then). Only what may run here (placement: a named executor, required labels, the
+-- project's executor, the executor of the session's first turn unless the CLI config directory is shared), and
+-- only while this run's lease is live: a fenced run claims nothing.
+WITH claimable AS (
+    SELECT c.id, c.chat, c.created_at FROM tasks c
     LEFT JOIN projects p ON p.id = c.project_id
     LEFT JOIN sessions s ON s.id = c.session_id
     WHERE c.status = 'pending' AND (c.not_before IS NULL OR c.not_before <= now())
@@ -101,11 +102,64 @@ FROM (
                   AND e.lost_at IS NULL AND e.lease_until > now())
       -- a worker of an interactive thread waits for the user's approval (migration 0021)
       AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.task_id = c.id AND a.status = 'open')
-    ORDER BY c.created_at FOR UPDATE OF c SKIP LOCKED LIMIT %(n)s
-) picked
+), chat AS (
+    SELECT t.id FROM tasks t JOIN claimable USING (id) WHERE claimable.chat
+    ORDER BY claimable.created_at FOR UPDATE OF t SKIP LOCKED LIMIT %(n)s
+), unattended AS (
+    SELECT t.id FROM tasks t JOIN claimable USING (id) WHERE NOT claimable.chat
+    ORDER BY claimable.created_at FOR UPDATE OF t SKIP LOCKED
+    LIMIT greatest(0, least(%(n_unattended)s, %(n)s - (SELECT count(*) FROM chat)))
+)
+UPDATE tasks t
+SET status = 'running', activity = 'running', started_at = now(), last_output_at = now(),
+    executor_name = %(name)s, executor_epoch = %(epoch)s
+FROM (SELECT id FROM chat UNION ALL SELECT id FROM unattended) picked
 WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
-          t.allowed_tools, t.attempt, t.json_schema, t.attachment_ids, t.max_budget_usd::float8 AS max_budget_usd
+          t.allowed_tools, t.attempt, t.json_schema, t.attachment_ids, t.max_budget_usd::float8 AS max_budget_usd,
+          t.chat
+
+-- name: mark_waiting_for_slot --
+-- Every slot is busy (or the free one is kept for chat, %(chat_too)s false): the tasks that could be claimed here
+-- now wait, visibly (a pending task's activity; the claim sets `running`). Rows that say so already are left alone
+-- (an activity write notifies the page). Returns those marked.
+UPDATE tasks c SET activity = 'waiting_for_slot'
+FROM tasks t
+LEFT JOIN projects p ON p.id = t.project_id
+LEFT JOIN sessions s ON s.id = t.session_id
+WHERE c.id = t.id AND t.status = 'pending' AND t.activity IS NULL AND (t.not_before IS NULL OR t.not_before <= now())
+  AND (%(chat_too)s OR NOT t.chat)
+  AND (t.placement_executor IS NULL OR t.placement_executor = %(name)s)
+  AND t.required_labels <@ %(labels)s::text[]
+  AND (p.executor_name IS NULL OR p.executor_name = %(name)s)
+  AND (%(shared_config)s OR s.executor_name IS NULL OR s.executor_name = %(name)s)
+  AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.task_id = t.id AND a.status = 'open')
+RETURNING c.id
+
+-- name: list_parked_tasks --
+-- Which of these running tasks are parked on the user (a pending question of theirs that their tool call still
+-- waits on), oldest question first; late_ok: its question can outlive the process (its answer then goes to a
+-- thread as a message: the asking turn's thread, or the thread whose turn dispatched the asking worker).
+SELECT * FROM (
+    SELECT DISTINCT ON (q.task_id) q.task_id, q.id AS question_id, q.created_at AS asked_at,
+           (EXISTS (SELECT 1 FROM tasks t JOIN sessions s ON s.id = t.session_id AND s.role = 'orchestrator'
+                    WHERE t.id = q.task_id)
+            OR EXISTS (SELECT 1 FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
+                       JOIN sessions s ON s.id = p.session_id AND s.role = 'orchestrator'
+                       WHERE t.id = q.task_id)) AS late_ok
+    FROM questions q
+    WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND q.task_id = ANY(%(ids)s::uuid[])
+    ORDER BY q.task_id, q.created_at
+) parked
+ORDER BY asked_at
+
+-- name: release_parked_questions --
+-- A parked process ended past the bound: its pending questions stay answerable, marked late (as a timed-out
+-- ask_user_question's are): an answer goes to the thread as a message and resumes the conversation in a new turn
+-- (executor/settle/approvals.py deliver_late_answers), and its process's end does not close them.
+UPDATE questions SET timed_out_at = now()
+WHERE task_id = %(task_id)s AND status = 'pending' AND timed_out_at IS NULL
+RETURNING id
 
 -- name: get_role_profile --
 SELECT role, system_prompt, allowed_tools, use_mcp FROM role_profiles WHERE role = %(role)s
@@ -154,7 +208,7 @@ WHERE t.id = u.id
 UPDATE tasks SET stop_requested_at = now() WHERE id = %(id)s
 
 -- name: cancel_pending_task --
-UPDATE tasks SET status = 'cancelled', status_reason = %(reason)s, ended_at = now()
+UPDATE tasks SET status = 'cancelled', status_reason = %(reason)s, ended_at = now(), activity = NULL
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id
 
@@ -182,7 +236,7 @@ SELECT DISTINCT task_id FROM questions WHERE status = 'pending' AND timed_out_at
 -- name: list_orphaned_running_tasks --
 -- This executor's own (an earlier run of its name; unnamed rows predate the fleet): others' are theirs.
 SELECT id, pid, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools, attempt,
-       json_schema, attachment_ids, max_budget_usd::float8 AS max_budget_usd
+       json_schema, attachment_ids, max_budget_usd::float8 AS max_budget_usd, chat
 FROM tasks WHERE status = 'running' AND (executor_name = %(name)s OR executor_name IS NULL)
 
 -- name: crash_task --

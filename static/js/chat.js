@@ -265,8 +265,25 @@ export function renderTurnStatus() {
     && (t.status === "running" || t.status === "pending"));
   const el = $("#turn-status");
   el.hidden = !turn;
-  if (turn) el.textContent = turn.activity === "awaiting_user" ? "The orchestrator is waiting for your answer"
+  if (turn?.status === "pending" && turn.activity === "waiting_for_slot") slotsLine(el);
+  else if (turn) el.textContent = turn.activity === "awaiting_user" ? "The orchestrator is waiting for your answer"
     : turn.activity === "stalled" ? "The orchestrator's turn is stalled" : "The orchestrator is working…";
+}
+
+// A turn the supervisor holds back says for what: the running tasks (one parked on its user holds no slot) against
+// the live executors' slots (GET /api/executors, read again at most every 10 s while the wait shows).
+const slots = { at: 0, n: null };
+function slotsLine(el) {
+  if (Date.now() - slots.at > 10_000) {
+    slots.at = Date.now();
+    api("/api/executors").then(({ executors }) => {
+      slots.n = executors.filter((x) => x.state === "live").reduce((n, x) => n + x.capacity, 0);
+      renderTurnStatus();
+    }).catch(() => {});
+  }
+  const busy = [...S.tasks.values()].filter((t) => t.status === "running" && t.activity !== "awaiting_user");
+  el.replaceChildren(`Waiting for a free slot — ${busy.length} of ${slots.n ?? busy.length} busy`,
+    ...busy.flatMap((t, i) => [i ? ", " : ": ", h("a", { href: `#task/${t.id}` }, `${t.role} ${short(t.id)}`)]));
 }
 
 // Optimistic send: the message shows at once as pending, becomes the queue's row when the store takes

@@ -27,7 +27,7 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
-export function chip(status) { return h("span", { class: `chip ${status}` }, status.replace("_", " ")); }
+export function chip(status) { return h("span", { class: `chip ${status}` }, status.replaceAll("_", " ")); }
 
 // Puts exactly `nodes` into `parent`, in order, moving only what is out of place: nodes that stay are
 // never re-created or detached, so focus, open <details> and scroll survive a re-render (no flicker).

@@ -35,6 +35,7 @@ export function currentTab() {
 export function taskState(t) {
   if (!t) return "pending";
   if (t.status === "running" && t.activity && t.activity !== "running") return t.activity;
+  if (t.status === "pending" && t.activity === "waiting_for_slot") return t.activity;  // every slot busy
   return t.status;
 }
 

@@ -182,7 +182,7 @@ async def sse_resume(url: str, after: int, expect: int) -> None:
 def executor_cases(t: Target) -> dict[str, tuple[str, dict[str, Any]]]:
     return {
         "claim (supervisor)": ("claim_pending_tasks", {"name": EXECUTOR, "epoch": 1, "labels": [],
-                                                       "shared_config": True, "n": 4}),
+                                                       "shared_config": True, "n": 4, "n_unattended": 3}),
         "stop requests (supervisor)": ("claim_stop_requests", {"name": EXECUTOR}),
         "settlement claim (settler)": ("claim_unsettled_task", {"skip": []}),
         "settled worker (settler)": ("get_settled_worker", {"id": t.worker}),

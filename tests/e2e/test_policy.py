@@ -395,8 +395,9 @@ async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_close
     async with pool.connection() as conn:
         # an executor with a live lease, so only the approval can keep the worker from being claimed
         epoch = (await (await conn.execute(queries["join_fleet"], {
-            "name": "solo", "labels": [], "capacity": 4, "lease_s": 60, "version": "test", "sandbox": "bwrap"})).fetchone())[0]  # type: ignore[index]
-        claim = {"n": 10, "name": "solo", "epoch": epoch, "labels": [], "shared_config": True}
+            "name": "solo", "labels": [], "capacity": 4, "lease_s": 60, "version": "test", "sandbox": "bwrap",
+            "workdir": str(tmp_path)})).fetchone())[0]  # type: ignore[index]
+        claim = {"n": 10, "n_unattended": 10, "name": "solo", "epoch": epoch, "labels": [], "shared_config": True}
         claimed = await (await conn.execute(queries["claim_pending_tasks"], claim)).fetchall()
         await conn.execute(queries["cancel_pending_task"], {"id": worker, "reason": "stop_requested"})  # Stop
     acted = await approvals.apply_answered(pool)

@@ -107,7 +107,8 @@ def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
         "SSE resume, 1,000 back": ("read_journal", {"after": s.head - 1000, "limit": 500, "task_id": None,
                                                     "session_id": None}),
         # the executor: claiming, settlement, the threads loop, the notifier
-        "claim": ("claim_pending_tasks", {"name": "host-1", "epoch": 1, "labels": [], "shared_config": False, "n": 4}),
+        "claim": ("claim_pending_tasks", {"name": "host-1", "epoch": 1, "labels": [], "shared_config": False, "n": 4,
+                                          "n_unattended": 3}),
         "settlement claim": ("claim_unsettled_task", {"skip": []}),
         "settled worker": ("get_settled_worker", {"id": worker}),
         "exit denials": ("get_exit_denials", {"id": worker}),

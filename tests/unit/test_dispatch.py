@@ -31,7 +31,7 @@ async def test_a_worker_request_inserts_one_pending_row_and_emits_its_dispatch_r
         "id": asked.id, "project_id": PROJECT, "session_id": None, "parent_task_id": PARENT, "role": "worker",
         "brief": "count the files", "plan_ref": "T-1", "workdir": str(tmp_path), "allowed_tools": ["Read"],
         "json_schema": None, "executor": None, "labels": ["gpu"], "attempt": 1, "retry_of": None,
-        "delay_s": None, "attachment_ids": []}  # a first request waits for nothing: no not_before
+        "delay_s": None, "attachment_ids": [], "chat": False}  # a first request waits for nothing: no not_before
     (record,) = unit.events
     assert (record.event_type, record.task_id, record.project_id, record.session_id) == (
         "task.dispatch_requested", asked.id, PROJECT, None)

@@ -46,6 +46,8 @@ def test_a_turn_cut_off_by_the_executors_shutdown_runs_again_and_other_failed_tu
     assert route(ended(**turn, status="crashed", status_reason="executor_shutdown"), extract=True) is Step.RERUN_TURN
     assert route(ended(**turn, status="crashed", status_reason="executor_restart"), extract=True) is Step.TURN_FAILED
     assert route(ended(**turn, status="cancelled", status_reason="stop_requested"), extract=True) is Step.TURN_FAILED
+    # ended while parked on its user past PETAL_MAX_PARKED: a boundary (its question's answer resumes the thread)
+    assert route(ended(**turn, status="cancelled", status_reason="parked_limit"), extract=True) is Step.TELL_THREAD
     assert route(ended(**turn, status="rate_limited"), extract=False) is Step.TURN_FAILED
     assert route(ended(**turn, status="success"), extract=True) is Step.TELL_THREAD
 
