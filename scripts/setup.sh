@@ -155,6 +155,16 @@ fi
 cli_cached || doing "installing the pinned Claude Code CLI (npm, into ~/.cache/petal-dispatch)"
 claude=$("$VENV/bin/petal-dispatch" install-claude | tail -n 1)
 ok "Claude Code CLI $("$claude" --version 2>/dev/null | awk 'NR == 1 { print $1 }') ($claude)"
+# the README's `claude auth login` after `. .venv/bin/activate`: with no claude of one's own on the PATH, the pinned
+# CLI is linked into the venv's bin (a claude elsewhere on the PATH is left to win)
+on_path=$(command -v claude 2>/dev/null || true)
+if [ -z "$on_path" ] || [ "$on_path" = "$VENV/bin/claude" ]; then
+    if [ "$(readlink "$VENV/bin/claude" 2>/dev/null)" != "$claude" ]; then
+        doing "linking the pinned CLI as .venv/bin/claude"
+        ln -sfn "$claude" "$VENV/bin/claude"
+    fi
+    ok "claude in .venv/bin (the pinned CLI)"
+fi
 
 # ---- user namespaces: every worker runs in a bubblewrap sandbox of its own ------------------------------
 if ! err=$(bwrap --unshare-user --ro-bind / / true 2>&1); then
