@@ -95,6 +95,10 @@ async def test_every_view_passes_axe_with_every_status_chip_rendered(db: DB, vie
             await expect(chips.locator(f"xpath=self::*[contains(@class, ' {status}')]")).not_to_have_count(0)
         await _axe_clean(page, f"tasks at {size}")
         await shot(page, f"chips-tasks-{size}")
+        # negative control: the cancelled chip's old colour (4.46:1 on its background) is caught
+        await page.evaluate("document.querySelector('#task-list .chip.cancelled').style.color = '#a15c00'")
+        assert "color-contrast" in [v["id"] for v in await axe_violations(page)]
+        await page.evaluate("document.querySelector('#task-list .chip.cancelled').style.color = ''")
         await page.evaluate("location.hash = '#routines'")
         await page.locator(".routine").first.get_by_role("button", name="History").click()
         for status in RUN_STATUSES:
