@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from playwright.async_api import Page, ViewportSize, expect
+from playwright.async_api import FilePayload, Page, ViewportSize, expect
 
 from shared.threads import DEFAULT_THREAD_ID
 from tests.pg import DB
@@ -119,9 +119,10 @@ async def test_the_phone_layout_fits(db: DB, viewport: ViewportSize) -> None:
             assert await _cut_placeholders(page) == [], f"{view} at {size}"
         # rejected uploads: one line each, with the reason; no Retry where a retry cannot succeed
         await page.evaluate("location.hash = '#chat'")
-        await page.locator("#attach-files").set_input_files([
+        files: list[FilePayload] = [
             {"name": "big-report-from-the-quarterly-review.pdf", "mimeType": "application/pdf", "buffer": b"%PDF" * 2000},
-            {"name": "tool.bin", "mimeType": "application/octet-stream", "buffer": b"\x7fELF\x02\x01" + b"\0" * 200}])
+            {"name": "tool.bin", "mimeType": "application/octet-stream", "buffer": b"\x7fELF\x02\x01" + b"\0" * 200}]
+        await page.locator("#attach-files").set_input_files(files)
         failed = page.locator(".composer-files .draft.failed")
         await expect(failed).to_have_count(2, timeout=20_000)
         for i, why in ((0, "larger than 4 KiB"), (1, "files of type")):
