@@ -67,7 +67,9 @@ function showTab() {
   const tab = currentTab();
   const [head, arg] = location.hash.replace(/^#/, "").split("/");
   if ((head === "chat" || head === "thread") && arg) { // a link to a thread (a notification's, one shared)
-    openThread(arg).catch((e) => { $("#thread-status").textContent = e.message; });
+    // found, the link has done its work (the same link again is a change of hash); missing, it stays in view
+    openThread(arg).then((found) => { if (found && location.hash === `#${head}/${arg}`) history.replaceState(null, "", "#chat"); })
+      .catch((e) => { $("#thread-status").textContent = e.message; });
   } else if (head === "chat") clearMissing();
   for (const t of TABS) {
     $(`#view-${t}`).hidden = t !== tab;

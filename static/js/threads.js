@@ -65,16 +65,17 @@ export async function pickThread(id) {
 // A thread named by a link (#thread/<id>, #chat/<id>): focused when it exists; one that does not is said to be
 // missing, with the id, instead of showing an empty conversation or another thread.
 export async function openThread(id) {
-  if (id === S.thread && !$("#view-chat").classList.contains("missing")) return;
+  if (id === S.thread && !$("#view-chat").classList.contains("missing")) return true;
   if (!S.threads.some((t) => t.id === id)) {
     let one = null;
     try { one = await api(`/api/threads/${encodeURIComponent(id)}`); } catch (e) {
       if (e.status !== 404 && e.status !== 400) throw e;
     }
-    if (!one) { showMissing(id); return; }
+    if (!one) { showMissing(id); return false; }
     if (!S.threads.some((t) => t.id === id)) S.threads.push(one);
   }
   await focusThread(id);
+  return true;
 }
 
 function showMissing(id) {

@@ -44,6 +44,8 @@ def _seed(admin_dsn: str) -> dict[str, Any]:
         for activity in ("stalled", "awaiting_user"):
             conn.execute("INSERT INTO tasks (role, status, activity, brief) VALUES ('worker', 'running', %s, %s)",
                          [activity, f"a task that is {activity}"])
+        second = conn.execute("INSERT INTO sessions (role, lifecycle, title, mode) VALUES ('orchestrator', 'running',"
+                              " 'Second thread', 'interactive') RETURNING id").fetchone()[0]  # type: ignore[index]
         turn = conn.execute("INSERT INTO tasks (role, status, brief, session_id) VALUES ('orchestrator', 'success', "
                             "'plan the day', %s) RETURNING id", [DEFAULT_THREAD_ID]).fetchone()[0]  # type: ignore[index]
         routine = conn.execute("INSERT INTO routines (name, prompt, cron, tz) VALUES ('Nightly', 'check', "
@@ -61,7 +63,7 @@ def _seed(admin_dsn: str) -> dict[str, Any]:
         conn.execute("INSERT INTO executors (name, capacity, lease_s, lease_until, renewed_at, started_at) VALUES "
                      "('ex-1', 4, 15, now() - interval '30 seconds', now() - interval '45 seconds', "
                      "now() - interval '1 hour')")
-    return {"statuses": statuses, "turn": turn, "routine": routine}
+    return {"statuses": statuses, "turn": turn, "routine": routine, "second": second}
 
 
 # every banner (an alert, a status line, a notice) inside a landmark; the page's h1s
@@ -140,6 +142,11 @@ async def test_the_page_says_what_is_true(db: DB, viewport: ViewportSize) -> Non
         # the same link opened fresh (a shared URL) says it too
         await page.goto(f"{url}/#thread/{unknown_thread}")
         await seen(page.locator("#chat-missing"), str(unknown_thread), scroll=True)
+        # a thread that exists, by its link: focused, and the link has done its work
+        await page.evaluate(f"location.hash = '#thread/{seeded['second']}'")
+        await seen(page.locator("#thread-title"), "Second thread", scroll=True)
+        await expect(page.locator("#chat-missing")).to_be_empty()
+        await page.wait_for_function("location.hash === '#chat'")
         # a task that does not exist
         await page.evaluate(f"location.hash = '#task/{unknown_task}'")
         await seen(page.locator("#task-detail .not-found"), f"Task not found: {unknown_task}", scroll=True)
