@@ -338,7 +338,8 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             await expect(bubble).to_contain_text("sending…", timeout=1_000)
             await expect(page.locator("#composer-text")).to_have_value("")
             release.set()
-            await expect(bubble).to_contain_text("delivered at the next turn boundary")
+            # no executor runs here: the queued message says what it waits for (js/fleet.js)
+            await expect(bubble).to_contain_text("no executor is running; delivered when one is back")
             await page.unroute("**/api/chat")
             # refused by the server: back in the composer with the server's reason, nothing left pending
             await page.fill("#composer-text", "x" * 100_001)
