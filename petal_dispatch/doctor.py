@@ -323,7 +323,7 @@ async def sandbox_probe(settings: Settings, env: Mapping[str, str], claude: Path
     assert policy is not None
     sub = config.substrate_config(resolved, env)
     mcp_url = f"http://{settings.mcp_host}:{settings.mcp_port}{harness.PATH}"
-    isolation = Isolation(policy, sub, mcp_url, cast(TaskStore, _NoProjects()))
+    isolation = Isolation(policy, sub, mcp_url, cast(TaskStore, _NoProjects()), quiet=True)
     task_id = uuid.uuid4()
     gateway = await isolation.open_gateway(task_id, None)
     try:

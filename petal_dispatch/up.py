@@ -298,12 +298,12 @@ def preflight(settings: Settings, env: Mapping[str, str], *,
     config.check_ingress_bind(settings)
     if not demo and not settings.open_mode:  # the demo opens the page itself (open mode on loopback)
         config.check_auth(settings)
-    claude = doctor.require(settings, env, scope="up", demo=demo)
     dbserver.check_data_dir(settings)
-    # before the ports: a second `up` on this data directory is told who holds it, whatever its ports
+    # before the checks and the ports: a second `up` on this data directory is told at once who holds it
     held = datalock.acquire(settings, datalock.UP)
     try:
         datalock.probe(settings, datalock.EXECUTOR)  # a bare `executor` on it: ours would be refused
+        claude = doctor.require(settings, env, scope="up", demo=demo)
         ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
         ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
     except BaseException:

@@ -23,7 +23,7 @@ log = logs.get(__name__)
 
 class Isolation:
     def __init__(self, policy: sandbox.SandboxPolicy, substrate_config: substrate.SubstrateConfig,
-                 mcp_url: str | None, store: TaskStore):
+                 mcp_url: str | None, store: TaskStore, *, quiet: bool = False):
         self.policy = policy
         self.substrate = substrate_config
         self.mcp_url = mcp_url
@@ -33,10 +33,11 @@ class Isolation:
         self.cgroups = limits.find_tree(policy.limits)
         self.rlimits = limits.rlimits_for(policy.limits, self.cgroups)
         self.spawn_cgroups: dict[uuid.UUID, limits.SpawnCgroup] = {}
-        log.info("spawn_limits", pids_max=policy.limits.pids_max, memory_max=policy.limits.memory_max,
-                 tmp_size=policy.limits.tmp_size, cgroup=self.cgroups and f"v{self.cgroups.version}",
-                 cgroup_controllers=sorted(self.cgroups.controllers) if self.cgroups else [],
-                 rlimit_nproc=self.rlimits[0], rlimit_data=self.rlimits[1])
+        if not quiet:  # `doctor`'s sandbox probe builds one too: the executor's start says it, once
+            log.info("spawn_limits", pids_max=policy.limits.pids_max, memory_max=policy.limits.memory_max,
+                     tmp_size=policy.limits.tmp_size, cgroup=self.cgroups and f"v{self.cgroups.version}",
+                     cgroup_controllers=sorted(self.cgroups.controllers) if self.cgroups else [],
+                     rlimit_nproc=self.rlimits[0], rlimit_data=self.rlimits[1])
 
     async def open_gateway(self, task_id: uuid.UUID, project_id: uuid.UUID | None) -> Gateway:
         forwards: dict[int, tuple[str, int]] = {}
