@@ -23,7 +23,7 @@ from executor.notify import notifier as notify
 from executor.notify.duty import Duty
 from executor.projects import service as projects
 from executor.routines import Routines, RoutinesConfig
-from executor.run.substrate import SubstrateConfig, config_home
+from executor.run.substrate import SubstrateConfig, config_home, handback_cli
 from executor.run.supervisor import Supervisor, SupervisorConfig
 from executor.sessions import adopt as claude_sessions
 from executor.sessions.index import Index as SessionIndex
@@ -168,7 +168,7 @@ def _session_index(config: ExecutorConfig, db: Database) -> SessionIndex:
     home_claude = Path(config.substrate.base_env.get("HOME") or Path.home()) / ".claude"
     dirs = tuple(dict.fromkeys([*(config.sessions.dirs or (home_claude,)), config_home(config.substrate)]))
     return SessionIndex(db.pool, config.supervisor.name, dirs, config.project_roots, home_claude,
-                        config.sessions.poll_s, protected=config.protected)
+                        config.sessions.poll_s, protected=config.protected, cli=handback_cli(config.substrate))
 
 
 class _Loops:

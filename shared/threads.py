@@ -13,12 +13,13 @@ DEFAULT_THREAD_ID = uuid.uuid5(uuid.NAMESPACE_URL, "petal-dispatch:default-threa
 HANDBACK_FLAGS = ("--setting-sources", "user", "--strict-mcp-config", '--mcp-config={"mcpServers":{}}')
 
 
-def resume_command(workdir: str, config_dir: str | None, session_id: str) -> str:
+def resume_command(workdir: str, config_dir: str | None, session_id: str, cli: str = "claude") -> str:
     """The shell command that continues a thread's CLI conversation in a terminal: in its directory, with
-    its config directory when that is not the default one, and without settings or MCP servers from the tree or
-    the CLI's state file (HANDBACK_FLAGS)."""
+    its config directory when that is not the default one, the CLI the executor runs (`claude`, or its path when a
+    terminal's `claude` would be another or none), and without settings or MCP servers from the tree or the CLI's
+    state file (HANDBACK_FLAGS)."""
     import shlex
 
     env = f"CLAUDE_CONFIG_DIR={shlex.quote(config_dir)} " if config_dir else ""
-    return (f"cd {shlex.quote(workdir)} && {env}claude --resume {shlex.quote(session_id)} "
+    return (f"cd {shlex.quote(workdir)} && {env}{shlex.quote(cli)} --resume {shlex.quote(session_id)} "
             f"{shlex.join(HANDBACK_FLAGS)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -209,7 +210,19 @@ def resume_command(config: SubstrateConfig, workdir: Path, session_uuid: str) ->
     the service user's ~/.claude, which a terminal of that user reads anyway)."""
     home = config_home(config)
     default = Path(config.base_env.get("HOME") or Path.home()) / ".claude"
-    return threads.resume_command(str(workdir), None if home == default else str(home), session_uuid)
+    return threads.resume_command(str(workdir), None if home == default else str(home), session_uuid,
+                                  handback_cli(config))
+
+
+def handback_cli(config: SubstrateConfig) -> str:
+    """How the hand-back names the CLI: `claude` when that is the one a terminal of this user finds on PATH, else
+    the executor's own by its path (the pinned install, when no `claude` is on PATH), so the command works as
+    pasted."""
+    ours = shutil.which(config.claude_bin, path=config.base_env.get("PATH"))
+    on_path = shutil.which("claude", path=config.base_env.get("PATH"))
+    if ours is None or (on_path is not None and Path(on_path).resolve() == Path(ours).resolve()):
+        return "claude"
+    return str(Path(ours).absolute())
 
 
 def _stored(config: SubstrateConfig, session_uuid: str) -> Iterator[Path]:

@@ -69,6 +69,8 @@ class Index:
     poll_s: float = 1.0
     # what no worker may write (shared/protected.py): a conversation there is not adopted
     protected: tuple[tuple[str, Path], ...] = ()
+    # how the hand-back command names the CLI (substrate.handback_cli)
+    cli: str = "claude"
     files: dict[str, _File] = field(default_factory=dict)  # by path
     # conversations whose file grew (or appeared) since a thread's journal was last brought up to date with it
     grown: set[str] = field(default_factory=set)
@@ -248,4 +250,4 @@ class Index:
     def resume_command(self, workdir: str, config_dir: Path, session_id: str) -> str:
         """The shell command that continues a conversation in a terminal."""
         default = config_dir.resolve() == self.default_config_dir.resolve()
-        return threads.resume_command(workdir, None if default else str(config_dir), session_id)
+        return threads.resume_command(workdir, None if default else str(config_dir), session_id, self.cli)

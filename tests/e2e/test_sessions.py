@@ -152,8 +152,9 @@ async def test_a_terminal_conversation_is_listed_adopted_continued_from_the_phon
             thread = await _adopt(http, sid)
             got = await wait.until(lambda: _thread(http, thread), "the adopted thread made")
             assert got["adopted_session_id"] == sid
+            # the CLI by its path: the pinned one is not a terminal's `claude` on PATH
             assert got["resume_command"] == (f"cd '{term.cwd}' && CLAUDE_CONFIG_DIR={term.config} "
-                                             f"claude --resume {sid} {shlex.join(threads.HANDBACK_FLAGS)}"), got
+                                             f"{claude_bin()} --resume {sid} {shlex.join(threads.HANDBACK_FLAGS)}"), got
             chat = await _chat(h, thread)
             assert [(t, x) for t, x, imported in chat if imported] == [
                 ("task.user_message", "first terminal prompt"), ("stream.result", "terminal reply"),
@@ -235,7 +236,7 @@ async def test_a_conversation_a_live_terminal_holds_is_forked_and_its_file_left_
                 assert term.file(sid).read_bytes() == before  # the terminal's conversation is untouched
                 assert term.file(thread).is_file()  # the thread's fork, beside it
                 got = await _thread(http, thread)
-                assert got is not None and f"claude --resume {thread} " in got["resume_command"], got
+                assert got is not None and f"{claude_bin()} --resume {thread} " in got["resume_command"], got
             finally:
                 if live.returncode is None:
                     live.terminate()
@@ -331,7 +332,7 @@ async def test_a_thread_begun_on_the_phone_is_handed_to_a_terminal_and_back(db: 
             await _turns_done(h, thread, 1)
             got = await wait.until(lambda: _with_command(http, thread), "the thread's command for a terminal")
             workdir, config = tmp_path / "work", tmp_path / "claude-config"
-            assert got["resume_command"] == (f"cd {workdir} && CLAUDE_CONFIG_DIR={config} claude --resume {thread} "
+            assert got["resume_command"] == (f"cd {workdir} && CLAUDE_CONFIG_DIR={config} {claude_bin()} --resume {thread} "
                                              f"{shlex.join(threads.HANDBACK_FLAGS)}")
             # the thread's own conversation is listed too, as the thread's
             row = await wait.until(lambda: _listed(http, thread), "the thread's conversation listed", timeout=15)

@@ -143,3 +143,26 @@ def test_the_index_reads_only_what_a_file_gained_and_rereads_a_replaced_one(tmp_
     assert changed[0].scan.message_count == 2 and read[-1] == conv.stat().st_size
     conv.unlink()
     assert index._look()[1] and index.by_session(SID) is None
+
+
+def test_the_hand_back_names_the_cli_a_terminal_would_not_find_by_its_path(tmp_path: Path) -> None:
+    """Pasted in a terminal, the command runs the executor's CLI: `claude` when that is the one on PATH, else
+    the executor's own by its path (the pinned install, with no `claude` on PATH)."""
+    from executor.run import substrate
+
+    bin_dir, pinned = tmp_path / "bin", tmp_path / "cache" / "claude"
+    bin_dir.mkdir()
+    pinned.parent.mkdir()
+    pinned.write_text("#!/bin/sh\n")
+    pinned.chmod(0o755)
+    config = substrate.SubstrateConfig(claude_bin=str(pinned), base_env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert substrate.handback_cli(config) == str(pinned)
+    assert f"&& {pinned} --resume {SID} " in substrate.resume_command(config, tmp_path, SID)
+    (bin_dir / "claude").symlink_to(pinned)  # the same CLI on PATH: a terminal finds it by name
+    assert substrate.handback_cli(config) == "claude"
+    other = tmp_path / "other"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    (bin_dir / "claude").unlink()
+    (bin_dir / "claude").symlink_to(other)  # another `claude` on PATH: the executor's own, by its path
+    assert substrate.handback_cli(config) == str(pinned)

@@ -4,6 +4,7 @@ the command that hands it back to a terminal."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from playwright.async_api import expect
 
 from executor.sessions.index import SessionsConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from shared import threads
 from tests.e2e.test_sessions import Terminal, stored_conversation
-from tests.harness import running_executor
+from tests.harness import claude_bin, running_executor
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.web.test_web_a11y import axe_violations, check_reached_by_tab
@@ -55,7 +57,8 @@ async def test_a_terminal_conversation_is_picked_and_continued_with_one_tap_on_a
                 await expect(page.locator(".msg.assistant")).to_have_count(2)
                 handback = page.locator("#handback-cmd")
                 await expect(handback).to_have_text(
-                    f"cd {term.cwd} && CLAUDE_CONFIG_DIR={term.config} claude --resume {sid}")
+                    f"cd {term.cwd} && CLAUDE_CONFIG_DIR={term.config} {claude_bin()} --resume {sid} "
+                    f"{shlex.join(threads.HANDBACK_FLAGS)}")
                 await expect(page.locator("#handback-copy")).to_be_visible()
                 assert await page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
                 await shot(page, "sessions-handback-phone")
