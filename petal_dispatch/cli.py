@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=services.ingress)
 
     p = sub.add_parser("doctor", help="check the set-up: one line per check with ✓/✗ and the fix (exit 1 on any ✗)")
+    p.add_argument("--port", type=int, help="the ingress port `up` will be given (default PETAL_INGRESS_PORT, else 8000)")
+    p.add_argument("--mcp-port", type=int, help="the harness MCP port (default PETAL_MCP_PORT, else 8002)")
     _data_dir_option(p)
     p.set_defaults(handler=services.doctor_command)
 

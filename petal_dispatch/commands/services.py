@@ -29,7 +29,8 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def doctor_command(args: argparse.Namespace, settings: Settings) -> int:
-    return doctor.main(settings, os.environ)
+    overrides = {k: v for k, v in {"ingress_port": args.port, "mcp_port": args.mcp_port}.items() if v is not None}
+    return doctor.main(settings.model_copy(update=overrides), os.environ)
 
 
 def executor(args: argparse.Namespace, settings: Settings) -> int:

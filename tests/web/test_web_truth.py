@@ -44,6 +44,9 @@ def _seed(admin_dsn: str) -> dict[str, Any]:
         for activity in ("stalled", "awaiting_user"):
             conn.execute("INSERT INTO tasks (role, status, activity, brief) VALUES ('worker', 'running', %s, %s)",
                          [activity, f"a task that is {activity}"])
+        # a pending task the supervisor found every slot busy for
+        conn.execute("INSERT INTO tasks (role, status, activity, brief) VALUES ('worker', 'pending', "
+                     "'waiting_for_slot', 'a task that waits for a slot')")
         second = conn.execute("INSERT INTO sessions (role, lifecycle, title, mode) VALUES ('orchestrator', 'running',"
                               " 'Second thread', 'interactive') RETURNING id").fetchone()[0]  # type: ignore[index]
         turn = conn.execute("INSERT INTO tasks (role, status, brief, session_id) VALUES ('orchestrator', 'success', "
@@ -91,7 +94,7 @@ async def test_every_view_passes_axe_with_every_status_chip_rendered(db: DB, vie
         await page.evaluate("location.hash = '#tasks'")
         chips = page.locator("#task-list .chip")
         # every status the store knows, and the running ones' activities, as chips on screen
-        for status in [*seeded["statuses"], "stalled", "awaiting_user"]:
+        for status in [*seeded["statuses"], "stalled", "awaiting_user", "waiting_for_slot"]:
             if status == "running":
                 continue  # every running task here has an activity: shown as that
             await expect(chips.locator(f"xpath=self::*[contains(@class, ' {status}')]")).not_to_have_count(0)
