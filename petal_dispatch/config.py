@@ -411,7 +411,12 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
             dirs=tuple(Path(p).expanduser() for p in settings.claude_session_dirs.split(":") if p.strip()),
             poll_s=settings.claude_sessions_poll_s),
         routines=routines_config(settings),
-        protected=protected_paths(settings, Path(settings.claude_bin) if settings.claude_bin else None),
+        protected=(*protected_paths(settings, Path(settings.claude_bin) if settings.claude_bin else None),
+                   # where spawns of other threads write: a project there could have its repository's config
+                   # (and so the executor's git) written by a free thread's worker
+                   ("the free threads' working directory (PETAL_WORKDIR)", settings.free_workdir),
+                   *((("the worktree directory (PETAL_WORKTREE_DIR)", settings.worktree_dir),)
+                     if settings.worktree_dir else ())),
         dispatch_limits=DispatchLimits(max_depth=settings.max_dispatch_depth,
                                        max_per_task=settings.max_dispatch_per_task),
     )

@@ -123,7 +123,10 @@ def base_env() -> dict[str, str]:
     env = {k: v for k, v in lifeline.child_env(os.environ).items()
            if not k.upper().startswith("GIT_") and k.upper() not in ("EDITOR", "VISUAL", "PAGER")}
     env.update(PATH=SYSTEM_PATH, LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_CONFIG_NOSYSTEM="1",
-               GIT_CONFIG_GLOBAL=os.devnull, GIT_ATTR_NOSYSTEM="1", GIT_NO_REPLACE_OBJECTS="1")
+               GIT_CONFIG_GLOBAL=os.devnull, GIT_ATTR_NOSYSTEM="1", GIT_NO_REPLACE_OBJECTS="1",
+               # local files only, overriding every config scope: a repository's `protocol.ext.allow` with a
+               # `url.<x>.insteadOf` would otherwise turn the settlement's fetch into a command (ext::)
+               GIT_ALLOW_PROTOCOL="file")
     return env
 
 

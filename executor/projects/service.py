@@ -65,7 +65,8 @@ def check_workdir(raw: str, roots: list[Path], protected: tuple[tuple[str, Path]
                       f"({', '.join(str(r) for r in roots)}; set PETAL_PROJECT_ROOTS)")
     if not resolved.is_dir():
         raise Refused(f"workdir {resolved} does not exist or is not a directory")
-    why = overlap(resolved, protected)
+    # the home itself too: a spawn with the home as its tree could write every dotfile a shell runs
+    why = overlap(resolved, protected, home=Path.home().resolve())
     if why is not None:
         raise Refused(f"workdir {resolved} {why}: a worker writing there would change what the service runs or "
                       "trusts")

@@ -176,6 +176,29 @@ def _bounded(diff: str, limit: int) -> tuple[str, bool]:
             f"(see the branch for the whole change) …\n"), True
 
 
+def scrub_store(store: Path) -> None:
+    """Before the executor's own git touches a worker's private repository (its spawn has ended): no symbolic
+    link anywhere in it, and none of the files git writes by following a path (the commit message, reflogs).
+
+    The worker could write parts of the store (objects, its worktree's directory, logs, its branch's refs): a link
+    planted at `worktrees/<n>/COMMIT_EDITMSG` or `logs/HEAD` would have the executor's commit truncate or append to
+    any file its user may write (the login, the database). Links are refused, the reflogs and message removed.
+
+    Raises:
+        GitError: a symbolic link in the store (named).
+    """
+    if store.is_symlink():
+        raise GitError(f"the worker's repository {store} is a symbolic link: not touched")
+    for top, dirs, files in os.walk(store, followlinks=False):
+        for name in (*dirs, *files):
+            if os.path.islink(os.path.join(top, name)):
+                raise GitError(f"a symbolic link in the worker's repository ({os.path.join(top, name)}): its "
+                               "branch was not brought back")
+    for gitdir in (store, *(p for p in (store / "worktrees").glob("*") if p.is_dir())):
+        shutil.rmtree(gitdir / "logs", ignore_errors=True)
+        (gitdir / "COMMIT_EDITMSG").unlink(missing_ok=True)
+
+
 async def _commit_left_work(worktree: Path, task_id: uuid.UUID, branch: str) -> str | None:
     """Uncommitted work left in the worktree, committed to the task's branch (removing the worktree would
     lose it, and only a commit can be merged); the commit, or None when there was none."""
@@ -216,10 +239,12 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
     """What the branch holds over `base`, once brought into the project's repository from the worker's own
     (uncommitted work left in the worktree committed to it first). The caller holds `repo_lock(repo)`."""
     auto_commit = None
+    store = store_of(worktree) if worktree is not None else None
+    if store is not None and store.is_dir():
+        scrub_store(store)
     if worktree is not None and worktree.is_dir():
         auto_commit = await _commit_left_work(worktree, task_id, branch)
     project = await Git.at(repo)
-    store = store_of(worktree) if worktree is not None else None
     if store is not None and store.is_dir():
         tip = await _fetch(project, store, branch)
     else:  # a worktree of the project's repository, made before private repositories: the branch is there

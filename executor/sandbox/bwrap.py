@@ -200,7 +200,7 @@ def git_parts(workdir: Path) -> tuple[list[Path], list[Path]]:
     worktree's links to it (`.git`, `commondir`, `gitdir`), stay read-only: a worker that could change them
     would choose the config (an fsmonitor command, a hook) of the next git command the executor runs there."""
     dot_git = workdir / ".git"
-    if not dot_git.is_file():
+    if not dot_git.is_file() or dot_git.is_symlink():
         return [], []
     try:
         text = dot_git.read_text()
@@ -213,6 +213,13 @@ def git_parts(workdir: Path) -> tuple[list[Path], list[Path]]:
     try:
         common = (gitdir / common_file.read_text().strip()).resolve() if common_file.is_file() else gitdir
     except OSError:
+        return [], []
+    # Only the layout the executor makes for a project worker (executor/projects/worktrees.py `store_of`): its
+    # private repository `<tree>.git` beside the tree, the worktree's directory under its `worktrees/`. A `.git`
+    # file is something any spawn can write in its tree (a shared working directory's next turn would obey it):
+    # never let it choose what the next sandbox mounts.
+    store = workdir.with_name(f"{workdir.name}.git")
+    if store.is_symlink() or not store.is_dir() or common != store.resolve() or gitdir.parent != common / "worktrees":
         return [], []
     writable = [gitdir, common / "objects", common / "logs"]
     branch = _branch_dir(gitdir, common)
@@ -248,6 +255,10 @@ def _branch_dir(gitdir: Path, common: Path) -> Path | None:
     if not head.startswith("ref: refs/heads/"):
         return None
     ref = common / head.removeprefix("ref: ")
+    heads = common / "refs" / "heads"
+    # a name with `..` (or a link on the way) would bind a directory outside the repository read-write
+    if ".." in Path(head.removeprefix("ref: ")).parts or not ref.parent.resolve().is_relative_to(heads.resolve()):
+        return None
     ref.parent.mkdir(parents=True, exist_ok=True)
     return ref.parent
 

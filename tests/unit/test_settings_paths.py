@@ -76,3 +76,20 @@ def test_a_projects_repository_around_or_inside_a_protected_path_is_refused(tmp_
         assert f"{how} the service's checkout" in str(refused.value)
     # negative control: without the protected list the same repository passes the roots check
     assert projects.check_workdir(str(service), [tmp_path]) == service
+
+
+def test_a_project_repository_that_is_the_home_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(projects.Refused, match="contains this user's home"):
+        projects.check_workdir(str(home), [home], ())
+    (home / "repo").mkdir()
+    assert projects.check_workdir(str(home / "repo"), [home], ()) == home / "repo"
+
+
+def test_the_executor_protects_the_free_working_directory_from_projects(tmp_path: Path) -> None:
+    s = config.absolute(Settings(data_dir=tmp_path / "var", workdir=tmp_path / "free"))
+    built = dict(config.executor_config(s, {"PATH": "/usr/bin", "HOME": str(tmp_path)}, "postgresql://x/y",
+                                        None).protected)
+    assert built["the free threads' working directory (PETAL_WORKDIR)"] == tmp_path / "free"

@@ -1,0 +1,105 @@
+"""What a spawn writes in git metadata never steers the executor: a `.git` file in a shared working directory does
+not choose the next sandbox's mounts, links planted in a worker's repository are not written through by the
+executor's commit, and a repository's `protocol.ext.allow` does not turn the settlement's fetch into a command.
+Each with its negative control (the same plant against the layout, the plain git, or the config the fix
+overrides)."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from executor.projects import git, worktrees
+from executor.sandbox import bwrap
+from tests.e2e.test_isolation_git import _git, _recorded, _repo
+
+
+def _plant_dot_git(tree: Path, head: str) -> Path:
+    """What a spawn in `tree` can write: a `.git` file naming a directory of its own, and that directory."""
+    fake = tree / "g"
+    (fake / "refs" / "heads").mkdir(parents=True)
+    (fake / "HEAD").write_text(head)
+    (tree / ".git").write_text("gitdir: g\n")
+    return fake
+
+
+def test_a_dot_git_file_a_spawn_wrote_in_a_shared_working_directory_mounts_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "home" / "user"
+    home.mkdir(parents=True)
+    tree = tmp_path / "workdir"
+    tree.mkdir()
+    # enough `..` from the fake repository's refs/heads to reach the user's home
+    climb = "/".join([".."] * len(tree.joinpath("g", "refs", "heads").parts))
+    _plant_dot_git(tree, f"ref: refs/heads/{climb}{home}/x\n")
+    writable, readonly = bwrap.git_parts(tree)
+    assert writable == [] and readonly == []
+    assert not (home / "x").exists() and not any(home.iterdir())  # and nothing made on the host
+
+    # without the layout check the same plant binds the home read-write (the channel: `_branch_dir` alone)
+    assert bwrap._branch_dir(tree / "g", tree / "g") is None  # noqa: SLF001 - its own `..` refusal
+    raw_head = (tree / "g" / "HEAD").read_text().strip().removeprefix("ref: ")
+    assert (tree / "g" / raw_head).parent.resolve() == home
+
+
+async def test_the_executors_own_layout_still_gets_its_git_parts(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    writable, readonly = bwrap.git_parts(wt.path)
+    store = worktrees.store_of(wt.path).resolve()
+    assert store / "objects" in writable and any(p.parent == store / "refs" / "heads" for p in writable)
+    assert store in readonly and wt.path / ".git" in readonly
+
+
+async def test_links_a_worker_planted_in_its_repository_are_not_written_through_by_the_settlement(
+        tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    admin = Path(_git(wt.path, "rev-parse", "--absolute-git-dir"))
+    victim = tmp_path / "credentials.json"
+    victim.write_text('{"token": "keep me"}\n')
+    (admin / "COMMIT_EDITMSG").symlink_to(victim)
+    (wt.path / "left.txt").write_text("left uncommitted\n")
+    with pytest.raises(git.GitError, match="symbolic link"):
+        await _recorded(repo, wt)
+    assert victim.read_text() == '{"token": "keep me"}\n'
+
+    # negative control: the plain commit the settlement made before writes the message through the link
+    subprocess.run(["git", "-C", str(wt.path), "add", "--all"], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(wt.path), "-c", "user.name=t", "-c", "user.email=t@example.invalid",
+                    "commit", "--quiet", "-m", "clobbered"], check=True, capture_output=True)
+    assert victim.read_text().startswith("clobbered")
+
+
+async def test_the_settlements_reflogs_and_message_are_removed_before_it_commits(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    store = worktrees.store_of(wt.path)
+    (store / "logs" / "planted").mkdir(parents=True)
+    (wt.path / "left.txt").write_text("left uncommitted\n")
+    recorded = await _recorded(repo, wt)
+    assert recorded["auto_commit"] and not (store / "logs" / "planted").exists()
+
+
+async def test_a_repositorys_protocol_ext_allow_does_not_turn_the_fetch_into_a_command(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    ran = tmp_path / "ext-ran"
+    evil = tmp_path / "evil.sh"
+    evil.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    # what a spawn that could write the project's config would add: ext:: allowed, every store rewritten to it
+    _git(repo, "config", "protocol.ext.allow", "always")
+    _git(repo, "config", f"url.ext::sh {evil} .insteadOf", f"{tmp_path / 'wt'}/")
+    (wt.path / "left.txt").write_text("left uncommitted\n")
+    with pytest.raises(git.GitError):
+        await _recorded(repo, wt)
+    assert not ran.exists()
+
+    # negative control: the executor's environment without GIT_ALLOW_PROTOCOL runs the command
+    env = {k: v for k, v in git.base_env().items() if k != "GIT_ALLOW_PROTOCOL"}
+    env.update(git.config_env(git.FIXED_OVERRIDES))
+    subprocess.run([git.program(), "-C", str(repo), "fetch", "--quiet", str(worktrees.store_of(wt.path)),
+                    f"+refs/heads/{wt.branch}:refs/heads/{wt.branch}"], env=env, capture_output=True, check=False)
+    assert ran.exists()
