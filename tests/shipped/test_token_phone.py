@@ -172,8 +172,16 @@ async def test_token_mode_at_phone_size_signs_in_through_the_form_chats_and_answ
                     await card.locator(".bar .toggle").click()
                 options = card.locator(".option label")
                 await expect(options).to_have_count(3)
-                await seen(options.first)  # the first on screen as the card opens
-                for i in range(3):  # each of them once the card is scrolled to it, clear of its sticky actions
+                # the card's actions above the tab bar as it opens (a tab's count badge once wrapped the bar taller
+                # than the dock stands on, hiding Submit); each option once the card is scrolled to it, clear of
+                # the sticky actions (at 390x844 the card's share of the screen ends above its first option)
+                await seen(card.locator(".actions button", has_text="Submit"))
+                buttons_bottom, tabs_top = await page.evaluate(
+                    "() => [Math.max(...[...document.querySelectorAll('#pinned-asks .ask .actions button')]"
+                    ".map((b) => b.getBoundingClientRect().bottom)), "
+                    "document.querySelector('nav.tabs').getBoundingClientRect().top]")
+                assert buttons_bottom <= tabs_top, (buttons_bottom, tabs_top)  # wholly above the tab bar
+                for i in range(3):
                     await seen(options.nth(i), scroll=True)
                 await shot(page, "shipped-token-ask-390")
                 blue = options.filter(has_text="Blue")
