@@ -11,9 +11,9 @@ Slots (docs/supervisor.md, "Slots: what runs and what waits"):
 - An answered question's process resumes at once, even when every slot is taken meanwhile: it may run over
   `max_workers` for the rest of its turn (never starved nor killed), and nothing new is claimed until the running
   ones are back under the bound.
-- Chat comes first: a thread turn a user's message started (`tasks.chat`) is claimed ahead of unattended work
-  (routines' runs, retries, workers, turns on harness reports), and unattended work never takes the last free
-  slot (with `max_workers` of 1 there is no slot to keep).
+- Chat comes first: a thread turn a user's message started (`tasks.chat`) is claimed first, then the rest of the
+  user's work (workers, turns on harness reports), then unattended work (a routine run's turns, retries), which
+  never takes the last free slot (with `max_workers` of 1 there is no slot to keep).
 - A task that could be claimed here but waits for a slot says so: its activity is `waiting_for_slot` (set each
   pass while the slots are full, or only the kept one is free; the claim sets `running`)."""
 

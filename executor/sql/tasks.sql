@@ -83,14 +83,17 @@ FROM tasks WHERE id = %(id)s
 SELECT workdir FROM projects WHERE id = %(project_id)s
 
 -- name: claim_pending_tasks --
--- Chat turns first (a thread turn a user's message started), then the rest, each oldest first: at most %(n)s in
--- all, and at most %(n_unattended)s that are not chat (the supervisor keeps the last free slot for chat). SKIP
+-- Chat turns first (a thread turn a user's message started), then the rest of the user's work (workers, turns on
+-- harness reports), then unattended work (a routine run's turns, retries), each oldest first: at most %(n)s in
+-- all, and unattended work only within %(n_unattended)s (the supervisor keeps the last free slot for chat). SKIP
 -- LOCKED so a concurrent claimer never blocks or takes the same row. A back-off retry waits for its not_before
 -- (the poll picks it up then). Only what may run here (placement: a named executor, required labels, the
 -- project's executor, the executor of the session's first turn unless the CLI config directory is shared), and
 -- only while this run's lease is live: a fenced run claims nothing.
 WITH claimable AS (
-    SELECT c.id, c.chat, c.created_at FROM tasks c
+    SELECT c.id, c.chat, c.created_at,
+           (c.attempt > 1 OR EXISTS (SELECT 1 FROM routine_runs r WHERE r.thread_id = c.session_id)) AS unattended
+    FROM tasks c
     LEFT JOIN projects p ON p.id = c.project_id
     LEFT JOIN sessions s ON s.id = c.session_id
     WHERE c.status = 'pending' AND (c.not_before IS NULL OR c.not_before <= now())
@@ -105,22 +108,27 @@ WITH claimable AS (
 ), chat AS (
     SELECT t.id FROM tasks t JOIN claimable USING (id) WHERE claimable.chat
     ORDER BY claimable.created_at FOR UPDATE OF t SKIP LOCKED LIMIT %(n)s
-), unattended AS (
-    SELECT t.id FROM tasks t JOIN claimable USING (id) WHERE NOT claimable.chat
+), attended AS (
+    SELECT t.id FROM tasks t JOIN claimable USING (id) WHERE NOT claimable.chat AND NOT claimable.unattended
     ORDER BY claimable.created_at FOR UPDATE OF t SKIP LOCKED
-    LIMIT greatest(0, least(%(n_unattended)s, %(n)s - (SELECT count(*) FROM chat)))
+    LIMIT greatest(0, %(n)s - (SELECT count(*) FROM chat))
+), unattended AS (
+    SELECT t.id FROM tasks t JOIN claimable USING (id) WHERE NOT claimable.chat AND claimable.unattended
+    ORDER BY claimable.created_at FOR UPDATE OF t SKIP LOCKED
+    LIMIT greatest(0, least(%(n_unattended)s, %(n)s - (SELECT count(*) FROM chat)) - (SELECT count(*) FROM attended))
 )
 UPDATE tasks t
 SET status = 'running', activity = 'running', started_at = now(), last_output_at = now(),
     executor_name = %(name)s, executor_epoch = %(epoch)s
-FROM (SELECT id FROM chat UNION ALL SELECT id FROM unattended) picked
+FROM (SELECT id FROM chat UNION ALL SELECT id FROM attended UNION ALL SELECT id FROM unattended) picked
 WHERE t.id = picked.id
 RETURNING t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.plan_ref, t.workdir,
           t.allowed_tools, t.attempt, t.json_schema, t.attachment_ids, t.max_budget_usd::float8 AS max_budget_usd,
           t.chat
 
 -- name: mark_waiting_for_slot --
--- Every slot is busy (or the free one is kept for chat, %(chat_too)s false): the tasks that could be claimed here
+-- Every slot is busy (or the free one is kept for chat, %(chat_too)s false: then only unattended work, a routine
+-- run's turns and retries, waits): the tasks that could be claimed here
 -- now wait, visibly (a pending task's activity; the claim sets `running`). Rows that say so already are left alone
 -- (an activity write notifies the page). Returns those marked.
 UPDATE tasks c SET activity = 'waiting_for_slot'
@@ -128,7 +136,8 @@ FROM tasks t
 LEFT JOIN projects p ON p.id = t.project_id
 LEFT JOIN sessions s ON s.id = t.session_id
 WHERE c.id = t.id AND t.status = 'pending' AND t.activity IS NULL AND (t.not_before IS NULL OR t.not_before <= now())
-  AND (%(chat_too)s OR NOT t.chat)
+  AND (%(chat_too)s OR (NOT t.chat AND (t.attempt > 1 OR EXISTS (SELECT 1 FROM routine_runs r
+                                                                   WHERE r.thread_id = t.session_id))))
   AND (t.placement_executor IS NULL OR t.placement_executor = %(name)s)
   AND t.required_labels <@ %(labels)s::text[]
   AND (p.executor_name IS NULL OR p.executor_name = %(name)s)

@@ -189,11 +189,9 @@ async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(
 
 
 async def test_no_more_workers_run_at_once_than_the_limit(db: DB, tmp_path: Path) -> None:
-    """Workers are unattended work: they take every slot but the last, which stays free for a chat turn
-    (executor/run/supervisor.py, "Slots")."""
     with ScriptedModelServer(Scenario.single({"stall": {"seconds": 3, "text": "done"}})) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
-                                      config_for(tmp_path, max_workers=3)) as h:
+                                      config_for(tmp_path, max_workers=2)) as h:
             ids = [await h.dispatch(f"job {i}") for i in range(4)]
             peak = 0
             while True:

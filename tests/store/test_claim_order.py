@@ -14,37 +14,50 @@ from shared.database import Database
 from tests.pg import DB
 
 
-async def test_chat_is_claimed_first_and_unattended_work_never_takes_the_kept_slot(db: DB) -> None:
-    thread = uuid.uuid4()
+async def test_chat_is_claimed_first_then_the_users_work_and_unattended_work_never_takes_the_kept_slot(
+        db: DB) -> None:
+    thread, routine_thread = uuid.uuid4(), uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
-                     "'t', 'interactive')", [thread])
-        # oldest first: two unattended tasks (a routine's run, a worker), then a chat turn
-        routine, worker = (conn.execute("INSERT INTO tasks (role, brief, status, created_at) VALUES (%s, 'u', "
-                                        "'pending', now() - make_interval(secs => %s)) RETURNING id",
-                                        [role, age]).fetchone()[0]  # type: ignore[index]
-                           for role, age in (("orchestrator", 30), ("worker", 20)))
-        chat = conn.execute("INSERT INTO tasks (role, brief, status, session_id, chat) VALUES ('orchestrator', 'hi', "
-                            "'pending', %s, true) RETURNING id", [thread]).fetchone()[0]  # type: ignore[index]
+        for sid in (thread, routine_thread):
+            conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
+                         "'t', 'interactive')", [sid])
+        routine = conn.execute("INSERT INTO routines (name, prompt, cron, tz) VALUES ('nightly', 'p', '0 9 * * *', "
+                               "'UTC') RETURNING id").fetchone()[0]  # type: ignore[index]
+        conn.execute("INSERT INTO routine_runs (routine_id, trigger, status, thread_id) VALUES (%s, 'run', 'running', %s)",
+                     [routine, routine_thread])
+
+        def task(role: str, age: int, session: uuid.UUID | None = None, attempt: int = 1, chat: bool = False) -> Any:
+            return conn.execute("INSERT INTO tasks (role, brief, status, session_id, attempt, chat, created_at) VALUES "
+                                "(%s, 'b', 'pending', %s, %s, %s, now() - make_interval(secs => %s)) RETURNING id",
+                                [role, session, attempt, chat, age]).fetchone()[0]  # type: ignore[index]
+
+        # oldest first: a routine run's turn, a retry, a worker (the user's work), then a chat turn
+        run_turn = task("orchestrator", 40, routine_thread)
+        retry = task("worker", 30, attempt=2)
+        worker = task("worker", 20)
+        chat = task("orchestrator", 0, thread, chat=True)
     async with Database(db.executor_dsn, name="claim-test", max_size=2) as database:
-        async with database.pool.connection() as conn:
-            epoch = (await (await conn.execute(queries["join_fleet"], {
+        async with database.pool.connection() as aconn:
+            epoch = (await (await aconn.execute(queries["join_fleet"], {
                 "name": "solo", "labels": [], "capacity": 2, "lease_s": 60, "version": "test",
                 "sandbox": "bwrap", "workdir": "/tmp"})).fetchone())[0]  # type: ignore[index]
         store = TaskStore(database.pool)
         where: dict[str, Any] = {"name": "solo", "labels": [], "shared_config": True}
         # one slot (none kept): the chat turn, though the newest
         first = await store.claim_tasks(1, n_unattended=1, epoch=epoch, **where)
-        # two free slots, one kept for chat: only the oldest unattended task
+        # two free slots, one kept for chat: the worker, though younger than the unattended two; nothing more
         second = await store.claim_tasks(2, n_unattended=1, epoch=epoch, **where)
         # the last free slot: unattended work may not take it
         third = await store.claim_tasks(1, n_unattended=0, epoch=epoch, **where)
         marked = await store.mark_waiting_for_slot(chat_too=False, **where)
         again = await store.mark_waiting_for_slot(chat_too=False, **where)  # said once
+        # two free slots again: the oldest unattended task
+        fourth = await store.claim_tasks(2, n_unattended=1, epoch=epoch, **where)
     with psycopg.connect(db.admin_dsn) as conn:
         left = conn.execute("SELECT id, status, activity FROM tasks WHERE status = 'pending'").fetchall()
     assert [(t.id, t.chat) for t in first] == [(chat, True)]
-    assert [(t.id, t.chat) for t in second] == [(routine, False)]
+    assert [t.id for t in second] == [worker]
     assert third == []
-    assert (marked, again) == (1, 0)
-    assert left == [(worker, "pending", "waiting_for_slot")]
+    assert (marked, again) == (2, 0)
+    assert [t.id for t in fourth] == [run_turn]
+    assert left == [(retry, "pending", "waiting_for_slot")]
