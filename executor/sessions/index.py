@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,9 +24,8 @@ from psycopg_pool import AsyncConnectionPool
 from executor.projects.service import Refused, check_workdir
 from executor.sessions import live
 from executor.sessions.parse import Message, Scan
-from executor.sql import queries
+from executor.sessions.store import SessionStore
 from shared import logs, threads
-from shared.query import Queries
 
 log = logs.get(__name__)
 
@@ -46,7 +46,9 @@ class SessionsConfig:
 
 
 @dataclass
-class _File:
+class File:
+    """A conversation's file as the last pass saw it: what it parsed, which process holds it, what was published."""
+
     config_dir: Path
     path: Path
     inode: int
@@ -71,33 +73,48 @@ class Index:
     protected: tuple[tuple[str, Path], ...] = ()
     # how the hand-back command names the CLI (substrate.handback_cli)
     cli: str = "claude"
-    files: dict[str, _File] = field(default_factory=dict)  # by path
+    files: dict[str, File] = field(default_factory=dict)  # by path
     # conversations whose file grew (or appeared) since a thread's journal was last brought up to date with it
     grown: set[str] = field(default_factory=set)
-    _by_id: dict[str, list[_File]] = field(default_factory=dict)
-    _live: list[_File] = field(default_factory=list)  # the files a live process held at the last pass
+    _by_id: dict[str, list[File]] = field(default_factory=dict)
+    _live: list[File] = field(default_factory=list)  # the files a live process held at the last pass
     _named: dict[str, int] = field(default_factory=dict)
     _named_at: float = -NAMED_EVERY_S
     _cleaned: bool = False
 
     def __post_init__(self) -> None:
-        self.q = Queries(self.pool, queries)
+        self.store = SessionStore.over(self.pool)
         # one pass at a time: the loop's and an adoption's (which wants the file as it is now)
         self._lock = asyncio.Lock()
 
     # ---- the files ---------------------------------------------------------------------------------------
 
-    def by_session(self, session_id: str, config_dir: Path | None = None) -> _File | None:
+    def by_session(self, session_id: str, config_dir: Path | None = None) -> File | None:
         for f in self._by_id.get(session_id, ()):
             if config_dir is None or f.config_dir == config_dir:
                 return f
         return None
 
-    def _look(self) -> tuple[list[_File], list[_File]]:
+    def _look(self) -> tuple[list[File], list[File]]:
         """Stat every file (blocking: run in a thread); read what changed. Returns (changed, gone)."""
         seen: set[str] = set()
-        changed: list[_File] = []
-        files = self.files
+        changed: list[File] = []
+        for config_dir, entry in self._entries():
+            if entry.path in seen:
+                continue
+            seen.add(entry.path)
+            f = self._visit(config_dir, entry)
+            if f is not None:
+                changed.append(f)
+        gone = [self.files.pop(p) for p in list(self.files) if p not in seen]
+        for f in gone:
+            self._forget(f)
+        self._mark_live(changed)
+        return changed, gone
+
+    def _entries(self) -> Iterator[tuple[Path, os.DirEntry[str]]]:
+        """Every conversation file of the config directories (`projects/*/*.jsonl`, no symbolic links); a
+        directory that cannot be listed is passed over."""
         for config_dir in self.config_dirs:
             try:
                 projects = [e.path for e in os.scandir(config_dir / "projects") if e.is_dir(follow_symlinks=False)]
@@ -110,40 +127,47 @@ class Index:
                 except OSError:
                     continue
                 for entry in entries:
-                    key = entry.path
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    known = files.get(key)
-                    if known is not None and known.size == st.st_size and known.mtime_ns == st.st_mtime_ns \
-                            and known.inode == st.st_ino:
-                        continue  # the common case: a stat, nothing read
-                    if known is None or known.inode != st.st_ino or st.st_size < known.scan.parsed_to:
-                        if known is not None:
-                            self._forget(known)
-                        path = Path(key)
-                        known = _File(config_dir, path, st.st_ino, 0, 0, Scan(path.stem))
-                        files[key] = known
-                        self._by_id.setdefault(known.scan.session_id, []).append(known)
-                    before = known.scan.parsed_to
-                    self._read(known, st.st_size)
-                    if known.scan.parsed_to != before or before == 0:
-                        self.grown.add(known.scan.session_id)
-                    known.inode, known.size, known.mtime_ns = st.st_ino, st.st_size, st.st_mtime_ns
-                    changed.append(known)
-        gone = [self.files.pop(p) for p in list(self.files) if p not in seen]
-        for f in gone:
-            self._forget(f)
+                    yield config_dir, entry
+
+    def _visit(self, config_dir: Path, entry: os.DirEntry[str]) -> File | None:
+        """One file of a pass: read what it gained, or all of it when it is new or was replaced; None when
+        it did not change (or went between the listing and the stat)."""
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return None
+        known = self.files.get(entry.path)
+        if known is not None and known.size == st.st_size and known.mtime_ns == st.st_mtime_ns \
+                and known.inode == st.st_ino:
+            return None  # the common case: a stat, nothing read
+        if known is None or known.inode != st.st_ino or st.st_size < known.scan.parsed_to:
+            if known is not None:
+                self._forget(known)
+            path = Path(entry.path)
+            known = File(config_dir, path, st.st_ino, 0, 0, Scan(path.stem))
+            self.files[entry.path] = known
+            self._by_id.setdefault(known.scan.session_id, []).append(known)
+        before = known.scan.parsed_to
+        self._read(known, st.st_size)
+        if known.scan.parsed_to != before or before == 0:
+            self.grown.add(known.scan.session_id)
+        known.inode, known.size, known.mtime_ns = st.st_ino, st.st_size, st.st_mtime_ns
+        return known
+
+    def _held(self) -> dict[str, int]:
+        """The conversations a live process holds now, by id: the CLI's registry each pass, the command lines
+        of every process less often."""
         now = time.monotonic()
         if now - self._named_at >= NAMED_EVERY_S:  # the fallback reads every process's command line: not each pass
             self._named, self._named_at = live.named_on_command_lines(), now
         held = dict(self._named)
         for config_dir in self.config_dirs:
             held.update(live.registered(config_dir))
+        return held
+
+    def _mark_live(self, changed: list[File]) -> None:
+        """Set each file's live process; a file whose process came or went is `changed` too (once)."""
+        held = self._held()
         marked = {id(f) for f in changed}
         for session_id, pid in held.items():
             for f in self._by_id.get(session_id, ()):
@@ -157,16 +181,15 @@ class Index:
                 if id(f) not in marked:
                     changed.append(f)
         self._live = [f for fs in (self._by_id.get(s, ()) for s in held) for f in fs]
-        return changed, gone
 
-    def _forget(self, f: _File) -> None:
+    def _forget(self, f: File) -> None:
         same = self._by_id.get(f.scan.session_id, [])
         if f in same:
             same.remove(f)
         if not same:
             self._by_id.pop(f.scan.session_id, None)
 
-    def _read(self, f: _File, size: int) -> None:
+    def _read(self, f: File, size: int) -> None:
         try:
             with open(f.path, "rb") as fh:
                 while f.scan.parsed_to < size and f.scan.unreadable is None:
@@ -179,7 +202,7 @@ class Index:
         except OSError as exc:
             f.scan.unreadable = f"cannot read: {exc.strerror or exc}"
 
-    def read_messages(self, f: _File, start: int) -> tuple[list[Message], int, str | None]:
+    def read_messages(self, f: File, start: int) -> tuple[list[Message], int, str | None]:
         """The messages of a file from byte `start` to its last complete line (blocking); and where that
         ends, or the reason it cannot be read."""
         scan = Scan(f.scan.session_id, parsed_to=start)
@@ -205,7 +228,7 @@ class Index:
             return str(exc)
         return None
 
-    def row(self, f: _File) -> dict[str, Any]:
+    def row(self, f: File) -> dict[str, Any]:
         s = f.scan
         last = s.last_activity or datetime.fromtimestamp(f.mtime_ns / 1e9, UTC)
         return {"executor": self.executor, "session_id": s.session_id, "config_dir": str(f.config_dir),
@@ -222,30 +245,26 @@ class Index:
 
     async def _refresh(self) -> None:
         changed, gone = await asyncio.to_thread(self._look)
-        rows = [(f, self.row(f)) for f in changed]
-        rows = [(f, r) for f, r in rows if r != f.published]
-        if rows or gone or not self._cleaned:
-            async with self.q.transaction() as tx:
-                if not self._cleaned:  # what an earlier run published of files gone since
-                    await tx.execute("delete_claude_sessions_except", {
-                        "executor": self.executor, "keep": [f.scan.session_id for f in self.files.values()]})
-                for _f, r in rows:
-                    await tx.execute("upsert_claude_session", r)
-                for f in gone:
-                    if self.by_session(f.scan.session_id) is None:
-                        await tx.execute("delete_claude_session", {"executor": self.executor,
-                                                                   "session_id": f.scan.session_id})
-            new = sum(1 for f, _r in rows if f.published is None)
-            for f, r in rows:
-                f.published = r
-            self._cleaned = True
-            # a change of what is listed (a conversation appeared or went) is news; a known one growing while
-            # its CLI writes is every pass of a running turn: debug only
-            if new or gone:
-                log.info("claude_sessions_indexed", new=new, gone=len(gone), updated=len(rows) - new,
-                         known=len(self.files))
-            elif rows:
-                log.debug("claude_sessions_updated", updated=len(rows), known=len(self.files))
+        rows = [(f, r) for f, r in ((f, self.row(f)) for f in changed) if r != f.published]
+        if not (rows or gone or not self._cleaned):
+            return
+        await self.store.publish(
+            self.executor, [r for _f, r in rows],
+            # a conversation still held by another file (another config directory) stays listed
+            [f.scan.session_id for f in gone if self.by_session(f.scan.session_id) is None],
+            # the first pass: what an earlier run published of files gone since
+            keep=None if self._cleaned else [f.scan.session_id for f in self.files.values()])
+        new = sum(1 for f, _r in rows if f.published is None)
+        for f, r in rows:
+            f.published = r
+        self._cleaned = True
+        # a change of what is listed (a conversation appeared or went) is news; a known one growing while
+        # its CLI writes is every pass of a running turn: debug only
+        if new or gone:
+            log.info("claude_sessions_indexed", new=new, gone=len(gone), updated=len(rows) - new,
+                     known=len(self.files))
+        elif rows:
+            log.debug("claude_sessions_updated", updated=len(rows), known=len(self.files))
 
     def resume_command(self, workdir: str, config_dir: Path, session_id: str) -> str:
         """The shell command that continues a conversation in a terminal."""
