@@ -7,7 +7,6 @@ import contextlib
 import functools
 import os
 import socket
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +34,7 @@ from shared.database import Database
 from shared.models import FINAL_STATUSES, Event
 from tests.pg import DB
 from tests.served import free_port
+from tests.wait import until
 
 FINAL = set(FINAL_STATUSES)
 
@@ -121,14 +121,15 @@ class Harness:
 
     async def wait_task(self, task_id: uuid.UUID, predicate: Callable[[dict[str, Any]], bool],
                         timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            row = await self.task(task_id)
-            if predicate(row):
-                return row
-            if time.monotonic() > deadline:
-                raise AssertionError(f"task {task_id} never reached the condition; last row: {row}")
-            await asyncio.sleep(0.05)
+        last: dict[str, Any] = {}
+
+        async def reached() -> dict[str, Any] | None:
+            nonlocal last
+            last = await self.task(task_id)
+            return last if predicate(last) else None
+
+        return await until(reached, lambda: f"task {task_id} to reach the condition; last row: {last}", timeout,
+                           every=0.05)
 
     async def wait_final(self, task_id: uuid.UUID, timeout: float = 90) -> dict[str, Any]:
         return await self.wait_task(task_id, lambda r: r["status"] in FINAL, timeout)
@@ -142,13 +143,10 @@ class Harness:
             return [Event(**r) for r in await cur.fetchall()]
 
     async def wait_event(self, task_id: uuid.UUID, event_type: str, timeout: float = 60) -> Event:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for e in await self.events(task_id):
-                if e.event_type == event_type:
-                    return e
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no {event_type} for task {task_id}")
+        async def seen() -> Event | None:
+            return next((e for e in await self.events(task_id) if e.event_type == event_type), None)
+
+        return await until(seen, f"{event_type} for task {task_id}", timeout, every=0.05)
 
 
 @asynccontextmanager
@@ -225,16 +223,17 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
                               dispatch_limits=dispatch_limits or DispatchLimits(),
                               **({"sessions": sessions} if sessions is not None else {}))
     task = asyncio.create_task(serve(executor, stop))
-    deadline = time.monotonic() + 30
-    while True:
+
+    def listening() -> bool:
         if task.done():
-            task.result()
+            task.result()  # the executor ended before it listened: its error, not a timeout
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
+                return True
         except OSError:
-            assert time.monotonic() < deadline, "the harness MCP never listened"
-            await asyncio.sleep(0.05)
+            return False
+
+    await until(listening, "the harness MCP to listen", 30, every=0.05)
     async with Database(db.executor_dsn, name="test-observer", max_size=2) as observer:
         harness = Harness(observer, None, None, db.admin_dsn, mcp_url=config.mcp_url)  # type: ignore[arg-type]
         try:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import httpx
 import psycopg
@@ -17,23 +16,34 @@ from executor.settle import threads as executor_threads
 from executor.sql import queries as executor_queries
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal, threads
-from shared.models import NewEvent
+from shared.models import Event, NewEvent
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.served import ingress_server
+from tests.wait import until
 
 
 async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]]:
     """Wait until n orchestrator turns have ended; return them oldest first."""
-    deadline = time.monotonic() + timeout
-    while True:
+    rows: list[dict[str, Any]] = []
+
+    async def ended() -> list[dict[str, Any]] | None:
+        nonlocal rows
         conn = await h._conn()
         cur = await conn.execute("SELECT id, brief, status FROM tasks WHERE role = 'orchestrator' ORDER BY created_at")
         rows = [dict(zip(("id", "brief", "status"), r)) for r in await cur.fetchall()]
-        if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]):
-            return rows
-        assert time.monotonic() < deadline, rows
-        await asyncio.sleep(0.1)
+        return rows if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]) else None
+
+    return await until(ended, lambda: f"{n} ended turns; the turns: {rows}", timeout)
+
+
+async def _harness_queued(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return bool(await (await conn.execute("SELECT 1 FROM chat_queue WHERE origin = 'harness'")).fetchall())
+
+
+async def _none_left(conn: psycopg.AsyncConnection[Any], count: LiteralString) -> bool:
+    row = await (await conn.execute(count)).fetchone()
+    return row is not None and row[0] == 0
 
 
 async def _autonomous(http: httpx.AsyncClient, title: str = "auto") -> str:
@@ -75,10 +85,7 @@ async def test_messages_sent_during_a_turn_wait_visibly_and_go_together_at_the_b
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             await http.post("/api/chat", json={"text": "A"})
-            deadline = time.monotonic() + 30
-            while not (await http.get("/api/tasks", params={"running": "true"})).json()["tasks"]:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
+            await until(lambda: _running(http), "a running turn", 30, every=0.05)
             await http.post("/api/chat", json={"text": "B"})
             await http.post("/api/chat", json={"text": "C"})
             pending = [p["text"] for p in (await http.get("/api/queue")).json()["pending"]]
@@ -97,10 +104,7 @@ async def test_a_chat_message_to_a_thread_blocked_in_an_ask_answers_it_as_a_repl
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             await http.post("/api/chat", json={"text": "start"})
-            deadline = time.monotonic() + 60
-            while not (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+            await _pending_asks(http)
             await http.post("/api/chat", json={"text": "neither, go straight"})
             turns = await _turns(h, 1)
             events = await h.events(turns[0]["id"])
@@ -171,15 +175,16 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _autonomous(http)
             await http.post("/api/chat", json={"text": "do the three steps", "thread_id": thread})
-            deadline = time.monotonic() + 240
-            while True:
+            events: list[Event] = []
+
+            async def replied() -> bool:
+                nonlocal events
                 events = await h.events()
-                finals = [e for e in events if e.event_type == "stream.result"
-                          and e.payload.get("result") == "All three steps are done."]
-                if finals:
-                    break
-                assert time.monotonic() < deadline, [e.event_type for e in events][-20:]
-                await asyncio.sleep(0.2)
+                return any(e.event_type == "stream.result" and e.payload.get("result") == "All three steps are done."
+                           for e in events)
+
+            await until(replied, lambda: f"the final reply; the last events: {[e.event_type for e in events][-20:]}",
+                        240, every=0.2)
             turns = await _turns(h, 4, timeout=60)
             conn = await h._conn()
             workers = [r[0] for r in await (await conn.execute(
@@ -192,11 +197,14 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
 
 
 async def _pending_asks(http: httpx.AsyncClient, timeout: float = 60) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while not (asks := (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
-    return asks  # type: ignore[no-any-return]  # JSON from the API
+    async def pending() -> list[dict[str, Any]]:
+        return (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]  # type: ignore[no-any-return]  # JSON from the API
+
+    return await until(pending, "a pending ask", timeout)
+
+
+async def _running(http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    return (await http.get("/api/tasks", params={"running": "true"})).json()["tasks"]  # type: ignore[no-any-return]  # JSON from the API
 
 
 async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waiting_on(db: DB, tmp_path: Path) -> None:
@@ -222,18 +230,13 @@ async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waitin
             await http.post("/api/chat", json={"text": "start", "thread_id": thread})
             conn = await h._conn()
             asks = await _pending_asks(http)
-            deadline = time.monotonic() + 120
             # the worker's report is queued for the thread while the question is still open
-            while not (await (await conn.execute(
-                    "SELECT 1 FROM chat_queue WHERE origin = 'harness'")).fetchall()):
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
-            # several delivery passes (the report wakes the loop at once; it polls every second)
-            settle_until = time.monotonic() + 3
-            while time.monotonic() < settle_until:
-                pending = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
-                assert [a["id"] for a in pending] == [asks[0]["id"]], "the report closed the user's question"
-                await asyncio.sleep(0.2)
+            await until(lambda: _harness_queued(conn), "the worker's report queued for the thread", 120)
+            # a window of several delivery passes (the report wakes the loop at once; it polls every second) in
+            # which the report must not close the question (a closed question does not reopen: one look after)
+            await asyncio.sleep(3)
+            pending = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+            assert [a["id"] for a in pending] == [asks[0]["id"]], "the report closed the user's question"
             await http.post("/api/chat", json={"text": "left, please", "thread_id": thread})
             turns = await _turns(h, 2, timeout=120)
             first = await h.events(turns[0]["id"])
@@ -265,16 +268,11 @@ async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archiv
             await _turns(h, 1)
             patched = await http.patch(f"/api/threads/{thread}", json={"title": "Renamed", "archived": True})
             conn = await h._conn()
-            deadline = time.monotonic() + 30
-            while (await (await conn.execute("SELECT count(*) FROM thread_control_queue WHERE status <> 'done'"))
-                   .fetchone())[0]:  # type: ignore[index]
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+            await until(lambda: _none_left(conn, "SELECT count(*) FROM thread_control_queue WHERE status <> 'done'"),
+                        "the thread's controls applied", 30)
             late = await http.post("/api/chat", json={"text": "too late", "thread_id": thread})
-            while (await (await conn.execute("SELECT count(*) FROM chat_queue WHERE status = 'pending'"))
-                   .fetchone())[0]:  # type: ignore[index]
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+            await until(lambda: _none_left(conn, "SELECT count(*) FROM chat_queue WHERE status = 'pending'"),
+                        "the late message handled", 30)
             session = await (await conn.execute("SELECT title, lifecycle FROM sessions WHERE id = %s",
                                                 [thread])).fetchone()
             refused = await (await conn.execute("SELECT status, error FROM chat_queue WHERE text = 'too late'"))\
