@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from executor.journal.writer import Fenced, JournalWriter
 from executor.projects import service as projects
 from executor.projects import worktrees
-from executor.run import lineage, process, substrate, user_input
+from executor.run import lineage, process, stream, substrate, user_input
 from executor.run.ahead import Ahead, AheadPool, SpareStale
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
@@ -52,20 +52,20 @@ MIN_GRANT_USD = 0.01
 LIMIT_CHECK_S = 0.25
 
 
-def end_outcome(returncode: int, facts: substrate.TurnFacts, stop_reason: str | None,
-                gate_denials: int = 0) -> substrate.Outcome:
+def end_outcome(returncode: int, facts: stream.TurnFacts, stop_reason: str | None,
+                gate_denials: int = 0) -> stream.Outcome:
     """A run's status from its exit, why the harness stopped it (if it did) and how many of its calls the
     harness refused at a gate (pure)."""
     if stop_reason in LIMIT_STOPS:
-        return substrate.Outcome("crashed", stop_reason)
+        return stream.Outcome("crashed", stop_reason)
     if stop_reason is None or stop_reason not in HARNESS_STOPS:
-        outcome = substrate.derive_status(returncode, facts, stop_requested=stop_reason is not None,
+        outcome = stream.derive_status(returncode, facts, stop_requested=stop_reason is not None,
                                           gate_denials=gate_denials)
-        return substrate.Outcome(outcome.status, stop_reason or outcome.reason)
-    outcome = substrate.derive_status(returncode, facts, gate_denials=gate_denials)
+        return stream.Outcome(outcome.status, stop_reason or outcome.reason)
+    outcome = stream.derive_status(returncode, facts, gate_denials=gate_denials)
     if outcome.status == "success":
         return outcome  # it finished before the stop took effect
-    return substrate.Outcome(HARNESS_STOPS[stop_reason], stop_reason)
+    return stream.Outcome(HARNESS_STOPS[stop_reason], stop_reason)
 
 
 def _now() -> datetime:
@@ -104,7 +104,7 @@ class Running:
     role: str
     proc: asyncio.subprocess.Process
     started: float
-    facts: substrate.TurnFacts = field(default_factory=substrate.TurnFacts)
+    facts: stream.TurnFacts = field(default_factory=stream.TurnFacts)
     last_output: float = 0.0
     last_output_at: datetime | None = None
     output_dirty: bool = False
@@ -652,7 +652,7 @@ class TaskRunner:
             for raw, event_id in zip(chunk, journal.new_event_ids(len(chunk))):
                 if not raw.strip():
                     continue
-                line = substrate.classify(raw)
+                line = stream.classify(raw)
                 r.facts.feed(line)
                 parent = lineage.tool_parent(r.tool_calls, line.event_type, line.payload, event_id)
                 # A line kept as printed is stored from its text: its parsed value is let go here rather
@@ -749,7 +749,7 @@ class TaskRunner:
             "status": outcome.status,
             "reason": reason,
             "exit_code": rc if rc >= 0 else None,
-            "signal": substrate.signal_name(-rc) if rc < 0 else None,
+            "signal": stream.signal_name(-rc) if rc < 0 else None,
             "duration_s": round(time.monotonic() - r.started, 3),
             "lines": r.facts.lines,
             "unparsed": r.facts.unparsed,

@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run import substrate
+from executor.run import stream
 from executor.sql import queries
 from shared import journal
 from shared.models import NewEvent
@@ -23,9 +23,9 @@ class _Ids(TypedDict):
 BATCH = 1000
 
 
-def read_lines(path: Path) -> list[substrate.Line]:
+def read_lines(path: Path) -> list[stream.Line]:
     # split on b"\n" only: tool output inside JSON strings carries \r\n
-    return [substrate.classify(raw) for raw in path.read_bytes().split(b"\n") if raw.strip()]
+    return [stream.classify(raw) for raw in path.read_bytes().split(b"\n") if raw.strip()]
 
 
 async def import_transcript(
@@ -34,10 +34,10 @@ async def import_transcript(
     """All or nothing, in one transaction: the task, its session, every non-empty line, and the status
     the lines show (derived like a live run's, with no exit code; no result line means crashed)."""
     lines = read_lines(path)
-    facts = substrate.TurnFacts()
+    facts = stream.TurnFacts()
     for line in lines:
         facts.feed(line)
-    outcome = substrate.derive_status(None, facts, imported=True)
+    outcome = stream.derive_status(None, facts, imported=True)
     task_id, session_id = uuid.uuid4(), uuid.uuid4()
     ids = _Ids(task_id=task_id, session_id=session_id, project_id=project_id)
     events = [NewEvent("task.spawned", {"imported": True, "source": str(path), "role": role}, **ids)]

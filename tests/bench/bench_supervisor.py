@@ -26,7 +26,7 @@ from pathlib import Path
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run import process, substrate
+from executor.run import process, stream, substrate
 from executor.settle import dispatch
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import journal
@@ -73,7 +73,7 @@ async def supervisor_round(cluster: Cluster, tmp: Path, script: Path, workers: i
 async def bare_round(cluster: Cluster, base: list[bytes], repeats: int, workers: int) -> tuple[float, float]:
     """Lines/s of journal.append for the same rows in batches of 2,000, built before the clock starts."""
     db = cluster.create_migrated()
-    lines = [substrate.classify(raw) for raw in base] * repeats
+    lines = [stream.classify(raw) for raw in base] * repeats
     async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=1, open=False) as pool:
         # identical rows: each worker's lines carry its task and session ids, as the supervisor's do
         events = []
@@ -186,7 +186,7 @@ async def bench_latency(cluster: Cluster, tmp: Path, tokens: int) -> None:
             async for raw in process.iter_lines(proc.stdout):
                 seq += 1
                 read_at[seq] = datetime.now(UTC)
-                line = substrate.classify(raw)
+                line = stream.classify(raw)
                 await conn.execute(
                     "INSERT INTO journal (event_id, seq, event_type, tier, payload) "
                     "VALUES (gen_random_uuid(), %s, 'stream.other', 'raw', %s::jsonb)",

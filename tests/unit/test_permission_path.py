@@ -7,7 +7,7 @@ from pathlib import Path
 
 from executor import gates
 from executor.harness import permission
-from executor.run import substrate
+from executor.run import stream, substrate
 from executor.settle import policy
 
 
@@ -33,11 +33,11 @@ def test_a_spawn_with_the_harness_goes_through_the_gate_and_pre_allows_no_way_ar
 
 
 def test_a_gate_the_harness_recorded_makes_a_clean_run_gated() -> None:
-    facts = substrate.TurnFacts()
-    facts.feed(substrate.classify(b'{"type":"result","subtype":"success","is_error":false,"result":"ok"}'))
-    assert substrate.derive_status(0, facts).status == "success"
-    assert substrate.derive_status(0, facts, gate_denials=1) == substrate.Outcome("gated", "gate_decisions")
-    assert substrate.derive_status(-9, facts, gate_denials=1).status == "crashed"  # a crash stays a crash
+    facts = stream.TurnFacts()
+    facts.feed(stream.classify(b'{"type":"result","subtype":"success","is_error":false,"result":"ok"}'))
+    assert stream.derive_status(0, facts).status == "success"
+    assert stream.derive_status(0, facts, gate_denials=1) == stream.Outcome("gated", "gate_decisions")
+    assert stream.derive_status(-9, facts, gate_denials=1).status == "crashed"  # a crash stays a crash
 
 
 def test_the_card_shows_the_exact_call_names_the_gate_and_offers_the_four_answers() -> None:

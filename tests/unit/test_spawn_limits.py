@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.run import substrate
+from executor.run import stream
 from executor.run.task_run import end_outcome
 from executor.sandbox import limits
 from executor.sandbox.bwrap import SandboxPolicy, SpawnBox, wrap
@@ -126,12 +126,12 @@ def test_the_sandboxs_tmp_is_sized() -> None:
 
 
 def test_a_spawn_ended_at_a_limit_crashed_with_the_limit_as_its_reason() -> None:
-    finished = substrate.TurnFacts()
-    finished.feed(substrate.classify(b'{"type":"result","subtype":"success","is_error":false}'))
+    finished = stream.TurnFacts()
+    finished.feed(stream.classify(b'{"type":"result","subtype":"success","is_error":false}'))
     for reason in (limits.PIDS_LIMIT, limits.MEMORY_LIMIT):
-        assert end_outcome(-9, substrate.TurnFacts(), reason) == substrate.Outcome("crashed", reason)
+        assert end_outcome(-9, stream.TurnFacts(), reason) == stream.Outcome("crashed", reason)
         # the CLI outlived the process the limit ended and finished: still cut short
-        assert end_outcome(0, finished, reason) == substrate.Outcome("crashed", reason)
+        assert end_outcome(0, finished, reason) == stream.Outcome("crashed", reason)
 
 
 def test_a_delegated_v2_subtree_is_made_ready_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from executor.run import substrate
+from executor.run import stream, substrate
 
 
-def _facts(*objs: dict[str, Any]) -> substrate.TurnFacts:
-    facts = substrate.TurnFacts()
+def _facts(*objs: dict[str, Any]) -> stream.TurnFacts:
+    facts = stream.TurnFacts()
     for obj in objs:
-        facts.feed(substrate.classify(json.dumps(obj).encode()))
+        facts.feed(stream.classify(json.dumps(obj).encode()))
     return facts
 
 
@@ -72,11 +72,11 @@ TOOL_DONE = {"type": "user", "message": {"role": "user", "content": [
 )
 def test_status_follows_the_exit_and_what_the_stream_showed(rc: int, objs: list[dict[str, Any]], stop: bool,
                                                             expected: str) -> None:
-    assert substrate.derive_status(rc, _facts(*objs), stop_requested=stop).status == expected
+    assert stream.derive_status(rc, _facts(*objs), stop_requested=stop).status == expected
 
 
 def test_an_imported_transcript_without_a_result_line_is_crashed() -> None:
-    assert substrate.derive_status(None, _facts(), imported=True).status == "crashed"
+    assert stream.derive_status(None, _facts(), imported=True).status == "crashed"
 
 
 @pytest.mark.parametrize(
@@ -100,21 +100,21 @@ def test_an_imported_transcript_without_a_result_line_is_crashed() -> None:
     ],
 )
 def test_lines_are_typed_by_type_and_subtype_and_anything_else_is_kept_unparsed(raw: bytes, event_type: str) -> None:
-    assert substrate.classify(raw).event_type == event_type
+    assert stream.classify(raw).event_type == event_type
 
 
 def test_a_type_name_seen_again_is_typed_the_same_and_a_bad_one_stays_other() -> None:
     # the event type of a name is cached after its first line; the cache must not type a bad name later
     for _ in range(2):
-        assert substrate.classify(b'{"type":"assistant"}').event_type == "stream.assistant"
-        assert substrate.classify(b'{"type":"Assistant"}').event_type == "stream.other"
-        assert substrate.classify(b'{"type":"system","subtype":"compact_boundary"}').event_type == (
+        assert stream.classify(b'{"type":"assistant"}').event_type == "stream.assistant"
+        assert stream.classify(b'{"type":"Assistant"}').event_type == "stream.other"
+        assert stream.classify(b'{"type":"system","subtype":"compact_boundary"}').event_type == (
             "stream.system.compact_boundary")
-        assert substrate.classify(b'{"type":"system","subtype":7}').event_type == "stream.system"
+        assert stream.classify(b'{"type":"system","subtype":7}').event_type == "stream.system"
 
 
 def test_invalid_utf8_is_replaced_and_flagged_not_dropped() -> None:
-    line = substrate.classify(b"bad \xff\xfe bytes")
+    line = stream.classify(b"bad \xff\xfe bytes")
     assert line.event_type == "stream.unparsed"
     assert line.payload == {"line": "bad \ufffd\ufffd bytes", "invalid_utf8": True}
 
