@@ -1,41 +1,22 @@
-"""The settings, read once from the environment, and each service's config built from them.
+"""The settings, read once from the environment.
 
-The only place that knows the `PETAL_*` variables: `Settings` reads them (pydantic-settings), the builders
-below turn them into the frozen configs the services run on (`ExecutorConfig`, `IngressConfig`), and the
-refusals of a set-up that cannot work say so naming the variable, before anything starts. The services
-never see `Settings` and never read the environment.
-
-Each builder imports the service it builds for: a command loads only what it runs (the ingress and
-`petal-dispatch status` never load the executor's MCP server or its shell parser).
+The only place that knows the `PETAL_*` variables: `Settings` reads them (pydantic-settings); the wiring
+modules turn them into the frozen configs the services run on (`executor_wiring.executor_config`,
+`ingress_wiring.ingress_config`) and refuse a set-up that cannot work, naming the variable, before anything
+starts. The services never see `Settings` and never read the environment.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared import logs
 from shared.errors import ConfigError
-
-if TYPE_CHECKING:
-    from executor.main import ExecutorConfig
-    from executor.notify.notifier import NotifyConfig
-    from executor.routines import RoutinesConfig
-    from executor.run.substrate import SubstrateConfig
-    from executor.run.supervisor import SupervisorConfig
-    from executor.sandbox.bwrap import SandboxPolicy
-    from ingress.app import IngressConfig
-    from ingress.auth import AuthConfig
-    from ingress.boundary import BoundaryConfig
-
-log = logs.get(__name__)
 
 # proxy: trust X-Authentik-Username from the fronting proxy; token: a shared secret (bearer or cookie)
 AuthMode = Literal["proxy", "token"]
@@ -61,7 +42,7 @@ SpawnCount = Annotated[Annotated[int, Field(ge=16)] | None,
 
 class Settings(BaseSettings):
     """Every knob of both services and of the application. Only this package receives it: the services get
-    the configs built below."""
+    the configs built from it (executor_wiring.py, ingress_wiring.py)."""
 
     model_config = SettingsConfigDict(env_prefix="PETAL_", frozen=True, extra="ignore")
 
@@ -264,12 +245,6 @@ def absolute(settings: Settings, cwd: Path | None = None) -> Settings:
     return settings.model_copy(update=update)
 
 
-# The per-spawn MCP config's timeout sits this far above the ask timeout, so the CLI never cuts an ask short.
-MCP_TIMEOUT_MARGIN_S = 120
-# The shortest shared secret token mode (and the proxy secret) accepts.
-MIN_TOKEN_CHARS = 16
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -277,231 +252,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def protected_paths(settings: Settings, claude: Path | None) -> tuple[tuple[str, Path], ...]:
-    """What no worker may write (shared/protected.py): the service's own code (its checkout, or the
-    site-packages it is installed in), its venv, the data directory and the CLI's install."""
-    code = Path(__file__).resolve().parent.parent
-    found = [("the service's checkout" if (code / "pyproject.toml").is_file() else "the service's installed code",
-              code), ("the data directory (PETAL_DATA_DIR)", settings.data_dir)]
-    if sys.prefix != sys.base_prefix:
-        found.append(("the service's venv", Path(sys.prefix).resolve()))
-    if claude is not None:
-        from executor.sandbox.bwrap import install_root
-
-        root = install_root(str(claude), None)
-        if root is not None:
-            found.append(("the Claude Code CLI's install", root))
-    return tuple(found)
-
-
-# --- the executor ---
-
-def check_executor_bind(settings: Settings) -> None:
-    """The harness MCP lets its caller dispatch workers that run Bash: it stays on loopback unless forced."""
-    if not is_loopback(settings.mcp_host) and not settings.mcp_force_bind:
-        raise ConfigError(
-            f"refusing to serve the harness MCP on PETAL_MCP_HOST={settings.mcp_host}: it must be a loopback "
-            "address (127.0.0.1) unless PETAL_MCP_FORCE_BIND=1 says the network itself is trusted")
-
-
-def sandbox_policy(settings: Settings, env: Mapping[str, str]) -> SandboxPolicy | None:
-    """Every spawn's sandbox, or None on the operator's explicit PETAL_SANDBOX=off (logged). Fails closed:
-    SandboxUnavailable, naming the cause and the fix, where the sandbox cannot run."""
-    from executor.sandbox.bwrap import SandboxPolicy, install_root
-    from executor.sandbox.limits import SpawnLimits
-    from executor.sandbox.gateway import parse_allowlist
-
-    if settings.sandbox == "off":
-        log.warning("sandbox_off", detail="PETAL_SANDBOX=off: workers run unsandboxed, as this service's user, "
-                    "and reach what it reaches")
-        return None
-    data_dir = settings.data_dir.resolve()
-    # the data directory, the home, and every project's checkout: a spawn sees its own tree, not another's
-    hidden = [data_dir, Path(env.get("HOME") or Path.home()), *settings.project_root_paths]
-    if settings.worktree_dir is not None:
-        hidden.append(settings.worktree_dir.resolve())
-    allow = [a for a in settings.sandbox_allow.split(",") if a.strip()]
-    try:
-        parse_allowlist(allow)
-    except ValueError as exc:
-        raise ConfigError(f"PETAL_SANDBOX_ALLOW: {exc}") from None
-    # the CLI's install stays visible where it lies in a hidden home (a cache under ~/.cache)
-    exposed = [root for root in (install_root(settings.claude_bin or "claude", env.get("PATH")),) if root is not None]
-    # bubblewrap, socat and bash found once, by absolute path (`doctor` refuses one found where a worker could
-    # write: a venv, the checkout, a working directory)
-    limits = SpawnLimits(settings.spawn_pids_max, settings.spawn_memory_max, settings.spawn_tmp_size)
-    return SandboxPolicy.find(hidden=hidden, allow=allow, exposed=exposed, path=env.get("PATH"),
-                              limits=limits)
-
-
-def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateConfig:
-    """How the CLI is run; `env` is the environment its spawns start from (the substrate scrubs it)."""
-    from executor.run.substrate import SubstrateConfig
-
-    return SubstrateConfig(
-        claude_bin=settings.claude_bin or "claude",
-        config_dir=settings.claude_config_dir,
-        base_env=dict(env),
-        max_retries=settings.claude_max_retries,
-        api_timeout_ms=settings.claude_api_timeout_ms,
-        byte_stream_idle_timeout_ms=settings.claude_stream_idle_timeout_ms,
-    )
-
-
-def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> SupervisorConfig:
-    from executor import harness
-    from executor.run import fleet
-    from executor.run.warm import WarmConfig
-    from executor.run.supervisor import SupervisorConfig, default_max_parked
-
-    return SupervisorConfig(
-        sandbox=sandbox,
-        mcp_url=f"http://{settings.mcp_host}:{settings.mcp_port}{harness.PATH}",
-        mcp_timeout_ms=int((settings.ask_timeout_s + MCP_TIMEOUT_MARGIN_S) * 1000),
-        max_workers=settings.max_workers,
-        max_parked=settings.max_parked or default_max_parked(),
-        stall_timeout_s=settings.stall_timeout_s,
-        stop_grace_s=settings.stop_grace_s,
-        max_runtime_s=settings.max_runtime_s,
-        default_workdir=settings.free_workdir,
-        run_dir=settings.data_dir.resolve() / "run",
-        worktree_dir=settings.worktree_dir,
-        keep_worktrees=settings.keep_worktrees,
-        name=settings.executor_name or fleet.default_name(),
-        labels=fleet.parse_labels(settings.executor_labels),
-        lease_s=settings.lease_s,
-        shared_claude_config=settings.shared_claude_config,
-        warm=WarmConfig(turns=settings.warm_turns, idle_s=settings.warm_idle_s),
-        ahead=settings.sandbox_ahead, ahead_spares=settings.sandbox_spares,
-    )
-
-
-def notify_config(settings: Settings) -> NotifyConfig:
-    from executor.notify.notifier import NotifyConfig
-
-    return NotifyConfig(
-        data_dir=settings.data_dir.resolve(), vapid_private_key=settings.vapid_private_key,
-        vapid_subject=settings.vapid_subject, ntfy_url=settings.ntfy_url, ntfy_token=settings.ntfy_token,
-        public_url=settings.public_url, rate_limit_s=settings.notify_rate_limit_s,
-        allow_loopback_push=settings.push_allow_loopback)
-
-
-def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
-                    sandbox: SandboxPolicy | None) -> ExecutorConfig:
-    """The executor's config: `dsn` its role's, `sandbox` what `sandbox_policy` found before anything started."""
-    from executor.harness.scope import DispatchLimits
-    from executor.main import ExecutorConfig
-    from executor.sessions.index import SessionsConfig
-    from executor.settle.settler import SettlerConfig
-
-    return ExecutorConfig(
-        dsn=dsn,
-        substrate=substrate_config(settings, env),
-        supervisor=supervisor_config(settings, sandbox),
-        mcp_host=settings.mcp_host,
-        mcp_port=settings.mcp_port,
-        ask_timeout_s=settings.ask_timeout_s,
-        settler=SettlerConfig(backoff_base_s=settings.backoff_base_s),
-        notify=notify_config(settings),
-        project_roots=settings.project_root_paths,
-        journal_hold_bytes=settings.journal_hold_bytes,
-        sessions=SessionsConfig(
-            dirs=tuple(Path(p).expanduser() for p in settings.claude_session_dirs.split(":") if p.strip()),
-            poll_s=settings.claude_sessions_poll_s),
-        routines=routines_config(settings),
-        protected=(*protected_paths(settings, Path(settings.claude_bin) if settings.claude_bin else None),
-                   # where spawns of other threads write: a project there could have its repository's config
-                   # (and so the executor's git) written by a free thread's worker
-                   ("the free threads' working directory (PETAL_WORKDIR)", settings.free_workdir),
-                   *((("the worktree directory (PETAL_WORKTREE_DIR)", settings.worktree_dir),)
-                     if settings.worktree_dir else ())),
-        dispatch_limits=DispatchLimits(max_depth=settings.max_dispatch_depth,
-                                       max_per_task=settings.max_dispatch_per_task),
-    )
-
-
-def routines_config(settings: Settings) -> RoutinesConfig:
-    from executor.routines import RoutinesConfig
-    from executor.routines.service import FileClock, system_clock
-
-    clock = FileClock(settings.routines_clock_file) if settings.routines_clock_file else system_clock
-    return RoutinesConfig(clock=clock, missed_grace_s=settings.routine_missed_grace_s,
-                          project_usd_per_day=settings.routine_project_usd_per_day, poll_s=settings.routine_poll_s)
-
-
-# --- the ingress ---
-
-def check_ingress_bind(settings: Settings) -> None:
-    if settings.open_mode and not is_loopback(settings.ingress_host) and not settings.force_open:
-        raise ConfigError(
-            f"refusing open mode (no authentication) on {settings.ingress_host}: bind to 127.0.0.1, turn "
-            "OPEN_MODE off, or set PETAL_FORCE_OPEN=1 if the network itself is trusted (e.g. a tailnet)")
-
-
-def auth_config(settings: Settings) -> AuthConfig:
-    from ingress.auth import AuthConfig
-
-    mode = "open" if settings.open_mode else settings.auth_mode
-    users = frozenset(u.strip() for u in settings.allowed_users.split(",") if u.strip())
-    return AuthConfig(mode=mode, allowed_users=users, token=settings.auth_token, max_body_bytes=settings.max_body_bytes,
-                      upload_max_bytes=settings.attachment_max_bytes)
-
-
-def check_auth(settings: Settings) -> str | None:
-    """The refusals of an auth set-up that cannot work, each one line naming the setting; the proxy secret."""
-    auth = auth_config(settings)
-    if auth.mode == "token" and not auth.token:
-        raise ConfigError("token mode needs PETAL_AUTH_TOKEN")
-    if auth.mode == "token" and auth.token and len(auth.token.get_secret_value()) < MIN_TOKEN_CHARS:
-        # the limiter slows guessing; it cannot make a short word safe
-        raise ConfigError(f"PETAL_AUTH_TOKEN is too short: at least {MIN_TOKEN_CHARS} characters "
-                          "(e.g. `openssl rand -hex 16`)")
-    secret = (settings.proxy_secret.get_secret_value() if settings.proxy_secret else "") or None
-    if auth.mode == "proxy" and secret is None:
-        # the identity header alone would let any local process (a worker's script) be the user
-        raise ConfigError("proxy mode needs PETAL_PROXY_SECRET: set it to a random string "
-                          "(`openssl rand -hex 32`) and have the proxy send it as X-Petal-Proxy-Secret")
-    if secret is not None and len(secret) < MIN_TOKEN_CHARS:
-        raise ConfigError(f"PETAL_PROXY_SECRET is too short: at least {MIN_TOKEN_CHARS} characters "
-                          "(e.g. `openssl rand -hex 32`)")
-    return secret
-
-
-def check_ingress(settings: Settings) -> None:
-    """The ingress's refusals (its bind, its auth set-up, its host names), before it waits for the database:
-    a set-up that cannot work says so at once."""
-    _ingress_guards(settings)
-
-
-def _ingress_guards(settings: Settings) -> tuple[AuthConfig, BoundaryConfig]:
-    from ingress.boundary import BoundaryConfig
-
-    check_ingress_bind(settings)
-    secret = check_auth(settings)
-    try:
-        boundary = BoundaryConfig.build(settings.ingress_host, settings.ingress_port, settings.allowed_hosts,
-                                        settings.trusted_proxies, secret)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return auth_config(settings), boundary
-
-
-def ingress_config(settings: Settings, dsn: str) -> IngressConfig:
-    """The ingress's config (`dsn`: its role's), or the ConfigError of `check_ingress`."""
-    from ingress.app import IngressConfig
-
-    auth, boundary = _ingress_guards(settings)
-    return IngressConfig(
-        dsn=dsn,
-        auth=auth,
-        boundary=boundary,
-        host=settings.ingress_host,
-        port=settings.ingress_port,
-        sse_heartbeat_s=settings.sse_heartbeat_s,
-        sse_client_buffer=settings.sse_client_buffer,
-        push_allow_loopback=settings.push_allow_loopback,
-        demo=settings.demo,
-        message_attachments_max_bytes=settings.message_attachments_max_bytes,
-    )

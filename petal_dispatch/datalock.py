@@ -63,7 +63,7 @@ def _ports(settings: Settings, kind: str) -> dict[str, str]:
 
 
 def acquire(settings: Settings, kind: str) -> DataDirLock:
-    """Take `kind`'s lock on the data directory (its run/ must exist: dbserver.check_data_dir makes it),
+    """Take `kind`'s lock on the data directory (its run/ must exist: dbfiles.check_data_dir makes it),
     or raise DataDirInUse naming the holder. Never blocks."""
     path = lock_path(settings, kind)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal, cast
 
-from petal_dispatch import cli_install, config, datalock, dbserver, ports
+from petal_dispatch import cli_install, config, datalock, dbfiles, dbprocess, dbserver, executor_wiring, ports
 from petal_dispatch.config import Settings
 from shared import errors
 from shared.protected import overlap
@@ -117,12 +117,12 @@ def _sandbox(run: _Run) -> Check:
     if run.settings.sandbox == "off":
         return Check("sandbox", True, "off (PETAL_SANDBOX=off): workers run unsandboxed, as this user")
     try:
-        policy = config.sandbox_policy(run.settings, run.env)
+        policy = executor_wiring.sandbox_policy(run.settings, run.env)
     except errors.ConfigError as exc:
         return Check("sandbox", False, str(exc))
     assert policy is not None
     # run outside any sandbox: never one a worker could have planted (found through a PATH starting with a venv)
-    writable = {**dict(config.protected_paths(run.settings, None)), **_spawn_trees(run.settings)}
+    writable = {**dict(executor_wiring.protected_paths(run.settings, None)), **_spawn_trees(run.settings)}
     for program in (policy.bwrap, policy.socat, policy.bash):
         why = overlap(Path(program).resolve(), writable.items())
         if why is not None and why.startswith("is inside"):
@@ -164,7 +164,7 @@ def _login(run: _Run) -> Check | None:
         return Check("login", True, "the demo's scripted model needs none")
     from executor.run import substrate
 
-    sub = config.substrate_config(run.settings.model_copy(update={"claude_bin": str(run.claude)}), run.env)
+    sub = executor_wiring.substrate_config(run.settings.model_copy(update={"claude_bin": str(run.claude)}), run.env)
     try:
         out = subprocess.run([str(run.claude), "auth", "status"], capture_output=True, text=True, timeout=60,
                              check=False, env=substrate.build_env(sub, "doctor"))
@@ -179,12 +179,12 @@ def _login(run: _Run) -> Check | None:
 
 def _data_dir(run: _Run) -> Check | None:
     if run.scope != "doctor":
-        return None  # a start makes it and refuses it itself (dbserver.check_data_dir), under its lock
+        return None  # a start makes it and refuses it itself (dbfiles.check_data_dir), under its lock
     data_dir = run.settings.data_dir
     if not data_dir.exists():
         return Check("data directory", True, f"{data_dir} (made by the first `up`)")
     st = data_dir.stat()
-    owner = dbserver._owner(data_dir)  # noqa: SLF001 - the same wording as the start's refusal
+    owner = dbfiles._owner(data_dir)  # noqa: SLF001 - the same wording as the start's refusal
     mode = st.st_mode & 0o7777
     mine = st.st_uid == os.geteuid()
     ok = mine and os.access(data_dir, os.W_OK)
@@ -224,7 +224,7 @@ def _database(run: _Run) -> Check | None:
 
     s = run.settings
     external = bool(s.database_url or s.executor_dsn or s.ingress_dsn)
-    if not external and dbserver.postmaster_pid(s.pgdata) is None:
+    if not external and dbprocess.postmaster_pid(s.pgdata) is None:
         return Check("database", True, f"embedded, in {s.pgdata}: not running (`up` starts it and migrates)")
     try:
         info = dbserver.resolve(s, auto_migrate=False, start=False)
@@ -251,7 +251,7 @@ def _workdir(run: _Run) -> Check:
     s = run.settings
     workdir = s.free_workdir
     given = s.workdir is not None
-    why = overlap(workdir, config.protected_paths(s, run.claude), home=Path.home().resolve())
+    why = overlap(workdir, executor_wiring.protected_paths(s, run.claude), home=Path.home().resolve())
     if why is not None:
         return Check("workdir", False, f"PETAL_WORKDIR={workdir} {why}: a worker writing there would change what "
                                        f"the service runs or trusts; choose a directory of its own (unset: "
@@ -277,7 +277,7 @@ def _project_roots(run: _Run) -> Check:
     if not roots:
         return Check("project roots", True, f"{Path.home()} (the default: a project's repository lies under it; "
                                             "PETAL_PROJECT_ROOTS narrows it)")
-    protected = config.protected_paths(s, run.claude)
+    protected = executor_wiring.protected_paths(s, run.claude)
     for root in roots:
         if not root.is_dir():
             return Check("project roots", False, f"PETAL_PROJECT_ROOTS: {root} does not exist (or is not a "
@@ -319,9 +319,9 @@ async def sandbox_probe(settings: Settings, env: Mapping[str, str], claude: Path
     from executor.run.task_store import TaskStore
 
     resolved = settings.model_copy(update={"claude_bin": str(claude)})
-    policy = config.sandbox_policy(resolved, env)
+    policy = executor_wiring.sandbox_policy(resolved, env)
     assert policy is not None
-    sub = config.substrate_config(resolved, env)
+    sub = executor_wiring.substrate_config(resolved, env)
     mcp_url = f"http://{settings.mcp_host}:{settings.mcp_port}{harness.PATH}"
     isolation = Isolation(policy, sub, mcp_url, cast(TaskStore, _NoProjects()), quiet=True)
     task_id = uuid.uuid4()

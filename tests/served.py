@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from ingress.main import serve
-from petal_dispatch import config
+from petal_dispatch import config, ingress_wiring
 
 
 # Ports for the services a test starts come from below the kernel's ephemeral range (32768 and up), where
@@ -67,7 +67,7 @@ async def ingress_server(dsn: str, **settings_kw: Any) -> AsyncIterator[str]:
     settings_kw.setdefault("open_mode", True)
     settings_kw.setdefault("ingress_port", free_port())
     settings = config.Settings(ingress_host="127.0.0.1", **settings_kw)
-    ingress = replace(config.ingress_config(settings, dsn), graceful_timeout_s=1.0)
+    ingress = replace(ingress_wiring.ingress_config(settings, dsn), graceful_timeout_s=1.0)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(ingress, stop))
     url = f"http://127.0.0.1:{ingress.port}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from psycopg_pool import AsyncConnectionPool
 
-from petal_dispatch import config
+from petal_dispatch import executor_wiring
 from petal_dispatch.commands import with_pool
 from petal_dispatch.config import Settings
 from shared import errors
@@ -25,7 +25,7 @@ def create(args: argparse.Namespace, settings: Settings) -> int:
         given = args.workdir if args.workdir.is_absolute() else Path.cwd() / args.workdir
         roots = projects.ProjectsConfig(settings.project_root_paths).resolved_roots()
         try:
-            workdir = projects.check_workdir(str(given), roots, config.protected_paths(settings, None))
+            workdir = projects.check_workdir(str(given), roots, executor_wiring.protected_paths(settings, None))
         except projects.Refused as exc:
             raise errors.ConfigError(str(exc)) from None
     plan = plan_path = None

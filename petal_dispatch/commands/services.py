@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from petal_dispatch import config, datalock, dbserver, doctor, ports, signals
+from petal_dispatch import config, datalock, dbfiles, dbserver, doctor, executor_wiring, ingress_wiring, ports, signals
 from petal_dispatch.config import Settings
 from shared import database, errors, logs
 
@@ -40,12 +40,12 @@ def executor(args: argparse.Namespace, settings: Settings) -> int:
         if not args.name.strip():
             raise errors.ConfigError("--name must not be empty")
         settings = settings.model_copy(update={"executor_name": args.name.strip()})
-    config.check_executor_bind(settings)
+    executor_wiring.check_executor_bind(settings)
     # before anything starts: the checks of `doctor` (the sandbox probe among them: no unsandboxed spawn, ever)
     claude = doctor.require(settings, os.environ, scope="executor")
     settings = settings.model_copy(update={"claude_bin": str(claude)})
-    sandbox = config.sandbox_policy(settings, os.environ)
-    dbserver.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
+    sandbox = executor_wiring.sandbox_policy(settings, os.environ)
+    dbfiles.check_data_dir(settings)  # its run files and keys live there, whichever database it uses
     # one executor per data directory (`up` runs its own under this lock): a second is refused at once,
     # naming the holder, before it binds a port or writes anything
     with datalock.acquire(settings, datalock.EXECUTOR):
@@ -53,7 +53,7 @@ def executor(args: argparse.Namespace, settings: Settings) -> int:
         info = dbserver.resolve(settings)
         database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
         signals.serve_until_stopped(executor_main.serve,
-                                    config.executor_config(settings, os.environ, info.executor_dsn, sandbox))
+                                    executor_wiring.executor_config(settings, os.environ, info.executor_dsn, sandbox))
         log.info("executor_stopped")
     return 0
 
@@ -61,9 +61,9 @@ def executor(args: argparse.Namespace, settings: Settings) -> int:
 def ingress(args: argparse.Namespace, settings: Settings) -> int:
     from ingress import main as ingress_main
 
-    config.check_ingress(settings)  # before waiting for the database: a set-up that cannot work says so at once
+    ingress_wiring.check_ingress(settings)  # before waiting for the database: a set-up that cannot work says so at once
     ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
     info = dbserver.resolve(settings)
     database.wait_for_schema(info.ingress_dsn, "petal-ingress")  # started during an outage: it waits
-    signals.serve_until_stopped(ingress_main.serve, config.ingress_config(settings, info.ingress_dsn))
+    signals.serve_until_stopped(ingress_main.serve, ingress_wiring.ingress_config(settings, info.ingress_dsn))
     return 0

@@ -26,7 +26,7 @@ import psycopg
 
 from executor.journal.writer import JournalWriter
 from executor.main import ACQUIRE_TIMEOUT_S
-from petal_dispatch import dbserver
+from petal_dispatch import dbpasswords
 from shared.database import Database
 from shared.models import NewEvent
 from tests.bench import stats
@@ -63,7 +63,7 @@ async def main(failovers: int, outage_s: float, every_s: float) -> None:
             cluster = Cluster(rig.dsn())
             made = cluster.create_migrated()
             admin = rig.dsn(made.name)
-            dsn = rig.dsn(made.name, dbserver.EXECUTOR_ROLE, target=None)
+            dsn = rig.dsn(made.name, dbpasswords.EXECUTOR_ROLE, target=None)
             await asyncio.to_thread(rig.wait_replayed)
             to_line: list[float] = []
             promote: list[float] = []

@@ -43,7 +43,7 @@ import psycopg
 from psycopg import sql
 
 from executor.sql import queries as executor_sql
-from petal_dispatch import dbserver
+from petal_dispatch import dbpasswords, dbserver
 from shared import migrate
 from tests.bench import seed_store, stats
 from tests.bench.bench_sse import wait_up
@@ -116,8 +116,8 @@ def prepare(t: Target) -> None:
 def start_ingress(t: Target, tmp: Path) -> None:
     port = free_port()
     env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port),
-           "PETAL_INGRESS_DSN": _role_dsn(t.admin_dsn, dbserver.INGRESS_ROLE),
-           "PETAL_EXECUTOR_DSN": _role_dsn(t.admin_dsn, dbserver.EXECUTOR_ROLE),
+           "PETAL_INGRESS_DSN": _role_dsn(t.admin_dsn, dbpasswords.INGRESS_ROLE),
+           "PETAL_EXECUTOR_DSN": _role_dsn(t.admin_dsn, dbpasswords.EXECUTOR_ROLE),
            "PETAL_DATA_DIR": str(tmp / t.label), "PETAL_LOG_LEVEL": "warning"}
     t.proc = subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "ingress"], env=env)
     t.url = f"http://127.0.0.1:{port}"
@@ -220,7 +220,7 @@ async def run(big: Target, small: Target, samples: int, budget_s: float) -> None
         for t in targets:
             await wait_up(t.url)
             await page_paths(t, http)
-        conns = {t.label: await psycopg.AsyncConnection.connect(_role_dsn(t.admin_dsn, dbserver.EXECUTOR_ROLE))
+        conns = {t.label: await psycopg.AsyncConnection.connect(_role_dsn(t.admin_dsn, dbpasswords.EXECUTOR_ROLE))
                  for t in targets}
         cases = {t.label: executor_cases(t) for t in targets}
         reads = list(small.paths)

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from ingress.app import create_app
 from ingress.main import hypercorn_config
-from petal_dispatch import config, dbserver
+from petal_dispatch import config, dbserver, ingress_wiring
 
 
 async def bare(request: Request) -> Response:
@@ -24,7 +24,7 @@ async def bare(request: Request) -> Response:
 
 def main() -> None:
     settings = config.load()
-    ingress = config.ingress_config(settings, dbserver.resolve(settings).ingress_dsn)
+    ingress = ingress_wiring.ingress_config(settings, dbserver.resolve(settings).ingress_dsn)
     app = create_app(ingress)
     app.router.routes.insert(0, Route("/bench/bare", bare, methods=["POST"]))
     # hypercorn types the app with its own ASGI scope TypedDicts, starlette with a plain mapping

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from mcp.types import CallToolResult
 
-from petal_dispatch import config
+from petal_dispatch import executor_wiring
 from petal_dispatch.config import Settings
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import errors
@@ -146,7 +146,7 @@ def test_a_non_loopback_mcp_host_refuses_to_start_unless_forced(tmp_path: Path) 
     assert done.returncode != 0
     assert "PETAL_MCP_HOST=0.0.0.0" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
-        config.check_executor_bind(Settings(mcp_host=host))
-    config.check_executor_bind(Settings(mcp_host="0.0.0.0", mcp_force_bind=True))
+        executor_wiring.check_executor_bind(Settings(mcp_host=host))
+    executor_wiring.check_executor_bind(Settings(mcp_host="0.0.0.0", mcp_force_bind=True))
     with pytest.raises(errors.ConfigError):
-        config.check_executor_bind(Settings(mcp_host="192.168.1.5"))
+        executor_wiring.check_executor_bind(Settings(mcp_host="192.168.1.5"))

@@ -22,7 +22,7 @@ from pydantic import SecretStr
 from executor import asks as harness_asks
 from executor.harness import permission
 from executor.settle import briefs
-from petal_dispatch import config
+from petal_dispatch import ingress_wiring
 from petal_dispatch.config import Settings
 from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared import errors
@@ -81,11 +81,11 @@ async def test_forwarded_headers_count_only_with_the_proxy_secret_when_one_is_se
 
 def test_proxy_mode_refuses_to_start_without_a_proxy_secret_or_with_a_short_one() -> None:
     with pytest.raises(errors.ConfigError, match="proxy mode needs PETAL_PROXY_SECRET: .*openssl rand"):
-        config.ingress_config(Settings(open_mode=False), "dbname=x")
+        ingress_wiring.ingress_config(Settings(open_mode=False), "dbname=x")
     with pytest.raises(errors.ConfigError, match="PETAL_PROXY_SECRET is too short"):
-        config.check_auth(Settings(open_mode=False, proxy_secret=SecretStr("hunter2")))
-    assert config.check_auth(Settings(open_mode=False, proxy_secret=SecretStr("a" * 16))) == "a" * 16
-    assert config.check_auth(Settings(open_mode=True)) is None  # open mode trusts the network: nothing to check
+        ingress_wiring.check_auth(Settings(open_mode=False, proxy_secret=SecretStr("hunter2")))
+    assert ingress_wiring.check_auth(Settings(open_mode=False, proxy_secret=SecretStr("a" * 16))) == "a" * 16
+    assert ingress_wiring.check_auth(Settings(open_mode=True)) is None  # open mode trusts the network: nothing to check
     assert SECRET not in repr(Settings(proxy_secret=SecretStr(SECRET)))
     # the service itself: one line, before it waits for any database
     env = {k: v for k, v in os.environ.items() if k not in ("OPEN_MODE", "PETAL_PROXY_SECRET")}

