@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import psycopg
 
-from executor.sql import queries
+from executor.notify.store import try_duty_lock
 from shared import logs
 
 log = logs.get(__name__)
+
+# a connection of its own for the duty's lock (the lock is its session's): dsn, application_name
+Connect = Callable[[str, str], Awaitable[psycopg.AsyncConnection[Any]]]
+
+
+async def _connect(dsn: str, name: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name=name)
 
 
 class Duty:
     """A once-per-fleet job: whoever holds the session advisory lock does it; when the holder's session ends
     (its executor died), the next `held()` of a survivor takes it."""
 
-    def __init__(self, dsn: str, duty: str, holder: str = ""):
+    def __init__(self, dsn: str, duty: str, holder: str = "", connect: Connect | None = None):
         self.dsn = dsn
         self.duty = duty
         self.holder = holder  # shown in pg_stat_activity: who holds the duty
-        self._conn: psycopg.AsyncConnection | None = None
+        self._connect = connect or _connect
+        self._conn: psycopg.AsyncConnection[Any] | None = None
         self._failing = False
 
     async def held(self) -> bool:
@@ -30,16 +41,15 @@ class Duty:
                 await self._conn.close()  # the lock went with the session
         try:
             name = f"petal-duty:{self.duty}:{self.holder}"[:63]
-            self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, application_name=name)
-            cur = await self._conn.execute(queries["try_duty_lock"], {"duty": self.duty})
-            row = await cur.fetchone()
+            self._conn = await self._connect(self.dsn, name)
+            taken = await try_duty_lock(self._conn, self.duty)
         except psycopg.Error as exc:
             if not self._failing:  # said once per outage
                 self._failing = True
                 log.warning("duty_check_failed", duty=self.duty, error=str(exc))
             return False
         self._failing = False
-        if row and row[0]:
+        if taken:
             log.info("duty_taken", duty=self.duty)
             return True
         await self._conn.close()

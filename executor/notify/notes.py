@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from executor.notify.store import Candidate
+
 LINE_CHARS = 140
 
 
@@ -31,10 +33,10 @@ def line(text: Any, n: int = LINE_CHARS) -> str:
     return first if len(first) <= n else first[: n - 1] + "…"
 
 
-def note_for(row: dict[str, Any]) -> Note | None:
+def note_for(row: Candidate) -> Note | None:
     """The notification a journal record calls for, or None (most records call for none)."""
-    p = row["payload"] or {}
-    if row["event_type"] == "question.asked":
+    p = row.payload or {}
+    if row.event_type == "question.asked":
         questions = p.get("questions") or [{}]
         by_harness = p.get("asked_by") == "harness"
         escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
@@ -42,31 +44,31 @@ def note_for(row: dict[str, Any]) -> Note | None:
         gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
         title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
                  else "Approve a worker?" if by_harness else "Claude asks")
-        return Note(kind, title, line(questions[0].get("question")), "/#asks", row["task_id"],
-                    row["session_id"], row["seq"], {"question_id": p.get("question_id")})
-    if row["event_type"] == "task.stalled":
-        return Note("stalled", f"A {row['role'] or 'task'} stalled",
-                    line(f"Silent for {round(p.get('silent_s', 0))} s: {line(row['brief'], 80)}"),
-                    f"/#task/{row['task_id']}", row["task_id"], row["task_session"], row["seq"])
-    if row["event_type"] == "executor.lost":
+        return Note(kind, title, line(questions[0].get("question")), "/#asks", row.task_id,
+                    row.session_id, row.seq, {"question_id": p.get("question_id")})
+    if row.event_type == "task.stalled":
+        return Note("stalled", f"A {row.role or 'task'} stalled",
+                    line(f"Silent for {round(p.get('silent_s', 0))} s: {line(row.brief, 80)}"),
+                    f"/#task/{row.task_id}", row.task_id, row.task_session, row.seq)
+    if row.event_type == "executor.lost":
         crashed = len(p.get("crashed_tasks") or [])
         return Note("executor_lost", f"Executor {line(p.get('name'), 60)} lost",
                     line(f"Its lease expired; {crashed} running task(s) crashed and go through the policy "
                           f"(taken over by {p.get('taken_over_by')})."),
-                    "/#context", None, None, row["seq"], {"executor": p.get("name")})
-    if row["event_type"] == "routine.run_ended":
+                    "/#context", None, None, row.seq, {"executor": p.get("name")})
+    if row.event_type == "routine.run_ended":
         return _routine_note(row, p)
-    if row["event_type"] == "task.exited" and row["role"] == "orchestrator":
+    if row.event_type == "task.exited" and row.role == "orchestrator":
         result = (p.get("result") or {})
         status = p.get("status")
         body = "The orchestrator replied." if status == "success" else f"The turn ended {status}."
         return Note("turn_finished", "Reply ready" if status == "success" else "Turn ended", body,
-                    f"/#chat/{row['task_session']}", row["task_id"], row["task_session"], row["seq"],
+                    f"/#chat/{row.task_session}", row.task_id, row.task_session, row.seq,
                     {"status": status, "subtype": result.get("subtype")})
     return None
 
 
-def _routine_note(row: dict[str, Any], p: dict[str, Any]) -> Note | None:
+def _routine_note(row: Candidate, p: dict[str, Any]) -> Note | None:
     """A routine's run ended (or could not start for its budget or a template error): what came of it, and
     the tool calls the gate denied, by name."""
     status, reason = p.get("status"), p.get("reason")
@@ -83,6 +85,6 @@ def _routine_note(row: dict[str, Any], p: dict[str, Any]) -> Note | None:
         body += f" ({cost:.2f} USD)"
     thread = p.get("thread_id")
     return Note(f"routine_{status}", f"Routine {line(p.get('name'), 60)}: {status}", line(body),
-                f"/#chat/{thread}" if thread else "/#routines", row["task_id"], row["session_id"], row["seq"],
+                f"/#chat/{thread}" if thread else "/#routines", row.task_id, row.session_id, row.seq,
                 {"routine_id": p.get("routine_id"), "run_id": p.get("run_id"), "status": status,
                  "gate_denials": [d.get("summary") for d in denials]})

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 import aiohttp
 import orjson
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from py_vapid import Vapid
 from pydantic import SecretStr
@@ -26,10 +25,10 @@ from executor.notify import notes as said
 from executor.notify import vapid
 from executor.notify.duty import Duty
 from executor.notify.notes import Note
-from executor.sql import queries
+from executor.notify.store import NotifyStore, Sent
+from executor.notify.store import Subscription as PushSubscription
 from shared import consume, database, endpoints, logs
 from shared.listener import Notification, Subscription
-from shared.query import Queries
 
 log = logs.get(__name__)
 
@@ -90,7 +89,7 @@ class Notifier:
     def __init__(self, pool: AsyncConnectionPool, config: NotifyConfig, duty: Duty | None = None,
                  name: str | None = None):
         self.pool = pool
-        self.q = Queries(pool, queries)
+        self.store = NotifyStore.over(pool)
         self.config = config
         self.vapid: Vapid | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -100,19 +99,15 @@ class Notifier:
 
     async def start(self) -> None:
         self.vapid = vapid.configured(self.config.vapid_private_key) or await self._fleet_vapid()
-        await self.q.execute("store_push_key", {"public_key": vapid.public_key(self.vapid),
-                                                "ntfy": bool(self.config.ntfy_url)})
-        await self.q.execute("init_notify_cursor")  # a first start begins at the journal's head
+        await self.store.store_push_key(vapid.public_key(self.vapid), ntfy=bool(self.config.ntfy_url))
+        await self.store.init_cursor()  # a first start begins at the journal's head
 
     async def _fleet_vapid(self) -> Vapid:
         """One key for the whole fleet, in the database: the first executor's offer wins (a race of two
         starting together included); every other executor reads it."""
         offer = await asyncio.to_thread(vapid.candidate_pem, self.config.data_dir)
-        await self.q.execute("offer_fleet_secret", {"name": vapid.SECRET_NAME, "value": offer.decode(),
-                                                    "created_by": self.name})
-        row = await self.q.one("get_fleet_secret", {"name": vapid.SECRET_NAME})
-        assert row is not None  # this executor's offer, or an earlier one
-        return Vapid.from_pem(row["value"].encode())
+        pem = await self.store.fleet_secret(vapid.SECRET_NAME, offer.decode(), offered_by=self.name)
+        return Vapid.from_pem(pem.encode())
 
     async def run(self, sub: Subscription) -> None:
         try:
@@ -133,18 +128,16 @@ class Notifier:
         return bool(await self.pass_once())
 
     async def pass_once(self) -> list[Note]:
-        for req in await self.q.all("claim_notify_requests"):
+        for request_id in await self.store.claim_test_requests():
             note = Note("test", "petal-dispatch", "Notifications work. This is the test you asked for.", "/#chat")
             outcome, detail = await self.deliver([note])
             await self._record(note, outcome, detail)
-            await self.q.execute("finish_notify_request", {"id": req["id"],
-                                                           "status": "done" if outcome == "sent" else "failed",
-                                                           "error": None if outcome == "sent" else outcome})
-        cursor = await self.q.one("get_notify_cursor")
-        assert cursor is not None  # made by start()
-        rows = await self.q.all("list_notify_candidates", {"after": cursor["last_seq"], "limit": PAGE})
+            await self.store.finish_test_request(request_id, "done" if outcome == "sent" else "failed",
+                                                 None if outcome == "sent" else outcome)
+        cursor = await self.store.cursor()
+        rows = await self.store.candidates(cursor.last_seq, PAGE)
         if not rows:
-            await self.q.execute("advance_notify_cursor", {"seq": cursor["head"]})
+            await self.store.advance_cursor(cursor.head)
             return []
         notes = [n for n in (said.note_for(r) for r in rows) if n is not None]
         due = await self._hold_back(notes)
@@ -158,8 +151,9 @@ class Notifier:
             for n in due:
                 outcome, detail = await self.deliver([n])
                 await self._record(n, outcome, detail)
-        last = rows[-1]["seq"] if len(rows) == PAGE else max(rows[-1]["seq"], cursor["head"])
-        await self.q.execute("advance_notify_cursor", {"seq": last})
+        # a full page: the next pass goes on after it; else the head, past records none of which is notable
+        last = rows[-1].seq if len(rows) == PAGE else max(rows[-1].seq, cursor.head)
+        await self.store.advance_cursor(last)
         return due
 
     async def _hold_back(self, notes: list[Note]) -> list[Note]:
@@ -168,15 +162,11 @@ class Notifier:
         seen: set[tuple[str, str]] = set()
         for n in notes:
             if n.kind == "turn_finished" and n.thread_id is not None:
-                watched = await self.q.one("check_thread_watched", {"thread_id": n.thread_id,
-                                                                    "seconds": self.config.presence_s})
-                if watched is not None:
+                if await self.store.thread_watched(n.thread_id, self.config.presence_s):
                     continue
             key = (n.kind, str(n.task_id or n.thread_id))
-            recent = await self.q.one("check_recent_notification", {"kind": n.kind, "task_id": n.task_id,
-                                                                    "thread_id": n.thread_id,
-                                                                    "seconds": self.config.rate_limit_s})
-            if key in seen or recent is not None:
+            recent = await self.store.recently_notified(n.kind, n.task_id, n.thread_id, self.config.rate_limit_s)
+            if key in seen or recent:
                 await self._record(n, "rate_limited", {})
                 continue
             seen.add(key)
@@ -196,7 +186,7 @@ class Notifier:
 
     async def deliver(self, notes: list[Note]) -> tuple[Outcome, Delivery]:
         """Send each note on every channel; ('sent' | 'no_channel' | 'failed', what happened)."""
-        subs = await self.q.all("list_push_subscriptions")
+        subs = await self.store.subscriptions()
         if not subs and not self.config.ntfy_url:
             return "no_channel", {}
         ok, ntfy = False, None
@@ -214,13 +204,13 @@ class Notifier:
                     ok = ok or ntfy == "sent"
         return ("sent" if ok else "failed"), Delivery(push=pushed, ntfy=ntfy)
 
-    async def _push(self, s: dict[str, Any], note: Note, http: aiohttp.ClientSession) -> str:
+    async def _push(self, s: PushSubscription, note: Note, http: aiohttp.ClientSession) -> str:
         assert self.vapid is not None
-        info = {"endpoint": s["endpoint"], "keys": {"p256dh": s["p256dh"], "auth": s["auth"]}}
+        info = {"endpoint": s.endpoint, "keys": {"p256dh": s.p256dh, "auth": s.auth}}
         # checked again here: a stored row (or a name that now resolves elsewhere) must not reach inside
-        refused = await endpoints.refusal(s["endpoint"], allow_loopback=self.config.allow_loopback_push)
+        refused = await endpoints.refusal(s.endpoint, allow_loopback=self.config.allow_loopback_push)
         if refused:
-            await self.q.execute("mark_push_failed", {"id": s["id"], "error": refused[:300]})
+            await self.store.push_failed(s.id, refused[:300])
             log.warning("push_endpoint_refused", reason=refused)
             return "refused"
         try:
@@ -229,15 +219,15 @@ class Notifier:
                                 aiohttp_session=http, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
         except WebPushException as exc:
             if exc.status_code in GONE:  # the browser unsubscribed or the subscription expired
-                await self.q.execute("delete_push_subscription", {"id": s["id"]})
+                await self.store.delete_subscription(s.id)
                 log.info("push_subscription_removed", status=exc.status_code)
                 return f"gone {exc.status_code}"
-            await self.q.execute("mark_push_failed", {"id": s["id"], "error": str(exc)[:300]})
+            await self.store.push_failed(s.id, str(exc)[:300])
             return f"failed {exc.status_code}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            await self.q.execute("mark_push_failed", {"id": s["id"], "error": repr(exc)[:300]})
+            await self.store.push_failed(s.id, repr(exc)[:300])
             return "failed"
-        await self.q.execute("mark_push_succeeded", {"id": s["id"]})
+        await self.store.push_succeeded(s.id)
         return "sent"
 
     async def _ntfy(self, note: Note) -> str:
@@ -254,7 +244,5 @@ class Notifier:
             return f"failed {type(exc).__name__}"
 
     async def _record(self, note: Note, outcome: str, detail: Delivery) -> None:
-        await self.q.execute("record_notification", {
-            "kind": note.kind, "task_id": note.task_id, "thread_id": note.thread_id, "seq": note.seq,
-            "title": note.title, "body": note.body, "url": note.url, "outcome": outcome,
-            "detail": Jsonb({**note.detail, **detail})})
+        await self.store.record(Sent(note.kind, note.task_id, note.thread_id, note.seq, note.title, note.body,
+                                     note.url, outcome, {**note.detail, **detail}))

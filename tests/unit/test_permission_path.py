@@ -78,11 +78,12 @@ def test_gate_decisions_list_every_gate_the_harness_decided_and_the_cli_s_own_de
 
 def test_a_gate_card_is_notified_as_a_question_that_names_a_tool_call() -> None:
     from executor.notify import notes
+    from executor.notify.store import Candidate
 
     verdict = gates.classify("Bash", {"command": "sudo true"}, "/srv/app", "/home/dev")
     card = permission.approval_question("Bash", {"command": "sudo true"}, verdict, "worker", True)
-    note = notes.note_for({"event_type": "question.asked", "task_id": None, "session_id": None, "seq": 7,
-                            "payload": {"questions": [card], "asked_by": "harness", "tool_use_id": "gate-toolu_1",
-                                        "question_id": "q"}})
+    note = notes.note_for(Candidate(event_type="question.asked", task_id=None, session_id=None, seq=7,
+                                    payload={"questions": [card], "asked_by": "harness",
+                                             "tool_use_id": "gate-toolu_1", "question_id": "q"}))
     assert note is not None and note.kind == "question" and note.title == "Approve a tool call?"
     assert "sudo true" in note.body
