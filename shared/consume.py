@@ -9,6 +9,11 @@ subscriber's queue overflowed: notifications were lost) and every poll run all o
 they are first named; passes registered under `POLL_ONLY` run only then. The first round runs all of
 them too (what happened while nobody listened).
 
+The poll comes `poll_s` after the last round that ran every pass, however many notifications came
+between (a loop woken more often than its poll still gets its backstop). A `Wake` wakes the loop from inside
+the process without a notification: for the passes of one key (a timer's instant, shared/timers.py) or all
+of them. Time is read from an injected clock (`shared.timers.Clock`), so a unit test moves it by hand.
+
 An outage is waited out through `Availability` (said once, with back-off), after which every pass runs
 again; the loop never ends on one. Any other error of a pass is logged once — again only after the pass
 has succeeded in between — and the loop goes on; the next poll tries that pass again.
@@ -21,7 +26,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from shared import logs
+from shared import logs, timers
 from shared.availability import OUTAGE_ERRORS, Availability
 from shared.listener import RESYNC, Notification, Subscription
 
@@ -40,13 +45,47 @@ def ordered_passes(passes_by_channel: Mapping[str, Sequence[Pass]]) -> list[Pass
     return seen
 
 
-def due_passes(notes: Sequence[Notification | None], passes_by_channel: Mapping[str, Sequence[Pass]]) -> list[Pass]:
-    """The passes a wake-up calls for, in their order: None stands for the poll (pure)."""
+def due_passes(keys: Sequence[str | None], passes_by_channel: Mapping[str, Sequence[Pass]]) -> list[Pass]:
+    """The passes a wake-up calls for, in their order: a key is a notification's channel or a `Wake`'s key;
+    None (the poll, a resync, a wake for everything) and a key no pass names call for all of them (pure)."""
     every = ordered_passes(passes_by_channel)
-    if any(n is None or n is RESYNC or n.channel not in passes_by_channel for n in notes):
+    if _is_full(keys, passes_by_channel):
         return every
-    wanted = {p for n in notes if n is not None for p in passes_by_channel[n.channel]}
+    wanted = {p for k in keys if k is not None for p in passes_by_channel[k]}
     return [p for p in every if p in wanted]
+
+
+def _is_full(keys: Sequence[str | None], passes_by_channel: Mapping[str, Sequence[Pass]]) -> bool:
+    return any(k is None or k not in passes_by_channel for k in keys)
+
+
+def channel_key(note: Notification) -> str | None:
+    """The key a notification wakes: its channel, or None (every pass) for a RESYNC."""
+    return None if note is RESYNC else note.channel
+
+
+class Wake:
+    """Wakes a consume loop from inside the process, without a notification: `ring(key)` runs the passes
+    registered under `key` (a timer's instant: shared/timers.py), `ring()` all of them. A ring while the loop
+    runs a round is kept for the next."""
+
+    def __init__(self) -> None:
+        self._keys: list[str | None] = []
+        self._rung = asyncio.Event()
+
+    def ring(self, key: str | None = None) -> None:
+        if key not in self._keys:
+            self._keys.append(key)
+        self._rung.set()
+
+    async def wait(self) -> None:
+        await self._rung.wait()
+
+    def take(self) -> list[str | None]:
+        """The keys rung since the last take."""
+        keys, self._keys = self._keys, []
+        self._rung.clear()
+        return keys
 
 
 def nudge(subscription: Subscription) -> None:
@@ -60,36 +99,52 @@ def _name(p: Pass) -> str:
     return getattr(p, "__name__", repr(p))
 
 
-async def _next(subscription: Subscription, poll_s: float, stop: asyncio.Event | None,
-                debounce_s: float) -> list[Notification | None]:
-    """What woke the loop: every notification queued by then, or [None] for the poll (or the stop)."""
+def _queued(subscription: Subscription) -> list[str | None]:
+    keys: list[str | None] = []
+    while not subscription.queue.empty():
+        keys.append(channel_key(subscription.queue.get_nowait()))
+    return keys
+
+
+async def _next(subscription: Subscription, wait_s: float, stop: asyncio.Event | None, debounce_s: float,
+                wake: Wake | None, clock: timers.Clock) -> list[str | None] | None:
+    """What woke the loop: the keys of every notification queued by then and of the wake's rings, or None
+    when the wait ran out (the poll: what is queued is taken with it) or the loop is stopping."""
+    if wait_s <= 0:  # the poll is due now, whatever else is waiting
+        _queued(subscription)
+        if wake is not None:
+            wake.take()
+        return None
     getter = asyncio.ensure_future(subscription.get())
-    waits: set[asyncio.Future[Any]] = {getter}
+    waits: set[asyncio.Future[Any]] = {getter, asyncio.ensure_future(clock.sleep(wait_s))}
     if stop is not None:
         waits.add(asyncio.ensure_future(stop.wait()))
+    if wake is not None:
+        waits.add(asyncio.ensure_future(wake.wait()))
     try:
-        await asyncio.wait(waits, timeout=poll_s, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waits:
             w.cancel()  # a cancelled Queue.get() leaves its item in the queue
-    if not getter.done() or getter.cancelled():
-        return [None]
-    notes: list[Notification | None] = [getter.result()]
-    if debounce_s > 0:
-        await asyncio.sleep(debounce_s)  # let a burst land, then take it in one round
-    while not subscription.queue.empty():
-        notes.append(subscription.queue.get_nowait())
-    return notes
+    got = getter.done() and not getter.cancelled()
+    keys = [channel_key(getter.result())] if got else []
+    if got and debounce_s > 0:
+        await clock.sleep(debounce_s)  # let a burst land, then take it in one round
+    keys += _queued(subscription)
+    if wake is not None:
+        keys += wake.take()
+    return keys or None
 
 
 async def consume(name: str, subscription: Subscription, passes_by_channel: Mapping[str, Sequence[Pass]],
                   poll_s: float, availability: Availability, stop: asyncio.Event | None = None, *,
-                  debounce_s: float = 0.0) -> None:
+                  debounce_s: float = 0.0, wake: Wake | None = None, clock: timers.Clock = timers.MONOTONIC) -> None:
     """Run the passes as their channels fire (and all of them every `poll_s`) until `stop` is set or the
     task is cancelled. `debounce_s`: after a notification, wait this long and take what came meanwhile
-    together (a loop woken by every journal line)."""
+    together (a loop woken by every journal line). `wake`: rung from inside the process (see `Wake`)."""
     every = ordered_passes(passes_by_channel)
-    due = every
+    due, full = every, True
+    full_at = clock.now()  # the end of the last round that ran every pass: the poll counts from there
     failing: dict[str, int] = {}  # pass → unexpected failures in a row (the first one is logged)
     recovering = False  # an outage was waited out: the first clean round says the database is back
     while stop is None or not stop.is_set():
@@ -98,13 +153,17 @@ async def consume(name: str, subscription: Subscription, passes_by_channel: Mapp
                 await _drain(name, p, failing, stop)
         except OUTAGE_ERRORS as exc:
             recovering = True
-            due = every  # what the outage interrupted, and what it hid
+            due, full = every, True  # what the outage interrupted, and what it hid
             await availability.pause(exc, name, stop)
             continue
         if recovering:
             recovering = False
             availability.succeeded()
-        due = due_passes(await _next(subscription, poll_s, stop, debounce_s), passes_by_channel)
+        if full:
+            full_at = clock.now()
+        keys = await _next(subscription, full_at + poll_s - clock.now(), stop, debounce_s, wake, clock)
+        full = keys is None or _is_full(keys, passes_by_channel)
+        due = every if keys is None else due_passes(keys, passes_by_channel)
 
 
 async def _drain(name: str, p: Pass, failing: dict[str, int], stop: asyncio.Event | None) -> None:

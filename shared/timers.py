@@ -87,10 +87,11 @@ class ManualClock:
         """When the tasks sleeping now wake, soonest first."""
         return sorted(at for at, f in self._sleepers if not f.done())
 
-    async def asleep(self, count: int = 1, timeout_s: float = 5.0) -> list[float]:
-        """Wait (real time, bounded) until at least `count` tasks sleep on this clock; their deadlines."""
+    async def asleep(self, count: int = 1, *, at: float | None = None, timeout_s: float = 5.0) -> list[float]:
+        """Wait (real time, bounded) until at least `count` tasks sleep on this clock, or, with `at`, until one
+        sleeps until then (a sleeper from before the awaited step may still be there); their deadlines."""
         async with asyncio.timeout(timeout_s):
-            while len(self.deadlines) < count:
+            while len(self.deadlines) < count if at is None else at not in self.deadlines:
                 self._changed.clear()
                 await self._changed.wait()
         return self.deadlines

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from shared import availability as availability_module
-from shared import consume
+from shared import consume, timers
 from shared.availability import Availability
 from shared.listener import RESYNC, Listener, Notification, Subscription
 
@@ -56,10 +56,12 @@ def subscription(channels: list[str]) -> Subscription:
 
 @asynccontextmanager
 async def consuming(sub: Subscription, by_channel: dict[str, list[consume.Pass]], poll_s: float = NEVER_S,
-                    availability: Availability | None = None, debounce_s: float = 0.0) -> AsyncIterator[asyncio.Event]:
+                    availability: Availability | None = None, debounce_s: float = 0.0,
+                    clock: timers.Clock = timers.MONOTONIC,
+                    wake: consume.Wake | None = None) -> AsyncIterator[asyncio.Event]:
     stop = asyncio.Event()
     loop = asyncio.create_task(consume.consume("test", sub, by_channel, poll_s, availability or Availability("t"),
-                                               stop, debounce_s=debounce_s))
+                                               stop, debounce_s=debounce_s, clock=clock, wake=wake))
     try:
         yield stop
     finally:
@@ -102,22 +104,70 @@ async def test_with_a_debounce_a_burst_arriving_after_the_first_notification_is_
     p = Passes()
     a = p.make("a")
     sub = subscription(["x"])
-    async with consuming(sub, {"x": [a]}, debounce_s=0.05):
+    clock = timers.ManualClock()
+    async with consuming(sub, {"x": [a]}, debounce_s=0.05, clock=clock):
         await p.after(1)
+        await clock.asleep()  # the poll's wait
         sub.queue.put_nowait(Notification("x", "1"))
-        await asyncio.sleep(0.01)  # the loop has taken the first one and waits out the debounce
+        assert await clock.asleep(at=0.05) == [0.05]  # the loop took the first one and waits out the debounce
         sub.queue.put_nowait(Notification("x", "2"))
+        clock.advance(0.05)
         await p.after(2)
-        await asyncio.sleep(0.1)  # no round may follow for the second: it was taken with the first
+        await clock.asleep()  # waiting again: no round followed for the second, taken with the first
     assert p.runs == ["a", "a"]
 
 
 async def test_the_poll_runs_every_pass_without_any_notification() -> None:
     p = Passes()
     a, b = p.make("a"), p.make("b")
-    async with consuming(subscription(["x", "y"]), {"x": [a], "y": [b]}, poll_s=0.02):
+    clock = timers.ManualClock()
+    async with consuming(subscription(["x", "y"]), {"x": [a], "y": [b]}, poll_s=1.0, clock=clock):
+        for n in (2, 4, 6):
+            await p.after(n)
+            assert await clock.asleep() == [n / 2]
+            clock.advance(1.0)
+        runs = await p.after(8)
+    assert runs[:8] == ["a", "b"] * 4
+
+
+async def test_notifications_more_frequent_than_the_poll_do_not_hold_it_back() -> None:
+    p = Passes()
+    a, b = p.make("a"), p.make("b")
+    sub = subscription(["x"])
+    clock = timers.ManualClock()
+    async with consuming(sub, {"x": [a], consume.POLL_ONLY: [b]}, poll_s=1.0, clock=clock):
+        await p.after(2)
+        for n in range(2):  # a notification every 0.4 s
+            assert await clock.asleep() == [1.0]
+            clock.advance(0.4)
+            sub.queue.put_nowait(Notification("x", str(n)))
+            await p.after(3 + n)
+        assert await clock.asleep() == [1.0]  # the poll still comes a second after the full round, not after 0.8
+        clock.advance(0.2)
         runs = await p.after(6)
-    assert runs[:6] == ["a", "b"] * 3
+    assert runs == ["a", "b", "a", "a", "a", "b"]
+
+
+async def test_a_wake_runs_the_passes_of_its_key_or_all_of_them_and_a_ring_during_a_round_is_kept() -> None:
+    p = Passes()
+    a, b, c = p.make("a"), p.make("b"), p.make("c")
+    wake = consume.Wake()
+    rings_left = [1]
+
+    async def rings() -> object:  # rings while a round runs: the next round is for it
+        if rings_left:
+            rings_left.pop()
+            wake.ring("clock")
+        return await a()
+
+    rings.__name__ = "a"
+    async with consuming(subscription(["x"]), {"x": [rings], "clock": [b], consume.POLL_ONLY: [c]}, wake=wake):
+        first = await p.after(4)  # the first round rang: b once more
+        wake.ring("clock")
+        keyed = (await p.after(5))[4:]
+        wake.ring()
+        everything = (await p.after(8))[5:]
+    assert first == ["a", "b", "c", "b"] and keyed == ["b"] and everything == ["a", "b", "c"]
 
 
 async def test_a_pass_that_reports_work_runs_again_until_it_finds_none() -> None:
@@ -186,15 +236,19 @@ async def test_stop_ends_the_loop_while_it_waits_and_a_nudge_wakes_it_from_insid
     assert runs == ["a", "b", "a", "b"]  # the context manager's exit proved the stop (it awaits the loop)
 
 
-@pytest.mark.parametrize(("notes", "due"), [
+@pytest.mark.parametrize(("keys", "due"), [
     ([None], ["a", "b", "c"]),
-    ([RESYNC], ["a", "b", "c"]),
-    ([Notification("unknown", "1")], ["a", "b", "c"]),
-    ([Notification("y", "1")], ["b", "c"]),
-    ([Notification("z", "1"), Notification("x", "2")], ["a", "c"]),
+    (["unknown"], ["a", "b", "c"]),
+    (["y"], ["b", "c"]),
+    (["z", "x"], ["a", "c"]),
 ])
-def test_which_passes_a_wake_up_calls_for(notes: list[Notification | None], due: list[str]) -> None:
+def test_which_passes_a_wake_up_calls_for(keys: list[str | None], due: list[str]) -> None:
     p = Passes()
     a, b, c = p.make("a"), p.make("b"), p.make("c")
     by_channel = {"x": [a], "y": [b, c], "z": [c]}
-    assert [consume._name(p) for p in consume.due_passes(notes, by_channel)] == due
+    assert [consume._name(p) for p in consume.due_passes(keys, by_channel)] == due
+
+
+def test_a_resync_wakes_every_pass_and_a_notification_its_channel() -> None:
+    assert consume.channel_key(RESYNC) is None
+    assert consume.channel_key(Notification("chat", "1")) == "chat"
