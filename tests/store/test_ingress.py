@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor.sql import queries as executor_queries
 from shared import journal, query
 from shared.models import NewEvent
+from tests import tables
 from tests.pg import DB, lock_waiter
 from tests.served import SSEEvent, collect, ingress_server
 from tests.wait import until
@@ -136,7 +137,8 @@ async def test_queue_and_question_changes_are_pushed_as_wakeups(db: DB) -> None:
         ready = asyncio.Event()
         reader = asyncio.create_task(read())
         await ready.wait()
-        await asyncio.sleep(0.2)
+        # a wake-up is not replayed: the broadcaster must be listening before the changes
+        await until(lambda: tables.listening(db.admin_dsn, "petal-ingress-listen"), "the ingress listening")
         queued = (await http.post("/api/chat", json={"text": "wake"})).json()
         with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
             qid = conn.execute("INSERT INTO questions (questions) VALUES ('[]') RETURNING id").fetchone()[0]  # type: ignore[index]
@@ -403,7 +405,7 @@ async def test_a_client_gone_while_its_replay_reads_costs_the_ingress_no_connect
                 assert [pid for pid, (_, wait) in (await _ingress_backends(admin)).items() if wait == "Lock"] \
                     == [reader], "the replay's read is not the only one waiting on the lock"
             # the client is gone; its read waits on: then the lock goes
-            await asyncio.sleep(hold_s)
+            await asyncio.sleep(hold_s)  # not a wait: the lock is held this long, past DETACHED_READ_S or not (the case)
             if case.startswith("held"):  # given up at the detached limit, before the lock went, and kept
                 assert (await _ingress_backends(admin)).get(reader) == ("idle", "Client"), "still waiting"
             await locker.execute("COMMIT")

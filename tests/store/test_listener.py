@@ -71,7 +71,7 @@ async def test_a_reconnect_within_an_outages_settling_second_is_declared_back_on
             await admin.execute("SELECT pg_terminate_backend(%s)", [listener.backend_pid])
         assert await _next(sub.get()) is RESYNC  # back within the settling second: not yet declared
         assert _down(seen) and seen.outages == 1
-        await asyncio.sleep(availability.SETTLE_S)
+        await asyncio.sleep(availability.SETTLE_S)  # not a wait for a condition: the settling second passes
         await _notify(db.executor_dsn, "journal", "8")
         assert await _next(sub.get()) == Notification("journal", "8")  # declared back as it came in
         assert not _down(seen) and seen.outages == 1

@@ -241,9 +241,9 @@ async def test_a_client_gone_before_its_body_arrived_is_no_error_and_writes_noth
             writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {kind}\r\n"
                          f"Content-Length: 1000\r\n\r\ntext=half a mess".encode())
             await writer.drain()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # not a wait: the phone's pause mid-body before it drops off
             writer.close()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # a window in which the dropped requests would queue or log an error (they must not)
         after = await http.get("/healthz")
     assert after.status_code == 200
     with psycopg.connect(db.admin_dsn) as conn:
