@@ -10,9 +10,6 @@ died before; and the services die with `up` if it is killed outright (a parent-d
 from __future__ import annotations
 
 import contextlib
-import json
-from importlib import metadata
-import signal
 import socket
 import subprocess
 import sys
@@ -20,58 +17,23 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import IO
 
 from petal_dispatch import (cli_install, config, datalock, dbfiles, dbprocess, dbserver, doctor, ingress_wiring, ports,
                             signals)
+from petal_dispatch.children import DatabaseWatch, Output, Service, stop_all
 from petal_dispatch.config import Settings
-from shared import errors, lifeline, logs
+from petal_dispatch.demo import launch
+from shared import errors, logs
 
 log = logs.get(__name__)
 
 READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 20.0
 # how often the loop looks at its children and the database
 WATCH_INTERVAL_S = 0.2
-# a dead service (or database) is started again after this, doubling per quick death up to the cap
-RESTART_BACKOFF_S = 1.0
-RESTART_BACKOFF_MAX_S = 30.0
-# a service that ran this long before dying starts again at the shortest back-off
-STABLE_AFTER_S = 60.0
-# the page's line is printed again once the services' start-up output has settled: no line for this long
-# (or, a service still talking, after the cap), so it is the last thing on the screen
-SETTLE_QUIET_S = 1.0
-SETTLE_MAX_S = 15.0
 # how long a stopped service's last stderr lines are waited for (its pipe closes when it exits)
 RELAY_DRAIN_S = 2.0
-
-
-class Output:
-    """The services' stderr, relayed line by line to ours: `up` knows when their start-up lines have settled."""
-
-    def __init__(self) -> None:
-        self.last_line_at = time.monotonic()
-        self._lock = threading.Lock()  # one line at a time on our stderr, whole
-
-    def relay(self, stream: IO[bytes]) -> None:
-        """Until the child closes its stderr (it exited): its lines onto ours."""
-        with stream:
-            for chunk in iter(stream.readline, b""):
-                with self._lock:
-                    sys.stderr.buffer.write(chunk)
-                    sys.stderr.buffer.flush()
-                self.last_line_at = time.monotonic()
-
-    def settle(self, stop: threading.Event) -> None:
-        """Until no service wrote a line for SETTLE_QUIET_S (at most SETTLE_MAX_S), or a stop."""
-        deadline = time.monotonic() + SETTLE_MAX_S
-        while not stop.is_set() and time.monotonic() < deadline:
-            quiet = time.monotonic() - self.last_line_at
-            if quiet >= SETTLE_QUIET_S:
-                return
-            stop.wait(SETTLE_QUIET_S - quiet)
 
 
 def _child_env(base: Mapping[str, str], settings: Settings, claude: str) -> dict[str, str]:
@@ -92,83 +54,6 @@ def _service_env(env: Mapping[str, str], info: dbserver.ServerInfo, service: str
     else:
         out["PETAL_INGRESS_DSN"] = info.ingress_dsn
     return out
-
-
-def backoff_s(failures: int) -> float:
-    """The wait before the next start after `failures` quick deaths in a row."""
-    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2.0 ** max(0, failures))
-
-
-@dataclass
-class Service:
-    """One supervised service process, started again after a back-off when it dies."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
-    failures: int = 0
-    restart_at: float | None = None
-    restarts: int = 0
-    output: Output | None = None  # its stderr relayed through `up` (else inherited)
-    relaying: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=lifeline.die_with_parent(signal.SIGTERM),
-                                     stderr=subprocess.PIPE if self.output is not None else None)
-        if self.output is not None and self.proc.stderr is not None:
-            self.relaying = threading.Thread(target=self.output.relay, args=(self.proc.stderr,),
-                                             name=f"{self.name}-stderr", daemon=True)
-            self.relaying.start()
-        self.started = time.monotonic()
-        self.restart_at = None
-
-    def watch(self, now: float) -> None:
-        if self.proc is None:
-            return
-        if self.restart_at is None:
-            if self.proc.poll() is None:
-                return
-            if now - self.started >= STABLE_AFTER_S:
-                self.failures = 0
-            delay = backoff_s(self.failures)
-            self.failures += 1
-            self.restart_at = now + delay
-            log.warning("service_died", service=self.name, exit_code=self.proc.returncode, restart_in_s=delay)
-        elif now >= self.restart_at:
-            self.start()
-            self.restarts += 1
-            log.warning("service_restarted", service=self.name, pid=self.proc.pid, restarts=self.restarts)
-
-
-@dataclass
-class DatabaseWatch:
-    """The embedded server, started again after a back-off when it dies."""
-
-    server: dbprocess.EmbeddedServer
-    failures: int = 0
-    restart_at: float | None = None
-
-    def watch(self, now: float) -> None:
-        if self.restart_at is None:
-            if self.server.pid() is not None:
-                return
-            delay = backoff_s(self.failures)
-            self.restart_at = now + delay
-            log.warning("database_died", pgdata=str(self.server.pgdata), restart_in_s=delay)
-        elif now >= self.restart_at:
-            try:
-                self.server.restart()
-            except Exception as exc:  # noqa: BLE001 - e.g. its old backends still hold the shared memory
-                self.failures += 1
-                delay = backoff_s(self.failures)
-                self.restart_at = now + delay
-                log.warning("database_restart_failed", error=f"{type(exc).__name__}: {exc}"[:300],
-                            retry_in_s=delay)
-                return
-            self.failures, self.restart_at = 0, None
-            log.warning("database_restarted", pid=self.server.pid())
 
 
 def _wait_for(ready: Callable[[], bool], services: list[Service], what: str) -> None:
@@ -208,86 +93,6 @@ def _wait_listening(host: str, port: int, services: list[Service]) -> None:
         return True
 
     _wait_for(listening, services, f"the harness MCP server did not listen on {host}:{port}")
-
-
-def _stop(children: list[subprocess.Popen[bytes]] | list[subprocess.Popen[str]]) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for child in children:
-        try:
-            child.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
-DEMO_MESSAGE = "Show me what you can do with this project."
-
-
-DEMO_SCENARIO = Path(__file__).resolve().parent / "demo" / "scenario.json"
-
-
-def demo_settings(settings: Settings) -> tuple[Settings, dict[str, str]]:
-    """The demo's own settings and environment: its project as the working directory (petal's own, beside the
-    default working directory, never in the data directory or the checkout), its own CLI config directory, the
-    scripted model's fake key; the page in open mode on loopback. The model's address is added when it starts."""
-    project = config.default_workdir().parent / "demo-project"
-    (project / "src").mkdir(parents=True, exist_ok=True)
-    (project / "README.md").write_text("# A demo project\n\nSomething for the demo worker to look at.\n")
-    (project / "src" / "app.py").write_text("print('hello')\n")
-    claude_config = settings.data_dir / "demo-claude"
-    env = {"ANTHROPIC_API_KEY": "sk-ant-demo-not-a-real-key", "PETAL_DEMO": "1",
-           "PETAL_CLAUDE_CONFIG_DIR": str(claude_config), "PETAL_CLAUDE_MAX_RETRIES": "0", "PETAL_WORKDIR": str(project)}
-    if config.is_loopback(settings.ingress_host):
-        env["OPEN_MODE"] = "1"  # the demo is for a browser on this machine
-    return settings.model_copy(update={"workdir": project, "claude_config_dir": claude_config}), env
-
-
-def _start_demo_model(env: dict[str, str], scenario: Path = DEMO_SCENARIO) -> tuple[subprocess.Popen[str], str]:
-    model = subprocess.Popen([sys.executable, "-m", "petal_dispatch.demo.scripted_model", "--scenario", str(scenario)],
-                             stdout=subprocess.PIPE, text=True, preexec_fn=lifeline.die_with_parent(signal.SIGTERM))
-    url = (model.stdout.readline() if model.stdout else "").strip()
-    if not url.startswith("http://127.0.0.1:"):
-        model.kill()
-        raise errors.PetalError("the demo's scripted model did not start")
-    env["ANTHROPIC_BASE_URL"] = url
-    return model, url
-
-
-def _post(url: str, body: dict[str, object]) -> dict[str, object]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"},
-                                 method="POST")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        answer: dict[str, object] = json.load(r)
-    return answer
-
-
-DEMO_THREAD_FILE = "demo-thread"
-
-
-def _get(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
-
-
-def _post_demo_message(url: str, data_dir: Path) -> None:
-    """The demo's thread is made once per data directory (its id kept in DEMO_THREAD_FILE) and its first
-    message sent once: a later `up --demo` on the same directory reuses both."""
-    marker = data_dir / DEMO_THREAD_FILE
-    known = marker.read_text().strip() if marker.is_file() else ""
-    if known:
-        listed = _get(f"{url}/api/threads")
-        threads = listed.get("threads") if isinstance(listed, dict) else None
-        # reused unless the user archived it (then the demo starts over in a new thread)
-        if any(isinstance(t, dict) and str(t.get("id")) == known and t.get("lifecycle") != "archived"
-               for t in threads or []):
-            return
-    # an autonomous thread: the demo's worker starts without an approval (interactive threads ask first)
-    thread = _post(f"{url}/api/threads", {"title": "Demo", "mode": "autonomous"})
-    marker.write_text(f"{thread['thread_id']}\n")
-    _post(f"{url}/api/chat", {"text": DEMO_MESSAGE, "thread_id": thread["thread_id"]})
 
 
 def preflight(settings: Settings, env: Mapping[str, str], *,
@@ -338,7 +143,7 @@ def run(settings: Settings, env: Mapping[str, str], *, demo: bool = False, scena
         raise errors.ConfigError(f"no scenario file {scenario}")
     extra_env: dict[str, str] = {}
     if demo:
-        settings, extra_env = demo_settings(settings)
+        settings, extra_env = launch.demo_settings(settings)
     held, claude = preflight(settings, {**env, **extra_env}, demo=demo)
     with held:
         # which CLI runs and where free threads work: said before anything starts (the page's URL comes last)
@@ -376,43 +181,64 @@ def _supervise(settings: Settings, env: Mapping[str, str], info: dbserver.Server
     extra: list[subprocess.Popen[str]] = []
     stop = threading.Event()
     signals.on_stop(stop.set)
-    cmd = [sys.executable, "-m", "petal_dispatch.cli"]
     services: list[Service] = []
-    database = DatabaseWatch(embedded) if embedded is not None else None
     try:
         if demo:
-            model, _ = _start_demo_model(child_env, scenario or DEMO_SCENARIO)
+            model, _ = launch.start_model(child_env, scenario or launch.DEMO_SCENARIO)
             extra.append(model)
         output = Output()
-        services = [Service(name, [*cmd, name], _service_env(child_env, info, name), output=output)
-                    for name in ("executor", "ingress")]
-        for s in services:
-            s.start()
-        host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host
-        url = f"http://{host}:{settings.ingress_port}"
-        _wait_ready(url, services)
-        _wait_listening(settings.mcp_host, settings.mcp_port, services)  # its "Running on" line comes first
-        if demo and scenario is None:
-            _post_demo_message(url, settings.data_dir.resolve())
-        what = "the demo (a scripted model, not Claude)" if demo else "petal-dispatch"
-        page = f"{url}/login" if not demo and not settings.open_mode and settings.auth_mode == "token" else f"{url}/"
+        services = _start_services(child_env, info, output)
+        url = _started(settings, services, demo=demo, scenario=scenario)
         # the page to open: stdout's first line (scripts read it), set apart from the log lines around it, and
         # printed again once the services' start-up lines have settled, so it is the last thing on the screen
-        up_line = f"{what} is up: {page}  (database: {info.location}; Ctrl-C stops everything)"
+        up_line = f"{_what(demo)} is up: {_page(settings, url, demo)}  (database: {info.location}; Ctrl-C stops everything)"
         _set_apart(up_line)
         output.settle(stop)
         if not stop.is_set():
             _set_apart(up_line)
-        while not stop.is_set():
-            if database is not None:
-                database.watch(time.monotonic())
-            for s in services:
-                s.watch(time.monotonic())  # not one `now`: restarting the database can take seconds
-            time.sleep(WATCH_INTERVAL_S)
+        _watch(stop, DatabaseWatch(embedded) if embedded is not None else None, services)
         return 0
     finally:
-        _stop([s.proc for s in services if s.proc is not None])
+        stop_all([s.proc for s in services if s.proc is not None])
         for s in services:  # their last lines (the stop's own) relayed before `up` exits
             if s.relaying is not None:
                 s.relaying.join(RELAY_DRAIN_S)
-        _stop(extra)
+        stop_all(extra)
+
+
+def _start_services(child_env: Mapping[str, str], info: dbserver.ServerInfo, output: Output) -> list[Service]:
+    cmd = [sys.executable, "-m", "petal_dispatch.cli"]
+    services = [Service(name, [*cmd, name], _service_env(child_env, info, name), output=output)
+                for name in ("executor", "ingress")]
+    for s in services:
+        s.start()
+    return services
+
+
+def _started(settings: Settings, services: list[Service], *, demo: bool, scenario: Path | None) -> str:
+    """Until both services are up (and the demo's first message sent); the page's base URL."""
+    host = "127.0.0.1" if settings.ingress_host in ("0.0.0.0", "::") else settings.ingress_host
+    url = f"http://{host}:{settings.ingress_port}"
+    _wait_ready(url, services)
+    _wait_listening(settings.mcp_host, settings.mcp_port, services)  # its "Running on" line comes first
+    if demo and scenario is None:
+        launch.post_first_message(url, settings.data_dir.resolve())
+    return url
+
+
+def _what(demo: bool) -> str:
+    return "the demo (a scripted model, not Claude)" if demo else "petal-dispatch"
+
+
+def _page(settings: Settings, url: str, demo: bool) -> str:
+    return f"{url}/login" if not demo and not settings.open_mode and settings.auth_mode == "token" else f"{url}/"
+
+
+def _watch(stop: threading.Event, database: DatabaseWatch | None, services: list[Service]) -> None:
+    """Until a stop: a dead database or service started again after its back-off."""
+    while not stop.is_set():
+        if database is not None:
+            database.watch(time.monotonic())
+        for s in services:
+            s.watch(time.monotonic())  # not one `now`: restarting the database can take seconds
+        time.sleep(WATCH_INTERVAL_S)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
-from petal_dispatch.up import DEMO_SCENARIO
+from petal_dispatch.demo.launch import DEMO_SCENARIO
 from shared.models import Event
 from tests.harness import Harness, running_executor
 from tests.pg import DB

@@ -49,7 +49,7 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 202
         # the page's line is set apart (a blank line after it; the one before is on stderr) and printed again once
-        # the services' start-up lines have settled (at most up.SETTLE_MAX_S), so it is the last on the screen
+        # the services' start-up lines have settled (at most children.SETTLE_MAX_S), so it is the last on the screen
         again = [proc.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]  # stdout=PIPE: never None
         assert again == ["\n", line, "\n"], again
     finally:
