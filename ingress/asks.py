@@ -25,21 +25,25 @@ def normalise(questions: list[dict[str, Any]], body: AnswerIn) -> dict[str, str 
         q = by_text.get(text)
         if q is None:
             raise Problem(422, f"no question {text!r} in this ask", questions=sorted(t for t in by_text if t))
-        labels: set[str] = {o["label"] for o in q.get("options", [])
-                            if isinstance(o, dict) and isinstance(o.get("label"), str)}
-        if q.get("multiSelect"):
-            if not isinstance(value, list) or not value:
-                raise Problem(422, f"{text!r} is multi-select: answer with a non-empty list")
-            picked = [_one(text, labels, v) for v in value]
-            if len(set(picked)) != len(picked):
-                raise Problem(422, f"{text!r}: an option is chosen twice")
-            answers[text] = picked
-        else:
-            if isinstance(value, list):
-                raise Problem(422, f"{text!r} is single-select: answer with one label, not a list")
-            answers[text] = _one(text, labels, value)
+        answers[text] = _answer(text, q, value)
     if body.response is None:
         missing = [t for t in by_text if t not in answers]
         if missing:
             raise Problem(422, f"unanswered: {missing[0]!r} (answer every question, or give a response)")
     return answers
+
+
+def _answer(text: str, question: dict[str, Any], value: str | Other | list[str | Other]) -> str | list[str]:
+    """One question's answer: a label (or the "Other" text), or for a multi-select a list of distinct ones."""
+    labels: set[str] = {o["label"] for o in question.get("options", [])
+                        if isinstance(o, dict) and isinstance(o.get("label"), str)}
+    if not question.get("multiSelect"):
+        if isinstance(value, list):
+            raise Problem(422, f"{text!r} is single-select: answer with one label, not a list")
+        return _one(text, labels, value)
+    if not isinstance(value, list) or not value:
+        raise Problem(422, f"{text!r} is multi-select: answer with a non-empty list")
+    picked = [_one(text, labels, v) for v in value]
+    if len(set(picked)) != len(picked):
+        raise Problem(422, f"{text!r}: an option is chosen twice")
+    return picked

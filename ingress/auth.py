@@ -169,56 +169,79 @@ class GuardMiddleware:
             return
         headers = _headers(scope)
         path: str = scope["path"]
-        if "\x00" in path or b"%00" in scope.get("query_string", b"").lower():
-            await problem(400, "the URL may not contain NUL characters")(scope, receive, send)
+        refusal = self._refusal(scope, headers, path)
+        if refusal is not None:
+            await refusal(scope, receive, send)
             return
+        await self.app(scope, _limited(receive, self._limit(scope["method"], path)), send)
+
+    def _refusal(self, scope: Scope, headers: dict[bytes, bytes], path: str) -> ASGIApp | None:
+        """The answer to a request refused before any route (the user set in the scope when it may go on)."""
+        if "\x00" in path or b"%00" in scope.get("query_string", b"").lower():
+            return problem(400, "the URL may not contain NUL characters")
         if path not in PUBLIC_PATHS and not SELF_AUTHENTICATED.match(path):
-            status, reason = identify(self.config, headers)
-            if self.config.mode == "proxy" and not self.boundary.trusts(peer(scope)):
-                # the identity header is only as good as whoever set it: only a trusted proxy may
-                status, reason = 401, (f"{peer(scope)} is not a trusted proxy (PETAL_TRUSTED_PROXIES): requests "
-                                       "must come through the authenticating proxy")
-            elif self.config.mode == "proxy" and not self.boundary.secret_matches(scope):
-                # any process on the machine is on loopback: only the proxy knows the secret
-                status, reason = 401, ("missing or wrong proxy secret (X-Petal-Proxy-Secret): requests must come "
-                                       "through the authenticating proxy")
-            bearer = headers.get(b"authorization", b"").lower().startswith(b"bearer ")
-            if self.config.mode == "token" and bearer:
-                client = forwarded(self.boundary, scope)[1]
-                wait = self.limiter.retry_after(client, peer(scope))
-                if wait:
-                    await too_many(wait)(scope, receive, send)
-                    return
-                if status:
-                    self.limiter.fail(client, peer(scope))
+            refused = self._authenticate(scope, headers, path)
+            if refused is not None:
+                return refused
+        return self._refuse_body(scope["method"], path, headers)
+
+    def _authenticate(self, scope: Scope, headers: dict[bytes, bytes], path: str) -> ASGIApp | None:
+        """Who the user is, set in the scope; else the refusal (a wrong bearer token counted by the limiter)."""
+        status, reason = self._identify(scope, headers)
+        bearer = headers.get(b"authorization", b"").lower().startswith(b"bearer ")
+        if self.config.mode == "token" and bearer:
+            client = forwarded(self.boundary, scope)[1]
+            wait = self.limiter.retry_after(client, peer(scope))
+            if wait:
+                return too_many(wait)
             if status:
-                if self.config.mode == "token" and scope["method"] == "GET" and not path.startswith("/api/"):
-                    await _redirect(send, "/login")
-                    return
-                await problem(status, reason)(scope, receive, send)
-                return
-            scope.setdefault("state", {})["user"] = reason
-        method = scope["method"]
+                self.limiter.fail(client, peer(scope))
+        if status:
+            if self.config.mode == "token" and scope["method"] == "GET" and not path.startswith("/api/"):
+                return _redirect_to("/login")
+            return problem(status, reason)
+        scope.setdefault("state", {})["user"] = reason
+        return None
+
+    def _identify(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str]:
+        """`identify`, and in proxy mode only from the proxy itself."""
+        status, reason = identify(self.config, headers)
+        if self.config.mode != "proxy":
+            return status, reason
+        if not self.boundary.trusts(peer(scope)):
+            # the identity header is only as good as whoever set it: only a trusted proxy may
+            return 401, (f"{peer(scope)} is not a trusted proxy (PETAL_TRUSTED_PROXIES): requests "
+                         "must come through the authenticating proxy")
+        if not self.boundary.secret_matches(scope):
+            # any process on the machine is on loopback: only the proxy knows the secret
+            return 401, ("missing or wrong proxy secret (X-Petal-Proxy-Secret): requests must come "
+                         "through the authenticating proxy")
+        return status, reason
+
+    def _limit(self, method: str, path: str) -> int:
+        """The most a request's body may hold: an upload its file's limit and the multipart framing, a webhook
+        its own, else the API's."""
+        if method == "POST" and path == UPLOAD_PATH:
+            return self.config.upload_max_bytes + MULTIPART_FRAMING_BYTES
+        return HOOK_BODY_BYTES if path.startswith("/api/hooks/") else self.config.max_body_bytes
+
+    def _refuse_body(self, method: str, path: str, headers: dict[bytes, bytes]) -> ASGIApp | None:
+        """A state change without the body type its route takes (415), or a body over its limit (413)."""
         upload = method == "POST" and path == UPLOAD_PATH
-        limit = (self.config.upload_max_bytes + MULTIPART_FRAMING_BYTES if upload
-                 else HOOK_BODY_BYTES if path.startswith("/api/hooks/") else self.config.max_body_bytes)
+        length = int(headers.get(b"content-length", b"0") or 0)
         if method in _STATE_CHANGING and path != "/login":
-            length = int(headers.get(b"content-length", b"0") or 0)
             has_body = length > 0 or b"transfer-encoding" in headers
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             wanted, what = ((b"multipart/form-data", "an attachment is uploaded as a file") if upload
                             else (b"application/json", "state-changing requests take a JSON body"))
             if (has_body or method in ("POST", "PUT", "PATCH")) and ctype != wanted:
-                await problem(415, f"{what} (Content-Type: {wanted.decode()})")(scope, receive, send)
-                return
-        length = int(headers.get(b"content-length", b"0") or 0)
+                return problem(415, f"{what} (Content-Type: {wanted.decode()})")
+        limit = self._limit(method, path)
         if length > limit:
             # an upload is refused for its file's documented limit (the framing allowance is the guard's own)
-            what = (f"an attachment is at most {size_text(self.config.upload_max_bytes)}" if upload
-                    else f"body larger than {size_text(limit)}")
-            await problem(413, what)(scope, receive, send)
-            return
-        await self.app(scope, _limited(receive, limit), send)
+            return problem(413, f"an attachment is at most {size_text(self.config.upload_max_bytes)}" if upload
+                           else f"body larger than {size_text(limit)}")
+        return None
 
 
 def _limited(receive: Receive, limit: int) -> Receive:
@@ -246,6 +269,13 @@ def size_text(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f}".removesuffix(".0") + f" {unit}"
     return f"{n} bytes"
+
+
+def _redirect_to(location: str) -> ASGIApp:
+    async def redirect(scope: Scope, receive: Receive, send: Send) -> None:
+        await _redirect(send, location)
+
+    return redirect
 
 
 async def _redirect(send: Send, location: str) -> None:
