@@ -13,20 +13,17 @@ from __future__ import annotations
 import os
 import re
 
+from executor.gates.git import PATHLIKE, GitWalker
 from executor.gates.matching import command_name, matches
 from executor.gates.paths import Paths
 from executor.gates.tables import (
     ANY_COMMAND,
     COMMANDS,
     DEPENDENCY,
-    GIT_BEYOND_BRANCH,
-    GIT_COMMAND_KEYS,
-    GIT_RULES,
     IN_PLACE,
     INTERPRETERS,
     OPAQUE,
     OUTPUT_OPTIONS,
-    OUTSIDE_TREE,
     RUNS_COMMANDS,
     SECRETS,
     SHELL_STRING_OPTION,
@@ -36,9 +33,8 @@ from executor.gates.tables import (
     WRAPPERS_GATE,
     WRITERS,
 )
-from executor.gates.walker import UNKNOWN, UNREADABLE, Walker
+from executor.gates.walker import UNKNOWN, UNREADABLE
 
-_PATHLIKE = re.compile(r"^(/|~|\.\.?(/|$))|/")
 _EXPANDS = re.compile(r"[*?]|\[[^\]]+\]|\{[^}]*,[^}]*\}")
 
 _CHANGES_DIRECTORY = frozenset({"cd", "pushd", "popd"})
@@ -49,7 +45,7 @@ _FIND_RUNS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 _DOWNLOADERS = frozenset({"curl", "wget", "fetch"})
 
 
-class Shell(Walker):
+class Shell(GitWalker):
     """The walker that knows what commands do: wrappers, shells, eval, git, cd, writers …"""
 
     def argv(self, words: list[str | None], shown: list[str], depth: int, upstream: list[str],
@@ -231,78 +227,6 @@ class Shell(Walker):
         else:
             self.script(" ".join(r for r in rest if r is not None), depth + 1)
 
-    # ---- git
-    def git(self, args: list[str | None], shown: list[str], depth: int, reason: str) -> None:
-        i = self.git_options(args, shown, depth, reason)
-        if i >= len(args):
-            return
-        sub = args[i]
-        if sub is UNKNOWN:
-            self.add(OPAQUE, f"a git subcommand known only at run time ({reason})")
-            return
-        self.git_subcommand(sub, args[i + 1:], shown[i + 1:], depth, reason)
-
-    def git_options(self, args: list[str | None], shown: list[str], depth: int, reason: str) -> int:
-        """git's global options before the subcommand (-C DIR, -c key=value …); where the subcommand is."""
-        i = 0
-        while i < len(args):
-            a = args[i]
-            if a in ("-C", "--git-dir", "--work-tree") and i + 1 < len(args):
-                self.path(args[i + 1], shown[i + 1], depth, write=True, what="git")
-                i += 2
-            elif a == "-c" and i + 1 < len(args):
-                self.git_config(args[i + 1], depth, reason)
-                i += 2
-            elif a is not None and a.startswith(("--git-dir=", "--work-tree=")):
-                self.path(a.partition("=")[2], shown[i], depth, write=True, what="git")
-                i += 1
-            elif a is not None and a.startswith("-"):
-                i += 1
-            else:
-                break
-        return i
-
-    def git_subcommand(self, sub: str, rest: list[str | None], shown: list[str], depth: int, reason: str) -> None:
-        flags = {a for a in rest if a is not None and a.startswith("-")}
-        positional = [a for a in rest if a is None or not a.startswith("-")]
-        category = GIT_RULES.get(sub)
-        if callable(category):
-            category = category(flags, positional)
-        if category:
-            self.add(category, reason)
-        if sub == "config":
-            self.git_config_command(rest, shown, flags, positional, depth, reason)
-        elif sub == "clone" and len(positional) >= 2:
-            self.path(positional[1], positional[1] or "?", depth, write=True, what="git clone")
-        else:
-            self.git_paths(rest, shown, depth)
-
-    def git_config_command(self, rest: list[str | None], shown: list[str], flags: set[str],
-                           positional: list[str | None], depth: int, reason: str) -> None:
-        """`git config key value` stores a setting; --global and --system store it outside the tree."""
-        if len(positional) >= 2 and positional[0] is not None:
-            self.git_config(f"{positional[0]}={positional[1]}", depth, reason, stored=True)
-        if flags & {"--global", "--system"}:
-            self.add(OUTSIDE_TREE, reason)
-        else:
-            self.git_paths(rest, shown, depth)
-
-    def git_paths(self, rest: list[str | None], shown: list[str], depth: int) -> None:
-        for a, s in zip(rest, shown):
-            if a is not None and not a.startswith("-") and _PATHLIKE.search(a) and ":" not in a:
-                self.path(a, s, depth, write=False, what="git")
-
-    def git_config(self, setting: str | None, depth: int, reason: str, *, stored: bool = False) -> None:
-        """`git -c key=value` (this call) / `git config key value` (stored): some keys make git run commands."""
-        if setting is UNKNOWN:
-            self.add(OPAQUE, f"a git setting known only at run time ({reason})")
-            return
-        key, _, value = setting.partition("=")
-        if key.lower().startswith("alias.") and value.startswith("!"):
-            self.script(value[1:], depth + 1)
-        if GIT_COMMAND_KEYS.match(key):
-            self.add(GIT_BEYOND_BRANCH if stored else OPAQUE, f"git setting {key} ({reason})")
-
     # ---- commands that change the shell's state
     def cd(self, name: str, args: list[str | None]) -> None:
         targets = [a for a in args if a is None or not a.startswith("-")]
@@ -368,7 +292,7 @@ class Shell(Walker):
         for i, (a, s) in enumerate(positional):
             if i in written:
                 self.path(a, s, depth, write=True, what=name)
-            elif a is not None and (_PATHLIKE.search(a) or Paths.secret(a)):
+            elif a is not None and (PATHLIKE.search(a) or Paths.secret(a)):
                 self.path(a, s, depth, write=False, what=name)
 
     def option_paths(self, name: str, mode: str | None, args: list[str | None], shown: list[str],
@@ -384,7 +308,6 @@ class Shell(Walker):
                 self.path(a[3:], shown[i], depth, write=True, what=name)
             elif (a in OUTPUT_OPTIONS or (a == "-t" and mode)) and i + 1 < len(args):
                 self.path(args[i + 1], shown[i + 1], depth, write=True, what=name)
-
 
 
 def _wrapper_words(name: str, args: list[str | None]) -> tuple[list[int], int]:
