@@ -13,18 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from executor.projects import git, worktrees
+from executor.projects.store import ProjectRequest, ProjectStore
 from shared.protected import overlap
 from executor.sandbox import gateway
-from executor.sql import queries
 from shared import consume, database, logs, read_surface
 from shared.listener import Subscription
 from shared.models import ACTIVE_STATUSES, NewEvent
-from shared.query import Queries
 
 log = logs.get(__name__)
 
@@ -91,26 +89,26 @@ class Projects:
     pool: AsyncConnectionPool
     writer: JournalWriter
     config: ProjectsConfig = field(default_factory=ProjectsConfig)
-    q: Queries = field(init=False, repr=False)
+    store: ProjectStore = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.q = Queries(self.pool, queries)
+        self.store = ProjectStore.over(self.pool)
         git.program()  # resolved at the executor's start (GitError: none fit), never through its PATH later
 
     async def run(self, sub: Subscription) -> None:
         available = database.availability(self.pool)
-        await available.retry(lambda: self.q.execute("requeue_claimed_project_requests"), "projects")
+        await available.retry(self.store.requeue_claimed, "projects")
         await consume.consume("projects", sub, {"project_queue": [self.apply]}, POLL_S, available)
 
     async def apply(self) -> int:
         """Carry out one batch of queued requests; how many there were."""
-        rows = await self.q.all("claim_project_requests")
+        rows = await self.store.claim_requests()
         for row in rows:
             status, error, result = "done", None, None
             try:
-                if row["action"] == "create":
+                if row.action == "create":
                     result = await self._create(row)
-                elif row["action"] == "merge":
+                elif row.action == "merge":
                     result = await self._merge(row)
                 else:
                     result = await self._discard(row)
@@ -118,27 +116,26 @@ class Projects:
                 status, error = "failed", str(exc)
                 await self._refusal(row, error)
             except Exception as exc:  # noqa: BLE001 - a request is never left claimed: it fails visibly
-                log.exception("project_request_failed", request_id=str(row["id"]))
+                log.exception("project_request_failed", request_id=str(row.id))
                 status, error = "failed", f"internal error: {exc!r}"[:500]
                 await self._refusal(row, error)
-            await self.q.execute("finish_project_request", {"id": row["id"], "status": status, "error": error,
-                                                            "result": Jsonb(result) if result is not None else None})
+            await self.store.finish_request(row.id, status, error, result)
         return len(rows)
 
-    async def _refusal(self, row: dict[str, Any], reason: str) -> None:
-        if row["action"] == "create":
-            await self.writer.write([NewEvent("project.refused", {"request_id": str(row["id"]), "reason": reason,
-                                                                  "args": row["args"]})])
+    async def _refusal(self, row: ProjectRequest, reason: str) -> None:
+        if row.action == "create":
+            await self.writer.write([NewEvent("project.refused", {"request_id": str(row.id), "reason": reason,
+                                                                  "args": row.args})])
         else:
-            task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
+            task = await self.store.task_worktree(row.task_id) if row.task_id else None
             await self.writer.write([NewEvent("task.merge_failed", {
-                "request_id": str(row["id"]), "action": row["action"], "reason": reason},
+                "request_id": str(row.id), "action": row.action, "reason": reason},
                 task_id=task.id if task else None, project_id=task.project_id if task else None)])
 
     # ---- create --------------------------------------------------------------------------------------
 
-    async def _create(self, row: dict[str, Any]) -> dict[str, Any]:
-        args = row["args"] or {}
+    async def _create(self, row: ProjectRequest) -> dict[str, Any]:
+        args = row.args or {}
         slug = str(args.get("slug") or "")
         if not SLUG.match(slug):
             raise Refused(f"slug {slug!r} must be 1-63 of a-z 0-9 . _ - (starting with a letter or digit)")
@@ -160,10 +157,10 @@ class Projects:
             plan = read_plan(repo, str(plan_path))
         if plan and not read_surface.plan_tasks(plan):
             raise Refused("the plan has no task lines (`- [ ] T-001 title`)")
-        if await self.q.one("get_project_by_workdir", {"workdir": str(repo)}):
+        if await self.store.workdir_taken(str(repo)):
             raise Refused(f"{repo} is already a project")
-        made = await insert_project(self.pool, slug, workdir=str(repo), plan=plan, plan_path=plan_path,
-                                    sandbox_allow=allow)
+        made = await self.store.insert_project(slug, workdir=str(repo), plan=plan, plan_path=plan_path,
+                                               sandbox_allow=allow)
         if made is None:
             raise Refused(f"slug {slug!r} is taken")
         project_id = made
@@ -176,11 +173,11 @@ class Projects:
 
     # ---- merge / discard -----------------------------------------------------------------------------
 
-    async def _reviewable(self, row: dict[str, Any]) -> tuple[worktrees.TaskWorktree, str]:
+    async def _reviewable(self, row: ProjectRequest) -> tuple[worktrees.TaskWorktree, str]:
         """The task whose branch a merge or discard acts on, and that branch."""
-        task = await worktrees.task_worktree(self.pool, row["task_id"]) if row["task_id"] else None
+        task = await self.store.task_worktree(row.task_id) if row.task_id else None
         if task is None or task.branch is None:
-            raise Refused(f"task {row['task_id']} has no branch of a project")
+            raise Refused(f"task {row.task_id} has no branch of a project")
         if task.status in ACTIVE_STATUSES:
             raise Refused(f"task {task.id} is still {task.status}")
         if task.review is not None:
@@ -189,11 +186,10 @@ class Projects:
             raise Refused(f"task {task.id}'s changes are not recorded yet; try again in a moment")
         return task, task.branch
 
-    async def _merge(self, row: dict[str, Any]) -> dict[str, Any]:
+    async def _merge(self, row: ProjectRequest) -> dict[str, Any]:
         task, branch = await self._reviewable(row)
         # exactly the commit whose diff the user saw: recorded with it by the settlement
-        recorded = await self.q.one("get_latest_task_changes", {"id": task.id})
-        c = recorded["payload"] if recorded else None
+        c = await self.store.latest_changes(task.id)
         if not c or "error" in c or not c.get("head_commit"):
             why = f" ({c['error']})" if c and "error" in c else ""
             raise Refused(f"task {task.id}'s changes could not be recorded{why}: there is no reviewed commit to "
@@ -201,22 +197,22 @@ class Projects:
         merged = await worktrees.merge(task.repo, branch, c["head_commit"], c.get("base_commit"),
                                        f"Merge {branch} (task {task.id})")
         # merged is merged: record it even if tidying up the branch fails
-        await self.q.execute("set_task_review", {"id": task.id, "review": "merged"})
+        await self.store.set_review(task.id, "merged")
         try:  # the branch is in the project's branch now: it and any kept worktree go
             await worktrees.delete_branch(task.repo, branch, task.worktree_path)
             merged["branch_deleted"] = True
         except worktrees.GitError as exc:
             merged["branch_deleted"] = False
             merged["branch_delete_error"] = str(exc)
-        payload = {"request_id": str(row["id"]), "branch": branch, **merged}
+        payload = {"request_id": str(row.id), "branch": branch, **merged}
         await self.writer.write([NewEvent("task.merged", payload, task_id=task.id, project_id=task.project_id)])
         return payload
 
-    async def _discard(self, row: dict[str, Any]) -> dict[str, Any]:
+    async def _discard(self, row: ProjectRequest) -> dict[str, Any]:
         task, branch = await self._reviewable(row)
         await worktrees.delete_branch(task.repo, branch, task.worktree_path)
-        await self.q.execute("set_task_review", {"id": task.id, "review": "discarded"})
-        payload = {"request_id": str(row["id"]), "branch": branch}
+        await self.store.set_review(task.id, "discarded")
+        payload = {"request_id": str(row.id), "branch": branch}
         await self.writer.write([NewEvent("task.discarded", payload, task_id=task.id, project_id=task.project_id)])
         return payload
 
@@ -239,10 +235,8 @@ def sandbox_allow(raw: Any) -> list[str]:
 async def insert_project(pool: AsyncConnectionPool, slug: str, *, workdir: str | None, plan: str | None,
                          plan_path: str | None = None, sandbox_allow: list[str] | None = None) -> uuid.UUID | None:
     """Register a project as given (the checks are the caller's); its id, or None when the slug is taken."""
-    made = await Queries(pool, queries).one("insert_project", {"name": slug, "workdir": workdir, "plan": plan,
-                                                               "plan_path": plan_path,
-                                                               "sandbox_allow": sandbox_allow or []})
-    return made["id"] if made else None
+    return await ProjectStore.over(pool).insert_project(slug, workdir=workdir, plan=plan, plan_path=plan_path,
+                                                        sandbox_allow=sandbox_allow or [])
 
 
 # ---- the supervisor's side ----------------------------------------------------------------------------
@@ -254,17 +248,15 @@ async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, tas
     Raises:
         worktrees.GitError: the worktree could not be made (the task must not run in the main checkout).
     """
-    q = Queries(pool, queries)
-    source = await q.one("get_worktree_source", {"id": task_id})
+    store = ProjectStore.over(pool)
+    source = await store.worktree_source(task_id)
     if source is None:
         return None
-    wt = await worktrees.create(Path(source["workdir"]), task_id, root, source["name"])
-    await q.execute("set_task_worktree", {
-        "id": task_id, "worktree": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch,
-        "base_commit": wt.base_commit})
+    wt = await worktrees.create(Path(source.workdir), task_id, root, source.name)
+    await store.set_task_worktree(task_id, wt.path, wt.branch, wt.base_branch, wt.base_commit)
     await writer.put(NewEvent("task.worktree_created", {
         "path": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch, "base_commit": wt.base_commit},
-        task_id=task_id, project_id=source["project_id"]))
+        task_id=task_id, project_id=source.project_id))
     return wt.path
 
 
@@ -301,8 +293,7 @@ async def plan_task_title(pool: AsyncConnectionPool, project_id: uuid.UUID, plan
     Raises:
         Refused: the project has a plan and `plan_ref` is not one of its tasks.
     """
-    row = await Queries(pool, queries).one("get_project_plan", {"id": project_id})
-    tasks = read_surface.plan_tasks(row["plan"] if row else None)
+    tasks = read_surface.plan_tasks(await ProjectStore.over(pool).plan(project_id))
     if not tasks:
         return None
     for ref, title, _ in tasks:

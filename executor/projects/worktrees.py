@@ -19,7 +19,6 @@ import shutil
 import stat
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
@@ -27,11 +26,10 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from executor.projects.git import NO_DRIVERS, Git, GitError, Result, verify_objects
-from executor.sql import queries
+from executor.projects.store import ProjectStore, TaskWorktree
 from shared import logs
-from shared.query import Queries, Transaction
 
-__all__ = ["GitError", "Result"]
+__all__ = ["GitError", "Result", "TaskWorktree"]
 
 log = logs.get(__name__)
 
@@ -268,34 +266,8 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
             "auto_commit": auto_commit, "files": files, "diffstat": stat_out, "diff": diff, "diff_truncated": cut}
 
 
-@dataclass(frozen=True, slots=True)
-class TaskWorktree:
-    """A task of a project with its worktree, branch and review as recorded (`get_task_worktree`)."""
-
-    id: uuid.UUID
-    project_id: uuid.UUID
-    session_id: uuid.UUID | None
-    status: str
-    worktree: str | None
-    branch: str | None
-    base_branch: str | None
-    base_commit: str | None
-    changes_recorded_at: datetime | None
-    review: str | None
-    project_workdir: str | None
-
-    @property
-    def repo(self) -> Path:
-        assert self.project_workdir is not None  # a task with a branch is one of a project on a repository
-        return Path(self.project_workdir)
-
-    @property
-    def worktree_path(self) -> Path | None:
-        return Path(self.worktree) if self.worktree else None
-
-
 async def task_worktree(pool: AsyncConnectionPool, task_id: uuid.UUID) -> TaskWorktree | None:
-    return await Queries(pool, queries).one("get_task_worktree", {"id": task_id}, into=TaskWorktree)
+    return await ProjectStore.over(pool).task_worktree(task_id)
 
 
 # ---- the user's decisions ---------------------------------------------------------------------------
@@ -375,8 +347,7 @@ async def delete_branch(repo: Path, branch: str, worktree: Path | None) -> None:
 
 async def artifacts(conn: AsyncConnection[Any], task_id: uuid.UUID) -> list[str]:
     """A worker's recorded changes as handoff artifacts (its branch, commits and files); [] when none."""
-    row = await Transaction(conn, queries).one("get_latest_task_changes", {"id": task_id})
-    c = row["payload"] if row else None
+    c = await ProjectStore.on(conn).latest_changes(task_id)
     if not c or "error" in c:
         return []
     return ([f"branch {c['branch']}"] + [f"commit {x['sha'][:12]} {x.get('subject', '')}" for x in c["commits"]]
