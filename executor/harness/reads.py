@@ -107,7 +107,7 @@ def register(server: MCPServer, harness: Harness) -> None:
         """
         caller = await harness.identities.caller(ctx, "get_handoffs")
         scope = _uuid(scope_id, "scope_id")
-        if not await scopes.readable(harness.q, caller, scope):
+        if not await scopes.readable(harness.store, caller, scope):
             return Handoffs(handoffs=[])
         rows = await read_surface.get_handoffs(pool, scope, max(1, min(limit, MAX_HANDOFFS)))
         return Handoffs(handoffs=[_handoff(r) for r in rows])
@@ -135,7 +135,7 @@ def register(server: MCPServer, harness: Harness) -> None:
         """
         caller = await harness.identities.caller(ctx, "check_ruled_out")
         scope = _uuid(scope_id, "scope_id")
-        if not await scopes.readable(harness.q, caller, scope):
+        if not await scopes.readable(harness.store, caller, scope):
             return RuleOutMatches(matches=[])
         rows = await read_surface.check_ruled_out(pool, scope, candidate)
         return RuleOutMatches(matches=[Match(approach=r["approach"], reason=r["reason"],

@@ -19,8 +19,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from executor.harness.store import HarnessStore, Lineage
 from executor.run.caller import Caller
-from shared.query import Queries
+
+__all__ = ["DispatchLimits", "Lineage", "over_bounds", "project_refusal", "project_visible", "readable"]
 
 MAX_DISPATCH_DEPTH = 3
 MAX_DISPATCH_PER_TASK = 20
@@ -32,22 +34,6 @@ class DispatchLimits:
 
     max_depth: int = MAX_DISPATCH_DEPTH
     max_per_task: int = MAX_DISPATCH_PER_TASK
-
-
-@dataclass(frozen=True, slots=True)
-class Lineage:
-    """Where the caller's task sits among the dispatches (the query `get_caller_lineage`)."""
-
-    depth: int
-    thread_id: uuid.UUID | None
-    dispatched: int
-
-
-async def lineage(q: Queries, caller: Caller) -> Lineage:
-    row = await q.one("get_caller_lineage", {"task_id": caller.task_id})
-    if row is None:  # the credential resolved a moment ago: its task row is there
-        return Lineage(depth=0, thread_id=None, dispatched=0)
-    return Lineage(depth=row["depth"], thread_id=row["thread_id"], dispatched=row["dispatched"])
 
 
 def over_bounds(limits: DispatchLimits, found: Lineage) -> tuple[str, str] | None:
@@ -80,9 +66,9 @@ def project_visible(caller: Caller, project_id: uuid.UUID) -> bool:
     return caller.project_id is not None and project_id == caller.project_id
 
 
-async def readable(q: Queries, caller: Caller, scope: uuid.UUID) -> bool:
-    """Whether `scope` names the caller's project, or a task or conversation of its tree or of its project."""
+async def readable(store: HarnessStore, caller: Caller, scope: uuid.UUID) -> bool:
+    """Whether `scope` names the caller's project, or a task or conversation of its tree or of its project
+    (its own ids and project are answered without the store)."""
     if scope in (caller.task_id, caller.session_id, caller.thread_id) or project_visible(caller, scope):
         return True
-    return await q.one("check_caller_may_read", {"task_id": caller.task_id, "project": caller.project_id,
-                                                 "scope": scope}) is not None
+    return await store.may_read(caller.task_id, caller.project_id, scope)

@@ -1,4 +1,4 @@
-"""What the harness's tools share: the store's queries, the journal, who is calling, the ask service, and the
+"""What the harness's tools share: its store, the journal, who is calling, the ask service, and the
 dispatch bounds."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import uuid
 from executor.asks import PROGRESS_INTERVAL_S, Asks
 from executor.harness.identity import Identities
 from executor.harness.scope import DispatchLimits
+from executor.harness.store import HarnessStore
 from executor.journal.writer import JournalWriter
-from executor.sql import queries
 from shared.database import Database
 from shared.listener import Listener
-from shared.query import Queries
 
 
 class Harness:
@@ -21,7 +20,10 @@ class Harness:
         self.db = db
         self.dispatch_limits = dispatch_limits
         self.writer = writer
-        self.q = Queries(db.pool, queries)
+        self.store = HarnessStore.over(db.pool)
+        # the named queries over the pool, for what still takes them rather than a store of its own (the
+        # caller's credential, the ask service)
+        self.q = self.store.pooled()
         self.identities = Identities(self.q, writer)
         self.asks = Asks(self.q, writer, listener, ask_timeout_s, progress_interval_s)
 

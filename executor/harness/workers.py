@@ -22,6 +22,7 @@ from executor.projects import service as projects
 from executor.run import user_input
 from executor.run.caller import Caller
 from executor.settle import approvals, briefs, dispatch
+from executor.settle.dispatch import TaskRequest
 from shared import read_surface
 from shared.models import NewEvent
 from shared.query import Queries
@@ -63,13 +64,44 @@ class _Workers:
                         named: uuid.UUID | None, allowed_tools: list[str] | None, override_ruled_out: str | None,
                         attachments: list[str] | None) -> Dispatched:
         project = caller.project_id  # never another: a worker works where its caller's thread does
+        found = await self._within_bounds(caller, brief, named)
+        brief = await self._brief(caller, brief, plan_ref, override_ruled_out)
+        files = chosen_files(await self._files(caller), attachments)
+        if files and project is not None:  # in its worktree (user_input.place_in_worktree); else with its brief
+            brief = f"{brief}\n\n" + user_input.files_note(
+                [f["name"] for f in files], [f["media_type"] for f in files], [f["size_bytes"] for f in files])
+        file_ids = tuple(f["id"] for f in files)
+        # the thread's mode, not the caller's own session: a worker of an interactive thread asks too, at any
+        # depth (the thread of its lineage's root)
+        thread = caller.thread_id or found.thread_id
+        mode = await self.harness.q.one("get_thread_mode", {"id": thread}) if thread else None
+        if caller.thread_id is not None:  # a routine's run: at most its routine's max_workers at once
+            await self._check_routine_workers(self.harness.q, caller.thread_id)
+        if thread is not None and mode is not None and mode["mode"] == "interactive":
+            return await self._approve(brief, caller, thread, project, plan_ref, allowed_tools, tool_use_id(ctx),
+                                       file_ids)
+        new_id = await self._insert(caller, dispatch.TaskRequest(
+            "worker", brief, project_id=project, project_workdir=True, plan_ref=plan_ref,
+            allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
+            parent_task_id=caller.task_id, requested_by=str(caller.session_id),
+            tool_use_id=tool_use_id(ctx), attachment_ids=file_ids))
+        return Dispatched(task_id=str(new_id), status="pending", note=STARTED)
+
+    async def _within_bounds(self, caller: Caller, brief: str, named: uuid.UUID | None) -> scopes.Lineage:
+        """The caller's lineage, when it may ask for another worker in the project it named; else refused."""
         refused = scopes.project_refusal(caller, named)
         if refused is not None:
             await self._refuse(caller, brief, "another project", refused, {"project_id": str(named)})
-        found = await scopes.lineage(self.harness.q, caller)
+        found = await self.harness.store.lineage(caller.task_id)
         over = scopes.over_bounds(self.harness.dispatch_limits, found)
         if over is not None:
             await self._refuse(caller, brief, over[0], over[1], {"depth": found.depth, "dispatched": found.dispatched})
+        return found
+
+    async def _brief(self, caller: Caller, brief: str, plan_ref: str | None, override_ruled_out: str | None) -> str:
+        """The worker's brief: refused when it matches a rule-out (unless overridden) or names a plan task the
+        project's plan does not list; enriched with what the store knows, and the plan task's title."""
+        project = caller.project_id
         scope = project or caller.session_id
         title = None
         if plan_ref and project is not None:
@@ -85,22 +117,10 @@ class _Workers:
                                    f"the brief matches approaches already ruled out {rule_outs}; change the "
                                    "brief, or pass override_ruled_out with the reason", {"rule_outs": rule_outs})
         brief = await briefs.enrich(self.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
-        if title:  # the worker knows which plan task it is doing
-            brief = f"{brief}\n\n## Plan task {plan_ref}: {title}"
-        files = await self._files(caller, attachments)
-        if files and project is not None:  # in its worktree (user_input.place_in_worktree); else with its brief
-            brief = f"{brief}\n\n" + user_input.files_note(
-                [f["name"] for f in files], [f["media_type"] for f in files], [f["size_bytes"] for f in files])
-        file_ids = tuple(f["id"] for f in files)
-        # the thread's mode, not the caller's own session: a worker of an interactive thread asks too, at any
-        # depth (the thread of its lineage's root)
-        thread = caller.thread_id or found.thread_id
-        mode = await self.harness.q.one("get_thread_mode", {"id": thread}) if thread else None
-        if caller.thread_id is not None:  # a routine's run: at most its routine's max_workers at once
-            await self._check_routine_workers(self.harness.q, caller.thread_id)
-        if thread is not None and mode is not None and mode["mode"] == "interactive":
-            return await self._approve(brief, caller, thread, project, plan_ref, allowed_tools, tool_use_id(ctx),
-                                       file_ids)
+        return f"{brief}\n\n## Plan task {plan_ref}: {title}" if title else brief  # it knows which plan task
+
+    async def _insert(self, caller: Caller, asked: TaskRequest) -> uuid.UUID:
+        """The worker's task, pending; a routine's run counts its workers again under its run's lock."""
         try:
             async with work(self.harness.q) as unit:
                 if caller.thread_id is not None:
@@ -108,14 +128,9 @@ class _Workers:
                     # turn (the lock first, then a count that sees the other's committed worker)
                     await unit.execute("lock_routine_run_of_thread", {"thread_id": caller.thread_id})
                     await self._check_routine_workers(unit, caller.thread_id)
-                new_id = await dispatch.request_task(unit, dispatch.TaskRequest(
-                    "worker", brief, project_id=project, project_workdir=True, plan_ref=plan_ref,
-                    allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
-                    parent_task_id=caller.task_id, requested_by=str(caller.session_id),
-                    tool_use_id=tool_use_id(ctx), attachment_ids=file_ids))
+                return await dispatch.request_task(unit, asked)
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
-        return Dispatched(task_id=str(new_id), status="pending", note=STARTED)
 
     async def _refuse(self, caller: Caller, brief: str, reason: str, message: str, facts: dict[str, Any]) -> NoReturn:
         """Refuse the call with `message`, journaled as `task.dispatch_refused` within the caller's own
@@ -136,18 +151,9 @@ class _Workers:
             raise ToolError(f"dispatch refused: routine {full['name']} runs at most {full['max_workers']} "
                             "worker(s) at once; wait for a running worker's report, then dispatch again")
 
-    async def _files(self, caller: Caller, chosen: list[str] | None) -> list[dict[str, Any]]:
-        """The files of the caller's turn a worker is handed: all of them by default, or those `chosen` by
-        name or id (an unknown one is the model's mistake, told back)."""
-        files = await self.harness.q.all("list_task_attachment_files", {"task_id": caller.task_id})
-        if chosen is None:
-            return files
-        by_key = {k: f for f in files for k in (str(f["id"]), f["name"])}
-        unknown = [c for c in chosen if c not in by_key]
-        if unknown:
-            sent = ", ".join(f["name"] for f in files) or "none"
-            raise ToolError(f"no file {', '.join(unknown)} was sent with this turn (sent: {sent})")
-        return list({by_key[c]["id"]: by_key[c] for c in chosen}.values())
+    async def _files(self, caller: Caller) -> list[dict[str, Any]]:
+        """The files sent with the caller's turn (its messages carried them), in order."""
+        return await self.harness.q.all("list_task_attachment_files", {"task_id": caller.task_id})
 
     async def _approve(self, brief: str, caller: Caller, thread: uuid.UUID, project: uuid.UUID | None,
                        plan_ref: str | None, allowed_tools: list[str] | None, call_id: str | None,
@@ -163,6 +169,19 @@ class _Workers:
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
         return Dispatched(task_id=str(task_id), status="awaiting_approval", note=approvals.AWAITING)
+
+
+def chosen_files(files: list[dict[str, Any]], chosen: list[str] | None) -> list[dict[str, Any]]:
+    """The files of the caller's turn a worker is handed: all of them by default, or those `chosen` by name or
+    id, each once (an unknown one is the model's mistake, told back)."""
+    if chosen is None:
+        return files
+    by_key = {k: f for f in files for k in (str(f["id"]), f["name"])}
+    unknown = [c for c in chosen if c not in by_key]
+    if unknown:
+        sent = ", ".join(f["name"] for f in files) or "none"
+        raise ToolError(f"no file {', '.join(unknown)} was sent with this turn (sent: {sent})")
+    return list({by_key[c]["id"]: by_key[c] for c in chosen}.values())
 
 
 def register(server: MCPServer, harness: Harness) -> None:
