@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +19,9 @@ from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import errors
 from tests.harness import claude_bin, claude_env, config_for, running_supervisor, substrate_for, worker
 from tests.pg import DB
+from tests import tables
 from tests.served import free_port
+from tests.wait import until
 
 
 def _executor_env(db: DB, model: ScriptedModelServer, tmp: Path) -> dict[str, str]:
@@ -56,10 +57,7 @@ async def _dispatch_until_running(db: DB, tmp: Path, log: Path) -> uuid.UUID:
 
     async with Database(db.executor_dsn, name="test-dispatcher") as d:
         task_id = await dispatch.request(d.pool, worker("wait forever", workdir=tmp / "work"))
-    deadline = time.monotonic() + 60
-    while not _task_processes(task_id):
-        assert time.monotonic() < deadline, log.read_text()
-        await asyncio.sleep(0.1)
+    await until(lambda: _task_processes(task_id), lambda: f"the worker's claude\n{log.read_text()}", 60)
     return task_id
 
 
@@ -87,11 +85,9 @@ async def test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_n
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         # its own session does not save it: the parent-death signal set at spawn ends it
-        deadline = time.monotonic() + 5
-        while survivors := _task_processes(task_id):
-            assert time.monotonic() < deadline, ("the claude process outlived its executor: "
-                                                 f"{[(p.pid, p.name(), p.status()) for p in survivors]}")
-            await asyncio.sleep(0.1)
+        await until(lambda: not _task_processes(task_id), lambda: (
+            "the claude process to die with its executor: "
+            f"{[(p.pid, p.name(), p.status()) for p in _task_processes(task_id)]}"), 5)
         # a process of the task that survives all the same (one that ignores SIGTERM) is the sweep's
         survivor = subprocess.Popen(["sleep", "300"], env={**os.environ, substrate.TASK_ENV_VAR: str(task_id)},
                                     start_new_session=True)
@@ -139,9 +135,9 @@ async def test_a_loop_that_crashes_brings_the_executor_down_in_order_and_exits_n
     # it came down in order, not cut off: the supervisor left its lease, the journal writer flushed
     with psycopg.connect(db.admin_dsn) as conn:
         stopped = conn.execute("SELECT stopped_at FROM executors").fetchall()
-        started = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'executor.started'").fetchone()
+        started = tables.count_events(conn, "executor.started")
     assert len(stopped) == 1 and stopped[0][0] is not None, text
-    assert started == (1,), text
+    assert started == 1, text
 
 
 async def test_sigterm_to_the_executor_stops_its_workers_journals_their_ends_as_crashed_and_exits_zero(
@@ -176,10 +172,8 @@ async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(
             # no harness MCP here, so no permission path: the task pre-allows Bash itself
             task_id = await h.dispatch("sleep a while", allowed_tools=["Bash"])
             row = await h.wait_task(task_id, lambda r: r["pid"] is not None)
-            deadline = time.monotonic() + 60
-            while not any("tail" in " ".join(p.cmdline()) for p in _task_processes(task_id) if p.pid != row["pid"]):
-                assert time.monotonic() < deadline, "the Bash tool never started"
-                await asyncio.sleep(0.1)
+            await until(lambda: any("tail" in " ".join(p.cmdline()) for p in _task_processes(task_id)
+                                    if p.pid != row["pid"]), "the Bash tool started", 60)
             os.kill(row["pid"], signal.SIGKILL)
             final = await h.wait_final(task_id, timeout=30)
             events = await h.events(task_id)
@@ -194,11 +188,14 @@ async def test_no_more_workers_run_at_once_than_the_limit(db: DB, tmp_path: Path
                                       config_for(tmp_path, max_workers=2)) as h:
             ids = [await h.dispatch(f"job {i}") for i in range(4)]
             peak = 0
-            while True:
+
+            async def all_done() -> bool:
+                """Each look also notes how many ran at once."""
+                nonlocal peak
                 rows = [await h.task(t) for t in ids]
                 peak = max(peak, sum(r["status"] == "running" for r in rows))
-                if all(r["status"] == "success" for r in rows):
-                    break
                 assert all(r["status"] in ("pending", "running", "success") for r in rows), rows
-                await asyncio.sleep(0.05)
+                return all(r["status"] == "success" for r in rows)
+
+            await until(all_done, "the four jobs done", every=0.05)
     assert peak == 2

@@ -8,7 +8,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +20,32 @@ from tests.pg import DB
 from tests.resilience import check_invariants, settled
 from tests.fault.test_executor_process import _executor_env, _spawn_executor
 from tests.scenarios import STALL_FOREVER, handoff, one_worker
+from tests import tables
 from tests.served import ingress_server
+from tests.wait import until
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
 # (RETURNING, an aggregate, a row the test made)
 
 
 async def _wait_running(admin_dsn: str, role: str, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with psycopg.connect(admin_dsn) as conn:
-            if conn.execute("SELECT count(*) FROM tasks WHERE role = %s AND status = 'running' AND pid IS NOT NULL",
-                            [role]).fetchone()[0]:  # type: ignore[index]
-                return
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        await asyncio.sleep(0.1)
+    await until(lambda: tables.count_running(admin_dsn, role), lambda: f"a {role} running\n{log.read_text()[-3000:]}",
+                timeout)
+
+
+async def _printed(admin_dsn: str, role: str, log: Path, timeout: float = 60) -> None:
+    """Wait until the running `role`'s first lines are journaled."""
+    def printed() -> bool:
+        return any(tables.count_events(admin_dsn, "stream.system.init", task_id)
+                   for (task_id,) in tables.tasks(admin_dsn, "id", role=role))
+
+    await until(printed, lambda: f"the {role}'s first lines\n{log.read_text()[-3000:]}", timeout)
 
 
 async def _model_has(model: ScriptedModelServer, role: str, log: Path, timeout: float = 60) -> None:
     """Wait until a run of `role` has sent the model its request (a cut-off before that is not mid-run)."""
-    deadline = time.monotonic() + timeout
-    while not any(f"[petal-role: {role}]" in json.dumps(r.body.get("system")) for r in list(model.requests)):
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        await asyncio.sleep(0.05)
+    await until(lambda: any(f"[petal-role: {role}]" in json.dumps(r.body.get("system")) for r in list(model.requests)),
+                lambda: f"a {role} request at the model\n{log.read_text()[-3000:]}", timeout, every=0.05)
 
 
 async def _stop(executor: subprocess.Popen[bytes]) -> int:
@@ -72,9 +74,9 @@ async def test_a_worker_cut_off_by_a_graceful_stop_is_retried_by_the_policy_afte
                 await http.post("/api/chat", json={"text": "run the long job", "thread_id": thread})
                 await _wait_running(db.admin_dsn, "worker", log)
                 await _model_has(model, "worker", log)  # mid-run: the worker's request reached the model
-                await asyncio.sleep(0.5)  # let it print its first lines
+                await _printed(db.admin_dsn, "worker", log)
                 rc = await _stop(executor)
-                at_stop = _rows(db.admin_dsn, "SELECT status, status_reason FROM tasks WHERE role = 'worker'")
+                at_stop = tables.tasks(db.admin_dsn, "status", "status_reason", role="worker")
                 executor = _spawn_executor(env, log)
                 try:
                     await settled(db.admin_dsn, timeout=120)
@@ -84,10 +86,8 @@ async def test_a_worker_cut_off_by_a_graceful_stop_is_retried_by_the_policy_afte
             finally:
                 await _stop(executor)
     check_invariants(db.admin_dsn)
-    workers = _rows(db.admin_dsn, "SELECT status, status_reason, attempt FROM tasks WHERE role = 'worker' "
-                                  "ORDER BY created_at")
-    decisions = [r[0] for r in _rows(db.admin_dsn, "SELECT payload ->> 'action' FROM journal "
-                                                   "WHERE event_type = 'policy.decision' ORDER BY seq")]
+    workers = tables.tasks(db.admin_dsn, "status", "status_reason", "attempt", role="worker")
+    decisions = tables.policy_actions(db.admin_dsn)
     reports = _rows(db.admin_dsn, "SELECT count(*) FROM tasks WHERE role = 'orchestrator' "
                                   "AND brief LIKE '[harness] Worker%'")[0][0]
     assert rc == 0 and at_stop == [("crashed", "executor_shutdown")], log.read_text()[-3000:]
@@ -109,7 +109,7 @@ async def test_a_turn_cut_off_by_a_graceful_stop_runs_again_with_its_messages_be
                 await http.post("/api/chat", json={"text": "first", "thread_id": thread})
                 await _wait_running(db.admin_dsn, "orchestrator", log)
                 await _model_has(model, "orchestrator", log)  # mid-turn: the CLI has recorded the conversation
-                await asyncio.sleep(0.5)
+                await _printed(db.admin_dsn, "orchestrator", log)
                 rc = await _stop(executor)
                 await http.post("/api/chat", json={"text": "second", "thread_id": thread})  # sent while it is down
                 executor = _spawn_executor(env, log)
@@ -117,10 +117,8 @@ async def test_a_turn_cut_off_by_a_graceful_stop_runs_again_with_its_messages_be
             finally:
                 await _stop(executor)
     check_invariants(db.admin_dsn)
-    turns = _rows(db.admin_dsn, "SELECT brief, status, status_reason, attempt FROM tasks "
-                                "WHERE role = 'orchestrator' ORDER BY created_at")
-    echoes = [r[0] for r in _rows(db.admin_dsn, "SELECT payload ->> 'text' FROM journal "
-                                                "WHERE event_type = 'task.user_message' ORDER BY seq")]
+    turns = tables.tasks(db.admin_dsn, "brief", "status", "status_reason", "attempt", role="orchestrator")
+    echoes = tables.user_messages(db.admin_dsn)
     assert rc == 0, log.read_text()[-3000:]
     assert turns == [("first", "crashed", "executor_shutdown", 1), ("first", "success", "completed", 2),
                      ("second", "success", "completed", 1)], log.read_text()[-3000:]

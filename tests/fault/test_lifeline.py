@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from shared import lifeline
+from tests.wait import until_blocking
 
 PARENT = """
 import asyncio, signal, sys
@@ -24,17 +25,15 @@ async def main():
     argv, preexec = lifeline.spawn_dying_with_parent(["sleep", "600"], signal.SIGTERM)
     proc = await asyncio.create_subprocess_exec(*argv, start_new_session=True, preexec_fn=preexec)
     print(proc.pid, flush=True)
-    await asyncio.sleep(600)
+    await asyncio.sleep(600)  # not a wait: the parent lives on until the test kills it
 asyncio.run(main())
 """
 
 
 def _wait_for_exec(pid: int) -> None:
     """Until the child runs `sleep` itself (through setpriv, the pid is setpriv's until it execs)."""
-    deadline = time.monotonic() + 10
-    while psutil.Process(pid).name() != "sleep":
-        assert time.monotonic() < deadline, psutil.Process(pid).cmdline()
-        time.sleep(0.01)
+    until_blocking(lambda: psutil.Process(pid).name() == "sleep", lambda: f"{psutil.Process(pid).cmdline()} to exec",
+                   10, every=0.01)
 
 
 @pytest.mark.parametrize("way", ["setpriv", "fallback"])
@@ -52,10 +51,8 @@ def test_a_spawned_child_gets_sigterm_when_its_parent_is_killed(way: str, tmp_pa
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
         # the child is not ours to reap (init adopts it): gone, or a zombie, within a few seconds
-        deadline = time.monotonic() + 10
-        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline, f"{child.cmdline()} outlived its parent"
-            time.sleep(0.05)
+        until_blocking(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+                       lambda: f"{child.cmdline()} to die with its parent", 10, every=0.05)
     finally:
         parent.kill()
         parent.wait(10)
