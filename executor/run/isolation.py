@@ -13,6 +13,7 @@ from pathlib import Path
 from executor.run import substrate
 from executor.run.task_store import TaskStore
 from executor.sandbox import bwrap as sandbox
+from executor.sandbox import cliconfig, git_view
 from executor.sandbox import limits
 from executor.sandbox.gateway import Gateway
 from executor.sandbox.gateway import parse_allowlist as gateway_allow
@@ -65,10 +66,10 @@ class Isolation:
         sandbox starts ahead of its command, which comes on that descriptor, and `cmd` is only its program;
         `session_uuid` None: a spare's, its conversation linked in later by `link_conversation`)."""
         sub = substrate_config or self.substrate
-        git_rw, git_ro = sandbox.git_parts(workdir)
+        git_rw, git_ro = git_view.git_parts(workdir)
         home = Path(sub.base_env.get("HOME") or Path.home())
         config_home = substrate.config_home(sub)
-        config = sandbox.config_view(config_home, workdir, session_uuid, task_id.hex, fork_from=fork_from,
+        config = cliconfig.config_view(config_home, workdir, session_uuid, task_id.hex, fork_from=fork_from,
                                      state_file=substrate.state_file(sub))
         hidden = config.hidden
         own = substrate.config_home(self.substrate)
@@ -117,25 +118,25 @@ class Isolation:
             log.warning("spawn_cgroup_left", spawn_id=str(spawn_id), dirs=[str(d) for d in cgroup.dirs])
 
     def config_state(self) -> tuple[tuple[str, int, int], ...]:
-        """The executor's CLI config files as a spawn's view mounts them (sandbox.config_state)."""
-        return sandbox.config_state(substrate.config_home(self.substrate))
+        """The executor's CLI config files as a spawn's view mounts them (cliconfig.config_state)."""
+        return cliconfig.config_state(substrate.config_home(self.substrate))
 
     def link_conversation(self, workdir: Path, session_uuid: str, task_id: uuid.UUID) -> bool:
         """A spare's sandbox given its thread's conversation (False: it cannot take that one)."""
-        return sandbox.link_conversation(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
+        return cliconfig.link_conversation(substrate.config_home(self.substrate), workdir, session_uuid, task_id.hex)
 
     def keep_session(self, workdir: Path, session_id: str, task_id: uuid.UUID, *,
                      substrate_config: substrate.SubstrateConfig | None = None) -> None:
         """A sandboxed spawn's new conversation into place for the next turn's `--resume`."""
         try:
-            sandbox.keep_session(substrate.config_home(substrate_config or self.substrate), workdir, session_id,
+            cliconfig.keep_session(substrate.config_home(substrate_config or self.substrate), workdir, session_id,
                                  task_id.hex)
         except OSError:  # the next turn starts the conversation afresh (session_stored): logged, not fatal
             log.exception("keep_session_failed", task_id=str(task_id))
 
     def forget_spawn(self, task_id: uuid.UUID) -> None:
         """A spawn that never started: its private conversation directory goes."""
-        sandbox.forget_spawn(substrate.config_home(self.substrate), task_id.hex)
+        cliconfig.forget_spawn(substrate.config_home(self.substrate), task_id.hex)
         self.drop_cgroup(task_id, timeout_s=0)  # what ran in it is gone (_release waited for it)
 
     def close(self) -> None:

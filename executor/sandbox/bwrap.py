@@ -13,10 +13,6 @@ for everything else). Threat model and what remains: docs/threat-model.md.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -41,7 +37,7 @@ INSTALL_HINT = "apt-get install bubblewrap socat"
 # `read` that times out on a pty nothing is ever written to (a pause without a process, leaving the cores to the
 # forwarders' start), for 10 s at most. A subshell and a `sleep` per try had the CLI start some 5 ms after the
 # forwarders were listening.
-# A sandbox started ahead of its command (ARGV_FD set: executor/run/ahead.py) reads it from that descriptor once
+# A sandbox started ahead of its command (ARGV_FD set: executor/run/spawn/ahead.py) reads it from that descriptor once
 # the forwarders accept: each argument NUL-terminated, then an empty one; without that last one (an end of file
 # with nothing, or a write cut short) it ends without starting anything. Bash 5 or newer (EPOCHSECONDS).
 # The launcher then waits for the CLI (passing a stop's signal on) and exits with its status, rather than exec it:
@@ -192,77 +188,6 @@ class SpawnBox:
     sockets_dir: Path | None = None
 
 
-def git_parts(workdir: Path) -> tuple[list[Path], list[Path]]:
-    """For a git worktree: (what a commit writes in the repository, what git obeys and must stay read-only).
-
-    A worktree's `.git` is a file naming its directory under the repository's `.git/worktrees/`; a commit there
-    writes objects, its branch ref and reflogs in the repository. The repository's config and hooks, and the
-    worktree's links to it (`.git`, `commondir`, `gitdir`), stay read-only: a worker that could change them
-    would choose the config (an fsmonitor command, a hook) of the next git command the executor runs there."""
-    dot_git = workdir / ".git"
-    if not dot_git.is_file() or dot_git.is_symlink():
-        return [], []
-    try:
-        text = dot_git.read_text()
-    except OSError:
-        return [], []
-    if not text.startswith("gitdir:"):
-        return [], []
-    gitdir = (workdir / text.removeprefix("gitdir:").strip()).resolve()
-    common_file = gitdir / "commondir"
-    try:
-        common = (gitdir / common_file.read_text().strip()).resolve() if common_file.is_file() else gitdir
-    except OSError:
-        return [], []
-    # Only the layout the executor makes for a project worker (executor/projects/worktrees.py `store_of`): its
-    # private repository `<tree>.git` beside the tree, the worktree's directory under its `worktrees/`. A `.git`
-    # file is something any spawn can write in its tree (a shared working directory's next turn would obey it):
-    # never let it choose what the next sandbox mounts.
-    store = workdir.with_name(f"{workdir.name}.git")
-    if store.is_symlink() or not store.is_dir() or common != store.resolve() or gitdir.parent != common / "worktrees":
-        return [], []
-    writable = [gitdir, common / "objects", common / "logs"]
-    branch = _branch_dir(gitdir, common)
-    if branch is not None:
-        writable.append(branch)
-    # alternates would lend the repository objects from wherever a worker points them
-    (common / "objects" / "info").mkdir(parents=True, exist_ok=True)
-    # HEAD too: pointed at the base branch, the executor's commit of uncommitted work would land there
-    readonly = [common, dot_git, gitdir / "commondir", gitdir / "gitdir", gitdir / "config.worktree",
-                gitdir / "hooks", gitdir / "HEAD", common / "objects" / "info", *_alternates(common / "objects")]
-    return [p for p in writable if p.exists()], [p for p in readonly if p.exists()]
-
-
-def _alternates(objects: Path, depth: int = 0) -> list[Path]:
-    """The object stores a worker's private repository borrows (executor/projects/worktrees.py: the project's),
-    read-only: seen, so the base commit's objects are there, but never written. The alternates file is the
-    executor's, read-only in every spawn; git follows alternates five deep, and so does this."""
-    try:
-        lines = (objects / "info" / "alternates").read_text().splitlines()
-    except OSError:
-        return []
-    found = [(objects / line.strip()).resolve() for line in lines if line.strip() and not line.startswith("#")]
-    found = [p for p in found if p.is_dir()]
-    return found + [q for p in found if depth < 4 for q in _alternates(p, depth + 1)]
-
-
-def _branch_dir(gitdir: Path, common: Path) -> Path | None:
-    """The directory of the worktree's branch ref (a commit writes `<ref>.lock` beside it)."""
-    try:
-        head = (gitdir / "HEAD").read_text().strip()
-    except OSError:
-        return None
-    if not head.startswith("ref: refs/heads/"):
-        return None
-    ref = common / head.removeprefix("ref: ")
-    heads = common / "refs" / "heads"
-    # a name with `..` (or a link on the way) would bind a directory outside the repository read-write
-    if ".." in Path(head.removeprefix("ref: ")).parts or not ref.parent.resolve().is_relative_to(heads.resolve()):
-        return None
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    return ref.parent
-
-
 def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str], *, argv_fd: int | None = None) -> list[str]:
     """`argv` as run inside the spawn's sandbox; with `argv_fd`, the command line is read from that descriptor
     (the child's, passed to it open) once the sandbox is up, and `argv` must be empty."""
@@ -291,184 +216,6 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str], *, argv_fd: 
         forwards.append(f"{PROXY_PORT}=proxy.sock")
     args += ["--", policy.bash, "-c", _LAUNCHER, "petal-sandbox", *forwards, "--", *argv]
     return args
-
-
-# The CLI cuts a long directory name for its conversations to this many characters and adds a hash of the path.
-SLUG_MAX = 200
-
-
-def session_dir(config_home: Path, workdir: Path) -> Path:
-    """Where the CLI keeps the conversations started in `workdir`: every character but letters and digits of the
-    absolute path as "-"; past 200 characters, the first 200, "-", and the path's Java-style string hash in
-    base 36 (observed on 2.1.328: a 264-character path gave 200 + "-ab5c1e")."""
-    slug = re.sub(r"[^A-Za-z0-9]", "-", str(workdir))
-    if len(slug) <= SLUG_MAX:
-        return config_home / "projects" / slug
-    return config_home / "projects" / f"{slug[:SLUG_MAX]}-{_base36(abs(_string_hash(str(workdir))))}"
-
-
-def _string_hash(text: str) -> int:
-    """JavaScript's `hash = (hash << 5) - hash + charCode | 0` over UTF-16 code units (a signed 32-bit int)."""
-    h = 0
-    units = text.encode("utf-16-le")
-    for i in range(0, len(units), 2):
-        h = (h * 31 + int.from_bytes(units[i:i + 2], "little")) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while n:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-    return out or "0"
-
-
-@dataclass(frozen=True)
-class ConfigView:
-    """How a spawn sees the CLI's config directory."""
-
-    hidden: tuple[Path, ...]
-    writable: tuple[Path, ...]
-    readonly: tuple[Path, ...]
-    # the spawn's own conversations directory, shown where the CLI looks for its working directory's
-    bound: tuple[tuple[Path, Path], ...]
-
-
-# The login: read-only in every spawn, so no spawn replaces or destroys what its siblings and the user's own
-# terminal log in with. The CLI inside would refresh an OAuth login that has expired and, unable to save it, go on
-# with the new token in memory while the file keeps the refresh token it spent (observed: docs/claude-cli.md, "What
-# the CLI reads from its config and the tree"): an unattended service logs in with token mode or an API key.
-CLI_LOGIN = ".credentials.json"
-# The CLI's global state (`.claude.json`: user- and local-scope MCP servers, per-project trust and approvals) is
-# loaded by every later CLI, the user's terminal included: a spawn gets a private copy of the keys a headless run
-# needs (who is logged in; a key saved by /login), discarded after it, never the user's file. The CLI runs without
-# one, and quietly without saving when it cannot write it (observed).
-CLI_STATE = ".claude.json"
-STATE_KEYS = ("userID", "oauthAccount", "primaryApiKey", "customApiKeyResponses", "hasCompletedOnboarding",
-              "lastOnboardingVersion")
-# What in the config directory every spawn obeys (hooks and permissions in settings, the user's standing
-# instructions, their agents, commands and skills): read-only, so no worker plants something for the next one.
-# The two files are made empty where missing, so a worker cannot create them either.
-OBEYED_CONFIG = {"settings.json": "{}\n", "CLAUDE.md": ""}
-OBEYED_DIRS = ("agents", "commands", "skills", "output-styles")
-# Per spawn, under the config directory (hard links need the same file system): its own conversations directory.
-SPAWNS_DIR = ".petal-spawns"
-
-
-def spawn_sessions(config_home: Path, key: str) -> Path:
-    return config_home / SPAWNS_DIR / key
-
-
-def spawn_state(config_home: Path, key: str) -> Path:
-    """A spawn's private copy of the CLI's state file (STATE_KEYS of the user's), shown in place of it."""
-    return config_home / SPAWNS_DIR / f"{key}{CLI_STATE}"
-
-
-def private_state(user_state: Path, copy: Path) -> None:
-    """Write the spawn's copy: only STATE_KEYS of the user's state file (an unreadable one gives an empty copy)."""
-    try:
-        data = json.loads(user_state.read_text())
-    except (OSError, ValueError):
-        data = {}
-    kept = {k: data[k] for k in STATE_KEYS if isinstance(data, dict) and k in data}
-    copy.unlink(missing_ok=True)
-    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(kept, f)
-
-
-def forget_spawn(config_home: Path, key: str) -> None:
-    """What a spawn had of the config directory, once it is over: its conversations directory and state copy."""
-    shutil.rmtree(spawn_sessions(config_home, key), ignore_errors=True)
-    spawn_state(config_home, key).unlink(missing_ok=True)
-
-
-def config_view(config_home: Path, workdir: Path, session_uuid: str | None, key: str, *,
-                fork_from: str | None = None, state_file: Path | None = None) -> ConfigView:
-    """A spawn's view of the CLI's config directory, on a whitelist: an empty tmpfs in its place, with its login
-    read-only, its own copy of the CLI's state file (`state_file`, where the CLI reads it: in the config directory
-    by default, `~/.claude.json` when the CLI runs without CLAUDE_CONFIG_DIR), what every spawn obeys read-only, and
-    in its working directory's conversations
-    directory only its own conversation: a private directory holding a hard link to the conversation's file (and
-    its side directory) when it goes on, where the CLI appends, and where it starts a new one
-    (`keep_session` moves that into place after the exit). Everything else the CLI writes goes with the spawn,
-    and no spawn sees another conversation, of its own directory or any other, whenever it was started.
-    `session_uuid` None: a spare's, whose conversation is linked in later (`link_conversation`)."""
-    config_home.mkdir(parents=True, exist_ok=True)
-    for name, empty in OBEYED_CONFIG.items():
-        if not (config_home / name).exists():
-            (config_home / name).write_text(empty)
-    real = session_dir(config_home, workdir)
-    real.mkdir(parents=True, exist_ok=True)
-    private = spawn_sessions(config_home, key)
-    if private.exists():
-        shutil.rmtree(private)
-    private.mkdir(parents=True, mode=0o700)
-    bound = [(real, private)]
-    if session_uuid is not None:
-        _link_transcript(real, private, session_uuid)
-        # a fork reads the conversation it copies (the CLI does not write it: observed, docs/claude-cli.md)
-        source = real / f"{fork_from}.jsonl"
-        if fork_from and source.is_file() and not (private / source.name).exists():
-            os.link(source, private / source.name)
-        if (real / session_uuid).is_dir():
-            (private / session_uuid).mkdir()
-            bound.append((real / session_uuid, real / session_uuid))
-    state_file = state_file or config_home / CLI_STATE
-    copy = spawn_state(config_home, key)
-    private_state(state_file, copy)
-    # a mount point needs a file there or a directory the sandbox makes (the config directory is an empty tmpfs);
-    # elsewhere (a visible, read-only HOME without the file) the CLI runs without one
-    if state_file.is_file() or state_file.parent == config_home:
-        bound.append((state_file, copy))
-    readonly = [config_home / name for name in (CLI_LOGIN, *OBEYED_CONFIG, *OBEYED_DIRS)
-                if (config_home / name).exists()]
-    return ConfigView(hidden=(config_home,), writable=(), readonly=tuple(readonly), bound=tuple(bound))
-
-
-def _link_transcript(real: Path, private: Path, session_uuid: str) -> None:
-    transcript = real / f"{session_uuid}.jsonl"
-    if transcript.is_file():
-        os.link(transcript, private / transcript.name)
-
-
-def link_conversation(config_home: Path, workdir: Path, session_uuid: str, key: str) -> bool:
-    """A conversation that goes on, linked into a started spawn's private conversations directory (a spare's, which
-    showed none until now: the directory is bound, so the link shows inside). False, with nothing linked, when it
-    cannot be: it is not stored, or it has a side directory, which needs a mount of its own, fixed at the start."""
-    real = session_dir(config_home, workdir)
-    if (real / session_uuid).exists() or not (real / f"{session_uuid}.jsonl").is_file():
-        return False
-    _link_transcript(real, spawn_sessions(config_home, key), session_uuid)
-    return True
-
-
-def config_state(config_home: Path) -> tuple[tuple[str, int, int], ...]:
-    """(name, device, inode) of each CLI config file a spawn's view mounts from `config_home` by name (its login,
-    what every spawn obeys; its state file is a copy made at its start): a mount shows the file it was made on, so
-    a file replaced since (a rename: a new login, edited settings) changes this, and a sandbox started before shows the old one."""
-    state = []
-    for name in (CLI_LOGIN, *OBEYED_CONFIG, *OBEYED_DIRS):
-        with contextlib.suppress(FileNotFoundError):
-            st = (config_home / name).stat()
-            state.append((name, st.st_dev, st.st_ino))
-    return tuple(state)
-
-
-def keep_session(config_home: Path, workdir: Path, session_uuid: str, key: str) -> None:
-    """After the spawn: its conversation, if it started one, into its working directory's conversations directory
-    (a conversation that went on was appended in place, through the hard link); nothing else it left there."""
-    private = spawn_sessions(config_home, key)
-    real = session_dir(config_home, workdir)
-    try:
-        for name in (f"{session_uuid}.jsonl", session_uuid):
-            made, there = private / name, real / name
-            if (made.is_file() or made.is_dir()) and not made.is_symlink() and not there.exists():
-                os.replace(made, there)
-    finally:
-        forget_spawn(config_home, key)
 
 
 def _is_real_dir(path: Path) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from executor.projects import git, worktrees
-from executor.sandbox import bwrap
+from executor.sandbox import git_view
 from tests.e2e.test_isolation_git import _git, _recorded, _repo
 
 
@@ -34,12 +34,12 @@ def test_a_dot_git_file_a_spawn_wrote_in_a_shared_working_directory_mounts_nothi
     # enough `..` from the fake repository's refs/heads to reach the user's home
     climb = "/".join([".."] * len(tree.joinpath("g", "refs", "heads").parts))
     _plant_dot_git(tree, f"ref: refs/heads/{climb}{home}/x\n")
-    writable, readonly = bwrap.git_parts(tree)
+    writable, readonly = git_view.git_parts(tree)
     assert writable == [] and readonly == []
     assert not (home / "x").exists() and not any(home.iterdir())  # and nothing made on the host
 
     # without the layout check the same plant binds the home read-write (the channel: `_branch_dir` alone)
-    assert bwrap._branch_dir(tree / "g", tree / "g") is None  # noqa: SLF001 - its own `..` refusal
+    assert git_view._branch_dir(tree / "g", tree / "g") is None  # noqa: SLF001 - its own `..` refusal
     raw_head = (tree / "g" / "HEAD").read_text().strip().removeprefix("ref: ")
     assert (tree / "g" / raw_head).parent.resolve() == home
 
@@ -47,7 +47,7 @@ def test_a_dot_git_file_a_spawn_wrote_in_a_shared_working_directory_mounts_nothi
 async def test_the_executors_own_layout_still_gets_its_git_parts(tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
     wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
-    writable, readonly = bwrap.git_parts(wt.path)
+    writable, readonly = git_view.git_parts(wt.path)
     store = worktrees.store_of(wt.path).resolve()
     assert store / "objects" in writable and any(p.parent == store / "refs" / "heads" for p in writable)
     assert store in readonly and wt.path / ".git" in readonly

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executor.sandbox import bwrap as sandbox
+from executor.sandbox import cliconfig
 
 
 def test_a_spawn_gets_a_copy_of_the_login_keys_of_the_state_file_and_the_login_read_only(tmp_path: Path) -> None:
@@ -15,8 +15,8 @@ def test_a_spawn_gets_a_copy_of_the_login_keys_of_the_state_file_and_the_login_r
     (cfg / ".claude.json").write_text(json.dumps({
         "userID": "u", "oauthAccount": {"accountUuid": "a"}, "hasCompletedOnboarding": True, "numStartups": 9,
         "mcpServers": {"mine": {"command": "x"}}, "projects": {str(work): {"mcpServers": {"local": {}}}}}))
-    view = sandbox.config_view(cfg, work, None, "k1")
-    copy = sandbox.spawn_state(cfg, "k1")
+    view = cliconfig.config_view(cfg, work, None, "k1")
+    copy = cliconfig.spawn_state(cfg, "k1")
     assert (cfg / ".claude.json", copy) in view.bound
     assert json.loads(copy.read_text()) == {"userID": "u", "oauthAccount": {"accountUuid": "a"},
                                             "hasCompletedOnboarding": True}
@@ -25,10 +25,10 @@ def test_a_spawn_gets_a_copy_of_the_login_keys_of_the_state_file_and_the_login_r
     home_state = tmp_path / "home" / ".claude.json"
     home_state.parent.mkdir()
     home_state.write_text("not json")
-    view = sandbox.config_view(cfg, work, None, "k2", state_file=home_state)
-    assert (home_state, sandbox.spawn_state(cfg, "k2")) in view.bound
-    assert json.loads(sandbox.spawn_state(cfg, "k2").read_text()) == {}
+    view = cliconfig.config_view(cfg, work, None, "k2", state_file=home_state)
+    assert (home_state, cliconfig.spawn_state(cfg, "k2")) in view.bound
+    assert json.loads(cliconfig.spawn_state(cfg, "k2").read_text()) == {}
     # after the spawn nothing of it is left
-    sandbox.keep_session(cfg, work, "no-such", "k1")
-    sandbox.forget_spawn(cfg, "k2")
-    assert not copy.exists() and not sandbox.spawn_state(cfg, "k2").exists()
+    cliconfig.keep_session(cfg, work, "no-such", "k1")
+    cliconfig.forget_spawn(cfg, "k2")
+    assert not copy.exists() and not cliconfig.spawn_state(cfg, "k2").exists()

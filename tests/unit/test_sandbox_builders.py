@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.sandbox import bwrap, http1
+from executor.sandbox import bwrap, cliconfig, git_view, http1
 from executor.sandbox.bwrap import Mount, SandboxPolicy, SpawnBox, wrap
 from executor.sandbox.gateway import Allow, parse_allowlist
 from executor.sandbox.limits import SpawnLimits
@@ -120,7 +120,7 @@ def _layout(tmp_path: Path, head: str = "ref: refs/heads/petal/t1\n") -> tuple[P
 def test_the_executors_layout_gets_its_objects_logs_and_branch_writable_and_its_config_read_only(
         tmp_path: Path) -> None:
     tree, store, gitdir = _layout(tmp_path)
-    writable, readonly = bwrap.git_parts(tree)
+    writable, readonly = git_view.git_parts(tree)
     assert writable == [gitdir, store / "objects", store / "logs", store / "refs" / "heads" / "petal"]
     assert store in readonly and tree / ".git" in readonly and gitdir / "HEAD" in readonly
     assert store / "objects" / "info" in readonly  # alternates are the executor's, never a worker's
@@ -132,27 +132,27 @@ def test_a_dot_git_file_naming_another_repository_mounts_nothing(tmp_path: Path)
     elsewhere.mkdir(parents=True)
     (elsewhere / "commondir").write_text("../..\n")
     (tree / ".git").write_text(f"gitdir: {elsewhere}\n")
-    assert bwrap.git_parts(tree) == ([], [])
+    assert git_view.git_parts(tree) == ([], [])
 
 
 def test_no_dot_git_file_a_directory_or_a_link_in_its_place_mounts_nothing(tmp_path: Path) -> None:
     tree, _, gitdir = _layout(tmp_path)
     (tree / ".git").unlink()
-    assert bwrap.git_parts(tree) == ([], [])
+    assert git_view.git_parts(tree) == ([], [])
     (tree / ".git").symlink_to(gitdir / "gitdir")
-    assert bwrap.git_parts(tree) == ([], [])
+    assert git_view.git_parts(tree) == ([], [])
     (tree / ".git").unlink()
     (tree / ".git").write_text("not a gitdir line\n")
-    assert bwrap.git_parts(tree) == ([], [])
+    assert git_view.git_parts(tree) == ([], [])
 
 
 def test_a_branch_named_with_dot_dot_leaves_the_branch_out_but_keeps_the_rest(tmp_path: Path) -> None:
     tree, store, gitdir = _layout(tmp_path, head="ref: refs/heads/../../../../outside\n")
-    writable, _ = bwrap.git_parts(tree)
+    writable, _ = git_view.git_parts(tree)
     assert writable == [gitdir, store / "objects", store / "logs"]
     assert not (tmp_path / "outside").exists()
     tree2, store2, gitdir2 = _layout(tmp_path / "detached", head="0123456789abcdef0123456789abcdef01234567\n")
-    assert bwrap.git_parts(tree2)[0] == [gitdir2, store2 / "objects", store2 / "logs"]  # a detached HEAD: no branch
+    assert git_view.git_parts(tree2)[0] == [gitdir2, store2 / "objects", store2 / "logs"]  # a detached HEAD: no branch
 
 
 def test_the_object_stores_a_repository_borrows_are_read_only(tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def test_the_object_stores_a_repository_borrows_are_read_only(tmp_path: Path) ->
     project.mkdir(parents=True)
     (store / "objects" / "info").mkdir(parents=True)
     (store / "objects" / "info" / "alternates").write_text(f"# the project's\n{project}\n{tmp_path}/gone\n")
-    _, readonly = bwrap.git_parts(tree)
+    _, readonly = git_view.git_parts(tree)
     assert project in readonly and tmp_path / "gone" not in readonly
 
 
@@ -250,11 +250,11 @@ def test_a_spawns_state_copy_holds_only_the_login_keys_and_replaces_a_planted_li
     victim.write_text("keep")
     copy = tmp_path / "copy.json"
     copy.symlink_to(victim)  # whatever was there is replaced, never written through
-    bwrap.private_state(user, copy)
+    cliconfig.private_state(user, copy)
     assert not copy.is_symlink() and victim.read_text() == "keep"
     assert copy.read_text() == '{"userID": "u", "primaryApiKey": "k"}'
     assert os.stat(copy).st_mode & 0o777 == 0o600
-    bwrap.private_state(tmp_path / "missing.json", copy)
+    cliconfig.private_state(tmp_path / "missing.json", copy)
     assert copy.read_text() == "{}"
 
 

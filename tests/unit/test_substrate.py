@@ -192,14 +192,14 @@ def test_a_working_directorys_own_settings_are_not_loaded() -> None:
 
 
 def test_the_conversations_directory_of_a_long_working_directory_is_cut_and_hashed_as_the_cli_does() -> None:
-    from executor.sandbox import bwrap as sandbox
+    from executor.sandbox import cliconfig
 
     # observed: the pinned CLI kept a 264-character path's conversations in this directory
     deep = Path("/tmp/pytest-of-root/pytest-77/test_a_data_directory_with_a_l0/" + "a-long-directory-name-" * 6 + "/"
                 + "and-another-one-" * 4 + "/work")
-    got = sandbox.session_dir(Path("/cfg"), deep).name
+    got = cliconfig.session_dir(Path("/cfg"), deep).name
     assert len(got) == 207 and got.endswith("-ab5c1e") and got.startswith("-tmp-pytest-of-root-pytest-77-")
-    assert sandbox.session_dir(Path("/cfg"), Path("/srv/w")).name == "-srv-w"
+    assert cliconfig.session_dir(Path("/cfg"), Path("/srv/w")).name == "-srv-w"
 
 
 def test_a_conversation_is_unchanged_for_a_warm_process_but_for_the_session_metadata_the_cli_appends(
@@ -237,21 +237,21 @@ def test_a_conversation_is_unchanged_for_a_warm_process_but_for_the_session_meta
 
 def test_a_spares_view_shows_no_conversation_until_one_is_linked_and_never_one_with_a_side_directory(
         tmp_path: Path) -> None:
-    from executor.sandbox import bwrap as sandbox
+    from executor.sandbox import cliconfig
 
     cfg, work = tmp_path / "cfg", tmp_path / "work"
-    real = sandbox.session_dir(cfg, work)
+    real = cliconfig.session_dir(cfg, work)
     real.mkdir(parents=True)
     (real / "plain.jsonl").write_text("{}\n")
     (real / "sided.jsonl").write_text("{}\n")
     (real / "sided").mkdir()
-    view = sandbox.config_view(cfg, work, None, "spare1")
-    private = sandbox.spawn_sessions(cfg, "spare1")
+    view = cliconfig.config_view(cfg, work, None, "spare1")
+    private = cliconfig.spawn_sessions(cfg, "spare1")
     assert view.bound[0] == (real, private) and list(private.iterdir()) == []  # a spare's: no conversation yet
-    assert not sandbox.link_conversation(cfg, work, "sided", "spare1")  # its side directory needs a mount
-    assert not sandbox.link_conversation(cfg, work, "unknown", "spare1")  # nothing stored to go on with
+    assert not cliconfig.link_conversation(cfg, work, "sided", "spare1")  # its side directory needs a mount
+    assert not cliconfig.link_conversation(cfg, work, "unknown", "spare1")  # nothing stored to go on with
     assert list(private.iterdir()) == []
-    assert sandbox.link_conversation(cfg, work, "plain", "spare1")
+    assert cliconfig.link_conversation(cfg, work, "plain", "spare1")
     # the same file (a hard link): the CLI inside appends to the stored conversation
     assert [p.name for p in private.iterdir()] == ["plain.jsonl"]
     assert (private / "plain.jsonl").stat().st_ino == (real / "plain.jsonl").stat().st_ino
@@ -261,17 +261,17 @@ def test_the_config_state_changes_when_a_mounted_config_file_is_replaced_not_whe
         tmp_path: Path) -> None:
     import os
 
-    from executor.sandbox import bwrap as sandbox
+    from executor.sandbox import cliconfig
 
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / ".credentials.json").write_text("{}")
-    before = sandbox.config_state(cfg)
+    before = cliconfig.config_state(cfg)
     (cfg / ".credentials.json").write_text('{"refreshed": 1}')  # in place: a mount shows it
-    assert sandbox.config_state(cfg) == before
+    assert cliconfig.config_state(cfg) == before
     (cfg / "new.json").write_text('{"login": 2}')
     os.replace(cfg / "new.json", cfg / ".credentials.json")  # a new file: a mount made before shows the old one
-    assert sandbox.config_state(cfg) != before
-    again = sandbox.config_state(cfg)
+    assert cliconfig.config_state(cfg) != before
+    again = cliconfig.config_state(cfg)
     (cfg / "settings.json").write_text("{}")  # a file every spawn obeys, made since
-    assert sandbox.config_state(cfg) != again
+    assert cliconfig.config_state(cfg) != again
