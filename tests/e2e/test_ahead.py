@@ -18,7 +18,7 @@ import psutil
 import psycopg
 
 from executor.run import ahead
-from executor.sandbox import bwrap
+from executor.sandbox import bwrap, cliconfig
 from executor.sandbox.bwrap import SpawnBox
 from executor.sandbox.gateway import Gateway
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer, last_user_text
@@ -126,7 +126,7 @@ async def test_a_conversation_with_a_side_directory_gets_its_own_sandbox_and_the
     seen: list[tuple[int, bool]] = []
 
     async def side_directory(thread: str) -> None:
-        stored = next(p for p in tmp_path.rglob(f"{thread}.jsonl") if bwrap.SPAWNS_DIR not in p.parts)
+        stored = next(p for p in tmp_path.rglob(f"{thread}.jsonl") if cliconfig.SPAWNS_DIR not in p.parts)
         (stored.parent / thread).mkdir()
         (stored.parent / thread / "kept.txt").write_text("the conversation's own\n")
         await _spare_up()
