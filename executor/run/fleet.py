@@ -5,7 +5,8 @@ epoch. When a lease expires, a survivor takes the executor over (`fleet_reap`): 
 with `executor_lost` and the settler applies the policy. A taken-over executor is *fenced*: its renewal is
 refused, its claims and final-status writes carry an epoch that no longer matches, and its journal writer
 drops what it still has (`confirm` before each batch). It then kills its processes and joins again with a
-new epoch before claiming anything (the supervisor does that on `fenced`).
+new epoch before claiming anything (the supervisor does that on `fenced`). Its rows are executor/run/fleet_store.py's;
+its renewals run on a timer (shared/timers.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
 
-from executor.sql import queries
-from shared import errors, logs
+from executor.run.fleet_store import FleetRows, Joining, Reaped
+from shared import errors, logs, timers
 from shared.models import NewEvent
 
 log = logs.get(__name__)
@@ -78,12 +78,15 @@ class Lease:
     ones, `confirm` tells a writer whether this run may still write."""
 
     def __init__(self, dsn: str, config: FleetConfig,
-                 on_reaped: Callable[[Sequence[NewEvent]], Awaitable[Any]] | None = None):
+                 on_reaped: Callable[[Sequence[NewEvent]], Awaitable[Any]] | None = None, *,
+                 clock: timers.Clock = timers.MONOTONIC):
         self.dsn = dsn
         self.config = config
         self.epoch: int | None = None
         self.fenced = asyncio.Event()
+        self.clock = clock  # the renewals' timer's (the lease's own validity reads time.monotonic)
         self._renew_failing = False
+        self._retry_now = False  # the last attempt hung and its connection was abandoned: a new one at once
         self._on_reaped = on_reaped
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
@@ -114,15 +117,13 @@ class Lease:
         return f"petal-executor-lease:{self.name}"[:63]
 
     async def _take_name(self, conn: psycopg.AsyncConnection) -> None:
+        rows = FleetRows(conn)
         for _ in range(NAME_LOCK_ATTEMPTS):
-            row = await (await conn.execute(queries["lock_fleet_name"], {"name": self.name})).fetchone()
-            if row and row[0]:
+            if await rows.lock_name(self.name):
                 return
-            stale = await (await conn.execute(queries["get_fleet_name_staleness"],
-                                              {"name": self.name, "epoch": self.epoch})).fetchone()
-            if not (stale and stale[0]):
+            if not await rows.name_is_stale(self.name, self.epoch):
                 break
-            await conn.execute(queries["end_stale_fleet_holder"], {"app": self._app})
+            await rows.end_stale_holders(self._app)
             await asyncio.sleep(NAME_LOCK_RETRY_S)
         raise errors.PetalError(
             f"another executor named {self.name!r} is already running on this database "
@@ -141,13 +142,10 @@ class Lease:
         async with self._lock:
             started = time.monotonic()
             conn = await self._connect()
-            cur = await conn.execute(queries["join_fleet"], {
-                "name": self.name, "labels": list(self.config.labels), "capacity": self.config.capacity,
-                "lease_s": self.config.lease_s, "version": version(), "sandbox": self.config.sandbox,
-                "workdir": self.config.workdir})
-            row = await cur.fetchone()
-            assert row is not None
-            self.epoch = int(row[0])
+            self.epoch = await FleetRows(conn).join(Joining(
+                name=self.name, labels=list(self.config.labels), capacity=self.config.capacity,
+                lease_s=self.config.lease_s, version=version(), sandbox=self.config.sandbox,
+                workdir=self.config.workdir))
             self._mark_valid(started)
             self.fenced.clear()
             log.info("executor_joined", name=self.name, epoch=self.epoch, labels=list(self.config.labels))
@@ -167,8 +165,7 @@ class Lease:
             if self.fenced.is_set():
                 return False
             started = time.monotonic()
-            row = await self._bounded(self._renew_once(), "the lease renewal")
-            if row is None:
+            if not await self._bounded(self._renew_once(), "the lease renewal"):
                 self._fence()
                 return False
             self._mark_valid(started)
@@ -191,10 +188,8 @@ class Lease:
             self._abandon_connection()
             raise
 
-    async def _renew_once(self) -> tuple[Any, ...] | None:
-        conn = await self._connect()
-        cur = await conn.execute(queries["renew_fleet_lease"], {"name": self.name, "epoch": self.epoch})
-        return await cur.fetchone()
+    async def _renew_once(self) -> bool:
+        return await FleetRows(await self._connect()).renew(self.name, self.epoch)
 
     async def confirm(self) -> bool:
         """May this run still write? Free while the lease surely holds; past that, renews first (a paused
@@ -210,55 +205,55 @@ class Lease:
         async with self._lock:
             rows = await self._bounded(self._reap_once(), "taking over expired executors")
         events: list[NewEvent] = []
-        lost = {r["name"]: r for r in rows if r["kind"] == "executor"}
+        lost = {r.name: r for r in rows if r.kind == "executor"}
         for name, r in lost.items():
-            tasks = [str(t["id"]) for t in rows if t["kind"] == "task" and t["name"] == name]
+            tasks = [str(t.id) for t in rows if t.kind == "task" and t.name == name]
             events.append(NewEvent("executor.lost", {
-                "name": name, "epoch": r["epoch"], "lease_until": r["lease_until"].isoformat(),
+                "name": name, "epoch": r.epoch, "lease_until": r.lease_until.isoformat() if r.lease_until else None,
                 "taken_over_by": self.name, "crashed_tasks": tasks}))
-            log.warning("executor_lost", name=name, epoch=r["epoch"], crashed_tasks=tasks)
+            log.warning("executor_lost", name=name, epoch=r.epoch, crashed_tasks=tasks)
         for r in rows:
-            if r["kind"] == "task":
+            if r.kind == "task":
                 events.append(NewEvent("task.crashed", {"reason": "executor_lost", "status": "crashed",
-                                                        "executor": r["name"], "taken_over_by": self.name},
-                                       task_id=r["id"], session_id=r["session_id"], project_id=r["project_id"]))
-            elif r["kind"] == "question":
-                events.append(NewEvent("question.cancelled", {"question_id": str(r["id"]),
-                                                              "reason": "executor_lost"}, task_id=r["task_id"]))
+                                                        "executor": r.name, "taken_over_by": self.name},
+                                       task_id=r.id, session_id=r.session_id, project_id=r.project_id))
+            elif r.kind == "question":
+                events.append(NewEvent("question.cancelled", {"question_id": str(r.id),
+                                                              "reason": "executor_lost"}, task_id=r.task_id))
         if events and self._on_reaped is not None:
             await self._on_reaped(events)
         return events
 
-    async def _reap_once(self) -> list[dict[str, Any]]:
-        conn = await self._connect()
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries["reap_fleet_lease"], {"name": self.name})
-            return await cur.fetchall()
+    async def _reap_once(self) -> list[Reaped]:
+        return await FleetRows(await self._connect()).reap(self.name)
 
     async def run(self) -> None:
-        """Renew and reap until cancelled; returns when this run is fenced."""
-        while not self.fenced.is_set():
-            wait_s = self.interval_s
-            try:
-                if await self.renew():
-                    await self.reap()
-                if self._renew_failing:
-                    self._renew_failing = False
-                    log.warning("lease_renewed", name=self.name, note="the database is back")
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                # a database outage: keep trying; nobody can take us over while nobody can reach it either
-                if not self._renew_failing:  # said once per outage
-                    self._renew_failing = True
-                    log.warning("lease_renew_failed", name=self.name, error=str(exc))
-                if isinstance(exc, TimeoutError):
-                    # The attempt hung for an interval and its connection was abandoned (a half-open link):
-                    # try a new one now. Waiting another interval first would leave the next attempt at the
-                    # lease's very end, so a survivor would take over a run the database can still reach.
-                    wait_s = 0.0
-            if self.fenced.is_set():
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.fenced.wait(), wait_s)
+        """Renew and reap every interval until cancelled; returns when this run is fenced. An error that is
+        no outage (a namesake took the name meanwhile) ends it, raised."""
+        self._retry_now = False
+        await timers.every("lease", self._until_renewal, self._renew_and_reap, clock=self.clock, survive=False,
+                           at_start=True).run(self.fenced)
+
+    def _until_renewal(self) -> float:
+        # The last attempt hung for an interval and its connection was abandoned (a half-open link): try a
+        # new one now. Waiting another interval first would leave the next attempt at the lease's very end, so
+        # a survivor would take over a run the database can still reach.
+        return 0.0 if self._retry_now else self.interval_s
+
+    async def _renew_and_reap(self) -> None:
+        self._retry_now = False
+        try:
+            if await self.renew():
+                await self.reap()
+            if self._renew_failing:
+                self._renew_failing = False
+                log.warning("lease_renewed", name=self.name, note="the database is back")
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            # a database outage: keep trying; nobody can take us over while nobody can reach it either
+            if not self._renew_failing:  # said once per outage
+                self._renew_failing = True
+                log.warning("lease_renew_failed", name=self.name, error=str(exc))
+            self._retry_now = isinstance(exc, TimeoutError)
 
     async def leave(self) -> None:
         """A clean stop: the row says stopped (no alert, nothing to take over); the name lock is released."""
@@ -266,6 +261,6 @@ class Lease:
             return
         with contextlib.suppress(psycopg.Error):
             if self.epoch is not None and not self.fenced.is_set():
-                await self._conn.execute(queries["leave_fleet"], {"name": self.name, "epoch": self.epoch})
+                await FleetRows(self._conn).leave(self.name, self.epoch)
         await self._conn.close()
 

@@ -2,26 +2,25 @@
 
 `assess` is the whole judgement, pure (a running task's facts and the clock in, a verdict out); the
 `Watchdog` loop gathers the facts, applies the verdicts and brings the rows up to date (through
-`TaskStore.save_activity`, the one writer of `tasks.activity`)."""
+`TaskStore.save_activity`, the one writer of `tasks.activity`). It looks every interval, on a timer
+(shared/timers.py): an outage is waited out (silence is still watched from memory; the rows catch up when
+the database is back), a failed look is logged and the next one comes."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from executor.journal.writer import JournalWriter
 from executor.run.task_store import TaskStore
-from shared import logs
-from shared.database import OUTAGE_ERRORS, Availability
+from shared import timers
+from shared.database import Availability
 from shared.models import NewEvent
 
 if TYPE_CHECKING:
-    from executor.run.task_run import Running, TaskRunner
-
-log = logs.get(__name__)
+    from executor.run.running import Running
+    from executor.run.task_run import TaskRunner
 
 RUNNING, AWAITING_USER, STALLED = "running", "awaiting_user", "stalled"
 MAX_RUNTIME = "max_runtime"  # the stop reason of a run past its cap
@@ -74,28 +73,22 @@ def assess(w: Watched, now: float, limits: Limits) -> Verdict:
 class Watchdog:
     def __init__(self, store: TaskStore, writer: JournalWriter, runner: TaskRunner,
                  runs: Callable[[], Collection[Running]], limits: Limits, interval_s: float,
-                 availability: Availability):
+                 availability: Availability, *, clock: timers.Clock = timers.MONOTONIC):
         self.store = store
         self.writer = writer
         self.runner = runner
         self.runs = runs
         self.limits = limits
         self.interval_s = interval_s
-        self.availability = availability
+        self.clock = clock  # the runs' times are this clock's (time.monotonic)
+        self.timer = timers.every("watchdog", interval_s, self.tick, clock=clock, availability=availability)
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.tick()
-            except OUTAGE_ERRORS as exc:
-                # silence is still watched from memory; the rows catch up when the database is back
-                await self.availability.pause(exc, "watchdog")
-            except Exception:  # noqa: BLE001 - the watchdog outlives a failed tick
-                log.exception("watchdog_tick_failed")
+        """Look every interval until cancelled."""
+        await self.timer.run()
 
     async def tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock.now()
         for r in [r for r in self.runs() if r.unsaved]:
             await self.runner.apply_unsaved(r)
         dirty = [r for r in self.runs() if r.output_dirty and r.last_output_at is not None]

@@ -1,8 +1,18 @@
-"""The watchdog's judgement of one live run (executor/run/watchdog.py `assess`, pure)."""
+"""The watchdog's judgement of one live run (executor/run/watchdog.py `assess`, pure), and its loop on a clock moved
+by hand."""
 
 from __future__ import annotations
 
-from executor.run.watchdog import AWAITING_USER, MAX_RUNTIME, RUNNING, STALLED, Limits, Verdict, Watched, assess
+import asyncio
+import contextlib
+import uuid
+from typing import Any, cast
+
+from executor.run.watchdog import (AWAITING_USER, MAX_RUNTIME, RUNNING, STALLED, Limits, Verdict, Watched, Watchdog,
+                                   assess)
+from shared import timers
+from shared.availability import Availability
+from shared.models import NewEvent
 
 LIMITS = Limits(stall_timeout_s=60.0, max_runtime_s=None)
 
@@ -64,3 +74,90 @@ def test_looked_at_every_interval_a_run_is_stopped_within_one_interval_past_its_
 def test_a_stalled_run_that_was_awaiting_the_user_ends_stalled() -> None:
     v = assess(_watched(last_output=0.0, awaiting_user=True), 100.0, LIMITS)
     assert (v.activity, v.awaiting_user, v.stalled_since) == (STALLED, False, 100.0)
+
+
+# ---- the loop: looks every interval on a clock moved by hand, over fakes of the store, the runner and the writer
+
+
+class _Proc:
+    returncode: int | None = None
+
+
+class _Run:
+    """The fields of a live run the watchdog reads and writes."""
+
+    def __init__(self, started: float):
+        self.task_id, self.session_id, self.project_id = uuid.uuid4(), uuid.uuid4(), None
+        self.proc = _Proc()
+        self.started = self.last_output = started
+        self.stalled_since: float | None = None
+        self.awaiting_user = False
+        self.unsaved = self.output_dirty = False
+        self.last_output_at = None
+
+
+class _Fakes:
+    def __init__(self) -> None:
+        self.asking: set[uuid.UUID] = set()
+        self.activity: list[tuple[uuid.UUID, str]] = []
+        self.stops: list[tuple[uuid.UUID, str]] = []
+        self.events: list[NewEvent] = []
+        self.looks = 0
+        self.looked = asyncio.Event()
+
+    # the store
+    async def asking_tasks(self, task_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+        self.looks += 1
+        self.looked.set()
+        return self.asking & set(task_ids)
+
+    # the runner
+    async def set_activity(self, r: _Run, activity: str) -> None:
+        self.activity.append((r.task_id, activity))
+
+    async def request_stop(self, r: _Run, reason: str) -> None:
+        self.stops.append((r.task_id, reason))
+
+    # the writer
+    async def put(self, event: NewEvent) -> None:
+        self.events.append(event)
+
+    async def look(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while self.looks < count:
+                self.looked.clear()
+                await self.looked.wait()
+
+
+async def test_the_watchdog_looks_every_interval_and_says_a_stall_once_and_stops_a_run_past_its_cap() -> None:
+    clock = timers.ManualClock()
+    fakes = _Fakes()
+    run = _Run(started=0.0)
+    # the fakes stand in for the store, the writer and the runner; the run for a Running
+    dog = Watchdog(cast(Any, fakes), cast(Any, fakes), cast(Any, fakes), lambda: [cast(Any, run)],
+                   Limits(stall_timeout_s=60.0, max_runtime_s=90.0), 1.0, Availability("t"), clock=clock)
+    looking = asyncio.create_task(dog.run())
+    try:
+        assert await clock.asleep() == [1.0]  # the first look after an interval
+        assert fakes.looks == 0
+        clock.advance(59.0)  # one look, at 59 s: still speaking within the threshold
+        await fakes.look(1)
+        assert fakes.activity == [] and await clock.asleep(at=60.0) == [60.0]
+        clock.advance(1.0)
+        await fakes.look(2)
+        await clock.asleep(at=61.0)
+        assert fakes.activity == [(run.task_id, STALLED)] and run.stalled_since == 60.0
+        assert [(e.event_type, e.payload["silent_s"]) for e in fakes.events] == [("task.stalled", 60.0)]
+        clock.advance(1.0)  # at 61: stalled already, nothing more is said
+        await clock.asleep(at=62.0)
+        assert len(fakes.activity) == len(fakes.events) == 1 and fakes.stops == []
+        clock.advance(29.0)  # at 90: not past the cap yet
+        await clock.asleep(at=91.0)
+        assert fakes.stops == []
+        clock.advance(1.0)  # at 91: past it
+        await clock.asleep(at=92.0)
+        assert fakes.stops == [(run.task_id, MAX_RUNTIME)]
+    finally:
+        looking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await looking
