@@ -1,7 +1,9 @@
 """The store's rows as tests read and make them, by name: one place for the SQL the tests repeat.
 
-A reader takes the admin DSN (a connection of its own, autocommit) or an open connection (to read inside the
-test's transaction). What the services themselves run stays in their stores; these are the test's views."""
+Each takes the admin DSN (a connection of its own, autocommit) or an open connection (to read or write inside
+the test's own transaction). Filters are keywords, a column each, equal to the value (None: IS NULL); a read
+with anything more (a LIKE, a join) stays in its test, where it says what it looks for. What the services run
+stays in their stores; these are the test's views and the rows it makes."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from ingress.sql import queries as ingress_queries
 
@@ -36,11 +39,58 @@ def _all(db: DB, query: LiteralString | sql.Composed, params: list[Any] | None =
 def _value(db: DB, query: LiteralString | sql.Composed, params: list[Any] | None = None) -> Any:
     with _connected(db) as conn:
         row = conn.execute(query, params or []).fetchone()
-    assert row is not None, query  # an aggregate or a row the test made
+    assert row is not None, query  # an aggregate, or a row RETURNING made
     return row[0]
 
 
-# ---- tasks --------------------------------------------------------------------------------------------------
+def _where(equal: dict[str, Any]) -> sql.Composed:
+    """` WHERE a = %s AND b IS NULL` over the keywords; nothing for none."""
+    if not equal:
+        return sql.Composed([])
+    return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(
+        sql.SQL("{} IS NULL" if v is None else "{} = %s").format(sql.Identifier(k)) for k, v in equal.items())
+
+
+def _params(equal: dict[str, Any]) -> list[Any]:
+    return [v for v in equal.values() if v is not None]
+
+
+def _columns(columns: tuple[str, ...]) -> sql.Composed:
+    return sql.SQL(", ").join(map(sql.Identifier, columns))
+
+
+# ---- any table ----------------------------------------------------------------------------------------------
+
+def count(db: DB, table: str, **equal: Any) -> int:
+    """How many rows of a table match the keywords."""
+    return int(_value(db, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)) + _where(equal),
+                      _params(equal)))
+
+
+def rows(db: DB, table: str, *columns: str, order: tuple[str, ...] = ("created_at", "id"),
+         **equal: Any) -> list[tuple[Any, ...]]:
+    """The named columns of the rows of a table that match the keywords, ordered by the `order` columns."""
+    query = sql.SQL("SELECT {} FROM {}").format(_columns(columns), sql.Identifier(table)) + _where(equal) + \
+        sql.SQL(" ORDER BY {}").format(_columns(order))
+    return _all(db, query, _params(equal))
+
+
+NOW = sql.SQL("now()")
+"""A column's value as the database's clock reads it (`ended_at=NOW`)."""
+
+
+def insert(db: DB, table: str, **values: Any) -> uuid.UUID:
+    """A row the test makes, its columns as keywords (a dict goes in as JSON, NOW as the database's now()); its
+    id."""
+    query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING id").format(
+        sql.Identifier(table), _columns(tuple(values)),
+        sql.SQL(", ").join(v if isinstance(v, sql.SQL) else sql.Placeholder() for v in values.values()))
+    made: uuid.UUID = _value(db, query, [Jsonb(v) if isinstance(v, dict) else v for v in values.values()
+                                         if not isinstance(v, sql.SQL)])
+    return made
+
+
+# ---- tasks and threads ----------------------------------------------------------------------------------------
 
 def count_running(db: DB, role: str | None = None) -> int:
     """Tasks running with a process (of one role, or any)."""
@@ -48,56 +98,70 @@ def count_running(db: DB, role: str | None = None) -> int:
                           " AND (%s::text IS NULL OR role = %s)", [role, role]))
 
 
-def count_tasks(db: DB, role: str | None = None) -> int:
-    return int(_value(db, "SELECT count(*) FROM tasks WHERE %s::text IS NULL OR role = %s", [role, role]))
+def count_tasks(db: DB, **equal: Any) -> int:
+    """How many tasks match the keywords (`role="worker"`, `parent_task_id=...`)."""
+    return count(db, "tasks", **equal)
 
 
-def tasks(db: DB, *columns: str, role: str | None = None) -> list[tuple[Any, ...]]:
-    """The named columns of every task (of one role), oldest first."""
-    query = sql.SQL("SELECT {} FROM tasks WHERE %s::text IS NULL OR role = %s ORDER BY created_at, id").format(
-        sql.SQL(", ").join(map(sql.Identifier, columns)))
-    return _all(db, query, [role, role])
+def tasks(db: DB, *columns: str, **equal: Any) -> list[tuple[Any, ...]]:
+    """The named columns of the tasks that match the keywords, oldest first."""
+    return rows(db, "tasks", *columns, **equal)
 
 
 def task(db: DB, task_id: Id, *columns: str) -> tuple[Any, ...]:
     """The named columns of one task."""
-    query = sql.SQL("SELECT {} FROM tasks WHERE id = %s").format(sql.SQL(", ").join(map(sql.Identifier, columns)))
-    found = _all(db, query, [task_id])
+    found = _all(db, sql.SQL("SELECT {} FROM tasks WHERE id = %s").format(_columns(columns)), [task_id])
     assert found, f"no task {task_id}"
     return found[0]
 
 
+def status(db: DB, task_id: Id) -> str | None:
+    """A task's status; None while there is no such task."""
+    found = _all(db, "SELECT status FROM tasks WHERE id = %s", [task_id])
+    return found[0][0] if found else None
+
+
+def insert_task(db: DB, **columns: Any) -> uuid.UUID:
+    """A task row the test makes (a worker unless `role=` says otherwise); its id."""
+    return insert(db, "tasks", **{"role": "worker", **columns})
+
+
+def insert_thread(db: DB, thread_id: Id | None = None, **columns: Any) -> uuid.UUID:
+    """A thread (an orchestrator's session, idle unless `lifecycle=` says otherwise) the test makes; its id."""
+    return insert(db, "sessions", **({"id": thread_id} if thread_id is not None else {}),
+                  **{"role": "orchestrator", "lifecycle": "idle", **columns})
+
+
 # ---- the journal --------------------------------------------------------------------------------------------
 
-def count_events(db: DB, event_type: str, task_id: Id | None = None) -> int:
-    """Journal records of a type (of one task, or any)."""
-    return int(_value(db, "SELECT count(*) FROM journal WHERE event_type = %s"
-                          " AND (%s::uuid IS NULL OR task_id = %s)", [event_type, task_id, task_id]))
+def _of(event_type: str, task_id: Id | None, equal: dict[str, Any]) -> dict[str, Any]:
+    return {"event_type": event_type, **({"task_id": task_id} if task_id is not None else {}), **equal}
 
 
-def payloads(db: DB, event_type: str, task_id: Id | None = None) -> list[Any]:
-    """The payloads of a type's journal records (of one task, or any), in journal order."""
-    return [p for (p,) in _all(db, "SELECT payload FROM journal WHERE event_type = %s"
-                                   " AND (%s::uuid IS NULL OR task_id = %s) ORDER BY seq",
-                               [event_type, task_id, task_id])]
+def count_events(db: DB, event_type: str, task_id: Id | None = None, **equal: Any) -> int:
+    """Journal records of a type (of one task, or any; `session_id=` one thread's)."""
+    return count(db, "journal", **_of(event_type, task_id, equal))
+
+
+def payloads(db: DB, event_type: str, task_id: Id | None = None, **equal: Any) -> list[Any]:
+    """The payloads of a type's journal records (of one task, or any; `session_id=` one thread's), in order."""
+    return [p for (p,) in rows(db, "journal", "payload", order=("seq",), **_of(event_type, task_id, equal))]
 
 
 def event_types(db: DB, task_id: Id | None = None) -> list[str]:
-    """The types of the journal's records (of one task, or all), in journal order."""
-    return [t for (t,) in _all(db, "SELECT event_type FROM journal WHERE %s::uuid IS NULL OR task_id = %s"
-                                   " ORDER BY seq", [task_id, task_id])]
+    """The types of the journal's records (of one task, or all), in order."""
+    return [t for (t,) in rows(db, "journal", "event_type", order=("seq",),
+                               **({"task_id": task_id} if task_id is not None else {}))]
 
 
 def user_messages(db: DB) -> list[str]:
     """The chat messages the turns echoed to the journal, in order."""
-    return [t for (t,) in _all(db, "SELECT payload ->> 'text' FROM journal WHERE event_type = 'task.user_message'"
-                                   " ORDER BY seq")]
+    return [p.get("text") for p in payloads(db, "task.user_message")]
 
 
-def policy_actions(db: DB) -> list[str]:
-    """The policy's decisions, in order."""
-    return [a for (a,) in _all(db, "SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision'"
-                                   " ORDER BY seq")]
+def policy_actions(db: DB, task_id: Id | None = None) -> list[str]:
+    """The policy's decisions (about one task, or all), in order."""
+    return [p.get("action") for p in payloads(db, "policy.decision", task_id)]
 
 
 # ---- queues -------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from tests.resilience import settled
 from tests.fault.test_executor_process import _executor_env, _spawn_executor
 from tests.wait import until
 from tests.scenarios import one_worker
+from tests import tables
 from tests.served import ingress_server
 
 SETTLEMENT_MIGRATION = 13  # migrations/0013_settlement.sql
@@ -42,12 +43,9 @@ def _one(admin_dsn: str, sql: str, *params: Any) -> Any:
 
 def _thread_with_turn(admin_dsn: str) -> tuple[uuid.UUID, uuid.UUID]:
     """A thread and one ended (already settled) orchestrator turn of it, as the threads loop leaves them."""
-    thread, turn = uuid.uuid4(), uuid.uuid4()
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
-                     "'t', 'autonomous')", [thread])
-        conn.execute("INSERT INTO tasks (id, session_id, role, brief, status, ended_at, settled_at) "
-                     "VALUES (%s, %s, 'orchestrator', 'go', 'success', now(), now())", [turn, thread])
+    thread = tables.insert_thread(admin_dsn, title="t", mode="autonomous")
+    turn = tables.insert_task(admin_dsn, session_id=thread, role="orchestrator", brief="go", status="success",
+                              ended_at=tables.NOW, settled_at=tables.NOW)
     return thread, turn
 
 
@@ -66,8 +64,7 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                 assert sent.status_code == 202
 
                 async def running_worker() -> uuid.UUID | None:
-                    return _one(db.admin_dsn,  # type: ignore[no-any-return]  # a column: the driver's Any
-                                "SELECT id FROM tasks WHERE role = 'worker' AND status = 'running'")
+                    return next((t for (t,) in tables.tasks(db.admin_dsn, "id", role="worker", status="running")), None)
                 worker = await until(running_worker, "the worker to run")
                 # Hold settlement off: FOR KEY SHARE lets the supervisor's updates through but not the
                 # settler's FOR UPDATE SKIP LOCKED claim. The executor then dies before it can settle.
@@ -75,13 +72,12 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                     await holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR KEY SHARE", [worker])
 
                     async def ended() -> str | None:
-                        status = _one(db.admin_dsn, "SELECT status FROM tasks WHERE id = %s", worker)
+                        status = tables.status(db.admin_dsn, worker)
                         return status if status not in ("pending", "running") else None
                     status = await until(ended, "the worker's end to commit")
                     await asyncio.sleep(1.5)  # the settler had its chances (task_changed and a poll) and passed
                     unsettled = _one(db.admin_dsn, "SELECT settled_at IS NULL FROM tasks WHERE id = %s", worker)
-                    extractors_before = _one(db.admin_dsn, "SELECT count(*) FROM tasks WHERE parent_task_id = %s",
-                                             worker)
+                    extractors_before = tables.count_tasks(db.admin_dsn, parent_task_id=worker)
                     executor.send_signal(signal.SIGKILL)
                     await asyncio.to_thread(executor.wait, 30)
                     await holder.rollback()
@@ -98,17 +94,14 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                 await asyncio.to_thread(executor.wait, 60)
     assert status == "success" and unsettled is True and extractors_before == 0, log.read_text()[-3000:]
     with psycopg.connect(db.admin_dsn) as conn:
-        extractors = conn.execute("SELECT status FROM tasks WHERE parent_task_id = %s", [worker]).fetchall()
-        decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' "
-                                 "AND task_id = %s", [worker]).fetchall()
-        handoffs = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'handoff' AND task_id = %s",
-                                [worker]).fetchone()[0]  # type: ignore[index]
+        extractors = tables.tasks(conn, "status", parent_task_id=worker)
+        decisions = tables.policy_actions(conn, worker)
+        handoffs = tables.count_events(conn, "handoff", worker)
         told = conn.execute("SELECT count(*) FROM chat_queue WHERE origin = 'harness' AND text LIKE %s",
                             [f"[harness] Worker {worker}%"]).fetchone()[0]  # type: ignore[index]
-        unsettled_left = conn.execute(
-            "SELECT count(*) FROM tasks WHERE settled_at IS NULL").fetchone()[0]  # type: ignore[index]
+        unsettled_left = tables.count_tasks(conn, settled_at=None)
     assert extractors == [("success",)] and handoffs == 1
-    assert decisions == [("report",)] and told == 1
+    assert decisions == ["report"] and told == 1
     assert unsettled_left == 0
 
 
@@ -118,8 +111,8 @@ async def test_a_settlement_step_that_raises_leaves_the_end_unsettled_logged_and
     thread, turn = _thread_with_turn(db.admin_dsn)
     worker = uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, status, status_reason, ended_at) "
-                     "VALUES (%s, %s, 'worker', 'do it', 'success', 'completed', now())", [worker, turn])
+        tables.insert_task(conn, id=worker, parent_task_id=turn, brief="do it", status="success",
+                           status_reason="completed", ended_at=tables.NOW)
         # a real failure inside the step: telling the thread (its chat_queue insert) raises
         conn.execute("CREATE FUNCTION refuse_insert() RETURNS trigger LANGUAGE plpgsql AS "
                      "$$ BEGIN RAISE EXCEPTION 'chat_queue is refusing rows'; END $$")
@@ -129,30 +122,25 @@ async def test_a_settlement_step_that_raises_leaves_the_end_unsettled_logged_and
         first = await settler.settle_pending()
     failed = [e for e in logged if e["event"] == "settlement_failed"]
     left_unsettled = _one(db.admin_dsn, "SELECT settled_at IS NULL FROM tasks WHERE id = %s", worker)
-    decisions_after_failure = _one(db.admin_dsn, "SELECT count(*) FROM journal WHERE event_type = 'policy.decision'")
+    decisions_after_failure = tables.count_events(db.admin_dsn, "policy.decision")
 
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         conn.execute("DROP TRIGGER refuse ON chat_queue")
     retried = await until(settler.settle_pending, "the retry after its delay", 15)
     again = await settler.settle_pending()  # the next pass finds nothing left to do
     with psycopg.connect(db.admin_dsn) as conn:
-        decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision'"
-                                 ).fetchall()
-        told = conn.execute("SELECT text FROM chat_queue WHERE thread_id = %s AND origin = 'harness'",
-                            [thread]).fetchall()
+        decisions = tables.policy_actions(conn)
+        told = tables.rows(conn, "chat_queue", "text", thread_id=thread, origin="harness")
     assert first == 0 and left_unsettled is True and decisions_after_failure == 0
     assert retried == 1 and again == 0
     assert [(e["task_id"], e["step"], e["failures"]) for e in failed] == [(str(worker), "policy", 1)]
-    assert decisions == [("report",)] and len(told) == 1 and str(worker) in told[0][0]
+    assert decisions == ["report"] and len(told) == 1 and str(worker) in told[0][0]
 
 
 def _ended_worker(admin_dsn: str, turn: uuid.UUID, status: str = "success") -> uuid.UUID:
     """A worker the thread's turn dispatched, ended with nothing to extract: its end calls for the policy."""
-    worker = uuid.uuid4()
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, status, status_reason, ended_at) "
-                     "VALUES (%s, %s, 'worker', 'do it', %s, 'completed', now())", [worker, turn, status])
-    return worker
+    return tables.insert_task(admin_dsn, parent_task_id=turn, brief="do it", status=status, status_reason="completed",
+                              ended_at=tables.NOW)
 
 
 def _follow_ups(admin_dsn: str, worker: uuid.UUID) -> dict[str, int]:
@@ -161,12 +149,11 @@ def _follow_ups(admin_dsn: str, worker: uuid.UUID) -> dict[str, int]:
         def count(sql: str) -> int:
             return conn.execute(sql, [worker]).fetchone()[0]  # type: ignore[index, no-any-return]
         return {
-            "decisions": count("SELECT count(*) FROM journal WHERE event_type = 'policy.decision' AND task_id = %s"),
+            "decisions": tables.count_events(conn, "policy.decision", worker),
             "told": count("SELECT count(*) FROM chat_queue WHERE origin = 'harness' AND text LIKE "
                           "'[harness] Worker ' || %s::text || '%%'"),
-            "escalations": count("SELECT count(*) FROM escalations WHERE task_id = %s"),
-            "resolved": count("SELECT count(*) FROM journal WHERE event_type = 'escalation.resolved' "
-                              "AND task_id = %s"),
+            "escalations": tables.count(conn, "escalations", task_id=worker),
+            "resolved": tables.count_events(conn, "escalation.resolved", worker),
         }
 
 
@@ -234,8 +221,7 @@ async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_esc
             await http.post("/api/chat", json={"text": "hi", "thread_id": thread})
 
             async def ended_turn() -> uuid.UUID | None:
-                return _one(db.admin_dsn,  # type: ignore[no-any-return]  # a column: the driver's Any
-                            "SELECT id FROM tasks WHERE session_id = %s AND status = 'success'", thread)
+                return next((t for (t,) in tables.tasks(db.admin_dsn, "id", session_id=thread, status="success")), None)
             turn = await until(ended_turn, "the first turn")
             # dispatch checks the directory; it can vanish before the worker is claimed (a queued retry, a
             # back-off): the row as dispatch leaves it, pointing at a directory that is gone
@@ -282,13 +268,11 @@ async def test_a_worker_whose_cli_cannot_be_started_escalates_instead_of_being_r
             settled_now = await Settler(h.db.pool, SettlerConfig()).settle_pending()
             row = await h.task(worker)
     with psycopg.connect(db.admin_dsn) as conn:
-        decisions = conn.execute("SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' "
-                                 "AND task_id = %s", [worker]).fetchall()
-        retries = conn.execute("SELECT count(*) FROM tasks WHERE retry_of = %s",
-                               [worker]).fetchone()[0]  # type: ignore[index]
+        decisions = tables.policy_actions(conn, worker)
+        retries = tables.count_tasks(conn, retry_of=worker)
     assert row["status"] == "failed" and row["status_reason"].startswith("could not start")
-    assert settled_now == 1 and decisions == [("escalate",)] and retries == 0
-    assert _one(db.admin_dsn, "SELECT count(*) FROM escalations WHERE task_id = %s", worker) == 1
+    assert settled_now == 1 and decisions == ["escalate"] and retries == 0
+    assert tables.count(db.admin_dsn, "escalations", task_id=worker) == 1
 
 
 def test_the_migration_marks_ends_from_before_it_settled_so_none_is_acted_on_twice(
@@ -301,10 +285,8 @@ def test_the_migration_marks_ends_from_before_it_settled_so_none_is_acted_on_twi
             shutil.copy(m.path, before / m.path.name)
     migrate.migrate(empty_db.admin_dsn, before)
     with psycopg.connect(empty_db.admin_dsn, autocommit=True) as conn:
-        ended = conn.execute("INSERT INTO tasks (role, status, ended_at) VALUES ('worker', 'success', now()) "
-                             "RETURNING id").fetchone()[0]  # type: ignore[index]
-        running = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'running') "
-                               "RETURNING id").fetchone()[0]  # type: ignore[index]
+        ended = tables.insert_task(conn, status="success", ended_at=tables.NOW)
+        running = tables.insert_task(conn, status="running")
     shutil.copytree(migrate.migrations_dir(), after)
     migrate.migrate(empty_db.admin_dsn, after)
     with psycopg.connect(empty_db.admin_dsn) as conn:
