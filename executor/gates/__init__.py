@@ -12,7 +12,8 @@ start. docs/gates.md states these choices; tests/data/gate_corpus.tsv holds the 
 The room: verdict.py (Finding, Verdict), paths.py (path resolution), matching.py (a command against the
 tables), walker.py (the shell walker's grammar: constructs, words, redirects), shell.py (what each command
 does), classify.py (a tool call → its verdict), decide.py (allow/ask/deny, a standing rule's reach, the
-permission prompt tool's answer), tables.py (the rules, as data), rules.py (the standing-rules queue).
+permission prompt tool's answer), tables.py (the rules, as data), rules.py (the standing-rules queue),
+store.py (its rows and the permission path's reads: executor/sql/gates.sql).
 """
 
 from executor.gates.classify import classify, classify_command
@@ -35,6 +36,7 @@ from executor.gates.tables import (
     SECRETS,
 )
 from executor.gates.verdict import Finding, Verdict
+from executor.gates.store import GateRule, GateStore, GateWorkdir, NewRule
 from executor.gates.rules import CARD_PREFIX, run_rule_queue  # last: the standing-rules queue sits on the journal, not on the above
 
 __all__ = [
@@ -42,8 +44,9 @@ __all__ = [
     "classify", "classify_command", "Verdict", "Finding",
     # what happens to it
     "Mode", "Decision", "decide", "deny_message", "rule_covers", "summary", "permission_result", "CARD_PREFIX",
-    # standing rules asked for from the page: the executor's loop over their queue
-    "run_rule_queue",
+    # standing rules asked for from the page: the executor's loop over their queue; the rules' and the
+    # permission path's rows (gates.sql)
+    "run_rule_queue", "GateStore", "GateRule", "GateWorkdir", "NewRule",
     # the categories (a verdict's label names its category as people read it), most severe first
     "ALLOWED", "CATEGORIES", "PRIVILEGE", "SECRETS", "DESTRUCTIVE", "GIT_BEYOND_BRANCH",
     "CROSS_SERVICE", "NETWORK_CONFIG", "DEPENDENCY", "OUTSIDE_TREE", "OPAQUE",

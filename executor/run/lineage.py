@@ -14,10 +14,9 @@ import asyncio
 import uuid
 from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from executor.sql import queries
+from executor.run.task_store import TaskRows, TaskStore
 from shared.query import Queries, Transaction
 
 # The dispatching tool call's line and the MCP call race to the journal (the CLI prints the line, then
@@ -26,34 +25,27 @@ CALL_WAIT_S = 2.0
 CALL_POLL_S = 0.1
 
 
-async def _event_id(q: Queries | Transaction, name: str, params: dict[str, Any]) -> uuid.UUID | None:
-    """The event a query names, on a pooled connection or on the caller's (inside its transaction)."""
-    row = await q.one(name, params)
-    return row["event_id"] if row else None
-
-
 async def spawn_parent(pool: AsyncConnectionPool, task_id: uuid.UUID, parent_task_id: uuid.UUID | None, *,
                        extractor: bool) -> uuid.UUID | None:
     """The event a task's `task.spawned` hangs under (None for a root: a turn, a plain dispatch)."""
     if parent_task_id is None:
         return None
+    rows = TaskStore(pool).rows
     if extractor:  # under the run it distils
-        return await task_exit_event(pool, parent_task_id)
-    q = Queries(pool, queries)
-    dispatched = await q.one("get_dispatch_tool_use", {"id": task_id})
-    if dispatched is None or not dispatched["tool_use_id"]:
+        return await rows.exit_event(parent_task_id)
+    if not await rows.dispatch_tool_use(task_id):
         return None
     for _ in range(int(CALL_WAIT_S / CALL_POLL_S)):
-        found = await _event_id(q, "get_dispatching_call", {"id": task_id})
+        found = await rows.dispatching_call(task_id)
         if found is not None:
             return found
         await asyncio.sleep(CALL_POLL_S)
     return None
 
 
-async def task_exit_event(source: AsyncConnectionPool | AsyncConnection[Any], task_id: uuid.UUID) -> uuid.UUID | None:
-    q = Queries(source, queries) if isinstance(source, AsyncConnectionPool) else Transaction(source, queries)
-    return await _event_id(q, "get_task_exit_event", {"id": task_id})
+async def task_exit_event(run: Queries | Transaction, task_id: uuid.UUID) -> uuid.UUID | None:
+    """A task's `task.exited` event, read on `run` (the pool's Queries, or inside a caller's unit of work)."""
+    return await TaskRows(run).exit_event(task_id)
 
 
 def tool_parent(calls: dict[str, uuid.UUID], event_type: str, payload: Any, event_id: uuid.UUID) -> uuid.UUID | None:

@@ -1,5 +1,6 @@
-"""The supervisor's reads and writes of tasks, sessions, stop requests and credentials, by name, over
-`shared/query.py` (SQL in executor/sql/tasks.sql).
+"""The reads and writes of tasks, sessions, stop requests and credentials, by name, over `shared/query.py`
+(SQL in executor/sql/tasks.sql): the supervisor's (`TaskStore`, on the pool), and those run inside a
+caller's unit of work or transaction (`TaskRows`: a task's request, its lineage, an imported transcript).
 Rows come back as frozen dataclasses, each made by its `from_row` (shared.query.FromRow): the columns
 its fields name."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,8 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from executor.run.user_input import Attachment
-from executor.run.warm import Template
 from executor.sql import queries
-from shared.query import FromRow, Queries
+from shared.query import FromRow, Queries, Transaction
 from shared.sql import queries as shared_queries
 
 
@@ -61,6 +61,19 @@ class RoleProfile(FromRow):
     system_prompt: str
     allowed_tools: list[str]
     use_mcp: bool
+
+
+@dataclass(frozen=True)
+class Template(FromRow):
+    """What a thread's next turn will be spawned from: its latest turn's placement and tools (a warm process is
+    started from it: executor/run/spawn/warm_pool.py)."""
+
+    session_id: uuid.UUID
+    project_id: uuid.UUID | None
+    role: str
+    workdir: str | None
+    allowed_tools: list[str] | None
+    seen_at: datetime | None  # the latest presence report of a page showing it (None: not shown)
 
 
 @dataclass(frozen=True)
@@ -124,11 +137,134 @@ class _SandboxAllow(FromRow):
     sandbox_allow: list[str]
 
 
+@dataclass(frozen=True)
+class NewTask:
+    """A pending task's row as `insert_task` writes it (executor/settle/dispatch.py request_task builds it)."""
+
+    id: uuid.UUID
+    role: str
+    brief: str
+    project_id: uuid.UUID | None
+    session_id: uuid.UUID | None
+    parent_task_id: uuid.UUID | None
+    plan_ref: str | None
+    workdir: str | None
+    allowed_tools: list[str] | None
+    json_schema: Any  # Jsonb, or None
+    executor: str | None
+    labels: list[str]
+    attempt: int
+    retry_of: uuid.UUID | None
+    delay_s: float | None  # a repeat's wait (None: a first request waits for nothing)
+    attachment_ids: list[uuid.UUID]
+    chat: bool
+
+
+@dataclass(frozen=True)
+class AskedTask(FromRow):
+    """What a task was asked to do, where and under which limits (`get_task_request`): its repeat asks it again."""
+
+    role: str
+    brief: str
+    project_id: uuid.UUID | None
+    session_id: uuid.UUID | None
+    parent_task_id: uuid.UUID | None
+    plan_ref: str | None
+    workdir: str | None
+    allowed_tools: list[str] | None
+    json_schema: dict[str, Any] | None
+    placement_executor: str | None
+    required_labels: list[str] | None
+    attempt: int
+    attachment_ids: list[uuid.UUID] | None
+
+
+@dataclass(frozen=True)
+class AttachmentFile(FromRow):
+    """A file a task carries, without its bytes (what a worker it dispatches may be handed)."""
+
+    id: uuid.UUID
+    name: str
+    media_type: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class _Workdir(FromRow):
+    workdir: str | None
+
+
+@dataclass(frozen=True)
+class _EventId(FromRow):
+    event_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class _ToolUse(FromRow):
+    tool_use_id: str | None
+
+
+class TaskRows:
+    """tasks.sql's queries on `run`: a caller's unit of work or transaction, or the pool's Queries."""
+
+    def __init__(self, run: Queries | Transaction):
+        self.run = run
+
+    # ---- a task's request (executor/settle/dispatch.py) -------------------------------------------------
+
+    async def project_workdir(self, project_id: uuid.UUID) -> tuple[bool, str | None]:
+        """(whether the project exists, its working directory)."""
+        found = await self.run.one("get_project_workdir", {"project_id": project_id}, into=_Workdir)
+        return (found is not None, found.workdir if found else None)
+
+    async def insert(self, task: NewTask) -> bool:
+        """Insert a pending task; False when `task.retry_of` is already repeated by another run."""
+        params = {f.name: getattr(task, f.name) for f in fields(task)}
+        return await self.run.one("insert_task", params, into=_Id) is not None
+
+    async def asked(self, task_id: uuid.UUID) -> AskedTask | None:
+        return await self.run.one("get_task_request", {"id": task_id}, into=AskedTask)
+
+    async def attachment_files(self, task_id: uuid.UUID) -> list[AttachmentFile]:
+        return await self.run.all("list_task_attachment_files", {"task_id": task_id}, into=AttachmentFile)
+
+    # ---- the journal's execution tree (executor/run/lineage.py) -----------------------------------------
+
+    async def dispatch_tool_use(self, task_id: uuid.UUID) -> str | None:
+        """The tool_use_id a task's dispatch recorded (None: not dispatched by a tool call, or no record)."""
+        found = await self.run.one("get_dispatch_tool_use", {"id": task_id}, into=_ToolUse)
+        return found.tool_use_id if found else None
+
+    async def dispatching_call(self, task_id: uuid.UUID) -> uuid.UUID | None:
+        """The orchestrator's journaled line holding the tool call that dispatched the task."""
+        found = await self.run.one("get_dispatching_call", {"id": task_id}, into=_EventId)
+        return found.event_id if found else None
+
+    async def exit_event(self, task_id: uuid.UUID) -> uuid.UUID | None:
+        found = await self.run.one("get_task_exit_event", {"id": task_id}, into=_EventId)
+        return found.event_id if found else None
+
+    # ---- an imported transcript (executor/run/transcript.py) --------------------------------------------
+
+    async def insert_imported(self, *, task_id: uuid.UUID, session_id: uuid.UUID, project_id: uuid.UUID | None,
+                              role: str, brief: str, status: str, reason: str,
+                              substrate_session_id: str | None) -> None:
+        """An ended task and its session, as an import records them (settled: nothing is owed on it)."""
+        await self.run.execute("insert_session", {"id": session_id, "project_id": project_id, "role": role,
+                                                  "lifecycle": "imported"})
+        await self.run.execute("update_session", {"id": session_id, "lifecycle": "imported",
+                                                  "substrate_session_id": substrate_session_id})
+        await self.run.execute("insert_imported_task", {
+            "id": task_id, "project_id": project_id, "session_id": session_id, "role": role, "brief": brief,
+            "status": status, "reason": reason})
+
+
 class TaskStore:
     def __init__(self, pool: AsyncConnectionPool):
         self.pool = pool  # for the helpers that still take a pool (projects, lineage, worktrees)
         self.q = Queries(pool, queries)
         self.shared = Queries(pool, shared_queries)  # the queries both services run
+        self.rows = TaskRows(self.q)  # what runs in a caller's unit of work too, here each on its own
 
     # ---- claiming ------------------------------------------------------------------------------------
 

@@ -9,10 +9,9 @@ from typing import Any, TypedDict
 from psycopg_pool import AsyncConnectionPool
 
 from executor.run import stream
-from executor.sql import queries
+from executor.run.task_store import TaskRows, TaskStore
 from shared import journal
 from shared.models import NewEvent
-from shared.query import Queries
 
 
 class _Ids(TypedDict):
@@ -48,14 +47,11 @@ async def import_transcript(
                                            "substrate_session_id": facts.substrate_session_id}, **ids))
     for event_type in sorted({line.event_type for line in lines}):
         await journal.register_event_type(pool, event_type, "raw", "stream-json line type seen first in an import")
-    async with Queries(pool, queries).transaction() as tx:
-        await tx.execute("insert_session", {"id": session_id, "project_id": project_id, "role": role,
-                                            "lifecycle": "imported"})
-        await tx.execute("update_session", {"id": session_id, "lifecycle": "imported",
-                                            "substrate_session_id": facts.substrate_session_id})
-        await tx.execute("insert_imported_task", {
-            "id": task_id, "project_id": project_id, "session_id": session_id, "role": role,
-            "brief": f"imported from {path.name}", "status": outcome.status, "reason": outcome.reason})
+    async with TaskStore(pool).q.transaction() as tx:
+        await TaskRows(tx).insert_imported(
+            task_id=task_id, session_id=session_id, project_id=project_id, role=role,
+            brief=f"imported from {path.name}", status=outcome.status, reason=outcome.reason,
+            substrate_session_id=facts.substrate_session_id)
         for i in range(0, len(events), BATCH):
             await journal.append_on(tx.conn, events[i : i + BATCH])
     return {"task_id": str(task_id), "events": len(lines), "unparsed": facts.unparsed, "status": outcome.status}

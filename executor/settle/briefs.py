@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from executor.sql import queries
-from shared.query import Queries, Transaction
+from executor.settle.store import SettledWorker, SettleStore
 
 MAX_HANDOFFS = 3
 MAX_RULE_OUTS = 10
@@ -44,18 +41,24 @@ def _bounded(lines: list[str]) -> str:
 
 async def enrich(pool: AsyncConnectionPool, brief: str, *, scope: uuid.UUID, project_id: uuid.UUID | None,
                  plan_ref: str | None) -> str:
+    """`brief` with what the store already knows: the plan task's earlier handoffs, the approaches ruled out
+    in `scope` (bounded)."""
+    return await enrich_on(SettleStore.over(pool), brief, scope=scope, project_id=project_id, plan_ref=plan_ref)
+
+
+async def enrich_on(store: SettleStore, brief: str, *, scope: uuid.UUID, project_id: uuid.UUID | None,
+                    plan_ref: str | None) -> str:
+    """`enrich`, read through `store`."""
     sections = []
-    q = Queries(pool, queries)
     if project_id is not None and plan_ref:
-        handoffs = await q.all("list_plan_task_handoffs", {"project_id": project_id, "plan_ref": plan_ref,
-                                                           "limit": MAX_HANDOFFS})
-        lines = [f"- [{h['payload'].get('status', '?')}] {h['payload'].get('current_state', '')} "
-                 f"(next: {h['payload'].get('next_step', '')})" for h in handoffs]
+        handoffs = await store.plan_task_handoffs(project_id, plan_ref, MAX_HANDOFFS)
+        lines = [f"- [{h.get('status', '?')}] {h.get('current_state', '')} "
+                 f"(next: {h.get('next_step', '')})" for h in handoffs]
         if lines:
             sections.append(f"## Earlier handoffs for {plan_ref} (newest first)\n{_bounded(lines)}")
-    rule_outs = await q.all("list_scope_rule_outs", {"scope": scope, "limit": MAX_RULE_OUTS})
+    rule_outs = await store.scope_rule_outs(scope, MAX_RULE_OUTS)
     if rule_outs:
-        lines = [f"- {r['approach']} — {r['reason']}" for r in rule_outs]
+        lines = [f"- {r.approach} — {r.reason}" for r in rule_outs]
         sections.append(f"## Already ruled out here (do not retry these)\n{_bounded(lines)}")
     return "\n\n".join([brief, *sections]) if sections else brief
 
@@ -71,20 +74,18 @@ def _call_line(name: str, tool_input: Any, finished: bool) -> str:
     return f"- {name}: `{text}`" + ("" if finished else " (no result came back: it may or may not have finished)")
 
 
-async def earlier_attempt(conn: AsyncConnection[Any], attempt: Mapping[str, Any]) -> str:
-    """The section a retry's brief gets about the attempt it repeats (`attempt`: that task's row, with
-    id, attempt, status, status_reason): how it ended and the tool calls it had made, bounded. Read on the
-    settler's connection, inside its transaction."""
-    calls = await Transaction(conn, queries).all("list_attempt_tool_calls",
-                                                 {"task_id": attempt["id"], "limit": MAX_TOOL_CALLS})
-    how = "was interrupted" if attempt["status"] in INTERRUPTED else "ended"
-    head = (f"## An earlier attempt {how}\nAttempt {attempt['attempt']} of this brief {how} "
-            f"({attempt['status']}: {attempt.get('status_reason') or 'no reason recorded'}) before it finished.")
+async def earlier_attempt(store: SettleStore, attempt: SettledWorker) -> str:
+    """The section a retry's brief gets about the attempt it repeats: how it ended and the tool calls it had
+    made, bounded. Read through the settler's store, inside its unit of work."""
+    calls = await store.attempt_tool_calls(attempt.id, MAX_TOOL_CALLS)
+    how = "was interrupted" if attempt.status in INTERRUPTED else "ended"
+    head = (f"## An earlier attempt {how}\nAttempt {attempt.attempt} of this brief {how} "
+            f"({attempt.status}: {attempt.status_reason or 'no reason recorded'}) before it finished.")
     if not calls:
         return f"{head} It had made no tool calls."
-    lines = [_call_line(c["name"] or "?", c["input"], c["finished"]) for c in calls]
-    if calls[0]["total"] > len(calls):
-        lines.append(f"- … and {calls[0]['total'] - len(calls)} later calls")
+    lines = [_call_line(c.name or "?", c.input, c.finished) for c in calls]
+    if calls[0].total > len(calls):
+        lines.append(f"- … and {calls[0].total - len(calls)} later calls")
     return (f"{head} It had already made these tool calls (oldest first); their effects may already be in "
             f"place, so check before doing any of them again:\n{_bounded(lines)}")
 

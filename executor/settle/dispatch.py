@@ -18,11 +18,12 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor.sql import queries
+from executor.run.task_store import AskedTask, NewTask, TaskRows
+from executor.settle.store import SettleStore
 from shared import errors
 from shared.models import NewEvent
-from shared.query import Queries, Transaction
-from shared.work import Work, work
+from shared.query import Transaction
+from shared.work import Work
 
 # How much of a brief the `task.dispatch_requested` record carries (the row holds all of it).
 RECORD_BRIEF_CHARS = 2000
@@ -77,16 +78,28 @@ class TaskRequest:
     chat: bool = False
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> TaskRequest:
+    def from_row(cls, row: AskedTask) -> TaskRequest:
         """The request a task row records (`get_task_request`), to be asked again."""
         return cls(
-            role=row["role"], brief=row["brief"], project_id=row["project_id"], session_id=row["session_id"],
-            parent_task_id=row["parent_task_id"], plan_ref=row["plan_ref"],
-            workdir=Path(row["workdir"]) if row["workdir"] else None,
-            allowed_tools=tuple(row["allowed_tools"]) if row["allowed_tools"] is not None else None,
-            json_schema=row["json_schema"], executor=row["placement_executor"],
-            labels=tuple(row["required_labels"] or ()), attempt=row["attempt"],
-            attachment_ids=tuple(row["attachment_ids"] or ()))
+            role=row.role, brief=row.brief, project_id=row.project_id, session_id=row.session_id,
+            parent_task_id=row.parent_task_id, plan_ref=row.plan_ref,
+            workdir=Path(row.workdir) if row.workdir else None,
+            allowed_tools=tuple(row.allowed_tools) if row.allowed_tools is not None else None,
+            json_schema=row.json_schema, executor=row.placement_executor,
+            labels=tuple(row.required_labels or ()), attempt=row.attempt,
+            attachment_ids=tuple(row.attachment_ids or ()))
+
+    def new_task(self) -> NewTask:
+        """The pending row `insert_task` writes for it."""
+        return NewTask(
+            id=self.id, project_id=self.project_id, session_id=self.session_id, parent_task_id=self.parent_task_id,
+            role=self.role, brief=self.brief, plan_ref=self.plan_ref,
+            workdir=str(self.workdir) if self.workdir else None,
+            allowed_tools=list(self.allowed_tools) if self.allowed_tools is not None else None,
+            json_schema=Jsonb(dict(self.json_schema)) if self.json_schema is not None else None,
+            executor=self.executor, labels=list(self.labels), attempt=self.attempt, retry_of=self.retry_of,
+            delay_s=self.delay_s if self.retry_of is not None else None, attachment_ids=list(self.attachment_ids),
+            chat=self.chat)
 
     def dispatch_record(self) -> NewEvent:
         """Its `task.dispatch_requested` record."""
@@ -115,23 +128,15 @@ async def request_task(work: Work, request: TaskRequest) -> uuid.UUID:
     """
     if not request.brief.strip():
         raise DispatchRefused("a task needs a non-empty brief")
+    tasks = TaskRows(work)
     if request.project_workdir and request.workdir is None and request.project_id is not None:
-        row = await work.one("get_project_workdir", {"project_id": request.project_id})
-        if row is None:
+        found, workdir = await tasks.project_workdir(request.project_id)
+        if not found:
             raise DispatchRefused(f"no project {request.project_id}")
-        request = replace(request, workdir=Path(row["workdir"]) if row["workdir"] else None)
+        request = replace(request, workdir=Path(workdir) if workdir else None)
     if request.retry_of is None and request.workdir is not None and not request.workdir.is_dir():
         raise DispatchRefused(f"working directory {request.workdir} does not exist")
-    inserted = await work.one("insert_task", {
-        "id": request.id, "project_id": request.project_id, "session_id": request.session_id,
-        "parent_task_id": request.parent_task_id, "role": request.role, "brief": request.brief,
-        "plan_ref": request.plan_ref, "workdir": str(request.workdir) if request.workdir else None,
-        "allowed_tools": list(request.allowed_tools) if request.allowed_tools is not None else None,
-        "json_schema": Jsonb(dict(request.json_schema)) if request.json_schema is not None else None,
-        "executor": request.executor, "labels": list(request.labels), "attempt": request.attempt,
-        "retry_of": request.retry_of, "delay_s": request.delay_s if request.retry_of is not None else None,
-        "attachment_ids": list(request.attachment_ids), "chat": request.chat})
-    if inserted is None:
+    if not await tasks.insert(request.new_task()):
         raise AlreadyRepeated(f"task {request.retry_of} is already run again")
     work.emit(request.dispatch_record())
     return request.id
@@ -146,7 +151,7 @@ async def retry_request(tx: Transaction, task_id: uuid.UUID, *, requested_by: st
     Raises:
         DispatchRefused: there is no such task.
     """
-    row = await tx.one("get_task_request", {"id": task_id})
+    row = await TaskRows(tx).asked(task_id)
     if row is None:
         raise DispatchRefused(f"no task {task_id}")
     prior = TaskRequest.from_row(row)
@@ -162,5 +167,5 @@ async def request(pool: AsyncConnectionPool, asked: TaskRequest) -> uuid.UUID:
     Raises:
         DispatchRefused: as `request_task`.
     """
-    async with work(Queries(pool, queries)) as unit:
+    async with SettleStore.over(pool).work() as (_, unit):
         return await request_task(unit, asked)

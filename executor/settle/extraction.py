@@ -1,11 +1,14 @@
-"""The derived layer's write path: an extractor run per finished worker, and the validation gate.
+"""The derived layer's write path: an extractor run per finished worker, and the validation of its output.
 
 The extractor is an ordinary task (role `extractor`, parent = the worker's task), journaled like any
 other. It runs with `--json-schema`: the CLI then offers a StructuredOutput tool, checks the call's
 input against the schema and lets the model correct itself within the run, and hands the object back
 as `result.structured_output` — so no prose has to be parsed. That key is absent when the model never
-produced a valid object: an extraction failure. The gate then validates the object again, here, with
+produced a valid object: an extraction failure. `validate` then checks the object again, here, with
 jsonschema (the conclusion is checked by our code, not taken on the CLI's or the model's word).
+
+Both are settle steps: they take the settler's unit of work (shared/work.py) and read and write through the
+settle store (executor/settle/store.py), so what they record commits with the end's settlement.
 """
 
 from __future__ import annotations
@@ -15,17 +18,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from executor.projects import worktrees
 from executor.run import lineage
 from executor.settle import dispatch, policy
-from executor.sql import queries
+from executor.settle.store import Ended, JournalLine, SettleStore
 from shared import contract, logs
 from shared.models import ContractField, NewEvent
-from shared.query import Queries, Transaction
-from shared.work import Work, work
+from shared.work import Work
 
 log = logs.get(__name__)
 
@@ -34,15 +35,15 @@ MAX_MESSAGES = 6
 MAX_MESSAGE_CHARS = 4_000
 
 
-def _texts(rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
+def _texts(rows: list[JournalLine]) -> tuple[str, list[str]]:
     """(final result text, last assistant texts oldest first) from newest-first journal rows."""
-    result = next((r["payload"].get("result") for r in rows
-                   if r["event_type"] == "stream.result" and isinstance(r["payload"].get("result"), str)), "")
+    result = next((r.payload["result"] for r in rows
+                   if r.event_type == "stream.result" and isinstance(r.payload.get("result"), str)), "")
     messages = []
     for r in rows:
-        if r["event_type"] != "stream.assistant":
+        if r.event_type != "stream.assistant":
             continue
-        blocks = (r["payload"].get("message") or {}).get("content") or []
+        blocks = (r.payload.get("message") or {}).get("content") or []
         text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
         if text.strip():
             messages.append(text[:MAX_MESSAGE_CHARS])
@@ -68,7 +69,7 @@ async def request(pool: AsyncConnectionPool, worker_id: uuid.UUID, *, requested_
     Raises:
         DispatchRefused: there is no such task.
     """
-    async with work(Queries(pool, queries)) as unit:
+    async with SettleStore.over(pool).work() as (_, unit):
         return await request_on(unit, worker_id, requested_by=requested_by)
 
 
@@ -79,21 +80,22 @@ async def request_on(unit: Work, worker_id: uuid.UUID, *, requested_by: str = "e
     Raises:
         DispatchRefused: there is no such task.
     """
-    worker = await unit.one("get_extraction_source", {"id": worker_id})
+    store = SettleStore(unit)
+    worker = await store.extraction_source(worker_id)
     if worker is None:
         raise dispatch.DispatchRefused(f"no task {worker_id}")
     version, fields = await contract.active_on(unit.conn)
     schema = {**contract.schema_for(fields), "$comment": f"petal-dispatch contract version {version}"}
-    result, messages = _texts(await unit.all("list_worker_texts", {"id": worker_id, "limit": 40}))
+    result, messages = _texts(await store.worker_texts(worker_id, 40))
     return await dispatch.request_task(unit, dispatch.TaskRequest(
-        "extractor", prompt(worker["brief"], result, messages, fields), project_id=worker["project_id"],
-        parent_task_id=worker_id, plan_ref=worker["plan_ref"], json_schema=schema, requested_by=requested_by))
+        "extractor", prompt(worker.brief, result, messages, fields), project_id=worker.project_id,
+        parent_task_id=worker_id, plan_ref=worker.plan_ref, json_schema=schema, requested_by=requested_by))
 
 
-def _complaints(rows: list[dict[str, Any]]) -> list[str]:
+def _complaints(payloads: list[dict[str, Any]]) -> list[str]:
     out = []
-    for r in rows:
-        content = (r["payload"].get("message") or {}).get("content")
+    for payload in payloads:
+        content = (payload.get("message") or {}).get("content")
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("is_error"):
                 text = block.get("content")
@@ -102,7 +104,7 @@ def _complaints(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def verdict(schema: dict[str, Any], structured: Any, ended: str, complaints: list[str]) -> list[str]:
-    """Why the extractor's output fails the gate (empty when it passes). `ended` says how its run ended,
+    """Why the extractor's output fails validation (empty when it passes). `ended` says how its run ended,
     `complaints` what the CLI told it about its StructuredOutput calls (pure; no I/O)."""
     if structured is None:
         return ([f"the extractor returned no structured output (its run ended {ended})"]
@@ -130,53 +132,48 @@ def handoff_of(structured: dict[str, Any], worker_status: str, denials: list[Any
 
 
 @dataclass(frozen=True)
-class Gated:
-    """What the gate concluded about a worker's run: the record it stored and the events to journal."""
+class Validated:
+    """What validation concluded about a worker's run: the record it stored (its events are in the unit)."""
 
     worker_id: uuid.UUID
     record_type: str  # handoff or handoff.extraction_failed
     payload: dict[str, Any]
-    events: list[NewEvent]
 
 
-async def gate_on(conn: psycopg.AsyncConnection, extractor: dict[str, Any]) -> Gated | None:
-    """Validate an ended extractor's output inside the caller's transaction; mark its worker
-    extraction_failed when it fails. `extractor` is its task row (id, status, status_reason,
-    parent_task_id, json_schema). None when the worker is gone."""
-    tx = Transaction(conn, queries)
-    worker = await tx.one("get_extraction_source", {"id": extractor["parent_task_id"]})
+async def validate(unit: Work, extractor: Ended) -> Validated | None:
+    """Validate an ended extractor's output in `unit`, emitting the handoff (or its failure) into it; mark its
+    worker extraction_failed when it fails. None when the worker is gone."""
+    store = SettleStore(unit)
+    assert extractor.parent_task_id is not None and extractor.json_schema is not None  # an extractor's end
+    worker = await store.extraction_source(extractor.parent_task_id)
     if worker is None:
-        log.error("extraction_without_worker", extractor=str(extractor["id"]))
+        log.error("extraction_without_worker", extractor=str(extractor.id))
         return None
-    schema = extractor["json_schema"]
-    result = await tx.one("get_task_result", {"id": extractor["id"]})
-    structured = ((result or {}).get("payload") or {}).get("structured_output")
-    complaints = [] if structured is not None else _complaints(
-        await tx.all("list_schema_complaints", {"id": extractor["id"]}))
-    errors = verdict(schema, structured, f"{extractor['status']}: {extractor['status_reason']}", complaints)
-    seqs = await tx.one("get_raw_seq_range", {"id": worker["id"]})
-    first, last = (seqs["min"], seqs["max"]) if seqs else (None, None)
-    common = {"worker_task_id": str(worker["id"]), "extractor_task_id": str(extractor["id"]),
+    schema = extractor.json_schema
+    structured = ((await store.task_result(extractor.id)) or {}).get("structured_output")
+    complaints = [] if structured is not None else _complaints(await store.schema_complaints(extractor.id))
+    errors = verdict(schema, structured, f"{extractor.status}: {extractor.status_reason}", complaints)
+    first, last = await store.raw_seq_range(worker.id)
+    common = {"worker_task_id": str(worker.id), "extractor_task_id": str(extractor.id),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}
-    ids = {"task_id": worker["id"], "session_id": worker["session_id"], "project_id": worker["project_id"],
-           # under the extraction run that produced it (see executor/run/lineage.py)
-           "parent_id": await lineage.task_exit_event(conn, extractor["id"])}
+    ids: dict[str, Any] = {"task_id": worker.id, "session_id": worker.session_id, "project_id": worker.project_id,
+                           # under the extraction run that produced it (see executor/run/lineage.py)
+                           "parent_id": await lineage.task_exit_event(unit, extractor.id)}
     if errors:
-        await tx.execute("mark_extraction_failed", {"id": worker["id"], "reason": errors[0][:200]})
-        log.info("extraction_failed", worker=str(worker["id"]), errors=errors[:3])
-        return Gated(worker["id"], "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors},
-                     [NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids)])
+        await store.mark_extraction_failed(worker.id, errors[0][:200])
+        log.info("extraction_failed", worker=str(worker.id), errors=errors[:3])
+        unit.emit(NewEvent("handoff.extraction_failed", {"errors": errors, **common}, tier="derived", **ids))
+        return Validated(worker.id, "handoff.extraction_failed", {"status": "extraction_failed", "errors": errors})
     assert isinstance(structured, dict)  # the verdict passed it
-    status = worker["status"]
+    status = worker.status
     if status == "extraction_failed":  # a re-extraction passed: the worker's own end counts again
-        restored = await tx.one("restore_exit_status", {"id": worker["id"]})
-        status = restored["status"] if restored else status
+        status = await store.restore_exit_status(worker.id) or status
     # the gate evidence comes from the harness's and the exit's records, not the model
-    denials = await tx.one("get_exit_denials", {"id": worker["id"]}) or {}
-    handoff = handoff_of(structured, status, denials.get("denials") or [], denials.get("workdir"),
-                         denials.get("decided"))
-    recorded = await worktrees.artifacts(conn, worker["id"])  # a project worker's changes, as code recorded them
+    denials = await store.exit_denials(worker.id)
+    handoff = handoff_of(structured, status, (denials.denials if denials else None) or [],
+                         denials.workdir if denials else None, denials.decided if denials else None)
+    recorded = await worktrees.artifacts(unit.conn, worker.id)  # a project worker's changes, as code recorded them
     if recorded:
         handoff["artifacts"] = [*(handoff.get("artifacts") or []), *recorded]
-    return Gated(worker["id"], "handoff", handoff,
-                 [NewEvent("handoff", {**handoff, **common}, tier="derived", **ids)])
+    unit.emit(NewEvent("handoff", {**handoff, **common}, tier="derived", **ids))
+    return Validated(worker.id, "handoff", handoff)

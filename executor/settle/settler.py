@@ -2,13 +2,13 @@
 store, not by callbacks. It owns every follow-up of a worker's end:
 
 - an end: a project worker's changes recorded (executor/settle/changes.py), then the step its end calls
-  for, decided by a pure function (`route`): extraction, the gate, the policy, a thread's turn boundary;
-- an answered escalation carried out (executor/settle/settlement.py);
+  for, decided by a pure function (`route`): extraction, its validation, the policy, a thread's turn boundary;
+- an answered escalation carried out (executor/settle/escalations.py);
 - an answered approval carried out, and a late answer sent to its thread (executor/settle/approvals.py).
 
 Each is claimed with `FOR UPDATE SKIP LOCKED` and writes its rows, its journal records and its marker
 (`settled_at` and `changes_recorded_at`; the escalation's, approval's or late answer's own row) in ONE
-transaction. A step that must start something (an extractor run, a retry) inserts the task row in that
+unit of work (shared/work.py): every step takes it, writes through the stores and emits its records into it. A step that must start something (an extractor run, a retry) inserts the task row in that
 transaction and the supervisor claims it. So an executor that dies between an end and its settlement
 settles it after the restart, exactly once; a step that raises rolls back, is logged, and is retried with a
 growing delay — never lost.
@@ -20,24 +20,19 @@ and everything on the poll.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT
-from executor.settle import approvals, changes, extraction, settlement
-from executor.sql import queries
-from shared import consume, database, journal, logs
+from executor.settle import approvals, changes, escalations, extraction
+from executor.settle.store import Ended, SettleStore
+from shared import consume, database, logs
 from shared.listener import Subscription
-from shared.models import NewEvent
-from shared.query import Queries
 from shared.work import Work
 
 log = logs.get(__name__)
@@ -48,7 +43,7 @@ PARKED = PARKED_LIMIT  # a run parked on the user that the supervisor ended (its
 
 @dataclass(frozen=True)
 class SettlerConfig:
-    # whether finished workers are extracted and gated (off, an end is only marked settled)
+    # whether finished workers are extracted and their extraction validated (off, an end is only marked settled)
     extract: bool = True
     backoff_base_s: float = 30.0
     # backstop for task_ended notifications lost while the LISTEN connection was down
@@ -61,47 +56,13 @@ class SettlerConfig:
 
 
 class Step(enum.StrEnum):
-    GATE = "gate"  # an extractor ended: validate its output, store the handoff or the failure, apply the policy
+    VALIDATE = "validate"  # an extractor ended: validate its output, store the handoff or the failure, apply the policy
     EXTRACT = "extract"  # a worker with output ended: start its extractor (the policy waits for the handoff)
     POLICY = "policy"  # a thread's worker ended with nothing to extract: apply the policy to the end itself
     TELL_THREAD = "tell_thread"  # an orchestrator turn ended: the thread delivers what waited for the boundary
     RERUN_TURN = "rerun_turn"  # a turn cut off by the executor's shutdown: run its messages again
     TURN_FAILED = "turn_failed"  # a turn ended otherwise: record it in the chat and apply the turns' policy
     NOTHING = "nothing"  # nobody acts on this end; it stays visible
-
-
-@dataclass(frozen=True)
-class Ended:
-    """An ended task as settlement sees it, read from the store."""
-
-    id: uuid.UUID
-    role: str
-    status: str
-    status_reason: str | None
-    parent_task_id: uuid.UUID | None = None
-    json_schema: dict[str, Any] | None = None
-    extract_on_exit: bool = False
-    thread_turn: bool = False  # one of a thread's orchestrator turns
-    thread_id: uuid.UUID | None = None  # the thread whose turn dispatched it
-    exited: dict[str, Any] | None = None  # its task.exited record (None: reconciled, or cancelled while pending)
-    changes_due: bool = False  # a project worker's branch whose changes are not recorded yet
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Ended:
-        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
-
-    @property
-    def is_extractor(self) -> bool:
-        return self.json_schema is not None and self.parent_task_id is not None
-
-    @property
-    def printed(self) -> bool:
-        """Whether its run printed anything (an end with no output has nothing to extract)."""
-        return bool((self.exited or {}).get("lines"))
-
-    @property
-    def started(self) -> bool:
-        return (self.exited or {}).get("spawned", True) is not False
 
 
 def route(ended: Ended, *, extract: bool) -> Step:
@@ -117,7 +78,7 @@ def route(ended: Ended, *, extract: bool) -> Step:
     if not extract:
         return Step.NOTHING
     if ended.is_extractor:
-        return Step.GATE
+        return Step.VALIDATE
     if ended.extract_on_exit and ended.printed:
         return Step.EXTRACT
     if ended.thread_id is not None:
@@ -133,10 +94,9 @@ def retry_delay(failures: int, base_s: float, cap_s: float) -> float:
 class Settler:
     def __init__(self, pool: AsyncConnectionPool, config: SettlerConfig, on_settled: Callable[[], None] = lambda: None):
         self.pool = pool
-        self.q = Queries(pool, queries)
+        self.store = SettleStore.over(pool)
         self.config = config
-        self.on_settled = on_settled  # the threads loop: a turn boundary or a harness message waits for it
-        self.escalations = settlement.Settlement(pool)
+        self.on_settled = on_settled  # the threads loop: a turn boundary or a note to the orchestrator waits for it
         # task id → (failures in a row, monotonic time of the next try); memory only, the store keeps the work
         self._failures: dict[uuid.UUID, tuple[int, float]] = {}
 
@@ -171,7 +131,13 @@ class Settler:
             settled += ok
 
     async def apply_escalations(self) -> int:
-        return self._told(await self.escalations.apply_escalations())
+        """Carry out one batch of answered escalations, each once (claimed, acted on and resolved in one unit
+        of work); how many were acted on."""
+        async with self.store.work() as (store, unit):
+            rows = await store.answered_escalations()
+            for row in rows:
+                await escalations.act_on_answer(unit, row)
+        return self._told(len(rows))
 
     async def apply_approvals(self) -> int:
         return self._told(await approvals.apply_answered(self.pool))
@@ -181,36 +147,29 @@ class Settler:
 
     async def record_leftover_changes(self) -> bool:
         """Record the changes of one end settled without them; whether there was one."""
-        async with self.q.transaction() as tx:
-            row = await tx.one("claim_unrecorded_changes")
-            if row is None:
+        async with self.store.work() as (store, unit):
+            task_id = await store.claim_unrecorded_changes()
+            if task_id is None:
                 return False
-            events = await changes.record_on(tx.conn, row["id"], keep_worktree=self.config.keep_worktrees)
-            if events:
-                await journal.append_on(tx.conn, events)
+            await changes.record(unit, task_id, keep_worktree=self.config.keep_worktrees)
         return True
 
     def _told(self, acted: int) -> int:
         if acted:
-            self.on_settled()  # the harness messages it enqueued wait for a turn boundary
+            self.on_settled()  # the notes it queued for orchestrators wait for a turn boundary
         return acted
 
     async def _settle_one(self, skip: list[uuid.UUID]) -> tuple[uuid.UUID, bool] | None:
         ended: Ended | None = None
         step = Step.NOTHING
         try:
-            async with self.q.transaction() as tx:
-                ended = await tx.one("claim_unsettled_task", {"skip": skip}, into=Ended)
+            # the unit appends its records last: the journal head stays locked only until the commit
+            async with self.store.work() as (store, unit):
+                ended = await store.claim_unsettled(skip)
                 if ended is None:
                     return None
                 step = route(ended, extract=self.config.extract)
-                # first: an extractor's gate reads the changes for the handoff's artifacts
-                events = await changes.record_on(tx.conn, ended.id, keep_worktree=self.config.keep_worktrees) \
-                    if ended.changes_due else []
-                events += await self._carry_out(tx.conn, ended, step)
-                await tx.execute("mark_task_settled", {"id": ended.id})
-                if events:  # last: the journal head stays locked until the commit
-                    await journal.append_on(tx.conn, events)
+                await self.settle(unit, ended, step)
         except Exception:
             if ended is None:
                 raise  # the claim itself failed: the pass fails and the loop retries
@@ -227,29 +186,29 @@ class Settler:
             self.on_settled()
         return ended.id, True
 
-    async def _carry_out(self, conn: AsyncConnection[Any], ended: Ended, step: Step) -> list[NewEvent]:
-        if step is Step.GATE:
-            gated = await extraction.gate_on(conn, {"id": ended.id, "status": ended.status,
-                                                    "status_reason": ended.status_reason,
-                                                    "parent_task_id": ended.parent_task_id,
-                                                    "json_schema": ended.json_schema})
-            if gated is None:
-                return []
-            return [*gated.events, *await settlement.apply_policy(
-                conn, gated.worker_id, gated.record_type, gated.payload, backoff_base_s=self.config.backoff_base_s)]
-        if step is Step.EXTRACT:
-            unit = Work(conn, queries)
+    async def settle(self, unit: Work, ended: Ended, step: Step) -> None:
+        """Settle a claimed end in `unit`: its changes recorded (first: validation reads them for the handoff's
+        artifacts), the step carried out, the end marked settled."""
+        if ended.changes_due:
+            await changes.record(unit, ended.id, keep_worktree=self.config.keep_worktrees)
+        await self._carry_out(unit, ended, step)
+        await SettleStore(unit).mark_settled(ended.id)
+
+    async def _carry_out(self, unit: Work, ended: Ended, step: Step) -> None:
+        backoff = self.config.backoff_base_s
+        if step is Step.VALIDATE:
+            validated = await extraction.validate(unit, ended)
+            if validated is not None:
+                await escalations.apply_policy(unit, validated.worker_id, validated.record_type, validated.payload,
+                                               backoff_base_s=backoff)
+        elif step is Step.EXTRACT:
             await extraction.request_on(unit, ended.id)
-            return unit.take()
-        if step is Step.POLICY:
-            return await settlement.apply_policy(
-                conn, ended.id, "task.exited", {"status": ended.status, "reason": ended.status_reason},
-                backoff_base_s=self.config.backoff_base_s, started=ended.started)
-        if step is Step.RERUN_TURN:
-            _, events = await settlement.rerun_turn(conn, ended.id, requested_by="settler",
-                                                    reason=ended.status_reason)
-            return events
-        if step is Step.TURN_FAILED:
-            return await settlement.apply_turn_policy(conn, ended.id, backoff_base_s=self.config.backoff_base_s,
-                                                      started=ended.started)
-        return []  # TELL_THREAD: nothing to write; the threads loop reads the boundary from the store
+        elif step is Step.POLICY:
+            await escalations.apply_policy(unit, ended.id, "task.exited",
+                                           {"status": ended.status, "reason": ended.status_reason},
+                                           backoff_base_s=backoff, started=ended.started)
+        elif step is Step.RERUN_TURN:
+            await escalations.rerun_turn(unit, ended.id, requested_by="settler", reason=ended.status_reason)
+        elif step is Step.TURN_FAILED:
+            await escalations.apply_turn_policy(unit, ended.id, backoff_base_s=backoff, started=ended.started)
+        # TELL_THREAD, NOTHING: nothing to write; the threads loop reads the boundary from the store

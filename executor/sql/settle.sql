@@ -170,7 +170,7 @@ WHERE task_id = %(task_id)s AND status = 'open'
 RETURNING id, question_id
 
 -- name: restore_exit_status --
--- A re-extraction passed the gate: the worker's status is its exit-derived one again (extraction_failed
+-- A re-extraction passed validation: the worker's status is its exit-derived one again (extraction_failed
 -- only ever replaced a `success`).
 UPDATE tasks t SET status = j.payload ->> 'status', status_reason = j.payload ->> 'reason'
 FROM (SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'task.exited'
@@ -238,10 +238,13 @@ SELECT min(seq), max(seq) FROM journal WHERE task_id = %(id)s AND tier = 'raw'
 SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.user' ORDER BY seq
 
 -- name: mark_extraction_failed --
+-- (the reason's 'validation gate: ' prefix is what stored rows say: kept as written)
 UPDATE tasks SET status = 'extraction_failed', status_reason = 'validation gate: ' || %(reason)s
 WHERE id = %(id)s AND status = 'success'
 
--- name: enqueue_harness_message --
+-- name: enqueue_orchestrator_note --
+-- A note to a thread's orchestrator (a worker's end, an approval's or escalation's outcome, a late answer),
+-- queued in its chat: its next turn carries it (origin 'harness', journaled `thread.harness_message`).
 INSERT INTO chat_queue (thread_id, text, origin) VALUES (%(thread_id)s, %(text)s, 'harness') RETURNING id
 
 -- name: enqueue_turn_retry --

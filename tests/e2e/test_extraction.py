@@ -15,6 +15,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from executor.settle import extraction
+from executor.settle.store import Ended, SettleStore
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import contract, journal, read_surface
 from shared.models import Event, NewEvent
@@ -112,11 +113,10 @@ async def test_the_gate_validates_by_itself_whatever_the_cli_let_through(pool: A
     await journal.append(pool, [NewEvent("stream.result", {
         "type": "result", "is_error": False, "structured_output": {**HANDOFF, "ruled_out": "not a list"}},
         task_id=ex)])
-    async with pool.connection() as aconn, aconn.transaction():
-        gated = await extraction.gate_on(aconn, {"id": ex, "status": "success", "status_reason": "completed",
-                                                "parent_task_id": worker, "json_schema": schema})
-        assert gated is not None
-        await journal.append_on(aconn, gated.events)
+    async with SettleStore.over(pool).work() as (_, unit):
+        gated = await extraction.validate(unit, Ended(ex, "extractor", "success", "completed", parent_task_id=worker,
+                                                      json_schema=schema))
+        assert gated is not None  # its records are appended with the unit
     with psycopg.connect(db.admin_dsn) as conn:
         status = conn.execute("SELECT status FROM tasks WHERE id = %s", [worker]).fetchone()[0]  # type: ignore[index]
         errors = conn.execute("SELECT payload->'errors' FROM journal WHERE event_type = 'handoff.extraction_failed'"

@@ -9,10 +9,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
-from executor.settle.settler import Ended, Settler, SettlerConfig, Step, retry_delay, route
+from executor.settle.settler import Settler, SettlerConfig, Step, retry_delay, route
+from executor.settle.store import Ended
 from executor.settle.threads import Threads
 from shared import consume
-from shared.listener import Notification
 
 THREAD = uuid.uuid4()
 SCHEMA = {"type": "object"}
@@ -31,8 +31,8 @@ def ended(**kw: Any) -> Ended:
     (ended(thread_id=THREAD, exited=None, status="crashed"), Step.POLICY),  # reconciled: no exit record
     (ended(thread_id=THREAD, exited={"lines": 0}), Step.POLICY),
     (ended(exited={"lines": 0}), Step.NOTHING),  # dispatched by hand, nothing to extract: nobody acts
-    (ended(role="extractor", extract_on_exit=False, parent_task_id=uuid.uuid4(), json_schema=SCHEMA), Step.GATE),
-    (ended(role="extractor", extract_on_exit=False, json_schema=SCHEMA), Step.NOTHING),  # no worker to gate for
+    (ended(role="extractor", extract_on_exit=False, parent_task_id=uuid.uuid4(), json_schema=SCHEMA), Step.VALIDATE),
+    (ended(role="extractor", extract_on_exit=False, json_schema=SCHEMA), Step.NOTHING),  # no worker to validate for
     (ended(role="orchestrator", extract_on_exit=False, thread_turn=True), Step.TELL_THREAD),
     (ended(role="orchestrator", extract_on_exit=False, thread_turn=True, status="crashed", exited=None),
      Step.TURN_FAILED),  # a failed turn is recorded in the chat and goes through the turns' policy
@@ -76,8 +76,7 @@ def test_an_end_is_read_from_a_claimed_row() -> None:
 
 
 def _woken(by_channel: dict[str, list[consume.Pass]], *channels: str) -> list[str]:
-    notes = [Notification(c, "1") if c else None for c in channels]
-    return [consume._name(p) for p in consume.due_passes(notes, by_channel)]
+    return [consume._name(p) for p in consume.due_passes([c or None for c in channels], by_channel)]
 
 
 async def test_the_settler_takes_ends_on_task_ended_and_the_answers_it_acts_on_on_question_settle() -> None:

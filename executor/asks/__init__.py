@@ -6,7 +6,9 @@ One implementation for every question:
   approval cards (executor/harness/permission.py);
 - `post` records a question inside the caller's transaction and returns its `question.asked` record,
   without a wait: a dispatch awaiting approval (executor/settle/approvals.py) and the policy's
-  escalations (executor/settle/settlement.py), whose answers are carried out from the store later.
+  escalations (executor/settle/escalations.py), whose answers are carried out from the store later.
+
+Its rows are read and written through `AskStore` (executor/asks/store.py, SQL in executor/sql/asks.sql).
 
 A task's activity (awaiting_user while a question waits) is written through `TaskStore.save_activity`,
 the one writer of `tasks.activity`.
@@ -22,8 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from psycopg.types.json import Jsonb
-
+from executor.asks.store import AskStore, Question
 from executor.journal.writer import JournalWriter
 from executor.run.caller import Caller
 from executor.run.task_store import TaskStore
@@ -79,10 +80,10 @@ class Answer:
     answered_by: str | None = None  # who answered (the ingress's request identity); None: not the user
 
 
-def honoured(row: dict[str, Any]) -> bool:
+def honoured(status: str, answered_by: str | None) -> bool:
     """An answered row counts as the user's only when it carries who answered (written by the ingress, or
     from a chat message the ingress queued); a cancellation needs no mark (it approves nothing)."""
-    return row["status"] != "answered" or bool(row.get("answered_by"))
+    return status != "answered" or bool(answered_by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +105,10 @@ async def post(run: Queries | Transaction, questions: list[dict[str, Any]], *, t
                task_id: uuid.UUID | None, session_id: uuid.UUID | None, project_id: uuid.UUID | None = None,
                asked_by: str = "harness", **facts: Any) -> Posted | None:
     """Record a question (in `run`'s transaction, if it is one); None if `tool_use_id` was asked already."""
-    row = await run.one("insert_question", {"tool_use_id": tool_use_id, "session_id": session_id,
-                                            "task_id": task_id, "questions": Jsonb(questions),
-                                            "asked_by": asked_by})
-    if row is None:
+    qid = await AskStore(run).insert(questions, tool_use_id=tool_use_id, session_id=session_id, task_id=task_id,
+                                     asked_by=asked_by)
+    if qid is None:
         return None
-    qid: uuid.UUID = row["id"]
     return Posted(qid, asked(qid, questions, tool_use_id=tool_use_id, task_id=task_id, session_id=session_id,
                              project_id=project_id, asked_by=asked_by, **facts))
 
@@ -120,6 +119,7 @@ class Asks:
     def __init__(self, q: Queries, writer: JournalWriter, listener: Listener, timeout_s: float,
                  progress_interval_s: float = PROGRESS_INTERVAL_S, reask_window_s: float = REASK_WINDOW_S):
         self.q = q
+        self.store = AskStore(q)
         self.reask_window_s = reask_window_s
         self.writer = writer
         self.listener = listener
@@ -147,9 +147,9 @@ class Asks:
                 posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
                                     session_id=caller.session_id, asked_by=asked_by)
             if posted is None:  # the same tool call again (a client retry): wait on the first row
-                row = await self.q.one("get_question_by_tool_use_id", {"tool_use_id": tool_use_id})
-                assert row is not None
-                posted = Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=task_id,
+                first = await self.store.by_tool_use_id(tool_use_id)
+                assert first is not None
+                posted = Posted(first, asked(first, questions, tool_use_id=tool_use_id, task_id=task_id,
                                                  session_id=caller.session_id, asked_by=asked_by))
             qid = posted.id
             # the last answer's record and "running" first (_afterwards), then this question's
@@ -164,8 +164,7 @@ class Asks:
                 # supervisor marked it late as it ended a parked process: its answer goes to the thread)
                 if not joined:  # a joined row is its first asker's to close
                     with contextlib.suppress(Exception):
-                        await asyncio.shield(self.q.one("close_abandoned_question",
-                                                        {"id": qid, "response": WENT_AWAY}))
+                        await asyncio.shield(self.store.close_abandoned(qid, WENT_AWAY))
                 await self._afterwards(task_id, None)
                 raise
         response = final.response
@@ -219,15 +218,13 @@ class Asks:
                      asked_by: str) -> Posted | None:
         """The row these questions already have, when a re-run turn (or the same session, its first asker
         gone) asks them again: a second pending row is never added (executor/sql/asks.sql)."""
-        row = await self.q.one("take_asked_question", {
-            "questions": Jsonb(questions), "asked_by": asked_by, "session_id": caller.session_id,
-            "task_id": caller.task_id})
+        row = await self.store.take_asked(questions, asked_by=asked_by, session_id=caller.session_id,
+                                          task_id=caller.task_id)
         if row is None:
             return None
-        log.info("question_reasked", question_id=str(row["id"]), status=row["status"], tool_use_id=tool_use_id)
-        return Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id, task_id=caller.task_id,
-                                       session_id=caller.session_id, asked_by=asked_by,
-                                       reasked_from=row["tool_use_id"]))
+        log.info("question_reasked", question_id=str(row.id), status=row.status, tool_use_id=tool_use_id)
+        return Posted(row.id, asked(row.id, questions, tool_use_id=tool_use_id, task_id=caller.task_id,
+                                    session_id=caller.session_id, asked_by=asked_by, reasked_from=row.tool_use_id))
 
     async def _once_per_thread(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller,
                                asked_by: str) -> tuple[Answer | bool, Posted | None]:
@@ -238,69 +235,70 @@ class Asks:
         the window, answers this call at once (an Answer, nothing asked); else a new row (False)."""
         assert caller.thread_id is not None
         async with self.q.transaction() as tx:
-            await tx.one("lock_thread_questions", {"thread_id": caller.thread_id})
-            row = await tx.one("get_thread_repeat", {"thread_id": caller.thread_id, "questions": Jsonb(questions),
-                                                     "asked_by": asked_by, "window_s": self.reask_window_s})
+            store = AskStore(tx)
+            await store.lock_thread(caller.thread_id)
+            row = await store.thread_repeat(caller.thread_id, questions, asked_by=asked_by,
+                                            window_s=self.reask_window_s)
             if row is None:
                 posted = await post(tx, questions, tool_use_id=tool_use_id, task_id=caller.task_id,
                                     session_id=caller.session_id, asked_by=asked_by)
                 return False, posted
-            if row["status"] == "pending":
-                if row["timed_out_at"] is not None:
-                    await tx.one("take_late_question", {"id": row["id"], "task_id": caller.task_id})
-                log.info("question_joined", question_id=str(row["id"]), tool_use_id=tool_use_id)
-                return True, Posted(row["id"], asked(row["id"], questions, tool_use_id=tool_use_id,
-                                                     task_id=caller.task_id, session_id=caller.session_id,
-                                                     asked_by=asked_by, joined=row["tool_use_id"]))
-        log.info("question_already_answered", question_id=str(row["id"]), tool_use_id=tool_use_id)
+            if row.status == "pending":
+                if row.timed_out_at is not None:
+                    await store.take_late(row.id, caller.task_id)
+                log.info("question_joined", question_id=str(row.id), tool_use_id=tool_use_id)
+                return True, Posted(row.id, asked(row.id, questions, tool_use_id=tool_use_id,
+                                                  task_id=caller.task_id, session_id=caller.session_id,
+                                                  asked_by=asked_by, joined=row.tool_use_id))
+        log.info("question_already_answered", question_id=str(row.id), tool_use_id=tool_use_id)
         await self.writer.put(NewEvent("question.answered", {
-            "question_id": str(row["id"]), "tool_use_id": tool_use_id, "answers": row["answers"] or {},
-            "response": row["response"], "already_answered": "the thread's last question, asked again: its "
+            "question_id": str(row.id), "tool_use_id": tool_use_id, "answers": row.answers or {},
+            "response": row.response, "already_answered": "the thread's last question, asked again: its "
             "answer returned, nothing asked"}, task_id=caller.task_id, session_id=caller.session_id))
-        return Answer(row["id"], ALREADY_ANSWERED_STATUS, row["answers"] or {}, row["response"],
-                      row["answered_via"], row["answered_by"]), None
+        return Answer(row.id, ALREADY_ANSWERED_STATUS, row.answers or {}, row.response, row.answered_via,
+                      row.answered_by), None
 
     async def wait(self, qid: uuid.UUID, sub: Subscription, progress: Progress, *, late_ok: bool = False) -> Answer:
         """Until the question is closed, or the timeout: then it is closed (or, `late_ok`, marked late)."""
         deadline = time.monotonic() + self.timeout_s
         reports = 0
-        carried: dict[str, Any] | None = None
+        carried: Question | None = None
         while True:
             # how it closed, as its notification carried it (the committed row's own values), else read
-            row = carried or await self.q.one("get_question", {"id": qid})
+            row = carried or await self.store.get(qid)
             carried = None
             assert row is not None
-            if row["status"] != "pending":
-                if not honoured(row):
-                    log.warning("answer_not_honoured", question_id=str(qid), answered_via=row["answered_via"])
-                    return Answer(qid, "cancelled", {}, NOT_THE_USERS, row["answered_via"])
-                return Answer(qid, row["status"], row["answers"] or {}, row["response"], row["answered_via"],
-                              row["answered_by"])
+            if row.status != "pending":
+                if not honoured(row.status, row.answered_by):
+                    log.warning("answer_not_honoured", question_id=str(qid), answered_via=row.answered_via)
+                    return Answer(qid, "cancelled", {}, NOT_THE_USERS, row.answered_via)
+                return Answer(qid, row.status, row.answers or {}, row.response, row.answered_via, row.answered_by)
             left = deadline - time.monotonic()
             if left <= 0:
                 if late_ok:
-                    if await self.q.one("mark_question_timed_out", {"id": qid}) is None:
+                    if not await self.store.mark_timed_out(qid):
                         # answered in the same instant (the answer wins), or marked late already (its parked
                         # process ended by the supervisor): read it again, and stop waiting if it is still open
-                        carried = await self.q.one("get_question", {"id": qid})
-                        if carried is not None and carried["status"] != "pending":
+                        carried = await self.store.get(qid)
+                        if carried is not None and carried.status != "pending":
                             continue
                     return Answer(qid, TIMED_OUT_STATUS, {}, TIMED_OUT)
-                if await self.q.one("close_question", {"id": qid, "response": TIMED_OUT}) is None:
+                if not await self.store.close(qid, TIMED_OUT):
                     continue  # answered in the same instant: the answer wins
                 return Answer(qid, "cancelled", {}, TIMED_OUT)
             try:
-                carried = await aio.wait_for(_news_of(sub, str(qid)), min(left, self.progress_interval_s))
+                carried = await aio.wait_for(_news_of(sub, qid), min(left, self.progress_interval_s))
             except TimeoutError:
                 reports += 1
                 with contextlib.suppress(Exception):
                     await progress.report_progress(reports, None, "waiting for the user's answer")
 
 
-async def _news_of(sub: Subscription, qid: str) -> dict[str, Any] | None:
+async def _news_of(sub: Subscription, question_id: uuid.UUID) -> Question | None:
     """Until a notification says this question changed, or a resync says anything may have: how it closed
     when the notification carries it (`question_closed`, migration 0032), else None (read the row). Another
     question's answer is no news: re-reading the row for it cost every waiter a query per answer."""
+    qid = str(question_id)
     while (note := await sub.get()) is not RESYNC:
         if note.channel == CLOSED:
             if qid not in note.payload:
@@ -311,7 +309,7 @@ async def _news_of(sub: Subscription, qid: str) -> dict[str, Any] | None:
                 return None
             if not isinstance(row, dict) or row.get("id") != qid:
                 continue
-            return row if row.get("status") in CLOSED_STATUSES else None
+            return Question.from_row({**row, "id": question_id}) if row.get("status") in CLOSED_STATUSES else None
         if note.payload == qid:
             return None
     return None

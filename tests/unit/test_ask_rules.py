@@ -1,0 +1,44 @@
+"""ask_user_question's input rules (executor/harness/questions.py `broken_rule`): the first rule a call breaks,
+named so the model can fix it, before anything is asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from executor.harness.questions import Option, Question, broken_rule
+
+
+def question(text: str = "Which way?", header: str = "Route", labels: tuple[str, ...] = ("Left", "Right"),
+             **kw: Any) -> Question:
+    return Question(question=text, header=header, options=[Option(label=label) for label in labels], **kw)
+
+
+def test_a_valid_call_breaks_no_rule() -> None:
+    assert broken_rule([question()]) is None
+    assert broken_rule([question(f"Q{n}?", labels=("a", "b", "c", "d")) for n in range(4)]) is None
+    assert broken_rule([question(header="x" * 12, multiSelect=True)]) is None  # the longest header
+
+
+@pytest.mark.parametrize(("questions", "rule"), [
+    ([], "rule: 1-4 questions per call (got 0)"),
+    ([question(f"Q{n}?") for n in range(5)], "rule: 1-4 questions per call (got 5)"),
+    ([question(), question()], "rule: question texts must be unique within a call"),
+    ([question("  ")], "rule: a question's text may not be empty"),
+    ([question(header=" ")], "rule: header is 1-12 characters (' ' has 1)"),
+    ([question(header="x" * 13)], "rule: header is 1-12 characters ('xxxxxxxxxxxxx' has 13)"),
+    ([question(labels=("only",))], "rule: 2-4 options per question ('Which way?' has 1)"),
+    ([question(labels=("a", "b", "c", "d", "e"))], "rule: 2-4 options per question ('Which way?' has 5)"),
+    ([question(labels=("a", " "))], "rule: option labels may not be empty ('Which way?')"),
+    ([question(labels=("a", "a"))], "rule: option labels must be unique within a question ('Which way?')"),
+])
+def test_the_first_broken_rule_is_named(questions: list[Question], rule: str) -> None:
+    assert broken_rule(questions) == rule
+
+
+def test_rules_are_checked_in_order_the_call_then_each_question() -> None:
+    # both the count and a header are wrong: the count is said first
+    assert broken_rule([question(f"Q{n}?", header="") for n in range(5)]) == "rule: 1-4 questions per call (got 5)"
+    # the second question breaks a rule, the first does not: the second is named
+    assert broken_rule([question("A?"), question("B?", labels=("x",))]) == "rule: 2-4 options per question ('B?' has 1)"
