@@ -9,7 +9,6 @@ is the tools' check (executor/harness/scope.py).
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from executor.harness.refusals import RefusalBudget, anonymous_key, credential_key
 from executor.journal.writer import JournalWriter
+from executor.run import credentials
 from executor.run.caller import Caller
 from shared import logs
 from shared.database import OUTAGE_ERRORS
@@ -116,7 +116,7 @@ class Identities:
         if token is None:
             reason = "no credential"
         else:
-            digest = hashlib.sha256(token.encode()).digest()
+            digest = credentials.token_digest(token)
             try:
                 found = await self.q.one("get_harness_caller", {"token_sha256": digest}, into=_Credential)
             except OUTAGE_ERRORS:

@@ -19,6 +19,12 @@ from shared.database import OUTAGE_ERRORS, Availability
 log = logs.get(__name__)
 
 
+def token_digest(token: str) -> bytes:
+    """What the store keeps of a credential, and what a presented one is looked up by (the harness,
+    executor/harness/identity.py): its sha256. The one place a credential is hashed."""
+    return hashlib.sha256(token.encode()).digest()
+
+
 class Credentials:
     def __init__(self, store: TaskStore, run_dir: Path, mcp_url: str | None, mcp_timeout_ms: int | None,
                  availability: Availability):
@@ -58,7 +64,7 @@ class Credentials:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(substrate.mcp_config(self.mcp_url, token, self.mcp_timeout_ms)))
-        return path, hashlib.sha256(token.encode()).digest()
+        return path, token_digest(token)
 
     async def bind(self, digest: bytes, task_id: uuid.UUID, session_id: uuid.UUID) -> None:
         """The credential is the task's from now on (the harness answers its calls as the task's)."""
