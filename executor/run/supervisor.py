@@ -29,6 +29,7 @@ from typing import Any
 from executor.journal.writer import JournalWriter
 from executor.run import fleet, process, substrate
 from executor.run.reconcile import reconcile
+from executor.run.side_tasks import SideTasks, first_error
 from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT, USER_STOP, RunConfig, Running, TaskRunner
 from executor.run.task_store import ClaimedTask, Parked, TaskStore
 from executor.run.warm import WarmConfig
@@ -128,6 +129,9 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._stops_due = True  # whether the next pass also claims stop requests
         self._stopping = asyncio.Event()
+        self._closing = asyncio.Event()  # the run is ending: a side task that returns now was stopped
+        self._lease_lapsed = asyncio.Event()  # the lease's renewals stopped (fenced): the claim loop rejoins
+        self._rejoined = asyncio.Event()  # and then renewals start again
         self.ready = asyncio.Event()
         self._claimed: list[ClaimedTask] = []
         self.lease = fleet.Lease(db.dsn, fleet.FleetConfig(
@@ -165,68 +169,84 @@ class Supervisor:
 
     async def run(self, wake_on: Subscription | None = None) -> None:
         """Supervise until stop(); then stop children, journal their ends, and return. A database outage
-        of any length only pauses claiming: running tasks go on, and the loop resumes when it returns."""
+        of any length only pauses claiming: running tasks go on, and the loop resumes when it returns.
+        The side tasks (the lease, the watchdog, the wake-ups, the warm turns, the spares) run in a task
+        group: one that fails, or ends on its own, is logged and ends the run the same way, its error raised."""
         availability = self.db.availability
         if self.lease.epoch is None:  # the executor joins before its loops start (executor/main.py)
             await availability.retry(self.lease.join, "lease")  # refuses a live executor of the same name
         self.writer.fence = self.lease
-        side: list[asyncio.Task[None]] = []
-        leasing = asyncio.create_task(self.lease.run(), name="lease")
         try:
-            self.runner.credentials.sweep()
-            await availability.retry(self.reconcile, "reconcile")
-            side.append(asyncio.create_task(self.watchdog.run(), name="watchdog"))
-            if wake_on is not None:
-                side.append(asyncio.create_task(self._forward_wakeups(wake_on), name="wakeups"))
-            side.append(asyncio.create_task(self._forward_fence(), name="fence"))
-            side.append(asyncio.create_task(self.runner.warm.run(), name="warm-turns"))
-            side.append(asyncio.create_task(self.runner.ahead.run(), name="sandbox-spares"))
-            self.ready.set()
-            while not self._stopping.is_set():
-                self._wake.clear()
-                if leasing.done() and not self.lease.fenced.is_set():
-                    leasing.result()  # the lease cannot be held (a namesake took the name): stop here
-                if self.lease.fenced.is_set():
-                    await leasing
-                    await self._rejoin()
-                    leasing = asyncio.create_task(self.lease.run(), name="lease")
-                # a new task's wake-up claims only tasks (a spawn waits on it); anything else also stops
-                stops_due, self._stops_due = self._stops_due, False
+            async with asyncio.TaskGroup() as group:
+                side = SideTasks(group, self._closing)
+                side.start("lease", self._keep_lease())
                 try:
-                    if stops_due:
-                        await self._claim_stops()
-                    await self._claim_tasks()
-                except OUTAGE_ERRORS as exc:
-                    self._stops_due = True
-                    await availability.pause(exc, "supervisor", self._stopping)
-                    continue
-                availability.succeeded()
-                try:
-                    await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
-                except TimeoutError:
-                    self._stops_due = True  # the poll: whatever a lost notification would have said
+                    self.runner.credentials.sweep()
+                    await availability.retry(self.reconcile, "reconcile")
+                    side.start("watchdog", self.watchdog.run())
+                    if wake_on is not None:
+                        side.start("wakeups", self._forward_wakeups(wake_on))
+                    # the warm turns' loop returns at once when none are configured
+                    side.start("warm-turns", self.runner.warm.run(), may_end=True)
+                    side.start("sandbox-spares", self.runner.ahead.run())
+                    self.ready.set()
+                    await self._supervise()
+                finally:
+                    self._closing.set()
+                    await self._shut_down()
+                    side.cancel()
+        except BaseExceptionGroup as failed:
+            raise first_error(failed) from None  # as a loop of the executor raises it (executor/main.py)
         finally:
-            await self.runner.warm.close()  # before the runs: none is left behind, nor started meanwhile
-            await self.runner.ahead.close()
-            await self._stop_children(EXECUTOR_SHUTDOWN)
-            if self.runner.isolation is not None:
-                self.runner.isolation.close()
-            leasing.cancel()
-            for t in side:
-                t.cancel()
-            await asyncio.gather(leasing, *side, return_exceptions=True)
             await self.writer.drain()
             await self.lease.leave()
+
+    async def _supervise(self) -> None:
+        """The claim loop: stop requests and tasks, on a wake-up or the poll, until stop()."""
+        availability = self.db.availability
+        while not self._stopping.is_set():
+            self._wake.clear()
+            if self.lease.fenced.is_set():
+                await self._lease_lapsed.wait()  # its renewals have stopped: no renewal races the rejoin
+                self._lease_lapsed.clear()
+                await self._rejoin()
+                self._rejoined.set()
+            # a new task's wake-up claims only tasks (a spawn waits on it); anything else also stops
+            stops_due, self._stops_due = self._stops_due, False
+            try:
+                if stops_due:
+                    await self._claim_stops()
+                await self._claim_tasks()
+            except OUTAGE_ERRORS as exc:
+                self._stops_due = True
+                await availability.pause(exc, "supervisor", self._stopping)
+                continue
+            availability.succeeded()
+            try:
+                await aio.wait_for(self._wake.wait(), self.config.poll_interval_s)
+            except TimeoutError:
+                self._stops_due = True  # the poll: whatever a lost notification would have said
+
+    async def _shut_down(self) -> None:
+        await self.runner.warm.close()  # before the runs: none is left behind, nor started meanwhile
+        await self.runner.ahead.close()
+        await self._stop_children(EXECUTOR_SHUTDOWN)
+        if self.runner.isolation is not None:
+            self.runner.isolation.close()
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease; once fenced, wake the claim loop (it kills this run's processes and joins again)
+        and renew again after it has. A lease that cannot be held (a namesake took the name) raises."""
+        while True:
+            await self.lease.run()  # returns once fenced
+            self._lease_lapsed.set()
+            self._wake.set()
+            await self._rejoined.wait()
+            self._rejoined.clear()
 
     async def reconcile(self) -> dict[str, Any]:
         """After a restart nothing stays "running" (executor/run/reconcile.py)."""
         return await reconcile(self.store, self.writer, self.lease, self.config.labels, self.config.lease_s)
-
-    async def _forward_fence(self) -> None:
-        while True:
-            await self.lease.fenced.wait()
-            self._wake.set()
-            await asyncio.sleep(self.config.poll_interval_s)
 
     async def _rejoin(self) -> None:
         """Taken over by a survivor (this process was paused or cut off past its lease): its tasks were

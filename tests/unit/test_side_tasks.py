@@ -1,0 +1,103 @@
+"""The supervisor's side tasks (executor/run/side_tasks.py): one that fails or ends on its own is logged and ends
+the run at once (the body of the task group is cancelled and its cleanup runs), never lost silently."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from structlog.testing import capture_logs
+
+from executor.run.side_tasks import SideTaskEnded, SideTasks, first_error
+
+
+async def forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def run_with(side_task: BaseException | None) -> tuple[BaseException, list[str]]:
+    """A run whose body waits forever beside `side_task` and a well-behaved one: what it raised, and what its
+    cleanup saw (the body's finally runs before the group ends)."""
+    closing = asyncio.Event()
+    seen: list[str] = []
+
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        if side_task is not None:
+            raise side_task
+
+    try:
+        async with asyncio.timeout(5), asyncio.TaskGroup() as group:
+            side = SideTasks(group, closing)
+            side.start("fine", forever())
+            side.start("odd", failing())
+            try:
+                await forever()
+            finally:
+                seen.append("cleanup")
+                closing.set()
+                side.cancel()
+    except BaseExceptionGroup as failed:
+        return first_error(failed), seen
+    raise AssertionError("the run ended without an error")
+
+
+async def test_a_side_task_that_fails_is_logged_and_ends_the_run_with_its_error() -> None:
+    with capture_logs() as logged:
+        raised, seen = await run_with(ValueError("a bug"))
+    assert isinstance(raised, ValueError) and str(raised) == "a bug" and seen == ["cleanup"]
+    assert [(e["event"], e["task"]) for e in logged] == [("supervisor_side_task_failed", "odd")]
+
+
+async def test_a_side_task_that_returns_while_the_run_goes_on_ends_it() -> None:
+    with capture_logs() as logged:
+        raised, seen = await run_with(None)
+    assert isinstance(raised, SideTaskEnded) and "odd" in str(raised) and seen == ["cleanup"]
+    assert [(e["event"], e["task"]) for e in logged] == [("supervisor_side_task_ended", "odd")]
+
+
+async def test_a_side_task_that_may_end_ends_alone_and_the_run_goes_on() -> None:
+    closing = asyncio.Event()
+    async with asyncio.TaskGroup() as group:
+        side = SideTasks(group, closing)
+        side.start("fine", forever())
+        side.start("warm-turns", asyncio.sleep(0), may_end=True)  # as the warm loop with no warm turns asked
+        await asyncio.wait([side.tasks[1]])
+        await asyncio.sleep(0)
+        assert not side.tasks[0].done()  # the run goes on
+        closing.set()
+        side.cancel()
+
+
+async def test_a_side_task_that_returns_once_the_run_is_closing_is_no_failure() -> None:
+    closing = asyncio.Event()
+    async with asyncio.TaskGroup() as group:
+        side = SideTasks(group, closing)
+        ended = asyncio.Event()
+
+        async def until_closed() -> None:
+            await ended.wait()
+
+        side.start("spares", until_closed())
+        closing.set()
+        ended.set()  # as a pool's loop returns once it is closed
+    assert side.tasks[0].done() and side.tasks[0].exception() is None
+
+
+def test_the_first_error_of_nested_groups_is_the_one_raised() -> None:
+    inner = BaseExceptionGroup("inner", [KeyError("k"), ValueError("v")])
+    assert isinstance(first_error(BaseExceptionGroup("outer", [inner, RuntimeError("r")])), KeyError)
+
+
+@pytest.mark.parametrize("closing", [False, True])
+async def test_cancelling_the_side_tasks_ends_them_quietly(closing: bool) -> None:
+    flag = asyncio.Event()
+    if closing:
+        flag.set()
+    with capture_logs() as logged:
+        async with asyncio.TaskGroup() as group:
+            side = SideTasks(group, flag)
+            side.start("watchdog", forever())
+            await asyncio.sleep(0)
+            side.cancel()
+    assert logged == [] and side.tasks[0].cancelled()
