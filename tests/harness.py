@@ -24,7 +24,7 @@ from executor.notify.notifier import NotifyConfig
 from executor.routines import RoutinesConfig
 from executor.run.substrate import SubstrateConfig
 from executor.run.supervisor import Supervisor, SupervisorConfig
-from executor.run.warm import WarmConfig
+from executor.run.spawn.warm_pool import WarmConfig
 from executor.sandbox.bwrap import SandboxPolicy, install_root
 from executor.settle import dispatch
 from executor.settle.settler import SettlerConfig
@@ -133,6 +133,24 @@ class Harness:
 
     async def wait_final(self, task_id: uuid.UUID, timeout: float = 90) -> dict[str, Any]:
         return await self.wait_task(task_id, lambda r: r["status"] in FINAL, timeout)
+
+    async def turns(self) -> list[dict[str, Any]]:
+        """Every orchestrator turn, oldest first."""
+        async with (await self._conn()).cursor(row_factory=dict_row) as cur:
+            await cur.execute("SELECT * FROM tasks WHERE role = 'orchestrator' ORDER BY created_at, id")
+            return await cur.fetchall()
+
+    async def ended_turns(self, n: int, timeout: float = 90) -> list[dict[str, Any]]:
+        """Wait until the first n orchestrator turns have ended; every turn, oldest first."""
+        seen: list[dict[str, Any]] = []
+
+        async def ended() -> list[dict[str, Any]] | None:
+            nonlocal seen
+            seen = await self.turns()
+            return seen if len(seen) >= n and all(t["status"] not in ("pending", "running") for t in seen[:n]) else None
+
+        return await until(ended, lambda: f"{n} ended turns; the turns: {[(t['brief'], t['status']) for t in seen]}",
+                           timeout)
 
     async def events(self, task_id: uuid.UUID | None = None) -> list[Event]:
         async with (await self._conn()).cursor(row_factory=dict_row) as cur:

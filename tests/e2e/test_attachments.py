@@ -3,13 +3,11 @@ content blocks of its stream-json input, and read by the scripted model (real Po
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import io
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +25,9 @@ from tests.wait import until
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
 
 
-async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]]:
-    """Wait until n orchestrator turns have ended; return them oldest first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        conn = await h._conn()
-        cur = await conn.execute("SELECT id, brief, status, attachment_ids FROM tasks WHERE role = 'orchestrator' "
-                                 "ORDER BY created_at")
-        rows = [dict(zip(("id", "brief", "status", "attachment_ids"), r)) for r in await cur.fetchall()]
-        if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]):
-            return rows
-        assert time.monotonic() < deadline, rows
-        await asyncio.sleep(0.1)
+async def _pending_asks(http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    asks: list[dict[str, Any]] = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+    return asks
 
 
 def _png() -> bytes:
@@ -71,9 +60,9 @@ async def test_an_image_and_a_text_file_reach_the_model_as_an_image_block_and_in
                                                       "attachment_ids": [image["id"], text["id"]]})
             assert sent.status_code == 202, sent.text
             # the negative control: a message without attachments goes as plain -p input, as before
-            (turn,) = await _turns(h, 1)
+            (turn,) = await h.ended_turns(1)
             assert (await http.post("/api/chat", json={"text": "and without a file?"})).status_code == 202
-            turns = await _turns(h, 2)
+            turns = await h.ended_turns(2)
             events = await h.events()
             argv = {e.task_id: e.payload["argv"] for e in events if e.event_type == "task.spawned"}
             echoes = [e.payload for e in events if e.event_type == "task.user_message"]
@@ -114,7 +103,7 @@ async def test_a_phone_photo_goes_to_the_model_as_its_copy_within_the_clis_limit
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
             photo = (await http.post("/api/attachments", files={"file": ("photo.png", out.getvalue(), "image/png")})).json()
             await http.post("/api/chat", json={"text": "what is in the photo?", "attachment_ids": [photo["id"]]})
-            (turn,) = await _turns(h, 1)
+            (turn,) = await h.ended_turns(1)
     with psycopg.connect(db.admin_dsn) as conn:
         row = conn.execute("SELECT sha256, model_data, model_media_type FROM attachments").fetchone()
     assert row is not None and turn["status"] == "success"
@@ -138,7 +127,7 @@ async def test_a_pdf_reaches_the_model_as_a_document_block(db: DB, tmp_path: Pat
             pdf = (await http.post("/api/attachments", files={"file": ("invoice.pdf", PDF, "application/pdf")})).json()
             assert pdf["media_type"] == "application/pdf"
             await http.post("/api/chat", json={"text": "summarise the invoice", "attachment_ids": [pdf["id"]]})
-            (turn,) = await _turns(h, 1)
+            (turn,) = await h.ended_turns(1)
     assert turn["status"] == "success"
     documents = [b for b in _first_turn_request(model, "summarise the invoice").user_blocks
                  if b.get("type") == "document"]
@@ -157,13 +146,10 @@ async def test_a_message_with_an_attachment_is_not_taken_as_a_reply_to_a_questio
         async with running_executor(db, model, tmp_path, ask_timeout_s=4) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
             await http.post("/api/chat", json={"text": "start"})
-            deadline = time.monotonic() + 60
-            while not (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+            await until(lambda: _pending_asks(http), "the question asked", 60)
             image = (await http.post("/api/attachments", files={"file": ("map.png", _png(), "image/png")})).json()
             await http.post("/api/chat", json={"text": "this way", "attachment_ids": [image["id"]]})
-            turns = await _turns(h, 2)
+            turns = await h.ended_turns(2)
     # the question timed out unanswered: the reply in chat would have dropped the file
     assert [str(i) for i in turns[1]["attachment_ids"]] == [image["id"]] and turns[1]["brief"] == "this way"
     with psycopg.connect(db.admin_dsn) as conn:

@@ -30,18 +30,6 @@ def _queued(dsn: str) -> dict[str, int]:
         return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in QUEUES}  # type: ignore[index]
 
 
-async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-
-    async def ended() -> list[dict[str, Any]] | None:
-        conn = await h._conn()
-        cur = await conn.execute("SELECT id, brief, status, status_reason FROM tasks WHERE role = 'orchestrator' "
-                                 "ORDER BY created_at")
-        rows[:] = [dict(zip(("id", "brief", "status", "reason"), r)) for r in await cur.fetchall()]
-        return rows if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]) else None
-    return await until(ended, lambda: f"{n} ended turns (the turns: {rows})", timeout)
-
-
 async def _argv(h: Harness, task_id: Any) -> list[str]:
     return next(e.payload["argv"] for e in await h.events(task_id) if e.event_type == "task.spawned")
 
@@ -55,7 +43,7 @@ async def test_whitespace_only_text_is_422_and_the_thread_still_answers_the_next
             blank = [await http.post("/api/chat", json={"text": t}) for t in ("", "   ", "\n\t \u3000")]
             queued_after_blank = _queued(db.admin_dsn)["chat_queue"]
             ok = await http.post("/api/chat", json={"text": "a real message"})
-            turns = await _turns(h, 1)
+            turns = await h.ended_turns(1)
     assert [r.status_code for r in blank] == [422, 422, 422]
     assert queued_after_blank == 0
     assert ok.status_code == 202
@@ -142,12 +130,12 @@ async def test_a_thread_whose_first_turn_failed_before_the_session_existed_start
             with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
                 conn.execute("INSERT INTO tasks (id, session_id, role, brief, status) "
                              "VALUES (%s, %s, 'orchestrator', '   ', 'pending')", [uuid.uuid4(), thread])
-            first = (await _turns(h, 1))[0]
+            first = (await h.ended_turns(1))[0]
             said = {"text": "second message", "thread_id": thread}
             assert (await http.post("/api/chat", json=said)).status_code == 202
-            second = (await _turns(h, 2))[1]
+            second = (await h.ended_turns(2))[1]
             assert (await http.post("/api/chat", json={**said, "text": "third message"})).status_code == 202
-            third = (await _turns(h, 3))[2]
+            third = (await h.ended_turns(3))[2]
             argvs = [await _argv(h, t["id"]) for t in (first, second, third)]
     assert first["status"] == "failed"
     assert (second["status"], third["status"]) == ("success", "success")
@@ -177,6 +165,6 @@ async def test_a_blank_chat_row_from_an_older_ingress_is_refused_visibly_and_the
             # without the refusal the blank row stays pending, and every next message waits behind it
             status, error = await until(refused, "the blank message refused")
             assert (await http.post("/api/chat", json={"text": "second message"})).status_code == 202
-            [turn] = await _turns(h, 1)
+            [turn] = await h.ended_turns(1)
     assert (status, error) == ("failed", "a task needs a non-empty brief")
     assert turn["status"] == "success" and turn["brief"].strip() == "second message"

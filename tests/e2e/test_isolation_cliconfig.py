@@ -31,7 +31,7 @@ from tests.harness import Harness, claude_bin, running_executor
 from tests.pg import DB
 from tests.scenarios import one_worker
 from tests.served import ingress_server
-from tests.wait import until
+from tests.wait import until, until_blocking
 
 KEY = "sk-ant-fake"  # the tests' API key (tests/harness.claude_env)
 LOGIN = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-user", "refreshToken": "sk-ant-ort01-user",
@@ -130,33 +130,37 @@ def _terminal(command: str, model: ScriptedModelServer, tmp: Path, said: str, ti
         os.execve("/bin/bash", ["bash", "-c", command], env)
     out = b""
     typed, sent_at = False, 0.0
-    deadline = time.monotonic() + timeout
+
+    def shown() -> str | None:
+        """One turn of the terminal: read what the CLI drew (a tenth of a second at most), type, answer it."""
+        nonlocal out, typed, sent_at
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                raise AssertionError(f"the CLI exited: {' '.join(_text(out).split())[-2000:]}") from None
+            out += chunk
+            if b"\x1b[6n" in chunk:
+                os.write(fd, b"\x1b[1;1R")
+        screen = _text(out)
+        answered = any(said in json.dumps(r.body.get("messages")) for r in model.requests[seen:])
+        # the status line under the prompt box is drawn: the CLI has started (its SessionStart hooks and MCP
+        # servers with it); a message typed while it still draws may be lost, so Enter again until it is sent
+        if not typed and "shift+tab" in screen:
+            os.write(fd, said.encode())
+            typed, sent_at = True, 0.0
+        if typed and not answered and time.monotonic() - sent_at > 3:
+            os.write(fd, b"\r")
+            sent_at = time.monotonic()
+        # the TUI moves the cursor between words: compare without whitespace
+        if answered and "terminalreply" in "".join(screen.split()).split("".join(said.split()), 1)[-1]:
+            return screen
+        return None
+
     try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    break  # the CLI exited
-                out += chunk
-                if b"\x1b[6n" in chunk:
-                    os.write(fd, b"\x1b[1;1R")
-            screen = _text(out)
-            answered = any(said in json.dumps(r.body.get("messages")) for r in model.requests[seen:])
-            # the status line under the prompt box is drawn: the CLI has started (its SessionStart hooks and MCP
-            # servers with it); a message typed while it still draws may be lost, so Enter again until it is sent
-            if not typed and "shift+tab" in screen:
-                os.write(fd, said.encode())
-                typed, sent_at = True, 0.0
-            if typed and not answered and time.monotonic() - sent_at > 3:
-                os.write(fd, b"\r")
-                sent_at = time.monotonic()
-            # the TUI moves the cursor between words: compare without whitespace
-            if answered and "terminalreply" in "".join(screen.split()).split("".join(said.split()), 1)[-1]:
-                return screen
-        raise AssertionError(f"the terminal never showed the reply ({len(model.requests) - seen} requests since): "
-                             f"{' '.join(_text(out).split())[-2000:]}")
+        return until_blocking(shown, lambda: f"the terminal to show the reply ({len(model.requests) - seen} requests "
+                                             f"since): {' '.join(_text(out).split())[-2000:]}", timeout, every=0)
     finally:
         os.kill(pid, 15)
         os.waitpid(pid, 0)

@@ -23,20 +23,6 @@ from tests.served import ingress_server
 from tests.wait import until
 
 
-async def _turns(h: Harness, n: int, timeout: float = 90) -> list[dict[str, Any]]:
-    """Wait until n orchestrator turns have ended; return them oldest first."""
-    rows: list[dict[str, Any]] = []
-
-    async def ended() -> list[dict[str, Any]] | None:
-        nonlocal rows
-        conn = await h._conn()
-        cur = await conn.execute("SELECT id, brief, status FROM tasks WHERE role = 'orchestrator' ORDER BY created_at")
-        rows = [dict(zip(("id", "brief", "status"), r)) for r in await cur.fetchall()]
-        return rows if len(rows) >= n and all(r["status"] not in ("pending", "running") for r in rows[:n]) else None
-
-    return await until(ended, lambda: f"{n} ended turns; the turns: {rows}", timeout)
-
-
 async def _harness_queued(conn: psycopg.AsyncConnection[Any]) -> bool:
     return bool(await (await conn.execute("SELECT 1 FROM chat_queue WHERE origin = 'harness'")).fetchall())
 
@@ -64,9 +50,9 @@ async def test_each_message_is_a_turn_of_one_conversation_resumed_with_its_histo
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             assert (await http.post("/api/chat", json={"text": "first message"})).status_code == 202
-            first = (await _turns(h, 1))[0]
+            first = (await h.ended_turns(1))[0]
             assert (await http.post("/api/chat", json={"text": "second message"})).status_code == 202
-            turns = await _turns(h, 2)
+            turns = await h.ended_turns(2)
             argv1, argv2 = await _argv(h, first["id"]), await _argv(h, turns[1]["id"])
             echoes = [e for e in await h.events() if e.event_type == "task.user_message"]
     thread = str(threads.DEFAULT_THREAD_ID)
@@ -89,7 +75,7 @@ async def test_messages_sent_during_a_turn_wait_visibly_and_go_together_at_the_b
             await http.post("/api/chat", json={"text": "B"})
             await http.post("/api/chat", json={"text": "C"})
             pending = [p["text"] for p in (await http.get("/api/queue")).json()["pending"]]
-            turns = await _turns(h, 2)
+            turns = await h.ended_turns(2)
     assert pending == ["B", "C"]
     assert [t["brief"] for t in turns] == ["A", "B\n\nC"]
 
@@ -106,7 +92,7 @@ async def test_a_chat_message_to_a_thread_blocked_in_an_ask_answers_it_as_a_repl
             await http.post("/api/chat", json={"text": "start"})
             await _pending_asks(http)
             await http.post("/api/chat", json={"text": "neither, go straight"})
-            turns = await _turns(h, 1)
+            turns = await h.ended_turns(1)
             events = await h.events(turns[0]["id"])
             echoes = [e for e in await h.events() if e.event_type == "task.user_message"]
     results = [b for e in events if e.event_type == "stream.user" for b in e.payload["message"]["content"]
@@ -137,7 +123,7 @@ async def test_a_dispatched_workers_handoff_wakes_its_orchestrator_without_user_
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _autonomous(http)
             await http.post("/api/chat", json={"text": "how many files are there?", "thread_id": thread})
-            turns = await _turns(h, 2, timeout=120)
+            turns = await h.ended_turns(2, timeout=120)
             all_events = await h.events()
     reports = [e for e in all_events if e.event_type == "thread.harness_message"]
     assert len(reports) == 1 and "counted 3 files" in reports[0].payload["text"]
@@ -185,7 +171,7 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
 
             await until(replied, lambda: f"the final reply; the last events: {[e.event_type for e in events][-20:]}",
                         240, every=0.2)
-            turns = await _turns(h, 4, timeout=60)
+            turns = await h.ended_turns(4, timeout=60)
             conn = await h._conn()
             workers = [r[0] for r in await (await conn.execute(
                 "SELECT brief FROM tasks WHERE role = 'worker' ORDER BY created_at")).fetchall()]
@@ -198,13 +184,15 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
 
 async def _pending_asks(http: httpx.AsyncClient, timeout: float = 60) -> list[dict[str, Any]]:
     async def pending() -> list[dict[str, Any]]:
-        return (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]  # type: ignore[no-any-return]  # JSON from the API
+        asks: list[dict[str, Any]] = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+        return asks
 
     return await until(pending, "a pending ask", timeout)
 
 
 async def _running(http: httpx.AsyncClient) -> list[dict[str, Any]]:
-    return (await http.get("/api/tasks", params={"running": "true"})).json()["tasks"]  # type: ignore[no-any-return]  # JSON from the API
+    running: list[dict[str, Any]] = (await http.get("/api/tasks", params={"running": "true"})).json()["tasks"]
+    return running
 
 
 async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waiting_on(db: DB, tmp_path: Path) -> None:
@@ -232,13 +220,13 @@ async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waitin
             asks = await _pending_asks(http)
             # the worker's report is queued for the thread while the question is still open
             await until(lambda: _harness_queued(conn), "the worker's report queued for the thread", 120)
-            # a window of several delivery passes (the report wakes the loop at once; it polls every second) in
-            # which the report must not close the question (a closed question does not reopen: one look after)
-            await asyncio.sleep(3)
+            # several delivery passes (the report wakes the loop at once; it polls every second); a closed question
+            # does not reopen, so one look after the window is enough
+            await asyncio.sleep(3)  # a window in which the report must not close the question
             pending = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
             assert [a["id"] for a in pending] == [asks[0]["id"]], "the report closed the user's question"
             await http.post("/api/chat", json={"text": "left, please", "thread_id": thread})
-            turns = await _turns(h, 2, timeout=120)
+            turns = await h.ended_turns(2, timeout=120)
             first = await h.events(turns[0]["id"])
             all_events = await h.events()
             answered = (await (await conn.execute(
@@ -265,7 +253,7 @@ async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archiv
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             thread = await _autonomous(http, "Plan")
             await http.post("/api/chat", json={"text": "hello", "thread_id": thread})
-            await _turns(h, 1)
+            await h.ended_turns(1)
             patched = await http.patch(f"/api/threads/{thread}", json={"title": "Renamed", "archived": True})
             conn = await h._conn()
             await until(lambda: _none_left(conn, "SELECT count(*) FROM thread_control_queue WHERE status <> 'done'"),
@@ -278,7 +266,7 @@ async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archiv
             refused = await (await conn.execute("SELECT status, error FROM chat_queue WHERE text = 'too late'"))\
                 .fetchone()
             events = [e for e in await h.events() if e.session_id is not None and str(e.session_id) == thread]
-            turns = await _turns(h, 1)
+            turns = await h.ended_turns(1)
     assert patched.status_code == 202
     assert session == ("Renamed", "archived")
     changes = [(e.event_type, e.payload) for e in events if e.event_type in ("thread.renamed", "thread.archived")]

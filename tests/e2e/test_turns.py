@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -23,23 +22,15 @@ from tests.served import ingress_server
 MESSAGE = "summarise the open issues"
 
 
-async def _turns(h: Harness) -> list[dict[str, Any]]:
-    conn = await h._conn()
-    cur = await conn.execute("SELECT id, brief, status, status_reason, attempt, retry_of, pid FROM tasks "
-                             "WHERE role = 'orchestrator' ORDER BY created_at")
-    names = [c.name for c in cur.description or []]
-    return [dict(zip(names, r)) for r in await cur.fetchall()]
-
-
 async def _kill_turn(h: Harness, model: ScriptedModelServer, n: int) -> None:
     """SIGKILL the n-th turn (1-based) once the model has its request: a crash without a result line."""
     async def running() -> dict[str, Any] | None:
-        turns = await _turns(h)
+        turns = await h.turns()
         turn = turns[n - 1] if len(turns) >= n else None
         return turn if turn and turn["status"] == "running" and turn["pid"] else None
     turn = await until(running, f"turn {n} to run")
     await until(lambda: sum(r.role == "orchestrator" for r in model.requests) >= n, f"turn {n} to reach the model")
-    await asyncio.sleep(0.3)
+    await h.wait_event(turn["id"], "stream.system.init")  # mid-run: its first lines journaled
     os.kill(turn["pid"], signal.SIGKILL)
 
 
@@ -66,7 +57,7 @@ async def test_a_crashed_turn_shows_an_error_record_runs_again_once_then_escalat
                 asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
                 return asks[0] if asks else None
             ask = await until(escalation, "the turn's escalation")
-            after_two = await _turns(h)
+            after_two = await h.turns()
             chat = await _conversation(http, thread)
 
             # the user presses Retry on the record in the chat; this time the model answers
@@ -74,7 +65,7 @@ async def test_a_crashed_turn_shows_an_error_record_runs_again_once_then_escalat
             retried = await http.post(f"/api/threads/{thread}/retry", json={"task_id": str(after_two[1]["id"])})
 
             async def third_done() -> list[dict[str, Any]] | None:
-                turns = await _turns(h)
+                turns = await h.turns()
                 return turns if len(turns) == 3 and turns[2]["status"] == "success" else None
             turns = await until(third_done, "the retried turn")
             again = await http.post(f"/api/threads/{thread}/retry", json={"task_id": str(after_two[1]["id"])})
@@ -120,7 +111,7 @@ async def test_a_retry_of_an_unknown_or_unfailed_turn_is_refused_and_queues_noth
             await http.post("/api/chat", json={"text": "hello", "thread_id": thread})
 
             async def done() -> list[dict[str, Any]] | None:
-                turns = await _turns(h)
+                turns = await h.turns()
                 return turns if turns and turns[0]["status"] == "success" else None
             (turn,) = await until(done, "the turn")
             nothing_failed = await http.post(f"/api/threads/{thread}/retry", json={})
@@ -156,7 +147,7 @@ async def test_retry_answered_in_a_failed_turns_escalation_runs_its_messages_onc
             answered = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {text: policy.ESCALATION_RETRY}})
 
             async def third_done() -> list[dict[str, Any]] | None:
-                turns = await _turns(h)
+                turns = await h.turns()
                 return turns if len(turns) == 3 and turns[2]["status"] == "success" else None
             turns = await until(third_done, "the retried turn")
             chat = await _conversation(http, thread)
@@ -177,13 +168,13 @@ async def test_a_rate_limited_turn_runs_its_messages_again_after_the_back_off(db
             await http.post("/api/chat", json={"text": MESSAGE, "thread_id": thread})
 
             async def limited() -> list[dict[str, Any]] | None:
-                turns = await _turns(h)
+                turns = await h.turns()
                 return turns if turns and turns[0]["status"] == "rate_limited" else None
             await until(limited, "the rate-limited turn")
             model.scenario.rules[:] = [Rule(role="orchestrator", replies=[{"text": "here is the summary"}])]
 
             async def second_done() -> list[dict[str, Any]] | None:
-                turns = await _turns(h)
+                turns = await h.turns()
                 return turns if len(turns) == 2 and turns[1]["status"] == "success" else None
             await until(second_done, "the backed-off re-run")
             conn = await h._conn()
