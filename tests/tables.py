@@ -90,6 +90,16 @@ def insert(db: DB, table: str, **values: Any) -> uuid.UUID:
     return made
 
 
+def update(db: DB, table: str, row_id: Id, **values: Any) -> None:
+    """Set a row's columns (a dict goes in as JSON, NOW as the database's now())."""
+    query = sql.SQL("UPDATE {} SET {} WHERE id = %s").format(sql.Identifier(table), sql.SQL(", ").join(
+        sql.SQL("{} = {}").format(sql.Identifier(k), v if isinstance(v, sql.SQL) else sql.Placeholder())
+        for k, v in values.items()))
+    params = [Jsonb(v) if isinstance(v, dict) else v for v in values.values() if not isinstance(v, sql.SQL)]
+    with _connected(db) as conn:
+        assert conn.execute(query, [*params, row_id]).rowcount == 1, f"no {table} row {row_id}"
+
+
 # ---- tasks and threads ----------------------------------------------------------------------------------------
 
 def count_running(db: DB, role: str | None = None) -> int:
@@ -132,6 +142,14 @@ def insert_thread(db: DB, thread_id: Id | None = None, **columns: Any) -> uuid.U
                   **{"role": "orchestrator", "lifecycle": "idle", **columns})
 
 
+def thread_with_turn(db: DB, mode: str = "interactive") -> tuple[uuid.UUID, uuid.UUID]:
+    """A thread and one ended, settled orchestrator turn of it, as the threads loop leaves them."""
+    thread = insert_thread(db, title="t", mode=mode)
+    turn = insert_task(db, session_id=thread, role="orchestrator", brief="go", status="success", ended_at=NOW,
+                       settled_at=NOW)
+    return thread, turn
+
+
 # ---- the journal --------------------------------------------------------------------------------------------
 
 def _of(event_type: str, task_id: Id | None, equal: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +170,16 @@ def event_types(db: DB, task_id: Id | None = None) -> list[str]:
     """The types of the journal's records (of one task, or all), in order."""
     return [t for (t,) in rows(db, "journal", "event_type", order=("seq",),
                                **({"task_id": task_id} if task_id is not None else {}))]
+
+
+def journal_head(db: DB) -> int:
+    """The journal head's last seq (its one row)."""
+    return int(_value(db, "SELECT last_seq FROM journal_head"))
+
+
+def seqs(db: DB) -> list[int]:
+    """Every journal record's seq, in order."""
+    return [q for (q,) in _all(db, "SELECT seq FROM journal ORDER BY seq")]
 
 
 def user_messages(db: DB) -> list[str]:

@@ -27,6 +27,7 @@ from petal_dispatch.config import Settings
 from petal_dispatch.demo.scripted_model import ScriptedModelServer
 from shared import errors
 from tests.harness import running_executor
+from tests import tables
 from tests.pg import DB
 from tests.wait import until
 from tests.scenarios import one_worker
@@ -64,7 +65,7 @@ async def test_the_identity_header_from_loopback_without_the_proxy_secret_is_401
     assert proxied.status_code == 200
     assert no_user.status_code == 401 and "X-Authentik-Username" in no_user.json()["detail"]
     with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM chat_queue").fetchone() == (0,)  # the forged write wrote nothing
+        assert tables.count(conn, "chat_queue") == 0  # the forged write wrote nothing
 
 
 async def test_forwarded_headers_count_only_with_the_proxy_secret_when_one_is_set(db: DB) -> None:
@@ -196,12 +197,7 @@ async def test_a_dispatch_approval_written_around_the_ingress_does_not_release_t
         pool: AsyncConnectionPool, db: DB, tmp_path: Path) -> None:
     from executor.settle import approvals
 
-    thread, turn = uuid.uuid4(), uuid.uuid4()
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
-                     "'t', 'interactive')", [thread])
-        conn.execute("INSERT INTO tasks (id, session_id, role, brief, status, ended_at, settled_at) "
-                     "VALUES (%s, %s, 'orchestrator', 'go', 'success', now(), now())", [turn, thread])
+    thread, turn = tables.thread_with_turn(db.admin_dsn)
     workers = [await approvals.request(pool, brief=f"worker {n}", thread_id=thread, asker_task_id=turn,
                                        project_id=None, plan_ref=None, allowed_tools=None, workdir=tmp_path)
                for n in ("forged", "users")]

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from executor.settle import policy, threads
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, running_executor
+from tests import tables
 from tests.pg import DB
 from tests.wait import until
 from tests.scenarios import STALL_FOREVER, dispatch, extractor, handoff, one_worker
@@ -377,19 +378,12 @@ async def test_an_extraction_failure_offers_re_extract_which_runs_only_the_extra
 async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_closes_its_approval(
     pool: AsyncConnectionPool, db: DB, tmp_path: Path
 ) -> None:
-    import uuid
-
     import psycopg
 
     from executor.settle import approvals
     from executor.sql import queries
 
-    thread, turn = uuid.uuid4(), uuid.uuid4()
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
-                     "'t', 'interactive')", [thread])
-        conn.execute("INSERT INTO tasks (id, session_id, role, brief, status, ended_at, settled_at) "
-                     "VALUES (%s, %s, 'orchestrator', 'go', 'success', now(), now())", [turn, thread])
+    thread, turn = tables.thread_with_turn(db.admin_dsn)
     worker = await approvals.request(pool, brief="rebuild the index", thread_id=thread, asker_task_id=turn,
                                      project_id=None, plan_ref=None, allowed_tools=None, workdir=tmp_path)
     async with pool.connection() as conn:
@@ -404,6 +398,6 @@ async def test_a_worker_awaiting_approval_is_never_claimed_and_stopping_it_close
     with psycopg.connect(db.admin_dsn) as conn:
         question = conn.execute("SELECT q.status, a.status, a.decision FROM approvals a JOIN questions q "
                                 "ON q.id = a.question_id WHERE a.task_id = %s", [worker]).fetchone()
-        told = conn.execute("SELECT count(*) FROM chat_queue").fetchone()[0]  # type: ignore[index]
+        told = tables.count(conn, "chat_queue")
     assert claimed == [] and acted == 1
     assert question == ("cancelled", "resolved", "task_ended") and told == 0

@@ -19,6 +19,7 @@ from executor.projects import git, worktrees
 from executor.settle.settler import Settler, SettlerConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import Harness, config_for, running_executor, running_supervisor, substrate_for
+from tests import tables
 from tests.pg import DB
 from tests.scenarios import dispatch, extractor, handoff
 from tests.served import ingress_server
@@ -126,18 +127,16 @@ async def test_a_worker_that_ended_without_its_changes_recorded_has_them_recorde
     wt = await worktrees.create(repo, task_id, tmp_path / "wt", "swept")
     (wt.path / "b.txt").write_text("b\n")
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE tasks SET worktree = %s, branch = %s, base_commit = %s WHERE id = %s",
-                     [str(wt.path), wt.branch, wt.base_commit, task_id])
+        tables.update(conn, "tasks", task_id, worktree=str(wt.path), branch=wt.branch, base_commit=wt.base_commit)
     settler = Settler(pool, SettlerConfig())
     settled = [await settler.settle_pending() for _ in range(2)]  # the second pass finds nothing to do
     with psycopg.connect(db.admin_dsn) as conn:
-        changes = conn.execute("SELECT payload FROM journal WHERE event_type = 'task.changes'").fetchall()
-        removed = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'task.worktree_removed'"
-                               ).fetchone()[0]  # type: ignore[index]
-        recorded = conn.execute("SELECT changes_recorded_at, settled_at FROM tasks WHERE id = %s", [task_id]).fetchone()
+        changes = tables.payloads(conn, "task.changes")
+        removed = tables.count_events(conn, "task.worktree_removed")
+        recorded = tables.task(conn, task_id, "changes_recorded_at", "settled_at")
     assert settled == [1, 0]
-    assert [[f["path"] for f in c[0]["files"]] for c in changes] == [["b.txt"]] and removed == 1
-    assert recorded is not None and recorded[0] is not None and recorded[1] is not None
+    assert [[f["path"] for f in c["files"]] for c in changes] == [["b.txt"]] and removed == 1
+    assert recorded[0] is not None and recorded[1] is not None
     assert not wt.path.exists() and _git(repo, "branch", "--list", wt.branch).strip()
 
 
@@ -155,15 +154,14 @@ async def test_an_end_settled_without_its_changes_has_them_recorded_by_the_settl
     wt = await worktrees.create(repo, task_id, tmp_path / "wt", "left")
     (wt.path / "c.txt").write_text("c\n")
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE tasks SET worktree = %s, branch = %s, base_commit = %s WHERE id = %s",
-                     [str(wt.path), wt.branch, wt.base_commit, task_id])
+        tables.update(conn, "tasks", task_id, worktree=str(wt.path), branch=wt.branch, base_commit=wt.base_commit)
     settler = Settler(pool, SettlerConfig(keep_worktrees=True))
     unsettled = await settler.settle_pending()  # settled already: not the ends' pass's
     found = [await settler.record_leftover_changes() for _ in range(2)]
     with psycopg.connect(db.admin_dsn) as conn:
-        changes = conn.execute("SELECT payload FROM journal WHERE event_type = 'task.changes'").fetchall()
+        changes = tables.payloads(conn, "task.changes")
     assert unsettled == 0 and found == [True, False]
-    assert [[f["path"] for f in c[0]["files"]] for c in changes] == [["c.txt"]]
+    assert [[f["path"] for f in c["files"]] for c in changes] == [["c.txt"]]
     assert wt.path.exists()  # kept, as configured
 
 

@@ -42,11 +42,8 @@ def _one(admin_dsn: str, sql: str, *params: Any) -> Any:
 
 
 def _thread_with_turn(admin_dsn: str) -> tuple[uuid.UUID, uuid.UUID]:
-    """A thread and one ended (already settled) orchestrator turn of it, as the threads loop leaves them."""
-    thread = tables.insert_thread(admin_dsn, title="t", mode="autonomous")
-    turn = tables.insert_task(admin_dsn, session_id=thread, role="orchestrator", brief="go", status="success",
-                              ended_at=tables.NOW, settled_at=tables.NOW)
-    return thread, turn
+    """An autonomous thread and one ended (already settled) orchestrator turn of it."""
+    return tables.thread_with_turn(admin_dsn, "autonomous")
 
 
 async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly_once_after_restart(
@@ -168,8 +165,7 @@ async def test_settling_an_end_twice_acts_once_and_the_settled_marker_is_what_st
     after_two = _follow_ups(db.admin_dsn, worker)
     # the negative control: with its marker cleared, the very same pass acts on the same end again, so the
     # second pass did nothing because of the marker, not because the pass cannot act on this end
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE tasks SET settled_at = NULL WHERE id = %s", [worker])
+    tables.update(db.admin_dsn, "tasks", worker, settled_at=None)
     unmarked = await settler.settle_pending()
     after_unmarked = _follow_ups(db.admin_dsn, worker)
     assert (first, second) == (1, 0)
