@@ -18,7 +18,7 @@ import psycopg
 
 from petal_dispatch import dbprocess
 from shared.models import FINAL_STATUSES
-from tests import wait
+from tests import tables, wait
 from tests.served import sse_events
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
@@ -137,9 +137,7 @@ class StreamReader:
 
 
 def head(admin_dsn: str) -> int:
-    with psycopg.connect(admin_dsn) as conn:
-        # journal_head holds one row, its last_seq a bigint
-        return conn.execute("SELECT last_seq FROM journal_head").fetchone()[0]  # type: ignore[index, no-any-return]
+    return tables.journal_head(admin_dsn)
 
 
 # how long the store must stay idle to count as drained
@@ -169,10 +167,10 @@ async def settled(admin_dsn: str, timeout: float = 120) -> None:
 def check_invariants(admin_dsn: str, readers: Sequence[StreamReader] = ()) -> dict[str, Any]:
     """The suite's invariants, on the store after the work drained; returns a few facts for the caller."""
     with psycopg.connect(admin_dsn) as conn:
-        seqs = [r[0] for r in conn.execute("SELECT seq FROM journal ORDER BY seq").fetchall()]
+        seqs = tables.seqs(conn)
         # seq is gap-free and strictly increasing, and the head counter agrees
         assert seqs == list(range(1, len(seqs) + 1)), "the journal's seq has a gap or a repeat"
-        assert conn.execute("SELECT last_seq FROM journal_head").fetchone()[0] == len(seqs)  # type: ignore[index]
+        assert tables.journal_head(conn) == len(seqs)
         # every task ended with a final status: none silently stuck
         stuck = conn.execute("SELECT id, role, status, activity FROM tasks WHERE status <> ALL(%s)",
                              [list(FINAL)]).fetchall()
@@ -194,7 +192,7 @@ def check_invariants(admin_dsn: str, readers: Sequence[StreamReader] = ()) -> di
             " WHERE event_type IN ('question.answered', 'question.cancelled')"
             " GROUP BY 1 HAVING count(*) > 1").fetchall()
         assert twice == [], f"questions closed more than once: {twice}"
-        pending_q = conn.execute("SELECT count(*) FROM questions WHERE status = 'pending'").fetchone()[0]  # type: ignore[index]
+        pending_q = tables.count(conn, "questions", status="pending")
         assert pending_q == 0, "a question is still pending after its asker ended"
     # a reader that reconnected ends with exactly the events the journal holds from where it began
     for r in readers:

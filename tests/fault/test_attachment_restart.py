@@ -19,6 +19,7 @@ from PIL import Image
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.fault.test_executor_process import _executor_env, _spawn_executor
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.wait import until
@@ -27,9 +28,7 @@ from tests.wait import until
 
 
 def _started(admin_dsn: str) -> int:
-    with psycopg.connect(admin_dsn) as conn:
-        return int(conn.execute("SELECT count(*) FROM journal WHERE event_type = 'executor.started'"
-                                ).fetchone()[0])  # type: ignore[index]
+    return tables.count_events(admin_dsn, "executor.started")
 
 
 def _said(what: str, log: Path) -> Callable[[], str]:
@@ -56,15 +55,12 @@ async def test_a_message_sent_while_the_executor_is_dead_is_delivered_with_its_a
                 first.wait(10)
                 sent = await http.post("/api/chat", json={"text": "look at this", "attachment_ids": [up.json()["id"]]})
                 assert sent.status_code == 202, sent.text
-                # nobody delivers it while no executor runs (a window in which it must not happen)
-                await asyncio.sleep(1.0)
-                with psycopg.connect(db.admin_dsn) as conn:
-                    assert conn.execute("SELECT status FROM chat_queue").fetchall() == [("pending",)]
+                await asyncio.sleep(1.0)  # a window in which nobody may deliver it: no executor runs
+                assert tables.rows(db.admin_dsn, "chat_queue", "status") == [("pending",)]
                 second = _spawn_executor(env, log2)
                 try:
                     def done() -> bool:
-                        with psycopg.connect(db.admin_dsn) as conn:
-                            rows = conn.execute("SELECT status FROM tasks WHERE role = 'orchestrator'").fetchall()
+                        rows = tables.tasks(db.admin_dsn, "status", role="orchestrator")
                         return bool(rows) and all(r[0] not in ("pending", "running") for r in rows)
 
                     await until(done, _said("the turn never ended after the restart", log2))
@@ -77,8 +73,8 @@ async def test_a_message_sent_while_the_executor_is_dead_is_delivered_with_its_a
                 first.kill()
                 first.wait(10)
     with psycopg.connect(db.admin_dsn) as conn:
-        turns = conn.execute("SELECT status, attachment_ids FROM tasks WHERE role = 'orchestrator'").fetchall()
-        queued = conn.execute("SELECT status FROM chat_queue").fetchall()
+        turns = tables.tasks(conn, "status", "attachment_ids", role="orchestrator")
+        queued = tables.rows(conn, "chat_queue", "status")
         stored = conn.execute("SELECT sha256, chat_message_id FROM attachments").fetchall()
     assert [t[0] for t in turns] == ["success"] and [str(i) for i in turns[0][1]] == [up.json()["id"]]
     assert queued == [("delivered",)] and stored[0][1] == uuid.UUID(sent.json()["id"])
@@ -112,8 +108,7 @@ async def test_a_turn_cut_off_by_the_executor_s_death_is_run_again_with_its_atta
             second = _spawn_executor(env, log2)
             try:
                 def rerun_done() -> bool:
-                    with psycopg.connect(db.admin_dsn) as conn:
-                        rows = conn.execute("SELECT status FROM tasks WHERE role = 'orchestrator'").fetchall()
+                    rows = tables.tasks(db.admin_dsn, "status", role="orchestrator")
                     return len(rows) >= 2 and all(r[0] not in ("pending", "running") for r in rows)
 
                 await until(rerun_done, _said("the cut-off turn was not run again", log2), timeout=120)
@@ -126,13 +121,12 @@ async def test_a_turn_cut_off_by_the_executor_s_death_is_run_again_with_its_atta
                 first.kill()
                 first.wait(10)
     with psycopg.connect(db.admin_dsn) as conn:
-        turns = conn.execute("SELECT id, status, retry_of, attachment_ids FROM tasks WHERE role = 'orchestrator' "
-                             "ORDER BY created_at").fetchall()
-        messages = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'task.user_message'").fetchone()
+        turns = tables.tasks(conn, "id", "status", "retry_of", "attachment_ids", role="orchestrator")
+        messages = tables.count_events(conn, "task.user_message")
         digest = conn.execute("SELECT sha256 FROM attachments").fetchone()
     assert [t[1] for t in turns] == ["crashed", "success"] and turns[1][2] == turns[0][0]
     assert [str(i) for i in turns[1][3]] == [up.json()["id"]]
-    assert messages == (1,)  # the message itself was delivered once; its turn ran again
+    assert messages == 1  # the message itself was delivered once; its turn ran again
     carrying = [r for r in model.requests if r.role == "orchestrator"
                 and any(b.get("type") == "image" for b in r.user_blocks)]
     assert len(carrying) >= 2 and digest is not None

@@ -32,7 +32,9 @@ from tests.resilience import OwnServer, StreamReader, check_invariants, head, se
 from tests.e2e.test_asks import Q1, _round_trip, asking
 from tests.fault.test_executor_process import _executor_env
 from tests.scenarios import STALL_FOREVER, handoff, one_worker
+from tests import tables
 from tests.served import free_port, ingress_server
+from tests.wait import until
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
 # (RETURNING, an aggregate, a row the test made)
@@ -46,32 +48,22 @@ async def post_chat(http: httpx.AsyncClient, text: str, thread: str | None = Non
     body: dict[str, Any] = {"text": text, "client_msg_id": f"msg-{uuid.uuid4()}"}
     if thread:
         body["thread_id"] = thread
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def accepted() -> bool:
         try:
-            r = await http.post("/api/chat", json=body)
-            if r.status_code == 202:
-                return
+            return (await http.post("/api/chat", json=body)).status_code == 202
         except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"could not post {text!r}"
-        await asyncio.sleep(0.2)
+            return False
+
+    await until(accepted, f"{text!r} accepted", timeout, every=0.2)
 
 
 def echoes(admin_dsn: str) -> list[str]:
-    with psycopg.connect(admin_dsn) as conn:
-        return [r[0] for r in conn.execute(
-            "SELECT payload ->> 'text' FROM journal WHERE event_type = 'task.user_message' ORDER BY seq").fetchall()]
+    return tables.user_messages(admin_dsn)
 
 
 async def running_turn(admin_dsn: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with psycopg.connect(admin_dsn) as conn:
-            if conn.execute("SELECT count(*) FROM tasks WHERE status = 'running' AND pid IS NOT NULL").fetchone()[0]:  # type: ignore[index]
-                return
-        assert time.monotonic() < deadline, "no turn started"
-        await asyncio.sleep(0.05)
+    await until(lambda: tables.count_running(admin_dsn), "a turn started", timeout, every=0.05)
 
 
 # how long the database stays down: well inside the pools' 30 s wait for a connection
@@ -112,12 +104,7 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
             with contextlib.suppress(psycopg.Error):
                 await locker.close()
             during = asyncio.create_task(post_chat(http, "during"))  # the phone retries until accepted
-            answered: list[int] = []
-            down_until = time.monotonic() + DOWN_S
-            while time.monotonic() < down_until:
-                with contextlib.suppress(httpx.HTTPError):
-                    answered.append((await http.get("/healthz", timeout=1)).status_code)
-                await asyncio.sleep(0.2)
+            answered = await _health_during(http, DOWN_S)
             await asyncio.to_thread(server.up)
             await during
             for i in range(3):
@@ -144,15 +131,24 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
     assert status == "success" and deltas == words and lines == exited["lines"]
 
 
+async def _health_during(http: httpx.AsyncClient, window_s: float) -> list[int]:
+    """The ingress's /healthz answers to a phone probing it through a window (the outage's length)."""
+    answered: list[int] = []
+
+    async def probe() -> None:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                answered.append((await http.get("/healthz", timeout=1)).status_code)
+            await asyncio.sleep(0.2)  # not a wait: the pace of the phone's probes
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(probe(), window_s)
+    return answered
+
+
 async def _journaled(admin_dsn: str, task_id: uuid.UUID, event_type: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with psycopg.connect(admin_dsn) as conn:
-            if conn.execute("SELECT 1 FROM journal WHERE task_id = %s AND event_type = %s",
-                            [task_id, event_type]).fetchone():
-                return
-        assert time.monotonic() < deadline, f"no {event_type} for {task_id}"
-        await asyncio.sleep(0.05)
+    await until(lambda: tables.count_events(admin_dsn, event_type, task_id), f"{event_type} for {task_id}", timeout,
+                every=0.05)
 
 
 async def test_the_listen_connections_terminated_by_the_server_are_replaced_and_nothing_waits(
@@ -184,16 +180,14 @@ async def test_the_listen_connections_terminated_by_the_server_are_replaced_and_
 async def _listening_again(admin_dsn: str, killed: list[int], timeout: float = 30) -> set[str]:
     """The listeners that have a new connection that LISTENed: its last statement is a LISTEN, or the
     probe it only sends after its LISTENs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            back = {name for (name,) in conn.execute(
-                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name LIKE '%%-listen' AND pid <> ALL(%s)"
-                " AND (query ILIKE 'LISTEN %%' OR query ILIKE 'SELECT pg_notify(%%')", [killed]).fetchall()}
-        if len(back) == 2 or time.monotonic() > deadline:
-            return back
-        await asyncio.sleep(0.1)
+    back: set[str] = set()
+
+    def relistened() -> set[str] | None:
+        nonlocal back
+        back = tables.listening(admin_dsn, "%-listen", besides=killed)
+        return back if len(back) == 2 else None
+
+    return await until(relistened, lambda: f"both listeners listening again; back: {back}", timeout)
 
 
 # ---- a service goes away ---------------------------------------------------------------------------------
@@ -226,9 +220,7 @@ async def test_the_executor_killed_mid_turn_and_restarted_loses_no_message(odb: 
                 executor.wait(60)
                 await reader.stop()
     check_invariants(odb.admin_dsn, [reader])
-    with psycopg.connect(odb.admin_dsn) as conn:
-        turns = conn.execute("SELECT brief, status, status_reason FROM tasks WHERE role = 'orchestrator'"
-                             " ORDER BY created_at").fetchall()
+    turns = tables.tasks(odb.admin_dsn, "brief", "status", "status_reason", role="orchestrator")
     # the killed turn is visibly crashed and its message runs again (the turns' policy) before the message
     # sent meanwhile, which gets a turn of its own
     assert turns == [("first", "crashed", "executor_restart"), ("first", "success", "completed"),
@@ -249,19 +241,11 @@ async def test_a_threads_worker_orphaned_by_an_executor_kill_is_retried_by_the_p
             try:
                 thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
                 await post_chat(http, "run the long job", thread)
-                deadline = time.monotonic() + 90
-                while True:
-                    with psycopg.connect(odb.admin_dsn) as conn:
-                        if conn.execute("SELECT count(*) FROM tasks WHERE role = 'worker' AND status = 'running'"
-                                        " AND pid IS NOT NULL").fetchone()[0]:  # type: ignore[index]
-                            break
-                    assert time.monotonic() < deadline, log.read_text()[-3000:]
-                    await asyncio.sleep(0.1)
                 # the first run is in its hanging request (its claude dies with the executor: it must have
                 # reached the model first, or the retry would be the run the scenario hangs)
-                while not any(r.role == "worker" for r in model.requests):
-                    assert time.monotonic() < deadline, log.read_text()[-3000:]
-                    await asyncio.sleep(0.1)
+                await until(lambda: tables.count_running(odb.admin_dsn, "worker")
+                            and any(r.role == "worker" for r in model.requests),
+                            lambda: "the worker's first run at the model\n" + log.read_text()[-3000:], 90)
                 executor.send_signal(signal.SIGKILL)
                 executor.wait(30)
                 executor = _spawn(env, log)
@@ -271,10 +255,8 @@ async def test_a_threads_worker_orphaned_by_an_executor_kill_is_retried_by_the_p
                 executor.wait(60)
     check_invariants(odb.admin_dsn)
     with psycopg.connect(odb.admin_dsn) as conn:
-        workers = conn.execute("SELECT status, status_reason, attempt FROM tasks WHERE role = 'worker'"
-                               " ORDER BY created_at").fetchall()
-        decisions = [r[0] for r in conn.execute(
-            "SELECT payload ->> 'action' FROM journal WHERE event_type = 'policy.decision' ORDER BY seq").fetchall()]
+        workers = tables.tasks(conn, "status", "status_reason", "attempt", role="worker")
+        decisions = tables.policy_actions(conn)
         reports = conn.execute("SELECT count(*) FROM tasks WHERE role = 'orchestrator'"
                                " AND brief LIKE '[harness] Worker%%'").fetchone()[0]  # type: ignore[index]
     assert workers == [("crashed", "executor_restart", 1), ("success", "completed", 2)], log.read_text()[-3000:]
@@ -294,7 +276,8 @@ async def test_the_ingress_restarted_under_50_sse_clients_they_all_resume_with_e
                 readers = [StreamReader(url, after=0).start() for _ in range(50)]
                 await asyncio.gather(*(r.connected.wait() for r in readers))
                 tasks = [await h.dispatch(f"talk {i}") for i in range(2)]
-                await asyncio.sleep(1.0)  # mid-output
+                for t in tasks:  # mid-output
+                    await _journaled(odb.admin_dsn, t, "stream.stream_event")
             await asyncio.sleep(0.5)  # the ingress is down while the workers go on writing
             async with ingress_server(odb.ingress_dsn, ingress_port=port):
                 for t in tasks:
@@ -334,8 +317,7 @@ async def test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_n
             " AND payload -> 'event' ->> 'type' = 'content_block_delta'", [task_id]).fetchone()[0]  # type: ignore[index]
         lines = conn.execute("SELECT count(*) FROM journal WHERE task_id = %s AND tier = 'raw'"
                              " AND event_type LIKE 'stream.%%'", [task_id]).fetchone()[0]  # type: ignore[index]
-        exited = conn.execute("SELECT payload FROM journal WHERE task_id = %s AND event_type = 'task.exited'",
-                              [task_id]).fetchone()[0]  # type: ignore[index]
+        [exited] = tables.payloads(conn, "task.exited", task_id)
     assert row["status"] == "success"
     assert deltas == words  # one line per token the model streamed, each exactly once
     assert lines == exited["lines"]  # every stdout line the supervisor counted is in the journal
@@ -400,8 +382,7 @@ async def test_twenty_messages_in_one_second_are_each_delivered_once_in_order(od
             await reader.stop()
     check_invariants(odb.admin_dsn, [reader])
     assert echoes(odb.admin_dsn) == sent
-    with psycopg.connect(odb.admin_dsn) as conn:
-        turns = conn.execute("SELECT count(*) FROM tasks WHERE role = 'orchestrator'").fetchone()[0]  # type: ignore[index]
+    turns = tables.count_tasks(odb.admin_dsn, role="orchestrator")
     assert turns < 20, f"{turns} turns: messages that waited should share a turn"
     assert posting_took < 20  # sanity only: they went in a burst
 
@@ -425,13 +406,9 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
             async def round_(offset: float) -> tuple[str, int]:
                 thread = (await http.post("/api/threads", json={"title": str(offset)})).json()["thread_id"]
                 await post_chat(http, f"ask me ({offset})", thread)
-                deadline = time.monotonic() + 60
-                while not (asks := (await http.get("/api/asks", params={
-                        "status": "pending", "thread_id": thread})).json()["asks"]):
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.02)
+                asks = await until(lambda: _pending_asks(http, thread), "the question asked", 60, every=0.02)
                 asked_at = time.monotonic()
-                await asyncio.sleep(max(0.0, timeout_s + offset - 0.05))
+                await asyncio.sleep(max(0.0, timeout_s + offset - 0.05))  # not a wait: the answer's moment, the race
                 r = await http.post(f"/api/asks/{asks[0]['id']}/answer", json={"answers": {"Go ahead?": "Yes"}})
                 assert r.status_code in (200, 202), r.text
                 assert time.monotonic() - asked_at < 60
@@ -459,6 +436,12 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
             assert result["answers"] == {"Go ahead?": "Yes"}, result
         else:
             assert result["answers"] == {} and result["response"] == TIMED_OUT, result
+
+
+async def _pending_asks(http: httpx.AsyncClient, thread: str) -> list[dict[str, Any]]:
+    asks: list[dict[str, Any]] = (await http.get("/api/asks", params={
+        "status": "pending", "thread_id": thread})).json()["asks"]
+    return asks
 
 
 def _ask_tool_result(conn: psycopg.Connection[Any], thread: str) -> dict[str, Any]:
@@ -499,8 +482,7 @@ async def test_a_stop_the_cli_does_not_obey_is_followed_by_sigkill_after_the_gra
             await h.wait_event(task_id, "stream.system.init")
             pid = (await h.task(task_id))["pid"]
             os.kill(cli_pid(pid), signal.SIGSTOP)  # the real CLI, frozen: SIGTERM stays pending, only SIGKILL acts
-            async with await psycopg.AsyncConnection.connect(db.ingress_dsn, autocommit=True) as ingress:
-                await ingress.execute("INSERT INTO stop_queue (task_id, reason) VALUES (%s, 'user')", [task_id])
+            await tables.ask_stop(db.ingress_dsn, task_id)
             row = await h.wait_final(task_id, timeout=30)
             events = await h.events(task_id)
     sent = [e for e in events if e.event_type == "task.signal_sent"]

@@ -80,7 +80,7 @@ def test_a_second_up_or_executor_on_a_data_directory_in_use_is_refused_naming_th
         bare = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "executor"], capture_output=True, text=True,
                               timeout=60, env=_env(tmp_path, PETAL_DATA_DIR=str(data), PETAL_MCP_PORT=str(free_port()),
                                                    PETAL_EXECUTOR_DSN="postgresql://nobody@127.0.0.1:1/none"))
-        time.sleep(3)  # long enough for a crash-looping executor to have been restarted
+        time.sleep(3)  # a window in which a crash-looping executor would be restarted (it must not be)
         threads = _get(f"{first.base}/api/threads")["threads"]
         assert _get(f"{first.base}/readyz")["status"] == "ready"
     finally:
@@ -133,7 +133,7 @@ def test_an_archived_thread_stays_archived_across_restarts_runs_nothing_and_its_
     for _ in range(2):
         up = Up(tmp_path, data, *args)
         try:
-            time.sleep(4)  # the settler and the threads' passes of the new executor have run
+            time.sleep(4)  # a window for the new executor's settler and threads passes: they must not run the thread
             listed = {t["id"]: t for t in _get(f"{up.base}/api/threads")["threads"]}
             tasks = _get(f"{up.base}/api/tasks?thread_id={thread}")["tasks"]
             pending = _get(f"{up.base}/api/asks?status=pending")["asks"]
