@@ -14,6 +14,7 @@ from typing import Any, Self
 
 from psycopg_pool import AsyncConnectionPool
 
+from executor.gates.decide import Decision
 from executor.sql import queries
 from shared.query import FromRow, Queries, Transaction
 from shared.work import Work, work
@@ -33,7 +34,7 @@ class GateRule(FromRow):
     scope: str
     tool_name: str
     pattern: str
-    decision: str
+    decision: Decision
     category: str | None
 
 

@@ -194,14 +194,14 @@ class Gatekeeper:
         found = self._workdirs.get(task_id)
         if found is not None:
             return found
-        row = await self.harness.q.one("get_gate_workdir", {"task_id": task_id})
+        row = await gates.GateStore(self.harness.q).workdir(task_id)
         if row is None:
             raise LookupError(f"no task {task_id}")
-        if row["spawned_in"] is None:
-            if row["workdir"] is None:  # the spawn's record not yet written: never guess a directory
+        if row.spawned_in is None:
+            if row.workdir is None:  # the spawn's record not yet written: never guess a directory
                 raise LookupError(f"the directory of task {task_id} is not known yet")
-            return os.path.realpath(str(row["workdir"]))
-        found = os.path.realpath(str(row["spawned_in"]))
+            return os.path.realpath(row.workdir)
+        found = os.path.realpath(row.spawned_in)
         if len(self._workdirs) >= WORKDIR_CACHE:
             self._workdirs.pop(next(iter(self._workdirs)))
         self._workdirs[task_id] = found
@@ -215,8 +215,8 @@ class Gatekeeper:
             caller = await self.harness.identities.caller(ctx, TOOL_NAME)
             verdict = gates.classify(tool_name, tool_input, await self._workdir(caller.task_id), self.home)
             if verdict.gated:
-                found = await self.harness.q.one("get_gate_thread_mode", {"thread_id": caller.thread_id})
-                mode: gates.Mode = "interactive" if found and found["mode"] == "interactive" else "autonomous"
+                found = await gates.GateStore(self.harness.q).thread_mode(caller.thread_id)
+                mode: gates.Mode = "interactive" if found == "interactive" else "autonomous"
         except Exception:
             # fail closed, and visibly: a deny is listed in the run's permission_denials, an error is not
             log.exception("permission_prompt_failed", tool=tool_name, tool_use_id=tool_use_id)
@@ -243,14 +243,14 @@ class Gatekeeper:
 
     async def _rule(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
                     mode: gates.Mode, tool_use_id: str | None, ctx: Context) -> _Ruling:
-        rules = await self.harness.q.all("list_live_gate_rules", {"tool_name": tool_name, "task_id": caller.task_id,
-                                                     "thread_id": caller.thread_id, "project_id": caller.project_id})
+        rules = await gates.GateStore(self.harness.q).live_rules(
+            tool_name, task_id=caller.task_id, thread_id=caller.thread_id, project_id=caller.project_id)
         for rule in rules:
-            if gates.rule_covers(rule["pattern"], rule["tool_name"], tool_name, tool_input):
-                why = f"a standing rule ({rule['scope']}) refuses it"
-                return _Ruling(rule["decision"], "rule",
-                               gates.deny_message(verdict, why=why) if rule["decision"] == "deny" else "",
-                               {"rule_id": str(rule["id"]), "rule_scope": rule["scope"]})
+            if gates.rule_covers(rule.pattern, rule.tool_name, tool_name, tool_input):
+                why = f"a standing rule ({rule.scope}) refuses it"
+                return _Ruling(rule.decision, "rule",
+                               gates.deny_message(verdict, why=why) if rule.decision == "deny" else "",
+                               {"rule_id": str(rule.id), "rule_scope": rule.scope})
         if gates.decide(verdict, mode) == "deny":
             return _Ruling("deny", "autonomous_policy", gates.deny_message(verdict))
         return await self._ask(caller, tool_name, tool_input, verdict, tool_use_id, ctx)
@@ -290,17 +290,15 @@ class Gatekeeper:
             (v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
         if not isinstance(pattern, str) or not pattern:
             return {}
-        row = await self.harness.q.one("insert_gate_rule", {
-            "scope": scope, "task_id": caller.task_id if scope == "task" else None,
-            "session_id": caller.thread_id if scope == "thread" else None, "project_id": None,
-            "tool_name": tool_name, "pattern": pattern, "decision": "allow", "category": verdict.category,
-            "created_by": answered_by})
-        assert row is not None
+        rule_id = await gates.GateStore(self.harness.q).insert_rule(gates.NewRule(
+            scope, tool_name, pattern, "allow", answered_by, category=verdict.category,
+            task_id=caller.task_id if scope == "task" else None,
+            session_id=caller.thread_id if scope == "thread" else None))
         await self.harness.writer.put(NewEvent("gate.rule_added", {
-            "rule_id": str(row["id"]), "scope": scope, "tool": tool_name, "pattern": pattern[:4000],
+            "rule_id": str(rule_id), "scope": scope, "tool": tool_name, "pattern": pattern[:4000],
             "decision": "allow", "category": verdict.category, "created_by": answered_by}, tier="derived",
             task_id=caller.task_id, session_id=caller.session_id, project_id=caller.project_id))
-        return {"rule_id": str(row["id"]), "rule_scope": scope}
+        return {"rule_id": str(rule_id), "rule_scope": scope}
 
     async def _journal(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], tool_use_id: str | None,
                        verdict: gates.Verdict, mode: gates.Mode, ruling: _Ruling, waited_s: float, *,

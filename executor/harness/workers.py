@@ -5,6 +5,7 @@ waits for the user's approval (executor/settle/approvals.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 import weakref
 from typing import Any, Literal, NoReturn
@@ -21,8 +22,10 @@ from executor.harness.services import Harness
 from executor.projects import service as projects
 from executor.run import user_input
 from executor.run.caller import Caller
+from executor.run.task_store import TaskRows
 from executor.settle import approvals, briefs, dispatch
 from executor.settle.dispatch import TaskRequest
+from executor.settle.thread_store import ThreadStore
 from shared import read_surface
 from shared.models import NewEvent
 from shared.query import Queries
@@ -74,10 +77,10 @@ class _Workers:
         # the thread's mode, not the caller's own session: a worker of an interactive thread asks too, at any
         # depth (the thread of its lineage's root)
         thread = caller.thread_id or found.thread_id
-        mode = await self.harness.q.one("get_thread_mode", {"id": thread}) if thread else None
+        mode = await ThreadStore(self.harness.q).mode(thread) if thread else None
         if caller.thread_id is not None:  # a routine's run: at most its routine's max_workers at once
             await self._check_routine_workers(self.harness.q, caller.thread_id)
-        if thread is not None and mode is not None and mode["mode"] == "interactive":
+        if thread is not None and mode == "interactive":
             return await self._approve(brief, caller, thread, project, plan_ref, allowed_tools, tool_use_id(ctx),
                                        file_ids)
         new_id = await self._insert(caller, dispatch.TaskRequest(
@@ -153,7 +156,7 @@ class _Workers:
 
     async def _files(self, caller: Caller) -> list[dict[str, Any]]:
         """The files sent with the caller's turn (its messages carried them), in order."""
-        return await self.harness.q.all("list_task_attachment_files", {"task_id": caller.task_id})
+        return [dataclasses.asdict(f) for f in await TaskRows(self.harness.q).attachment_files(caller.task_id)]
 
     async def _approve(self, brief: str, caller: Caller, thread: uuid.UUID, project: uuid.UUID | None,
                        plan_ref: str | None, allowed_tools: list[str] | None, call_id: str | None,

@@ -205,12 +205,11 @@ class _ToolUse(FromRow):
 
 
 class TaskRows:
-    """tasks.sql's queries on `run`: a caller's unit of work or transaction, or the pool's Queries."""
+    """tasks.sql's queries on `run`: a caller's unit of work or transaction, or the pool's Queries — for a task's
+    request (executor/settle/dispatch.py), the journal's execution tree (lineage.py), an import (transcript.py)."""
 
     def __init__(self, run: Queries | Transaction):
         self.run = run
-
-    # ---- a task's request (executor/settle/dispatch.py) -------------------------------------------------
 
     async def project_workdir(self, project_id: uuid.UUID) -> tuple[bool, str | None]:
         """(whether the project exists, its working directory)."""
@@ -228,8 +227,6 @@ class TaskRows:
     async def attachment_files(self, task_id: uuid.UUID) -> list[AttachmentFile]:
         return await self.run.all("list_task_attachment_files", {"task_id": task_id}, into=AttachmentFile)
 
-    # ---- the journal's execution tree (executor/run/lineage.py) -----------------------------------------
-
     async def dispatch_tool_use(self, task_id: uuid.UUID) -> str | None:
         """The tool_use_id a task's dispatch recorded (None: not dispatched by a tool call, or no record)."""
         found = await self.run.one("get_dispatch_tool_use", {"id": task_id}, into=_ToolUse)
@@ -243,8 +240,6 @@ class TaskRows:
     async def exit_event(self, task_id: uuid.UUID) -> uuid.UUID | None:
         found = await self.run.one("get_task_exit_event", {"id": task_id}, into=_EventId)
         return found.event_id if found else None
-
-    # ---- an imported transcript (executor/run/transcript.py) --------------------------------------------
 
     async def insert_imported(self, *, task_id: uuid.UUID, session_id: uuid.UUID, project_id: uuid.UUID | None,
                               role: str, brief: str, status: str, reason: str,

@@ -1,4 +1,4 @@
-"""Never the same question twice (executor/asks.py `_once_per_thread`, the demo's scenario): the same questions
+"""Never the same question twice (executor/asks/__init__.py `_once_per_thread`, the demo's scenario): the same questions
 pending in a thread are joined, the thread's last answered question asked again is answered with its answer."""
 
 from __future__ import annotations
