@@ -106,7 +106,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         supervisor = Supervisor(db, writer, config.substrate, config.supervisor)
         supervisor.on_credential_revoked = harness.forget
         sessions = _session_index(config, db)
-        conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.turn_coming)
+        conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.spawner.turn_coming)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, config.settler, conversations.wake)
         repos = projects.Projects(db.pool, writer,

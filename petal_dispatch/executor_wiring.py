@@ -101,7 +101,7 @@ def substrate_config(settings: Settings, env: Mapping[str, str]) -> SubstrateCon
 def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> SupervisorConfig:
     from executor import harness
     from executor.run import fleet
-    from executor.run.warm import WarmConfig
+    from executor.run.spawn.warm_pool import WarmConfig
     from executor.run.supervisor import SupervisorConfig, default_max_parked
 
     return SupervisorConfig(

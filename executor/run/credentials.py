@@ -52,7 +52,7 @@ class Credentials:
     def write(self, name: str) -> tuple[Path, bytes] | None:
         """A fresh credential in a private MCP config file, not yet anyone's: (its path, its hash). A warm
         turn's process reads it at start and sends it on every request; the harness refuses it until `bind`
-        (executor/run/warm.py)."""
+        (executor/run/spawn/warm_pool.py)."""
         if not self.mcp_url:
             return None
         token = secrets.token_urlsafe(32)

@@ -92,7 +92,7 @@ class SpawnSpec:
     # while a live process held the conversation
     fork_from: str | None = None
     # the message goes as one stream-json line whatever it holds: a warm turn's process is started before
-    # its message exists (executor/run/warm.py)
+    # its message exists (executor/run/spawn/warm_pool.py)
     stream_input: bool = False
 
 

@@ -30,9 +30,10 @@ from executor.journal.writer import JournalWriter
 from executor.run import fleet, process, substrate
 from executor.run.reconcile import reconcile
 from executor.run.side_tasks import SideTasks, first_error
-from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT, USER_STOP, RunConfig, Running, TaskRunner
+from executor.run.running import Running
+from executor.run.spawn.warm_pool import WarmConfig
+from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT, USER_STOP, RunConfig, TaskRunner
 from executor.run.task_store import ClaimedTask, Parked, TaskStore
-from executor.run.warm import WarmConfig
 from executor.run.watchdog import Limits, Watchdog
 from executor.sandbox.bwrap import SandboxPolicy
 from shared import aio, logs
@@ -98,10 +99,10 @@ class SupervisorConfig:
     shared_claude_config: bool = False
     # every spawn's sandbox (None: unsandboxed, the operator's explicit PETAL_SANDBOX=off)
     sandbox: SandboxPolicy | None = None
-    # threads' next turns started ahead of their messages (executor/run/warm.py): how many, and for how long
+    # threads' next turns started ahead of their messages (executor/run/spawn/warm_pool.py): how many, and for how long
     warm: WarmConfig = field(default_factory=WarmConfig)
-    # a thread's next turn's sandbox started before its claim (executor/run/ahead.py): a spare kept for it, or
-    # its own started when the threads loop sees its message
+    # a thread's next turn's sandbox started before its claim (executor/run/spawn/ahead_pool.py): a spare kept for
+    # it, or its own started when the threads loop sees its message
     ahead: bool = True
     ahead_spares: int = 1
 
@@ -187,8 +188,8 @@ class Supervisor:
                     if wake_on is not None:
                         side.start("wakeups", self._forward_wakeups(wake_on))
                     # the warm turns' loop returns at once when none are configured
-                    side.start("warm-turns", self.runner.warm.run(), may_end=True)
-                    side.start("sandbox-spares", self.runner.ahead.run())
+                    side.start("warm-turns", self.runner.spawner.warm.run(), may_end=True)
+                    side.start("sandbox-spares", self.runner.spawner.ahead.run())
                     self.ready.set()
                     await self._supervise()
                 finally:
@@ -228,8 +229,8 @@ class Supervisor:
                 self._stops_due = True  # the poll: whatever a lost notification would have said
 
     async def _shut_down(self) -> None:
-        await self.runner.warm.close()  # before the runs: none is left behind, nor started meanwhile
-        await self.runner.ahead.close()
+        await self.runner.spawner.warm.close()  # before the runs: none is left behind, nor started meanwhile
+        await self.runner.spawner.ahead.close()
         await self._stop_children(EXECUTOR_SHUTDOWN)
         if self.runner.isolation is not None:
             self.runner.isolation.close()

@@ -1,6 +1,6 @@
-"""Sandboxes started ahead (executor/run/ahead.py): a thread's next turn's sandbox, a spare started before its
-message or its own started when the threads loop sees the message, its CLI only once the turn is claimed. Against
-the real CLI, the scripted model and bubblewrap."""
+"""Sandboxes started ahead (executor/run/spawn/ahead_pool.py): a thread's next turn's sandbox, a spare started
+before its message or its own started when the threads loop sees the message, its CLI only once the turn is claimed.
+Against the real CLI, the scripted model and bubblewrap."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import httpx
 import psutil
 import psycopg
 
-from executor.run import ahead
+from executor.run.spawn import ahead_pool
 from executor.sandbox import bwrap, cliconfig
 from executor.sandbox.bwrap import SpawnBox
 from executor.sandbox.gateway import Gateway
@@ -186,7 +186,7 @@ async def _launched(tmp: Path, argv: list[str] | None, *, cut: int = 0) -> tuple
     finally:
         os.close(read_end)
     await asyncio.sleep(0.5)  # it is up, waiting: nothing of the command runs yet
-    argv_bytes = ahead.command_line(argv or [])
+    argv_bytes = ahead_pool.command_line(argv or [])
     argv_bytes = argv_bytes[:len(argv_bytes) - cut]
     inside = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
     with open(write_end, "wb", buffering=0) as command:

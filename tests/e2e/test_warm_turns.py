@@ -1,5 +1,5 @@
-"""Warm turns: a thread's next turn's CLI started ahead of its message (executor/run/warm.py), against the real
-CLI and the scripted model, sandboxed as every spawn is in the suite."""
+"""Warm turns: a thread's next turn's CLI started ahead of its message (executor/run/spawn/warm_pool.py), against the
+real CLI and the scripted model, sandboxed as every spawn is in the suite."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import psutil
 import psycopg
 import pytest
 
-from executor.run.warm import WarmConfig
+from executor.run.spawn.warm_pool import WarmConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer, last_user_text
 from tests.bench import services
 from tests.harness import running_executor

@@ -1,5 +1,5 @@
-"""The bookkeeping of sandboxes started ahead (executor/run/ahead.py): which threads get one, when one is taken,
-ended unused or at the stop. Processes are stand-ins; the real sandbox's side is tests/e2e/test_ahead.py."""
+"""The bookkeeping of sandboxes started ahead (executor/run/spawn/ahead_pool.py): which threads get one, when one is
+taken, ended unused or at the stop. Processes are stand-ins; the real sandbox's side is tests/e2e/test_ahead.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from executor.run import ahead as ahead_module
-from executor.run.ahead import MAX_AHEAD, Ahead, AheadPool, SpareStale
+from executor.run.spawn import ahead_pool as ahead_module
+from executor.run.spawn.ahead_pool import MAX_AHEAD, Ahead, AheadPool, SpareStale
 from tests.wait import until
+
+pytestmark = pytest.mark.unit
 
 HERE = "host-1"
 
@@ -43,7 +45,7 @@ class _Starter:
         self.unlinkable: set[uuid.UUID] = set()  # conversations no spare can take (a side directory)
         self.link_error: BaseException | None = None  # what linking raises (a stale spare, a failed link)
 
-    async def start_ahead(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
+    async def start(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
         await asyncio.sleep(0)  # its start takes a moment
         if self.fail:
             raise OSError("no sandbox")
@@ -54,13 +56,13 @@ class _Starter:
         self.started.append(made)
         return made
 
-    async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
+    async def link(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
         await asyncio.sleep(0)
         if self.link_error is not None:
             raise self.link_error
         return None if session_id in self.unlinkable else dataclasses.replace(spare, session_id=session_id)
 
-    async def end_ahead(self, ahead: Ahead, reason: str) -> None:
+    async def end(self, ahead: Ahead, reason: str) -> None:
         self.ended.append((ahead.session_id, reason))
 
 

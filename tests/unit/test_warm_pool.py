@@ -1,5 +1,5 @@
-"""The warm pool's bookkeeping (executor/run/warm.py): how many, which threads, when one is ended or replaced.
-Processes are stand-ins; the real CLI's side is tests/e2e/test_warm_turns.py."""
+"""The warm pool's bookkeeping (executor/run/spawn/warm_pool.py): how many, which threads, when one is ended or
+replaced. Processes are stand-ins; the real CLI's side is tests/e2e/test_warm_turns.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from executor.run import substrate
-from executor.run.warm import Template, Warm, WarmConfig, WarmPool
+from executor.run.spawn.warm_pool import Warm, WarmConfig, WarmPool
+from executor.run.task_store import Template
+
+pytestmark = pytest.mark.unit
 
 
 class _Proc:
@@ -31,12 +36,12 @@ class _Proc:
         return self.returncode
 
 
-class _Spawner:
+class _Starter:
     def __init__(self) -> None:
         self.started: list[Warm] = []
         self.ended: list[tuple[uuid.UUID, str]] = []
 
-    async def spawn_warm(self, template: Template) -> Warm | None:
+    async def start(self, template: Template) -> Warm | None:
         proc: Any = _Proc()
         warm = Warm(session_id=template.session_id, spawn_id=uuid.uuid4(), proc=proc,
                     spec=substrate.SpawnSpec(role="orchestrator", prompt="", session_uuid=str(template.session_id)),
@@ -45,7 +50,7 @@ class _Spawner:
         self.started.append(warm)
         return warm
 
-    async def end_warm(self, warm: Warm, reason: str) -> None:
+    async def end(self, warm: Warm, reason: str) -> None:
         if warm.proc.returncode is None:
             warm.proc.die()  # type: ignore[attr-defined]  # the stand-in's
         self.ended.append((warm.session_id, reason))
@@ -57,8 +62,8 @@ def _thread(seen_s_ago: float | None) -> Template:
                     seen_at=seen)
 
 
-def _pool(found: list[Template], **kw: Any) -> tuple[WarmPool, _Spawner]:
-    spawner = _Spawner()
+def _pool(found: list[Template], **kw: Any) -> tuple[WarmPool, _Starter]:
+    spawner = _Starter()
 
     async def candidates(offered: list[uuid.UUID], presence_s: float, n: int) -> list[Template]:
         known = {t.session_id for t in found}
@@ -144,7 +149,7 @@ async def test_a_turn_that_starts_while_a_pass_reads_or_spawns_is_not_warmed_on_
     pool, spawner = _pool([a])
     await pool.refresh()
     reading, spawning, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    candidates, spawn_warm = pool.candidates, spawner.spawn_warm
+    candidates, start = pool.candidates, spawner.start
 
     async def slow_candidates(*args: Any) -> list[Template]:
         found = await candidates(*args)
@@ -162,9 +167,9 @@ async def test_a_turn_that_starts_while_a_pass_reads_or_spawns_is_not_warmed_on_
     async def slow_spawn(template: Template) -> Warm | None:
         spawning.set()
         await go_on.wait()  # its sandbox and CLI starting
-        return await spawn_warm(template)
+        return await start(template)
     pool.candidates = candidates
-    spawner.spawn_warm = slow_spawn  # type: ignore[method-assign]
+    spawner.start = slow_spawn  # type: ignore[method-assign]
     go_on.clear()
     pass_ = asyncio.create_task(pool.refresh())
     await spawning.wait()

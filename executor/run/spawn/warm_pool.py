@@ -3,7 +3,7 @@
 A thread likely to get the next message — one a page shows (`client_presence`, which the page reports), or
 one whose turn just ended here — gets its next turn's process started ahead of time: `--resume <thread>`,
 `--input-format stream-json`, its own per-spawn MCP config, sandboxed like any spawn, waiting on stdin. When
-the turn's task is claimed, the runner takes that process instead of spawning one (executor/run/task_run.py):
+the turn's task is claimed, the spawner hands that process over instead of spawning one (executor/run/spawn/warm.py):
 the message is written as one stream-json line and stdin closed, so a turn is still one process, its exit
 the boundary, journaled from its first line. Observed on 2.1.328 (docs/claude-cli.md, "Warm turns"): started
 this way the CLI loads its config and the conversation and connects its MCP servers before any input, prints
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Protocol
 
 from executor.run import substrate
+from executor.run.task_store import Template
 from executor.sandbox.gateway import Gateway
 from shared import aio, logs
 from shared.database import OUTAGE_ERRORS
-from shared.query import FromRow
 
 log = logs.get(__name__)
 
@@ -48,18 +48,6 @@ class WarmConfig:
     presence_s: float = 60.0
     # how often the candidates are looked at again (a turn's end looks at once)
     poll_s: float = 2.0
-
-
-@dataclass(frozen=True)
-class Template(FromRow):
-    """What a thread's next turn will be spawned from: its latest turn's placement and tools."""
-
-    session_id: uuid.UUID
-    project_id: uuid.UUID | None
-    role: str
-    workdir: str | None
-    allowed_tools: list[str] | None
-    seen_at: datetime | None  # the latest presence report of a page showing it (None: not shown)
 
 
 @dataclass(eq=False)
@@ -86,12 +74,16 @@ class Warm:
         return self.proc.returncode is None
 
 
-class Spawner(Protocol):
-    """The runner's side: making and ending warm processes (executor/run/task_run.py)."""
+class Starter(Protocol):
+    """Making and ending warm processes (executor/run/spawn/warm.py `WarmStarter`)."""
 
-    async def spawn_warm(self, template: Template) -> Warm | None: ...
+    async def start(self, template: Template) -> Warm | None:
+        """A thread's next turn's process, started now and left waiting on stdin (None if it cannot be)."""
+        ...
 
-    async def end_warm(self, warm: Warm, reason: str) -> None: ...
+    async def end(self, warm: Warm, reason: str) -> None:
+        """A warm process no turn will take: ended, and what it held released."""
+        ...
 
 
 Candidates = Callable[[list[uuid.UUID], float, int], Awaitable[list[Template]]]
@@ -100,9 +92,9 @@ Candidates = Callable[[list[uuid.UUID], float, int], Awaitable[list[Template]]]
 class WarmPool:
     """The warm processes of one executor, one per thread at most, and the loop that keeps them."""
 
-    def __init__(self, config: WarmConfig, spawner: Spawner, candidates: Candidates):
+    def __init__(self, config: WarmConfig, starter: Starter, candidates: Candidates):
         self.config = config
-        self.spawner = spawner
+        self.starter = starter
         self.candidates = candidates
         self.warm: dict[uuid.UUID, Warm] = {}
         self._ended: dict[uuid.UUID, datetime] = {}  # turns that just ended here: thread → when
@@ -163,8 +155,7 @@ class WarmPool:
 
     async def refresh(self) -> None:
         """One pass: retire the dead, the idle and the displaced, then warm the threads most likely next."""
-        now = datetime.now(UTC)
-        horizon = now - timedelta(seconds=self.config.idle_s)
+        horizon = datetime.now(UTC) - timedelta(seconds=self.config.idle_s)
         self._ended = {s: at for s, at in self._ended.items() if at > horizon}
         # A thread whose turn starts while this pass reads (or spawns) is not warmed by it: the candidates
         # leave out threads with a turn under way only as of their read, and a process started now would read
@@ -177,6 +168,13 @@ class WarmPool:
         chosen = sorted((t for t in found if t.session_id in signals), key=lambda t: signals[t.session_id],
                         reverse=True)[: self.config.turns]
         wanted = {t.session_id for t in chosen}
+        await self._retire_dead_and_idle()
+        self._retired = {s: sig for s, sig in self._retired.items() if s in wanted}
+        for template in chosen:
+            if not await self._warm(template, signals[template.session_id], wanted):
+                return
+
+    async def _retire_dead_and_idle(self) -> None:
         for session_id, current in list(self.warm.items()):
             # a thread that is no longer a candidate keeps its warm process until it idles out or another
             # needs the room: its message may be the very turn that made it no candidate (pending, not yet
@@ -188,33 +186,41 @@ class WarmPool:
                 if reason == "idle":
                     self._retired[session_id] = current.signal
                 await self._end(current, reason)
-        self._retired = {s: sig for s, sig in self._retired.items() if s in wanted}
-        for template in chosen:
-            session_id = template.session_id
-            if session_id in self.warm or session_id in self._turn_started or self.closed():
-                continue
-            retired_for = self._retired.get(session_id)
-            if retired_for is not None and signals[session_id] <= retired_for:
-                continue  # idle already for this signal: warmed again on a newer one (a message, a page)
-            if len(self.warm) >= self.config.turns:
-                others = [w for s, w in self.warm.items() if s not in wanted]
-                if not others:
-                    break  # every slot holds a thread more likely next than this one
-                displaced = min(others, key=lambda w: w.signal or datetime.min.replace(tzinfo=UTC))
-                del self.warm[displaced.session_id]
-                await self._end(displaced, "displaced")
-            started = await self.spawner.spawn_warm(template)
-            if started is None:
-                continue
-            if session_id in self._turn_started:  # a turn began while it started: it read the old conversation
-                await self._end(started, "turn_started")
-                continue
-            started.signal = signals[session_id]
-            if self.closed():  # stopped while it started
-                await self._end(started, "executor_stopping")
-                return
-            self.warm[session_id] = started
-            started.watcher = asyncio.create_task(self._watch(started), name=f"warm-{session_id}")
+
+    async def _warm(self, template: Template, signal: datetime, wanted: set[uuid.UUID]) -> bool:
+        """A chosen thread's warm process started, unless it has one, needs none or finds no room; False when
+        the pass ends here (every slot holds a thread more likely next, or the pool is closing)."""
+        session_id = template.session_id
+        if session_id in self.warm or session_id in self._turn_started or self.closed():
+            return True
+        retired_for = self._retired.get(session_id)
+        if retired_for is not None and signal <= retired_for:
+            return True  # idle already for this signal: warmed again on a newer one (a message, a page)
+        if len(self.warm) >= self.config.turns and not await self._make_room(wanted):
+            return False  # every slot holds a thread more likely next than this one
+        started = await self.starter.start(template)
+        if started is None:
+            return True
+        if session_id in self._turn_started:  # a turn began while it started: it read the old conversation
+            await self._end(started, "turn_started")
+            return True
+        started.signal = signal
+        if self.closed():  # stopped while it started
+            await self._end(started, "executor_stopping")
+            return False
+        self.warm[session_id] = started
+        started.watcher = asyncio.create_task(self._watch(started), name=f"warm-{session_id}")
+        return True
+
+    async def _make_room(self, wanted: set[uuid.UUID]) -> bool:
+        """The least likely warm process of a thread no longer chosen ended; False when there is none."""
+        others = [w for s, w in self.warm.items() if s not in wanted]
+        if not others:
+            return False
+        displaced = min(others, key=lambda w: w.signal or datetime.min.replace(tzinfo=UTC))
+        del self.warm[displaced.session_id]
+        await self._end(displaced, "displaced")
+        return True
 
     def closed(self) -> bool:
         """Whether `close` began (a method: read again after each wait, not narrowed)."""
@@ -237,7 +243,7 @@ class WarmPool:
 
     async def _end(self, warm: Warm, reason: str) -> None:
         try:
-            await self.spawner.end_warm(warm, reason)
+            await self.starter.end(warm, reason)
         except Exception:  # noqa: BLE001 - logged; the process group was signalled first
             log.exception("warm_end_failed", thread=str(warm.session_id))
 

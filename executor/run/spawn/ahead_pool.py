@@ -3,8 +3,8 @@
 A cold turn's spawn waits for its bookkeeping (the threads loop's delivery, the claim, the credential, the
 session) and for its sandbox to start (bubblewrap, the forwarders listening: 13 ms on an idle machine, 20-30 ms
 beside the bookkeeping). Two ways take the sandbox off that path; in both, nothing of the CLI runs before the
-turn is claimed. When the turn is claimed, the runner builds the CLI's command as for a cold spawn and writes it
-to the sandbox's launcher, waiting on a pipe (executor/sandbox/bwrap.py, ARGV_FD; executor/run/task_run.py): the
+turn is claimed. When the turn is claimed, the spawner builds the CLI's command as for a cold spawn and writes it
+to the sandbox's launcher, waiting on a pipe (executor/sandbox/bwrap.py, ARGV_FD; executor/run/spawn/ahead.py): the
 CLI starts at once, as one process per turn, its exit the boundary, journaled from its first line.
 
 - **Spares**: up to `spares` sandboxes kept started for no thread yet, for the role of the turns this executor
@@ -93,18 +93,20 @@ class SpareStale(Exception):
 
 
 class Starter(Protocol):
-    """The runner's side: starting, handing over and ending sandboxes ahead (executor/run/task_run.py)."""
+    """Starting, handing over and ending sandboxes ahead (executor/run/spawn/ahead.py `AheadStarter`)."""
 
-    async def start_ahead(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
+    async def start(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
         """A thread's next turn's sandbox (`session_id` None: a spare), or None when there is none to start."""
         ...
 
-    async def link_spare(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
+    async def link(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
         """The spare with the thread's conversation linked in, or None when the conversation cannot go into it
         (nothing linked: the spare may take another's). Raises SpareStale for a spare no thread may take."""
         ...
 
-    async def end_ahead(self, ahead: Ahead, reason: str) -> None: ...
+    async def end(self, ahead: Ahead, reason: str) -> None:
+        """A sandbox no turn will take: ended, and what it held released."""
+        ...
 
 
 class AheadPool:
@@ -158,7 +160,7 @@ class AheadPool:
 
     async def _hand_over(self, spare: Ahead, session_id: uuid.UUID, role: str) -> Ahead | None:
         try:
-            linked = await self.starter.link_spare(spare, session_id)
+            linked = await self.starter.link(spare, session_id)
         except asyncio.CancelledError:
             self.give_back(spare, "start_cut_short")
             raise
@@ -198,7 +200,7 @@ class AheadPool:
 
     def give_back(self, ahead: Ahead, reason: str) -> None:
         """A taken sandbox the turn could not use: ended in the background."""
-        self._end_soon(self.starter.end_ahead(ahead, reason))
+        self._end_soon(self.starter.end(ahead, reason))
 
     async def run(self) -> None:
         """Keep the spares: started once a turn's role is known (`SPARE_REFILL_S` after the last was taken),
@@ -267,7 +269,7 @@ class AheadPool:
 
     async def _start(self, session_id: uuid.UUID | None, role: str) -> Ahead | None:
         try:
-            return await self.starter.start_ahead(session_id, role)
+            return await self.starter.start(session_id, role)
         except Exception:  # noqa: BLE001 - the turn spawns cold: said in the log, nothing else depends on it
             log.exception("ahead_not_started", thread=str(session_id))
             return None
@@ -282,7 +284,7 @@ class AheadPool:
         with contextlib.suppress(Exception):
             ahead = await started
             if ahead is not None:
-                await self.starter.end_ahead(ahead, reason)
+                await self.starter.end(ahead, reason)
 
     async def _retire_when_idle(self, session_id: uuid.UUID) -> None:
         """Cancelled when a turn takes it (or at close); else, after IDLE_S, it is ended."""
@@ -291,7 +293,7 @@ class AheadPool:
         started = self.starting.pop(session_id, None)
         ahead = await started if started is not None else None
         if ahead is not None:
-            self._end_soon(self.starter.end_ahead(ahead, "not_taken"))
+            self._end_soon(self.starter.end(ahead, "not_taken"))
 
     def _end_result(self, started: asyncio.Future[Ahead | None]) -> None:
         ahead = _result(started)
