@@ -22,6 +22,7 @@ from executor.harness.refusals import RefusalBudget, anonymous_key, credential_k
 from executor.journal.writer import JournalWriter
 from executor.run import credentials
 from executor.run.caller import Caller
+from executor.run.task_store import TaskRows
 from shared import logs
 from shared.database import OUTAGE_ERRORS
 from shared.models import NewEvent
@@ -118,7 +119,7 @@ class Identities:
         else:
             digest = credentials.token_digest(token)
             try:
-                found = await self.q.one("get_harness_caller", {"token_sha256": digest}, into=_Credential)
+                found = await TaskRows(self.q).harness_caller(digest, _Credential)
             except OUTAGE_ERRORS:
                 known = self._confirmed.get(digest)
                 if known is None:

@@ -1,17 +1,15 @@
-"""The reads and writes of tasks, sessions, stop requests and credentials, by name, over `shared/query.py`
-(SQL in executor/sql/tasks.sql): the supervisor's (`TaskStore`, on the pool), and those run inside a
-caller's unit of work or transaction (`TaskRows`: a task's request, its lineage, an imported transcript).
-Rows come back as frozen dataclasses, each made by its `from_row` (shared.query.FromRow): the columns
-its fields name."""
+"""The reads and writes of tasks, sessions, stop requests and credentials, by name (executor/sql/tasks.sql):
+the supervisor's (`TaskStore`, on the pool), and those run inside a caller's unit of work too (`TaskRows`).
+Rows come back as frozen dataclasses (shared.query.FromRow): the columns their fields name."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -19,6 +17,8 @@ from executor.run.user_input import Attachment
 from executor.sql import queries
 from shared.query import FromRow, Queries, Transaction
 from shared.sql import queries as shared_queries
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,7 @@ class AskedTask(FromRow):
 
 
 @dataclass(frozen=True)
-class AttachmentFile(FromRow):
-    """A file a task carries, without its bytes (what a worker it dispatches may be handed)."""
-
+class AttachmentFile(FromRow):  # a file a task carries, without its bytes (what its worker may be handed)
     id: uuid.UUID
     name: str
     media_type: str
@@ -205,8 +203,7 @@ class _ToolUse(FromRow):
 
 
 class TaskRows:
-    """tasks.sql's queries on `run`: a caller's unit of work or transaction, or the pool's Queries — for a task's
-    request (executor/settle/dispatch.py), the journal's execution tree (lineage.py), an import (transcript.py)."""
+    """tasks.sql's queries on a caller's unit of work (a task's request, lineage, an import) or the pool's."""
 
     def __init__(self, run: Queries | Transaction):
         self.run = run
@@ -226,6 +223,10 @@ class TaskRows:
 
     async def attachment_files(self, task_id: uuid.UUID) -> list[AttachmentFile]:
         return await self.run.all("list_task_attachment_files", {"task_id": task_id}, into=AttachmentFile)
+
+    async def harness_caller(self, token_sha256: bytes, into: Callable[..., T]) -> T | None:
+        """Who holds a harness credential, as `into` (the harness's row of it); None for an unknown one."""
+        return await self.run.one("get_harness_caller", {"token_sha256": token_sha256}, into=into)
 
     async def dispatch_tool_use(self, task_id: uuid.UUID) -> str | None:
         """The tool_use_id a task's dispatch recorded (None: not dispatched by a tool call, or no record)."""
