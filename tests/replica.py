@@ -26,6 +26,7 @@ from psycopg.conninfo import make_conninfo
 
 from petal_dispatch import dbpasswords, dbprocess
 from tests.served import free_port
+from tests.wait import until_blocking
 
 SUPERUSER = dbpasswords.SUPERUSER
 # the standby's name as the primary's synchronous_standby_names and pg_stat_replication know it
@@ -176,11 +177,9 @@ class Rig:
             conn.execute("SELECT pg_reload_conf()")
         self.sync = sync
         if sync:
-            deadline = time.monotonic() + REPLAY_TIMEOUT_S
-            while self.primary.query(f"SELECT sync_state FROM pg_stat_replication WHERE application_name = "
-                                     f"'{STANDBY_NAME}'") != "sync":
-                assert time.monotonic() < deadline, "the standby never became synchronous"
-                time.sleep(0.05)
+            until_blocking(lambda: self.primary.query(f"SELECT sync_state FROM pg_stat_replication WHERE "
+                                                      f"application_name = '{STANDBY_NAME}'") == "sync",
+                           "the standby synchronous", REPLAY_TIMEOUT_S, every=0.05)
 
     def streaming(self) -> bool:
         """Whether a standby streams from the primary now (a test that failed midway may leave it paused)."""
@@ -189,20 +188,15 @@ class Rig:
             "AND state = 'streaming'") == 1
 
     def wait_streaming(self) -> None:
-        deadline = time.monotonic() + REPLAY_TIMEOUT_S
-        while self.primary.query(f"SELECT count(*) FROM pg_stat_replication WHERE application_name = "
-                                 f"'{STANDBY_NAME}' AND state = 'streaming'") != 1:
-            assert time.monotonic() < deadline, "the standby never streamed"
-            time.sleep(0.05)
+        until_blocking(self.streaming, "the standby streaming", REPLAY_TIMEOUT_S, every=0.05)
 
     def wait_replayed(self) -> None:
         """Until the standby has replayed everything the primary has written so far."""
         assert self.standby is not None
         target = self.primary.query("SELECT pg_current_wal_lsn()::text")
-        deadline = time.monotonic() + REPLAY_TIMEOUT_S
-        while not self.standby.query(f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"):
-            assert time.monotonic() < deadline, "the standby never caught up"
-            time.sleep(0.05)
+        standby = self.standby
+        until_blocking(lambda: standby.query(f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"),
+                       "the standby caught up", REPLAY_TIMEOUT_S, every=0.05)
 
     def pause_shipping(self) -> None:
         """The standby stops receiving WAL (its walreceiver is told of no primary): what an asynchronous primary
@@ -212,20 +206,15 @@ class Rig:
         with psycopg.connect(self.standby.dsn(), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
             conn.execute("SELECT pg_reload_conf()")
-        deadline = time.monotonic() + REPLAY_TIMEOUT_S
-        while self.primary.query("SELECT count(*) FROM pg_stat_replication"):
-            assert time.monotonic() < deadline, "the standby kept streaming"
-            time.sleep(0.05)
+        until_blocking(lambda: self.primary.query("SELECT count(*) FROM pg_stat_replication") == 0,
+                       "the standby to stop streaming", REPLAY_TIMEOUT_S, every=0.05)
 
     def kill_primary(self) -> None:
         """SIGKILL the primary's postmaster (its backends notice and exit): a machine lost mid-work."""
         pid = self.primary.pid()
         assert pid is not None, "the primary is not running"
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while _alive(pid):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        until_blocking(lambda: not _alive(pid), "the primary's postmaster gone", 10, every=0.01)
 
     def promote(self) -> float:
         """`pg_ctl promote -w` on the standby; it is the primary when this returns. Returns the time.monotonic()

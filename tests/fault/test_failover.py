@@ -28,6 +28,7 @@ from shared.failover import SEQS_LOST
 from shared.models import NewEvent
 from tests.fault.test_executor_process import _executor_env
 from tests.fault.test_outage import _events, _spawn
+from tests import tables
 from tests.pg import DB, Cluster
 from tests.replica import Rig
 from tests.resilience import StreamReader, check_invariants, settled
@@ -192,7 +193,7 @@ async def test_the_primary_killed_mid_work_its_synchronous_standby_promoted_both
             assert len(_service_statements(rig.standby_log())) == 1, _service_statements(rig.standby_log())
 
             # ---- the primary is lost; the standby is promoted a moment later ----
-            head_at_kill = _one(db.admin_dsn, "SELECT last_seq FROM journal_head")[0]
+            head_at_kill = tables.journal_head(db.admin_dsn)
             await asyncio.to_thread(rig.kill_primary)
 
             async def outage_named() -> httpx.Response | None:
@@ -222,7 +223,7 @@ async def test_the_primary_killed_mid_work_its_synchronous_standby_promoted_both
             print(f"both services carried on {continued_s:.2f} s after the promotion")
 
             await settled(db.admin_dsn, timeout=120)
-            head = _one(db.admin_dsn, "SELECT last_seq FROM journal_head")[0]
+            head = tables.journal_head(db.admin_dsn)
             await s.reader.until(head, timeout=30)
             await late.until(head, timeout=30)
             assert s.alive(), s.logs()
@@ -236,11 +237,11 @@ async def test_the_primary_killed_mid_work_its_synchronous_standby_promoted_both
     check_invariants(db.admin_dsn, [s.reader, late])
     assert s.reader.seqs[0] == 1 and late.seqs[0] == max(1, head_at_kill - 2)
     with psycopg.connect(db.admin_dsn) as conn:
-        workers = conn.execute("SELECT id, status, attempt FROM tasks WHERE role = 'worker'").fetchall()
+        workers = tables.tasks(conn, "id", "status", "attempt", role="worker")
         printed = [int(r[0]) for r in conn.execute(
             "SELECT (regexp_match(payload::text, 'printed-line-(\\d+)'))[1] FROM journal"
             " WHERE task_id = %s AND event_type = 'stream.user' ORDER BY seq", [worker]).fetchall()]
-        lost = conn.execute("SELECT count(*) FROM journal WHERE event_type = %s", [SEQS_LOST]).fetchone()[0]  # type: ignore[index]
+        lost = tables.count_events(conn, SEQS_LOST)
     assert workers == [(worker, "success", 1)], workers  # it ran once, and its end is its true one
     assert printed == list(range(ROUNDS)), printed  # every line printed, once each, in order
     assert lost == 0  # a synchronous standby had every acknowledged commit: nothing to report
@@ -271,10 +272,10 @@ async def test_commits_an_asynchronous_standby_never_received_are_reported_after
             await asyncio.to_thread(rig.pause_shipping)
             await _chat(s, "say hello (never shipped)", thread)
             await settled(db.admin_dsn, timeout=60)
-            sent = _one(db.admin_dsn, "SELECT last_seq FROM journal_head")[0]
+            sent = tables.journal_head(db.admin_dsn)
             await s.reader.until(sent, timeout=30)  # the client saw every seq the old primary committed
             assert rig.standby is not None
-            kept = _one(rig.standby.dsn(db.name), "SELECT last_seq FROM journal_head")[0]
+            kept = tables.journal_head(rig.standby.dsn(db.name))
             assert kept < sent, (kept, sent)  # the loss is real: the standby lacks seqs the client was sent
 
             await asyncio.to_thread(rig.kill_primary)
@@ -299,16 +300,15 @@ async def test_commits_an_asynchronous_standby_never_received_are_reported_after
             # work goes on, under seqs nobody was sent before
             await _chat(s, "say hello (after the failover)", thread)
             await settled(db.admin_dsn, timeout=60)
-            head = _one(db.admin_dsn, "SELECT last_seq FROM journal_head")[0]
+            head = tables.journal_head(db.admin_dsn)
             await s.reader.until(head, timeout=30)
             assert s.alive(), s.logs()
         finally:
             await s.close()
 
     with psycopg.connect(db.admin_dsn) as conn:
-        seqs = [r[0] for r in conn.execute("SELECT seq FROM journal ORDER BY seq").fetchall()]
-        echoes = [r[0] for r in conn.execute(
-            "SELECT payload ->> 'text' FROM journal WHERE event_type = 'task.user_message' ORDER BY seq").fetchall()]
+        seqs = tables.seqs(conn)
+        echoes = tables.user_messages(conn)
     # the gap is the lost range, exactly: below it what the standby had, above it the record and new work
     assert seqs == [*range(1, kept + 1), *range(loss["upto"] + 1, head + 1)], (kept, loss, head)
     # the client got every seq once: those it was sent before, then every one the new primary gave
@@ -343,6 +343,6 @@ async def test_with_a_synchronous_standby_a_commit_is_acknowledged_only_once_shi
     with psycopg.connect(db.admin_dsn) as conn:
         rows = conn.execute("SELECT seq, payload ->> 'n' FROM journal WHERE event_type = 'task.stderr' ORDER BY seq"
                             ).fetchall()
-        lost = conn.execute("SELECT count(*) FROM journal WHERE event_type = %s", [SEQS_LOST]).fetchone()[0]  # type: ignore[index]
+        lost = tables.count_events(conn, SEQS_LOST)
     assert rows == [(shipped.last_seq, "shipped"), (acked.last_seq, "waits for the standby")], rows
     assert acked.last_seq == shipped.last_seq + 1 and lost == 0
