@@ -127,7 +127,7 @@ async def test_an_image_pasted_on_a_desktop_goes_with_its_message_and_a_reload_s
             await expect(page.locator(".composer-files .draft")).to_have_count(0)
             # a slow network: the upload shows its progress, and Send waits for it
             async def slow(route: Route) -> None:
-                await asyncio.sleep(2)
+                await asyncio.sleep(2)  # not a wait: a slow network, which is what is tested
                 await route.continue_()
 
             await page.route("**/api/attachments", slow)

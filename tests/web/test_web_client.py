@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -18,6 +19,7 @@ from playwright.async_api import Browser, Page, ViewportSize, async_playwright, 
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
+from tests import tables
 from tests.pg import DB
 from tests.wait import until
 from tests.served import free_port, ingress_server
@@ -310,20 +312,20 @@ async def test_a_new_thread_approves_a_worker_from_its_pinned_card_and_the_worke
 async def _kill_running_turn(admin_dsn: str, model: ScriptedModelServer, n: int) -> None:
     """SIGKILL the n-th orchestrator turn once its request reached the model (a crash, no result line)."""
     import signal
-    import time
 
-    deadline = time.monotonic() + 60
-    while True:
-        with psycopg.connect(admin_dsn) as conn:
-            rows = conn.execute("SELECT pid, status FROM tasks WHERE role = 'orchestrator' ORDER BY created_at"
-                                ).fetchall()
+    rows: list[tuple[Any, ...]] = []
+
+    def running() -> bool:
+        nonlocal rows
+        rows = tables.tasks(admin_dsn, "id", "pid", "status", role="orchestrator")
         asked = sum(r.role == "orchestrator" for r in model.requests)
-        if len(rows) >= n and rows[n - 1][1] == "running" and rows[n - 1][0] and asked >= n:
-            break
-        assert time.monotonic() < deadline, rows
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(0.3)
-    os.kill(rows[n - 1][0], signal.SIGKILL)
+        return len(rows) >= n and rows[n - 1][2] == "running" and bool(rows[n - 1][1]) and asked >= n
+
+    await until(running, lambda: f"turn {n} running at the model; the turns: {rows}", 60)
+    turn, pid, _ = rows[n - 1]
+    # mid-run: its first lines journaled, as a crash would find them
+    await until(lambda: tables.count_events(admin_dsn, "stream.system.init", turn), f"turn {n}'s first lines", 30)
+    os.kill(pid, signal.SIGKILL)
 
 
 async def test_a_failed_turn_is_an_error_record_in_chat_whose_retry_runs_the_message_again(

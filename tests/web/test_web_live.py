@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -22,6 +23,7 @@ from tests.pg import DB
 from tests.proxy import FreezableProxy
 from tests.web.test_web_client import DESKTOP, browser, page_at, shot
 from tests.served import free_port, ingress_server
+from tests.wait import until
 from tests.web.seen import seen
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
@@ -41,6 +43,11 @@ ENDLESS_ANIMATIONS = """() => document.getAnimations()
 def _count(dsn: str, sql: str, params: list[object]) -> int:
     with psycopg.connect(dsn) as conn:
         return int(conn.execute(sql, params).fetchone()[0])  # type: ignore[index]
+
+
+def _row(dsn: str, sql: str) -> tuple[Any, ...] | None:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql).fetchone()
 
 
 def _long_turn(label: str, lines: int, *, final_delay_s: float) -> Scenario:
@@ -186,15 +193,7 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
             async with page_at(b, url) as page:
                 await page.fill("#composer-text", "go")
                 await page.click("#composer button")
-                turn = None
-                for _ in range(600):
-                    with psycopg.connect(db.admin_dsn) as conn:
-                        row = conn.execute(running).fetchone()
-                    if row:
-                        turn = row[0]
-                        break
-                    await asyncio.sleep(0.1)
-                assert turn is not None, "the turn never ran"
+                (turn,) = await until(lambda: _row(db.admin_dsn, running), "the turn running", 60)
                 await page.evaluate(f"location.hash = '#task/{turn}'")
                 events = page.locator("#task-detail ol.events")
                 # opened mid-run, it reads what was printed so far, then tails: a reader at the bottom sees the
@@ -384,10 +383,10 @@ async def test_a_workers_activity_folds_under_its_dispatch_in_chat_and_in_the_tu
         async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b, \
                 httpx.AsyncClient(base_url=url) as http:
             made = (await http.post("/api/threads", json={"title": "Files", "mode": "autonomous"})).json()
-            for _ in range(100):
-                if any(t["id"] == made["thread_id"] for t in (await http.get("/api/threads")).json()["threads"]):
-                    break
-                await asyncio.sleep(0.1)
+            async def listed() -> bool:
+                return any(t["id"] == made["thread_id"] for t in (await http.get("/api/threads")).json()["threads"])
+
+            await until(listed, "the new thread listed", 30)
             async with page_at(b, url, DESKTOP) as page:
                 await expect(page.locator("#thread-title")).to_have_text("Files")
                 await page.fill("#composer-text", "how many files?")

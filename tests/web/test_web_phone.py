@@ -52,7 +52,7 @@ async def watched(b: Browser, url: str, viewport: ViewportSize) -> AsyncIterator
         errors: list[str] = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         yield page
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window in which a late error (a request still in flight) would be logged
         assert errors == [], errors
 
 
@@ -226,10 +226,10 @@ async def test_a_harness_report_is_a_compact_note_and_an_answer_shows_in_chat_an
                      ".map((s) => JSON.stringify(document.querySelector(s).getBoundingClientRect()))")
             before = await page.evaluate(boxes)
             await page.focus("#thread-search")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # a window in which focusing the search would shift the bar (it must not)
             assert await page.evaluate(boxes) == before
             await shot(page, f"phone-notes-{viewport['width']}")
             # no view logs an error
             for tab in ("tasks", "asks", "activity", "context", "chat"):
                 await page.click(f"a[data-tab='{tab}']")
-                await asyncio.sleep(0.2)
+                await expect(page.locator(f"#view-{tab}")).to_be_visible()

@@ -16,6 +16,7 @@ import pytest
 from playwright.async_api import Browser, Dialog, Page, Route, async_playwright, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests import tables
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.scenarios import extractor
@@ -67,8 +68,7 @@ async def _context(b: Browser, *, bypass_csp: bool) -> tuple[Any, Page, list[str
 
 
 async def _nothing_ran(page: Page, dialogs: list[str]) -> None:
-    # a window in which nothing may run: an onerror would fire once the broken image has failed to load
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # a window in which nothing may run: a broken image's onerror would fire in it
     assert dialogs == []
     assert await page.evaluate("window.__xss") is None
     assert await page.evaluate(f"document.querySelectorAll({json.dumps(DANGEROUS)}).length") == 0
@@ -223,4 +223,4 @@ async def test_a_page_from_another_origin_or_a_rebound_name_cannot_use_the_api(d
     assert rebound == {"chat": 421, "threads": 421, "stream": 421, "page": 421}
     assert own.json()["pending"] == []
     with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM chat_queue").fetchone()[0] == 0  # type: ignore[index]
+        assert tables.count(conn, "chat_queue") == 0
