@@ -49,7 +49,8 @@ def _decoy() -> Iterator[tuple[int, str]]:
     for in every process) and in its argv: the reach into other processes is judged by it, whatever else the
     machine runs (another service's token would be found, and used, too)."""
     secret = f"decoy-{uuid.uuid4().hex}"
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", secret],
+    lives = "import time; time.sleep(3600)"  # not a wait: the decoy lives until the test ends it
+    proc = subprocess.Popen([sys.executable, "-c", lives, secret],
                             env={"PATH": os.environ["PATH"], "PETAL_AUTH_TOKEN": secret})
     try:
         # exec'd: until then its /proc holds the forked test's argv and environment
