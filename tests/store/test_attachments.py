@@ -13,6 +13,7 @@ import psycopg
 from PIL import Image
 from psycopg_pool import AsyncConnectionPool
 
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 
@@ -48,7 +49,7 @@ async def _announce_only(url: str, length: int) -> bytes:
 
 def _count(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
-        return int(conn.execute("SELECT count(*) FROM attachments").fetchone()[0])  # type: ignore[index]
+        return tables.count(conn, "attachments")
 
 
 def _stored(dsn: str, attachment_id: str) -> tuple[bytes, bytes, str, str]:

@@ -33,6 +33,7 @@ from shared import journal
 from shared.database import Database
 from shared.models import NewEvent
 from shared.query import Queries
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 
@@ -104,7 +105,7 @@ async def test_create_validates_and_shows_secrets_once_and_triggers_are_verified
     assert wrong.status_code == 401
     unsigned = await http.post(f"/api/hooks/{rid}", content=body, headers=headers)
     assert unsigned.status_code == 401
-    assert _rows(db, "SELECT count(*) AS n FROM routine_queue")[0]["n"] == 0  # nothing queued for either
+    assert tables.count(db.admin_dsn, "routine_queue") == 0  # nothing queued for either
     good = await http.post(f"/api/hooks/{rid}", content=body,
                            headers={**headers, "x-hub-signature-256": _signed(secret, body)})
     assert good.status_code == 202, good.text
@@ -207,7 +208,7 @@ async def test_a_standard_webhooks_delivery_is_accepted_once_within_its_timestam
     queued = _rows(db, "SELECT delivery_id, event FROM routine_queue WHERE routine_id = %s ORDER BY created_at", rid)
     assert [q["delivery_id"] for q in queued] == ["msg_1", "msg_2"]
     assert queued[0]["event"] == {"type": "invoice.paid", "data": {"id": 3}}
-    assert _rows(db, "SELECT count(*) AS n FROM routine_hook_bodies")[0]["n"] == 0  # ids, not bodies, here
+    assert tables.count(db.admin_dsn, "routine_hook_bodies") == 0  # ids, not bodies, here
 
 
 async def test_a_missing_template_field_fails_the_run_with_a_message_naming_it(
@@ -399,7 +400,7 @@ async def test_a_run_past_its_runtime_is_stopped_and_ends_failed_saying_so(
     (run,) = _runs(db, routine["id"])
     _rows(db, "UPDATE tasks SET status = 'running' WHERE id = %s RETURNING id", run["task_id"])
     await routines.finish_runs()  # within its runtime: nothing is stopped
-    assert _rows(db, "SELECT count(*) AS n FROM stop_queue")[0]["n"] == 0
+    assert tables.count(db.admin_dsn, "stop_queue") == 0
     clock.now += timedelta(seconds=61)
     await routines.finish_runs()
     await routines.finish_runs()  # asked once, however often the poll comes

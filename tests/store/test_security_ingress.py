@@ -22,6 +22,7 @@ from ingress.app import OPS
 from ingress.auth import FailureLimiter
 from ingress.boundary import BoundaryConfig
 from shared.database import Database
+from tests import tables
 from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
 from tests.served import ingress_server
@@ -247,7 +248,7 @@ async def test_a_client_gone_before_its_body_arrived_is_no_error_and_writes_noth
         after = await http.get("/healthz")
     assert after.status_code == 200
     with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM chat_queue").fetchone() == (0,)
+        assert tables.count(conn, "chat_queue") == 0
     noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     assert not noisy, [r.getMessage() for r in noisy]
 
@@ -284,7 +285,7 @@ async def test_push_endpoints_inside_this_machine_or_network_are_refused(db: DB)
     assert "public" in answers[INSIDE[2]].json()["detail"]
     assert loopback.status_code == 409 and private.status_code == 422
     with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM push_subscriptions").fetchone()[0] == 0  # type: ignore[index]
+        assert tables.count(conn, "push_subscriptions") == 0
 
 
 async def test_the_executor_rechecks_a_stored_endpoint_and_sends_nothing_inside(db: DB, tmp_path: Path) -> None:
