@@ -79,15 +79,26 @@ NOW = sql.SQL("now()")
 """A column's value as the database's clock reads it (`ended_at=NOW`)."""
 
 
+def _insert(table: str, values: dict[str, Any], tail: str) -> tuple[sql.Composed, list[Any]]:
+    query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        sql.Identifier(table), _columns(tuple(values)),
+        sql.SQL(", ").join(v if isinstance(v, sql.SQL) else sql.Placeholder() for v in values.values()))
+    return query + sql.SQL(tail), [Jsonb(v) if isinstance(v, dict) else v for v in values.values()
+                                  if not isinstance(v, sql.SQL)]
+
+
 def insert(db: DB, table: str, **values: Any) -> uuid.UUID:
     """A row the test makes, its columns as keywords (a dict goes in as JSON, NOW as the database's now()); its
     id."""
-    query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING id").format(
-        sql.Identifier(table), _columns(tuple(values)),
-        sql.SQL(", ").join(v if isinstance(v, sql.SQL) else sql.Placeholder() for v in values.values()))
-    made: uuid.UUID = _value(db, query, [Jsonb(v) if isinstance(v, dict) else v for v in values.values()
-                                         if not isinstance(v, sql.SQL)])
+    made: uuid.UUID = _value(db, *_insert(table, values, " RETURNING id"))
     return made
+
+
+def ensure(db: DB, table: str, **values: Any) -> None:
+    """`insert`, unless a row with its id is there already (a fixture another may have made, as the Default
+    thread)."""
+    with _connected(db) as conn:
+        conn.execute(*_insert(table, values, " ON CONFLICT (id) DO NOTHING"))
 
 
 def update(db: DB, table: str, row_id: Id, **values: Any) -> None:
@@ -140,6 +151,11 @@ def insert_thread(db: DB, thread_id: Id | None = None, **columns: Any) -> uuid.U
     """A thread (an orchestrator's session, idle unless `lifecycle=` says otherwise) the test makes; its id."""
     return insert(db, "sessions", **({"id": thread_id} if thread_id is not None else {}),
                   **{"role": "orchestrator", "lifecycle": "idle", **columns})
+
+
+def ensure_thread(db: DB, thread_id: Id, **columns: Any) -> None:
+    """`insert_thread`, unless the thread is there already (the Default thread, made at start)."""
+    ensure(db, "sessions", id=thread_id, **{"role": "orchestrator", "lifecycle": "idle", **columns})
 
 
 def thread_with_turn(db: DB, mode: str = "interactive") -> tuple[uuid.UUID, uuid.UUID]:

@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import journal
 from shared.models import NewEvent
+from tests import tables
 from tests.pg import DB
 
 A1 = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -46,10 +47,9 @@ async def tasks(db: DB, pool: AsyncConnectionPool) -> DB:
     """Two tasks whose ids share their first 8 characters, one that does not, and a thread: what `status`
     prints of them is ambiguous for the first two."""
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'orchestrator', 'active')", [B1])
+        tables.insert_thread(conn, B1, lifecycle="active")
         for task_id in (A1, A2, B1):
-            conn.execute("INSERT INTO tasks (id, role, brief, status, session_id) VALUES (%s, 'worker', %s, "
-                         "'success', %s)", [task_id, f"task {task_id[-1]}", B1])
+            tables.insert_task(conn, id=task_id, brief=f"task {task_id[-1]}", status="success", session_id=B1)
     await journal.append(pool, [NewEvent("task.user_message", {"text": "hello from b"}, task_id=uuid.UUID(B1),
                                          session_id=uuid.UUID(B1))])
     return db

@@ -11,27 +11,24 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
 from executor.settle.threads import Threads
+from tests import tables
 from tests.pg import DB
 
 
 def _setup(conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID]:
-    thread = uuid.uuid4()
-    conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'orchestrator', 'running')", [thread])
-    turn = conn.execute("INSERT INTO tasks (session_id, role, status) VALUES (%s, 'orchestrator', 'running') "
-                        "RETURNING id", [thread]).fetchone()[0]  # type: ignore[index]
+    thread = tables.insert_thread(conn, lifecycle="running")
+    turn = tables.insert_task(conn, session_id=thread, role="orchestrator", status="running")
     asked = Jsonb([{"question": "Which?", "options": []}])
-    question = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by) "
-                            "VALUES (%s, %s, %s, %s, 'model') RETURNING id",
-                            [f"toolu_{thread.hex}", thread, turn, asked]).fetchone()[0]  # type: ignore[index]
-    conn.execute("INSERT INTO chat_queue (thread_id, text, origin) VALUES (%s, 'the blue one', 'user')", [thread])
+    question = tables.insert(conn, "questions", tool_use_id=f"toolu_{thread.hex}", source_session_uuid=thread,
+                             task_id=turn, questions=asked, asked_by="model")
+    tables.insert(conn, "chat_queue", thread_id=thread, text="the blue one", origin="user")
     return thread, question
 
 
 def _after(conn: psycopg.Connection, thread: uuid.UUID, question: uuid.UUID) -> tuple[str, str | None, int]:
-    chat = conn.execute("SELECT status FROM chat_queue WHERE thread_id = %s", [thread]).fetchone()[0]  # type: ignore[index]
-    response = conn.execute("SELECT response FROM questions WHERE id = %s", [question]).fetchone()[0]  # type: ignore[index]
-    echoed = conn.execute("SELECT count(*) FROM journal WHERE session_id = %s AND event_type = 'task.user_message'",
-                          [thread]).fetchone()[0]  # type: ignore[index]
+    ((chat,),) = tables.rows(conn, "chat_queue", "status", thread_id=thread)
+    ((response,),) = tables.rows(conn, "questions", "response", id=question)
+    echoed = tables.count_events(conn, "task.user_message", session_id=thread)
     return chat, response, echoed
 
 

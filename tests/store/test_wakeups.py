@@ -20,6 +20,7 @@ from executor.sql import queries as executor_queries
 from shared import journal
 from shared.listener import RESYNC, Listener, Notification
 from shared.models import NewEvent
+from tests import tables
 from tests.pg import DB
 
 QUESTIONS = [{"question": "Go on?", "header": "Go", "multiSelect": False,
@@ -52,10 +53,8 @@ def _listening(db: DB) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connec
 
 def test_an_activity_change_is_not_a_task_change_a_claim_is_not_an_end_and_an_end_is(db: DB) -> None:
     with _listening(db) as (listen, admin):
-        session = admin.execute("INSERT INTO sessions (role, lifecycle) VALUES ('worker', 'running') "
-                                "RETURNING id").fetchone()[0]  # type: ignore[index]
-        task = admin.execute("INSERT INTO tasks (session_id, role) VALUES (%s, 'worker') RETURNING id",
-                             [session]).fetchone()[0]  # type: ignore[index]
+        session = tables.insert_thread(admin, role="worker", lifecycle="running")
+        task = tables.insert_task(admin, session_id=session)
         # the claim: the page hears it, the loops that wait for ends do not
         assert _heard(listen, admin, "UPDATE tasks SET status = 'running', started_at = now() WHERE id = %s",
                       [task]) == ["task_changed"]
@@ -67,20 +66,17 @@ def test_an_activity_change_is_not_a_task_change_a_claim_is_not_an_end_and_an_en
         assert _heard(listen, admin, "UPDATE tasks SET status = 'success', activity = NULL, ended_at = now() "
                       "WHERE id = %s", [task]) == ["task_ended"]
         # an end straight from pending (cancelled before any claim) is one too
-        unclaimed = admin.execute("INSERT INTO tasks (session_id, role) VALUES (%s, 'worker') RETURNING id",
-                                  [session]).fetchone()[0]  # type: ignore[index]
+        unclaimed = tables.insert_task(admin, session_id=session)
         assert _heard(listen, admin, "UPDATE tasks SET status = 'cancelled', ended_at = now() WHERE id = %s",
                       [unclaimed]) == ["task_ended"]
 
 
 def test_only_the_answers_the_settler_acts_on_wake_it(db: DB) -> None:
     with _listening(db) as (listen, admin):
-        session = admin.execute("INSERT INTO sessions (role, lifecycle) VALUES ('orchestrator', 'running') "
-                                "RETURNING id").fetchone()[0]  # type: ignore[index]
+        session = tables.insert_thread(admin, lifecycle="running")
 
         def question(kind: str) -> object:
-            task = admin.execute("INSERT INTO tasks (session_id, role, status) VALUES (%s, 'worker', 'pending') "
-                                 "RETURNING id", [session]).fetchone()[0]  # type: ignore[index]
+            task = tables.insert_task(admin, session_id=session, status="pending")
             qid = admin.execute("INSERT INTO questions (tool_use_id, questions, task_id) VALUES (%s, %s, %s) "
                                 "RETURNING id", [f"{kind}-{task}", Jsonb(QUESTIONS), task]).fetchone()[0]  # type: ignore[index]
             if kind in ("approvals", "escalations"):
@@ -121,7 +117,7 @@ def _journal_notes(db: DB, batches: list[list[NewEvent]]) -> list[Notification]:
 
 def test_the_notifier_is_woken_by_the_journal_only_for_a_record_it_may_notify_of(db: DB) -> None:
     with psycopg.connect(db.admin_dsn, autocommit=True) as admin:
-        task = admin.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id").fetchone()[0]  # type: ignore[index]
+        task = tables.insert_task(admin)
     def lines() -> list[NewEvent]:  # a record's own payload naming a notable type is not one
         return [NewEvent("stream.assistant", {"type": "assistant", "event_type": "task.exited"}, task_id=task)
                 for _ in range(3)]
