@@ -36,14 +36,8 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
         family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
             assert json.load(r)["status"] == "ready"
-        deadline = time.monotonic() + 30  # the executor hosts the harness MCP on the port given
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", mcp_port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the harness MCP never listened on --mcp-port"
-                time.sleep(0.1)
+        # the executor hosts the harness MCP on the port given
+        until_blocking(lambda: _listens(mcp_port), "the harness MCP listening on --mcp-port", 30)
         req = urllib.request.Request(f"http://127.0.0.1:{port}/api/chat", data=b'{"text": "hi"}',
                                      headers={"content-type": "application/json"}, method="POST")
         with urllib.request.urlopen(req, timeout=5) as r:
@@ -64,10 +58,7 @@ def test_up_starts_both_services_on_the_embedded_server_and_ctrl_c_stops_everyth
     assert lines and all(ln.startswith("{") for ln in lines), [ln for ln in lines if not ln.startswith("{")][:5]
     running = [json.loads(ln) for ln in lines if "Running on" in ln]
     assert len(running) == 2 and {r["logger"] for r in running} == {"hypercorn.error"}
-    deadline = time.monotonic() + 20
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
-        assert time.monotonic() < deadline, "a child outlived up"
-        time.sleep(0.1)
+    until_blocking(lambda: not any(_alive(p) for p in family), "every child of up gone", 20)
     # the data stays: a second run reuses it
     assert (tmp_path / "var" / "pgdata" / "PG_VERSION").exists()
 
@@ -104,14 +95,8 @@ def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cl
         line = proc.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE: never None
         assert "demo" in line and f"{base}/" in line, line
         family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        deadline = time.monotonic() + 120
-        while True:
-            with urllib.request.urlopen(f"{base}/api/asks?status=pending", timeout=5) as r:
-                asks = json.load(r)["asks"]
-            if asks:
-                break
-            assert time.monotonic() < deadline, "the demo loop never reached its question"
-            time.sleep(0.5)
+        asks = until_blocking(lambda: _get(f"{base}/api/asks?status=pending")["asks"],
+                              "the demo loop to reach its question", 120, every=0.5)
         with urllib.request.urlopen(f"{base}/api/info", timeout=5) as r:
             assert json.load(r)["demo"] is True
         with urllib.request.urlopen(f"{base}/", timeout=5) as r:
@@ -128,10 +113,7 @@ def test_up_demo_runs_the_whole_loop_to_an_ask_waiting_in_the_panel_and_stops_cl
     assert [e["event_type"] for e in derived] == ["handoff", "policy.decision"]
     assert roles == ["extractor", "orchestrator", "orchestrator", "worker"]
     assert rc == 0
-    deadline = time.monotonic() + 20
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
-        assert time.monotonic() < deadline, "a child outlived up --demo"
-        time.sleep(0.1)
+    until_blocking(lambda: not any(_alive(p) for p in family), "every child of up --demo gone", 20)
 
 
 # ---- up as a supervisor ------------------------------------------------------------------------------
@@ -168,6 +150,14 @@ def _post(url: str, body: dict[str, Any]) -> Any:
     with urllib.request.urlopen(req, timeout=5) as r:
         return json.load(r)
 
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

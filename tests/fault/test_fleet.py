@@ -4,10 +4,10 @@ failover of a killed executor, fencing of a paused one, and the notifier running
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +27,7 @@ from tests.resilience import check_invariants, settled
 from tests.fault.test_executor_process import _executor_env, _task_processes
 from tests.fault.test_resilience import post_chat
 from tests.harness import worker
+from tests import tables
 from tests.wait import until
 from tests.scenarios import STALL_FOREVER, handoff, one_worker
 from tests.served import free_port, ingress_server
@@ -116,11 +117,10 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
             gpu = await fleet.dispatch(2, labels=["gpu"])
             (in_project,) = await fleet.dispatch(project_id=project)
             plain = await fleet.dispatch(5)
-            await fleet.until(lambda: fleet.one("SELECT count(*) FROM tasks WHERE status = 'running'"
-                                                " AND pid IS NOT NULL") == 8, "eight running")
+            await fleet.until(lambda: tables.count_running(db.admin_dsn) == 8, "eight running")
             by_executor = dict(fleet.rows("SELECT executor_name, count(*) FROM tasks WHERE status = 'running'"
                                           " GROUP BY 1"))
-            placed = dict(fleet.rows("SELECT id, executor_name FROM tasks"))
+            placed = dict(tables.tasks(db.admin_dsn, "id", "executor_name"))
             spawned = {r[0]: (r[1], r[2]) for r in fleet.rows(
                 "SELECT task_id, payload ->> 'executor', (payload ->> 'executor_epoch')::bigint FROM journal"
                 " WHERE event_type = 'task.spawned'")}
@@ -172,11 +172,11 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
                 await post_chat(http, "run the long job", thread)
                 await fleet.until(lambda: _worker_reached_model(model), "the worker reached the model", timeout=90)
                 await fleet.start("beta", **shared)
-                (task,) = fleet.rows("SELECT id FROM tasks WHERE role = 'worker'")[0]
+                ((task,),) = tables.tasks(db.admin_dsn, "id", role="worker")
                 alpha.send_signal(signal.SIGKILL)
                 alpha.wait(10)
-                await fleet.until(lambda: fleet.one("SELECT status_reason FROM tasks WHERE id = %s", task)
-                                  == "executor_lost", "crashed as executor_lost", timeout=LEASE_S + 5)
+                await fleet.until(lambda: tables.task(db.admin_dsn, task, "status_reason") == ("executor_lost",),
+                                  "crashed as executor_lost", timeout=LEASE_S + 5)
                 await settled(db.admin_dsn, timeout=120)
             # the takeover's timing, all from the database's clock: alpha's last renewal (before its death),
             # the lease that renewal gave, when beta declared it lost and when the task's end was written
@@ -184,9 +184,8 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
                 "SELECT e.renewed_at, e.lease_until, e.lost_at, t.ended_at, j.created_at FROM executors e"
                 " JOIN tasks t ON t.id = %s JOIN journal j ON j.task_id = t.id AND j.event_type = 'task.crashed'"
                 " WHERE e.name = 'alpha'", task)
-            workers = fleet.rows("SELECT status, status_reason, attempt, executor_name FROM tasks"
-                                 " WHERE role = 'worker' ORDER BY created_at")
-            lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
+            workers = tables.tasks(db.admin_dsn, "status", "status_reason", "attempt", "executor_name", role="worker")
+            lost = tables.payloads(db.admin_dsn, "executor.lost")
             states = dict(fleet.rows("SELECT name, lost_at IS NOT NULL FROM executors"))
             alerts = fleet.rows("SELECT title FROM notifications WHERE kind = 'executor_lost'")
         finally:
@@ -198,8 +197,8 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
     assert (ended - renewed).total_seconds() <= 1.5 * LEASE_S, (renewed, ended)
     assert (journaled - renewed).total_seconds() <= 1.5 * LEASE_S + 0.5, (renewed, journaled)
     assert workers == [("crashed", "executor_lost", 1, "alpha"), ("success", "completed", 2, "beta")]
-    assert len(lost) == 1 and lost[0][0]["name"] == "alpha" and lost[0][0]["crashed_tasks"] == [str(task)]
-    assert lost[0][0]["taken_over_by"] == "beta"
+    assert len(lost) == 1 and lost[0]["name"] == "alpha" and lost[0]["crashed_tasks"] == [str(task)]
+    assert lost[0]["taken_over_by"] == "beta"
     assert states == {"alpha": True, "beta": False}
     assert alerts == [("Executor alpha lost",)]  # an alert, like a stalled task
 
@@ -218,18 +217,16 @@ async def test_a_paused_executor_taken_over_is_fenced_when_it_wakes_its_late_wri
             old_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
             await fleet.start("beta", PETAL_BACKOFF_BASE_S="0")
             alpha.send_signal(signal.SIGSTOP)  # a paused VM: its claude runs on, its lease does not
-            await fleet.until(lambda: fleet.one("SELECT status_reason FROM tasks WHERE id = %s", task)
-                              == "executor_lost", "taken over", timeout=LEASE_S + 10)
+            await fleet.until(lambda: tables.task(db.admin_dsn, task, "status_reason") == ("executor_lost",),
+                              "taken over", timeout=LEASE_S + 10)
             assert _task_processes(task), "the paused executor's worker is still there"
             crashed_seq = fleet.one("SELECT seq FROM journal WHERE task_id = %s AND event_type = 'task.crashed'",
                                     task)
             alpha.send_signal(signal.SIGCONT)
             await fleet.until(lambda: not _task_processes(task), "the fenced run's processes stopped", timeout=30)
-            await fleet.until(lambda: fleet.one("SELECT count(*) FROM journal WHERE event_type = 'executor.fenced'"),
-                              "alpha rejoined", timeout=30)
+            await fleet.until(lambda: tables.count_events(db.admin_dsn, "executor.fenced"), "alpha rejoined", timeout=30)
             await asyncio.sleep(LEASE_S)  # room for any late write to land (it must not)
-            row = fleet.rows("SELECT status, status_reason, executor_name, executor_epoch FROM tasks WHERE id = %s",
-                             task)[0]
+            row = tables.task(db.admin_dsn, task, "status", "status_reason", "executor_name", "executor_epoch")
             late = fleet.rows("SELECT event_type FROM journal WHERE task_id = %s AND seq > %s", task, crashed_seq)
             new_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha' AND lost_at IS NULL")
             spawns = fleet.rows("SELECT task_id, count(*) FROM journal WHERE event_type = 'task.spawned'"
@@ -237,7 +234,7 @@ async def test_a_paused_executor_taken_over_is_fenced_when_it_wakes_its_late_wri
             alive = alpha.poll() is None
             # the rejoined executor claims again
             (after,) = await fleet.dispatch(executor="alpha")
-            await fleet.until(lambda: fleet.one("SELECT status FROM tasks WHERE id = %s", after) == "success",
+            await fleet.until(lambda: tables.status(db.admin_dsn, after) == "success",
                               "the rejoined executor ran a new task", timeout=90)
         finally:
             fleet.stop_all()
@@ -253,7 +250,7 @@ async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the
     tasks = [uuid.uuid4() for _ in range(2)]
     with psycopg.connect(db.admin_dsn) as conn:
         for t in tasks:
-            conn.execute("INSERT INTO tasks (id, role, brief, status) VALUES (%s, 'worker', 'a job', 'success')", [t])
+            tables.insert_task(conn, id=t, brief="a job", status="success")
     with StandIn() as ntfy, ScriptedModelServer(Scenario.single({"text": "x"})) as model:
         fleet = Fleet(db, model, tmp_path)
         extra = {"PETAL_NTFY_URL": f"{ntfy.url}/topic"}
@@ -283,7 +280,7 @@ async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the
             await stalled(tasks[1])
             await fleet.until(lambda: sum(r.headers["title"] == "A worker stalled" for r in ntfy.received) >= 2,
                               "the second stall pushed")
-            await asyncio.sleep(3)
+            await asyncio.sleep(3)  # a window in which a duplicate of the second push would arrive (it must not)
             # the killed executor's own loss is an alert too (once its lease expires): count the stalls
             second = sum(r.headers["title"] == "A worker stalled" for r in ntfy.received)
             keys = fleet.rows("SELECT count(*) FROM fleet_secrets WHERE name = 'vapid_private_pem'")
@@ -302,9 +299,8 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
 
     thread = threads.DEFAULT_THREAD_ID
     with psycopg.connect(db.admin_dsn) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, mode) VALUES (%s, 'orchestrator', 'idle',"
-                     " 'interactive')", [thread])
-        conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'first')", [thread])
+        tables.insert_thread(conn, thread, mode="interactive")
+        tables.insert(conn, "chat_queue", thread_id=thread, text="first")
     async with Database(db.executor_dsn, name="test-a", max_size=2) as a, \
             Database(db.executor_dsn, name="test-b", max_size=2) as b, \
             await psycopg.AsyncConnection.connect(db.admin_dsn) as head:
@@ -315,7 +311,7 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
         first_pid = await lock_waiter(db.admin_dsn, "application_name = 'test-a'")
         # a message arrives and the second executor starts a turn while the first's is still uncommitted
         with psycopg.connect(db.admin_dsn) as conn:
-            conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, 'second')", [thread])
+            tables.insert(conn, "chat_queue", thread_id=thread, text="second")
         second = asyncio.create_task(delivering[1]._start_turn(thread, None))
         second_pid = await lock_waiter(db.admin_dsn, "application_name = 'test-b'")
         cur = await head.execute("SELECT query, pg_blocking_pids(pid) FROM pg_stat_activity WHERE pid = %s",
@@ -324,8 +320,8 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
         await head.commit()  # the head released: the first commits, then the second goes on
         await asyncio.wait_for(asyncio.gather(first, second), 30)
     with psycopg.connect(db.admin_dsn) as conn:
-        turns = conn.execute("SELECT brief FROM tasks WHERE session_id = %s ORDER BY created_at", [thread]).fetchall()
-        waiting = conn.execute("SELECT text FROM chat_queue WHERE status = 'pending'").fetchall()
+        turns = tables.tasks(conn, "brief", session_id=thread)
+        waiting = tables.rows(conn, "chat_queue", "text", status="pending")
     assert turns == [("first",)], f"two turns at once: {turns}"
     assert waiting == [("second",)]  # it waits for the turn's end
     # how: the second start waited on the first's lock of the thread's row, not on anything after it
@@ -367,7 +363,7 @@ async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_ou
                 await fleet.start("alpha", PETAL_EXECUTOR_DSN=proxy.dsn())
                 await fleet.start("beta")
                 (task,) = await fleet.dispatch(executor="alpha")
-                await fleet.until(lambda: fleet.one("SELECT pid FROM tasks WHERE id = %s", task), "running on alpha")
+                await fleet.until(lambda: tables.task(db.admin_dsn, task, "pid")[0], "running on alpha")
                 epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
                 # alpha's connections stall without an error (a half-open link); the server keeps its
                 # session, and with it the name's lock, for hours
@@ -377,41 +373,46 @@ async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_ou
                 # of the lease to spare (waiting another interval first would leave none)
                 least = LEASE_S
                 async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as watch:
-                    end = time.monotonic() + LEASE_S * 3
-                    while time.monotonic() < end:
-                        cur = await watch.execute("SELECT extract(epoch FROM lease_until - now())::float8"
-                                                  " FROM executors WHERE name = 'alpha'")
-                        least = min(least, (await cur.fetchone() or [0.0])[0])
-                        await asyncio.sleep(0.05)
+
+                    async def watching() -> None:
+                        nonlocal least
+                        while True:
+                            cur = await watch.execute("SELECT extract(epoch FROM lease_until - now())::float8"
+                                                      " FROM executors WHERE name = 'alpha'")
+                            least = min(least, (await cur.fetchone() or [0.0])[0])
+                            await asyncio.sleep(0.05)  # not a wait: the pace of the samples
+
+                    with contextlib.suppress(TimeoutError):  # three leases in which it must not run out
+                        await asyncio.wait_for(watching(), LEASE_S * 3)
                 age = fleet.one("SELECT extract(epoch FROM now() - renewed_at)::float8 FROM executors"
                                 " WHERE name = 'alpha'")
                 after = fleet.rows("SELECT epoch, lost_at FROM executors WHERE name = 'alpha'")
-                row = fleet.rows("SELECT status, executor_name FROM tasks WHERE id = %s", task)
-                lost = fleet.rows("SELECT payload FROM journal WHERE event_type = 'executor.lost'")
+                row = tables.task(db.admin_dsn, task, "status", "executor_name")
+                lost = tables.payloads(db.admin_dsn, "executor.lost")
             finally:
                 fleet.procs["alpha"].kill()  # its frozen pool would hold a graceful stop up
                 fleet.stop_all()
     assert lost == [] and after == [(epoch, None)], fleet.logs()
-    assert age < LEASE_S and row == [("running", "alpha")]
+    assert age < LEASE_S and row == ("running", "alpha")
     assert least > LEASE_S / 3 / 3, least  # a third of the interval left at the least
 
 
 async def test_a_sessions_next_turn_waits_for_the_executor_of_its_first_turn(db: DB, tmp_path: Path) -> None:
     session = uuid.uuid4()
     with psycopg.connect(db.admin_dsn) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'worker', 'idle')", [session])
+        tables.insert_thread(conn, session, role="worker")
     with ScriptedModelServer(Scenario.single(STALL_FOREVER)) as model:
         fleet = Fleet(db, model, tmp_path)
         try:
             await fleet.start("alpha", PETAL_MAX_WORKERS="1")
             (first,) = await fleet.dispatch(session_id=session)
-            await fleet.until(lambda: fleet.one("SELECT pid FROM tasks WHERE id = %s", first), "the first turn runs")
+            await fleet.until(lambda: tables.task(db.admin_dsn, first, "pid")[0], "the first turn runs")
             await fleet.start("beta")
             # alpha is full and beta idle: the next turn still waits for alpha (its --resume files are there)
             (second,) = await fleet.dispatch(session_id=session)
-            await asyncio.sleep(LEASE_S)
+            await asyncio.sleep(LEASE_S)  # a window in which the turn must not go to the idle beta
             pinned = fleet.one("SELECT executor_name FROM sessions WHERE id = %s", session)
-            waiting = fleet.rows("SELECT status, executor_name FROM tasks WHERE id = %s", second)
+            waiting = tables.task(db.admin_dsn, second, "status", "executor_name")
         finally:
             fleet.stop_all()
-    assert pinned == "alpha" and waiting == [("pending", None)]
+    assert pinned == "alpha" and waiting == ("pending", None)

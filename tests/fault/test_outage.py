@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -29,6 +30,7 @@ from executor.journal.writer import JournalWriter
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared.database import Database
 from shared.models import NewEvent
+from tests import tables
 from tests.pg import DB, Cluster
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
 from tests.fault.test_executor_process import _executor_env
@@ -112,8 +114,26 @@ def _one(admin_dsn: str, query: str, params: list[Any] | None = None) -> Any:
         return conn.execute(query, params or []).fetchone()
 
 
-async def _until(check: Callable[[], Any], what: str, timeout: float, logs: list[Path]) -> Any:
-    return await until(check, lambda: f"{what}\n" + "\n".join(p.read_text()[-2000:] for p in logs), timeout, every=0.2)
+async def _until(check: Callable[[], Any], what: str, timeout: float, logs: list[Path], every: float = 0.2) -> Any:
+    return await until(check, lambda: f"{what}\n" + "\n".join(p.read_text()[-2000:] for p in logs), timeout, every)
+
+
+async def _ready(http: httpx.AsyncClient, ingress: subprocess.Popen[bytes] | None, log: Path) -> bool:
+    assert ingress is not None and ingress.poll() is None, log.read_text()[-3000:]
+    try:
+        return (await http.get("/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _all_gone(procs: list[psutil.Process]) -> bool:
+    """Each process exited (a zombie, its parent gone, waits only to be reaped)."""
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    return all(gone(p) for p in procs)
 
 
 async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
@@ -134,16 +154,7 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
         reader: StreamReader | None = None
         try:
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                async def ingress_ready() -> bool:
-                    try:
-                        return (await http.get("/readyz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                deadline = time.monotonic() + 60
-                while not await ingress_ready():
-                    assert time.monotonic() < deadline and ingress.poll() is None, ingress_log.read_text()[-3000:]
-                    await asyncio.sleep(0.2)
+                await _until(lambda: _ready(http, ingress, ingress_log), "the ingress ready", 60, logs)
                 reader = StreamReader(url, after=0).start()
                 thread = (await http.post("/api/threads", json={"mode": "autonomous"})).json()["thread_id"]
                 r = await http.post("/api/chat", json={"text": "run the job", "thread_id": thread})
@@ -158,11 +169,14 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
                 worker, worker_pid, _ = await _until(worker_mid_run, "the worker never got going", 90, logs)
 
                 # ---- the outage ----
-                os.kill(_postmaster_pid(server.pgdata), signal.SIGKILL)
+                postmaster = psutil.Process(_postmaster_pid(server.pgdata))
+                backends = postmaster.children()
+                postmaster.kill()
                 killed_at = time.monotonic()
                 body = {"text": "while the database was away", "thread_id": thread,
                         "client_msg_id": f"msg-{uuid.uuid4()}"}
-                await asyncio.sleep(3)  # the backends notice their postmaster is gone
+                # the backends notice their postmaster is gone (one left would still answer on its connection)
+                await _until(lambda: _all_gone(backends), "the backends gone", 30, logs)
                 started = time.monotonic()
                 r = await http.post("/api/chat", json=body)
                 answered_in = time.monotonic() - started
@@ -173,10 +187,10 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
 
                 spilled_max = 0
                 worker_exited_during_outage = False
-                # a minute at least, and on until the worker has exited (a loaded machine runs its rounds
-                # slower): its end must be one the executor saw while the database was away
-                while (time.monotonic() - killed_at < OUTAGE_S or not worker_exited_during_outage) and (
-                        time.monotonic() - killed_at < OUTAGE_S + OUTAGE_GRACE_S):
+
+                def outage_over() -> bool:
+                    """The services live through it, the spill file's size seen, the worker's exit seen."""
+                    nonlocal spilled_max, worker_exited_during_outage
                     assert executor.poll() is None, executor_log.read_text()[-3000:]
                     assert ingress.poll() is None, ingress_log.read_text()[-3000:]
                     if spill.exists():
@@ -186,22 +200,28 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
                             os.kill(worker_pid, 0)
                         except ProcessLookupError:
                             worker_exited_during_outage = True
-                    await asyncio.sleep(0.5)
+                    return time.monotonic() - killed_at >= OUTAGE_S and worker_exited_during_outage
+
+                # a minute at least, and on until the worker has exited (a loaded machine runs its rounds
+                # slower): its end must be one the executor saw while the database was away
+                await _until(outage_over, "a minute of outage and the worker's exit within it",
+                             OUTAGE_S + OUTAGE_GRACE_S - (time.monotonic() - killed_at), logs, every=0.5)
                 late = await http.post("/api/chat", json=body)
                 assert late.status_code == 503, late.text  # still away after a minute: still a quick 503
 
                 await asyncio.to_thread(_start_postgres, server)
-                back_at = time.monotonic()
 
                 # ---- it is back: everything resumes without a restart ----
-                while (r := await http.post("/api/chat", json=body)).status_code != 202:
-                    assert r.status_code == 503 and time.monotonic() - back_at < 30, r.text
-                    await asyncio.sleep(0.5)
+                async def accepted() -> bool:
+                    r = await http.post("/api/chat", json=body)
+                    assert r.status_code in (202, 503), r.text
+                    return r.status_code == 202
+
+                await _until(accepted, "the message accepted once the database is back", 30, logs, every=0.5)
                 await settled(odb.admin_dsn, timeout=120)
 
-                def orchestrator_told() -> Any:
-                    return _one(odb.admin_dsn, "SELECT count(*) FROM journal"
-                                " WHERE event_type = 'thread.harness_message' AND session_id = %s", [thread])[0]
+                def orchestrator_told() -> int:
+                    return tables.count_events(odb.admin_dsn, "thread.harness_message", session_id=thread)
 
                 await _until(orchestrator_told, "the orchestrator was never told of the worker", 60, logs)
                 await settled(odb.admin_dsn, timeout=120)
@@ -223,22 +243,18 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
     check_invariants(odb.admin_dsn, [reader])  # seq gap-free, all final, each message delivered once
     assert reader.connects == 1, reader.errors  # the open stream rode out the outage on its heartbeats
     with psycopg.connect(odb.admin_dsn) as conn:
-        workers = conn.execute("SELECT id, status, status_reason, attempt FROM tasks WHERE role = 'worker'").fetchall()
+        workers = tables.tasks(conn, "id", "status", "status_reason", "attempt", role="worker")
         # the worker ended with its true status, recorded after the database returned, and ran once
         assert workers == [(worker, "success", "completed", 1)], workers
-        exited = conn.execute("SELECT payload FROM journal WHERE task_id = %s AND event_type = 'task.exited'",
-                              [worker]).fetchone()[0]  # type: ignore[index]
+        [exited] = tables.payloads(conn, "task.exited", worker)
         lines = conn.execute("SELECT count(*) FROM journal WHERE task_id = %s AND event_type LIKE 'stream.%%'",
                              [worker]).fetchone()[0]  # type: ignore[index]
         printed = [int(r[0]) for r in conn.execute(
             "SELECT (regexp_match(payload::text, 'printed-line-(\\d+)'))[1] FROM journal"
             " WHERE task_id = %s AND event_type = 'stream.user' ORDER BY seq", [worker]).fetchall()]
-        harness_messages = conn.execute("SELECT count(*) FROM journal WHERE event_type = 'thread.harness_message'"
-                                        " AND session_id = %s", [thread]).fetchone()[0]  # type: ignore[index]
-        handoffs = conn.execute("SELECT count(*) FROM journal WHERE task_id = %s AND event_type = 'handoff'",
-                                [worker]).fetchone()[0]  # type: ignore[index]
-        echoes = [r[0] for r in conn.execute(
-            "SELECT payload ->> 'text' FROM journal WHERE event_type = 'task.user_message' ORDER BY seq").fetchall()]
+        harness_messages = tables.count_events(conn, "thread.harness_message", session_id=thread)
+        handoffs = tables.count_events(conn, "handoff", worker)
+        echoes = tables.user_messages(conn)
     assert exited["status"] == "success" and lines == exited["lines"], (exited, lines)
     # every line the worker's commands printed, once each, in the order printed
     assert printed == list(range(ROUNDS)), printed
@@ -266,25 +282,16 @@ async def test_services_started_while_postgres_is_down_wait_for_it_and_then_work
                 executor = _spawn("executor", env, executor_log)
                 ingress = _spawn("ingress", {**env, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port)}, ingress_log)
                 # each has met the outage (a loaded machine may take seconds to import it) and waits on
-                deadline = time.monotonic() + 60
-                while not all(_events(log, "database_unavailable") for log in (executor_log, ingress_log)):
-                    assert time.monotonic() < deadline, [log.read_text()[-2000:] for log in (executor_log, ingress_log)]
-                    await asyncio.sleep(0.2)
-                await asyncio.sleep(5)
+                logs = [executor_log, ingress_log]
+                await _until(lambda: all(_events(log, "database_unavailable") for log in logs),
+                             "both services meeting the outage", 60, logs)
+                await asyncio.sleep(5)  # a window in which neither service may give up and exit
                 assert executor.poll() is None, executor_log.read_text()[-3000:]
                 assert ingress.poll() is None, ingress_log.read_text()[-3000:]
             finally:
                 await asyncio.to_thread(_start_postgres, server)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        if (await http.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert time.monotonic() < deadline, ingress_log.read_text()[-3000:]
-                    await asyncio.sleep(0.3)
+                await _until(lambda: _ready(http, ingress, ingress_log), "the ingress ready", 60, logs)
                 r = await http.post("/api/chat", json={"text": "are you there"})
                 assert r.status_code == 202, r.text
                 await settled(odb.admin_dsn, timeout=90)
@@ -296,8 +303,8 @@ async def test_services_started_while_postgres_is_down_wait_for_it_and_then_work
                 if p is not None:
                     p.wait(60)
     check_invariants(odb.admin_dsn)
-    turn = _one(odb.admin_dsn, "SELECT status FROM tasks WHERE role = 'orchestrator'")
-    assert turn == ("success",)
+    turn = tables.tasks(odb.admin_dsn, "status", role="orchestrator")
+    assert turn == [("success",)]
     for log in (executor_log, ingress_log):
         assert len(_events(log, "database_unavailable")) == 1 and len(_events(log, "database_available")) == 1, \
             log.read_text()[-3000:]
@@ -333,10 +340,10 @@ async def test_while_the_database_is_away_the_writer_never_blocks_a_producer_and
                 await asyncio.wait_for(writer.put(_line(i)), 5)
             putting_took = time.monotonic() - started
             exited = asyncio.ensure_future(writer.write([_line(1010)]))  # the supervisor's durable task.exited
-            await asyncio.sleep(1)
-            stats = writer.stats()
-            assert stats.holding and stats.spilled_events > 0 and (tmp_path / SPILL_NAME).exists()
-            assert not exited.done()  # durable means durable: it waits for the database
+            await until(lambda: (stats := writer.stats()).holding and stats.spilled_events > 0
+                        and (tmp_path / SPILL_NAME).exists(), "the writer holding and spilling")
+            with pytest.raises(TimeoutError):  # durable means durable: it waits for the database
+                await asyncio.wait_for(asyncio.shield(exited), 1)  # must not complete within a second
         finally:
             await asyncio.to_thread(_start_postgres, server)
         await asyncio.wait_for(exited, 60)
