@@ -13,6 +13,7 @@ import pytest
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.models import Event
+from tests import tables
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.served import ingress_server
@@ -122,9 +123,8 @@ async def test_an_unanswered_question_times_out_and_is_marked_cancelled(db: DB, 
     ask, row, events, _ = await _round_trip(db, tmp_path, asking(Q1), None, ask_timeout_s=3)
     payload = json.loads(_tool_result(events)["text"])
     assert payload == {"questions": [Q1], "answers": {}, "response": "Timed out waiting for user input"}
-    with psycopg.connect(db.admin_dsn) as conn:
-        status = conn.execute("SELECT status FROM questions WHERE id = %s", [ask["id"]]).fetchone()[0]  # type: ignore[index]
-    assert status == "cancelled" and row["status"] == "success"
+    status = tables.rows(db.admin_dsn, "questions", "status", id=ask["id"])
+    assert status == [("cancelled",)] and row["status"] == "success"
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,7 @@ async def test_a_broken_input_rule_is_a_tool_error_naming_it_and_nothing_is_aske
     result = _tool_result(events)
     assert result["is_error"] and rule in result["text"]
     with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM questions").fetchone()[0] == 0  # type: ignore[index]
+        assert tables.count(conn, "questions") == 0
     assert row["status"] == "success"
 
 
@@ -192,10 +192,8 @@ async def test_an_answer_after_45_s_still_arrives_with_the_cli_idle_limit_shorte
 
 
 async def test_a_restart_cancels_questions_whose_process_died(db: DB, tmp_path: Path) -> None:
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        task = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'running') RETURNING id").fetchone()[0]  # type: ignore[index]
-        qid = conn.execute("INSERT INTO questions (tool_use_id, task_id, questions) VALUES ('toolu_dead', %s, '[]') "
-                           "RETURNING id", [task]).fetchone()[0]  # type: ignore[index]
+    task = tables.insert_task(db.admin_dsn, status="running")
+    qid = tables.insert(db.admin_dsn, "questions", tool_use_id="toolu_dead", task_id=task, questions="[]")
     with ScriptedModelServer(Scenario()) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
@@ -203,9 +201,8 @@ async def test_a_restart_cancels_questions_whose_process_died(db: DB, tmp_path: 
             await h.wait_event(task, "question.cancelled", 30)
             events = await h.events()
             late = await http.post("/api/asks/toolu_dead/answer", json={"response": "too late"})
-    with psycopg.connect(db.admin_dsn) as conn:
-        status = conn.execute("SELECT status FROM questions WHERE id = %s", [qid]).fetchone()[0]  # type: ignore[index]
-    assert status == "cancelled" and late.status_code == 409
+    status = tables.rows(db.admin_dsn, "questions", "status", id=qid)
+    assert status == [("cancelled",)] and late.status_code == 409
     assert any(e.event_type == "question.cancelled" and e.payload["question_id"] == str(qid) for e in events)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from executor.projects import service as projects
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests import tables
 from tests.harness import config_for, running_supervisor, substrate_for
 from tests.pg import DB
 from tests.scenarios import STALL_FOREVER
@@ -101,4 +102,4 @@ def test_project_create_refuses_a_workdir_outside_the_roots_with_the_apis_own_me
     assert "outside the allowed project roots" in refused["outside"].stderr
     assert "set PETAL_PROJECT_ROOTS" in refused["symlink"].stderr
     with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM projects").fetchone() == (0,)
+        assert tables.count(conn, "projects") == 0

@@ -20,6 +20,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from shared import contract, journal, read_surface
 from shared.models import Event, NewEvent
 from tests.harness import Harness, running_executor
+from tests import tables
 from tests.pg import DB
 from tests.wait import until
 
@@ -70,10 +71,8 @@ async def test_a_valid_extraction_stores_a_handoff_with_the_fields_the_seq_range
         k: HANDOFF[k] for k in ("goal", "current_state", "next_step", "ruled_out", "artifacts")}
     assert handoff.payload["status"] == "success" and handoff.payload["claimed_status"] == "partial"
     assert handoff.payload["raw_seq_range"] == [min(raw), max(raw)]
-    with psycopg.connect(db.admin_dsn) as conn:
-        ex = conn.execute("SELECT id, role, parent_task_id, status FROM tasks WHERE id = %s",
-                          [handoff.payload["extractor_task_id"]]).fetchone()
-    assert ex is not None and ex[1] == "extractor" and ex[2] == worker and ex[3] == "success"
+    ex = tables.task(db.admin_dsn, handoff.payload["extractor_task_id"], "id", "role", "parent_task_id", "status")
+    assert ex[1] == "extractor" and ex[2] == worker and ex[3] == "success"
     assert row["status"] == "success"
     async with AsyncConnectionPool(db.executor_dsn, open=False) as pool:
         by_session = await read_surface.get_handoffs(pool, row["session_id"])
@@ -103,12 +102,9 @@ async def test_a_missing_required_field_fails_the_gate_with_the_reason(db: DB, t
 async def test_the_gate_validates_by_itself_whatever_the_cli_let_through(pool: AsyncConnectionPool, db: DB) -> None:
     version, fields = await contract.active(pool)
     schema = contract.schema_for(fields)
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        worker = conn.execute("INSERT INTO tasks (role, status, brief) VALUES ('worker', 'success', 'b') "
-                              "RETURNING id").fetchone()[0]  # type: ignore[index]
-        ex = conn.execute("INSERT INTO tasks (role, status, parent_task_id, json_schema) VALUES "
-                          "('extractor', 'success', %s, %s) RETURNING id",
-                          [worker, json.dumps(schema)]).fetchone()[0]  # type: ignore[index]
+    worker = tables.insert_task(db.admin_dsn, status="success", brief="b")
+    ex = tables.insert_task(db.admin_dsn, role="extractor", status="success", parent_task_id=worker,
+                            json_schema=json.dumps(schema))
     # what the CLI let through, as the journal holds it: a result line whose structured output breaks the schema
     await journal.append(pool, [NewEvent("stream.result", {
         "type": "result", "is_error": False, "structured_output": {**HANDOFF, "ruled_out": "not a list"}},
@@ -117,10 +113,8 @@ async def test_the_gate_validates_by_itself_whatever_the_cli_let_through(pool: A
         gated = await extraction.validate(unit, Ended(ex, "extractor", "success", "completed", parent_task_id=worker,
                                                       json_schema=schema))
         assert gated is not None  # its records are appended with the unit
-    with psycopg.connect(db.admin_dsn) as conn:
-        status = conn.execute("SELECT status FROM tasks WHERE id = %s", [worker]).fetchone()[0]  # type: ignore[index]
-        errors = conn.execute("SELECT payload->'errors' FROM journal WHERE event_type = 'handoff.extraction_failed'"
-                              ).fetchone()[0]  # type: ignore[index]
+    status = tables.status(db.admin_dsn, worker)
+    errors = tables.payloads(db.admin_dsn, "handoff.extraction_failed")[0]["errors"]
     assert gated.record_type == "handoff.extraction_failed" and status == "extraction_failed"
     assert errors == ["ruled_out: 'not a list' is not of type 'array'"]
 
@@ -150,10 +144,8 @@ async def test_a_field_added_to_the_contract_is_required_next_time_and_old_hando
 
 
 async def test_rule_outs_are_found_by_meaning_of_words_not_by_a_model(pool: AsyncConnectionPool, db: DB) -> None:
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchone()[0]  # type: ignore[index]
-        task = conn.execute("INSERT INTO tasks (role, project_id, status) VALUES ('worker', %s, 'success') "
-                            "RETURNING id", [project]).fetchone()[0]  # type: ignore[index]
+    project = tables.insert(db.admin_dsn, "projects", name="p")
+    task = tables.insert_task(db.admin_dsn, project_id=project, status="success")
     await journal.append(pool, [NewEvent("handoff", {"ruled_out": [
         {"approach": "SQLite as the journal store", "reason": "no LISTEN/NOTIFY"},
         {"approach": "polling the API every second", "reason": "wasteful"}]}, tier="derived", task_id=task,

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -25,17 +24,13 @@ from petal_dispatch import executor_wiring
 from petal_dispatch.config import Settings
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import errors
+from tests import tables
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
 
 Q = {"question": "Which database?", "header": "DB", "multiSelect": False,
      "options": [{"label": "Postgres", "description": "a"}, {"label": "SQLite", "description": "b"}]}
-
-
-def _count(db: DB, sql: str, *params: Any) -> int:
-    with psycopg.connect(db.admin_dsn) as conn:
-        return conn.execute(sql, params).fetchone()[0]  # type: ignore[index,no-any-return]  # one row; the driver's Any
 
 
 def _text(result: CallToolResult) -> str:
@@ -53,8 +48,8 @@ async def test_calls_without_a_live_credential_are_refused_and_leave_only_a_refu
             live = add_spawn(db)  # a running orchestrator turn whose identity a forger names
             ended = add_spawn(db, status="success")
             exited = add_spawn(db, revoked=True)  # its process exited; the task is not settled yet
-            tasks_before = _count(db, "SELECT count(*) FROM tasks")
-            seq_before = _count(db, "SELECT last_seq FROM journal_head")
+            tasks_before = tables.count(db.admin_dsn, "tasks")
+            seq_before = tables.journal_head(db.admin_dsn)
             url = h.mcp_url or ""
             forged = {"X-Petal-Session": str(live.session_id), "X-Petal-Task": str(live.task_id)}
             attempts = {
@@ -81,8 +76,8 @@ async def test_calls_without_a_live_credential_are_refused_and_leave_only_a_refu
         assert result.is_error and "dispatch_worker refused" in _text(result), name
     assert all(r.is_error and "refused" in _text(r) for r in others)
     # nothing written: no task, no question, no journal event but the refusals
-    assert _count(db, "SELECT count(*) FROM tasks") == tasks_before
-    assert _count(db, "SELECT count(*) FROM questions") == 0
+    assert tables.count(db.admin_dsn, "tasks") == tasks_before
+    assert tables.count(db.admin_dsn, "questions") == 0
     assert [e.event_type for e in events] == ["harness.call_refused"] * (len(attempts) + len(others))
     assert [e.payload["reason"] for e in events[:len(attempts)]] == [
         "no credential", "no credential", "unknown credential", "the credential's task has ended (success)",

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
+from tests import tables
 from tests.pg import DB
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
@@ -24,21 +25,18 @@ from tests.pg import DB
 
 def _handoff(db: DB, project: uuid.UUID, ruled_out: list[dict[str, str]]) -> uuid.UUID:
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        task = conn.execute("INSERT INTO tasks (project_id, role, status) VALUES (%s, 'worker', 'success') "
-                            "RETURNING id", [project]).fetchone()[0]  # type: ignore[index]
+        task = tables.insert_task(conn, project_id=project, status="success")
         conn.execute("INSERT INTO journal (event_id, seq, project_id, task_id, event_type, tier, payload) "
                      "VALUES (gen_random_uuid(), 1, %s, %s, 'handoff', 'derived', %s)",
                      [project, task, Jsonb({"goal": "speed up parsing", "current_state": "done",
                                             "next_step": "none", "status": "success", "ruled_out": ruled_out})])
         conn.execute("UPDATE journal_head SET last_seq = 1")
-    return task  # type: ignore[no-any-return]  # the id column: the driver's Any
+    return task
 
 
 def _project(db: DB, tmp: Path) -> uuid.UUID:
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        project: uuid.UUID = conn.execute("INSERT INTO projects (name, workdir) VALUES ('demo', %s) RETURNING id",
-                                          [str(tmp / "work")]).fetchone()[0]  # type: ignore[index]  # RETURNING
-        return project
+        return tables.insert(conn, "projects", name="demo", workdir=str(tmp / "work"))
 
 
 def _structured(result: CallToolResult) -> dict[str, Any]:
@@ -119,8 +117,7 @@ async def test_the_mcp_endpoint_refuses_a_foreign_host_header(db: DB, tmp_path: 
 async def test_a_workers_brief_carries_its_plan_tasks_earlier_handoffs(db: DB, tmp_path: Path) -> None:
     project = _project(db, tmp_path)
     earlier = _handoff(db, project, [])
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE tasks SET plan_ref = 'T-007' WHERE id = %s", [earlier])
+    tables.update(db.admin_dsn, "tasks", earlier, plan_ref="T-007")
     with ScriptedModelServer(Scenario()) as model:
         async with running_executor(db, model, tmp_path, max_workers=1) as h:
             await wait_started(h)
@@ -152,8 +149,7 @@ async def test_a_routine_runs_workers_dispatched_at_the_same_moment_stay_within_
                 results = await asyncio.gather(*(client.call_tool("dispatch_worker", {"brief": f"part {i}"})
                                                  for i in range(6)))
             with psycopg.connect(db.admin_dsn) as conn:
-                workers = conn.execute("SELECT count(*) FROM tasks WHERE parent_task_id = %s",
-                                       [turn.task_id]).fetchone()[0]  # type: ignore[index]  # an aggregate
+                workers = tables.count_tasks(conn, parent_task_id=turn.task_id)
     refused = [r.content[0].text for r in results if r.is_error]  # type: ignore[union-attr]  # text blocks
     assert len(refused) == 5 and workers == 1, (refused, workers)
     assert all("runs at most 1 worker(s) at once" in text for text in refused), refused

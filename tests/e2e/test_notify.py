@@ -18,6 +18,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from shared import journal
 from shared.database import Database
 from shared.models import NewEvent
+from tests import tables
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
@@ -83,7 +84,7 @@ async def test_a_subscription_the_push_service_says_is_gone_is_removed(db: DB, t
             await _subscribe(http, phone)
             assert (await http.post("/api/push/test", json={})).status_code == 202
             await asyncio.to_thread(push.wait_for, 1)
-            await until(lambda: not _rows(db, "SELECT count(*) FROM push_subscriptions")[0][0],
+            await until(lambda: not tables.count(db.admin_dsn, "push_subscriptions"),
                         "the gone subscription to be removed", 30)
             info = (await http.get("/api/push", params={"endpoint": phone.endpoint})).json()
     assert info["subscribed"] is False and info["subscriptions"] == 0
@@ -118,7 +119,7 @@ async def test_bad_subscriptions_are_refused_with_a_reason_and_change_nothing(db
             )]
     assert [a.status_code for a in answers] == [422] * 4
     assert "https" in answers[0].text and "p256dh" in answers[2].text
-    assert _rows(db, "SELECT count(*) FROM push_subscriptions")[0][0] == 0
+    assert tables.count(db.admin_dsn, "push_subscriptions") == 0
 
 
 # ---- the rate limit and digests ------------------------------------------------------------------------
@@ -217,7 +218,7 @@ async def test_the_page_opts_in_by_button_its_service_worker_registers_and_a_tes
             page = await context.new_page()
             await page.goto(url + "/")
             await expect(page.locator("body[data-notify='off']")).to_have_count(1, timeout=20_000)
-            assert _rows(db, "SELECT count(*) FROM push_subscriptions")[0][0] == 0  # never on load
+            assert tables.count(db.admin_dsn, "push_subscriptions") == 0  # never on load
             worker = await page.evaluate("navigator.serviceWorker.ready.then(r => r.active.scriptURL)")
             await page.click("#notify-button")
             await page.click("#notify-enable")
@@ -231,4 +232,4 @@ async def test_the_page_opts_in_by_button_its_service_worker_registers_and_a_tes
     assert worker == f"{url}/sw.js"
     assert options == {"userVisibleOnly": True, "keyLength": 65}
     assert phone.decrypt(got[0].body)["body"].startswith("Notifications work.")
-    assert _rows(db, "SELECT count(*) FROM push_subscriptions")[0][0] == 0  # turned off: removed
+    assert tables.count(db.admin_dsn, "push_subscriptions") == 0  # turned off: removed

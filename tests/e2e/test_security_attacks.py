@@ -31,6 +31,7 @@ from ingress.auth import PEER_FAILURES_PER_WINDOW, TokenLimiter
 from petal_dispatch.config import Settings
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.database import Database
+from tests import tables
 from tests.harness import running_executor
 from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests.pg import DB
@@ -42,11 +43,6 @@ from tests.wait import until, until_blocking
 # (RETURNING, an aggregate, a row the test made)
 
 TOKEN = "s3cret-token-s3cret-token"
-
-
-def _count(db: DB, query: str) -> int:
-    with psycopg.connect(db.admin_dsn) as conn:
-        return conn.execute(query).fetchone()[0]  # type: ignore[index,no-any-return]  # one row; the driver's Any
 
 
 def _text(result: CallToolResult) -> str:
@@ -104,7 +100,7 @@ async def test_a_loop_of_forged_harness_calls_cannot_fill_the_journal(db: DB, tm
         async with running_executor(db, model, tmp_path) as h:
             await wait_started(h)
             live = add_spawn(db)
-            seq_before = _count(db, "SELECT last_seq FROM journal_head")
+            seq_before = tables.journal_head(db.admin_dsn)
             async with mcp_client(h.mcp_url or "") as forger:
                 results = [await forger.call_tool("check_ruled_out", {"scope_id": str(live.session_id),
                                                                       "candidate": "x" * 1000})

@@ -14,6 +14,7 @@ import pytest
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared.models import Event
 from tests.harness import Harness, config_for, live_in_group, running_supervisor, substrate_for
+from tests import tables
 from tests.pg import DB
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
@@ -118,8 +119,7 @@ async def test_a_stop_request_mid_stream_cancels_within_the_grace_and_the_group_
                                       config_for(tmp_path, stop_grace_s=8)) as h:
             task_id = await h.dispatch("wait forever")
             pid = await _started(h, task_id)
-            async with await psycopg.AsyncConnection.connect(db.ingress_dsn, autocommit=True) as ingress:
-                await ingress.execute("INSERT INTO stop_queue (task_id, reason) VALUES (%s, 'user')", [task_id])
+            await tables.ask_stop(db.ingress_dsn, task_id)
             row = await h.wait_final(task_id, timeout=30)
             events = await h.events(task_id)
             async with await psycopg.AsyncConnection.connect(db.admin_dsn) as conn:
@@ -209,8 +209,7 @@ async def test_a_silent_run_is_marked_stalled_and_one_that_ignores_sigterm_is_ki
                                       config_for(tmp_path, stall_timeout_s=1, stop_grace_s=1)) as h:
             task_id = await h.dispatch("say nothing")
             stalled = await h.wait_task(task_id, lambda r: r["activity"] == "stalled", 30)
-            async with await psycopg.AsyncConnection.connect(db.ingress_dsn, autocommit=True) as ingress:
-                await ingress.execute("INSERT INTO stop_queue (task_id, reason) VALUES (%s, 'user')", [task_id])
+            await tables.ask_stop(db.ingress_dsn, task_id)
             row = await h.wait_final(task_id, timeout=30)
             events = await h.events(task_id)
 

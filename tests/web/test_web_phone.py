@@ -18,6 +18,7 @@ from playwright.async_api import Browser, Page, ViewportSize, expect
 from shared import journal
 from shared.models import NewEvent
 from shared.threads import DEFAULT_THREAD_ID
+from tests import tables
 from tests.pg import DB
 from tests.web.test_web_client import DESKTOP, PHONE, browser, page_at, shot
 from tests.web.test_web_layout import UNCOVERED
@@ -176,8 +177,7 @@ async def test_a_harness_report_is_a_compact_note_and_an_answer_shows_in_chat_an
     worker = uuid.uuid4()
     report = f"[harness] Worker {worker} finished. Its handoff:\ngoal: count\nstate: there are 3 files"
     with psycopg.connect(db.admin_dsn) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, mode)"
-                     " VALUES (%s, 'orchestrator', 'idle', 'interactive') ON CONFLICT DO NOTHING", [DEFAULT_THREAD_ID])
+        tables.ensure_thread(conn, DEFAULT_THREAD_ID, mode="interactive")
     async with await psycopg.AsyncConnection.connect(db.executor_dsn) as aconn:
         await journal.append_on(aconn, [
             NewEvent("thread.harness_message",

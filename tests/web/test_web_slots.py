@@ -9,6 +9,7 @@ import pytest
 from playwright.async_api import ViewportSize, expect
 
 from shared.threads import DEFAULT_THREAD_ID
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.web.seen import seen
@@ -23,16 +24,13 @@ def _seed(admin_dsn: str) -> tuple[list[str], str]:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO executors (name, capacity, lease_s, lease_until, renewed_at, started_at) VALUES "
                      "('ex-1', 2, 15, now() + interval '1 hour', now(), now())")
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'running', "
-                     "'Default', 'interactive') ON CONFLICT (id) DO NOTHING", [DEFAULT_THREAD_ID])
-        busy = [str(conn.execute("INSERT INTO tasks (role, status, activity, brief, executor_name) VALUES "
-                                 "('worker', 'running', 'running', %s, 'ex-1') RETURNING id",
-                                 [f"busy {i}"]).fetchone()[0]) for i in range(2)]  # type: ignore[index]
-        parked = str(conn.execute("INSERT INTO tasks (role, status, activity, brief, executor_name) VALUES "
-                                  "('worker', 'running', 'awaiting_user', 'parked', 'ex-1') RETURNING id")
-                     .fetchone()[0])  # type: ignore[index]
-        conn.execute("INSERT INTO tasks (role, status, activity, brief, session_id, chat) VALUES "
-                     "('orchestrator', 'pending', 'waiting_for_slot', 'hello', %s, true)", [DEFAULT_THREAD_ID])
+        tables.ensure_thread(conn, DEFAULT_THREAD_ID, lifecycle="running", title="Default", mode="interactive")
+        busy = [str(tables.insert_task(conn, status="running", activity="running", brief=f"busy {i}",
+                                       executor_name="ex-1")) for i in range(2)]
+        parked = str(tables.insert_task(conn, status="running", activity="awaiting_user", brief="parked",
+                                        executor_name="ex-1"))
+        tables.insert_task(conn, role="orchestrator", status="pending", activity="waiting_for_slot", brief="hello",
+                           session_id=DEFAULT_THREAD_ID, chat=True)
     return busy, parked
 
 

@@ -18,6 +18,7 @@ import pytest
 from playwright.async_api import Page, ViewportSize, expect
 
 from shared.threads import DEFAULT_THREAD_ID
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.web.seen import seen
@@ -36,21 +37,16 @@ def _seed(admin_dsn: str) -> dict[str, Any]:
     answered question, an orchestrator turn, and an executor last seen 45 s ago."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         statuses = [r[0] for r in conn.execute("SELECT name FROM task_statuses ORDER BY name").fetchall()]
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'running', "
-                     "'Default', 'interactive') ON CONFLICT (id) DO NOTHING", [DEFAULT_THREAD_ID])
+        tables.ensure_thread(conn, DEFAULT_THREAD_ID, lifecycle="running", title="Default", mode="interactive")
         for status in statuses:
-            conn.execute("INSERT INTO tasks (role, status, brief) VALUES ('worker', %s, %s)",
-                         [status, f"a task that is {status}"])
+            tables.insert_task(conn, status=status, brief=f"a task that is {status}")
         for activity in ("stalled", "awaiting_user"):
-            conn.execute("INSERT INTO tasks (role, status, activity, brief) VALUES ('worker', 'running', %s, %s)",
-                         [activity, f"a task that is {activity}"])
+            tables.insert_task(conn, status="running", activity=activity, brief=f"a task that is {activity}")
         # a pending task the supervisor found every slot busy for
-        conn.execute("INSERT INTO tasks (role, status, activity, brief) VALUES ('worker', 'pending', "
-                     "'waiting_for_slot', 'a task that waits for a slot')")
-        second = conn.execute("INSERT INTO sessions (role, lifecycle, title, mode) VALUES ('orchestrator', 'running',"
-                              " 'Second thread', 'interactive') RETURNING id").fetchone()[0]  # type: ignore[index]
-        turn = conn.execute("INSERT INTO tasks (role, status, brief, session_id) VALUES ('orchestrator', 'success', "
-                            "'plan the day', %s) RETURNING id", [DEFAULT_THREAD_ID]).fetchone()[0]  # type: ignore[index]
+        tables.insert_task(conn, status="pending", activity="waiting_for_slot", brief="a task that waits for a slot")
+        second = tables.insert_thread(conn, lifecycle="running", title="Second thread", mode="interactive")
+        turn = tables.insert_task(conn, role="orchestrator", status="success", brief="plan the day",
+                                  session_id=DEFAULT_THREAD_ID)
         routine = conn.execute("INSERT INTO routines (name, prompt, cron, tz) VALUES ('Nightly', 'check', "
                                "'0 9 * * *', 'Asia/Tokyo') RETURNING id").fetchone()[0]  # type: ignore[index]
         for status in RUN_STATUSES:
