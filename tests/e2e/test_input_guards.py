@@ -15,6 +15,7 @@ from ingress.http import MAX_JSON_DEPTH
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import threads
 from tests.harness import Harness, running_executor
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.wait import until
@@ -26,8 +27,7 @@ QUEUES = ("chat_queue", "thread_control_queue", "stop_queue")
 
 
 def _queued(dsn: str) -> dict[str, int]:
-    with psycopg.connect(dsn) as conn:
-        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in QUEUES}  # type: ignore[index]
+    return {t: tables.count(dsn, t) for t in QUEUES}
 
 
 async def _argv(h: Harness, task_id: Any) -> list[str]:
@@ -73,16 +73,11 @@ async def test_json_nested_past_the_depth_limit_is_400_on_real_targets_under_the
     # each under the size limit: it is the depth check that answers, not the 413
     assert all(len(b) < AuthConfig.max_body_bytes for b in (deep_array, deep_object, just_over))
     with psycopg.connect(db.admin_dsn) as conn:  # real targets: a thread, a pending task, a pending ask
-        conn.execute("INSERT INTO sessions (id, role, lifecycle, mode) VALUES (%s, 'orchestrator', 'idle',"
-                     " 'interactive') ON CONFLICT DO NOTHING", [threads.DEFAULT_THREAD_ID])
-        task = conn.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id").fetchone()[0]  # type: ignore[index]
-        ask = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions) VALUES"
-                           " ('toolu_deep', %s, %s) RETURNING id",
-                           [threads.DEFAULT_THREAD_ID, json.dumps([{"question": "Go?", "header": "Go",
-                                                                    "multiSelect": False, "options": [
-                                                                        {"label": "Yes", "description": ""},
-                                                                        {"label": "No", "description": ""}]}])]
-                           ).fetchone()[0]  # type: ignore[index]
+        tables.ensure_thread(conn, threads.DEFAULT_THREAD_ID, mode="interactive")
+        task = tables.insert_task(conn)
+        ask = tables.insert(conn, "questions", tool_use_id="toolu_deep", source_session_uuid=threads.DEFAULT_THREAD_ID,
+                            questions=json.dumps([{"question": "Go?", "header": "Go", "multiSelect": False, "options": [
+                                {"label": "Yes", "description": ""}, {"label": "No", "description": ""}]}]))
     paths = ("/api/chat", "/api/threads", f"/api/tasks/{task}/stop", f"/api/asks/{ask}/answer")
     json_type = {"content-type": "application/json"}
     before = _queued(db.admin_dsn)
@@ -95,8 +90,7 @@ async def test_json_nested_past_the_depth_limit_is_400_on_real_targets_under_the
         # one level less passes the depth check and meets the route's own checks (an unknown field: 422)
         at = {path: (await http.post(path, content=at_limit, headers=json_type)).status_code for path in paths}
         after = _queued(db.admin_dsn)
-        with psycopg.connect(db.admin_dsn) as conn:
-            still_pending = conn.execute("SELECT status FROM questions WHERE id = %s", [ask]).fetchone()
+        still_pending = tables.rows(db.admin_dsn, "questions", "status", id=ask)[0]
         # the targets were real: the same routes take a plain body
         answered = await http.post(f"/api/asks/{ask}/answer", json={"answers": {"Go?": "Yes"}})
         stopped = await http.post(f"/api/tasks/{task}/stop", json={})

@@ -29,6 +29,7 @@ from executor.harness.scope import DispatchLimits
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
 from tests.harness_caller import mcp_client, wait_started
+from tests import tables
 from tests.pg import DB
 from tests.scenarios import dispatch
 from tests.wait import until
@@ -101,9 +102,6 @@ class Store:
                 [seq, project, node.session_id, node.task_id,
                  Jsonb({"goal": goal, "current_state": "done", "next_step": "none", "status": "success",
                         "ruled_out": ruled_out or []})])
-
-    def count(self, sql: str, *params: Any) -> int:
-        return self.conn.execute(sql, params).fetchone()[0]  # type: ignore[index,no-any-return]
 
     def close(self) -> None:
         self.conn.close()
@@ -231,8 +229,7 @@ async def test_dispatch_worker_runs_only_in_the_callers_project(db: DB, tmp_path
     assert free_to_a.is_error and "this thread has no project" in _text(free_to_a)
     assert {k: (t["project_id"], t["parent_task_id"]) for k, t in tasks.items()} == {
         "a": (a, in_a.task_id), "default": (a, in_a.task_id), "free": (None, free.task_id), "b": (b, in_b.task_id)}
-    assert store.count("SELECT count(*) FROM tasks WHERE project_id = %s AND parent_task_id <> %s",
-                       b, in_b.task_id) == 0
+    assert all(p in (None, in_b.task_id) for (p,) in tables.tasks(store.conn, "parent_task_id", project_id=b))
     assert sorted((str(e.task_id), e.payload["reason"]) for e in refusals) == sorted(
         [(str(in_a.task_id), "another project")] * 2 + [(str(free.task_id), "another project")])
 
@@ -254,7 +251,7 @@ async def test_a_dispatch_flood_is_stopped_at_the_per_task_count(
             async with mcp_client(h.mcp_url or "", sibling.token) as client:
                 other = await client.call_tool("dispatch_worker", {"brief": "the sibling's own"})
     refused = [_text(r) for r in results if r.is_error]
-    created = store.count("SELECT count(*) FROM tasks WHERE parent_task_id = %s", flooder.task_id)
+    created = tables.count_tasks(store.conn, parent_task_id=flooder.task_id)
     assert not other.is_error, _text(other)  # the count is the task's own: another task still dispatches
     if limit < flood:
         assert created == limit and len(refused) == flood - limit, refused
@@ -276,13 +273,12 @@ async def test_a_chain_of_workers_is_stopped_at_the_dispatch_depth(db: DB, tmp_p
                 while parent is not None:
                     row = await h.task(parent)
                     rows.append(row)
-                    cur = await (await h._conn()).execute("SELECT id FROM tasks WHERE parent_task_id = %s", [parent])
-                    found = await cur.fetchone()
-                    parent = found[0] if found else None
+                    found = tables.tasks(db.admin_dsn, "id", parent_task_id=parent)
+                    parent = found[0][0] if found else None
                 return rows if len(rows) >= 3 and all(r["status"] == "success" for r in rows) else None
             tasks = await until(chain, "three links of the chain to end", 180)
             deepest = await h.events(tasks[-1]["id"])
-            total = (await (await (await h._conn()).execute("SELECT count(*) FROM tasks")).fetchone() or [0])[0]
+            total = tables.count_tasks(db.admin_dsn)
             refusals = [e for e in await h.events() if e.event_type == "task.dispatch_refused"]
     # the root (depth 0, requested from outside) and its workers at depth 1 and 2 ran; the one at depth 2 was
     # refused a worker, so there is no fourth
@@ -318,7 +314,7 @@ async def test_one_credentials_refusal_flood_leaves_anothers_refusals_journaled(
             async with mcp_client(url) as anonymous:
                 for _ in range(flood):
                     await anonymous.call_tool("dispatch_worker", {"brief": "x"})
-            seq = store.count("SELECT last_seq FROM journal_head")
+            seq = tables.journal_head(store.conn)
             async with mcp_client(url, victim.token) as client:
                 victims = await client.call_tool("dispatch_worker", {"brief": "y", "project_id": str(uuid.uuid4())})
             async with mcp_client(url, ended.token) as client:
