@@ -1,5 +1,6 @@
-"""The harness's store (executor/sql/harness.sql): where a caller's task sits among the dispatches, and what it
-may read. The one module of this room that names these queries; rows come back as frozen dataclasses."""
+"""The harness's store (executor/sql/harness.sql): where a caller's task sits among the dispatches, what it
+may read, and a routine's run's cap on its workers. The one module of this room that names these queries; rows
+come back as frozen dataclasses."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ class Lineage(FromRow):
     depth: int
     thread_id: uuid.UUID | None
     dispatched: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersFull(FromRow):
+    """A routine's run whose routine's `max_workers` workers are going already (`check_routine_workers_full`)."""
+
+    name: str
+    max_workers: int
 
 
 @dataclass(frozen=True)
@@ -49,3 +58,12 @@ class HarnessStore:
         """Whether `scope` is a task or conversation of the caller's tree, or of its project."""
         return await self.run.one("check_caller_may_read", {"task_id": task_id, "project": project_id,
                                                             "scope": scope}, into=_Readable) is not None
+
+    async def lock_routine_run(self, thread_id: uuid.UUID) -> None:
+        """Lock the routine's run speaking in this thread (if any) to the end of this store's transaction: its
+        workers are counted and inserted one dispatch at a time."""
+        await self.run.execute("lock_routine_run_of_thread", {"thread_id": thread_id})
+
+    async def routine_workers_full(self, thread_id: uuid.UUID) -> WorkersFull | None:
+        """The routine whose run this thread is, when it has its max_workers workers going; else None."""
+        return await self.run.one("check_routine_workers_full", {"thread_id": thread_id}, into=WorkersFull)

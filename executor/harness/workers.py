@@ -19,6 +19,7 @@ from executor.harness.identity import tool_use_id
 from executor.harness.refusals import credential_key
 from executor.harness.results import Result
 from executor.harness.services import Harness
+from executor.harness.store import HarnessStore
 from executor.projects import service as projects
 from executor.run import user_input
 from executor.run.caller import Caller
@@ -28,8 +29,7 @@ from executor.settle.dispatch import TaskRequest
 from executor.settle.thread_store import ThreadStore
 from shared import read_surface
 from shared.models import NewEvent
-from shared.query import Queries
-from shared.work import Work, work
+from shared.work import work
 
 STARTED = "the harness runs it; its handoff comes back to you when it finishes"
 
@@ -79,7 +79,7 @@ class _Workers:
         thread = caller.thread_id or found.thread_id
         mode = await ThreadStore(self.harness.q).mode(thread) if thread else None
         if caller.thread_id is not None:  # a routine's run: at most its routine's max_workers at once
-            await self._check_routine_workers(self.harness.q, caller.thread_id)
+            await self._check_routine_workers(self.harness.store, caller.thread_id)
         if thread is not None and mode == "interactive":
             return await self._approve(brief, caller, thread, project, plan_ref, allowed_tools, tool_use_id(ctx),
                                        file_ids)
@@ -129,8 +129,9 @@ class _Workers:
                 if caller.thread_id is not None:
                     # again under the run's row lock, to the insert's commit: two calls at once are counted in
                     # turn (the lock first, then a count that sees the other's committed worker)
-                    await unit.execute("lock_routine_run_of_thread", {"thread_id": caller.thread_id})
-                    await self._check_routine_workers(unit, caller.thread_id)
+                    runs = HarnessStore(unit)
+                    await runs.lock_routine_run(caller.thread_id)
+                    await self._check_routine_workers(runs, caller.thread_id)
                 return await dispatch.request_task(unit, asked)
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None
@@ -148,10 +149,10 @@ class _Workers:
         raise ToolError(f"dispatch refused: {message}")
 
     @staticmethod
-    async def _check_routine_workers(q: Queries | Work, thread_id: uuid.UUID) -> None:
-        full = await q.one("check_routine_workers_full", {"thread_id": thread_id})
+    async def _check_routine_workers(store: HarnessStore, thread_id: uuid.UUID) -> None:
+        full = await store.routine_workers_full(thread_id)
         if full is not None:
-            raise ToolError(f"dispatch refused: routine {full['name']} runs at most {full['max_workers']} "
+            raise ToolError(f"dispatch refused: routine {full.name} runs at most {full.max_workers} "
                             "worker(s) at once; wait for a running worker's report, then dispatch again")
 
     async def _files(self, caller: Caller) -> list[dict[str, Any]]:

@@ -103,7 +103,7 @@ class SessionStore:
 
     async def adopted_session(self, thread_id: uuid.UUID) -> str | None:
         """The conversation a thread was made from (None: no such thread, or not adopted)."""
-        found = await self.q.one("get_session_cli", {"id": thread_id}, into=_Adopted)
+        found = await self.q.one("get_adopted_session", {"id": thread_id}, into=_Adopted)
         return found.adopted_session_id if found else None
 
     async def conversation_taken(self, session_id: str) -> uuid.UUID | None:

@@ -102,17 +102,6 @@ WHERE id = %(id)s
 INSERT INTO sessions (id, role, lifecycle, title, mode, project_id)
 VALUES (%(id)s, 'orchestrator', 'idle', %(title)s, %(mode)s, %(project_id)s)
 
--- name: lock_routine_run_of_thread --
--- A run's dispatches of workers, one at a time (held to the dispatching transaction's commit).
-SELECT 1 FROM routine_runs WHERE thread_id = %(thread_id)s FOR UPDATE
-
--- name: check_routine_workers_full --
--- A routine's run whose thread already has its routine's max_workers workers going (a row only then).
-SELECT rt.max_workers, rt.name FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
-WHERE r.thread_id = %(thread_id)s AND rt.max_workers IS NOT NULL
-  AND (SELECT count(*) FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
-       WHERE p.session_id = r.thread_id AND w.role = 'worker' AND w.status IN ('pending', 'running')) >= rt.max_workers
-
 -- name: get_routine_project --
 SELECT id, name, workdir, plan FROM projects WHERE id = %(id)s
 

@@ -20,9 +20,9 @@ DELETE FROM claude_sessions WHERE executor = %(executor)s AND session_id = %(ses
 -- At an executor's start: what an earlier run published of files that are gone meanwhile.
 DELETE FROM claude_sessions WHERE executor = %(executor)s AND NOT (session_id = ANY(%(keep)s::text[]))
 
--- name: get_claude_session --
-SELECT executor, session_id, config_dir, path, cwd, title, readable, unreadable_reason, adoptable, live_pid
-FROM claude_sessions WHERE executor = %(executor)s AND session_id = %(session_id)s
+-- name: get_adopted_session --
+-- The conversation a thread was made from (null: a thread of its own).
+SELECT adopted_session_id FROM sessions WHERE id = %(id)s
 
 -- name: check_conversation_taken --
 -- A conversation already continued by a thread that is not archived (its own, or one adopted without a fork):
@@ -40,20 +40,6 @@ VALUES (%(id)s, 'orchestrator', 'idle', %(title)s, %(mode)s, %(executor)s, %(ado
         %(resume_command)s)
 ON CONFLICT (id) DO NOTHING
 RETURNING id
-
--- name: get_session_cli --
--- What a turn's spawn needs of the conversation it continues (an adopted thread's own directory and file).
-SELECT adopted_session_id, cli_session_id, cli_config_dir, cli_workdir, cli_fork_from, resume_command
-FROM sessions WHERE id = %(id)s
-
--- name: mark_session_cli --
--- After a turn's spawn: the conversation it speaks in and where, for the command that continues it in a
--- terminal (written only when it changed).
-UPDATE sessions SET cli_session_id = %(cli_session_id)s, cli_workdir = %(cli_workdir)s,
-                    resume_command = %(resume_command)s
-WHERE id = %(id)s AND role = 'orchestrator'
-  AND (cli_session_id IS DISTINCT FROM %(cli_session_id)s OR cli_workdir IS DISTINCT FROM %(cli_workdir)s
-       OR resume_command IS DISTINCT FROM %(resume_command)s)
 
 -- name: list_threads_of_conversations --
 -- This executor's threads speaking in these conversations (whose files grew): a terminal may have added to

@@ -193,6 +193,20 @@ SET lifecycle = %(lifecycle)s,
     updated_at = now()
 WHERE id = %(id)s
 
+-- name: get_session_cli --
+-- What a turn's spawn needs of the conversation it continues (an adopted thread's own directory and file).
+SELECT adopted_session_id, cli_session_id, cli_config_dir, cli_workdir, cli_fork_from, resume_command
+FROM sessions WHERE id = %(id)s
+
+-- name: mark_session_cli --
+-- After a turn's spawn: the conversation it speaks in and where, for the command that continues it in a
+-- terminal (written only when it changed).
+UPDATE sessions SET cli_session_id = %(cli_session_id)s, cli_workdir = %(cli_workdir)s,
+                    resume_command = %(resume_command)s
+WHERE id = %(id)s AND role = 'orchestrator'
+  AND (cli_session_id IS DISTINCT FROM %(cli_session_id)s OR cli_workdir IS DISTINCT FROM %(cli_workdir)s
+       OR resume_command IS DISTINCT FROM %(resume_command)s)
+
 -- name: set_task_process --
 UPDATE tasks SET pid = %(pid)s, session_id = %(session_id)s WHERE id = %(id)s
 

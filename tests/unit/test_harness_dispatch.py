@@ -114,12 +114,12 @@ async def test_a_caller_whose_task_row_is_not_found_counts_as_a_turn() -> None:
 async def test_a_routine_run_at_its_worker_limit_is_refused_with_the_routines_name() -> None:
     unit = FakeWork({"check_routine_workers_full": {"name": "nightly", "max_workers": 2}})
     with pytest.raises(ToolError, match="routine nightly runs at most 2 worker"):
-        await _Workers._check_routine_workers(unit, THREAD)
+        await _Workers._check_routine_workers(HarnessStore(unit), THREAD)
     assert unit.params("check_routine_workers_full") == {"thread_id": THREAD}
 
 
 async def test_a_routine_run_below_its_worker_limit_may_dispatch() -> None:
-    await _Workers._check_routine_workers(FakeWork({"check_routine_workers_full": None}), THREAD)
+    await _Workers._check_routine_workers(HarnessStore(FakeWork({"check_routine_workers_full": None})), THREAD)
 
 
 # ---- the files a worker is handed ----------------------------------------------------------------------------

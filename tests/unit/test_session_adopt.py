@@ -161,25 +161,25 @@ async def test_a_forked_adoption_tells_the_thread_whose_process_holds_the_conver
 
 async def test_an_adoption_writes_its_thread_and_journals_its_records_in_one_unit(tmp_path: Path) -> None:
     conversation(tmp_path, 2)
-    made, store = index(tmp_path, {"get_session_cli": None, "check_conversation_taken": None,
+    made, store = index(tmp_path, {"get_adopted_session": None, "check_conversation_taken": None,
                                    "insert_adopted_thread": {"id": THREAD}})
     assert await adopt.adopt(made, THREAD, {"adopt": {"session_id": SID}}) is None
-    assert store.unit.names() == ["get_session_cli", "check_conversation_taken", "insert_adopted_thread"]
+    assert store.unit.names() == ["get_adopted_session", "check_conversation_taken", "insert_adopted_thread"]
     assert store.unit.params("insert_adopted_thread")["adopted_session_id"] == SID
     assert [e.event_type for e in store.unit.events][:2] == ["thread.created", "thread.adopted"]
     assert store.published == [([SID], [], [SID])]  # the file as it is now: a pass first
 
 
 async def test_an_adoption_queued_again_after_it_was_made_does_nothing(tmp_path: Path) -> None:
-    made, store = index(tmp_path, {"get_session_cli": {"adopted_session_id": SID}})
+    made, store = index(tmp_path, {"get_adopted_session": {"adopted_session_id": SID}})
     assert await adopt.adopt(made, THREAD, {"adopt": {"session_id": SID}}) is None
-    assert store.unit.names() == ["get_session_cli"] and store.published == [] and store.unit.events == []
+    assert store.unit.names() == ["get_adopted_session"] and store.published == [] and store.unit.events == []
 
 
 async def test_a_conversation_another_thread_continues_is_refused(tmp_path: Path) -> None:
     conversation(tmp_path, 2)
     other = uuid.uuid4()
-    made, store = index(tmp_path, {"get_session_cli": None, "check_conversation_taken": {"id": other}})
+    made, store = index(tmp_path, {"get_adopted_session": None, "check_conversation_taken": {"id": other}})
     assert await adopt.adopt(made, THREAD, {"adopt": {"session_id": SID}}) == (
         f"the conversation is already continued by thread {other}")
     assert store.unit.events == []
@@ -187,7 +187,7 @@ async def test_a_conversation_another_thread_continues_is_refused(tmp_path: Path
 
 async def test_an_adoption_into_an_existing_thread_id_is_refused_and_journals_nothing(tmp_path: Path) -> None:
     conversation(tmp_path, 2)
-    made, store = index(tmp_path, {"get_session_cli": None, "check_conversation_taken": None,
+    made, store = index(tmp_path, {"get_adopted_session": None, "check_conversation_taken": None,
                                    "insert_adopted_thread": None})
     assert await adopt.adopt(made, THREAD, {"adopt": {"session_id": SID}}) == f"thread {THREAD} exists"
     assert store.unit.events == []
