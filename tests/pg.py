@@ -8,9 +8,7 @@ TEMPLATE), so every test starts from the same schema and nothing leaks between t
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from psycopg.conninfo import make_conninfo
 
 from petal_dispatch import dbpasswords, dbprocess, dbserver
 from shared import migrate
+from tests.wait import until
 
 # how long the Docker engine may take to answer a ping before "no Docker" is the answer
 DOCKER_PING_TIMEOUT_S = 5
@@ -154,12 +153,10 @@ class Cluster:
 async def lock_waiter(admin_dsn: str, where: str, params: list[Any] | None = None, timeout: float = 30) -> int:
     """The pid of a session of this database waiting on a lock and matching `where` (SQL over
     pg_stat_activity), once there is one: how a test knows a racing statement has reached its lock."""
-    deadline = time.monotonic() + timeout
     async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
-        while True:
+        async def waiting() -> int | None:
             cur = await conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
                                      f" AND wait_event_type = 'Lock' AND ({where})", params or [])
-            if row := await cur.fetchone():
-                return int(row[0])
-            assert time.monotonic() < deadline, f"no session waited on a lock where {where}"
-            await asyncio.sleep(0.01)
+            row = await cur.fetchone()
+            return int(row[0]) if row else None
+        return await until(waiting, f"a session waiting on a lock where {where}", timeout, every=0.01)

@@ -15,7 +15,7 @@ import httpx
 
 from ingress.main import serve
 from petal_dispatch import config, ingress_wiring
-
+from tests.wait import until
 
 # Ports for the services a test starts come from below the kernel's ephemeral range (32768 and up), where
 # outgoing connections take theirs: a port the kernel hands out as free can be taken by a connection before
@@ -47,17 +47,16 @@ def free_port() -> int:
 
 
 async def answering(url: str, path: str, serving: asyncio.Future[Any]) -> None:
-    """Until `path` answers 200 (some 10 s at most), or the server's task ended (its error raised)."""
+    """Until `path` answers 200 (failing after 30 s), or the server's task ended (its error raised)."""
     async with httpx.AsyncClient(base_url=url, timeout=5) as probe:
-        for _ in range(200):
+        async def answers() -> bool:
             if serving.done():
                 serving.result()
             try:
-                if (await probe.get(path)).status_code == 200:
-                    return
+                return (await probe.get(path)).status_code == 200
             except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.05)
+                return False
+        await until(answers, f"{url}{path} answering", timeout=30, every=0.05)
 
 
 @asynccontextmanager

@@ -51,3 +51,9 @@ def until_blocking(check: Callable[[], T | None], what: str | Callable[[], str],
             raise AssertionError(f"timed out waiting for {_said(what)}")
         time.sleep(every)
     return value
+
+
+async def one_step() -> None:
+    """Let every task that is ready run one step: a yield to the event loop, not a wait on the clock (a unit test
+    orders its own tasks with it; nothing outside the process is waited for)."""
+    await asyncio.sleep(0)

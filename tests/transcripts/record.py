@@ -106,13 +106,13 @@ def record(cases: dict[str, Case], binary: str, out_dir: Path) -> None:
             if case.stdin:
                 assert proc.stdin is not None
                 for pause, obj in case.stdin:
-                    time.sleep(pause)
+                    time.sleep(pause)  # the recorded case's pace: a user who types this long after the last line
                     proc.stdin.write(json.dumps(obj).encode() + b"\n")
                     proc.stdin.flush()
-                time.sleep(2)
+                time.sleep(2)  # a user still there after the last line: the CLI sees no early end of input
                 proc.stdin.close()
             if case.sig is not None:
-                time.sleep(4)
+                time.sleep(4)  # the signal lands mid-turn, as a user's stop would, not before the CLI started
                 os.killpg(proc.pid, case.sig)
             out = proc.stdout.read()  # type: ignore[union-attr]  # stdout=PIPE: never None
             proc.wait(timeout=60)

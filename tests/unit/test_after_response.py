@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared import after_response
 from tests.served import answering, free_port
+from tests.wait import one_step
 
 
 class _Seen:
@@ -52,7 +53,7 @@ def _app(seen: _Seen) -> Starlette:
             seen.futures.append(after_response.defer(lambda name=name: work(name)))  # type: ignore[misc]
         seen.order.append("handler")
         for _ in range(5):
-            await asyncio.sleep(0)  # room for anything started now to run before the response
+            await one_step()  # room for anything started now to run before the response
         return PlainTextResponse("ok")
 
     async def hang(request: Request) -> Response:
@@ -117,5 +118,5 @@ async def test_the_work_of_a_request_its_client_left_still_runs_and_later_work_r
         await asyncio.wait_for(seen.ran.wait(), 10)  # hypercorn cancels the handler; its work goes on
     assert seen.order == ["handler", "last"]
     assert not after_response.in_request()
-    outside = after_response.defer(lambda: asyncio.sleep(0))
+    outside = after_response.defer(one_step)
     await asyncio.wait_for(outside, 5)

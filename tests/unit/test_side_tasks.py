@@ -9,6 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from executor.run.side_tasks import SideTaskEnded, SideTasks, first_error
+from tests.wait import one_step
 
 
 async def forever() -> None:
@@ -22,7 +23,7 @@ async def run_with(side_task: BaseException | None) -> tuple[BaseException, list
     seen: list[str] = []
 
     async def failing() -> None:
-        await asyncio.sleep(0)
+        await one_step()
         if side_task is not None:
             raise side_task
 
@@ -61,9 +62,9 @@ async def test_a_side_task_that_may_end_ends_alone_and_the_run_goes_on() -> None
     async with asyncio.TaskGroup() as group:
         side = SideTasks(group, closing)
         side.start("fine", forever())
-        side.start("warm-turns", asyncio.sleep(0), may_end=True)  # as the warm loop with no warm turns asked
+        side.start("warm-turns", one_step(), may_end=True)  # as the warm loop with no warm turns asked
         await asyncio.wait([side.tasks[1]])
-        await asyncio.sleep(0)
+        await one_step()
         assert not side.tasks[0].done()  # the run goes on
         closing.set()
         side.cancel()
@@ -98,6 +99,6 @@ async def test_cancelling_the_side_tasks_ends_them_quietly(closing: bool) -> Non
         async with asyncio.TaskGroup() as group:
             side = SideTasks(group, flag)
             side.start("watchdog", forever())
-            await asyncio.sleep(0)
+            await one_step()
             side.cancel()
     assert logged == [] and side.tasks[0].cancelled()
