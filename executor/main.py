@@ -36,7 +36,7 @@ from shared.database import Database
 log = logs.get(__name__)
 
 # Channels the executor listens on. Each carries an id; readers re-read the tables (but an asking tool takes
-# how its question closed from `question_closed`, executor/asks.py).
+# how its question closed from `question_closed`, executor/asks/).
 CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "thread_control_queue", "journal",
             "notify_queue", "task_ended", "project_queue",
             "gate_rule_queue", "routine_queue", "routines", "question_closed", "question_settle"]
@@ -48,7 +48,7 @@ ACQUIRE_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class ExecutorConfig:
-    """What the executor runs on; the application builds it from the settings (petal_dispatch/config.py)."""
+    """What the executor runs on; the application builds it from the settings (petal_dispatch/executor_wiring.py)."""
 
     dsn: str = field(repr=False)  # the executor role's; it may carry a password
     substrate: SubstrateConfig = field(repr=False)  # its base environment holds this process's secrets

@@ -10,10 +10,11 @@ write target computed at run time — is gated as `opaque`. Scripts run by an in
 start. docs/gates.md states these choices; tests/data/gate_corpus.tsv holds the examples.
 
 The room: verdict.py (Finding, Verdict), paths.py (path resolution), matching.py (a command against the
-tables), walker.py (the shell walker's grammar: constructs, words, redirects), shell.py (what each command
-does), classify.py (a tool call → its verdict), decide.py (allow/ask/deny, a standing rule's reach, the
-permission prompt tool's answer), tables.py (the rules, as data), rules.py (the standing-rules queue),
-store.py (its rows and the permission path's reads: executor/sql/gates.sql).
+tables), walker.py (the shell walker's grammar: constructs, words, redirects), git.py (what git runs and writes:
+GitWalker), shell.py (what each command does, built on GitWalker), classify.py (a tool call → its verdict),
+decide.py (allow/ask/deny, a standing rule's reach, the permission prompt tool's answer), tables.py (the rules, as
+data), rules.py (the standing-rules queue), store.py (its rows and the permission path's reads:
+executor/sql/gates.sql).
 """
 
 from executor.gates.classify import classify, classify_command

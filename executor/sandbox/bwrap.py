@@ -8,7 +8,9 @@ tree writable (for a project worktree, the repository parts a commit needs, with
 config, hooks, the worktree's links — read-only, so nothing a worker writes runs later outside); a PID namespace
 of its own (other processes' /proc is gone); a network namespace of its own whose only ways out are loopback
 ports forwarded over Unix sockets to the gateway (the harness MCP, a local model server, an allowlisting proxy
-for everything else). Threat model and what remains: docs/threat-model.md.
+for everything else). What a spawn sees of the CLI's config directory is cliconfig.py's (config_view), a project
+worktree's git parts git_view.py's (git_parts); executor/run/isolation.py puts both in the spawn's box. Threat
+model and what remains: docs/threat-model.md.
 """
 
 from __future__ import annotations

@@ -84,8 +84,8 @@ async def spawn_to_first_line(argv: list[str], env: dict[str, str], cwd: str, pr
 async def bench_overhead(url: str, turns: int, executor_env: dict[str, str], config_dir: Path, mcp_url: str,
                          tmp: Path, admin_dsn: str) -> None:
     harness, direct, connected, to_spawn, after_spawn = [], [], [], [], []
-    # how long each turn's sandbox had been started when its claim took it (executor/run/ahead.py), by whether it
-    # was a spare (started before the message) or the thread's own (started when the threads loop saw it)
+    # how long each turn's sandbox had been started when its claim took it (executor/run/spawn/ahead_pool.py), by
+    # whether it was a spare (started before the message) or the thread's own (started when the threads loop saw it)
     ahead_waited: dict[bool, list[float]] = {True: [], False: []}
     mcp_file = tmp / "direct-mcp.json"
     # no credential: the direct spawn is not a caller the harness knows
@@ -249,7 +249,7 @@ if __name__ == "__main__":
     parser.add_argument("--sandbox-off", action="store_true", help="the executor's spawns unsandboxed (what the "
                         "sandbox costs a turn's start)")
     parser.add_argument("--ahead-off", action="store_true", help="no sandbox started before the claim "
-                        "(executor/run/ahead.py): each turn's sandbox starts after its bookkeeping")
+                        "(executor/run/spawn/ahead_pool.py): each turn's sandbox starts after its bookkeeping")
     parser.add_argument("--spares", type=int, default=1, help="spare sandboxes kept (PETAL_SANDBOX_SPARES; 0: "
                         "each turn's own sandbox starts when its message is seen)")
     args = parser.parse_args()
