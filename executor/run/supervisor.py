@@ -32,8 +32,10 @@ from executor.run.reconcile import reconcile
 from executor.run.side_tasks import SideTasks, first_error
 from executor.run.running import Running
 from executor.run.spawn.warm_pool import WarmConfig
-from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT, USER_STOP, RunConfig, TaskRunner
-from executor.run.task_store import ClaimedTask, Parked, TaskStore
+from executor.run.outcome import EXECUTOR_SHUTDOWN, PARKED_LIMIT, USER_STOP
+from executor.run.task_run import RunConfig, TaskRunner
+from executor.run.task_rows import ClaimedTask, Parked
+from executor.run.task_store import TaskStore
 from executor.run.watchdog import Limits, Watchdog
 from executor.sandbox.bwrap import SandboxPolicy
 from shared import aio, logs

@@ -18,50 +18,24 @@ from executor.run import lineage, process, stream, substrate
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
 from executor.run.isolation import Isolation
+from executor.run.outcome import end_outcome
 from executor.run.plan import Planner, Unspawned
 from executor.run.running import Running, feed_prompt, read_stderr, read_stdout
 from executor.run.spawn import spawner
 from executor.run.spawn.warm_pool import WarmConfig
 from executor.run.spawn.way import Plan, Started
-from executor.run.task_store import ClaimedTask, TaskEnd, TaskStore
+from executor.run.task_rows import ClaimedTask, TaskEnd
+from executor.run.task_store import TaskStore
 from executor.sandbox import bwrap as sandbox
-from executor.sandbox import limits
 from shared import logs
 from shared.database import OUTAGE_ERRORS, Availability
 from shared.models import NewEvent
 
 log = logs.get(__name__)
 
-# Stops the harness sends for its own reasons are not the user's cancellation: the executor's shutdown
-# (a deploy) cut the run off like a crash, and the runtime cap is a failure; the policy retries both.
-EXECUTOR_SHUTDOWN = "executor_shutdown"  # the reason the executor gives the runs its own stop cuts off
-HARNESS_STOPS = {EXECUTOR_SHUTDOWN: "crashed", "max_runtime": "failed"}
-# a spawn that hit its pids or memory limit (executor/sandbox/limits.py) crashed, even when its CLI outlived the
-# process the limit ended and finished: what it did was cut short
-LIMIT_STOPS = (limits.PIDS_LIMIT, limits.MEMORY_LIMIT)
-USER_STOP = "stop_requested"
-# a process parked on the user past the supervisor's bound (PETAL_MAX_PARKED): ended, its question left answerable
-# (the answer resumes the conversation in a new turn); not the turn's failure
-PARKED_LIMIT = "parked_limit"
 # how often a run's cgroup is looked at for a limit hit: a fork refused at pids.max or an OOM kill is no event
 # the loop can wait on (v1's counters have no file notification)
 LIMIT_CHECK_S = 0.25
-
-
-def end_outcome(returncode: int, facts: stream.TurnFacts, stop_reason: str | None,
-                gate_denials: int = 0) -> stream.Outcome:
-    """A run's status from its exit, why the harness stopped it (if it did) and how many of its calls the
-    harness refused at a gate (pure)."""
-    if stop_reason in LIMIT_STOPS:
-        return stream.Outcome("crashed", stop_reason)
-    if stop_reason is None or stop_reason not in HARNESS_STOPS:
-        outcome = stream.derive_status(returncode, facts, stop_requested=stop_reason is not None,
-                                          gate_denials=gate_denials)
-        return stream.Outcome(outcome.status, stop_reason or outcome.reason)
-    outcome = stream.derive_status(returncode, facts, gate_denials=gate_denials)
-    if outcome.status == "success":
-        return outcome  # it finished before the stop took effect
-    return stream.Outcome(HARNESS_STOPS[stop_reason], stop_reason)
 
 
 def _now() -> datetime:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run.task_run import EXECUTOR_SHUTDOWN, PARKED_LIMIT
+from executor.run.outcome import EXECUTOR_SHUTDOWN, PARKED_LIMIT
 from executor.settle import approvals, changes, escalations, extraction
 from executor.settle.store import Ended, SettleStore
 from shared import consume, database, logs
@@ -36,9 +36,6 @@ from shared.listener import Subscription
 from shared.work import Work
 
 log = logs.get(__name__)
-
-SHUTDOWN = EXECUTOR_SHUTDOWN  # a run the executor's own stop cut off
-PARKED = PARKED_LIMIT  # a run parked on the user that the supervisor ended (its question stays answerable)
 
 
 @dataclass(frozen=True)
@@ -69,10 +66,10 @@ def route(ended: Ended, *, extract: bool) -> Step:
     """The step an end calls for (pure)."""
     if ended.thread_turn:
         # a deploy is never the turn's fault, and the messages it carried must not be dropped
-        if ended.status == "crashed" and ended.status_reason == SHUTDOWN:
+        if ended.status == "crashed" and ended.status_reason == EXECUTOR_SHUTDOWN:
             return Step.RERUN_TURN
         # ended while it waited on the user, past PETAL_MAX_PARKED: a boundary, not a failure (the answer resumes it)
-        if ended.status_reason == PARKED:
+        if ended.status_reason == PARKED_LIMIT:
             return Step.TELL_THREAD
         return Step.TELL_THREAD if ended.status == "success" else Step.TURN_FAILED
     if not extract:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from executor.run import stream
-from executor.run.task_run import end_outcome
+from executor.run.outcome import end_outcome
 from executor.sandbox import limits
 from executor.sandbox.bwrap import SandboxPolicy, SpawnBox, wrap
 from executor.sandbox.limits import CgroupTree, SpawnLimits

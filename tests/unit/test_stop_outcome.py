@@ -1,4 +1,4 @@
-"""Why the harness stopped a run decides its status (executor/run/task_run.py `end_outcome`, pure)."""
+"""Why the harness stopped a run decides its status (executor/run/outcome.py `end_outcome`, pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from executor.run import stream
-from executor.run.task_run import end_outcome
+from executor.run.outcome import end_outcome
 
 OK = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "terminal_reason": "completed"}
 
