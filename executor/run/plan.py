@@ -14,7 +14,8 @@ from executor.projects import service as projects
 from executor.projects import worktrees
 from executor.run import substrate, user_input
 from executor.run.spawn.way import Plan
-from executor.run.task_store import ClaimedTask, TaskStore
+from executor.run.task_rows import ClaimedTask
+from executor.run.task_store import TaskStore
 
 # a routine run's process is not started with less than this left of the run's USD (it could not finish a call)
 MIN_GRANT_USD = 0.01

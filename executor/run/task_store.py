@@ -1,6 +1,6 @@
 """The reads and writes of tasks, sessions, stop requests and credentials, by name (executor/sql/tasks.sql):
 the supervisor's (`TaskStore`, on the pool), and those run inside a caller's unit of work too (`TaskRows`).
-Rows come back as frozen dataclasses (shared.query.FromRow): the columns their fields name."""
+Rows come back as frozen dataclasses (executor/run/task_rows.py; the one-column ones here)."""
 
 from __future__ import annotations
 
@@ -13,103 +13,14 @@ from typing import Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
+from executor.run.task_rows import (AskedTask, AttachmentFile, ClaimedTask, ClosedQuestion, NewTask, OrphanedTask,
+                                     Parked, Requeued, RoleProfile, StopRequest, TaskEnd, Template)
 from executor.run.user_input import Attachment
 from executor.sql import queries
 from shared.query import FromRow, Queries, Transaction
 from shared.sql import queries as shared_queries
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ClaimedTask(FromRow):
-    """A task this executor claimed (or found running after a restart): what its spawn needs."""
-
-    id: uuid.UUID
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    role: str
-    brief: str
-    plan_ref: str | None
-    workdir: str | None
-    allowed_tools: list[str] | None
-    attempt: int
-    json_schema: dict[str, Any] | None
-    attachment_ids: list[uuid.UUID]  # files fed to the CLI with the brief (a turn's messages carried them)
-    max_budget_usd: float | None  # the CLI's --max-budget-usd (a routine's run: its USD per run)
-    chat: bool  # a thread turn a user's message started (claimed first; the last free slot is kept for it)
-
-
-@dataclass(frozen=True)
-class OrphanedTask(ClaimedTask):
-    """A task a dead run of this executor left running: a claimed task and the process it had."""
-
-    pid: int | None
-
-
-@dataclass(frozen=True)
-class StopRequest(FromRow):
-    id: uuid.UUID
-    task_id: uuid.UUID
-    reason: str | None
-
-
-@dataclass(frozen=True)
-class RoleProfile(FromRow):
-    role: str
-    system_prompt: str
-    allowed_tools: list[str]
-    use_mcp: bool
-
-
-@dataclass(frozen=True)
-class Template(FromRow):
-    """What a thread's next turn will be spawned from: its latest turn's placement and tools (a warm process is
-    started from it: executor/run/spawn/warm_pool.py)."""
-
-    session_id: uuid.UUID
-    project_id: uuid.UUID | None
-    role: str
-    workdir: str | None
-    allowed_tools: list[str] | None
-    seen_at: datetime | None  # the latest presence report of a page showing it (None: not shown)
-
-
-@dataclass(frozen=True)
-class Requeued(FromRow):
-    """How many claimed queue rows of a dead run went back to pending."""
-
-    chat: int
-    stop: int
-    thread_control: int
-
-
-@dataclass(frozen=True)
-class ClosedQuestion(FromRow):
-    id: uuid.UUID
-    task_id: uuid.UUID | None
-
-
-@dataclass(frozen=True)
-class Parked(FromRow):
-    """A running task parked on the user: the question it waits on, and whether that can outlive the process."""
-
-    task_id: uuid.UUID
-    question_id: uuid.UUID
-    asked_at: datetime
-    late_ok: bool
-
-
-@dataclass(frozen=True)
-class TaskEnd:
-    """A run's final status as its row records it."""
-
-    status: str
-    reason: str
-    exit_code: int | None
-    exit_signal: int | None
-    last_output_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -135,56 +46,6 @@ class _Denied(FromRow):
 @dataclass(frozen=True)
 class _SandboxAllow(FromRow):
     sandbox_allow: list[str]
-
-
-@dataclass(frozen=True)
-class NewTask:
-    """A pending task's row as `insert_task` writes it (executor/settle/dispatch.py request_task builds it)."""
-
-    id: uuid.UUID
-    role: str
-    brief: str
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    plan_ref: str | None
-    workdir: str | None
-    allowed_tools: list[str] | None
-    json_schema: Any  # Jsonb, or None
-    executor: str | None
-    labels: list[str]
-    attempt: int
-    retry_of: uuid.UUID | None
-    delay_s: float | None  # a repeat's wait (None: a first request waits for nothing)
-    attachment_ids: list[uuid.UUID]
-    chat: bool
-
-
-@dataclass(frozen=True)
-class AskedTask(FromRow):
-    """What a task was asked to do, where and under which limits (`get_task_request`): its repeat asks it again."""
-
-    role: str
-    brief: str
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    plan_ref: str | None
-    workdir: str | None
-    allowed_tools: list[str] | None
-    json_schema: dict[str, Any] | None
-    placement_executor: str | None
-    required_labels: list[str] | None
-    attempt: int
-    attachment_ids: list[uuid.UUID] | None
-
-
-@dataclass(frozen=True)
-class AttachmentFile(FromRow):  # a file a task carries, without its bytes (what its worker may be handed)
-    id: uuid.UUID
-    name: str
-    media_type: str
-    size_bytes: int
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run.task_store import AskedTask, NewTask, TaskRows
+from executor.run.task_rows import AskedTask, NewTask
+from executor.run.task_store import TaskRows
 from executor.settle.store import SettleStore
 from shared import errors
 from shared.models import NewEvent

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from executor.run.task_store import StopRequest
+from executor.run.task_rows import StopRequest
 from tests.fake_queries import FakeWork
 
 

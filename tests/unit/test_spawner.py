@@ -22,7 +22,7 @@ from executor.run.spawn.spawner import Spawner
 from executor.run.spawn.warm import WarmWay
 from executor.run.spawn.warm_pool import Warm
 from executor.run.spawn.way import Plan, Started
-from executor.run.task_store import ClaimedTask, RoleProfile
+from executor.run.task_rows import ClaimedTask, RoleProfile
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import pytest
 
 from executor.run import substrate
 from executor.run.spawn.warm_pool import Warm, WarmConfig, WarmPool
-from executor.run.task_store import Template
+from executor.run.task_rows import Template
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ from executor.run.isolation import Isolation
 from executor.run.spawn.ahead_pool import Ahead, AheadPool, SpareStale
 from executor.run.spawn.launch import Launcher
 from executor.run.spawn.way import Plan, Started
-from executor.run.task_store import ClaimedTask, RoleProfile
+from executor.run.task_rows import ClaimedTask, RoleProfile
 from executor.sandbox.gateway import Gateway
 from shared import aio, logs
 

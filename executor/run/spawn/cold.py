@@ -9,7 +9,7 @@ from executor.run import substrate
 from executor.run.credentials import Credentials
 from executor.run.spawn.launch import Launcher
 from executor.run.spawn.way import Beside, Plan, Started
-from executor.run.task_store import ClaimedTask
+from executor.run.task_rows import ClaimedTask
 from shared import aio
 
 

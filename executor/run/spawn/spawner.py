@@ -23,7 +23,8 @@ from executor.run.spawn.launch import Launcher
 from executor.run.spawn.warm import WarmStarter, WarmWay
 from executor.run.spawn.warm_pool import WarmConfig, WarmPool
 from executor.run.spawn.way import Beside, Plan, R, Started, Way
-from executor.run.task_store import ClaimedTask, TaskStore
+from executor.run.task_rows import ClaimedTask
+from executor.run.task_store import TaskStore
 from shared import aio, logs
 
 log = logs.get(__name__)

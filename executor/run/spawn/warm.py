@@ -17,7 +17,7 @@ from executor.run.credentials import Credentials
 from executor.run.spawn.launch import Launcher
 from executor.run.spawn.warm_pool import Warm, WarmPool
 from executor.run.spawn.way import Plan, Started
-from executor.run.task_store import ClaimedTask, RoleProfile, Template
+from executor.run.task_rows import ClaimedTask, RoleProfile, Template
 from shared import logs
 from shared.models import NewEvent
 

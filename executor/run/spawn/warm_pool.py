@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from executor.run import substrate
-from executor.run.task_store import Template
+from executor.run.task_rows import Template
 from executor.sandbox.gateway import Gateway
 from shared import aio, logs
 from shared.database import OUTAGE_ERRORS

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from executor.run import substrate
-from executor.run.task_store import ClaimedTask
+from executor.run.task_rows import ClaimedTask
 from executor.sandbox.gateway import Gateway
 
 # what runs beside the credential's binding, before the process gets its input (the runner's: the run's session)
