@@ -1,6 +1,6 @@
 """CI's size and complexity check (.ci/sizes.py) on packages made for the test: a module over the line limit and a
-function radon grades D are named, an exception listed with its reason silences only its own entry, and one no longer
-needed is told."""
+function radon grades D are named, an exception listed with its reason silences only its own entry, and one that
+excuses nothing fails the check."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import importlib.util
 import tomllib
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +52,7 @@ def test_a_method_graded_d_is_named_by_its_class(tmp_path: Path) -> None:
     assert list(sizes.findings(tmp_path, ("pkg",))) == ["pkg/m.py:K.branchy"]
 
 
-def test_an_exception_silences_only_its_own_entry_and_a_stale_one_is_told(tmp_path: Path) -> None:
+def test_an_exception_silences_only_its_own_entry_and_a_stale_one_is_named(tmp_path: Path) -> None:
     found = sizes.findings(_package(tmp_path), ("pkg",))
     failures, stale = sizes.report(found, {"pkg/long.py": "why", "pkg/gone.py": "split since"})
     assert failures == [f"pkg/inner/branchy.py:branchy: {found['pkg/inner/branchy.py:branchy']}"]
@@ -62,3 +64,30 @@ def test_every_listed_exception_says_why() -> None:
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"].get("petal-sizes", {}).get("exceptions", {})
     assert listed == table
     assert all(isinstance(why, str) and why.strip() for why in listed.values())
+
+
+def _listing(root: Path, exceptions: dict[str, str]) -> Path:
+    rows = "".join(f'"{key}" = "{why}"\n' for key, why in exceptions.items())
+    (root / "pyproject.toml").write_text(f"[tool.petal-sizes.exceptions]\n{rows}")
+    return root
+
+
+def test_the_check_passes_when_every_finding_is_excused_and_every_exception_excuses_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _listing(_package(tmp_path), {"pkg/long.py": "why", "pkg/inner/branchy.py:branchy": "why"})
+    assert sizes.main(root, ("pkg",)) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_stale_exception_fails_the_check_and_says_which(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _listing(_package(tmp_path), {"pkg/long.py": "why", "pkg/inner/branchy.py:branchy": "why",
+                                         "pkg/short.py": "grew once"})
+    assert sizes.main(root, ("pkg",)) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "sizes: pkg/short.py is within the limits now (or gone): remove its exception from pyproject.toml"]
+
+
+def test_a_finding_not_excused_fails_the_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _listing(_package(tmp_path), {"pkg/long.py": "why"})
+    assert sizes.main(root, ("pkg",)) == 1
+    assert "sizes: pkg/inner/branchy.py:branchy: radon D" in capsys.readouterr().err
