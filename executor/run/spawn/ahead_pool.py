@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from executor.sandbox.gateway import Gateway
-from shared import logs
+from shared import logs, timers
 
 log = logs.get(__name__)
 
@@ -113,30 +113,33 @@ class AheadPool:
     """The sandboxes started ahead of one executor's turns: one per thread at most, and its spares."""
 
     def __init__(self, starter: Starter, *, enabled: bool, pinned_here: Callable[[str | None], bool],
-                 spares: int = 1):
+                 spares: int = 1, clock: timers.Clock = timers.MONOTONIC):
         self.starter = starter
+        self.clock = clock  # a spare's age is this clock's (Ahead.started: time.monotonic)
         self.enabled = enabled
         self.pinned_here = pinned_here  # whether a thread pinned to this executor name runs its turns here
         self.starting: dict[uuid.UUID, asyncio.Task[Ahead | None]] = {}
         self._idle: dict[uuid.UUID, asyncio.Task[None]] = {}  # each one's end if no turn takes it in time
         self._ending: set[asyncio.Task[None]] = set()
-        self._closed = False
+        self._closing = asyncio.Event()  # `close` began: the loop ends, nothing more is started
         self.spares_wanted = spares if enabled else 0
         self.spares: list[asyncio.Future[Ahead | None]] = []
         self.spare_role: str | None = None  # the role of the turns seen here (what a spare is started for)
         self._refill_at = 0.0
-        self._changed = asyncio.Event()
+        self._next_look = 0.0  # until the loop's next look, as its last look chose
+        # a look at once, then when the last one said, or at once when woken (a spare taken, up or exited, a stop)
+        self.timer = timers.every("sandbox-spares", lambda: self._next_look, self._look, clock=clock, at_start=True)
         self._watching: set[asyncio.Future[int]] = set()  # each spare's process, woken on its exit
 
     def turn_coming(self, session_id: uuid.UUID, role: str, pinned_to: str | None) -> None:
         """The threads loop is about to queue a turn (of `role`) of this thread, whose turns are pinned to the
         executor named `pinned_to`: hand it a spare, or start its sandbox now, when it will run here."""
-        if not self.enabled or self._closed:
+        if not self.enabled or self._closing.is_set():
             return
         if self.spare_role != role and (pinned_to is None or self.pinned_here(pinned_to)):
             # the spares are for the role of the turns that may run here (a new thread's first turn teaches it)
             self.spare_role = role
-            self._refill_at = time.monotonic() + SPARE_REFILL_S
+            self._refill_at = self.clock.now() + SPARE_REFILL_S
             self._end_spares("role_changed")
         if session_id in self.starting or len(self.starting) >= MAX_AHEAD or not self.pinned_here(pinned_to):
             return
@@ -153,8 +156,8 @@ class AheadPool:
             spare = _result(started)
             if spare is not None and spare.alive:
                 self.spares.remove(started)
-                self._refill_at = time.monotonic() + SPARE_REFILL_S
-                self._changed.set()
+                self._refill_at = self.clock.now() + SPARE_REFILL_S
+                self.timer.wake()
                 return spare
         return None
 
@@ -172,13 +175,13 @@ class AheadPool:
         else:
             if linked is not None:
                 return linked
-            if self._closed or len(self.spares) >= self.spares_wanted:
+            if self._closing.is_set() or len(self.spares) >= self.spares_wanted:
                 self.give_back(spare, "not_needed")
             else:  # nothing was linked: another thread's conversation may go into it
                 kept: asyncio.Future[Ahead | None] = asyncio.get_running_loop().create_future()
                 kept.set_result(spare)
                 self.spares.append(kept)
-        return None if self._closed else await self._start(session_id, role)
+        return None if self._closing.is_set() else await self._start(session_id, role)
 
     async def take(self, session_id: uuid.UUID | None) -> Ahead | None:
         """The thread's sandbox for the turn about to start (the turn's from now on: the pool forgets it), once it
@@ -203,22 +206,20 @@ class AheadPool:
         self._end_soon(self.starter.end(ahead, reason))
 
     async def run(self) -> None:
-        """Keep the spares: started once a turn's role is known (`SPARE_REFILL_S` after the last was taken),
-        one that died or could not start replaced, each replaced after `SPARE_AGE_S`."""
-        while not self._closed:
-            self._changed.clear()
-            try:
-                wait = self._keep_spares()
-            except Exception:  # noqa: BLE001 - a bug here must not end the loop: said, and tried again later
-                log.exception("spares_not_kept")
-                wait = SPARE_RETRY_S
-            if wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), wait)
+        """Keep the spares until `close` (or cancelled): started once a turn's role is known (`SPARE_REFILL_S` after
+        the last was taken), one that died or could not start replaced, each replaced after `SPARE_AGE_S`."""
+        await self.timer.run(self._closing)
+
+    async def _look(self) -> None:
+        try:
+            self._next_look = self._keep_spares()
+        except Exception:  # noqa: BLE001 - a bug here must not end the loop: said, and tried again later
+            log.exception("spares_not_kept")
+            self._next_look = SPARE_RETRY_S
 
     def _keep_spares(self) -> float:
         """One look at the spares: what is dead or old is ended, one is started if due; how long until the next."""
-        now = time.monotonic()
+        now = self.clock.now()
         for started in [s for s in self.spares if s.done()]:
             spare = _result(started)
             if spare is None or not spare.alive or now - spare.started > SPARE_AGE_S:
@@ -239,7 +240,7 @@ class AheadPool:
     def _watch(self, started: asyncio.Future[Ahead | None]) -> None:
         """A spare's start ended: the loop looks again now, and again once its process exits (a spare that died
         waiting is replaced then, not when it would have been old)."""
-        self._changed.set()
+        self.timer.wake()
         spare = _result(started)
         if spare is not None:
             watching = asyncio.ensure_future(spare.proc.wait())
@@ -248,12 +249,11 @@ class AheadPool:
 
     def _exited(self, watching: asyncio.Future[int]) -> None:
         self._watching.discard(watching)
-        self._changed.set()
+        self.timer.wake()
 
     async def close(self) -> None:
         """End every sandbox not taken (the executor stops), spares too."""
-        self._closed = True
-        self._changed.set()
+        self._closing.set()
         for idle in self._idle.values():
             idle.cancel()
         self._idle.clear()
@@ -278,7 +278,7 @@ class AheadPool:
         for started in self.spares:  # ended once up (the stop waits for those endings too)
             self._end_soon(self._end_when_up(started, reason))
         self.spares.clear()
-        self._changed.set()
+        self.timer.wake()
 
     async def _end_when_up(self, started: asyncio.Future[Ahead | None], reason: str) -> None:
         with contextlib.suppress(Exception):
@@ -288,7 +288,7 @@ class AheadPool:
 
     async def _retire_when_idle(self, session_id: uuid.UUID) -> None:
         """Cancelled when a turn takes it (or at close); else, after IDLE_S, it is ended."""
-        await asyncio.sleep(IDLE_S)
+        await self.clock.sleep(IDLE_S)
         self._idle.pop(session_id, None)
         started = self.starting.pop(session_id, None)
         ahead = await started if started is not None else None

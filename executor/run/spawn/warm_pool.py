@@ -20,7 +20,6 @@ a restart starts with none (their config files are swept with every spawn's).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,7 +31,7 @@ from typing import Protocol
 from executor.run import substrate
 from executor.run.task_rows import Template
 from executor.sandbox.gateway import Gateway
-from shared import aio, logs
+from shared import logs, timers
 from shared.database import OUTAGE_ERRORS
 
 log = logs.get(__name__)
@@ -46,7 +45,7 @@ class WarmConfig:
     idle_s: float = 300.0
     # a page that reported its thread this recently is showing it
     presence_s: float = 60.0
-    # how often the candidates are looked at again (a turn's end looks at once)
+    # how often the candidates are looked at again (a turn's end, a warm process's exit look at once)
     poll_s: float = 2.0
 
 
@@ -92,17 +91,20 @@ Candidates = Callable[[list[uuid.UUID], float, int], Awaitable[list[Template]]]
 class WarmPool:
     """The warm processes of one executor, one per thread at most, and the loop that keeps them."""
 
-    def __init__(self, config: WarmConfig, starter: Starter, candidates: Candidates):
+    def __init__(self, config: WarmConfig, starter: Starter, candidates: Candidates, *,
+                 clock: timers.Clock = timers.MONOTONIC):
         self.config = config
         self.starter = starter
         self.candidates = candidates
+        self.clock = clock  # a warm process's age is this clock's (Warm.started: time.monotonic)
         self.warm: dict[uuid.UUID, Warm] = {}
         self._ended: dict[uuid.UUID, datetime] = {}  # turns that just ended here: thread → when
         self._retired: dict[uuid.UUID, datetime | None] = {}  # thread → the signal its idle warm was for
         # threads a turn started in since the running pass read its candidates: what it read of them is stale
         self._turn_started: set[uuid.UUID] = set()
-        self._wake = asyncio.Event()
-        self._closed = False
+        self._closing = asyncio.Event()  # `close` began: the loop ends, nothing more is started
+        # a pass at once, then every poll_s, or at once when woken (a turn's end, a warm process's exit)
+        self.timer = timers.every("warm-turns", config.poll_s, self._keep, clock=clock, at_start=True)
         self._ending: set[asyncio.Task[None]] = set()
         self._pass = asyncio.Lock()  # one pass at a time; `close` waits for the one under way (it may be spawning)
 
@@ -112,7 +114,7 @@ class WarmPool:
         """A thread's turn ended here: its next message is likely; warm its next turn now."""
         if self.config.turns > 0:
             self._ended[session_id] = datetime.now(UTC)
-            self._wake.set()
+            self.timer.wake()
 
     def take(self, session_id: uuid.UUID | None) -> Warm | None:
         """The thread's warm process for the turn about to start, if it has a live one (it is the turn's
@@ -137,21 +139,21 @@ class WarmPool:
     # ---- the loop ------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Keep the warm set until cancelled; `close` ends what is left."""
+        """Keep the warm set until `close` (which ends what is left) or cancelled."""
         if self.config.turns <= 0:
             return
-        while not self._closed:
-            self._wake.clear()
-            try:
-                async with self._pass:
-                    if not self._closed:
-                        await self.refresh()
-            except OUTAGE_ERRORS as exc:
-                log.info("warm_refresh_deferred", error=str(exc))  # a later pass catches up
-            except Exception:  # noqa: BLE001 - a warm process is an optimisation: its failure must not end the executor
-                log.exception("warm_refresh_failed")
-            with contextlib.suppress(TimeoutError):
-                await aio.wait_for(self._wake.wait(), self.config.poll_s)
+        await self.timer.run(self._closing)
+
+    async def _keep(self) -> None:
+        """One pass of the loop: a failed one is said, and the next comes as usual."""
+        try:
+            async with self._pass:
+                if not self.closed():
+                    await self.refresh()
+        except OUTAGE_ERRORS as exc:
+            log.info("warm_refresh_deferred", error=str(exc))  # a later pass catches up
+        except Exception:  # noqa: BLE001 - a warm process is an optimisation: its failure must not end the executor
+            log.exception("warm_refresh_failed")
 
     async def refresh(self) -> None:
         """One pass: retire the dead, the idle and the displaced, then warm the threads most likely next."""
@@ -180,7 +182,7 @@ class WarmPool:
             # needs the room: its message may be the very turn that made it no candidate (pending, not yet
             # claimed), and that turn takes the process
             reason = ("died" if not current.alive else
-                      "idle" if time.monotonic() - current.started > self.config.idle_s else None)
+                      "idle" if self.clock.now() - current.started > self.config.idle_s else None)
             if reason is not None:
                 del self.warm[session_id]
                 if reason == "idle":
@@ -224,7 +226,7 @@ class WarmPool:
 
     def closed(self) -> bool:
         """Whether `close` began (a method: read again after each wait, not narrowed)."""
-        return self._closed
+        return self._closing.is_set()
 
     async def _watch(self, warm: Warm) -> None:
         """A warm process that exits before its message (killed, crashed) is ended and replaced."""
@@ -233,13 +235,13 @@ class WarmPool:
             del self.warm[warm.session_id]
             log.warning("warm_turn_died", thread=str(warm.session_id), rc=warm.proc.returncode)
             await self._end(warm, "died")
-            self._wake.set()
+            self.timer.wake()
 
     def _end_soon(self, warm: Warm, reason: str) -> None:
         ending = asyncio.create_task(self._end(warm, reason))
         self._ending.add(ending)
         ending.add_done_callback(self._ending.discard)
-        self._wake.set()
+        self.timer.wake()
 
     async def _end(self, warm: Warm, reason: str) -> None:
         try:
@@ -249,8 +251,7 @@ class WarmPool:
 
     async def close(self) -> None:
         """The executor stops: every warm process ends (none is left for a restart to find)."""
-        self._closed = True
-        self._wake.set()
+        self._closing.set()
         async with self._pass:
             left = list(self.warm.values())
         self.warm.clear()
