@@ -22,7 +22,6 @@ has succeeded in between — and the loop goes on; the next poll tries that pass
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -86,13 +85,6 @@ class Wake:
         keys, self._keys = self._keys, []
         self._rung.clear()
         return keys
-
-
-def nudge(subscription: Subscription) -> None:
-    """Wake a loop consuming `subscription` from inside the process (all its passes run): for a change that
-    sends no NOTIFY of its own. A full queue is left as it is: its loop is about to run all of them."""
-    with contextlib.suppress(asyncio.QueueFull):
-        subscription.queue.put_nowait(RESYNC)
 
 
 def _name(p: Pass) -> str:

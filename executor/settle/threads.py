@@ -59,16 +59,16 @@ class Threads:
         self.store = ThreadStore.over(pool)
         self.shared = Queries(pool, shared_queries)
         self.writer = writer
-        self._sub: Subscription | None = None
+        self._wake = consume.Wake()
 
     def wake(self) -> None:
-        """A turn's end was settled (the settler): the messages that waited for the boundary go now."""
-        if self._sub is not None:
-            consume.nudge(self._sub)
+        """A turn's end was settled (the settler): the messages that waited for the boundary go now, and a
+        retry that waited for it is applied (every pass runs)."""
+        self._wake.ring()
 
     async def run(self, sub: Subscription) -> None:
-        self._sub = sub
-        await consume.consume("threads", sub, self.passes_by_channel(), POLL_S, database.availability(self.pool))
+        await consume.consume("threads", sub, self.passes_by_channel(), POLL_S, database.availability(self.pool),
+                              wake=self._wake)
 
     def passes_by_channel(self) -> dict[str, list[consume.Pass]]:
         # a pass's queries are on the way to every turn's spawn, so a wake-up runs only the passes its source

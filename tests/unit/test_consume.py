@@ -225,30 +225,18 @@ async def test_a_pass_that_raises_is_logged_once_while_it_keeps_failing_and_the_
     assert [(e["step"], e["failures"]) for e in recovered] == [("buggy", 4)]
 
 
-async def test_stop_ends_the_loop_while_it_waits_and_a_nudge_wakes_it_from_inside_the_process() -> None:
+async def test_stop_ends_the_loop_while_it_waits_and_a_ring_for_everything_wakes_it_as_a_full_round() -> None:
     p = Passes()
     a, b = p.make("a"), p.make("b")
-    sub = subscription(["x", "y"])
-    async with consuming(sub, {"x": [a], "y": [b]}):
+    wake = consume.Wake()
+    clock = timers.ManualClock()
+    async with consuming(subscription(["x", "y"]), {"x": [a], "y": [b]}, poll_s=10.0, wake=wake, clock=clock):
         await p.after(2)
-        consume.nudge(sub)
+        assert await clock.asleep() == [10.0]
+        clock.advance(6.0)
+        wake.ring()  # from inside the process (a change that sends no NOTIFY): every pass runs
         runs = await p.after(4)
+        assert await clock.asleep() == [16.0]  # a full round: the poll counts from it, as after a resync
     assert runs == ["a", "b", "a", "b"]  # the context manager's exit proved the stop (it awaits the loop)
 
 
-@pytest.mark.parametrize(("keys", "due"), [
-    ([None], ["a", "b", "c"]),
-    (["unknown"], ["a", "b", "c"]),
-    (["y"], ["b", "c"]),
-    (["z", "x"], ["a", "c"]),
-])
-def test_which_passes_a_wake_up_calls_for(keys: list[str | None], due: list[str]) -> None:
-    p = Passes()
-    a, b, c = p.make("a"), p.make("b"), p.make("c")
-    by_channel = {"x": [a], "y": [b, c], "z": [c]}
-    assert [consume._name(p) for p in consume.due_passes(keys, by_channel)] == due
-
-
-def test_a_resync_wakes_every_pass_and_a_notification_its_channel() -> None:
-    assert consume.channel_key(RESYNC) is None
-    assert consume.channel_key(Notification("chat", "1")) == "chat"

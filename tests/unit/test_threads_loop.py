@@ -4,6 +4,7 @@ reply that answers its question."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any, cast
 
@@ -11,8 +12,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
+from executor.settle import threads as threads_module
 from executor.settle.thread_store import PendingThread, ThreadControl, ThreadStore
 from executor.settle.threads import Threads
+from shared.listener import Listener
 from shared.models import NewEvent
 from tests.fake_queries import FakeWork
 
@@ -114,3 +117,34 @@ async def test_a_message_while_the_turn_waits_on_a_question_answers_it() -> None
     threads._answer_with_chat = answer_with_chat  # type: ignore[method-assign]
     await threads._deliver_thread(pending(blocked_question=question))
     assert answered == [(THREAD, question)] and unit.names() == []
+
+
+async def test_a_settled_turn_end_wakes_the_loop_at_once_and_every_pass_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a turn's boundary sends no NOTIFY of its own: the settler's wake is what sends the waiting messages
+    monkeypatch.setattr(threads_module, "POLL_S", 3600.0)  # no poll within the test: only the wake runs them
+    threads, _, _ = loop({})
+    runs: list[str] = []
+    ran = asyncio.Event()
+
+    def recorded(name: str) -> Any:
+        async def run() -> None:
+            runs.append(name)
+            ran.set()
+        return run
+    monkeypatch.setattr(threads, "apply_controls", recorded("apply_controls"))
+    monkeypatch.setattr(threads, "deliver", recorded("deliver"))
+
+    async def after(count: int) -> list[str]:
+        async with asyncio.timeout(5):
+            while len(runs) < count:
+                ran.clear()
+                await ran.wait()
+        return list(runs)
+    channels = ["chat_queue", "thread_control_queue"]
+    running = asyncio.create_task(threads.run(Listener("postgresql://unused", channels).subscribe(channels)))
+    try:
+        assert await after(2) == ["apply_controls", "deliver"]  # the first round
+        threads.wake()
+        assert await after(4) == ["apply_controls", "deliver"] * 2
+    finally:
+        running.cancel()
