@@ -26,7 +26,7 @@ from executor.run.spawn.ahead_pool import (
     SpareStale,
 )
 from shared import timers
-from tests.wait import until
+from tests.wait import one_step, until
 
 pytestmark = pytest.mark.unit
 
@@ -71,7 +71,7 @@ class _Starter:
         return made
 
     async def link(self, spare: Ahead, session_id: uuid.UUID) -> Ahead | None:
-        await asyncio.sleep(0)
+        await one_step()
         if self.link_error is not None:
             raise self.link_error
         return None if session_id in self.unlinkable else dataclasses.replace(spare, session_id=session_id)
@@ -125,7 +125,7 @@ async def test_one_not_taken_in_time_is_ended() -> None:
     pool.turn_coming(thread, "orchestrator", HERE)
     await starter.clock.asleep(at=IDLE_S)
     starter.clock.advance(IDLE_S - 1)
-    await asyncio.sleep(0)
+    await one_step()
     assert starter.ended == [] and len(starter.started) == 1
     starter.clock.advance(1)
     await _soon(lambda: starter.ended, "the idle one to be ended")
@@ -207,7 +207,7 @@ async def test_a_spare_is_started_once_a_turn_taught_the_role_and_the_next_threa
         assert await pool.take(first) is None  # not pinned here yet: no sandbox of its own
         assert await clock.asleep(at=SPARE_REFILL_S) == [SPARE_REFILL_S]  # after the turn's CLI has started
         clock.advance(SPARE_REFILL_S / 2)
-        await asyncio.sleep(0)
+        await one_step()
         assert starter.started == []
         clock.advance(SPARE_REFILL_S / 2)
         [spare] = await _spares_up(pool)
@@ -250,7 +250,7 @@ async def test_a_spare_that_died_is_ended_once_it_exits_replaced_after_the_retry
         died_at = clock.now()
         await clock.asleep(at=died_at + SPARE_RETRY_S)
         clock.advance(SPARE_RETRY_S - 1)
-        await asyncio.sleep(0)
+        await one_step()
         assert [a.spawn_id for a in starter.started if a.spare] == [spare.spawn_id]
         clock.advance(1)
         [new] = await _spares_up(pool)
@@ -285,7 +285,7 @@ async def test_a_spare_is_replaced_once_old_and_none_is_kept_with_it_off() -> No
         clock = starter.clock
         assert await clock.asleep(at=spare.started + SPARE_AGE_S)
         clock.advance(SPARE_AGE_S - 1)
-        await asyncio.sleep(0)
+        await one_step()
         assert starter.ended == []
         clock.advance(1.5)  # older than SPARE_AGE_S
         await _soon(lambda: (None, "spare_replaced") in starter.ended, "the old spare to be replaced")

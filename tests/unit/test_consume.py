@@ -15,6 +15,7 @@ from shared import availability as availability_module
 from shared import consume, timers
 from shared.availability import Availability
 from shared.listener import RESYNC, Listener, Notification, Subscription
+from tests.wait import until
 
 NEVER_S = 60.0  # a poll that never comes within a test: only notifications wake the loop
 
@@ -196,9 +197,7 @@ async def test_an_outage_is_waited_out_through_availability_and_then_every_pass_
             del p.raises["first"]
             n = len(p.runs)
             runs = (await p.after(n + 2))[n:n + 2]
-            async with asyncio.timeout(5):
-                while available.down:
-                    await asyncio.sleep(0.01)
+            await until(lambda: not available.down, "the database said available again", timeout=5, every=0.01)
     said = [e["event"] for e in logged if e["event"].startswith("database_")]
     assert down_meanwhile and available.outages == 1
     assert runs == ["first", "second"]  # the pass the outage cut short, and the one it kept from running

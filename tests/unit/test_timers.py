@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 from shared import availability as availability_module
 from shared import timers
 from shared.availability import Availability
+from tests.wait import one_step
 
 
 class Action:
@@ -61,7 +62,7 @@ async def test_an_interval_timer_runs_its_action_after_each_interval_never_befor
     async with running(timers.every("t", 5.0, act, clock=clock)):
         assert await clock.asleep() == [5.0]
         clock.advance(4.9)
-        await asyncio.sleep(0)
+        await one_step()
         assert act.at == [] and clock.deadlines == [5.0]
         clock.advance(0.1)
         assert await clock.asleep() == [10.0] and act.at == [5.0]
@@ -159,7 +160,7 @@ async def test_an_outage_is_waited_out_through_availability_on_the_clock_and_sai
         async with running(timer):
             assert await clock.asleep() == [2.0]  # the back-off, not the interval
             timer.wake()  # a wake does not cut an outage's back-off short
-            await asyncio.sleep(0)
+            await one_step()
             assert act.at == [0.0]
             clock.advance(2.0)
             assert await clock.asleep() == [6.0]  # growing
@@ -196,5 +197,5 @@ async def test_stop_ends_the_timer_while_it_waits_and_before_a_first_run() -> No
 
 async def test_the_system_clock_sleeps_for_real() -> None:
     before = timers.MONOTONIC.now()
-    await timers.MONOTONIC.sleep(0.01)
+    await timers.MONOTONIC.sleep(0.01)  # the one test of the real clock: it must really wait
     assert timers.MONOTONIC.now() - before >= 0.01

@@ -20,7 +20,7 @@ from executor.run import substrate
 from executor.run.spawn.warm_pool import Warm, WarmConfig, WarmPool
 from executor.run.task_rows import Template
 from shared import timers
-from tests.wait import until
+from tests.wait import one_step, until
 
 pytestmark = pytest.mark.unit
 
@@ -117,7 +117,7 @@ async def test_a_dead_warm_process_is_ended_and_replaced_and_never_taken() -> No
     await pool.refresh()
     pool.warm[a.session_id].proc.die()  # type: ignore[attr-defined]  # the stand-in's
     await asyncio.sleep(0)  # its watcher sees the exit
-    await asyncio.sleep(0)
+    await one_step()
     await pool.refresh()
     assert len(spawner.started) == 2 and (a.session_id, "died") in spawner.ended
     replacement = pool.take(a.session_id)
@@ -239,7 +239,7 @@ async def test_the_loop_passes_at_once_then_every_poll_and_at_once_on_a_turns_en
     async with _running(pool) as (clock, passes):
         assert await clock.asleep() == [2.0] and passes.at == [0.0] and set(pool.warm) == {a.session_id}
         clock.advance(1.5)
-        await asyncio.sleep(0)
+        await one_step()
         assert passes.at == [0.0]
         clock.advance(0.5)
         assert await clock.asleep(at=4.0) == [4.0] and passes.at == [0.0, 2.0]
@@ -295,7 +295,7 @@ async def test_close_ends_the_loop_while_a_pass_spawns_and_ends_what_it_started(
     running = asyncio.create_task(pool.run())
     await spawning.wait()
     closing = asyncio.create_task(pool.close())  # waits for the pass under way
-    await asyncio.sleep(0)
+    await one_step()
     assert not closing.done()
     go_on.set()
     async with asyncio.timeout(5):
