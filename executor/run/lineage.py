@@ -16,8 +16,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run.task_store import TaskRows, TaskStore
-from shared.query import Queries, Transaction
+from executor.run.task_store import TaskStore
 
 # The dispatching tool call's line and the MCP call race to the journal (the CLI prints the line, then
 # calls the tool); at spawn the line is nearly always there already, else wait this long for it.
@@ -41,11 +40,6 @@ async def spawn_parent(pool: AsyncConnectionPool, task_id: uuid.UUID, parent_tas
             return found
         await asyncio.sleep(CALL_POLL_S)
     return None
-
-
-async def task_exit_event(run: Queries | Transaction, task_id: uuid.UUID) -> uuid.UUID | None:
-    """A task's `task.exited` event, read on `run` (the pool's Queries, or inside a caller's unit of work)."""
-    return await TaskRows(run).exit_event(task_id)
 
 
 def tool_parent(calls: dict[str, uuid.UUID], event_type: str, payload: Any, event_id: uuid.UUID) -> uuid.UUID | None:

@@ -1,5 +1,5 @@
-"""The rows of the tasks' store (executor/run/task_store.py: tasks.sql, warm.sql), as frozen dataclasses: what a
-claim, a spawn, a run's end and a task's request read and write. A FromRow takes the columns its fields name."""
+"""The rows of the tasks' store (executor/run/task_store.py: tasks.sql), as frozen dataclasses: what a claim, a
+spawn and a run's end read and write. A FromRow takes the columns its fields name."""
 
 from __future__ import annotations
 
@@ -100,48 +100,6 @@ class TaskEnd:
     exit_code: int | None
     exit_signal: int | None
     last_output_at: datetime | None
-
-
-@dataclass(frozen=True)
-class NewTask:
-    """A pending task's row as `insert_task` writes it (executor/settle/dispatch.py request_task builds it)."""
-
-    id: uuid.UUID
-    role: str
-    brief: str
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    plan_ref: str | None
-    workdir: str | None
-    allowed_tools: list[str] | None
-    json_schema: Any  # Jsonb, or None
-    executor: str | None
-    labels: list[str]
-    attempt: int
-    retry_of: uuid.UUID | None
-    delay_s: float | None  # a repeat's wait (None: a first request waits for nothing)
-    attachment_ids: list[uuid.UUID]
-    chat: bool
-
-
-@dataclass(frozen=True)
-class AskedTask(FromRow):
-    """What a task was asked to do, where and under which limits (`get_task_request`): its repeat asks it again."""
-
-    role: str
-    brief: str
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    plan_ref: str | None
-    workdir: str | None
-    allowed_tools: list[str] | None
-    json_schema: dict[str, Any] | None
-    placement_executor: str | None
-    required_labels: list[str] | None
-    attempt: int
-    attachment_ids: list[uuid.UUID] | None
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run.task_rows import (AskedTask, AttachmentFile, ClaimedTask, ClosedQuestion, NewTask, OrphanedTask,
-                                     Parked, Requeued, RoleProfile, StopRequest, TaskEnd, Template)
+from executor.run.task_rows import (AttachmentFile, ClaimedTask, ClosedQuestion, OrphanedTask, Parked, Requeued,
+                                     RoleProfile, StopRequest, TaskEnd, Template)
 from executor.run.user_input import Attachment
 from executor.sql import queries
 from shared.query import FromRow, Queries, Transaction
@@ -49,11 +49,6 @@ class _SandboxAllow(FromRow):
 
 
 @dataclass(frozen=True)
-class _Workdir(FromRow):
-    workdir: str | None
-
-
-@dataclass(frozen=True)
 class _EventId(FromRow):
     event_id: uuid.UUID
 
@@ -64,23 +59,11 @@ class _ToolUse(FromRow):
 
 
 class TaskRows:
-    """tasks.sql's queries on a caller's unit of work (a task's request, lineage, an import) or the pool's."""
+    """tasks.sql's queries on a caller's unit of work (a task's files, its caller, lineage, an import) or the
+    pool's."""
 
     def __init__(self, run: Queries | Transaction):
         self.run = run
-
-    async def project_workdir(self, project_id: uuid.UUID) -> tuple[bool, str | None]:
-        """(whether the project exists, its working directory)."""
-        found = await self.run.one("get_project_workdir", {"project_id": project_id}, into=_Workdir)
-        return (found is not None, found.workdir if found else None)
-
-    async def insert(self, task: NewTask) -> bool:
-        """Insert a pending task; False when `task.retry_of` is already repeated by another run."""
-        params = {f.name: getattr(task, f.name) for f in fields(task)}
-        return await self.run.one("insert_task", params, into=_Id) is not None
-
-    async def asked(self, task_id: uuid.UUID) -> AskedTask | None:
-        return await self.run.one("get_task_request", {"id": task_id}, into=AskedTask)
 
     async def attachment_files(self, task_id: uuid.UUID) -> list[AttachmentFile]:
         return await self.run.all("list_task_attachment_files", {"task_id": task_id}, into=AttachmentFile)
@@ -198,7 +181,7 @@ class TaskStore:
 
     async def warm_candidates(self, offered: list[uuid.UUID], presence_s: float, n: int, *,
                               name: str) -> list[Template]:
-        """Threads whose next turn may be started ahead of its message (executor/sql/warm.sql)."""
+        """Threads whose next turn may be started ahead of its message."""
         return await self.q.all("list_warm_candidates", {"offered": offered, "presence_s": presence_s,
                                                          "n": n + len(offered), "name": name}, into=Template)
 

@@ -18,9 +18,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor.run.task_rows import AskedTask, NewTask
-from executor.run.task_store import TaskRows
-from executor.settle.store import SettleStore
+from executor.settle.store import AskedTask, SettleStore
 from shared import errors
 from shared.models import NewEvent
 from shared.query import Transaction
@@ -90,17 +88,17 @@ class TaskRequest:
             labels=tuple(row.required_labels or ()), attempt=row.attempt,
             attachment_ids=tuple(row.attachment_ids or ()))
 
-    def new_task(self) -> NewTask:
-        """The pending row `insert_task` writes for it."""
-        return NewTask(
-            id=self.id, project_id=self.project_id, session_id=self.session_id, parent_task_id=self.parent_task_id,
-            role=self.role, brief=self.brief, plan_ref=self.plan_ref,
-            workdir=str(self.workdir) if self.workdir else None,
-            allowed_tools=list(self.allowed_tools) if self.allowed_tools is not None else None,
-            json_schema=Jsonb(dict(self.json_schema)) if self.json_schema is not None else None,
-            executor=self.executor, labels=list(self.labels), attempt=self.attempt, retry_of=self.retry_of,
-            delay_s=self.delay_s if self.retry_of is not None else None, attachment_ids=list(self.attachment_ids),
-            chat=self.chat)
+    def row(self) -> dict[str, Any]:
+        """The pending row `insert_task` writes for it (a first request waits for nothing: no delay)."""
+        return {
+            "id": self.id, "project_id": self.project_id, "session_id": self.session_id,
+            "parent_task_id": self.parent_task_id, "role": self.role, "brief": self.brief, "plan_ref": self.plan_ref,
+            "workdir": str(self.workdir) if self.workdir else None,
+            "allowed_tools": list(self.allowed_tools) if self.allowed_tools is not None else None,
+            "json_schema": Jsonb(dict(self.json_schema)) if self.json_schema is not None else None,
+            "executor": self.executor, "labels": list(self.labels), "attempt": self.attempt,
+            "retry_of": self.retry_of, "delay_s": self.delay_s if self.retry_of is not None else None,
+            "attachment_ids": list(self.attachment_ids), "chat": self.chat}
 
     def dispatch_record(self) -> NewEvent:
         """Its `task.dispatch_requested` record."""
@@ -129,15 +127,15 @@ async def request_task(work: Work, request: TaskRequest) -> uuid.UUID:
     """
     if not request.brief.strip():
         raise DispatchRefused("a task needs a non-empty brief")
-    tasks = TaskRows(work)
+    store = SettleStore(work)
     if request.project_workdir and request.workdir is None and request.project_id is not None:
-        found, workdir = await tasks.project_workdir(request.project_id)
+        found, workdir = await store.project_workdir(request.project_id)
         if not found:
             raise DispatchRefused(f"no project {request.project_id}")
         request = replace(request, workdir=Path(workdir) if workdir else None)
     if request.retry_of is None and request.workdir is not None and not request.workdir.is_dir():
         raise DispatchRefused(f"working directory {request.workdir} does not exist")
-    if not await tasks.insert(request.new_task()):
+    if not await store.insert_task(request.row()):
         raise AlreadyRepeated(f"task {request.retry_of} is already run again")
     work.emit(request.dispatch_record())
     return request.id
@@ -152,7 +150,7 @@ async def retry_request(tx: Transaction, task_id: uuid.UUID, *, requested_by: st
     Raises:
         DispatchRefused: there is no such task.
     """
-    row = await TaskRows(tx).asked(task_id)
+    row = await SettleStore(tx).asked(task_id)
     if row is None:
         raise DispatchRefused(f"no task {task_id}")
     prior = TaskRequest.from_row(row)

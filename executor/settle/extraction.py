@@ -21,7 +21,6 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from executor.projects import worktrees
-from executor.run import lineage
 from executor.settle import dispatch, policy
 from executor.settle.store import Ended, JournalLine, SettleStore
 from shared import contract, logs
@@ -158,7 +157,7 @@ async def validate(unit: Work, extractor: Ended) -> Validated | None:
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}
     ids: dict[str, Any] = {"task_id": worker.id, "session_id": worker.session_id, "project_id": worker.project_id,
                            # under the extraction run that produced it (see executor/run/lineage.py)
-                           "parent_id": await lineage.task_exit_event(unit, extractor.id)}
+                           "parent_id": extractor.exit_event}
     if errors:
         await store.mark_extraction_failed(worker.id, errors[0][:200])
         log.info("extraction_failed", worker=str(worker.id), errors=errors[:3])

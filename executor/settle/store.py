@@ -1,6 +1,7 @@
 """The settler's reads and writes, by name (SQL in executor/sql/settle.sql): ends claimed and settled, the
 policy's escalations, dispatch approvals, late answers, extraction's sources and its validation, what a
-brief adds, and the notes the orchestrator is told in its thread's chat.
+brief adds, the notes the orchestrator is told in its thread's chat, and the task door's (a task's request
+inserted, a task's request read for its next attempt: executor/settle/dispatch.py).
 
 A `SettleStore` runs its queries on what it is given: the settler's unit of work (shared/work.py), so a
 step's rows commit with its records, or the pool's `Queries` (each statement on its own). Rows come back as
@@ -10,7 +11,7 @@ frozen dataclasses (shared.query.FromRow): the columns their fields name.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Self
@@ -39,6 +40,7 @@ class Ended(FromRow):
     thread_turn: bool = False  # one of a thread's orchestrator turns
     thread_id: uuid.UUID | None = None  # the thread whose turn dispatched it
     exited: dict[str, Any] | None = None  # its task.exited record (None: reconciled, or cancelled while pending)
+    exit_event: uuid.UUID | None = None  # that record's event (an extractor's handoff hangs under it)
     changes_due: bool = False  # a project worker's branch whose changes are not recorded yet
 
     @property
@@ -155,6 +157,30 @@ class ExitDenials(FromRow):
 
 
 @dataclass(frozen=True)
+class AskedTask(FromRow):
+    """What a task was asked to do, where and under which limits (`get_task_request`): its repeat asks it again."""
+
+    role: str
+    brief: str
+    project_id: uuid.UUID | None
+    session_id: uuid.UUID | None
+    parent_task_id: uuid.UUID | None
+    plan_ref: str | None
+    workdir: str | None
+    allowed_tools: list[str] | None
+    json_schema: dict[str, Any] | None
+    placement_executor: str | None
+    required_labels: list[str] | None
+    attempt: int
+    attachment_ids: list[uuid.UUID] | None
+
+
+@dataclass(frozen=True)
+class _Workdir(FromRow):
+    workdir: str | None
+
+
+@dataclass(frozen=True)
 class _Id(FromRow):
     id: uuid.UUID
 
@@ -224,6 +250,21 @@ class SettleStore:
 
     async def settled_worker(self, task_id: uuid.UUID) -> SettledWorker | None:
         return await self.run.one("get_settled_worker", {"id": task_id}, into=SettledWorker)
+
+    # ---- the task door (executor/settle/dispatch.py) --------------------------------------------------
+
+    async def project_workdir(self, project_id: uuid.UUID) -> tuple[bool, str | None]:
+        """(whether the project exists, its working directory)."""
+        found = await self.run.one("get_project_workdir", {"project_id": project_id}, into=_Workdir)
+        return (found is not None, found.workdir if found else None)
+
+    async def insert_task(self, row: Mapping[str, Any]) -> bool:
+        """Insert a pending task (`row`: `insert_task`'s parameters, dispatch.TaskRequest.row); False when its
+        `retry_of` is already repeated by another run."""
+        return await self.run.one("insert_task", row, into=_Id) is not None
+
+    async def asked(self, task_id: uuid.UUID) -> AskedTask | None:
+        return await self.run.one("get_task_request", {"id": task_id}, into=AskedTask)
 
     # ---- what the orchestrator is told ----------------------------------------------------------------
 

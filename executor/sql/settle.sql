@@ -1,4 +1,5 @@
--- What follows a task's end: the settler's claims and steps — extraction, the policy, escalations, approvals, late answers.
+-- What follows a task's end: the settler's claims and steps — extraction, the policy, escalations, approvals, late answers —
+-- and the one door through which a task comes to be (executor/settle/dispatch.py request_task).
 
 -- name: await_approval --
 -- A worker of an interactive thread is recorded pending but is not claimed while its approval is open
@@ -185,9 +186,9 @@ UPDATE tasks SET changes_recorded_at = now() WHERE id = %(id)s AND changes_recor
 -- One ended task whose end is not yet acted on, locked until the settling transaction ends. FOR UPDATE
 -- (not NO KEY UPDATE) SKIP LOCKED: another settler passes over it, and so does a row held FOR KEY SHARE.
 -- What settlement needs is read from the store (never from the executor's memory), so a restarted
--- executor settles an end the same way: the task row, its thread, its `task.exited` record (absent
--- when the task was reconciled or cancelled before it started), and whether a project worker's changes
--- are still to be recorded.
+-- executor settles an end the same way: the task row, its thread, its `task.exited` record and that record's
+-- event (absent when the task was reconciled or cancelled before it started; an extractor's handoff hangs
+-- under it), and whether a project worker's changes are still to be recorded.
 SELECT t.id, t.role, t.status, t.status_reason, t.parent_task_id,
        t.json_schema, (t.branch IS NOT NULL AND t.changes_recorded_at IS NULL) AS changes_due,
        coalesce(p.extract_on_exit, false) AS extract_on_exit,
@@ -195,7 +196,9 @@ SELECT t.id, t.role, t.status, t.status_reason, t.parent_task_id,
        (SELECT s.id FROM tasks pt JOIN sessions s ON s.id = pt.session_id AND s.role = 'orchestrator'
         WHERE pt.id = t.parent_task_id) AS thread_id,
        (SELECT j.payload FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.exited'
-        ORDER BY j.seq DESC LIMIT 1) AS exited
+        ORDER BY j.seq DESC LIMIT 1) AS exited,
+       (SELECT j.event_id FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.exited'
+        ORDER BY j.seq DESC LIMIT 1) AS exit_event
 FROM tasks t LEFT JOIN role_profiles p ON p.role = t.role
 WHERE t.settled_at IS NULL AND t.status NOT IN ('pending', 'running') AND t.id <> ALL(%(skip)s::uuid[])
 ORDER BY t.ended_at NULLS FIRST, t.id
@@ -252,3 +255,33 @@ INSERT INTO chat_queue (thread_id, text, origin) VALUES (%(thread_id)s, %(text)s
 INSERT INTO thread_control_queue (thread_id, action, args)
 VALUES (%(thread_id)s, 'retry', jsonb_build_object('task_id', %(task_id)s::text))
 RETURNING id
+
+-- name: insert_task --
+-- The one insert of a requested task (executor/settle/dispatch.py request_task): pending, with where it may
+-- run (a named executor and/or labels it must carry). The next attempt of a task (retry_of) is not claimed
+-- before its not_before, and is inserted only while no other run repeats that task (nothing is returned then).
+-- A routine's run caps every CLI process in it (its turns, their workers and extractors) at the routine's
+-- USD per run: a turn finds it through its thread, a worker or extractor through its parent. chat: a thread turn
+-- a user's message started (claimed first, migration 0039).
+INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
+                   json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels,
+                   attachment_ids, max_budget_usd, chat)
+SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
+       %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
+       'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
+       %(executor)s::text, %(labels)s::text[], %(attachment_ids)s::uuid[],
+       coalesce((SELECT p.max_budget_usd FROM tasks p WHERE p.id = %(parent_task_id)s::uuid),
+                (SELECT rt.usd_per_run FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
+                 WHERE r.thread_id = %(session_id)s::uuid)),
+       %(chat)s::boolean
+WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
+RETURNING id
+
+-- name: get_task_request --
+-- What a task was asked to do, where and under which limits: its next attempt asks the same.
+SELECT role, brief, project_id, session_id, parent_task_id, plan_ref, workdir, allowed_tools, json_schema,
+       placement_executor, required_labels, attempt, attachment_ids
+FROM tasks WHERE id = %(id)s
+
+-- name: get_project_workdir --
+SELECT workdir FROM projects WHERE id = %(project_id)s

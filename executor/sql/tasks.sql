@@ -1,4 +1,5 @@
--- Tasks and their runs: creation (request_task), claims, processes, ends, sessions, credentials, lineage.
+-- Tasks and their runs: claims, processes, ends, sessions, credentials, lineage, warm turns (a task's creation,
+-- request_task, is settle.sql's).
 
 -- name: list_task_gate_denials --
 -- How many of a task's calls its gate refused (the harness's own record: a tool error or a timeout is
@@ -51,36 +52,6 @@ LIMIT 1
 
 -- name: get_task_exit_event --
 SELECT event_id FROM journal WHERE task_id = %(id)s AND event_type = 'task.exited' ORDER BY seq DESC LIMIT 1
-
--- name: insert_task --
--- The one insert of a requested task (executor/settle/dispatch.py request_task): pending, with where it may
--- run (a named executor and/or labels it must carry). The next attempt of a task (retry_of) is not claimed
--- before its not_before, and is inserted only while no other run repeats that task (nothing is returned then).
--- A routine's run caps every CLI process in it (its turns, their workers and extractors) at the routine's
--- USD per run: a turn finds it through its thread, a worker or extractor through its parent. chat: a thread turn
--- a user's message started (claimed first, migration 0039).
-INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
-                   json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels,
-                   attachment_ids, max_budget_usd, chat)
-SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
-       %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
-       'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
-       %(executor)s::text, %(labels)s::text[], %(attachment_ids)s::uuid[],
-       coalesce((SELECT p.max_budget_usd FROM tasks p WHERE p.id = %(parent_task_id)s::uuid),
-                (SELECT rt.usd_per_run FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
-                 WHERE r.thread_id = %(session_id)s::uuid)),
-       %(chat)s::boolean
-WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
-RETURNING id
-
--- name: get_task_request --
--- What a task was asked to do, where and under which limits: its next attempt asks the same.
-SELECT role, brief, project_id, session_id, parent_task_id, plan_ref, workdir, allowed_tools, json_schema,
-       placement_executor, required_labels, attempt, attachment_ids
-FROM tasks WHERE id = %(id)s
-
--- name: get_project_workdir --
-SELECT workdir FROM projects WHERE id = %(project_id)s
 
 -- name: claim_pending_tasks --
 -- Chat turns first (a thread turn a user's message started), then the rest of the user's work (workers, turns on
@@ -353,3 +324,29 @@ WITH RECURSIVE up AS (
     UPDATE tasks t SET max_budget_usd = g.usd FROM granted g WHERE t.id = %(task_id)s AND g.usd > 0
 )
 SELECT usd AS granted, cap, spent FROM granted
+
+-- name: list_warm_candidates --
+-- Warm turns (executor/run/spawn/warm_pool.py): which threads' next turns to start ahead of their messages.
+-- Threads likely to get the next message: those a page showed lately (client_presence) and those whose turn
+-- just ended here (offered), each with its latest turn, which the next one's spawn is made of. Not a thread
+-- archived, with a turn pending or running (its conversation is not stored yet), or pinned to another
+-- executor (its conversation is there). Driven from the few ids, each looked up by key.
+WITH shown AS (
+    SELECT thread_id, max(seen_at) AS seen_at FROM client_presence
+    WHERE thread_id IS NOT NULL AND seen_at > now() - make_interval(secs => %(presence_s)s)
+    GROUP BY thread_id
+), wanted AS (
+    SELECT id FROM unnest(%(offered)s::uuid[]) AS o(id) UNION SELECT thread_id FROM shown
+)
+SELECT s.id AS session_id, t.project_id, t.role, t.workdir, t.allowed_tools, shown.seen_at
+FROM wanted w
+JOIN sessions s ON s.id = w.id
+LEFT JOIN shown ON shown.thread_id = s.id
+JOIN LATERAL (SELECT project_id, role, workdir, allowed_tools, status, json_schema FROM tasks
+              WHERE session_id = s.id ORDER BY created_at DESC LIMIT 1) t ON true
+WHERE s.role = 'orchestrator' AND s.lifecycle <> 'archived'
+  AND (s.executor_name IS NULL OR s.executor_name = %(name)s)
+  AND t.role = 'orchestrator' AND t.json_schema IS NULL AND t.status NOT IN ('pending', 'running')
+  AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.session_id = s.id AND o.status IN ('pending', 'running'))
+ORDER BY shown.seen_at DESC NULLS LAST
+LIMIT %(n)s

@@ -35,7 +35,7 @@ def source(**kw: Any) -> dict[str, Any]:
 
 def extractor_end(**kw: Any) -> Ended:
     base: dict[str, Any] = {"id": EXTRACTOR, "role": "extractor", "status": "success", "status_reason": "completed",
-                            "parent_task_id": WORKER, "json_schema": SCHEMA}
+                            "parent_task_id": WORKER, "json_schema": SCHEMA, "exit_event": EXIT_EVENT}
     return Ended(**{**base, **kw})
 
 
@@ -76,7 +76,7 @@ async def test_no_extractor_for_a_task_that_is_gone() -> None:
 def validating(structured: Any, **answers: Any) -> FakeWork:
     return FakeWork({"get_extraction_source": source(), "get_task_result": {"payload": {"structured_output": structured}},
                      "list_schema_complaints": [], "get_raw_seq_range": {"min": 4, "max": 9},
-                     "get_task_exit_event": {"event_id": EXIT_EVENT}, "mark_extraction_failed": 1,
+                     "mark_extraction_failed": 1,
                      "get_exit_denials": {"denials": None, "workdir": None, "decided": []}, **answers})
 
 

@@ -70,7 +70,7 @@ def test_a_failing_settlement_waits_longer_each_time_up_to_the_cap() -> None:
 def test_an_end_is_read_from_a_claimed_row() -> None:
     row = {"id": uuid.uuid4(), "role": "worker", "status": "failed", "status_reason": "no_result",
            "parent_task_id": None, "json_schema": None, "extract_on_exit": True, "thread_turn": False,
-           "thread_id": THREAD, "exited": {"lines": 3}, "changes_due": True}
+           "thread_id": THREAD, "exited": {"lines": 3}, "exit_event": uuid.uuid4(), "changes_due": True}
     end = Ended.from_row(row)
     assert end.printed and not end.is_extractor and end.thread_id == THREAD and end.changes_due
 
