@@ -75,7 +75,7 @@ STATIC = next((p for p in (Path(__file__).resolve().parent.parent / "static",
 
 @dataclass(frozen=True)
 class IngressConfig:
-    """What the ingress runs on; the application builds it from the settings (petal_dispatch/config.py)."""
+    """What the ingress runs on; the application builds it from the settings (petal_dispatch/ingress_wiring.py)."""
 
     dsn: str = field(repr=False)  # the ingress role's; it may carry a password
     auth: AuthConfig

@@ -157,7 +157,7 @@ async def settled(admin_dsn: str, timeout: float = 120) -> None:
                 " + (SELECT count(*) FROM chat_queue WHERE status IN ('pending', 'claimed'))"
                 " + (SELECT count(*) FROM stop_queue WHERE status IN ('pending', 'claimed'))").fetchone()[0]  # type: ignore[index]
         # idle for a while, not for an instant: a task's end and the follow-up it causes (an extractor,
-        # a retry, a harness message) are separate commits, with nothing pending between them
+        # a retry, a note in the orchestrator's chat) are separate commits, with nothing pending between them
         now = time.monotonic()
         idle_since = (idle_since or now) if busy == 0 else None
         return idle_since is not None and now - idle_since >= SETTLED_QUIET_S

@@ -23,7 +23,7 @@ def dispatch(brief: str, **tool_input: Any) -> dict[str, Any]:
 
 def handoff(goal: str, current_state: str = "finished", *, next_step: str = "none", status: str = "success",
             **fields: Any) -> dict[str, Any]:
-    """A handoff that passes the validation gate (`ruled_out` and `artifacts` empty unless given)."""
+    """A handoff that passes extraction's validation (`ruled_out` and `artifacts` empty unless given)."""
     return {"goal": goal, "current_state": current_state, "next_step": next_step, "ruled_out": [],
             "status": status, "artifacts": [], **fields}
 

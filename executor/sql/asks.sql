@@ -85,7 +85,7 @@ WHERE questions = %(questions)s
 
 -- name: take_late_question --
 -- A late question asked again in its thread: the new call waits on it, so its answer comes back as the call's
--- result (no longer late, no harness message).
+-- result (no longer late, no note in its chat).
 UPDATE questions SET task_id = %(task_id)s, timed_out_at = NULL
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id

@@ -1,5 +1,5 @@
-"""A set-up that cannot work is refused before anything starts, in one line naming the setting (petal_dispatch/config.py
-and the services' wiring); what can work is built as asked."""
+"""A set-up that cannot work is refused before anything starts, in one line naming the setting (petal_dispatch/config.py,
+executor_wiring.py and ingress_wiring.py); what can work is built as asked."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ CLI starts at once, as one process per turn, its exit the boundary, journaled fr
 - **Spares**: up to `spares` sandboxes kept started for no thread yet, for the role of the turns this executor
   has had (the first one's message teaches it), with the mounts, gateway and per-spawn MCP config a plain
   thread's turn gets. A thread's message takes one: its stored conversation is linked into the spare's private
-  conversations directory then (executor/sandbox/bwrap.py, `link_conversation`), and a new spare is started
+  conversations directory then (executor/sandbox/cliconfig.py, `link_conversation`), and a new spare is started
   `SPARE_REFILL_S` later (not beside the CLI's start). A conversation that needs a mount of its own (its side
   directory) cannot go into a spare. A mount shows the file it was made on, so a spare whose CLI config files
   were replaced since it started (a new login, edited settings: `bwrap.config_state`) is ended, not handed

@@ -1,4 +1,4 @@
-"""The validation gate's verdict and the stored handoff (executor/settle/extraction.py), as pure functions."""
+"""Extraction's validation: its verdict and the stored handoff (executor/settle/extraction.py), as pure functions."""
 
 from __future__ import annotations
 
