@@ -10,10 +10,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from ingress.sql import queries as ingress_queries
@@ -55,8 +57,22 @@ def _params(equal: dict[str, Any]) -> list[Any]:
     return [v for v in equal.values() if v is not None]
 
 
-def _columns(columns: tuple[str, ...]) -> sql.Composed:
-    return sql.SQL(", ").join(map(sql.Identifier, columns))
+def _columns(columns: tuple[str, ...]) -> sql.Composable:
+    return sql.SQL(", ").join(map(sql.Identifier, columns)) if columns else sql.SQL("*")
+
+
+def _value_of(v: Any) -> Any:
+    """A value as it goes in: a dict as JSON (a Composable is SQL, put in the statement, not a parameter)."""
+    return Jsonb(v) if isinstance(v, dict) else v
+
+
+def _slot(v: Any) -> sql.Composable:
+    return v if isinstance(v, sql.Composable) else sql.Placeholder()
+
+
+def _sets(values: dict[str, Any]) -> tuple[sql.Composed, list[Any]]:
+    return sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(k), _slot(v)) for k, v in values.items()), \
+        [_value_of(v) for v in values.values() if not isinstance(v, sql.Composable)]
 
 
 # ---- any table ----------------------------------------------------------------------------------------------
@@ -67,24 +83,58 @@ def count(db: DB, table: str, **equal: Any) -> int:
                       _params(equal)))
 
 
+def _select(table: str, columns: tuple[str, ...], order: tuple[str, ...], equal: dict[str, Any]) -> sql.Composed:
+    return sql.SQL("SELECT {} FROM {}").format(_columns(columns), sql.Identifier(table)) + _where(equal) + \
+        sql.SQL(" ORDER BY {}").format(_columns(order))
+
+
 def rows(db: DB, table: str, *columns: str, order: tuple[str, ...] = ("created_at", "id"),
          **equal: Any) -> list[tuple[Any, ...]]:
     """The named columns of the rows of a table that match the keywords, ordered by the `order` columns."""
-    query = sql.SQL("SELECT {} FROM {}").format(_columns(columns), sql.Identifier(table)) + _where(equal) + \
-        sql.SQL(" ORDER BY {}").format(_columns(order))
-    return _all(db, query, _params(equal))
+    return _all(db, _select(table, columns, order, equal), _params(equal))
+
+
+def dict_rows(db: DB, table: str, *columns: str, order: tuple[str, ...] = ("created_at", "id"),
+              **equal: Any) -> list[dict[str, Any]]:
+    """`rows` as dicts by column name; every column when none is named."""
+    with _connected(db) as conn:
+        return conn.cursor(row_factory=dict_row).execute(_select(table, columns, order, equal),
+                                                         _params(equal)).fetchall()
+
+
+def row(db: DB, table: str, row_id: Id, *columns: str) -> tuple[Any, ...]:
+    """The named columns of one row of a table, by its id."""
+    found = _all(db, sql.SQL("SELECT {} FROM {} WHERE id = %s").format(_columns(columns), sql.Identifier(table)),
+                 [row_id])
+    assert found, f"no {table} row {row_id}"
+    return found[0]
 
 
 NOW = sql.SQL("now()")
 """A column's value as the database's clock reads it (`ended_at=NOW`)."""
 
 
+def from_now(**delta: float) -> sql.Composable:
+    """A column's value as the database's clock reads it, moved by a timedelta's keywords
+    (`lease_until=from_now(seconds=-30)`)."""
+    return sql.SQL("now() + {}").format(sql.Literal(timedelta(**delta)))
+
+
+def moved(column: str, **delta: float) -> sql.Composable:
+    """A column's own value moved by a timedelta's keywords (`received_at=moved("received_at", days=-31)`)."""
+    return sql.SQL("{} + {}").format(sql.Identifier(column), sql.Literal(timedelta(**delta)))
+
+
+def now(db: DB) -> datetime:
+    """The database's clock."""
+    read: datetime = _value(db, "SELECT now()")
+    return read
+
+
 def _insert(table: str, values: dict[str, Any], tail: str) -> tuple[sql.Composed, list[Any]]:
     query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-        sql.Identifier(table), _columns(tuple(values)),
-        sql.SQL(", ").join(v if isinstance(v, sql.SQL) else sql.Placeholder() for v in values.values()))
-    return query + sql.SQL(tail), [Jsonb(v) if isinstance(v, dict) else v for v in values.values()
-                                  if not isinstance(v, sql.SQL)]
+        sql.Identifier(table), _columns(tuple(values)), sql.SQL(", ").join(map(_slot, values.values())))
+    return query + sql.SQL(tail), [_value_of(v) for v in values.values() if not isinstance(v, sql.Composable)]
 
 
 def insert(db: DB, table: str, **values: Any) -> uuid.UUID:
@@ -92,6 +142,12 @@ def insert(db: DB, table: str, **values: Any) -> uuid.UUID:
     id."""
     made: uuid.UUID = _value(db, *_insert(table, values, " RETURNING id"))
     return made
+
+
+def add(db: DB, table: str, **values: Any) -> None:
+    """`insert` into a table keyed otherwise than by an id (nothing read back)."""
+    with _connected(db) as conn:
+        conn.execute(*_insert(table, values, ""))
 
 
 def ensure(db: DB, table: str, **values: Any) -> None:
@@ -103,12 +159,18 @@ def ensure(db: DB, table: str, **values: Any) -> None:
 
 def update(db: DB, table: str, row_id: Id, **values: Any) -> None:
     """Set a row's columns (a dict goes in as JSON, NOW as the database's now())."""
-    query = sql.SQL("UPDATE {} SET {} WHERE id = %s").format(sql.Identifier(table), sql.SQL(", ").join(
-        sql.SQL("{} = {}").format(sql.Identifier(k), v if isinstance(v, sql.SQL) else sql.Placeholder())
-        for k, v in values.items()))
-    params = [Jsonb(v) if isinstance(v, dict) else v for v in values.values() if not isinstance(v, sql.SQL)]
+    sets, params = _sets(values)
+    query = sql.SQL("UPDATE {} SET {} WHERE id = %s").format(sql.Identifier(table), sets)
     with _connected(db) as conn:
         assert conn.execute(query, [*params, row_id]).rowcount == 1, f"no {table} row {row_id}"
+
+
+def update_all(db: DB, table: str, where: dict[str, Any], **values: Any) -> int:
+    """Set the columns of every row matching `where` (a column each, as the reads' keywords); how many."""
+    sets, params = _sets(values)
+    query = sql.SQL("UPDATE {} SET {}").format(sql.Identifier(table), sets) + _where(where)
+    with _connected(db) as conn:
+        return conn.execute(query, [*params, *_params(where)]).rowcount
 
 
 # ---- tasks and threads ----------------------------------------------------------------------------------------
@@ -131,9 +193,12 @@ def tasks(db: DB, *columns: str, **equal: Any) -> list[tuple[Any, ...]]:
 
 def task(db: DB, task_id: Id, *columns: str) -> tuple[Any, ...]:
     """The named columns of one task."""
-    found = _all(db, sql.SQL("SELECT {} FROM tasks WHERE id = %s").format(_columns(columns)), [task_id])
-    assert found, f"no task {task_id}"
-    return found[0]
+    return row(db, "tasks", task_id, *columns)
+
+
+def thread(db: DB, thread_id: Id, *columns: str) -> tuple[Any, ...]:
+    """The named columns of one thread (a session row)."""
+    return row(db, "sessions", thread_id, *columns)
 
 
 def status(db: DB, task_id: Id) -> str | None:
@@ -182,10 +247,15 @@ def payloads(db: DB, event_type: str, task_id: Id | None = None, **equal: Any) -
     return [p for (p,) in rows(db, "journal", "payload", order=("seq",), **_of(event_type, task_id, equal))]
 
 
-def event_types(db: DB, task_id: Id | None = None) -> list[str]:
-    """The types of the journal's records (of one task, or all), in order."""
-    return [t for (t,) in rows(db, "journal", "event_type", order=("seq",),
-                               **({"task_id": task_id} if task_id is not None else {}))]
+def records(db: DB, *columns: str, **equal: Any) -> list[tuple[Any, ...]]:
+    """The named columns of the journal records that match the keywords, in order."""
+    return rows(db, "journal", *columns, order=("seq",), **equal)
+
+
+def event_types(db: DB, task_id: Id | None = None, after: int | None = None) -> list[str]:
+    """The types of the journal's records (of one task, or all; after a seq, or from the start), in order."""
+    return [t for (t,) in _all(db, "SELECT event_type FROM journal WHERE (%s::uuid IS NULL OR task_id = %s)"
+                                   " AND seq > coalesce(%s::bigint, 0) ORDER BY seq", [task_id, task_id, after])]
 
 
 def journal_head(db: DB) -> int:
@@ -208,6 +278,32 @@ def policy_actions(db: DB, task_id: Id | None = None) -> list[str]:
     return [p.get("action") for p in payloads(db, "policy.decision", task_id)]
 
 
+# ---- the fleet ----------------------------------------------------------------------------------------------
+
+def executors(db: DB, *columns: str, **equal: Any) -> list[tuple[Any, ...]]:
+    """The named columns of the executors that match the keywords, by name."""
+    return rows(db, "executors", *columns, order=("name",), **equal)
+
+
+def executor(db: DB, name: str, *columns: str) -> tuple[Any, ...]:
+    """The named columns of one executor."""
+    found = executors(db, *columns, name=name)
+    assert found, f"no executor {name}"
+    return found[0]
+
+
+def epochs(db: DB) -> dict[str, int]:
+    """Each executor's epoch, by name."""
+    return dict(executors(db, "name", "epoch"))
+
+
+def joined(db: DB, name: str, within_s: float = 60) -> bool:
+    """An executor of that name runs: not stopped, its lease running, joined within the last `within_s` seconds
+    (this run, not a former one of the name)."""
+    return bool(_all(db, "SELECT 1 FROM executors WHERE name = %s AND stopped_at IS NULL AND lease_until > now()"
+                         " AND started_at > now() - make_interval(secs => %s)", [name, within_s]))
+
+
 # ---- queues -------------------------------------------------------------------------------------------------
 
 async def ask_stop(ingress_dsn: str, task_id: Id, reason: str = "user") -> None:
@@ -226,3 +322,18 @@ def listening(db: DB, application_name: str, besides: list[int] | None = None) -
         db, "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
             " AND application_name LIKE %s AND pid <> ALL(%s)"
             " AND (query ILIKE 'LISTEN %%' OR query ILIKE 'SELECT pg_notify(%%')", [application_name, besides or []])}
+
+
+def advisory_holders(db: DB, application_name: str) -> list[str]:
+    """The connections named like `application_name` (a LIKE pattern) holding an advisory lock (a duty's)."""
+    return [name for (name,) in _all(
+        db, "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
+            " AND a.application_name LIKE %s", [application_name])]
+
+
+def blocked(db: DB, pid: int) -> tuple[str, list[int]]:
+    """A backend's statement and the backends it waits on."""
+    found = _all(db, "SELECT query, pg_blocking_pids(pid) FROM pg_stat_activity WHERE pid = %s", [pid])
+    assert found, f"no backend {pid}"
+    return found[0][0], found[0][1]

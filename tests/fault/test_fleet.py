@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,18 +69,8 @@ class Fleet:
                                     env=_env(self.db, self.model, self.tmp, name, **extra),
                                     stdout=out, stderr=subprocess.STDOUT)
         self.procs[name] = proc
-        await self.until(lambda: self.one("SELECT 1 FROM executors WHERE name = %s AND stopped_at IS NULL"
-                                          " AND lease_until > now() AND started_at > now() - interval '60 s'", name),
-                         f"executor {name} joined")
+        await self.until(lambda: tables.joined(self.db.admin_dsn, name), f"executor {name} joined")
         return proc
-
-    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.db.admin_dsn) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    def one(self, sql: str, *params: Any) -> Any:
-        rows = self.rows(sql, *params)
-        return rows[0][0] if rows else None
 
     async def until(self, check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
         return await until(check, lambda: f"{what}\n{self.logs()}", timeout)
@@ -112,25 +103,22 @@ async def test_eight_workers_spread_over_two_executors_within_capacity_labels_pl
             await fleet.start("beta", PETAL_EXECUTOR_LABELS="gpu, linux")
             project = uuid.uuid4()
             repo = _repo(tmp_path / "repo")  # a project is a git repository: its workers get worktrees of it
-            with psycopg.connect(db.admin_dsn) as conn:  # its workdir lives on alpha's machine
-                conn.execute("INSERT INTO projects (id, name, workdir, executor_name) VALUES (%s, 'p', %s, 'alpha')",
-                             [project, str(repo)])
+            # its workdir lives on alpha's machine
+            tables.insert(db.admin_dsn, "projects", id=project, name="p", workdir=str(repo), executor_name="alpha")
             gpu = await fleet.dispatch(2, labels=["gpu"])
             (in_project,) = await fleet.dispatch(project_id=project)
             plain = await fleet.dispatch(5)
             await fleet.until(lambda: tables.count_running(db.admin_dsn) == 8, "eight running")
-            by_executor = dict(fleet.rows("SELECT executor_name, count(*) FROM tasks WHERE status = 'running'"
-                                          " GROUP BY 1"))
+            by_executor = Counter(n for (n,) in tables.tasks(db.admin_dsn, "executor_name", status="running"))
             placed = dict(tables.tasks(db.admin_dsn, "id", "executor_name"))
-            spawned = {r[0]: (r[1], r[2]) for r in fleet.rows(
-                "SELECT task_id, payload ->> 'executor', (payload ->> 'executor_epoch')::bigint FROM journal"
-                " WHERE event_type = 'task.spawned'")}
-            epochs = dict(fleet.rows("SELECT name, epoch FROM executors"))
+            spawned = {t: (p["executor"], int(p["executor_epoch"]))
+                       for t, p in tables.records(db.admin_dsn, "task_id", "payload", event_type="task.spawned")}
+            epochs = tables.epochs(db.admin_dsn)
             # a second executor named alpha (--name over the environment) refuses to run, in one line, and
             # changes nothing
             same = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "executor", "--name", "alpha"],
                                   capture_output=True, timeout=60, env=_env(db, model, tmp_path, "gamma"))
-            epochs_after = dict(fleet.rows("SELECT name, epoch FROM executors"))
+            epochs_after = tables.epochs(db.admin_dsn)
             status = subprocess.run([sys.executable, "-m", "petal_dispatch.cli", "status"], capture_output=True, timeout=60,
                                     env=_env(db, model, tmp_path, "alpha"), text=True)
             async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
@@ -181,14 +169,13 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
                 await settled(db.admin_dsn, timeout=120)
             # the takeover's timing, all from the database's clock: alpha's last renewal (before its death),
             # the lease that renewal gave, when beta declared it lost and when the task's end was written
-            ((renewed, lease_until, lost_at, ended, journaled),) = fleet.rows(
-                "SELECT e.renewed_at, e.lease_until, e.lost_at, t.ended_at, j.created_at FROM executors e"
-                " JOIN tasks t ON t.id = %s JOIN journal j ON j.task_id = t.id AND j.event_type = 'task.crashed'"
-                " WHERE e.name = 'alpha'", task)
+            renewed, lease_until, lost_at = tables.executor(db.admin_dsn, "alpha", "renewed_at", "lease_until", "lost_at")
+            (ended,) = tables.task(db.admin_dsn, task, "ended_at")
+            ((journaled,),) = tables.records(db.admin_dsn, "created_at", task_id=task, event_type="task.crashed")
             workers = tables.tasks(db.admin_dsn, "status", "status_reason", "attempt", "executor_name", role="worker")
             lost = tables.payloads(db.admin_dsn, "executor.lost")
-            states = dict(fleet.rows("SELECT name, lost_at IS NOT NULL FROM executors"))
-            alerts = fleet.rows("SELECT title FROM notifications WHERE kind = 'executor_lost'")
+            states = {name: lost is not None for name, lost in tables.executors(db.admin_dsn, "name", "lost_at")}
+            alerts = tables.rows(db.admin_dsn, "notifications", "title", kind="executor_lost")
         finally:
             fleet.stop_all()
     check_invariants(db.admin_dsn)  # gap-free journal, nothing stuck, no question left open
@@ -215,23 +202,22 @@ async def test_a_paused_executor_taken_over_is_fenced_when_it_wakes_its_late_wri
             alpha = await fleet.start("alpha", PETAL_BACKOFF_BASE_S="0")
             (task,) = await fleet.dispatch()
             await fleet.until(lambda: _worker_reached_model(model), "the worker reached the model")
-            old_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
+            (old_epoch,) = tables.executor(db.admin_dsn, "alpha", "epoch")
             await fleet.start("beta", PETAL_BACKOFF_BASE_S="0")
             alpha.send_signal(signal.SIGSTOP)  # a paused VM: its claude runs on, its lease does not
             await fleet.until(lambda: tables.task(db.admin_dsn, task, "status_reason") == ("executor_lost",),
                               "taken over", timeout=LEASE_S + 10)
             assert _task_processes(task), "the paused executor's worker is still there"
-            crashed_seq = fleet.one("SELECT seq FROM journal WHERE task_id = %s AND event_type = 'task.crashed'",
-                                    task)
+            ((crashed_seq,),) = tables.records(db.admin_dsn, "seq", task_id=task, event_type="task.crashed")
             alpha.send_signal(signal.SIGCONT)
             await fleet.until(lambda: not _task_processes(task), "the fenced run's processes stopped", timeout=30)
             await fleet.until(lambda: tables.count_events(db.admin_dsn, "executor.fenced"), "alpha rejoined", timeout=30)
             await asyncio.sleep(LEASE_S)  # room for any late write to land (it must not)
             row = tables.task(db.admin_dsn, task, "status", "status_reason", "executor_name", "executor_epoch")
-            late = fleet.rows("SELECT event_type FROM journal WHERE task_id = %s AND seq > %s", task, crashed_seq)
-            new_epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha' AND lost_at IS NULL")
-            spawns = fleet.rows("SELECT task_id, count(*) FROM journal WHERE event_type = 'task.spawned'"
-                                " GROUP BY 1 HAVING count(*) > 1")
+            late = tables.event_types(db.admin_dsn, task, after=crashed_seq)
+            new_epoch = tables.executors(db.admin_dsn, "epoch", name="alpha", lost_at=None)
+            spawns = [t for t, n in Counter(t for (t,) in tables.records(
+                db.admin_dsn, "task_id", event_type="task.spawned")).items() if n > 1]
             alive = alpha.poll() is None
             # the rejoined executor claims again
             (after,) = await fleet.dispatch(executor="alpha")
@@ -241,7 +227,7 @@ async def test_a_paused_executor_taken_over_is_fenced_when_it_wakes_its_late_wri
             fleet.stop_all()
     assert row == ("crashed", "executor_lost", "alpha", old_epoch)  # its own end was refused
     assert late == [], late  # not one line of the fenced run after the end the survivor wrote
-    assert new_epoch is not None and new_epoch > old_epoch and alive
+    assert len(new_epoch) == 1 and new_epoch[0][0] > old_epoch and alive
     assert spawns == []  # no task ran twice
 
 
@@ -266,10 +252,7 @@ async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the
                                                             task_id=task_id)])
 
             def holder() -> str | None:
-                return fleet.one(  # type: ignore[no-any-return]  # a column: the driver's Any
-                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-                    " WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
-                    " AND a.application_name LIKE 'petal-duty:notifier:%%'")
+                return next(iter(tables.advisory_holders(db.admin_dsn, "petal-duty:notifier:%")), None)
 
             first_holder = await fleet.until(holder, "a notifier holds the duty")
             await stalled(tasks[0])
@@ -284,11 +267,11 @@ async def test_one_question_is_pushed_once_by_the_fleet_and_still_once_after_the
             await asyncio.sleep(3)  # a window in which a duplicate of the second push would arrive (it must not)
             # the killed executor's own loss is an alert too (once its lease expires): count the stalls
             second = sum(r.headers["title"] == "A worker stalled" for r in ntfy.received)
-            keys = fleet.rows("SELECT count(*) FROM fleet_secrets WHERE name = 'vapid_private_pem'")
+            keys = tables.count(db.admin_dsn, "fleet_secrets", name="vapid_private_pem")
         finally:
             fleet.stop_all()
     assert first == 1 and second == 2
-    assert keys == [(1,)]
+    assert keys == 1
 
 
 async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at_once(db: DB) -> None:
@@ -315,9 +298,7 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
             tables.insert(conn, "chat_queue", thread_id=thread, text="second")
         second = asyncio.create_task(delivering[1]._start_turn(thread, None))
         second_pid = await lock_waiter(db.admin_dsn, "application_name = 'test-b'")
-        cur = await head.execute("SELECT query, pg_blocking_pids(pid) FROM pg_stat_activity WHERE pid = %s",
-                                 [second_pid])
-        second_waits_on = await cur.fetchone()
+        second_waits_on = tables.blocked(db.admin_dsn, second_pid)
         await head.commit()  # the head released: the first commits, then the second goes on
         await asyncio.wait_for(asyncio.gather(first, second), 30)
     with psycopg.connect(db.admin_dsn) as conn:
@@ -326,7 +307,6 @@ async def test_two_executors_delivering_one_threads_chat_never_open_two_turns_at
     assert turns == [("first",)], f"two turns at once: {turns}"
     assert waiting == [("second",)]  # it waits for the turn's end
     # how: the second start waited on the first's lock of the thread's row, not on anything after it
-    assert second_waits_on is not None
     query, blockers = second_waits_on
     assert "FROM sessions" in query and "FOR NO KEY UPDATE" in query, query
     assert blockers == [first_pid], (blockers, first_pid)
@@ -339,10 +319,10 @@ async def test_the_context_view_lists_the_executors_and_a_lost_one_stands_out(db
     from tests.web.test_web_client import browser, page_at
 
     with psycopg.connect(db.admin_dsn) as conn:
-        conn.execute("INSERT INTO executors (name, labels, capacity, lease_s, lease_until, version) VALUES"
-                     " ('alpha', '{gpu}', 4, 15, now() + interval '15 s', '1.2.3'),"
-                     " ('<b>beta</b>', '{}', 2, 15, now() - interval '30 s', '1.2.3')")
-        conn.execute("UPDATE executors SET lost_at = now() WHERE name = '<b>beta</b>'")
+        tables.add(conn, "executors", name="alpha", labels=["gpu"], capacity=4, lease_s=15,
+                   lease_until=tables.from_now(seconds=15), version="1.2.3")
+        tables.add(conn, "executors", name="<b>beta</b>", labels=[], capacity=2, lease_s=15,
+                   lease_until=tables.from_now(seconds=-30), version="1.2.3", lost_at=tables.NOW)
     async with ingress_server(db.ingress_dsn) as url, browser() as b, page_at(b, url) as page:
         await page.click("a[data-tab='context']")
         items = page.locator("#executors li")
@@ -365,7 +345,7 @@ async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_ou
                 await fleet.start("beta")
                 (task,) = await fleet.dispatch(executor="alpha")
                 await fleet.until(lambda: tables.task(db.admin_dsn, task, "pid")[0], "running on alpha")
-                epoch = fleet.one("SELECT epoch FROM executors WHERE name = 'alpha'")
+                (epoch,) = tables.executor(db.admin_dsn, "alpha", "epoch")
                 # alpha's connections stall without an error (a half-open link); the server keeps its
                 # session, and with it the name's lock, for hours
                 proxy.freeze_existing()
@@ -385,9 +365,9 @@ async def test_a_half_open_lease_connection_is_replaced_before_the_lease_runs_ou
 
                     with contextlib.suppress(TimeoutError):  # three leases in which it must not run out
                         await asyncio.wait_for(watching(), LEASE_S * 3)
-                age = fleet.one("SELECT extract(epoch FROM now() - renewed_at)::float8 FROM executors"
-                                " WHERE name = 'alpha'")
-                after = fleet.rows("SELECT epoch, lost_at FROM executors WHERE name = 'alpha'")
+                (renewed,) = tables.executor(db.admin_dsn, "alpha", "renewed_at")
+                age = (tables.now(db.admin_dsn) - renewed).total_seconds()
+                after = tables.executors(db.admin_dsn, "epoch", "lost_at", name="alpha")
                 row = tables.task(db.admin_dsn, task, "status", "executor_name")
                 lost = tables.payloads(db.admin_dsn, "executor.lost")
             finally:
@@ -412,7 +392,7 @@ async def test_a_sessions_next_turn_waits_for_the_executor_of_its_first_turn(db:
             # alpha is full and beta idle: the next turn still waits for alpha (its --resume files are there)
             (second,) = await fleet.dispatch(session_id=session)
             await asyncio.sleep(LEASE_S)  # a window in which the turn must not go to the idle beta
-            pinned = fleet.one("SELECT executor_name FROM sessions WHERE id = %s", session)
+            (pinned,) = tables.thread(db.admin_dsn, session, "executor_name")
             waiting = tables.task(db.admin_dsn, second, "status", "executor_name")
         finally:
             fleet.stop_all()

@@ -21,7 +21,6 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from executor.routines import Routines, RoutinesConfig
@@ -48,13 +47,8 @@ class FakeClock:
         return self.now
 
 
-def _rows(db: DB, sql: str, *params: Any) -> list[dict[str, Any]]:
-    with psycopg.connect(db.admin_dsn, row_factory=dict_row) as conn:
-        return conn.execute(sql.encode(), params).fetchall()
-
-
 def _runs(db: DB, routine_id: str) -> list[dict[str, Any]]:
-    return _rows(db, "SELECT * FROM routine_runs WHERE routine_id = %s ORDER BY created_at, scheduled_at", routine_id)
+    return tables.dict_rows(db.admin_dsn, "routine_runs", order=("created_at", "scheduled_at"), routine_id=routine_id)
 
 
 @pytest.fixture
@@ -95,8 +89,8 @@ async def test_create_validates_and_shows_secrets_once_and_triggers_are_verified
     listed = (await http.get("/api/routines")).json()["routines"]
     assert [r["id"] for r in listed] == [rid]
     assert "fire_token" not in listed[0] and "webhook_secret" not in listed[0] and listed[0]["webhook"] is True
-    stored = _rows(db, "SELECT fire_token_sha256 FROM routines WHERE id = %s", rid)[0]
-    assert bytes(stored["fire_token_sha256"]) == hashlib.sha256(token.encode()).digest()  # the hash only
+    (stored,) = tables.row(db.admin_dsn, "routines", rid, "fire_token_sha256")
+    assert bytes(stored) == hashlib.sha256(token.encode()).digest()  # the hash only
 
     body = json.dumps({"pull_request": {"title": "Fix the parser"}}).encode()
     headers = {"content-type": "application/json", "x-github-delivery": "d-1", "x-github-event": "pull_request"}
@@ -128,7 +122,8 @@ async def test_create_validates_and_shows_secrets_once_and_triggers_are_verified
     assert fired.status_code == 202, fired.text
     ran = await http.post(f"/api/routines/{rid}/run", json={})  # run now, as the user: no event fields
     assert ran.status_code == 202
-    queued = _rows(db, "SELECT trigger, requested_by, delivery_id FROM routine_queue ORDER BY created_at")
+    queued = tables.dict_rows(db.admin_dsn, "routine_queue", "trigger", "requested_by", "delivery_id",
+                              order=("created_at",))
     assert [(q["trigger"], q["delivery_id"]) for q in queued] == [("webhook", "d-1"), ("fire", None), ("run", None)]
     assert queued[2]["requested_by"] == "open"
 
@@ -141,10 +136,10 @@ async def test_create_validates_and_shows_secrets_once_and_triggers_are_verified
     # the overlap policy (skip, the default): the fire came while the webhook's run was going
     assert runs["fire"]["status"] == "skipped" and "overlap" in runs["fire"]["reason"]
     assert runs["run"]["status"] == "skipped"
-    turn = _rows(db, "SELECT t.role, t.brief, t.status, s.mode, s.title FROM tasks t JOIN sessions s "
-                     "ON s.id = t.session_id WHERE t.id = %s", runs["webhook"]["task_id"])[0]
-    assert (turn["role"], turn["status"], turn["mode"]) == ("orchestrator", "pending", "autonomous")
-    assert turn["brief"].startswith("Review: Fix the parser")
+    role, brief, status, thread = tables.task(db.admin_dsn, runs["webhook"]["task_id"], "role", "brief", "status",
+                                              "session_id")
+    assert (role, status, *tables.thread(db.admin_dsn, thread, "mode")) == ("orchestrator", "pending", "autonomous")
+    assert brief.startswith("Review: Fix the parser")
     history = (await http.get(f"/api/routines/{rid}/runs")).json()["runs"]
     assert {h["trigger"] for h in history} == {"webhook", "fire", "run"}
     assert [json.loads(h["event_excerpt"]) for h in history if h["trigger"] == "webhook"] == [
@@ -170,14 +165,15 @@ async def test_a_github_delivery_replayed_under_a_new_delivery_id_starts_nothing
     assert "this body was already accepted within the last 30 days" in answers[2].text
     other = await deliver("d-4", json.dumps({"action": "closed", "number": 7}).encode())
     assert other.status_code == 202  # another body is another delivery
-    queued = _rows(db, "SELECT delivery_id FROM routine_queue WHERE routine_id = %s ORDER BY created_at", rid)
-    assert [q["delivery_id"] for q in queued] == ["d-1", "d-4"]  # a refused delivery left nothing queued
+    queued = tables.rows(db.admin_dsn, "routine_queue", "delivery_id", order=("created_at",), routine_id=rid)
+    assert [d for (d,) in queued] == ["d-1", "d-4"]  # a refused delivery left nothing queued
     # past the retention window the body is forgotten (GitHub signs no date: nothing else could tell)
-    _rows(db, "UPDATE routine_hook_bodies SET received_at = received_at - interval '31 days' RETURNING 1")
+    tables.update_all(db.admin_dsn, "routine_hook_bodies", {}, received_at=tables.moved("received_at", days=-31))
     assert (await deliver("d-5")).status_code == 202
     # and the routine's other expired receipt went as this one was recorded
-    kept = _rows(db, "SELECT body_sha256, received_at > now() - interval '1 minute' AS fresh FROM routine_hook_bodies")
-    assert [(bytes(k["body_sha256"]), k["fresh"]) for k in kept] == [(hashlib.sha256(body).digest(), True)]
+    kept = tables.rows(db.admin_dsn, "routine_hook_bodies", "body_sha256", "received_at", order=("received_at",))
+    a_minute_ago = tables.now(db.admin_dsn) - timedelta(minutes=1)
+    assert [(bytes(sha), received > a_minute_ago) for sha, received in kept] == [(hashlib.sha256(body).digest(), True)]
 
 
 async def test_a_standard_webhooks_delivery_is_accepted_once_within_its_timestamps_tolerance(
@@ -205,7 +201,8 @@ async def test_a_standard_webhooks_delivery_is_accepted_once_within_its_timestam
     assert "behind this server's clock" in stale.json()["detail"] and "ahead of" in early.json()["detail"]
     wrong = await deliver("msg_5", sign_with="whsec_" + "A" * 44)
     assert wrong.status_code == 401 and "webhook-signature" in wrong.json()["detail"]
-    queued = _rows(db, "SELECT delivery_id, event FROM routine_queue WHERE routine_id = %s ORDER BY created_at", rid)
+    queued = tables.dict_rows(db.admin_dsn, "routine_queue", "delivery_id", "event", order=("created_at",),
+                              routine_id=rid)
     assert [q["delivery_id"] for q in queued] == ["msg_1", "msg_2"]
     assert queued[0]["event"] == {"type": "invoice.paid", "data": {"id": 3}}
     assert tables.count(db.admin_dsn, "routine_hook_bodies") == 0  # ids, not bodies, here
@@ -219,8 +216,8 @@ async def test_a_missing_template_field_fails_the_run_with_a_message_naming_it(
     await _drain(Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC)))))
     (run,) = _runs(db, routine["id"])
     assert run["status"] == "failed" and "pull_request" in run["reason"] and "issue" in run["reason"]
-    ended = _rows(db, "SELECT payload FROM journal WHERE event_type = 'routine.run_ended'")
-    assert ended[0]["payload"]["status"] == "failed"
+    ended = tables.payloads(db.admin_dsn, "routine.run_ended")
+    assert ended[0]["status"] == "failed"
 
 
 def _minute(t: datetime) -> datetime:
@@ -277,8 +274,8 @@ async def test_overlap_queue_waits_for_the_running_run(
         await _drain(routines)
     assert [r["status"] for r in _runs(db, queued["id"])] == ["running", "queued"]
     # the first run ends: the queued one starts
-    _rows(db, "UPDATE routine_runs SET status = 'succeeded', ended_at = now() WHERE routine_id = %s "
-              "AND status = 'running' RETURNING id", queued["id"])
+    tables.update_all(db.admin_dsn, "routine_runs", {"routine_id": queued["id"], "status": "running"},
+                      status="succeeded", ended_at=tables.NOW)
     await _drain(routines)
     assert [r["status"] for r in _runs(db, queued["id"])] == ["succeeded", "running"]
 
@@ -295,8 +292,7 @@ async def _run_now(http: httpx.AsyncClient, db: DB, routines: Routines, routine_
 
 
 def _end(db: DB, run: dict[str, Any], cost: float) -> None:
-    _rows(db, "UPDATE routine_runs SET status = 'succeeded', cost_usd = %s, ended_at = now() WHERE id = %s "
-              "RETURNING id", cost, run["id"])
+    tables.update(db.admin_dsn, "routine_runs", run["id"], status="succeeded", cost_usd=cost, ended_at=tables.NOW)
 
 
 async def test_a_day_budget_counts_running_runs_at_their_cap_and_skips_a_run_that_would_pass_it(
@@ -328,7 +324,7 @@ async def test_the_project_day_budget_from_its_setting_caps_all_routines_of_a_pr
 ) -> None:
     """PETAL_ROUTINE_PROJECT_USD_PER_DAY, read as the executor reads it (executor_wiring.routines_config), caps the
     runs of every routine of one project together; a routine of no project, or the setting unset, is not held by it."""
-    project = _rows(db, "INSERT INTO projects (name) VALUES ('budgeted') RETURNING id::text AS id")[0]["id"]
+    project = str(tables.insert(db.admin_dsn, "projects", name="budgeted"))
     spec = {"budget": {"usd_per_run": 0.25}, "schedule": YEARLY}
     a = await _create(http, name="a", project_id=project, **spec)
     b = await _create(http, name="b", project_id=project, **spec)
@@ -369,13 +365,14 @@ async def test_disabling_stops_the_schedule_and_enabling_again_owes_nothing_for_
     await _drain(Routines(pool, RoutinesConfig(clock=clock)))
     assert _runs(db, routine["id"]) == []
     # the pause began five minutes ago, as far as the schedule's cursor knows
-    _rows(db, "UPDATE routines SET scheduled_through = now() - interval '5 minutes' WHERE id IN (%s, %s) "
-              "RETURNING id", routine["id"], control["id"])
+    with psycopg.connect(db.admin_dsn) as conn:  # one transaction: one now() for both
+        for r in (routine, control):
+            tables.update(conn, "routines", r["id"], scheduled_through=tables.from_now(minutes=-5))
     on = await http.patch(f"/api/routines/{routine['id']}", json={"enabled": True})
     assert on.status_code == 200 and len(on.json()["next_fire_times"]) == 3
     # negative control: enabled again without the cursor moved to now (as a bare UPDATE would)
     due = datetime.fromisoformat(on.json()["next_fire_times"][0])
-    _rows(db, "UPDATE routines SET enabled = true, next_fire_at = %s WHERE id = %s RETURNING id", due, control["id"])
+    tables.update(db.admin_dsn, "routines", control["id"], enabled=True, next_fire_at=due)
     clock.now = due + timedelta(seconds=2)
     await _drain(Routines(pool, RoutinesConfig(clock=clock)))
     (resumed,) = _runs(db, routine["id"])
@@ -398,16 +395,16 @@ async def test_a_run_past_its_runtime_is_stopped_and_ends_failed_saying_so(
     routines = Routines(pool, RoutinesConfig(clock=clock))
     await _drain(routines)
     (run,) = _runs(db, routine["id"])
-    _rows(db, "UPDATE tasks SET status = 'running' WHERE id = %s RETURNING id", run["task_id"])
+    tables.update(db.admin_dsn, "tasks", run["task_id"], status="running")
     await routines.finish_runs()  # within its runtime: nothing is stopped
     assert tables.count(db.admin_dsn, "stop_queue") == 0
     clock.now += timedelta(seconds=61)
     await routines.finish_runs()
     await routines.finish_runs()  # asked once, however often the poll comes
-    stops = _rows(db, "SELECT task_id, reason FROM stop_queue")
-    assert [(s["task_id"], s["reason"]) for s in stops] == [(run["task_id"], "the routine's runtime cap")]
-    _rows(db, "UPDATE tasks SET status = 'cancelled', ended_at = now(), settled_at = now() WHERE id = %s "
-              "RETURNING id", run["task_id"])
+    stops = tables.rows(db.admin_dsn, "stop_queue", "task_id", "reason")
+    assert stops == [(run["task_id"], "the routine's runtime cap")]
+    tables.update(db.admin_dsn, "tasks", run["task_id"], status="cancelled", ended_at=tables.NOW,
+                  settled_at=tables.NOW)
     await routines.finish_runs()
     (ended,) = _runs(db, routine["id"])
     assert ended["status"] == "failed" and ended["reason"] == "stopped at the routine's runtime cap (60 s)"
@@ -483,9 +480,9 @@ async def test_a_runs_workers_are_capped_at_its_routines_max_workers(
     for i in range(3):
         assert await full() is (i == 2)
         await dispatch.request(pool, dispatch.TaskRequest("worker", f"w{i}", parent_task_id=run["task_id"]))
-    _rows(db, "UPDATE tasks SET status = 'success' WHERE role = 'worker' AND brief = 'w0' RETURNING id")
+    tables.update_all(db.admin_dsn, "tasks", {"role": "worker", "brief": "w0"}, status="success")
     assert await full() is True  # two still going
-    _rows(db, "UPDATE tasks SET status = 'success' WHERE role = 'worker' AND brief = 'w1' RETURNING id")
+    tables.update_all(db.admin_dsn, "tasks", {"role": "worker", "brief": "w1"}, status="success")
     assert await full() is False
 
 
@@ -513,10 +510,10 @@ async def test_a_runs_processes_are_granted_what_is_left_of_its_usd_and_nothing_
     await cost(first, 0.25)
     second = await worker("w2")
     assert await store.grant_budget(second) == {"granted": 0.125, "cap": 0.5, "spent": 0.375}
-    assert _rows(db, "SELECT max_budget_usd::float8 AS usd FROM tasks WHERE id = %s", second) == [{"usd": 0.125}]
+    assert float(tables.task(db.admin_dsn, second, "max_budget_usd")[0]) == 0.125
     await cost(second, 0.25)  # past the cap: the next is granted nothing, and its row keeps a valid cap
     third = await worker("w3")
     assert await store.grant_budget(third) == {"granted": 0.0, "cap": 0.5, "spent": 0.625}
-    assert _rows(db, "SELECT max_budget_usd::float8 AS usd FROM tasks WHERE id = %s", third) == [{"usd": 0.5}]
+    assert float(tables.task(db.admin_dsn, third, "max_budget_usd")[0]) == 0.5
     # a task of no routine run is granted nothing by this: it keeps what it was given
     assert await store.grant_budget(await dispatch.request(pool, dispatch.TaskRequest("worker", "x"))) is None
