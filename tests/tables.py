@@ -1,8 +1,9 @@
 """The store's rows as tests read and make them, by name: one place for the SQL the tests repeat.
 
 Each takes the admin DSN (a connection of its own, autocommit) or an open connection (to read or write inside
-the test's own transaction). Filters are keywords, a column each, equal to the value (None: IS NULL); a read
-with anything more (a LIKE, a join) stays in its test, where it says what it looks for. What the services run
+the test's own transaction). Filters are keywords, a column each, equal to the value (None: IS NULL, NOT_NULL: IS
+NOT NULL, Like(pattern): LIKE); a read with anything more (a join, an aggregate) stays in its test, where it says
+what it looks for. What the services run
 stays in their stores; these are the test's views and the rows it makes."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
@@ -45,16 +47,38 @@ def _value(db: DB, query: LiteralString | sql.Composed, params: list[Any] | None
     return row[0]
 
 
+@dataclass(frozen=True)
+class Like:
+    """A filter's value: the column matches this LIKE pattern."""
+    pattern: str
+
+
+class _NotNull:
+    pass
+
+
+NOT_NULL = _NotNull()
+"""A filter's value: the column has one."""
+
+
+def _test(v: Any) -> LiteralString:
+    if v is None:
+        return "{} IS NULL"
+    if v is NOT_NULL:
+        return "{} IS NOT NULL"
+    return "{} LIKE %s" if isinstance(v, Like) else "{} = %s"
+
+
 def _where(equal: dict[str, Any]) -> sql.Composed:
     """` WHERE a = %s AND b IS NULL` over the keywords; nothing for none."""
     if not equal:
         return sql.Composed([])
     return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(
-        sql.SQL("{} IS NULL" if v is None else "{} = %s").format(sql.Identifier(k)) for k, v in equal.items())
+        sql.SQL(_test(v)).format(sql.Identifier(k)) for k, v in equal.items())
 
 
 def _params(equal: dict[str, Any]) -> list[Any]:
-    return [v for v in equal.values() if v is not None]
+    return [v.pattern if isinstance(v, Like) else v for v in equal.values() if v is not None and v is not NOT_NULL]
 
 
 def _columns(columns: tuple[str, ...]) -> sql.Composable:

@@ -35,12 +35,6 @@ HANDOFF = {"goal": "count the files", "current_state": "three files counted", "n
            "ruled_out": [], "status": "success", "artifacts": []}
 
 
-def _one(admin_dsn: str, sql: str, *params: Any) -> Any:
-    with psycopg.connect(admin_dsn) as conn:
-        row = conn.execute(sql, params).fetchone()
-    return row[0] if row else None
-
-
 def _thread_with_turn(admin_dsn: str) -> tuple[uuid.UUID, uuid.UUID]:
     """An autonomous thread and one ended (already settled) orchestrator turn of it."""
     return tables.thread_with_turn(admin_dsn, "autonomous")
@@ -73,7 +67,7 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                         return status if status not in ("pending", "running") else None
                     status = await until(ended, "the worker's end to commit")
                     await asyncio.sleep(1.5)  # the settler had its chances (task_changed and a poll) and passed
-                    unsettled = _one(db.admin_dsn, "SELECT settled_at IS NULL FROM tasks WHERE id = %s", worker)
+                    unsettled = tables.task(db.admin_dsn, worker, "settled_at")[0] is None
                     extractors_before = tables.count_tasks(db.admin_dsn, parent_task_id=worker)
                     executor.send_signal(signal.SIGKILL)
                     await asyncio.to_thread(executor.wait, 30)
@@ -81,9 +75,8 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
                 executor = _spawn_executor(env, log)
 
                 async def report_turn() -> int | None:
-                    return _one(db.admin_dsn,  # type: ignore[no-any-return]  # a column: the driver's Any
-                                "SELECT count(*) FROM tasks WHERE role = 'orchestrator' "
-                                "AND brief LIKE %s AND status = 'success'", f"[harness] Worker {worker}%")
+                    return tables.count_tasks(db.admin_dsn, role="orchestrator", status="success",
+                                              brief=tables.Like(f"[harness] Worker {worker}%"))
                 await until(report_turn, "the orchestrator to hear of the worker", timeout=120)
                 await settled(db.admin_dsn)
             finally:
@@ -94,8 +87,7 @@ async def test_an_executor_killed_after_a_workers_end_commits_settles_it_exactly
         extractors = tables.tasks(conn, "status", parent_task_id=worker)
         decisions = tables.policy_actions(conn, worker)
         handoffs = tables.count_events(conn, "handoff", worker)
-        told = conn.execute("SELECT count(*) FROM chat_queue WHERE origin = 'harness' AND text LIKE %s",
-                            [f"[harness] Worker {worker}%"]).fetchone()[0]  # type: ignore[index]
+        told = tables.count(conn, "chat_queue", origin="harness", text=tables.Like(f"[harness] Worker {worker}%"))
         unsettled_left = tables.count_tasks(conn, settled_at=None)
     assert extractors == [("success",)] and handoffs == 1
     assert decisions == ["report"] and told == 1
@@ -118,7 +110,7 @@ async def test_a_settlement_step_that_raises_leaves_the_end_unsettled_logged_and
     with capture_logs() as logged:
         first = await settler.settle_pending()
     failed = [e for e in logged if e["event"] == "settlement_failed"]
-    left_unsettled = _one(db.admin_dsn, "SELECT settled_at IS NULL FROM tasks WHERE id = %s", worker)
+    left_unsettled = tables.task(db.admin_dsn, worker, "settled_at")[0] is None
     decisions_after_failure = tables.count_events(db.admin_dsn, "policy.decision")
 
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
@@ -143,12 +135,9 @@ def _ended_worker(admin_dsn: str, turn: uuid.UUID, status: str = "success") -> u
 def _follow_ups(admin_dsn: str, worker: uuid.UUID) -> dict[str, int]:
     """What acting on the worker's end (and on its escalation) wrote, counted."""
     with psycopg.connect(admin_dsn) as conn:
-        def count(sql: str) -> int:
-            return conn.execute(sql, [worker]).fetchone()[0]  # type: ignore[index, no-any-return]
         return {
             "decisions": tables.count_events(conn, "policy.decision", worker),
-            "told": count("SELECT count(*) FROM chat_queue WHERE origin = 'harness' AND text LIKE "
-                          "'[harness] Worker ' || %s::text || '%%'"),
+            "told": tables.count(conn, "chat_queue", origin="harness", text=tables.Like(f"[harness] Worker {worker}%")),
             "escalations": tables.count(conn, "escalations", task_id=worker),
             "resolved": tables.count_events(conn, "escalation.resolved", worker),
         }
@@ -192,15 +181,15 @@ async def test_an_answered_escalation_is_carried_out_by_the_settler_once_however
     await settler.settle_pending()
     unanswered = await settler.apply_escalations()  # nothing is owed before the user answers
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("UPDATE questions SET status = 'answered', answers = jsonb_build_object('q', %s::text), "
-                     "answered_by = 'user' WHERE id = (SELECT question_id FROM escalations WHERE task_id = %s)",
-                     [policy.ESCALATION_SKIP, worker])
+        ((question,),) = tables.rows(conn, "escalations", "question_id", task_id=worker)
+        tables.update(conn, "questions", question, status="answered", answers={"q": policy.ESCALATION_SKIP},
+                      answered_by="user")
     acted = [await settler.apply_escalations() for _ in range(2)]
     done = _follow_ups(db.admin_dsn, worker)
     assert unanswered == 0 and acted == [1, 0]
     assert done["escalations"] == 1 and done["resolved"] == 1
     assert done["told"] == 1  # the orchestrator hears the user's Skip once
-    assert _one(db.admin_dsn, "SELECT decision FROM escalations WHERE task_id = %s", worker) == "skip"
+    assert tables.rows(db.admin_dsn, "escalations", "decision", task_id=worker) == [("skip",)]
 
 
 async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_escalates_it_in_the_chat(
@@ -224,9 +213,8 @@ async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_esc
             worker = uuid.uuid4()
             # asynchronously: the executor runs on this event loop, and its settler may still hold the turn's
             # row (the insert's foreign key waits for it), so a blocking insert would wait for itself
-            async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as conn:
-                await conn.execute("INSERT INTO tasks (id, parent_task_id, role, brief, workdir) "
-                                   "VALUES (%s, %s, 'worker', 'build it', %s)", [worker, turn, str(tmp_path / "gone")])
+            await asyncio.to_thread(tables.insert_task, db.admin_dsn, id=worker, parent_task_id=turn, brief="build it",
+                                    workdir=str(tmp_path / "gone"))
 
             async def escalation() -> dict[str, Any] | None:
                 asks = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
@@ -237,9 +225,8 @@ async def test_a_worker_whose_directory_vanished_never_starts_and_the_policy_esc
             await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {text: policy.ESCALATION_SKIP}})
 
             async def told() -> int | None:
-                return _one(db.admin_dsn,  # type: ignore[no-any-return]  # a column: the driver's Any
-                            "SELECT count(*) FROM tasks WHERE session_id = %s AND brief LIKE %s",
-                            thread, f"%Worker {worker} ended skipped%")
+                return tables.count_tasks(db.admin_dsn, session_id=thread,
+                                          brief=tables.Like(f"%Worker {worker} ended skipped%"))
             await until(told, "the orchestrator to hear of it")
             row = await h.task(worker)
     assert row["status"] == "skipped" and "does not exist" in row["status_reason"] and row["settled_at"]
@@ -286,6 +273,5 @@ def test_the_migration_marks_ends_from_before_it_settled_so_none_is_acted_on_twi
     shutil.copytree(migrate.migrations_dir(), after)
     migrate.migrate(empty_db.admin_dsn, after)
     with psycopg.connect(empty_db.admin_dsn) as conn:
-        settled_at: dict[uuid.UUID, bool] = dict(
-            conn.execute("SELECT id, settled_at IS NOT NULL FROM tasks").fetchall())
+        settled_at = {t: s is not None for t, s in tables.tasks(conn, "id", "settled_at")}
     assert settled_at == {ended: True, running: False}  # the running one ends later and is settled then

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -28,10 +28,10 @@ QUESTIONS = [{"question": "Go on?", "header": "Go", "multiSelect": False,
 CHANNELS = ("task_changed", "task_ended", "task_activity", "question_answered", "question_settle")
 
 
-def _heard(conn: psycopg.Connection, admin: psycopg.Connection, sql: str, args: list[object]) -> list[str]:
-    """The channels (of CHANNELS) one committed statement notified, in order: up to a marker notified after
-    its commit (notifications arrive in commit order), so nothing late is missed and no wait is timed."""
-    admin.execute(sql, args)
+def _heard(conn: psycopg.Connection, admin: psycopg.Connection, change: Callable[[], object]) -> list[str]:
+    """The channels (of CHANNELS) one committed change (on `admin`) notified, in order: up to a marker notified
+    after its commit (notifications arrive in commit order), so nothing late is missed and no wait is timed."""
+    change()
     admin.execute("NOTIFY wake_probe")
     heard: list[str] = []
     for note in conn.notifies(timeout=30):
@@ -56,46 +56,46 @@ def test_an_activity_change_is_not_a_task_change_a_claim_is_not_an_end_and_an_en
         session = tables.insert_thread(admin, role="worker", lifecycle="running")
         task = tables.insert_task(admin, session_id=session)
         # the claim: the page hears it, the loops that wait for ends do not
-        assert _heard(listen, admin, "UPDATE tasks SET status = 'running', started_at = now() WHERE id = %s",
-                      [task]) == ["task_changed"]
-        assert _heard(listen, admin, "UPDATE tasks SET activity = 'awaiting_user' WHERE id = %s", [task]) \
-            == ["task_activity"]
-        assert _heard(listen, admin, "UPDATE tasks SET activity = 'running' WHERE id = %s", [task]) \
-            == ["task_activity"]
-        assert _heard(listen, admin, "UPDATE tasks SET activity = 'running' WHERE id = %s", [task]) == []
-        assert _heard(listen, admin, "UPDATE tasks SET status = 'success', activity = NULL, ended_at = now() "
-                      "WHERE id = %s", [task]) == ["task_ended"]
+        def change(task_id: uuid.UUID, **values: object) -> Callable[[], None]:
+            return lambda: tables.update(admin, "tasks", task_id, **values)
+
+        assert _heard(listen, admin, change(task, status="running", started_at=tables.NOW)) == ["task_changed"]
+        assert _heard(listen, admin, change(task, activity="awaiting_user")) == ["task_activity"]
+        assert _heard(listen, admin, change(task, activity="running")) == ["task_activity"]
+        assert _heard(listen, admin, change(task, activity="running")) == []
+        assert _heard(listen, admin, change(task, status="success", activity=None, ended_at=tables.NOW)) \
+            == ["task_ended"]
         # an end straight from pending (cancelled before any claim) is one too
         unclaimed = tables.insert_task(admin, session_id=session)
-        assert _heard(listen, admin, "UPDATE tasks SET status = 'cancelled', ended_at = now() WHERE id = %s",
-                      [unclaimed]) == ["task_ended"]
+        assert _heard(listen, admin, change(unclaimed, status="cancelled", ended_at=tables.NOW)) == ["task_ended"]
 
 
 def test_only_the_answers_the_settler_acts_on_wake_it(db: DB) -> None:
     with _listening(db) as (listen, admin):
         session = tables.insert_thread(admin, lifecycle="running")
 
-        def question(kind: str) -> object:
+        def question(kind: str) -> uuid.UUID:
             task = tables.insert_task(admin, session_id=session, status="pending")
-            qid = admin.execute("INSERT INTO questions (tool_use_id, questions, task_id) VALUES (%s, %s, %s) "
-                                "RETURNING id", [f"{kind}-{task}", Jsonb(QUESTIONS), task]).fetchone()[0]  # type: ignore[index]
+            qid = tables.insert(admin, "questions", tool_use_id=f"{kind}-{task}", questions=Jsonb(QUESTIONS),
+                                task_id=task)
             if kind in ("approvals", "escalations"):
-                admin.execute(f"INSERT INTO {kind} (task_id, thread_id, question_id) VALUES (%s, %s, %s)",
-                              [task, session, qid])
+                tables.insert(admin, kind, task_id=task, thread_id=session, question_id=qid)
             if kind == "late":
-                admin.execute("UPDATE questions SET timed_out_at = now() WHERE id = %s", [qid])
-            _heard(listen, admin, "SELECT 1", [])  # the asking's own notifications
+                tables.update(admin, "questions", qid, timed_out_at=tables.NOW)
+            _heard(listen, admin, lambda: None)  # the asking's own notifications
             return qid
 
-        answer = ("UPDATE questions SET status = 'answered', answers = %s, answered_by = 'user', answered_at = now() "
-                  "WHERE id = %s")
+        def answer(qid: uuid.UUID) -> Callable[[], None]:
+            return lambda: tables.update(admin, "questions", qid, status="answered", answers={"Go on?": "Yes"},
+                                         answered_by="user", answered_at=tables.NOW)
+
         # the negative control: a question its asking tool waits for wakes its waiter and the page, not the settler
-        assert _heard(listen, admin, answer, [Jsonb({"Go on?": "Yes"}), question("model")]) == ["question_answered"]
+        assert _heard(listen, admin, answer(question("model"))) == ["question_answered"]
         for kind in ("approvals", "escalations", "late"):
-            assert _heard(listen, admin, answer, [Jsonb({"Go on?": "Yes"}), question(kind)]) \
-                == ["question_answered", "question_settle"], kind
-        cancel = "UPDATE questions SET status = 'cancelled', response = 'dismissed' WHERE id = %s"
-        assert _heard(listen, admin, cancel, [question("approvals")]) == ["question_answered", "question_settle"]
+            assert _heard(listen, admin, answer(question(kind))) == ["question_answered", "question_settle"], kind
+        asked = question("approvals")
+        cancel = lambda: tables.update(admin, "questions", asked, status="cancelled", response="dismissed")  # noqa: E731
+        assert _heard(listen, admin, cancel) == ["question_answered", "question_settle"]
 
 
 def _journal_notes(db: DB, batches: list[list[NewEvent]]) -> list[Notification]:
