@@ -103,8 +103,7 @@ async def test_an_answer_and_a_chat_message_through_the_api_record_who_sent_them
                   "options": [{"label": "Yes", "description": ""}, {"label": "No", "description": ""}]}]
     with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
         for tool_use_id in ("toolu_who", "toolu_cancel"):
-            conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s)", [tool_use_id,
-                                                                                       Jsonb(questions)])
+            tables.insert(conn, "questions", tool_use_id=tool_use_id, questions=Jsonb(questions))
     async with ingress_server(db.ingress_dsn, **PROXY) as url, \
             httpx.AsyncClient(base_url=url, headers=THROUGH_PROXY) as http:
         answered = await http.post("/api/asks/toolu_who/answer", json={"answers": {"Go on?": "Yes"}})
@@ -114,19 +113,14 @@ async def test_an_answer_and_a_chat_message_through_the_api_record_who_sent_them
     assert answered.status_code == 200 and answered.json()["answered_by"] == "travis"
     assert cancelled.json()["answered_by"] == "travis"
     assert {a["tool_use_id"]: a["answered_by"] for a in listed} == {"toolu_who": "travis", "toolu_cancel": "travis"}
-    with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT sent_by FROM chat_queue WHERE id = %s", [chat.json()["id"]]).fetchone() == (
-            "travis",)
+    assert tables.row(db.admin_dsn, "chat_queue", chat.json()["id"], "sent_by") == ("travis",)
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:  # open mode
         await http.post("/api/chat", json={"text": "from the open port"})
-    with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT sent_by FROM chat_queue WHERE text = 'from the open port'").fetchone() == ("open",)
+    assert tables.rows(db.admin_dsn, "chat_queue", "sent_by", text="from the open port") == [("open",)]
 
 
 def test_the_ingress_role_may_set_who_answered_but_not_rewrite_the_question(db: DB) -> None:
-    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        qid = conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES ('toolu_g', '[]') RETURNING id"
-                           ).fetchone()[0]  # type: ignore[index]
+    qid = tables.insert(db.executor_dsn, "questions", tool_use_id="toolu_g", questions=Jsonb([]))
     with psycopg.connect(db.ingress_dsn, autocommit=True) as conn:
         conn.execute("UPDATE questions SET status = 'answered', answers = '{}', answered_by = 'ana' WHERE id = %s",
                      [qid])
@@ -165,9 +159,8 @@ async def test_a_gate_card_answered_by_a_direct_sql_write_is_not_an_approval_and
             assert approved.status_code == 200, approved.text
             card = await until(lambda: _card(http, "rm -f sentinel-a"), "the first gate card")
             # what an injected worker did with the database: approve its own card with a plain UPDATE
-            with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-                conn.execute("UPDATE questions SET status = 'answered', answers = %s WHERE id = %s",
-                             [Jsonb({card["questions"][0]["question"]: permission.ALLOW_THREAD}), card["id"]])
+            tables.update(db.admin_dsn, "questions", card["id"], status="answered",
+                          answers={card["questions"][0]["question"]: permission.ALLOW_THREAD})
             # the negative control: the user's own answer, through the ingress, is acted on
             card = await until(lambda: _card(http, "rm -f sentinel-b"), "the second gate card")
             allowed = await http.post(f"/api/asks/{card['id']}/answer", json={
@@ -203,16 +196,15 @@ async def test_a_dispatch_approval_written_around_the_ingress_does_not_release_t
                for n in ("forged", "users")]
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         for worker, who in zip(workers, (None, "travis"), strict=True):
-            conn.execute("UPDATE questions q SET status = 'answered', answers = jsonb_build_object("
-                         "q.questions -> 0 ->> 'question', %s::text), answered_by = %s "
-                         "FROM approvals a WHERE a.question_id = q.id AND a.task_id = %s",
-                         [briefs.APPROVE, who, worker])
+            ((question,),) = tables.rows(conn, "approvals", "question_id", task_id=worker)
+            ((asked, *_),) = tables.row(conn, "questions", question, "questions")
+            tables.update(conn, "questions", question, status="answered", answers={asked["question"]: briefs.APPROVE},
+                          answered_by=who)
     assert await approvals.apply_answered(pool) == 2
     with psycopg.connect(db.admin_dsn) as conn:
-        got = {r[0]: r[1:] for r in conn.execute(
-            "SELECT a.task_id, a.decision, t.status FROM approvals a JOIN tasks t ON t.id = a.task_id").fetchall()}
-        facts = {r[0]: r[1] for r in conn.execute(
-            "SELECT task_id, payload FROM journal WHERE event_type = 'approval.resolved'").fetchall()}
+        got = {t: (decision, tables.status(conn, t)) for t, decision in tables.rows(conn, "approvals", "task_id",
+                                                                                      "decision")}
+        facts = dict(tables.records(conn, "task_id", "payload", event_type="approval.resolved"))
     assert got == {workers[0]: ("rejected", "cancelled"), workers[1]: ("approved", "pending")}
     assert facts[workers[0]]["refused_answer"] and facts[workers[0]]["answered_by"] is None
     assert facts[workers[1]]["answered_by"] == "travis"

@@ -119,11 +119,10 @@ async def test_a_worker_that_ended_without_its_changes_recorded_has_them_recorde
     repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
     task_id = uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        project = conn.execute("INSERT INTO projects (name, workdir) VALUES ('swept', %s) RETURNING id",
-                               [str(repo)]).fetchone()[0]  # type: ignore[index]
+        project = tables.insert(conn, "projects", name="swept", workdir=str(repo))
         # crashed by an executor restart a while ago, before anyone recorded what it changed
-        conn.execute("INSERT INTO tasks (id, project_id, role, brief, status, ended_at) "
-                     "VALUES (%s, %s, 'worker', 'b', 'crashed', now() - interval '5 minutes')", [task_id, project])
+        tables.insert_task(conn, id=task_id, project_id=project, brief="b", status="crashed",
+                           ended_at=tables.from_now(minutes=-5))
     wt = await worktrees.create(repo, task_id, tmp_path / "wt", "swept")
     (wt.path / "b.txt").write_text("b\n")
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
@@ -146,11 +145,10 @@ async def test_an_end_settled_without_its_changes_has_them_recorded_by_the_settl
     repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
     task_id = uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        project = conn.execute("INSERT INTO projects (name, workdir) VALUES ('left', %s) RETURNING id",
-                               [str(repo)]).fetchone()[0]  # type: ignore[index]
+        project = tables.insert(conn, "projects", name="left", workdir=str(repo))
         # settled before the settler recorded changes (an older executor, or a settlement some other way)
-        conn.execute("INSERT INTO tasks (id, project_id, role, brief, status, ended_at, settled_at) "
-                     "VALUES (%s, %s, 'worker', 'b', 'crashed', now(), now())", [task_id, project])
+        tables.insert_task(conn, id=task_id, project_id=project, brief="b", status="crashed", ended_at=tables.NOW,
+                           settled_at=tables.NOW)
     wt = await worktrees.create(repo, task_id, tmp_path / "wt", "left")
     (wt.path / "c.txt").write_text("c\n")
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
@@ -169,9 +167,7 @@ async def test_a_project_worker_whose_cli_cannot_start_has_its_changes_recorded_
     db: DB, tmp_path: Path
 ) -> None:
     repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        project = conn.execute("INSERT INTO projects (name, workdir) VALUES ('nocli', %s) RETURNING id",
-                               [str(repo)]).fetchone()[0]  # type: ignore[index]
+    project = tables.insert(db.admin_dsn, "projects", name="nocli", workdir=str(repo))
     with ScriptedModelServer(Scenario()) as model:
         sub = replace(substrate_for(model, tmp_path), claude_bin=str(tmp_path / "no-such-claude"))
         async with running_supervisor(db.executor_dsn, db.admin_dsn, sub, config_for(tmp_path)) as h:
@@ -241,9 +237,8 @@ async def test_a_workdir_outside_the_roots_missing_or_with_dotdot_is_refused_and
     assert not (outside / ".git").exists() and not (roots / "nope").exists() and not (roots / ".git").exists()
     assert made["status"] == "done" and made["result"]["branch"] == "main" and made["result"]["plan_tasks"] == 2
     with psycopg.connect(db.admin_dsn) as conn:
-        names = [r[0] for r in conn.execute("SELECT name FROM projects ORDER BY created_at").fetchall()]
-        journal = [r[0] for r in conn.execute(
-            "SELECT event_type FROM journal WHERE event_type LIKE 'project.%' ORDER BY seq").fetchall()]
+        names = [n for (n,) in tables.rows(conn, "projects", "name", order=("created_at",))]
+        journal = [t for (t,) in tables.records(conn, "event_type", event_type=tables.Like("project.%"))]
     assert names == ["ok", "fresh"]
     assert journal == ["project.refused"] * len(refused) + ["project.created"] * 2
 
@@ -359,9 +354,7 @@ async def test_a_project_threads_orchestrator_runs_the_plan_task_by_task_and_usa
             usage = {by: (await http.get("/api/usage", params={"by": by})).json()
                      for by in ("task", "thread", "project", "day")}
             scoped = (await http.get("/api/usage", params={"by": "task", "thread_id": thread_id})).json()
-            conn = await h._conn()
-            rows = await (await conn.execute(
-                "SELECT role, brief, project_id, session_id FROM tasks ORDER BY created_at")).fetchall()
+            rows = tables.tasks(db.admin_dsn, "role", "brief", "project_id", "session_id")
             events = await h.events()
     turns = [r for r in rows if r[0] == "orchestrator"]
     workers = [r for r in rows if r[0] == "worker"]
