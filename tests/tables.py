@@ -282,6 +282,16 @@ def event_types(db: DB, task_id: Id | None = None, after: int | None = None) -> 
                                    " AND seq > coalesce(%s::bigint, 0) ORDER BY seq", [task_id, task_id, after])]
 
 
+def append(db: DB, event_type: str, payload: dict[str, Any], tier: str = "raw", **columns: Any) -> int:
+    """A journal record the test writes (`task_id=`, `session_id=`, `project_id=` its own), its seq taken under
+    the journal head's lock as the executor's writer takes it; its seq."""
+    with _connected(db) as conn, conn.transaction():
+        seq = int(_value(conn, "UPDATE journal_head SET last_seq = last_seq + 1 RETURNING last_seq"))
+        add(conn, "journal", event_id=uuid.uuid4(), seq=seq, event_type=event_type, tier=tier, payload=payload,
+            **columns)
+    return seq
+
+
 def journal_head(db: DB) -> int:
     """The journal head's last seq (its one row)."""
     return int(_value(db, "SELECT last_seq FROM journal_head"))

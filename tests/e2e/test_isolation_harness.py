@@ -22,7 +22,6 @@ import psycopg
 import pytest
 from mcp.client import Client
 from mcp.types import CallToolResult
-from psycopg.types.json import Jsonb
 
 from executor.harness.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.harness.scope import DispatchLimits
@@ -59,49 +58,33 @@ class Store:
     def project(self, name: str) -> uuid.UUID:
         workdir = self.tmp / name
         workdir.mkdir(parents=True, exist_ok=True)
-        found: uuid.UUID = self.conn.execute("INSERT INTO projects (name, workdir) VALUES (%s, %s) RETURNING id",
-                                             [name, str(workdir)]).fetchone()[0]  # type: ignore[index]
-        return found
+        return tables.insert(self.conn, "projects", name=name, workdir=str(workdir))
 
     def thread(self, project: uuid.UUID | None = None, mode: str = "autonomous") -> uuid.UUID:
-        found: uuid.UUID = self.conn.execute(
-            "INSERT INTO sessions (project_id, role, lifecycle, mode, title) "
-            "VALUES (%s, 'orchestrator', 'running', %s, 't') RETURNING id",
-            [project, mode]).fetchone()[0]  # type: ignore[index]
-        return found
+        return tables.insert_thread(self.conn, project_id=project, lifecycle="running", mode=mode, title="t")
 
     def task(self, *, thread: uuid.UUID | None = None, parent: Node | None = None, project: uuid.UUID | None = None,
              running: bool = False, status: str | None = None) -> Node:
         """A turn of `thread`, or a worker of `parent` (in a conversation of its own); a running one (or one
         with `status` given) holds a credential."""
         role = "orchestrator" if thread is not None else "worker"
-        session = thread or self.conn.execute(
-            "INSERT INTO sessions (project_id, role, lifecycle) VALUES (%s, 'worker', 'running') RETURNING id",
-            [project]).fetchone()[0]  # type: ignore[index]
-        task = self.conn.execute(
-            "INSERT INTO tasks (project_id, session_id, parent_task_id, role, status, started_at) "
-            "VALUES (%s, %s, %s, %s, %s, now()) RETURNING id",
-            [project, session, parent.task_id if parent else None, role,
-             status or ("running" if running else "success")]).fetchone()[0]  # type: ignore[index]
+        session = thread or tables.insert_thread(self.conn, project_id=project, role="worker", lifecycle="running")
+        task = tables.insert_task(self.conn, project_id=project, session_id=session,
+                                  parent_task_id=parent.task_id if parent else None, role=role,
+                                  status=status or ("running" if running else "success"), started_at=tables.NOW)
         token = ""
         if running or status is not None:
             token = secrets.token_urlsafe(32)
-            self.conn.execute("INSERT INTO harness_credentials (token_sha256, task_id, session_id) VALUES (%s, %s, %s)",
-                              [hashlib.sha256(token.encode()).digest(), task, session])
+            tables.add(self.conn, "harness_credentials", token_sha256=hashlib.sha256(token.encode()).digest(),
+                       task_id=task, session_id=session)
         return Node(task, session, token)
 
     def handoff(self, node: Node, goal: str, project: uuid.UUID | None = None,
                 ruled_out: list[dict[str, str]] | None = None) -> None:
         # the seq taken under the journal head's lock, as the executor's writer takes it (it runs meanwhile)
-        with self.conn.transaction():
-            seq = self.conn.execute("UPDATE journal_head SET last_seq = last_seq + 1 RETURNING last_seq"
-                                    ).fetchone()[0]  # type: ignore[index]
-            self.conn.execute(
-                "INSERT INTO journal (event_id, seq, project_id, session_id, task_id, event_type, tier, payload) "
-                "VALUES (gen_random_uuid(), %s, %s, %s, %s, 'handoff', 'derived', %s)",
-                [seq, project, node.session_id, node.task_id,
-                 Jsonb({"goal": goal, "current_state": "done", "next_step": "none", "status": "success",
-                        "ruled_out": ruled_out or []})])
+        tables.append(self.conn, "handoff", {"goal": goal, "current_state": "done", "next_step": "none",
+                                             "status": "success", "ruled_out": ruled_out or []},
+                      tier="derived", project_id=project, session_id=node.session_id, task_id=node.task_id)
 
     def close(self) -> None:
         self.conn.close()

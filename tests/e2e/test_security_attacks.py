@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import unicodedata
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ import httpx
 import psycopg
 import pytest
 from mcp.types import CallToolResult
-from psycopg.types.json import Jsonb
 
 from executor.harness.refusals import REFUSALS_PER_WINDOW, RefusalBudget
 from executor.notify.notes import Note
@@ -175,17 +175,14 @@ ESCAPES = ("\x1b[2J\x1b[H", "\x1b]0;owned\x07", "\x1b]52;c;Y3VybCBldmlsLmV4YW1wb
 def test_the_terminal_views_show_control_sequences_from_model_text_inert(db: DB) -> None:
     hostile = "look" + "".join(ESCAPES) + "here"
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        task = conn.execute("INSERT INTO tasks (role, status, brief, started_at) VALUES ('worker', 'running', %s, "
-                            "now()) RETURNING id", [hostile]).fetchone()[0]  # type: ignore[index]
+        task = tables.insert_task(conn, status="running", brief=hostile, started_at=tables.NOW)
         assistant = {"message": {"content": [{"type": "text", "text": hostile},
                                              {"type": "tool_use", "name": hostile, "input": {}}]}}
-        for seq, (event_type, payload) in enumerate([("stream.assistant", assistant),
-                                                     ("stream.unparsed", {"line": hostile}),
-                                                     ("task.user_message", {"text": hostile})], 1):
-            conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "
-                         "VALUES (gen_random_uuid(), %s, %s, %s, 'raw', %s)", [seq, task, event_type, Jsonb(payload)])
-        conn.execute("UPDATE journal_head SET last_seq = 3")
-        conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (gen_random_uuid(), %s)", [hostile])
+        records: list[tuple[str, dict[str, Any]]] = [
+            ("stream.assistant", assistant), ("stream.unparsed", {"line": hostile}), ("task.user_message", {"text": hostile})]
+        for event_type, payload in records:
+            tables.append(conn, event_type, payload, task_id=task)
+        tables.insert(conn, "chat_queue", thread_id=uuid.uuid4(), text=hostile)
     env = {**os.environ, "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn}
     outputs = {cmd: subprocess.run([sys.executable, "-m", "petal_dispatch.cli", cmd], env=env, capture_output=True,
                                    text=True, timeout=60) for cmd in ("journal", "status")}

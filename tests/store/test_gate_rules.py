@@ -7,10 +7,10 @@ import uuid
 import psycopg
 import pytest
 from psycopg import errors as pgerrors
-from psycopg.types.json import Jsonb
 
 from executor.settle import policy
 from executor.sql import queries
+from tests import tables
 from tests.pg import DB
 
 # fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
@@ -21,8 +21,7 @@ INSERT = ("INSERT INTO gate_rules (scope, session_id, project_id, tool_name, pat
 
 def test_a_rule_names_exactly_its_scope_and_the_page_may_only_revoke_it(db: DB) -> None:
     with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        project = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id"
-                               ).fetchone()[0]  # type: ignore[index]
+        project = tables.insert(conn, "projects", name="p")
         with pytest.raises(pgerrors.CheckViolation):
             conn.execute(INSERT, ["thread", None, project])  # a thread rule without its session
         with pytest.raises(pgerrors.CheckViolation):
@@ -37,19 +36,15 @@ def test_a_rule_names_exactly_its_scope_and_the_page_may_only_revoke_it(db: DB) 
             conn.execute("UPDATE gate_rules SET revoked_at = now() WHERE id = %s", [rule])  # by whom?
         conn.execute("UPDATE gate_rules SET revoked_at = now(), revoked_by = 'user' WHERE id = %s", [rule])
         assert conn.execute("SELECT count(*) FROM gate_rules WHERE revoked_at IS NULL").fetchone() == (0,)
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT tier FROM event_types WHERE name = 'gate.decided'").fetchone() == ("derived",)
+    assert tables.rows(db.admin_dsn, "event_types", "tier", order=("name",), name="gate.decided") == [("derived",)]
 
 
 def test_a_gated_handoff_measures_the_project_tree_from_the_directory_the_worker_ran_in(db: DB) -> None:
     denial = {"tool_name": "Write", "tool_input": {"file_path": "/srv/app/notes.txt"}}
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        task = conn.execute("INSERT INTO tasks (role) VALUES ('worker') RETURNING id"
-                            ).fetchone()[0]  # type: ignore[index]
-        for seq, (event_type, payload) in enumerate([("task.spawned", {"workdir": "/srv/app"}),
-                                                     ("task.exited", {"permission_denials": [denial]})], 1):
-            conn.execute("INSERT INTO journal (event_id, seq, task_id, event_type, tier, payload) "
-                         "VALUES (gen_random_uuid(), %s, %s, %s, 'raw', %s)", [seq, task, event_type, Jsonb(payload)])
+        task = tables.insert_task(conn)
+        tables.append(conn, "task.spawned", {"workdir": "/srv/app"}, task_id=task)
+        tables.append(conn, "task.exited", {"permission_denials": [denial]}, task_id=task)
         row = conn.execute(queries["get_exit_denials"], {"id": task}).fetchone()
     assert row == ([denial], "/srv/app", [])
     # inside the tree it ran in, the denial was the allowed-tools set's, not a gate's
