@@ -257,12 +257,12 @@ def thread_with_turn(db: DB, mode: str = "interactive") -> tuple[uuid.UUID, uuid
 
 # ---- the journal --------------------------------------------------------------------------------------------
 
-def _of(event_type: str, task_id: Id | None, equal: dict[str, Any]) -> dict[str, Any]:
+def _of(event_type: str | Like, task_id: Id | None, equal: dict[str, Any]) -> dict[str, Any]:
     return {"event_type": event_type, **({"task_id": task_id} if task_id is not None else {}), **equal}
 
 
-def count_events(db: DB, event_type: str, task_id: Id | None = None, **equal: Any) -> int:
-    """Journal records of a type (of one task, or any; `session_id=` one thread's)."""
+def count_events(db: DB, event_type: str | Like, task_id: Id | None = None, **equal: Any) -> int:
+    """Journal records of a type, or of types Like a pattern (of one task, or any; `session_id=` one thread's)."""
     return count(db, "journal", **_of(event_type, task_id, equal))
 
 
@@ -290,6 +290,19 @@ def append(db: DB, event_type: str, payload: dict[str, Any], tier: str = "raw", 
         add(conn, "journal", event_id=uuid.uuid4(), seq=seq, event_type=event_type, tier=tier, payload=payload,
             **columns)
     return seq
+
+
+def deltas(db: DB, task_id: Id) -> int:
+    """The text deltas of a task's token stream in the journal (a line each)."""
+    return int(_value(db, "SELECT count(*) FROM journal WHERE task_id = %s AND event_type = 'stream.stream_event'"
+                          " AND payload -> 'event' ->> 'type' = 'content_block_delta'", [task_id]))
+
+
+def shown_seqs(db: DB, since: int | None = None, task_id: Id | None = None) -> list[int]:
+    """The seqs of the records a feed shows (all but the token stream's), in order: from a seq on, of one task."""
+    return [q for (q,) in _all(
+        db, "SELECT seq FROM journal WHERE event_type <> 'stream.stream_event' AND seq >= coalesce(%s::bigint, 0)"
+            " AND (%s::uuid IS NULL OR task_id = %s) ORDER BY seq", [since, task_id, task_id])]
 
 
 def journal_head(db: DB) -> int:
@@ -331,11 +344,32 @@ def epochs(db: DB) -> dict[str, int]:
     return dict(executors(db, "name", "epoch"))
 
 
+def insert_executor(db: DB, name: str, **columns: Any) -> None:
+    """An executor row the test makes: four slots and a 15 s lease running for an hour, unless the keywords say
+    otherwise (`lease_until=from_now(seconds=-30)`: its lease run out)."""
+    add(db, "executors", **{"name": name, "capacity": 4, "lease_s": 15, "lease_until": from_now(hours=1), **columns})
+
+
 def joined(db: DB, name: str, within_s: float = 60) -> bool:
     """An executor of that name runs: not stopped, its lease running, joined within the last `within_s` seconds
     (this run, not a former one of the name)."""
     return bool(_all(db, "SELECT 1 FROM executors WHERE name = %s AND stopped_at IS NULL AND lease_until > now()"
                          " AND started_at > now() - make_interval(secs => %s)", [name, within_s]))
+
+
+# ---- questions ----------------------------------------------------------------------------------------------
+
+def ask(db: DB, questions: list[dict[str, Any]], **columns: Any) -> uuid.UUID:
+    """A question put to the user (a tool use of its own unless `tool_use_id=` names one); its id."""
+    return insert(db, "questions", **{"tool_use_id": f"toolu_{uuid.uuid4().hex}", "questions": Jsonb(questions),
+                                      **columns})
+
+
+def only_ask(db: DB, questions: list[dict[str, Any]], **columns: Any) -> uuid.UUID:
+    """`ask`, the one pending: any question still pending is cancelled first, in the same transaction."""
+    with _connected(db) as conn, conn.transaction():
+        update_all(conn, "questions", {"status": "pending"}, status="cancelled")
+        return ask(conn, questions, **columns)
 
 
 # ---- queues -------------------------------------------------------------------------------------------------

@@ -120,14 +120,10 @@ async def test_postgres_down_mid_run_both_services_keep_running_reconnect_and_no
     assert echoes(odb.admin_dsn) == [f"before {i}" for i in range(3)] + ["during"] + [f"after {i}" for i in range(3)]
     assert facts["chat"] == 7
     with psycopg.connect(odb.admin_dsn) as conn:
-        deltas, lines = conn.execute(
-            "SELECT count(*) FILTER (WHERE payload -> 'event' ->> 'type' = 'content_block_delta'),"
-            " count(*) FILTER (WHERE event_type LIKE 'stream.%%') FROM journal WHERE task_id = %s",
-            [worker]).fetchone()  # type: ignore[misc]  # one row: the counts
-        # one row: the worker's exit
-        exited, status = conn.execute(
-            "SELECT j.payload, t.status FROM journal j JOIN tasks t ON t.id = j.task_id"
-            " WHERE j.task_id = %s AND j.event_type = 'task.exited'", [worker]).fetchone()  # type: ignore[misc]
+        deltas = tables.deltas(conn, worker)
+        lines = tables.count_events(conn, tables.Like("stream.%"), worker)
+        [exited] = tables.payloads(conn, "task.exited", worker)  # one: the worker's exit
+        status = tables.status(conn, worker)
     assert status == "success" and deltas == words and lines == exited["lines"]
 
 
@@ -257,8 +253,7 @@ async def test_a_threads_worker_orphaned_by_an_executor_kill_is_retried_by_the_p
     with psycopg.connect(odb.admin_dsn) as conn:
         workers = tables.tasks(conn, "status", "status_reason", "attempt", role="worker")
         decisions = tables.policy_actions(conn)
-        reports = conn.execute("SELECT count(*) FROM tasks WHERE role = 'orchestrator'"
-                               " AND brief LIKE '[harness] Worker%%'").fetchone()[0]  # type: ignore[index]
+        reports = tables.count_tasks(conn, role="orchestrator", brief=tables.Like("[harness] Worker%"))
     assert workers == [("crashed", "executor_restart", 1), ("success", "completed", 2)], log.read_text()[-3000:]
     assert decisions == ["retry_same", "report"] and reports == 1
 
@@ -312,11 +307,8 @@ async def test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_n
             await slow.stop()
             await fast.stop()
     with psycopg.connect(odb.admin_dsn) as conn:
-        deltas = conn.execute(
-            "SELECT count(*) FROM journal WHERE task_id = %s AND event_type = 'stream.stream_event'"
-            " AND payload -> 'event' ->> 'type' = 'content_block_delta'", [task_id]).fetchone()[0]  # type: ignore[index]
-        lines = conn.execute("SELECT count(*) FROM journal WHERE task_id = %s AND tier = 'raw'"
-                             " AND event_type LIKE 'stream.%%'", [task_id]).fetchone()[0]  # type: ignore[index]
+        deltas = tables.deltas(conn, task_id)
+        lines = tables.count_events(conn, tables.Like("stream.%"), task_id, tier="raw")
         [exited] = tables.payloads(conn, "task.exited", task_id)
     assert row["status"] == "success"
     assert deltas == words  # one line per token the model streamed, each exactly once
@@ -420,10 +412,11 @@ async def test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_onc
     outcomes = [code for _, code in rounds]
     check_invariants(odb.admin_dsn)
     with psycopg.connect(odb.admin_dsn) as conn:
-        closed = [row for thread in threads for row in conn.execute(
-            "SELECT q.status, q.response, (SELECT count(*) FROM journal j WHERE j.payload ->> 'question_id' = q.id::text"
-            " AND j.event_type IN ('question.answered', 'question.cancelled')) FROM questions q"
-            " WHERE q.source_session_uuid = %s", [thread]).fetchall()]
+        closings = [p.get("question_id") for kind in ("question.answered", "question.cancelled")
+                    for p in tables.payloads(conn, kind)]  # the records that closed a question, by its id
+        closed = [(status, response, closings.count(str(question))) for thread in threads
+                  for question, status, response in tables.rows(conn, "questions", "id", "status", "response",
+                                                                source_session_uuid=thread)]
         received = [_ask_tool_result(conn, thread) for thread in threads]
     assert len(closed) == len(offsets) and all(n == 1 for _, _, n in closed)
     assert set(outcomes) == {200, 202}, outcomes  # both sides of the race were exercised
@@ -446,9 +439,7 @@ async def _pending_asks(http: httpx.AsyncClient, thread: str) -> list[dict[str, 
 
 def _ask_tool_result(conn: psycopg.Connection[Any], thread: str) -> dict[str, Any]:
     """The ask_user_question result the CLI received in a thread's turn, as journaled from its stdout."""
-    rows = conn.execute("SELECT payload FROM journal WHERE session_id = %s AND event_type = 'stream.user'"
-                        " ORDER BY seq", [thread]).fetchall()
-    for (payload,) in rows:
+    for payload in tables.payloads(conn, "stream.user", session_id=thread):
         for block in payload["message"]["content"]:
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 content = block["content"]
@@ -501,18 +492,19 @@ async def test_queue_rows_a_dead_executor_had_claimed_go_back_to_pending_and_are
     thread = uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         # what an executor killed between claiming and finishing leaves behind
-        conn.execute("INSERT INTO thread_control_queue (thread_id, action, args, status, claimed_at)"
-                     " VALUES (%s, 'create', '{\"title\": \"left claimed\"}', 'claimed', now())", [thread])
-        conn.execute("INSERT INTO chat_queue (thread_id, text, status, claimed_at)"
-                     " VALUES (%s, 'claimed before the crash', 'claimed', now())", [thread])
+        tables.insert(conn, "thread_control_queue", thread_id=thread, action="create", args={"title": "left claimed"},
+                      status="claimed", claimed_at=tables.NOW)
+        tables.insert(conn, "chat_queue", thread_id=thread, text="claimed before the crash", status="claimed",
+                      claimed_at=tables.NOW)
     scenario = Scenario(rules=[Rule(role="orchestrator", replies=[{"text": "got it"}])])
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h:
             await settled(db.admin_dsn, timeout=90)
             events = await h.events()
     with psycopg.connect(db.admin_dsn) as conn:
-        queues = conn.execute("SELECT (SELECT status FROM thread_control_queue), (SELECT status FROM chat_queue),"
-                              " (SELECT title FROM sessions WHERE id = %s)", [thread]).fetchone()
+        [(control,)] = tables.rows(conn, "thread_control_queue", "status")
+        [(chat,)] = tables.rows(conn, "chat_queue", "status")
+        queues = (control, chat, *tables.thread(conn, thread, "title"))
     started = [e.payload["reconciled"]["requeued"] for e in events if e.event_type == "executor.started"]
     assert started == [{"chat": 1, "stop": 0, "thread_control": 1}]
     assert queues == ("done", "delivered", "left claimed")
