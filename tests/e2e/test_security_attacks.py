@@ -178,8 +178,9 @@ def test_the_terminal_views_show_control_sequences_from_model_text_inert(db: DB)
         task = tables.insert_task(conn, status="running", brief=hostile, started_at=tables.NOW)
         assistant = {"message": {"content": [{"type": "text", "text": hostile},
                                              {"type": "tool_use", "name": hostile, "input": {}}]}}
-        records: list[tuple[str, dict[str, Any]]] = [
-            ("stream.assistant", assistant), ("stream.unparsed", {"line": hostile}), ("task.user_message", {"text": hostile})]
+        records: list[tuple[str, dict[str, Any]]] = [("stream.assistant", assistant),
+                                                     ("stream.unparsed", {"line": hostile}),
+                                                     ("task.user_message", {"text": hostile})]
         for event_type, payload in records:
             tables.append(conn, event_type, payload, task_id=task)
         tables.insert(conn, "chat_queue", thread_id=uuid.uuid4(), text=hostile)

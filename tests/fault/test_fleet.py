@@ -169,7 +169,8 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
                 await settled(db.admin_dsn, timeout=120)
             # the takeover's timing, all from the database's clock: alpha's last renewal (before its death),
             # the lease that renewal gave, when beta declared it lost and when the task's end was written
-            renewed, lease_until, lost_at = tables.executor(db.admin_dsn, "alpha", "renewed_at", "lease_until", "lost_at")
+            renewed, lease_until, lost_at = tables.executor(db.admin_dsn, "alpha", "renewed_at", "lease_until",
+                                                            "lost_at")
             (ended,) = tables.task(db.admin_dsn, task, "ended_at")
             ((journaled,),) = tables.records(db.admin_dsn, "created_at", task_id=task, event_type="task.crashed")
             workers = tables.tasks(db.admin_dsn, "status", "status_reason", "attempt", "executor_name", role="worker")
