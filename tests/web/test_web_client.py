@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
@@ -225,10 +224,7 @@ async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_
                     shown[:] = [int(line.split()[0].lstrip("#")) for line in lines]
                     if not shown:
                         return False
-                    with psycopg.connect(db.admin_dsn) as conn:
-                        in_db[:] = [r[0] for r in conn.execute(
-                            "SELECT seq FROM journal WHERE seq >= %s AND event_type <> 'stream.stream_event' "
-                            "ORDER BY seq", [min(shown)]).fetchall()]
+                    in_db[:] = tables.shown_seqs(db.admin_dsn, since=min(shown))
                     return len(shown) >= len(in_db)
 
                 await until(caught_up, lambda: f"the activity feed to show the journal: {shown} of {in_db}", 30)

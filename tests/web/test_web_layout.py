@@ -3,14 +3,13 @@ its actions on screen (folded to a bar, the composer too), at phone and desktop 
 
 from __future__ import annotations
 
-import json
 import uuid
 
-import psycopg
 import pytest
 from playwright.async_api import Page, ViewportSize, expect
 
 from shared.threads import DEFAULT_THREAD_ID
+from tests import tables
 from tests.pg import DB
 from tests.web.test_web_client import DESKTOP, PHONE, browser, page_at, shot
 from tests.served import ingress_server
@@ -26,13 +25,7 @@ def _question(i: int) -> dict[str, object]:
 
 
 def _ask(admin_dsn: str, n: int) -> uuid.UUID:
-    with psycopg.connect(admin_dsn) as conn:
-        conn.execute("UPDATE questions SET status = 'cancelled' WHERE status = 'pending'")
-        row = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions) VALUES (%s, %s, %s)"
-                           " RETURNING id", [f"toolu_{uuid.uuid4().hex}", DEFAULT_THREAD_ID,
-                                             json.dumps([_question(i) for i in range(1, n + 1)])]).fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]  # the id column: the driver's Any
+    return tables.only_ask(admin_dsn, [_question(i) for i in range(1, n + 1)], source_session_uuid=DEFAULT_THREAD_ID)
 
 
 # the element itself is what the user sees at its centre: inside the viewport and covered by nothing

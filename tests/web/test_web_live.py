@@ -5,9 +5,7 @@ up with exactly the journal."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
@@ -18,6 +16,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from shared import journal
 from shared.models import NewEvent
 from shared.threads import DEFAULT_THREAD_ID
+from tests import tables
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.proxy import FreezableProxy
@@ -31,7 +30,6 @@ from tests.web.seen import seen
 
 pytestmark = pytest.mark.timeout(300)
 
-RESULTS = "SELECT count(*) FROM journal WHERE event_type = 'stream.result'"  # a turn's end in the journal
 FINAL_TEXT = "Nothing has been handed off yet, so there is nothing to build on and I will start fresh."
 
 
@@ -40,14 +38,9 @@ ENDLESS_ANIMATIONS = """() => document.getAnimations()
   .map((a) => `${a.animationName || "?"} on ${a.effect.target?.className || a.effect.target?.id}`)"""
 
 
-def _count(dsn: str, sql: str, params: list[object]) -> int:
-    with psycopg.connect(dsn) as conn:
-        return int(conn.execute(sql, params).fetchone()[0])  # type: ignore[index]
-
-
-def _row(dsn: str, sql: str) -> tuple[Any, ...] | None:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(sql).fetchone()
+def _results(dsn: str) -> int:
+    """A turn's end in the journal."""
+    return tables.count_events(dsn, "stream.result")
 
 
 def _long_turn(label: str, lines: int, *, final_delay_s: float) -> Scenario:
@@ -77,7 +70,7 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                 await expect(live.locator(".step.text")).to_have_text("Let me look at the handoffs first.",
                                                                       timeout=60_000)
                 # on screen while the turn has no result in the journal yet
-                assert _count(db.admin_dsn, RESULTS, []) == 0
+                assert _results(db.admin_dsn) == 0
                 await expect(live.locator(".step.tool")).to_have_text("reading handoffs")
                 await expect(live.locator(".step.tool.done")).to_have_count(1, timeout=30_000)
                 # the page animates nothing endlessly while a turn runs: it would render every display
@@ -88,7 +81,7 @@ async def test_a_running_turn_shows_its_text_and_tool_calls_before_its_result_th
                 # a page opened mid-turn reads back what the turn already printed, once
                 async with page_at(b, url, DESKTOP) as second:
                     await expect(second.locator("#messages .msg.live .step.text")).to_have_count(1)
-                    assert _count(db.admin_dsn, RESULTS, []) == 0
+                    assert _results(db.admin_dsn) == 0
                     await shot(second, "chat-live-1280")
                     await _one_final_reply(second)
                 await _one_final_reply(page)
@@ -141,7 +134,7 @@ async def test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_ea
                 await folded.locator("summary").click()
                 texts = await live.locator(".step.text").all_inner_texts()
                 assert texts == [f"step line {k}." for k in range(lines)]
-                assert _count(db.admin_dsn, RESULTS, []) == 0
+                assert _results(db.admin_dsn) == 0
                 await _one_final_reply(page)
 
 
@@ -179,7 +172,7 @@ async def test_a_press_holds_a_followed_chat_still_until_it_lifts_then_the_follo
                 await page.mouse.up()
                 await page.wait_for_function(at_bottom, timeout=10_000)
                 await expect(live.locator("details.earlier")).to_be_visible()
-                assert _count(db.admin_dsn, RESULTS, []) == 0
+                assert _results(db.admin_dsn) == 0
                 await _one_final_reply(page)
 
 
@@ -187,13 +180,13 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
     db: DB, tmp_path: Path
 ) -> None:
     lines = 40
-    running = "SELECT id FROM tasks WHERE role = 'orchestrator' AND status = 'running'"
     with ScriptedModelServer(_long_turn("tail line", lines, final_delay_s=0.2)) as model:
         async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
             async with page_at(b, url) as page:
                 await page.fill("#composer-text", "go")
                 await page.click("#composer button")
-                (turn,) = await until(lambda: _row(db.admin_dsn, running), "the turn running", 60)
+                (turn,) = await until(lambda: next(iter(tables.tasks(db.admin_dsn, "id", role="orchestrator",
+                                                                     status="running")), None), "the turn running", 60)
                 await page.evaluate(f"location.hash = '#task/{turn}'")
                 events = page.locator("#task-detail ol.events")
                 # opened mid-run, it reads what was printed so far, then tails: a reader at the bottom sees the
@@ -206,7 +199,7 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
                 at = await events.locator("li", has_text="tail line").count()
                 await expect(events.locator("li", has_text=f"tail line {at + 3}.")).to_have_count(1, timeout=60_000)
                 assert await page.evaluate("window.scrollY") == 0
-                assert _count(db.admin_dsn, RESULTS, []) == 0
+                assert _results(db.admin_dsn) == 0
                 # another view's reader is not moved for the task view, a reader who scrolls up in the very
                 # frame Chat is shown (and scrolled to its bottom) too
                 await page.evaluate("""() => {
@@ -224,10 +217,7 @@ async def test_the_task_view_tails_a_running_turn_in_order_once_each_and_follows
                 await expect(events.locator("li", has_text="result: success")).to_be_in_viewport(timeout=60_000)
                 await expect(page.locator("#task-detail h2 .chip")).to_have_text("success", timeout=30_000)
                 await page.wait_for_timeout(500)  # a late duplicate would show up here
-                with psycopg.connect(db.admin_dsn) as conn:
-                    in_db = [r[0] for r in conn.execute(
-                        "SELECT seq FROM journal WHERE task_id = %s AND event_type <> 'stream.stream_event'"
-                        " ORDER BY seq", [turn]).fetchall()]
+                in_db = tables.shown_seqs(db.admin_dsn, task_id=turn)
                 kinds = [int(k.split()[0].lstrip("#")) for k in await events.locator(".kind").all_inner_texts()]
                 shown = list(dict.fromkeys(kinds))  # an assistant line's text and tool call share its seq
                 assert shown == in_db, "the task view is not the journal: a gap, a duplicate or out of order"
@@ -256,10 +246,7 @@ async def _feed_equals_journal(page: Page, admin_dsn: str, first_seq: int) -> No
     await page.click("a[data-tab='activity']")
     in_db = []
     for _ in range(100):
-        with psycopg.connect(admin_dsn) as conn:
-            in_db = [r[0] for r in conn.execute(
-                "SELECT seq FROM journal WHERE seq >= %s AND event_type <> 'stream.stream_event' ORDER BY seq",
-                [first_seq]).fetchall()]
+        in_db = tables.shown_seqs(admin_dsn, since=first_seq)
         shown = [int(s.split()[0].lstrip("#")) for s in await page.locator("#feed .seq").all_inner_texts()]
         shown = [s for s in shown if s >= first_seq]
         if sorted(shown) == in_db:
@@ -317,10 +304,7 @@ QUESTION = {"question": "Go ahead?", "header": "Go", "multiSelect": False,
 async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_ones_revert_with_the_reason(
     db: DB, tmp_path: Path
 ) -> None:
-    with psycopg.connect(db.admin_dsn) as conn:
-        qid = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions) VALUES"
-                           " ('toolu_optimistic', %s, %s) RETURNING id",
-                           [DEFAULT_THREAD_ID, json.dumps([QUESTION])]).fetchone()[0]  # type: ignore[index]
+    qid = tables.ask(db.admin_dsn, [QUESTION], tool_use_id="toolu_optimistic", source_session_uuid=DEFAULT_THREAD_ID)
     async with ingress_server(db.ingress_dsn) as url, browser() as b:
         async with page_at(b, url) as page:
             # a message shows at once, before the server has answered
@@ -363,10 +347,10 @@ async def test_actions_show_at_once_unconfirmed_ones_offer_retry_and_refused_one
             await card.locator("button.retry").click()
             await expect(card).to_have_count(0)
     with psycopg.connect(db.admin_dsn) as conn:
-        row = conn.execute("SELECT status, answers FROM questions WHERE id = %s", [qid]).fetchone()
-        queued = conn.execute("SELECT count(*) FROM chat_queue").fetchone()
+        row = tables.row(conn, "questions", qid, "status", "answers")
+        queued = tables.count(conn, "chat_queue")
     assert row == ("answered", {"Go ahead?": "Yes"})
-    assert queued == (1,)  # the refused message wrote nothing
+    assert queued == 1  # the refused message wrote nothing
 
 
 async def test_a_workers_activity_folds_under_its_dispatch_in_chat_and_in_the_turns_task_view(

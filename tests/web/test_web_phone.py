@@ -6,7 +6,6 @@ report is a compact note; the toolbar's controls are touch-sized and labelled; n
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,13 +36,7 @@ def _question(i: int) -> dict[str, object]:
 
 
 def _insert_ask(admin_dsn: str, questions: list[dict[str, object]], asked_by: str = "model") -> uuid.UUID:
-    with psycopg.connect(admin_dsn) as conn:
-        conn.execute("UPDATE questions SET status = 'cancelled' WHERE status = 'pending'")
-        row = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions, asked_by)"
-                           " VALUES (%s, %s, %s, %s) RETURNING id",
-                           [f"toolu_{uuid.uuid4().hex}", DEFAULT_THREAD_ID, json.dumps(questions), asked_by]).fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]  # the id column: the driver's Any
+    return tables.only_ask(admin_dsn, questions, source_session_uuid=DEFAULT_THREAD_ID, asked_by=asked_by)
 
 
 @asynccontextmanager
@@ -165,9 +158,8 @@ async def test_an_approval_shows_its_brief_inline_with_approve_and_reject_only(
             await shot(page, f"phone-approval-{viewport['width']}")
             await card.locator("button.approve").click()
             await expect(card).to_have_count(0)
-    with psycopg.connect(db.admin_dsn) as conn:
-        row = conn.execute("SELECT status, answers FROM questions WHERE id = %s", [ask]).fetchone()
-    assert row == ("answered", {approval[0]["question"]: "Approve"})
+    assert tables.row(db.admin_dsn, "questions", ask, "status", "answers") == (
+        "answered", {approval[0]["question"]: "Approve"})
 
 
 @SIZES
@@ -188,10 +180,9 @@ async def test_a_harness_report_is_a_compact_note_and_an_answer_shows_in_chat_an
                       "answers": {"Which way?": "Left", "Which checks?": ["Lint", {"other": "Bench"}]}},
                      session_id=DEFAULT_THREAD_ID)])
         await aconn.commit()
-    with psycopg.connect(db.admin_dsn) as conn:
-        conn.execute("INSERT INTO chat_queue (thread_id, text, origin) VALUES (%s, %s, 'harness')",
-                     [DEFAULT_THREAD_ID, (f"[harness] Worker {worker} ended failed; the harness skipped it (x). "
-                                          "It left no output to extract:\n(nothing)")])
+    tables.insert(db.admin_dsn, "chat_queue", thread_id=DEFAULT_THREAD_ID, origin="harness",
+                  text=(f"[harness] Worker {worker} ended failed; the harness skipped it (x). "
+                        "It left no output to extract:\n(nothing)"))
     async with ingress_server(db.ingress_dsn) as url, browser() as b:
         async with watched(b, url, viewport) as page:
             notes = page.locator("#messages .msg.note.harness")

@@ -12,6 +12,7 @@ import pytest
 from playwright.async_api import FilePayload, Page, ViewportSize, expect
 
 from shared.threads import DEFAULT_THREAD_ID
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.web.seen import seen
@@ -48,7 +49,7 @@ def _seed(admin_dsn: str) -> None:
                      "(%s, 'orchestrator', 'running', %s, 'interactive', %s) ON CONFLICT (id) DO UPDATE SET "
                      "title = excluded.title, resume_command = excluded.resume_command",
                      [DEFAULT_THREAD_ID, LONG_NAME, RESUME])
-        conn.execute("INSERT INTO routines (name, prompt, cron, tz) VALUES ('Nightly', 'check', '0 9 * * *', 'UTC')")
+        tables.insert(conn, "routines", name="Nightly", prompt="check", cron="0 9 * * *", tz="UTC")
 
 
 async def _cut_placeholders(page: Page) -> list[str]:

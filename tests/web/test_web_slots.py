@@ -22,8 +22,7 @@ def _seed(admin_dsn: str) -> tuple[list[str], str]:
     """A live executor of two slots, both busy, a third task parked on its user, and the Default thread's turn
     waiting for a slot: (the busy tasks' ids, the parked one's)."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO executors (name, capacity, lease_s, lease_until, renewed_at, started_at) VALUES "
-                     "('ex-1', 2, 15, now() + interval '1 hour', now(), now())")
+        tables.insert_executor(conn, "ex-1", capacity=2)
         tables.ensure_thread(conn, DEFAULT_THREAD_ID, lifecycle="running", title="Default", mode="interactive")
         busy = [str(tables.insert_task(conn, status="running", activity="running", brief=f"busy {i}",
                                        executor_name="ex-1")) for i in range(2)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from playwright.async_api import Page, expect
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import journal
 from shared.models import NewEvent
+from tests import tables
 from tests.harness import running_executor
 from tests.pg import DB
 from tests.web.test_web_client import DESKTOP, browser, page_at, shot
@@ -24,9 +26,7 @@ from tests.wait import until
 
 async def _journal_has(admin_dsn: str, event_type: str, session_id: str) -> None:
     def has() -> bool:
-        with psycopg.connect(admin_dsn) as conn:
-            return conn.execute("SELECT 1 FROM journal WHERE event_type = %s AND session_id = %s",
-                                [event_type, session_id]).fetchone() is not None
+        return tables.count_events(admin_dsn, event_type, session_id=session_id) > 0
     await until(has, f"{event_type} for {session_id} in the journal", 20)
 
 
@@ -100,9 +100,9 @@ async def test_older_threads_are_a_page_away_in_the_picker_and_the_thread_open_s
     db: DB, tmp_path: Path
 ) -> None:
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:  # 205 threads, one a minute: oldest is 'old 0'
-        ids = [conn.execute("INSERT INTO sessions (role, lifecycle, title, created_at) VALUES ('orchestrator', 'idle',"
-                            " %s, '2026-01-01'::timestamptz + make_interval(mins => %s)) RETURNING id",
-                            [f"old {i}", i]).fetchone()[0] for i in range(205)]  # type: ignore[index]  # RETURNING
+        start = datetime(2026, 1, 1, tzinfo=UTC)
+        ids = [tables.insert_thread(conn, title=f"old {i}", created_at=start + timedelta(minutes=i))
+               for i in range(205)]
     with ScriptedModelServer(Scenario(rules=[])) as model:
         async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
             async with page_at(b, url, DESKTOP) as page:

@@ -8,7 +8,6 @@ landmark."""
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Any
@@ -36,7 +35,7 @@ def _seed(admin_dsn: str) -> dict[str, Any]:
     """A task in every status (and the running ones' activities), a routine with a run in every status, an
     answered question, an orchestrator turn, and an executor last seen 45 s ago."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        statuses = [r[0] for r in conn.execute("SELECT name FROM task_statuses ORDER BY name").fetchall()]
+        statuses = [n for (n,) in tables.rows(conn, "task_statuses", "name", order=("name",))]
         tables.ensure_thread(conn, DEFAULT_THREAD_ID, lifecycle="running", title="Default", mode="interactive")
         for status in statuses:
             tables.insert_task(conn, status=status, brief=f"a task that is {status}")
@@ -47,21 +46,15 @@ def _seed(admin_dsn: str) -> dict[str, Any]:
         second = tables.insert_thread(conn, lifecycle="running", title="Second thread", mode="interactive")
         turn = tables.insert_task(conn, role="orchestrator", status="success", brief="plan the day",
                                   session_id=DEFAULT_THREAD_ID)
-        routine = conn.execute("INSERT INTO routines (name, prompt, cron, tz) VALUES ('Nightly', 'check', "
-                               "'0 9 * * *', 'Asia/Tokyo') RETURNING id").fetchone()[0]  # type: ignore[index]
+        routine = tables.insert(conn, "routines", name="Nightly", prompt="check", cron="0 9 * * *", tz="Asia/Tokyo")
         for status in RUN_STATUSES:
-            conn.execute("INSERT INTO routine_runs (routine_id, trigger, status, reason) VALUES (%s, 'run', %s, %s)",
-                         [routine, status, f"it {status}"])
-        conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, questions, status, answers, answered_at,"
-                     " answered_by) VALUES (%s, %s, %s, 'answered', %s, now(), 'open')",
-                     [f"toolu_{uuid.uuid4().hex}", DEFAULT_THREAD_ID,
-                      json.dumps([{"question": "Which way?", "header": "Way", "multiSelect": False,
-                                   "options": [{"label": "Left", "description": "l"}, {"label": "Right",
-                                                                                       "description": "r"}]}]),
-                      json.dumps({"Which way?": "Left"})])
-        conn.execute("INSERT INTO executors (name, capacity, lease_s, lease_until, renewed_at, started_at) VALUES "
-                     "('ex-1', 4, 15, now() - interval '30 seconds', now() - interval '45 seconds', "
-                     "now() - interval '1 hour')")
+            tables.insert(conn, "routine_runs", routine_id=routine, trigger="run", status=status, reason=f"it {status}")
+        tables.ask(conn, [{"question": "Which way?", "header": "Way", "multiSelect": False,
+                           "options": [{"label": "Left", "description": "l"}, {"label": "Right", "description": "r"}]}],
+                   source_session_uuid=DEFAULT_THREAD_ID, status="answered", answers={"Which way?": "Left"},
+                   answered_at=tables.NOW, answered_by="open")
+        tables.insert_executor(conn, "ex-1", lease_until=tables.from_now(seconds=-30),
+                               renewed_at=tables.from_now(seconds=-45), started_at=tables.from_now(hours=-1))
     return {"statuses": statuses, "turn": turn, "routine": routine, "second": second}
 
 
