@@ -67,6 +67,14 @@ def _task_processes(task_id: object) -> list[psutil.Process]:
     return [p for p in process.find_by_env(substrate.TASK_ENV_VAR, str(task_id)) if _alive(p)]
 
 
+def _command_line(p: psutil.Process) -> str:
+    """The process's command line; "" for one that exited since it was listed (the CLI's short-lived helpers)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def _alive(p: psutil.Process) -> bool:
     """Not a zombie; a process that exited since it was listed is not alive either."""
     try:
@@ -172,7 +180,7 @@ async def test_after_a_sigkill_the_bash_children_claude_leaves_behind_are_swept(
             # no harness MCP here, so no permission path: the task pre-allows Bash itself
             task_id = await h.dispatch("sleep a while", allowed_tools=["Bash"])
             row = await h.wait_task(task_id, lambda r: r["pid"] is not None)
-            await until(lambda: any("tail" in " ".join(p.cmdline()) for p in _task_processes(task_id)
+            await until(lambda: any("tail" in _command_line(p) for p in _task_processes(task_id)
                                     if p.pid != row["pid"]), "the Bash tool started", 60)
             os.kill(row["pid"], signal.SIGKILL)
             final = await h.wait_final(task_id, timeout=30)
