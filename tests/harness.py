@@ -112,6 +112,13 @@ class Harness:
             kw["workdir"] = self.supervisor.config.default_workdir
         return await dispatch.request(self.db.pool, worker(brief, **kw))
 
+    async def statuses(self, task_ids: list[uuid.UUID]) -> list[str]:
+        """The tasks' statuses read in one statement: one snapshot (row by row, one could end and another start
+        between the reads)."""
+        async with (await self._conn()).cursor() as cur:
+            await cur.execute("SELECT status FROM tasks WHERE id = ANY(%s) ORDER BY id", [task_ids])
+            return [status for (status,) in await cur.fetchall()]
+
     async def task(self, task_id: uuid.UUID) -> dict[str, Any]:
         async with (await self._conn()).cursor(row_factory=dict_row) as cur:
             await cur.execute("SELECT * FROM tasks WHERE id = %s", [task_id])
