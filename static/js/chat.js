@@ -35,8 +35,15 @@ export async function loadOlder() {
   window.scrollBy(0, document.body.scrollHeight - height);
 }
 
+// A read of the queue can be older than the stream: one answered before a message's delivery and read after its
+// echo would bring the delivered message back as pending, beside its echo.
+const echoed = (id) => [...S.conv.values()].some((e) => e.message_id === id);
+
 export async function loadQueue() {
-  S.queue = (await api(`/api/queue?thread_id=${S.thread}`)).pending;
+  const thread = S.thread;
+  const { pending } = await api(`/api/queue?thread_id=${thread}`);
+  if (thread !== S.thread) return;
+  S.queue = pending.filter((q) => !echoed(q.id));
   renderConversation();
 }
 
@@ -321,8 +328,7 @@ async function deliver(item) {
         ...(item.files.length ? { attachment_ids: item.files.map((f) => f.id) } : {}) } }),
       () => { if (S.outbox.has(item.id)) { item.state = "late"; renderConversation(); } });
     S.outbox.delete(item.id);
-    if (item.thread === S.thread && !S.queue.some((q) => q.id === queued.id)
-        && ![...S.conv.values()].some((e) => e.message_id === queued.id)) {
+    if (item.thread === S.thread && !S.queue.some((q) => q.id === queued.id) && !echoed(queued.id)) {
       S.queue.push({ ...queued, text: item.text, attachments: item.files, status: queued.status || "pending" });
     }
   } catch (e) {

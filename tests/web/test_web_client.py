@@ -116,6 +116,45 @@ async def test_a_message_shows_pending_then_its_echo_then_the_reply_and_nothing_
                 await shot(page, "chat-1280")
 
 
+async def test_a_read_of_the_queue_older_than_the_echo_does_not_bring_the_delivered_message_back(
+    db: DB, tmp_path: Path
+) -> None:
+    """A read of /api/queue answered while the message waited and applied after its echo came: the message shows
+    once (the echo), not also as pending. The read is held in the browser until the echo shows; a marker row
+    added to it proves the page applied it."""
+    marker = {"id": "00000000-0000-4000-8000-00000000beef", "thread_id": None, "origin": "user",
+              "text": "marker: the held read was applied", "created_at": "2026-01-01T00:00:00+00:00"}
+    held, echoed = asyncio.Event(), asyncio.Event()
+
+    async def hold_stale(route: Any) -> None:
+        response = await route.fetch()
+        body = await response.json()
+        if any(q["text"].startswith("second") for q in body["pending"]):
+            held.set()
+            await echoed.wait()
+            body["pending"].append(marker)
+        await route.fulfill(response=response, json=body)
+
+    scenario = Scenario(rules=[Rule(role="orchestrator", replies=[
+        {"stall": {"seconds": 6, "text": "first done"}}, {"text": "second done"}])])
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path), ingress_server(db.ingress_dsn) as url, browser() as b:
+            async with page_at(b, url) as page:
+                await page.route("**/api/queue?*", hold_stale)
+                await page.fill("#composer-text", "first")
+                await page.click("#composer button")
+                await expect(page.locator("#turn-status")).to_be_visible(timeout=30_000)
+                await page.fill("#composer-text", "second")
+                await page.click("#composer button")
+                await asyncio.wait_for(held.wait(), 30)  # the page read the queue while the message waited
+                echo = page.locator(".msg.user:not(.pending)", has_text="second")
+                await expect(echo).to_have_count(1, timeout=60_000)
+                echoed.set()
+                await expect(page.locator(".msg.user.pending", has_text="marker")).to_have_count(1)
+                await expect(page.locator(".msg.user", has_text="second")).to_have_count(1)
+                await page.unroute("**/api/queue?*")
+
+
 # ---- asks ----------------------------------------------------------------------------------------------
 
 QUESTIONS = [
