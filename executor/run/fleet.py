@@ -210,16 +210,18 @@ class Lease:
             tasks = [str(t.id) for t in rows if t.kind == "task" and t.name == name]
             events.append(NewEvent("executor.lost", {
                 "name": name, "epoch": r.epoch, "lease_until": r.lease_until.isoformat() if r.lease_until else None,
-                "taken_over_by": self.name, "crashed_tasks": tasks}))
+                "taken_over_by": self.name, "crashed_tasks": tasks}, created_at=r.at))
             log.warning("executor_lost", name=name, epoch=r.epoch, crashed_tasks=tasks)
         for r in rows:
             if r.kind == "task":
                 events.append(NewEvent("task.crashed", {"reason": "executor_lost", "status": "crashed",
                                                         "executor": r.name, "taken_over_by": self.name},
-                                       task_id=r.id, session_id=r.session_id, project_id=r.project_id))
+                                       task_id=r.id, session_id=r.session_id, project_id=r.project_id,
+                                       created_at=r.at))
             elif r.kind == "question":
                 events.append(NewEvent("question.cancelled", {"question_id": str(r.id),
-                                                              "reason": "executor_lost"}, task_id=r.task_id))
+                                                              "reason": "executor_lost"}, task_id=r.task_id,
+                                       created_at=r.at))
         if events and self._on_reaped is not None:
             await self._on_reaped(events)
         return events

@@ -20,7 +20,7 @@ from shared.query import FromRow
 class Reaped(FromRow):
     """One thing a take-over ended: an executor whose lease expired (`kind` executor: name, epoch,
     lease_until), one of its running tasks (task: name, id, session_id, project_id), or a question of one
-    (question: id, task_id)."""
+    (question: id, task_id); `at`, the take-over's time (the rows' lost_at and ended_at)."""
 
     kind: str
     name: str | None
@@ -30,6 +30,7 @@ class Reaped(FromRow):
     task_id: uuid.UUID | None
     session_id: uuid.UUID | None
     project_id: uuid.UUID | None
+    at: datetime
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ WHERE name = %(name)s AND epoch = %(epoch)s AND lost_at IS NULL
 -- name: reap_fleet_lease --
 -- One survivor (the row update serialises them) takes over each executor whose lease expired: its running
 -- tasks crash (executor_lost; the settler applies the policy), their credentials and pending questions die.
+-- `at`: when, as the rows say it (lost_at, ended_at), for the records of the take-over.
 WITH lost AS (
     UPDATE executors SET lost_at = now()
     WHERE lease_until < now() AND lost_at IS NULL AND stopped_at IS NULL AND name <> %(name)s
@@ -52,11 +53,11 @@ WITH lost AS (
     RETURNING q.id, q.task_id
 )
 SELECT 'executor' AS kind, name, epoch, lease_until, NULL::uuid AS id, NULL::uuid AS task_id,
-       NULL::uuid AS session_id, NULL::uuid AS project_id FROM lost
+       NULL::uuid AS session_id, NULL::uuid AS project_id, now() AS at FROM lost
 UNION ALL
-SELECT 'task', executor_name, NULL, NULL, id, id, session_id, project_id FROM crashed
+SELECT 'task', executor_name, NULL, NULL, id, id, session_id, project_id, now() FROM crashed
 UNION ALL
-SELECT 'question', NULL, NULL, NULL, id, task_id, NULL, NULL FROM cancelled
+SELECT 'question', NULL, NULL, NULL, id, task_id, NULL, NULL, now() FROM cancelled
 
 -- name: get_fleet_name_staleness --
 -- Whether a session still holding the name's lock is a dead one: the name's lease is not live, or it is

@@ -184,7 +184,8 @@ async def test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_
     # (the lease, then at most one of the survivor's renew-and-reap intervals, a third of a lease)
     assert lease_until <= lost_at == ended, (lease_until, lost_at, ended)
     assert (ended - renewed).total_seconds() <= 1.5 * LEASE_S, (renewed, ended)
-    assert (journaled - renewed).total_seconds() <= 1.5 * LEASE_S + 0.5, (renewed, journaled)
+    # its record says when it happened, as the task's row does (not when the journal got round to it)
+    assert journaled == ended, (journaled, ended)
     assert workers == [("crashed", "executor_lost", 1, "alpha"), ("success", "completed", 2, "beta")]
     assert len(lost) == 1 and lost[0]["name"] == "alpha" and lost[0]["crashed_tasks"] == [str(task)]
     assert lost[0]["taken_over_by"] == "beta"
