@@ -1,8 +1,8 @@
 """scripts/setup.sh, the one command from a fresh clone: run in a `git clone` of this repository's committed HEAD
-with a fresh HOME (its CLI cache a link to the real one, so the pinned CLI is not downloaded again), it makes the
-venv and installs the package, and a second run installs nothing. Where it cannot install the system packages it
-stops with the one apt line to run — the line asks for npm only where apt's npm does not conflict with the
-Node.js there is (NodeSource's nodejs ships npm itself)."""
+with a fresh HOME (its CLI cache a link to the real one, so the pinned CLI is not downloaded again; the session's
+set-up clone), it makes the venv and installs the package, and a second run installs nothing. Where it cannot
+install the system packages it stops with the one apt line to run — the line asks for npm only where apt's npm does
+not conflict with the Node.js there is (NodeSource's nodejs ships npm itself)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import os
 import re
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from petal_dispatch import cli_install
+from tests.shipped.conftest import ON_THE_SET_UP_CLONE, SetUp
 
 ROOT = Path(__file__).resolve().parents[2]
 # the real caches: the pinned CLI (~/.cache/petal-dispatch) and pip's, shared with the fresh HOME's runs
@@ -52,27 +52,25 @@ def _setup(clone: Path, home: Path, path: str, *args: str, timeout: float = 60) 
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.timeout(900)
-def test_from_a_fresh_clone_it_makes_the_venv_and_a_second_run_installs_nothing(tmp_path: Path) -> None:
-    clone, home = _clone(tmp_path), _home(tmp_path, cli_cached=True)
-    first = _setup(clone, home, _path_without_venvs(), timeout=800)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "making .venv" in first.stdout and "pip install -e ." in first.stdout
-    venv = clone / ".venv" / "bin"
+@ON_THE_SET_UP_CLONE
+def test_after_the_set_up_the_venv_runs_the_clone_and_a_second_run_installs_nothing(set_up: SetUp) -> None:
+    """The session's set-up (tests/shipped/conftest.py `set_up`) was this script's first run in a fresh clone:
+    it made the venv and installed (tests/shipped/test_readme.py checks what it printed)."""
+    checkout = set_up.checkout
+    venv = checkout.venv_bin
     helped = subprocess.run([str(venv / "petal-dispatch"), "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and "up" in helped.stdout, helped.stderr
     # editable: the venv runs the clone's code
     where = subprocess.run([str(venv / "python"), "-c", "import petal_dispatch; print(petal_dispatch.__file__)"],
-                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout
-    assert where.startswith(str(clone)), where
-    # what a newcomer is told to do next: activate the venv, start for real
-    assert ". .venv/bin/activate" in first.stdout and "petal-dispatch up" in first.stdout
-    started = time.monotonic()
-    second = _setup(clone, home, _path_without_venvs())
-    took = time.monotonic() - started
+                           capture_output=True, text=True, check=True, cwd=checkout.home).stdout
+    assert where.startswith(str(checkout.root)), where
+    before = checkout.status()
+    second = _setup(checkout.root, checkout.home, _path_without_venvs())
     assert second.returncode == 0, second.stdout + second.stderr
     assert "→" not in second.stdout, second.stdout  # every step found done: nothing installed
-    assert took < 10, f"a second run took {took:.1f} s"
+    assert checkout.written_since(before) == []
+    # what a newcomer is told to do next: activate the venv, start for real
+    assert ". .venv/bin/activate" in second.stdout and "petal-dispatch up" in second.stdout
 
 
 def _fake_path(tmp: Path, drop: set[str], standins: dict[str, str]) -> str:
