@@ -17,8 +17,6 @@ from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 
-# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
-
 ELF = b"\x7fELF\x02\x01\x01\x00" + bytes(8) + b"\x02\x00\x3e\x00" + bytes(200)
 SVG = b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>\n'
 
@@ -53,11 +51,9 @@ def _count(dsn: str) -> int:
 
 
 def _stored(dsn: str, attachment_id: str) -> tuple[bytes, bytes, str, str]:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT data, sha256, media_type, sent_by FROM attachments WHERE id = %s",
-                           [attachment_id]).fetchone()
-    assert row is not None
-    return bytes(row[0]), bytes(row[1]), row[2], row[3]
+    data, digest, media_type, sent_by = tables.row(dsn, "attachments", attachment_id, "data", "sha256", "media_type",
+                                                   "sent_by")
+    return bytes(data), bytes(digest), media_type, sent_by
 
 
 async def test_a_png_is_stored_without_its_exif_with_the_same_pixels_and_served_inline(db: DB) -> None:
@@ -129,13 +125,11 @@ async def test_an_executable_an_svg_an_11_mib_file_and_a_json_body_are_refused_a
 
 
 def _chat_rows(dsn: str) -> list[tuple[str, list[object]]]:
-    with psycopg.connect(dsn) as conn:
-        return [(r[0], list(r[1])) for r in conn.execute("SELECT text, attachment_ids FROM chat_queue ORDER BY created_at")]
+    return [(text, list(ids)) for text, ids in tables.rows(dsn, "chat_queue", "text", "attachment_ids")]
 
 
 def _links(dsn: str) -> dict[str, object]:
-    with psycopg.connect(dsn) as conn:
-        return {str(r[0]): r[1] for r in conn.execute("SELECT id, chat_message_id FROM attachments")}
+    return {str(i): message for i, message in tables.rows(dsn, "attachments", "id", "chat_message_id")}
 
 
 async def test_a_message_and_its_attachments_are_queued_together_or_not_at_all(db: DB) -> None:
@@ -180,14 +174,11 @@ async def test_the_limits_are_settings_the_page_reads_and_a_file_or_message_over
     assert _count(db.admin_dsn) == 2 and [len(r[1]) for r in _chat_rows(db.admin_dsn)] == [1]
 
 
-def _attachment(conn: psycopg.Connection, name: str, age: str, message: uuid.UUID | None) -> uuid.UUID:
+def _attachment(conn: psycopg.Connection, name: str, days_old: int, message: uuid.UUID | None) -> uuid.UUID:
     data = name.encode()
-    row = conn.execute(
-        "INSERT INTO attachments (sha256, size_bytes, media_type, name, data, created_at, chat_message_id)"
-        " VALUES (%s, %s, 'text/plain', %s, %s, now() - %s::interval, %s) RETURNING id",
-        [hashlib.sha256(data).digest(), len(data), name, data, age, message]).fetchone()
-    assert row is not None
-    return uuid.UUID(str(row[0]))
+    return tables.insert(conn, "attachments", sha256=hashlib.sha256(data).digest(), size_bytes=len(data),
+                         media_type="text/plain", name=name, data=data, created_at=tables.from_now(days=-days_old),
+                         chat_message_id=message)
 
 
 async def test_a_purge_deletes_old_files_of_archived_threads_and_unsent_uploads_and_journals_their_hashes(
@@ -198,20 +189,19 @@ async def test_a_purge_deletes_old_files_of_archived_threads_and_unsent_uploads_
     archived, live = uuid.uuid4(), uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         for thread, lifecycle in ((archived, "archived"), (live, "idle")):
-            conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'orchestrator', %s)", [thread, lifecycle])
-        old_msg, live_msg = (conn.execute("INSERT INTO chat_queue (thread_id, text, status) VALUES (%s, 'm', 'delivered')"
-                                          " RETURNING id", [t]).fetchone()[0] for t in (archived, live))  # type: ignore[index]
-        gone = {_attachment(conn, "old-archived.log", "40 days", old_msg),
-                _attachment(conn, "never-sent.log", "40 days", None)}
-        kept = {_attachment(conn, "new-archived.log", "2 days", old_msg),  # younger than the cut-off
-                _attachment(conn, "old-live.log", "40 days", live_msg)}  # its thread is not archived
+            tables.insert_thread(conn, thread, lifecycle=lifecycle)
+        old_msg, live_msg = (tables.insert(conn, "chat_queue", thread_id=t, text="m", status="delivered")
+                             for t in (archived, live))
+        gone = {_attachment(conn, "old-archived.log", 40, old_msg),
+                _attachment(conn, "never-sent.log", 40, None)}
+        kept = {_attachment(conn, "new-archived.log", 2, old_msg),  # younger than the cut-off
+                _attachment(conn, "old-live.log", 40, live_msg)}  # its thread is not archived
     purged = await threads.purge_attachments(pool, 30 * 86400)
     again = await threads.purge_attachments(pool, 30 * 86400)
-    with psycopg.connect(db.admin_dsn) as conn:
-        left = {r[0] for r in conn.execute("SELECT id FROM attachments")}
-        records = conn.execute("SELECT payload FROM journal WHERE event_type = 'attachments.purged'").fetchall()
+    left = {i for (i,) in tables.rows(db.admin_dsn, "attachments", "id")}
+    records = tables.payloads(db.admin_dsn, "attachments.purged")
     assert {p["id"] for p in purged} == gone and left == kept and again == []
     (record,) = records
-    assert {(a["name"], a["sha256"]) for a in record[0]["attachments"]} == {
+    assert {(a["name"], a["sha256"]) for a in record["attachments"]} == {
         ("old-archived.log", hashlib.sha256(b"old-archived.log").hexdigest()),
         ("never-sent.log", hashlib.sha256(b"never-sent.log").hexdigest())}

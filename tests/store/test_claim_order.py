@@ -11,6 +11,7 @@ import psycopg
 from executor.run.task_store import TaskStore
 from executor.sql import queries
 from shared.database import Database
+from tests import tables
 from tests.pg import DB
 
 
@@ -19,17 +20,14 @@ async def test_chat_is_claimed_first_then_the_users_work_and_unattended_work_nev
     thread, routine_thread = uuid.uuid4(), uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         for sid in (thread, routine_thread):
-            conn.execute("INSERT INTO sessions (id, role, lifecycle, title, mode) VALUES (%s, 'orchestrator', 'idle', "
-                         "'t', 'interactive')", [sid])
-        routine = conn.execute("INSERT INTO routines (name, prompt, cron, tz) VALUES ('nightly', 'p', '0 9 * * *', "
-                               "'UTC') RETURNING id").fetchone()[0]  # type: ignore[index]
-        conn.execute("INSERT INTO routine_runs (routine_id, trigger, status, thread_id) VALUES (%s, 'run', 'running', %s)",
-                     [routine, routine_thread])
+            tables.insert_thread(conn, sid, title="t", mode="interactive")
+        routine = tables.insert(conn, "routines", name="nightly", prompt="p", cron="0 9 * * *", tz="UTC")
+        tables.insert(conn, "routine_runs", routine_id=routine, trigger="run", status="running",
+                      thread_id=routine_thread)
 
         def task(role: str, age: int, session: uuid.UUID | None = None, attempt: int = 1, chat: bool = False) -> Any:
-            return conn.execute("INSERT INTO tasks (role, brief, status, session_id, attempt, chat, created_at) VALUES "
-                                "(%s, 'b', 'pending', %s, %s, %s, now() - make_interval(secs => %s)) RETURNING id",
-                                [role, session, attempt, chat, age]).fetchone()[0]  # type: ignore[index]
+            return tables.insert_task(conn, role=role, brief="b", status="pending", session_id=session, attempt=attempt,
+                                      chat=chat, created_at=tables.from_now(seconds=-age))
 
         # oldest first: a routine run's turn, a retry, a worker (the user's work), then a chat turn
         run_turn = task("orchestrator", 40, routine_thread)
@@ -53,8 +51,7 @@ async def test_chat_is_claimed_first_then_the_users_work_and_unattended_work_nev
         again = await store.mark_waiting_for_slot(chat_too=False, **where)  # said once
         # two free slots again: the oldest unattended task
         fourth = await store.claim_tasks(2, n_unattended=1, epoch=epoch, **where)
-    with psycopg.connect(db.admin_dsn) as conn:
-        left = conn.execute("SELECT id, status, activity FROM tasks WHERE status = 'pending'").fetchall()
+    left = tables.tasks(db.admin_dsn, "id", "status", "activity", status="pending")
     assert [(t.id, t.chat) for t in first] == [(chat, True)]
     assert [t.id for t in second] == [worker]
     assert third == []

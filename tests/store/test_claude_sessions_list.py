@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from ingress.sql import queries as ingress_sql
+from tests import tables
 from tests.pg import DB, Cluster
 
 
@@ -23,23 +24,19 @@ def store(cluster: Cluster) -> Iterator[tuple[DB, dict[str, str]]]:
     try:
         with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
             # a chat thread whose turns speak in a conversation of their own id, one that continues a terminal's
-            conn.execute("INSERT INTO sessions (id, role, lifecycle, cli_session_id) VALUES (%s, 'orchestrator', "
-                         "'running', %s)", [ids["chat"], ids["chat_cli"]])
-            conn.execute("INSERT INTO sessions (id, role, lifecycle, adopted_session_id, cli_session_id) VALUES "
-                         "(gen_random_uuid(), 'orchestrator', 'running', %s, %s)", [ids["adopted"], ids["adopted"]])
+            tables.insert_thread(conn, ids["chat"], lifecycle="running", cli_session_id=ids["chat_cli"])
+            tables.insert_thread(conn, lifecycle="running", adopted_session_id=ids["adopted"],
+                                 cli_session_id=ids["adopted"])
             for role in ("worker", "extractor"):  # their CLI conversation is named by their session's id
-                conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, %s, 'done')", [ids[role], role])
-            routine = conn.execute("INSERT INTO routines (name, prompt) VALUES ('nightly', 'check') "
-                                   "RETURNING id").fetchone()[0]  # type: ignore[index]
-            conn.execute("INSERT INTO sessions (id, role, lifecycle, cli_session_id) VALUES (%s, 'orchestrator', "
-                         "'running', %s)", [ids["routine_run"], ids["routine_cli"]])
-            conn.execute("INSERT INTO routine_runs (routine_id, trigger, thread_id) VALUES (%s, 'run', %s)",
-                         [routine, ids["routine_run"]])
+                tables.insert_thread(conn, ids[role], role=role, lifecycle="done")
+            routine = tables.insert(conn, "routines", name="nightly", prompt="check")
+            tables.insert_thread(conn, ids["routine_run"], lifecycle="running", cli_session_id=ids["routine_cli"])
+            tables.insert(conn, "routine_runs", routine_id=routine, trigger="run", thread_id=ids["routine_run"])
             for name, sid in ids.items():
                 if name in ("chat", "routine_run"):
                     continue  # a thread's own id names no file here: its cli_session_id does
-                conn.execute("INSERT INTO claude_sessions (executor, session_id, config_dir, path, cwd) VALUES "
-                             "('ex', %s, '/c', %s, %s)", [sid, f"/c/{sid}.jsonl", f"/work/{name}"])
+                tables.add(conn, "claude_sessions", executor="ex", session_id=sid, config_dir="/c",
+                           path=f"/c/{sid}.jsonl", cwd=f"/work/{name}")
         yield db, ids
     finally:
         cluster.drop(db)
@@ -57,8 +54,7 @@ def test_the_picker_lists_the_users_conversations_not_petals_own(store: tuple[DB
     listed = {r[1] for r in rows}
     assert listed == {ids["terminal"], ids["chat_cli"], ids["adopted"]}
     # negative control: petal's own conversations are in the index; the query is what leaves them out
-    with psycopg.connect(db.ingress_dsn) as conn:
-        indexed = {r[0] for r in conn.execute("SELECT session_id FROM claude_sessions").fetchall()}
+    indexed = {sid for (sid,) in tables.rows(db.ingress_dsn, "claude_sessions", "session_id", order=("session_id",))}
     assert {ids["worker"], ids["extractor"], ids["routine_cli"]} <= indexed
 
 
