@@ -372,6 +372,12 @@ def only_ask(db: DB, questions: list[dict[str, Any]], **columns: Any) -> uuid.UU
         return ask(conn, questions, **columns)
 
 
+def answer(db: DB, question_id: Id, answers: dict[str, Any] | None = None, **columns: Any) -> None:
+    """A question answered: its status, its answers (`{}` unless given) and any more columns as keywords
+    (`answered_by=`: who, as the ingress records it; an answer without one is not the user's)."""
+    update(db, "questions", question_id, status="answered", answers={} if answers is None else answers, **columns)
+
+
 # ---- queues -------------------------------------------------------------------------------------------------
 
 async def ask_stop(ingress_dsn: str, task_id: Id, reason: str = "user") -> None:

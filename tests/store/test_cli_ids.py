@@ -81,10 +81,8 @@ def test_the_whole_id_still_works_and_a_prefix_reextracts(tasks: DB) -> None:
     again = _cli(tasks, "reextract", B1[:4])  # any unique prefix, not only 8 characters
     assert whole.returncode == 0 and "hello from b" in whole.stdout
     assert again.returncode == 0, again.stderr
-    with psycopg.connect(tasks.admin_dsn) as conn:
-        parent = conn.execute("SELECT parent_task_id::text FROM tasks WHERE id = %s",
-                              [json.loads(again.stdout)["extractor_task_id"]]).fetchone()
-    assert parent == (B1,)
+    (parent,) = tables.task(tasks.admin_dsn, json.loads(again.stdout)["extractor_task_id"], "parent_task_id")
+    assert str(parent) == B1
 
 
 def test_routines_by_prefix_as_tables_and_enabled_disabled_deleted(db: DB) -> None:

@@ -14,11 +14,10 @@ from executor.journal.writer import JournalWriter
 from shared.database import Database
 from shared.failover import SEQS_LOST
 from shared.models import NewEvent
+from tests import tables
 from tests.pg import DB
 from tests.served import collect, ingress_server
 from tests.wait import until
-
-# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
 
 
 def _lose_tail(db: DB, keep: int, app: str) -> None:
@@ -32,8 +31,7 @@ def _lose_tail(db: DB, keep: int, app: str) -> None:
 
 
 def _seqs(db: DB) -> list[tuple[int, str]]:
-    with psycopg.connect(db.admin_dsn) as conn:
-        return [(r[0], r[1]) for r in conn.execute("SELECT seq, event_type FROM journal ORDER BY seq").fetchall()]
+    return [(seq, event_type) for seq, event_type in tables.records(db.admin_dsn, "seq", "event_type")]
 
 
 async def _write_after_loss(db: DB, guard: bool) -> list[tuple[int, str]]:
@@ -57,8 +55,7 @@ async def test_a_head_found_below_a_seq_the_writer_saw_is_advanced_past_it_with_
 ) -> None:
     assert await _write_after_loss(db, guard=True) == [
         (1, "task.stderr"), (2, "task.stderr"), (6, SEQS_LOST), (7, "task.stderr")]
-    with psycopg.connect(db.admin_dsn) as conn:
-        payload = conn.execute("SELECT payload FROM journal WHERE event_type = %s", [SEQS_LOST]).fetchone()[0]  # type: ignore[index]
+    (payload,) = tables.payloads(db.admin_dsn, SEQS_LOST)
     assert (payload["after"], payload["upto"], payload["lost"]) == (2, 5, 3)
 
 

@@ -22,16 +22,13 @@ from tests.pg import DB, lock_waiter
 from tests.served import SSEEvent, collect, ingress_server
 from tests.wait import until
 
-# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
-# (RETURNING, an aggregate, a row the test made)
-
 TABLES = ("journal", "tasks", "sessions", "chat_queue", "stop_queue", "thread_control_queue", "questions",
           "projects", "contract", "event_types")
 
 
 def _counts(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn) as conn:
-        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}  # type: ignore[index]
+        return {t: tables.count(conn, t) for t in TABLES}
 
 
 async def _append(pool: AsyncConnectionPool, n: int, start: int = 0) -> None:
@@ -140,8 +137,7 @@ async def test_queue_and_question_changes_are_pushed_as_wakeups(db: DB) -> None:
         # a wake-up is not replayed: the broadcaster must be listening before the changes
         await until(lambda: tables.listening(db.admin_dsn, "petal-ingress-listen"), "the ingress listening")
         queued = (await http.post("/api/chat", json={"text": "wake"})).json()
-        with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-            qid = conn.execute("INSERT INTO questions (questions) VALUES ('[]') RETURNING id").fetchone()[0]  # type: ignore[index]
+        qid = tables.insert(db.executor_dsn, "questions", questions=Jsonb([]))
         await asyncio.wait_for(reader, 20)
     assert [(e.event, json.loads(e.data)) for e in got] == [
         ("queue", {"kind": "chat", "id": queued["id"]}), ("question", {"kind": "asked", "id": str(qid)})]
@@ -150,8 +146,8 @@ async def test_queue_and_question_changes_are_pushed_as_wakeups(db: DB) -> None:
 
 async def test_stop_a_task_and_thread_actions(db: DB) -> None:
     with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        running = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'running') RETURNING id").fetchone()[0]  # type: ignore[index]
-        done = conn.execute("INSERT INTO tasks (role, status) VALUES ('worker', 'success') RETURNING id").fetchone()[0]  # type: ignore[index]
+        running = tables.insert_task(conn, status="running")
+        done = tables.insert_task(conn, status="success")
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
         stop = await http.post(f"/api/tasks/{running}/stop", json={"reason": "enough"})
         stop_empty = await http.post(f"/api/tasks/{running}/stop", headers={"content-type": "application/json"})
@@ -182,10 +178,7 @@ QUESTIONS = [
 
 
 def _ask(db: DB, tool_use_id: str) -> uuid.UUID:
-    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        qid: uuid.UUID = conn.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
-                                      [tool_use_id, Jsonb(QUESTIONS)]).fetchone()[0]  # type: ignore[index]  # RETURNING
-        return qid
+    return tables.ask(db.executor_dsn, QUESTIONS, tool_use_id=tool_use_id)
 
 
 async def test_answers_are_checked_against_the_stored_question_and_a_question_closes_once(db: DB) -> None:
@@ -321,9 +314,7 @@ async def test_bad_input_gets_a_clear_4xx_and_writes_nothing(db: DB, method: str
 
 
 async def test_reads_page_by_seq_and_show_task_state(db: DB, pool: AsyncConnectionPool) -> None:
-    with psycopg.connect(db.executor_dsn, autocommit=True) as conn:
-        task = conn.execute("INSERT INTO tasks (role, status, activity) VALUES ('worker', 'running', 'stalled') "
-                            "RETURNING id").fetchone()[0]  # type: ignore[index]
+    task = tables.insert_task(db.executor_dsn, status="running", activity="stalled")
     await journal.append(pool, [NewEvent("task.stderr", {"n": i}, task_id=task) for i in range(5)])
     await journal.append(pool, [NewEvent("handoff", {"goal": "g"}, tier="derived", task_id=task)])
     async with ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
+from tests import tables
 from tests.pg import DB
 from tests.served import ingress_server
 
@@ -26,17 +28,14 @@ async def http(db: DB) -> AsyncIterator[httpx.AsyncClient]:
 
 def _seed(db: DB) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     """Seven threads and nine tasks, three of each made in one instant: their ids newest first."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        threads = [conn.execute(
-            "INSERT INTO sessions (role, lifecycle, title, created_at) VALUES ('orchestrator', 'idle', %s,"
-            " '2026-01-01'::timestamptz + make_interval(mins => %s)) RETURNING id",
-            [f"t{i}", min(i, 4)]).fetchone()[0] for i in range(7)]  # type: ignore[index]  # RETURNING
-        tasks = [conn.execute(
-            "INSERT INTO tasks (role, brief, status, created_at) VALUES ('worker', %s, 'success',"
-            " '2026-01-01'::timestamptz + make_interval(mins => %s)) RETURNING id",
-            [f"b{i}", min(i, 6)]).fetchone()[0] for i in range(9)]  # type: ignore[index]  # RETURNING
-        conn.execute("INSERT INTO thread_control_queue (thread_id, action, args) VALUES (gen_random_uuid(), 'create',"
-                     " '{\"title\": \"being made\"}')")
+        threads = [tables.insert_thread(conn, title=f"t{i}", created_at=start + timedelta(minutes=min(i, 4)))
+                   for i in range(7)]
+        tasks = [tables.insert_task(conn, brief=f"b{i}", status="success",
+                                    created_at=start + timedelta(minutes=min(i, 6))) for i in range(9)]
+        tables.insert(conn, "thread_control_queue", thread_id=uuid.uuid4(), action="create",
+                      args={"title": "being made"})
     def newest_first(ids: list[uuid.UUID], minutes: list[int]) -> list[uuid.UUID]:
         return [i for _, i in sorted(zip(minutes, ids, strict=True), key=lambda p: (p[0], p[1].hex), reverse=True)]
     return (newest_first(threads, [min(i, 4) for i in range(7)]), newest_first(tasks, [min(i, 6) for i in range(9)]))

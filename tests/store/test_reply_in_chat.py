@@ -41,8 +41,7 @@ async def test_a_reply_answers_a_pending_question_and_is_kept_for_one_answered_m
     # the negative control: a question still pending is answered by the message
     assert _after(admin_conn, pending_thread, pending) == ("delivered", "the blue one", 1)
     late_thread, late = _setup(admin_conn)
-    admin_conn.execute("UPDATE questions SET status = 'answered', answers = '{}', response = 'from the panel', "
-                       "answered_by = 'u' WHERE id = %s", [late])
+    tables.answer(admin_conn, late, response="from the panel", answered_by="u")
     await threads._reply_in_chat(late_thread, late)
     assert _after(admin_conn, late_thread, late) == ("pending", "from the panel", 0)
     admin_conn.close()

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import psycopg
-
 from shared.models import ACTIVE_STATUSES, FINAL_STATUSES
+from tests import tables
 from tests.pg import DB
 
 
 def test_the_status_constants_are_the_task_statuses_table(db: DB) -> None:
-    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT name, final FROM task_statuses").fetchall()
+    rows = tables.rows(db.admin_dsn, "task_statuses", "name", "final", order=("name",))
     assert sorted(name for name, final in rows if final) == sorted(FINAL_STATUSES)
     assert sorted(name for name, final in rows if not final) == sorted(ACTIVE_STATUSES)

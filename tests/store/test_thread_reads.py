@@ -16,6 +16,7 @@ from ingress.sql import queries as ingress_sql
 from shared import journal
 from shared.models import NewEvent
 from shared.sql import queries as shared_sql
+from tests import tables
 from tests.pg import DB, Cluster
 
 OTHER_THREADS, TURNS = 500, 5
@@ -46,7 +47,7 @@ def store(cluster: Cluster) -> Iterator[tuple[DB, Any]]:
                          [OTHER_THREADS + 1, TURNS])
             thread = conn.execute("SELECT id FROM sessions WHERE role = 'orchestrator' ORDER BY created_at DESC, id "
                                   "LIMIT 1").fetchone()[0]  # type: ignore[index]
-            tasks = conn.execute("SELECT id, session_id FROM tasks").fetchall()
+            tasks = tables.tasks(conn, "id", "session_id")
         asyncio.run(_results(db.executor_dsn, tasks))
         with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
             conn.execute("ANALYZE")
