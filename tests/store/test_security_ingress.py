@@ -14,7 +14,6 @@ import aiohttp
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
 
 from executor.notify.notes import Note
 from executor.notify.notifier import Notifier, NotifyConfig
@@ -27,9 +26,6 @@ from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
 from tests.served import ingress_server
 
-# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
-# (RETURNING, an aggregate, a row the test made)
-
 FOREIGN = {"Host": "attacker.example"}
 SECRET = "proxy-s3cret-proxy-s3cret"
 USER = {"X-Authentik-Username": "travis", "X-Petal-Proxy-Secret": SECRET}  # the proxy adds both
@@ -39,10 +35,9 @@ ID = str(uuid.uuid4())
 def _counts(db: DB) -> dict[str, int]:
     """Rows in every table: "nothing written" means this does not change."""
     with psycopg.connect(db.admin_dsn) as conn:
-        tables = [r[0] for r in conn.execute(
+        names = [r[0] for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1").fetchall()]
-        return {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(t))).fetchone()[0]  # type: ignore[index]
-                for t in tables}
+        return {t: tables.count(conn, t) for t in names}
 
 
 def _routes() -> list[tuple[str, str, Any]]:
@@ -291,9 +286,9 @@ async def test_push_endpoints_inside_this_machine_or_network_are_refused(db: DB)
 async def test_the_executor_rechecks_a_stored_endpoint_and_sends_nothing_inside(db: DB, tmp_path: Path) -> None:
     with StandIn() as push:
         phone = Subscriber(f"{push.url}/push/stored")
-        with psycopg.connect(db.admin_dsn) as conn:  # a row that got in some other way
-            conn.execute("INSERT INTO push_subscriptions (endpoint, p256dh, auth) VALUES (%s, %s, %s)",
-                         [phone.endpoint, phone.p256dh, phone.json()["keys"]["auth"]])
+        # a row that got in some other way
+        tables.insert(db.admin_dsn, "push_subscriptions", endpoint=phone.endpoint, p256dh=phone.p256dh,
+                      auth=phone.json()["keys"]["auth"])
         async with Database(db.executor_dsn, name="test-notifier") as database:
             note = Note("test", "t", "b", "/")
             results = []
