@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared import errors, journal
 from shared.database import Database
 from shared.models import NewEvent
+from tests import tables
 from tests.pg import DB, Cluster, lock_waiter
 
 
@@ -41,20 +42,11 @@ async def test_payloads_with_nul_characters_are_kept_with_a_replacement(pool: As
     assert event.payload == {"line": "a\ufffdb", "n\ufffd": ["\ufffd"]}
 
 
-async def _returned(conn: psycopg.AsyncConnection, sql: str, *params: object) -> uuid.UUID:
-    row = await (await conn.execute(sql, params)).fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]  # the id column: the driver's Any
-
-
-async def test_a_copied_batch_keeps_each_events_ids_time_and_text(pool: AsyncConnectionPool) -> None:
+async def test_a_copied_batch_keeps_each_events_ids_time_and_text(pool: AsyncConnectionPool, db: DB) -> None:
     # past SMALL_BATCH the batch goes as COPY rows, where ids and times shared by many events are formatted
     # once per batch: each event must still get its own
-    async with pool.connection() as conn:
-        sessions = [await _returned(conn, "INSERT INTO sessions (role, lifecycle) VALUES ('worker', 'running') "
-                                          "RETURNING id") for _ in range(2)]
-        tasks = [await _returned(conn, "INSERT INTO tasks (role, session_id) VALUES ('worker', %s) RETURNING id", s)
-                 for s in sessions]
+    sessions = [tables.insert_thread(db.admin_dsn, role="worker", lifecycle="running") for _ in range(2)]
+    tasks = [tables.insert_task(db.admin_dsn, session_id=s) for s in sessions]
     root = NewEvent("task.stderr", {"line": "root"})
     await journal.append(pool, [root])
     times = [datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC)]

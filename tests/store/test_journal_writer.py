@@ -9,6 +9,8 @@ from psycopg_pool import AsyncConnectionPool
 from executor.journal.writer import JournalWriter
 from shared import errors, journal
 from shared.models import Event, NewEvent
+from tests import tables
+from tests.pg import DB
 
 
 async def _all(pool: AsyncConnectionPool) -> list[Event]:
@@ -46,15 +48,15 @@ async def test_a_refused_event_fails_alone_and_the_rest_of_its_batch_is_written_
     assert [e.payload["n"] for e in await _all(pool)] == list(range(9))
 
 
-async def test_a_stream_type_first_seen_at_run_time_is_registered_not_dropped(pool: AsyncConnectionPool) -> None:
+async def test_a_stream_type_first_seen_at_run_time_is_registered_not_dropped(pool: AsyncConnectionPool,
+                                                                              db: DB) -> None:
     writer = JournalWriter(pool)
     await writer.start()
     await writer.write([NewEvent("stream.brand_new_kind", {"type": "brand_new_kind"})])
     await writer.flush_and_stop()
 
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT tier FROM event_types WHERE name = 'stream.brand_new_kind'")
-        assert await cur.fetchone() == ("raw",)
+    assert tables.rows(db.admin_dsn, "event_types", "tier", order=("name",),
+                       name="stream.brand_new_kind") == [("raw",)]
     assert [e.event_type for e in await _all(pool)] == ["stream.brand_new_kind"]
 
 

@@ -13,6 +13,8 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from executor.sessions.index import Index
+from tests import tables
+from tests.pg import DB
 
 
 def _line(sid: str, text: str, at: str) -> bytes:
@@ -21,7 +23,7 @@ def _line(sid: str, text: str, at: str) -> bytes:
 
 
 async def test_a_growing_conversation_is_published_each_pass_but_logged_only_when_the_list_changes(
-        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+        pool: AsyncConnectionPool, db: DB, tmp_path: Path) -> None:
     folder = tmp_path / "cfg" / "projects" / "-w-app"
     folder.mkdir(parents=True)
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
@@ -46,8 +48,7 @@ async def test_a_growing_conversation_is_published_each_pass_but_logged_only_whe
     await one_pass()  # a second appears
     conv.unlink()
     await one_pass()  # the first goes
-    async with pool.connection() as conn:
-        counts = await (await conn.execute("SELECT session_id::text, message_count FROM claude_sessions")).fetchall()
+    counts = tables.rows(db.admin_dsn, "claude_sessions", "session_id", "message_count", order=("session_id",))
 
     info = [[(e["event"], e.get("new"), e.get("gone")) for e in p if e["log_level"] == "info"] for p in passes]
     assert info == [[("claude_sessions_indexed", 1, 0)], [], [], [], [], [("claude_sessions_indexed", 1, 0)],

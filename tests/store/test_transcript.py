@@ -10,6 +10,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from executor.run import transcript
+from tests import tables
 from tests.harness import FINAL
 from tests.pg import DB
 
@@ -66,7 +67,7 @@ def test_every_recorded_transcript_has_an_expected_status() -> None:
 
 @pytest.mark.parametrize("path", TRANSCRIPTS, ids=[_key(p) for p in TRANSCRIPTS])
 async def test_import_journals_every_non_empty_line_and_derives_the_status(
-    pool: AsyncConnectionPool, path: Path
+    pool: AsyncConnectionPool, db: DB, path: Path
 ) -> None:
     non_empty = [raw for raw in path.read_bytes().split(b"\n") if raw.strip()]
 
@@ -74,12 +75,8 @@ async def test_import_journals_every_non_empty_line_and_derives_the_status(
 
     assert summary["events"] == len(non_empty)
     assert summary["status"] == EXPECTED[_key(path)]
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT event_type FROM journal WHERE task_id = %s ORDER BY seq", [summary["task_id"]])
-        types = [t for (t,) in await cur.fetchall()]
-        status = (await (await conn.execute("SELECT status FROM tasks WHERE id = %s",
-                                            [summary["task_id"]])).fetchone())[0]  # type: ignore[index]
+    types = tables.event_types(db.admin_dsn, summary["task_id"])
+    status = tables.status(db.admin_dsn, summary["task_id"])
     assert types[0] == "task.spawned" and types[-1] == "task.exited"
     assert len(types) == len(non_empty) + 2
     assert status == summary["status"] and status in FINAL
@@ -101,16 +98,14 @@ def test_the_command_prints_a_json_summary(db: DB, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version", ["2.1.29", "2.1.328"])
 async def test_control_protocol_lines_are_journaled_as_their_own_registered_types(
-    pool: AsyncConnectionPool, version: str
+    pool: AsyncConnectionPool, db: DB, version: str
 ) -> None:
-    async with pool.connection() as conn:  # registered by the migrations, before any run showed them
-        cur = await conn.execute("SELECT name FROM event_types WHERE name LIKE 'stream.control%%' AND tier = 'raw'")
-        registered = {n for (n,) in await cur.fetchall()}
+    # registered by the migrations, before any run showed them
+    registered = {n for (n,) in tables.rows(db.admin_dsn, "event_types", "name", order=("name",),
+                                            name=tables.Like("stream.control%"), tier="raw")}
     summary = await transcript.import_transcript(pool, HERE / f"v{version}" / "control_interrupt.jsonl")
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT event_type, payload FROM journal WHERE task_id = %s AND event_type "
-                                 "LIKE 'stream.control%%'", [summary["task_id"]])
-        control = await cur.fetchall()
+    control = tables.records(db.admin_dsn, "event_type", "payload", task_id=summary["task_id"],
+                             event_type=tables.Like("stream.control%"))
     assert registered == {"stream.control_request", "stream.control_response", "stream.control_cancel_request"}
     assert [(t, p["response"]["request_id"]) for t, p in control] == [("stream.control_response", "req-1")]
     assert summary["status"] == "cancelled"
