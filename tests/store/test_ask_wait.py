@@ -7,14 +7,12 @@ import asyncio
 import uuid
 from typing import Any
 
-import psycopg
-from psycopg.types.json import Jsonb
-
 from executor.asks import CHANNELS, Asks
 from executor.journal.writer import JournalWriter
 from executor.sql import queries
 from shared.database import Database
 from shared.query import Queries
+from tests import tables
 from tests.pg import DB
 
 QUESTIONS = [{"question": "Go on?", "header": "Go", "multiSelect": False,
@@ -40,27 +38,18 @@ async def test_a_waiter_keeps_reporting_progress_while_other_questions_are_answe
         await writer.start()
         asks = Asks(Queries(database.pool, queries), writer, listener, timeout_s=60, progress_interval_s=0.3)
         ctx = _Progress()
-        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
-            cur = await admin.execute("INSERT INTO questions (tool_use_id, questions) VALUES ('tool-mine', %s) "
-                                      "RETURNING id", [Jsonb(QUESTIONS)])
-            mine = await cur.fetchone()
-        assert mine is not None
+        mine = tables.ask(db.admin_dsn, QUESTIONS, tool_use_id="tool-mine")
         sub = listener.subscribe(["question_answered"])
-        waiting = asyncio.create_task(asks.wait(mine[0], sub, ctx))
-        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
-            # another question answered every 0.1 s for 1.5 s: never a quiet 0.3 s for this waiter
-            for _ in range(15):
-                cur = await admin.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
-                                          [f"other-{uuid.uuid4()}", Jsonb(QUESTIONS)])
-                row = await cur.fetchone()
-                assert row is not None
-                await admin.execute("UPDATE questions SET status = 'answered', answers = %s WHERE id = %s",
-                                    [Jsonb({"Go on?": "No"}), row[0]])
-                await asyncio.sleep(0.1)  # not a wait: the pace of the other answers
-            assert not waiting.done()
-            # answered_by: as the ingress answers (an answer without it is not the user's)
-            await admin.execute("UPDATE questions SET status = 'answered', answers = %s, answered_by = 'travis' "
-                                "WHERE tool_use_id = 'tool-mine'", [Jsonb({"Go on?": "Yes"})])
+        waiting = asyncio.create_task(asks.wait(mine, sub, ctx))
+        # another question answered every 0.1 s for 1.5 s: never a quiet 0.3 s for this waiter (each write off
+        # the event loop: the waiter goes on meanwhile)
+        for _ in range(15):
+            other = await asyncio.to_thread(tables.ask, db.admin_dsn, QUESTIONS, tool_use_id=f"other-{uuid.uuid4()}")
+            await asyncio.to_thread(tables.answer, db.admin_dsn, other, {"Go on?": "No"})
+            await asyncio.sleep(0.1)  # not a wait: the pace of the other answers
+        assert not waiting.done()
+        # answered_by: as the ingress answers (an answer without it is not the user's)
+        await asyncio.to_thread(tables.answer, db.admin_dsn, mine, {"Go on?": "Yes"}, answered_by="travis")
         final = await asyncio.wait_for(waiting, 10)
         sub.close()
         await writer.flush_and_stop()
@@ -90,16 +79,12 @@ async def _answered(db: DB, channels: list[str], answer: str) -> tuple[Any, int]
         await writer.start()
         q = _Counting(database.pool, queries)
         asks = Asks(q, writer, listener, timeout_s=60)
-        async with await psycopg.AsyncConnection.connect(db.admin_dsn, autocommit=True) as admin:
-            cur = await admin.execute("INSERT INTO questions (tool_use_id, questions) VALUES (%s, %s) RETURNING id",
-                                      [f"tool-{uuid.uuid4()}", Jsonb(QUESTIONS)])
-            mine = await cur.fetchone()
-            assert mine is not None
-            sub = listener.subscribe(channels)
-            waiting = asyncio.create_task(asks.wait(mine[0], sub, _Progress()))
-            await asyncio.sleep(0.3)  # not a wait for anything: the waiter's first read, before the answer
-            await admin.execute("UPDATE questions SET status = 'answered', answers = %s, answered_by = 'travis' "
-                                "WHERE id = %s", [Jsonb({"Go on?": answer}), mine[0]])
+        mine = tables.ask(db.admin_dsn, QUESTIONS, tool_use_id=f"tool-{uuid.uuid4()}")
+        sub = listener.subscribe(channels)
+        waiting = asyncio.create_task(asks.wait(mine, sub, _Progress()))
+        await asyncio.sleep(0.3)  # not a wait for anything: the waiter's first read, before the answer
+        # written off the event loop: the waiter hears it meanwhile
+        await asyncio.to_thread(tables.answer, db.admin_dsn, mine, {"Go on?": answer}, answered_by="travis")
         final = await asyncio.wait_for(waiting, 10)
         sub.close()
         await writer.flush_and_stop()
