@@ -185,33 +185,31 @@ def test_a_reasked_identical_question_takes_over_the_pending_row_and_a_rerun_get
     from psycopg.types.json import Jsonb
 
     from executor.sql import queries
+    from tests import tables
 
     adopt = queries["take_asked_question"]
     asked = [{"question": "Which way?", "header": "Way", "multiSelect": False,
               "options": [{"label": "A", "description": ""}, {"label": "B", "description": ""}]}]
     thread = uuid.uuid4()
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO sessions (id, role, lifecycle) VALUES (%s, 'orchestrator', 'idle')", [thread])
+        tables.insert_thread(conn, thread)
 
         def task(status: str, retry_of: Any = None) -> Any:
-            return conn.execute("INSERT INTO tasks (session_id, role, status, retry_of) VALUES (%s, 'orchestrator', "
-                                "%s, %s) RETURNING id", [thread, status, retry_of]).fetchone()[0]  # type: ignore[index]
+            return tables.insert_task(conn, session_id=thread, role="orchestrator", status=status, retry_of=retry_of)
 
         def ask(task_id: Any, questions: Any = asked) -> Any:
             return conn.execute(adopt, {"questions": Jsonb(questions), "asked_by": "model", "session_id": thread,
                                         "task_id": task_id}).fetchone()
 
         cut = task("crashed")
-        old = conn.execute("INSERT INTO questions (tool_use_id, source_session_uuid, task_id, questions, asked_by) "
-                           "VALUES ('toolu_old', %s, %s, %s, 'model') RETURNING id",
-                           [thread, cut, Jsonb(asked)]).fetchone()[0]  # type: ignore[index]
+        old = tables.ask(conn, asked, tool_use_id="toolu_old", source_session_uuid=thread, task_id=cut, asked_by="model")
         rerun = task("running", cut)
         taken = ask(rerun)
         other = ask(rerun, [{**asked[0], "question": "Another?"}])
-        owner = conn.execute("SELECT task_id FROM questions WHERE id = %s", [old]).fetchone()[0]  # type: ignore[index]
+        (owner,) = tables.row(conn, "questions", old, "task_id")
         # answered by the user, then that turn is cut off too: its re-run gets the answer, nothing is asked again
-        conn.execute("UPDATE questions SET status = 'answered', answers = '{}', answered_by = 'u' WHERE id = %s", [old])
-        conn.execute("UPDATE tasks SET status = 'cancelled' WHERE id = %s", [rerun])
+        tables.answer(conn, old, answered_by="u")
+        tables.update(conn, "tasks", rerun, status="cancelled")
         answered = ask(task("running", rerun))
         unrelated = ask(task("running"))  # a later, unrelated turn asking the same is asked anew
     assert taken is not None and taken[0] == old and owner == rerun
