@@ -75,7 +75,7 @@ async def test_a_message_sent_while_the_executor_is_dead_is_delivered_with_its_a
     with psycopg.connect(db.admin_dsn) as conn:
         turns = tables.tasks(conn, "status", "attachment_ids", role="orchestrator")
         queued = tables.rows(conn, "chat_queue", "status")
-        stored = conn.execute("SELECT sha256, chat_message_id FROM attachments").fetchall()
+        stored = tables.rows(conn, "attachments", "sha256", "chat_message_id")
     assert [t[0] for t in turns] == ["success"] and [str(i) for i in turns[0][1]] == [up.json()["id"]]
     assert queued == [("delivered",)] and stored[0][1] == uuid.UUID(sent.json()["id"])
     carrying = [r for r in model.requests if r.role == "orchestrator"
@@ -123,13 +123,13 @@ async def test_a_turn_cut_off_by_the_executor_s_death_is_run_again_with_its_atta
     with psycopg.connect(db.admin_dsn) as conn:
         turns = tables.tasks(conn, "id", "status", "retry_of", "attachment_ids", role="orchestrator")
         messages = tables.count_events(conn, "task.user_message")
-        digest = conn.execute("SELECT sha256 FROM attachments").fetchone()
+        ((digest,),) = tables.rows(conn, "attachments", "sha256")
     assert [t[1] for t in turns] == ["crashed", "success"] and turns[1][2] == turns[0][0]
     assert [str(i) for i in turns[1][3]] == [up.json()["id"]]
     assert messages == 1  # the message itself was delivered once; its turn ran again
     carrying = [r for r in model.requests if r.role == "orchestrator"
                 and any(b.get("type") == "image" for b in r.user_blocks)]
-    assert len(carrying) >= 2 and digest is not None
+    assert len(carrying) >= 2
     for request in carrying:
         (image,) = [b for b in request.user_blocks if b.get("type") == "image"]
-        assert hashlib.sha256(base64.b64decode(image["source"]["data"])).digest() == bytes(digest[0])
+        assert hashlib.sha256(base64.b64decode(image["source"]["data"])).digest() == bytes(digest)

@@ -142,7 +142,7 @@ async def test_a_loop_that_crashes_brings_the_executor_down_in_order_and_exits_n
     assert '"executor_loop_crashed"' in text and '"loop": "projects"' in text, text
     # it came down in order, not cut off: the supervisor left its lease, the journal writer flushed
     with psycopg.connect(db.admin_dsn) as conn:
-        stopped = conn.execute("SELECT stopped_at FROM executors").fetchall()
+        stopped = tables.executors(conn, "stopped_at")
         started = tables.count_events(conn, "executor.started")
     assert len(stopped) == 1 and stopped[0][0] is not None, text
     assert started == 1, text
