@@ -169,13 +169,13 @@ async def _close(request: Request, row: dict[str, Any], status: str, answers: An
 async def answer_ask(request: Request) -> Response:
     seen = await _answer_seen(request)
     if seen is not None:
-        return _answered(seen)
+        return answered(seen)
     row = await _question(request)
     answer = await body(request, AnswerIn)
     if row["status"] in _FINAL_ASK:
         raise Problem(409, f"question already {row['status']}")
     answers = asks.normalise(row["questions"], answer)
-    return _answered(await _close(request, row, "answered", answers, answer.response))
+    return answered(await _close(request, row, "answered", answers, answer.response))
 
 
 async def _answer_seen(request: Request) -> dict[str, Any] | None:
@@ -198,7 +198,7 @@ async def _answer_seen(request: Request) -> dict[str, Any] | None:
         "answered_by": who(request)})
 
 
-def _answered(closed: dict[str, Any]) -> Response:
+def answered(closed: dict[str, Any]) -> Response:
     # Told from the row as our update left it, not as first read: the asking tool may have stopped waiting
     # in between (it marks the row late only while it is pending, so one of the two always sees the other).
     if closed["timed_out_at"] is None:

@@ -38,6 +38,7 @@ from ingress.http import ingress_queries, shared_queries
 from ingress.models import (
     AnswerIn,
     ChatIn,
+    NotifyActIn,
     PresenceIn,
     ProjectIn,
     PushEndpointIn,
@@ -169,6 +170,9 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
     (Op("post", "/api/push/test", "send a test notification on every channel", status=202), notify.test_notification),
     (Op("post", "/api/presence", "this page is looking at a thread (no notification for its finished turns)",
         PresenceIn, errors=(415, 422)), notify.presence),
+    (Op("post", "/api/notify/act", "a notification's answer button: the notification's one-use token (not the "
+        "user's) answers its question with one of its options, once, before it expires", NotifyActIn,
+        errors=(403, 409, 410, 415, 422)), notify.act),
     (Op("get", "/api/threads/{thread_id}/conversation", "the newest records a thread's chat renders, oldest first",
         params=(Param("thread_id", "path", UUID), _AFTER,
                 Param("before_seq", "query", SEQ, "page back: only records with a smaller seq"), _LIMIT),

@@ -29,8 +29,9 @@ COOKIE = "petal_session"
 # Reachable without credentials: liveness, readiness, and the way in.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/login", "/openapi.json"})
 # Routes that check a credential of their own instead of the user's: a routine's fire token, a webhook's HMAC
-# (ingress/routines.py). A webhook's body may be larger than the API's usual limit, up to HOOK_BODY_BYTES.
-SELF_AUTHENTICATED = re.compile(r"^/api/(hooks/[0-9a-fA-F-]{36}|routines/[0-9a-fA-F-]{36}/fire)$")
+# (ingress/routines.py), a notification's one-use answer token (ingress/notify.py). A webhook's body may be
+# larger than the API's usual limit, up to HOOK_BODY_BYTES.
+SELF_AUTHENTICATED = re.compile(r"^/api/(hooks/[0-9a-fA-F-]{36}|routines/[0-9a-fA-F-]{36}/fire|notify/act)$")
 HOOK_BODY_BYTES = 1024 * 1024
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Wrong tokens (bearer or /login) a client may send per window before it gets 429.

@@ -145,6 +145,12 @@ class PresenceIn(_Body):
     thread_id: uuid.UUID | None = None
 
 
+class NotifyActIn(_Body):
+    """A notification's answer button pressed: the notification's one-use token and the option it answers."""
+    token: str = Field(min_length=20, max_length=100)
+    choice: str = Field(min_length=1, max_length=1000)
+
+
 class ProjectIn(_Body):
     """A project on a git repository: the executor checks the workdir (under PETAL_PROJECT_ROOTS, a
     repository's top level, or initialised when `init` is true) and refuses with the reason otherwise."""

@@ -4,7 +4,7 @@
 // text; markdown is sanitised in js/markdown.js. The server's CSP allows no inline script.
 import { loadFeed, feedEvent, renderFeed } from "./js/activity.js";
 import { api, nextFrame, soon } from "./js/api.js";
-import { loadAsks, renderAsks } from "./js/asks.js";
+import { loadAsks, renderAsks, showAsk } from "./js/asks.js";
 import { wire as wireAttachments } from "./js/attach.js";
 import { belongs, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
 import { loadContext } from "./js/context.js";
@@ -71,6 +71,7 @@ function showTab() {
     openThread(arg).then((found) => { if (found && location.hash === `#${head}/${arg}`) history.replaceState(null, "", "#chat"); })
       .catch((e) => { $("#thread-status").textContent = e.message; });
   } else if (head === "chat") clearMissing();
+  if (head === "asks" && arg) loadAsks().then(() => showAsk(arg)).catch((e) => console.warn("asks", e));
   for (const t of TABS) {
     $(`#view-${t}`).hidden = t !== tab;
     const link = document.querySelector(`.tabs a[data-tab="${t}"]`);

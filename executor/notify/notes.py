@@ -10,6 +10,8 @@ from typing import Any
 from executor.notify.store import Candidate
 
 LINE_CHARS = 140
+# a notification's action buttons: the first options of a question (browsers show two; the rest open the page)
+MAX_OPTION_ACTIONS = 2
 
 
 @dataclass
@@ -22,10 +24,25 @@ class Note:
     thread_id: Any = None
     seq: int | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    # the labels a notification may answer its question with, as buttons (a single single-select question's
+    # first options; none for anything else, whose answer needs the page)
+    choices: tuple[str, ...] = ()
 
-    def payload(self) -> str:
-        return json.dumps({"title": self.title, "body": self.body, "url": self.url,
-                           "tag": f"{self.kind}-{self.task_id or self.thread_id or 'all'}"})
+    @property
+    def question_id(self) -> Any:
+        return self.detail.get("question_id")
+
+    def payload(self, token: str | None = None) -> str:
+        """What the service worker shows (static/sw.js); with `token`, the question's answers as actions that
+        the token lets it send (action "0", "1": the whole label at that index in `choices`; "reply": open the
+        card)."""
+        shown: dict[str, Any] = {"title": self.title, "body": self.body, "url": self.url,
+                                 "tag": f"{self.kind}-{self.task_id or self.thread_id or 'all'}"}
+        if token is not None and self.choices:
+            shown["actions"] = [{"action": str(i), "title": line(c, 40)} for i, c in enumerate(self.choices)] + \
+                [{"action": "reply", "title": "Reply"}]
+            shown.update(token=token, question_id=str(self.question_id), choices=list(self.choices))
+        return json.dumps(shown)
 
 
 def line(text: Any, n: int = LINE_CHARS) -> str:
@@ -44,8 +61,9 @@ def note_for(row: Candidate) -> Note | None:
         gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
         title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
                  else "Approve a worker?" if by_harness else "Claude asks")
-        return Note(kind, title, line(questions[0].get("question")), "/#asks", row.task_id,
-                    row.session_id, row.seq, {"question_id": p.get("question_id")})
+        qid = p.get("question_id")
+        return Note(kind, title, line(questions[0].get("question")), f"/#asks/{qid}" if qid else "/#asks",
+                    row.task_id, row.session_id, row.seq, {"question_id": qid}, choices(questions))
     if row.event_type == "task.stalled":
         return Note("stalled", f"A {row.role or 'task'} stalled",
                     line(f"Silent for {round(p.get('silent_s', 0))} s: {line(row.brief, 80)}"),
@@ -66,6 +84,14 @@ def note_for(row: Candidate) -> Note | None:
                     f"/#chat/{row.task_session}", row.task_id, row.task_session, row.seq,
                     {"status": status, "subtype": result.get("subtype")})
     return None
+
+
+def choices(questions: list[Any]) -> tuple[str, ...]:
+    """The labels a notification's buttons may answer with: one single-select question's first options."""
+    if len(questions) != 1 or not isinstance(questions[0], dict) or questions[0].get("multiSelect"):
+        return ()
+    labels = [o.get("label") for o in questions[0].get("options") or [] if isinstance(o, dict)]
+    return tuple(label for label in labels if isinstance(label, str) and label)[:MAX_OPTION_ACTIONS]
 
 
 def _routine_note(row: Candidate, p: dict[str, Any]) -> Note | None:

@@ -10,6 +10,7 @@ ntfy topic. Payloads are a title, one line and a deep link: never a secret or a 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict
@@ -41,6 +42,9 @@ BURST_S = 0.1  # after a wake-up, let a burst of journal records land and take i
 PAGE = 500
 SEND_TIMEOUT_S = 10.0
 PUSH_TTL_S = 3600
+# how long a notification's answer buttons work (its one-use token; store.action_token)
+ACTION_TTL_S = 3600
+ACT_PATH = "/api/notify/act"
 GONE = (404, 410)
 # The records a notification may be made from: what list_notify_candidates reads (executor/sql/notify.sql).
 NOTABLE = frozenset({"question.asked", "task.stalled", "task.exited", "executor.lost", "routine.run_ended"})
@@ -195,8 +199,9 @@ class Notifier:
         async with endpoints.guarded_session(allow_loopback=self.config.allow_loopback_push,
                                              timeout_s=SEND_TIMEOUT_S) as push_http:
             for note in notes:
+                token = await self._token(note, "push") if subs else None
                 for s in subs:
-                    result = await self._push(s, note, push_http)
+                    result = await self._push(s, note, push_http, token)
                     pushed.append(result)
                     ok = ok or result == "sent"
                 if self.config.ntfy_url:
@@ -204,7 +209,14 @@ class Notifier:
                     ok = ok or ntfy == "sent"
         return ("sent" if ok else "failed"), Delivery(push=pushed, ntfy=ntfy)
 
-    async def _push(self, s: PushSubscription, note: Note, http: aiohttp.ClientSession) -> str:
+    async def _token(self, note: Note, channel: str) -> str | None:
+        """A one-use token for this note's answer buttons on `channel`, or None (no buttons: the note has no
+        choices, or its question is no longer pending)."""
+        if not note.choices or note.question_id is None:
+            return None
+        return await self.store.action_token(note.question_id, channel, ACTION_TTL_S)
+
+    async def _push(self, s: PushSubscription, note: Note, http: aiohttp.ClientSession, token: str | None) -> str:
         assert self.vapid is not None
         info = {"endpoint": s.endpoint, "keys": {"p256dh": s.p256dh, "auth": s.auth}}
         # checked again here: a stored row (or a name that now resolves elsewhere) must not reach inside
@@ -214,7 +226,7 @@ class Notifier:
             log.warning("push_endpoint_refused", reason=refused)
             return "refused"
         try:
-            await webpush_async(info, note.payload(), vapid_private_key=self.vapid,
+            await webpush_async(info, note.payload(token), vapid_private_key=self.vapid,
                                 vapid_claims={"sub": self.config.vapid_subject}, ttl=PUSH_TTL_S,
                                 aiohttp_session=http, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
         except WebPushException as exc:
@@ -237,11 +249,27 @@ class Notifier:
             headers["Click"] = self.config.public_url.rstrip("/") + note.url
         if self.config.ntfy_token:
             headers["Authorization"] = f"Bearer {self.config.ntfy_token.get_secret_value()}"
+            # only on a topic that needs a token to read: the ntfy server sees what it relays
+            if actions := await self._ntfy_actions(note):
+                headers["Actions"] = actions
         try:
             async with self.session.post(self.config.ntfy_url, data=note.body.encode(), headers=headers) as r:
                 return "sent" if r.status < 300 else f"failed {r.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return f"failed {type(exc).__name__}"
+
+    async def _ntfy_actions(self, note: Note) -> str | None:
+        """ntfy's action buttons for a question (its JSON form, ASCII), sent by the ntfy app to the ingress; None
+        without choices or without the page's address to send them to."""
+        base = self.config.public_url.rstrip("/")
+        if not base or not (token := await self._token(note, "ntfy")):
+            return None
+        buttons: list[dict[str, object]] = [
+            {"action": "http", "label": said.line(choice, 40), "url": base + ACT_PATH, "method": "POST",
+             "headers": {"Content-Type": "application/json"}, "clear": True,
+             "body": json.dumps({"token": token, "choice": choice})} for choice in note.choices]
+        buttons.append({"action": "view", "label": "Reply", "url": base + note.url, "clear": True})
+        return json.dumps(buttons)  # ensure_ascii: a header carries ASCII only
 
     async def _record(self, note: Note, outcome: str, detail: Delivery) -> None:
         await self.store.record(Sent(note.kind, note.task_id, note.thread_id, note.seq, note.title, note.body,

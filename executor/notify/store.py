@@ -6,6 +6,8 @@ The one module of this room that runs these queries; rows come back as frozen da
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,11 @@ class Sent(FromRow):
 @dataclass(frozen=True)
 class _Id(FromRow):
     id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class _Question(FromRow):
+    question_id: uuid.UUID
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,15 @@ class NotifyStore:
             "kind": sent.kind, "task_id": sent.task_id, "thread_id": sent.thread_id, "seq": sent.seq,
             "title": sent.title, "body": sent.body, "url": sent.url, "outcome": sent.outcome,
             "detail": Jsonb(sent.detail)})
+
+    async def action_token(self, question_id: Any, channel: str, ttl_s: float) -> str | None:
+        """A new one-use token that answers this question from a notification on `channel` ('push' | 'ntfy'),
+        valid `ttl_s`; only its sha256 is kept. None when the question is no longer pending."""
+        token = secrets.token_urlsafe(32)
+        made = await self.q.one("insert_notification_action", {
+            "sha256": hashlib.sha256(token.encode()).digest(), "question_id": question_id, "channel": channel,
+            "ttl_s": ttl_s}, into=_Question)
+        return token if made is not None else None
 
     # ---- push subscriptions --------------------------------------------------------------------------
 

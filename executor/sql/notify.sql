@@ -74,3 +74,12 @@ ON CONFLICT (name) DO NOTHING
 -- A once-per-fleet duty (the notifier): held on its own session; a survivor takes it when the holder's
 -- session ends.
 SELECT pg_try_advisory_lock(hashtext('petal-dispatch.duty:' || %(duty)s))
+
+-- name: insert_notification_action --
+-- A notification's one-use answer to a pending question, by its token's sha256 (the token itself is only in the
+-- notification); none for a question no longer pending. Expired tokens go as new ones come.
+WITH gone AS (DELETE FROM notification_actions WHERE expires_at < now() - interval '1 day')
+INSERT INTO notification_actions (token_sha256, question_id, channel, expires_at)
+SELECT %(sha256)s, q.id, %(channel)s, now() + make_interval(secs => %(ttl_s)s)
+FROM questions q WHERE q.id = %(question_id)s AND q.status = 'pending'
+RETURNING question_id

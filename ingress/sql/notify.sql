@@ -23,3 +23,16 @@ INSERT INTO notify_queue (kind) VALUES (%(kind)s) RETURNING id, kind, status, cr
 INSERT INTO client_presence (client_id, thread_id, seen_at) VALUES (%(client_id)s, %(thread_id)s, now())
 ON CONFLICT (client_id) DO UPDATE SET thread_id = EXCLUDED.thread_id, seen_at = now()
 RETURNING client_id, thread_id, seen_at
+
+-- name: get_notification_action --
+-- A notification's answer button, by its token's sha256, with the question it answers; locked until the answer
+-- (or the refusal) commits, so a token answers once.
+SELECT a.question_id, a.channel, a.used_at, a.expires_at <= now() AS expired,
+       q.status, q.questions, q.answered_by
+FROM notification_actions a JOIN questions q ON q.id = a.question_id
+WHERE a.token_sha256 = %(sha256)s
+FOR UPDATE OF a
+
+-- name: mark_notification_action_used --
+UPDATE notification_actions SET used_at = now(), used_choice = %(choice)s
+WHERE token_sha256 = %(sha256)s AND used_at IS NULL

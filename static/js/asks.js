@@ -31,6 +31,16 @@ function askThread(a) { return a.thread_scope; }
 // Cards are kept by ask id across re-renders, so a wake-up never wipes a half-filled answer.
 const cardCache = { list: new Map(), pinned: new Map() };
 
+// A notification's link to one card (#asks/<id>): that card, in view and focused, once the asks have loaded
+export function showAsk(id) {
+  const card = document.querySelector(`#ask-cards form[data-ask-id="${CSS.escape(id)}"]`)
+    || document.querySelector(`#ask-history li[data-ask-id="${CSS.escape(id)}"]`);
+  if (!card) return false;
+  card.scrollIntoView({ block: "center" });
+  card.focus({ preventScroll: true });
+  return true;
+}
+
 function cardsFor(asks, cache, where) {
   const keep = new Set(asks.map((a) => a.id));
   for (const id of cache.keys()) if (!keep.has(id)) cache.delete(id);
@@ -62,6 +72,7 @@ function answeredBy(a) {
   if (a.answered_by === "open") return ` ${where}, in open mode (no sign-in)`;
   if (a.answered_by === "token") return ` ${where}, signed in with the access token`;
   if (!a.answered_by || a.answered_by === "unknown") return "";
+  if (a.answered_by.startsWith("notification")) return ` from a ${a.answered_by}`;
   return ` by ${a.answered_by}`;
 }
 

@@ -71,8 +71,10 @@ async def test_a_question_reaches_a_subscribed_browser_as_an_encrypted_push_nami
     assert request.headers["authorization"].startswith("vapid t=") and f"k={info['public_key']}" in \
         request.headers["authorization"]
     shown = phone.decrypt(request.body)
-    assert shown["title"] == "Claude asks" and shown["body"] == "Deploy to staging now?" and shown["url"] == "/#asks"
-    assert set(shown) == {"title", "body", "url", "tag"}  # small: no transcript, nothing else
+    assert shown["title"] == "Claude asks" and shown["body"] == "Deploy to staging now?"
+    assert shown["url"] == f"/#asks/{shown['question_id']}"  # the page at the card
+    # small: no transcript; the question's answer buttons and their one-use token (tests/e2e/test_notify_actions.py)
+    assert set(shown) == {"title", "body", "url", "tag", "actions", "token", "question_id", "choices"}
 
 
 async def test_a_subscription_the_push_service_says_is_gone_is_removed(db: DB, tmp_path: Path) -> None:

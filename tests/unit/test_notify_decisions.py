@@ -270,6 +270,31 @@ def test_an_escalation_and_a_gate_card_are_told_apart_from_a_plain_question() ->
     assert approval is not None and approval.title == "Approve a worker?"
 
 
+def _options(*labels: Any) -> list[dict[str, Any]]:
+    return [{"label": label, "description": ""} for label in labels]
+
+
+def test_only_one_single_select_question_s_first_two_options_become_buttons() -> None:
+    one = [{"question": "Deploy?", "options": _options("Yes", "Later", "Never")}]
+    assert notes.choices(one) == ("Yes", "Later")
+    assert notes.choices([{**one[0], "multiSelect": True}]) == ()  # several labels: the page
+    assert notes.choices(one + [{"question": "And?", "options": _options("a", "b")}]) == ()  # several questions
+    assert notes.choices([{"question": "Odd", "options": _options(None, "", 3, "ok")}]) == ("ok",)
+    asked = notes.note_for(row("question.asked", questions=one, question_id="q-1"))
+    assert asked is not None and asked.choices == ("Yes", "Later") and asked.url == "/#asks/q-1"
+
+
+def test_a_note_s_buttons_are_in_its_payload_only_with_a_token() -> None:
+    note = Note("question", "Claude asks", "Deploy?", "/#asks/q-1", detail={"question_id": "q-1"},
+                choices=("Yes", "x" * 60))
+    bare = orjson.loads(note.payload())
+    shown = orjson.loads(note.payload("tok"))
+    assert set(bare) == {"title", "body", "url", "tag"}  # no token, no buttons: a tap opens the card
+    assert shown["token"] == "tok" and shown["question_id"] == "q-1" and shown["choices"] == ["Yes", "x" * 60]
+    assert [a["action"] for a in shown["actions"]] == ["0", "1", "reply"]
+    assert len(shown["actions"][1]["title"]) == 40  # a button's label is short; the choice sent is the whole label
+
+
 def test_a_routine_skipped_for_an_overlap_is_not_noted_but_one_over_budget_is() -> None:
     assert notes.note_for(row("routine.run_ended", status="skipped", reason="overlap")) is None
     budget = notes.note_for(row("routine.run_ended", status="skipped", reason="budget: 2.00 USD a day",
