@@ -247,8 +247,7 @@ async def test_a_minute_without_postgres_loses_nothing_and_needs_no_restart(
         # the worker ended with its true status, recorded after the database returned, and ran once
         assert workers == [(worker, "success", "completed", 1)], workers
         [exited] = tables.payloads(conn, "task.exited", worker)
-        lines = conn.execute("SELECT count(*) FROM journal WHERE task_id = %s AND event_type LIKE 'stream.%%'",
-                             [worker]).fetchone()[0]  # type: ignore[index]
+        lines = tables.count_events(conn, tables.Like("stream.%"), worker)
         printed = [int(r[0]) for r in conn.execute(
             "SELECT (regexp_match(payload::text, 'printed-line-(\\d+)'))[1] FROM journal"
             " WHERE task_id = %s AND event_type = 'stream.user' ORDER BY seq", [worker]).fetchall()]
@@ -318,10 +317,9 @@ def _line(i: int) -> NewEvent:
 
 def _journaled_lines(admin_dsn: str) -> list[int]:
     with psycopg.connect(admin_dsn) as conn:
-        seqs_and_lines = conn.execute("SELECT seq, payload ->> 'line' FROM journal WHERE event_type = 'task.stderr'"
-                                      " ORDER BY seq").fetchall()
+        lines = [p["line"] for p in tables.payloads(conn, "task.stderr")]
         assert conn.execute("SELECT count(*) = max(seq) FROM journal").fetchone()[0]  # type: ignore[index]
-    return [int(line.removeprefix("line ")) for _, line in seqs_and_lines]
+    return [int(line.removeprefix("line ")) for line in lines]
 
 
 async def test_while_the_database_is_away_the_writer_never_blocks_a_producer_and_journals_all_in_order(
