@@ -283,7 +283,8 @@ async def test_commits_an_asynchronous_standby_never_received_are_reported_after
 
             # ---- found and reported, the head raised past it ----
             def loss_record() -> Any:
-                return _one(db.admin_dsn, "SELECT seq, payload FROM journal WHERE event_type = %s", [SEQS_LOST])
+                found = tables.records(db.admin_dsn, "seq", "payload", event_type=SEQS_LOST)
+                return found[0] if found else None
 
             seq, loss = await until(loss_record, lambda: "the loss was never recorded\n" + s.logs(),
                                     CONTINUE_WITHIN_S, every=0.05)
@@ -341,8 +342,7 @@ async def test_with_a_synchronous_standby_a_commit_is_acknowledged_only_once_shi
         finally:
             await writer.flush_and_stop()
     with psycopg.connect(db.admin_dsn) as conn:
-        rows = conn.execute("SELECT seq, payload ->> 'n' FROM journal WHERE event_type = 'task.stderr' ORDER BY seq"
-                            ).fetchall()
+        rows = [(seq, p["n"]) for seq, p in tables.records(conn, "seq", "payload", event_type="task.stderr")]
         lost = tables.count_events(conn, SEQS_LOST)
     assert rows == [(shipped.last_seq, "shipped"), (acked.last_seq, "waits for the standby")], rows
     assert acked.last_seq == shipped.last_seq + 1 and lost == 0
