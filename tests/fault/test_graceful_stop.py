@@ -9,10 +9,8 @@ import json
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import httpx
-import psycopg
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import config_for, running_supervisor, substrate_for
@@ -53,11 +51,6 @@ async def _stop(executor: subprocess.Popen[bytes]) -> int:
     return await asyncio.to_thread(executor.wait, 60)
 
 
-def _rows(admin_dsn: str, sql: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(admin_dsn) as conn:
-        return conn.execute(sql).fetchall()
-
-
 async def test_a_worker_cut_off_by_a_graceful_stop_is_retried_by_the_policy_after_the_restart(
     db: DB, tmp_path: Path
 ) -> None:
@@ -81,15 +74,14 @@ async def test_a_worker_cut_off_by_a_graceful_stop_is_retried_by_the_policy_afte
                 try:
                     await settled(db.admin_dsn, timeout=120)
                 except AssertionError:
-                    raise AssertionError(_rows(db.admin_dsn, "SELECT role, status, status_reason, settled_at, brief "
-                                                             "FROM tasks ORDER BY created_at")) from None
+                    raise AssertionError(tables.tasks(db.admin_dsn, "role", "status", "status_reason", "settled_at",
+                                                      "brief")) from None
             finally:
                 await _stop(executor)
     check_invariants(db.admin_dsn)
     workers = tables.tasks(db.admin_dsn, "status", "status_reason", "attempt", role="worker")
     decisions = tables.policy_actions(db.admin_dsn)
-    reports = _rows(db.admin_dsn, "SELECT count(*) FROM tasks WHERE role = 'orchestrator' "
-                                  "AND brief LIKE '[harness] Worker%'")[0][0]
+    reports = tables.count_tasks(db.admin_dsn, role="orchestrator", brief=tables.Like("[harness] Worker%"))
     assert rc == 0 and at_stop == [("crashed", "executor_shutdown")], log.read_text()[-3000:]
     assert workers == [("crashed", "executor_shutdown", 1), ("success", "completed", 2)], log.read_text()[-3000:]
     assert decisions == ["retry_same", "report"] and reports == 1
