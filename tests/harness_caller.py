@@ -14,6 +14,7 @@ import psycopg
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from tests import tables
 from tests.harness import Harness
 from tests.pg import DB
 from tests.wait import until
@@ -37,14 +38,11 @@ def add_spawn(db: DB, *, status: str = "running", role: str = "orchestrator",
     """
     token = secrets.token_urlsafe(32)
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-        session = conn.execute("INSERT INTO sessions (project_id, role, lifecycle) VALUES (%s, %s, 'running') "
-                               "RETURNING id", [project, role]).fetchone()[0]  # type: ignore[index]
-        task = conn.execute("INSERT INTO tasks (project_id, session_id, role, status, started_at) "
-                            "VALUES (%s, %s, %s, %s, now()) RETURNING id",
-                            [project, session, role, status]).fetchone()[0]  # type: ignore[index]
-        conn.execute("INSERT INTO harness_credentials (token_sha256, task_id, session_id, revoked_at) "
-                     "VALUES (%s, %s, %s, CASE WHEN %s THEN now() END)",
-                     [hashlib.sha256(token.encode()).digest(), task, session, revoked])
+        session = tables.insert_thread(conn, project_id=project, role=role, lifecycle="running")
+        task = tables.insert_task(conn, project_id=project, session_id=session, role=role, status=status,
+                                  started_at=tables.NOW)
+        tables.add(conn, "harness_credentials", token_sha256=hashlib.sha256(token.encode()).digest(), task_id=task,
+                   session_id=session, revoked_at=tables.NOW if revoked else None)
     return Spawn(task, session, token)
 
 

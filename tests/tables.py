@@ -255,6 +255,13 @@ def thread_with_turn(db: DB, mode: str = "interactive") -> tuple[uuid.UUID, uuid
     return thread, turn
 
 
+def credential(db: DB, task_id: Id) -> tuple[bytes, datetime | None] | None:
+    """A spawn's harness credential: its token's hash and when it was revoked (None: it holds); None while the
+    task has none."""
+    found = rows(db, "harness_credentials", "token_sha256", "revoked_at", order=("created_at",), task_id=task_id)
+    return (bytes(found[0][0]), found[0][1]) if found else None
+
+
 # ---- the journal --------------------------------------------------------------------------------------------
 
 def _of(event_type: str | Like, task_id: Id | None, equal: dict[str, Any]) -> dict[str, Any]:

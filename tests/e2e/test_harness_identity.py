@@ -118,14 +118,13 @@ async def test_a_real_spawns_calls_work_and_its_config_is_private_and_gone_after
     assert len(results) == 2 and not any(b.get("is_error") for b in results), results
     # the identity came from the credential: the child and the question name the caller's task and session
     with psycopg.connect(db.admin_dsn) as conn:
-        child = conn.execute("SELECT parent_task_id FROM tasks WHERE brief = 'child brief'").fetchone()
-        question = conn.execute("SELECT task_id, source_session_uuid FROM questions").fetchone()
-        stored = conn.execute("SELECT token_sha256, revoked_at FROM harness_credentials WHERE task_id = %s",
-                              [task_id]).fetchone()
+        child = tables.tasks(conn, "parent_task_id", brief="child brief")
+        question = tables.rows(conn, "questions", "task_id", "source_session_uuid")
+        stored = tables.credential(conn, task_id)
         leaked = conn.execute("SELECT count(*) FROM journal WHERE payload::text LIKE %s",
                               [f"%{token}%"]).fetchone()
-    assert child == (task_id,) and question == (task_id, parent["session_id"])
-    assert stored is not None and bytes(stored[0]) == hashlib.sha256(token.encode()).digest()
+    assert child == [(task_id,)] and question == [(task_id, parent["session_id"])]
+    assert stored is not None and stored[0] == hashlib.sha256(token.encode()).digest()
     assert stored[1] is not None  # revoked when the process exited
     assert leaked == (0,)  # only the hash is stored; the argv in task.spawned names the file, not the token
     assert late.is_error and [e.payload["reason"] for e in refusals] == ["the credential's task has ended (success)"]

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import psycopg
 from mcp.types import CallToolResult
-from psycopg.types.json import Jsonb
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from tests.harness import running_executor
@@ -19,18 +18,13 @@ from tests.harness_caller import add_spawn, mcp_client, wait_started
 from tests import tables
 from tests.pg import DB
 
-# fetchone() is typed as possibly None: the queries indexed under `# type: ignore[index]` always return a row
-# (RETURNING, an aggregate, a row the test made)
-
 
 def _handoff(db: DB, project: uuid.UUID, ruled_out: list[dict[str, str]]) -> uuid.UUID:
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         task = tables.insert_task(conn, project_id=project, status="success")
-        conn.execute("INSERT INTO journal (event_id, seq, project_id, task_id, event_type, tier, payload) "
-                     "VALUES (gen_random_uuid(), 1, %s, %s, 'handoff', 'derived', %s)",
-                     [project, task, Jsonb({"goal": "speed up parsing", "current_state": "done",
-                                            "next_step": "none", "status": "success", "ruled_out": ruled_out})])
-        conn.execute("UPDATE journal_head SET last_seq = 1")
+        tables.append(conn, "handoff", {"goal": "speed up parsing", "current_state": "done", "next_step": "none",
+                                        "status": "success", "ruled_out": ruled_out},
+                      tier="derived", project_id=project, task_id=task)
     return task
 
 
@@ -141,10 +135,9 @@ async def test_a_routine_runs_workers_dispatched_at_the_same_moment_stay_within_
             await wait_started(h)
             turn = add_spawn(db)  # a run's turn: its session is the run's thread
             with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-                routine = conn.execute("INSERT INTO routines (name, prompt, max_workers) VALUES ('r', 'p', 1) "
-                                       "RETURNING id").fetchone()[0]  # type: ignore[index]  # RETURNING
-                conn.execute("INSERT INTO routine_runs (routine_id, trigger, status, thread_id, task_id, started_at) "
-                             "VALUES (%s, 'run', 'running', %s, %s, now())", [routine, turn.session_id, turn.task_id])
+                routine = tables.insert(conn, "routines", name="r", prompt="p", max_workers=1)
+                tables.insert(conn, "routine_runs", routine_id=routine, trigger="run", status="running",
+                              thread_id=turn.session_id, task_id=turn.task_id, started_at=tables.NOW)
             async with mcp_client(h.mcp_url or "", turn.token) as client:
                 results = await asyncio.gather(*(client.call_tool("dispatch_worker", {"brief": f"part {i}"})
                                                  for i in range(6)))

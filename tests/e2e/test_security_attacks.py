@@ -151,9 +151,8 @@ async def test_a_push_endpoint_cannot_redirect_the_executor_to_a_non_public_addr
     with _Redirector() as service:
         threading.Thread(target=service.serve_forever, daemon=True).start()
         phone = Subscriber(f"http://127.0.0.1:{service.port}/push/x")
-        with psycopg.connect(db.admin_dsn) as conn:
-            conn.execute("INSERT INTO push_subscriptions (endpoint, p256dh, auth) VALUES (%s, %s, %s)",
-                         [phone.endpoint, phone.p256dh, phone.json()["keys"]["auth"]])
+        tables.insert(db.admin_dsn, "push_subscriptions", endpoint=phone.endpoint, p256dh=phone.p256dh,
+                      auth=phone.json()["keys"]["auth"])
         async with Database(db.executor_dsn, name="test-notifier") as database:
             notifier = Notifier(database.pool, NotifyConfig(data_dir=tmp_path / "var", allow_loopback_push=True))
             await notifier.start()

@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 import psutil
-import psycopg
 import pytest
 
 from executor.run.spawn.warm_pool import WarmConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer, last_user_text
+from tests import tables
 from tests.bench import services
 from tests.harness import running_executor
 from tests.harness_caller import mcp_client
@@ -32,19 +32,12 @@ from tests.wait import until
 WARM = WarmConfig(turns=2, idle_s=120, poll_s=0.2)
 
 
-def _rows(db: DB, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(db.admin_dsn) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
 def _journal(db: DB, event_type: str, session_id: str) -> list[dict[str, Any]]:
-    return [r[0] for r in _rows(db, "SELECT payload FROM journal WHERE event_type = %s AND session_id = %s "
-                                    "ORDER BY seq", event_type, session_id)]
+    return tables.payloads(db.admin_dsn, event_type, session_id=session_id)
 
 
 def _turns(db: DB, thread: str) -> list[tuple[Any, ...]]:
-    return _rows(db, "SELECT id, status FROM tasks WHERE session_id = %s AND role = 'orchestrator' "
-                     "ORDER BY created_at", thread)
+    return tables.tasks(db.admin_dsn, "id", "status", session_id=thread, role="orchestrator")
 
 
 async def _turn_done(db: DB, thread: str, n: int) -> uuid.UUID:
@@ -76,8 +69,7 @@ async def _warm_thread(http: httpx.AsyncClient, db: DB) -> tuple[str, dict[str, 
 
 
 def _spawned(db: DB, task_id: uuid.UUID) -> dict[str, Any]:
-    payload: dict[str, Any] = _rows(db, "SELECT payload FROM journal WHERE task_id = %s AND "
-                                        "event_type = 'task.spawned'", task_id)[0][0]
+    payload: dict[str, Any] = tables.payloads(db.admin_dsn, "task.spawned", task_id)[0]
     return payload
 
 
@@ -90,12 +82,12 @@ async def test_a_message_to_a_warm_thread_goes_once_to_the_waiting_process_and_i
             waiting = psutil.Process(warm["pid"])
             assert waiting.is_running()
             # waiting is not running: no task claims a worker slot for it, and the model has not been asked
-            running = _rows(db, "SELECT count(*) FROM tasks WHERE status = 'running'")[0][0]
+            running = tables.count_tasks(db.admin_dsn, status="running")
             asked_before = len(model.requests)
             await http.post("/api/chat", json={"text": "second message", "thread_id": thread})
             second = await _turn_done(db, thread, 2)
             spawned = _spawned(db, second)
-            lines = [r[0] for r in _rows(db, "SELECT event_type FROM journal WHERE task_id = %s ORDER BY seq", second)]
+            lines = tables.event_types(db.admin_dsn, second)
             # and the next: a turn that ran warm leaves its thread warm again
             again = await _warm_started(db, thread, 2)
             await http.post("/api/chat", json={"text": "third message", "thread_id": thread})
@@ -148,9 +140,8 @@ async def test_a_warm_process_carries_its_own_credential_bound_only_to_the_turn_
                 early = await client.call_tool("get_handoffs", {"scope_id": thread})
             await http.post("/api/chat", json={"text": "use the harness", "thread_id": thread})
             second = await _turn_done(db, thread, 2)
-            used = _rows(db, "SELECT token_sha256, revoked_at FROM harness_credentials WHERE task_id = %s", second)
-            results = [b for (p,) in _rows(db, "SELECT payload FROM journal WHERE task_id = %s AND "
-                                               "event_type = 'stream.user'", second)
+            used = tables.credential(db.admin_dsn, second)
+            results = [b for p in tables.payloads(db.admin_dsn, "stream.user", second)
                        for b in p["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
             # the next warm process (after turn 2) is never taken: retired when idle, its credential with it
             unused = await _warm_started(db, thread, 2)
@@ -160,14 +151,14 @@ async def test_a_warm_process_carries_its_own_credential_bound_only_to_the_turn_
                                            if r["spawn_id"] == unused["spawn_id"]], "the idle one's end", timeout=30)
             async with mcp_client(h.mcp_url or "", unused_token) as client:
                 late = await client.call_tool("get_handoffs", {"scope_id": thread})
-            bound = _rows(db, "SELECT count(*) FROM harness_credentials WHERE token_sha256 = %s",
-                          hashlib.sha256(unused_token.encode()).digest())[0][0]
+            bound = tables.count(db.admin_dsn, "harness_credentials",
+                                 token_sha256=hashlib.sha256(unused_token.encode()).digest())
             alive = psutil.pid_exists(unused["pid"]) and psutil.Process(unused["pid"]).status() != psutil.STATUS_ZOMBIE
     assert early.is_error and "unknown credential" in str(early.content)
     # the turn that took the first warm process called as itself, with that process's own credential,
     # revoked when the turn's process exited
     assert len(results) == 1 and not results[0].get("is_error"), results
-    assert used and bytes(used[0][0]) == hashlib.sha256(token.encode()).digest() and used[0][1] is not None
+    assert used and used[0] == hashlib.sha256(token.encode()).digest() and used[1] is not None
     assert not config.exists()
     assert retired[0]["reason"] == "idle" and retired[0]["rss_bytes"] > 0
     assert not unused_config.exists() and bound == 0 and not alive
