@@ -220,6 +220,11 @@ def task(db: DB, task_id: Id, *columns: str) -> tuple[Any, ...]:
     return row(db, "tasks", task_id, *columns)
 
 
+def turns(db: DB, thread_id: Id, *columns: str) -> list[tuple[Any, ...]]:
+    """The named columns of a thread's turns (its orchestrator tasks), oldest first."""
+    return tasks(db, *columns, session_id=thread_id, role="orchestrator")
+
+
 def thread(db: DB, thread_id: Id, *columns: str) -> tuple[Any, ...]:
     """The named columns of one thread (a session row)."""
     return row(db, "sessions", thread_id, *columns)

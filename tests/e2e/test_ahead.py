@@ -15,28 +15,22 @@ from typing import Any
 
 import httpx
 import psutil
-import psycopg
 
 from executor.run.spawn import ahead_pool
 from executor.sandbox import bwrap, cliconfig
 from executor.sandbox.bwrap import SpawnBox
 from executor.sandbox.gateway import Gateway
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer, last_user_text
+from tests import tables
 from tests.harness import running_executor, sandbox_for
 from tests.pg import DB
 from tests.served import ingress_server
 from tests.wait import until
 
 
-def _rows(db: DB, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(db.admin_dsn) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
 async def _turn_done(db: DB, thread: str, n: int) -> uuid.UUID:
     def done() -> uuid.UUID | None:
-        turns = _rows(db, "SELECT id, status FROM tasks WHERE session_id = %s AND role = 'orchestrator' "
-                          "ORDER BY created_at", thread)
+        turns = tables.turns(db.admin_dsn, thread, "id", "status")
         return turns[n - 1][0] if len(turns) >= n and turns[n - 1][1] == "success" else None
     return await until(done, f"turn {n} of the thread to succeed", timeout=90)
 
@@ -71,9 +65,8 @@ async def _two_turns(db: DB, tmp: Path, *, before_second: Callable[[str], Awaita
             second = await _turn_done(db, thread, 2)
             if after_second is not None:
                 after_second()
-            spawned = _rows(db, "SELECT payload FROM journal WHERE task_id = %s AND event_type = 'task.spawned'",
-                            second)[0][0]
-            lines = [r[0] for r in _rows(db, "SELECT event_type FROM journal WHERE task_id = %s ORDER BY seq", second)]
+            spawned = tables.payloads(db.admin_dsn, "task.spawned", second)[0]
+            lines = tables.event_types(db.admin_dsn, second)
             requests = list(model.requests)
     left = sorted(p.name for p in (tmp / "run" / "mcp").glob("*.json"))
     assert _sandboxes() == []  # the stop ended every one, the spare too

@@ -37,7 +37,7 @@ def _journal(db: DB, event_type: str, session_id: str) -> list[dict[str, Any]]:
 
 
 def _turns(db: DB, thread: str) -> list[tuple[Any, ...]]:
-    return tables.tasks(db.admin_dsn, "id", "status", session_id=thread, role="orchestrator")
+    return tables.turns(db.admin_dsn, thread, "id", "status")
 
 
 async def _turn_done(db: DB, thread: str, n: int) -> uuid.UUID:
