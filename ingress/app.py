@@ -38,11 +38,7 @@ from ingress.http import ingress_queries, shared_queries
 from ingress.models import (
     AnswerIn,
     ChatIn,
-    NotifyActIn,
-    PresenceIn,
     ProjectIn,
-    PushEndpointIn,
-    PushSubscriptionIn,
     RetryIn,
     ReviewIn,
     RoutineIn,
@@ -129,6 +125,7 @@ _AFTER = Param("after_seq", "query", SEQ, "return events with a greater seq")
 _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000})
 _TASK = Param("task_id", "path", UUID)
 _THREADQ = Param("thread_id", "query", UUID)
+_THREADP = (Param("thread_id", "path", UUID),)
 _BEFORE = Param("before", "query", {"type": "string"}, "the next page: the list's next_before")
 _TASK_Q = Param("task_id", "query", UUID)
 _ROUTINE = Param("routine_id", "path", UUID)
@@ -148,10 +145,10 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
     (Op("post", "/api/threads", "create a thread (the id is issued here); adopt_session_id: made from a stored CLI "
         "conversation, its turns continuing it", ThreadIn, True, status=202,
         errors=(403, 404, 409, 415, 422)), actions.create_thread),
-    (Op("patch", "/api/threads/{thread_id}", "rename, change mode, or archive a thread", ThreadPatch,
-        params=(Param("thread_id", "path", UUID),), status=202, errors=(404, 415, 422)), actions.patch_thread),
+    (Op("patch", "/api/threads/{thread_id}", "rename, change mode, or archive a thread", ThreadPatch, params=_THREADP,
+        status=202, errors=(404, 415, 422)), actions.patch_thread),
     (Op("post", "/api/threads/{thread_id}/retry", "run a failed orchestrator turn again with the same messages",
-        RetryIn, True, (Param("thread_id", "path", UUID),), 202, (404, 409, 415, 422)), actions.retry_turn),
+        RetryIn, True, _THREADP, 202, (404, 409, 415, 422)), actions.retry_turn),
     (Op("post", "/api/asks/{ask_id}/answer", "answer a question (answers, or a response to dismiss it); 202 "
         "when it had timed out (the answer goes to the thread as a message)", AnswerIn,
         params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409, 415, 422)),
@@ -161,18 +158,7 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
      actions.cancel_ask),
     (Op("get", "/api/threads", "threads, newest first, including ones still being created; a page at a time",
         params=(_LIMIT, _BEFORE), errors=(400,)), reads.list_threads),
-    (Op("get", "/api/push", "Web Push: the VAPID public key, and whether an endpoint is subscribed",
-        params=(Param("endpoint", "query", {"type": "string"}),)), notify.push_info),
-    (Op("post", "/api/push/subscriptions", "store a browser's push subscription (PushSubscription.toJSON())",
-        PushSubscriptionIn, status=201, errors=(409, 415, 422)), notify.subscribe),
-    (Op("delete", "/api/push/subscriptions", "remove a push subscription", PushEndpointIn, errors=(404, 415, 422)),
-     notify.unsubscribe),
-    (Op("post", "/api/push/test", "send a test notification on every channel", status=202), notify.test_notification),
-    (Op("post", "/api/presence", "this page is looking at a thread (no notification for its finished turns)",
-        PresenceIn, errors=(415, 422)), notify.presence),
-    (Op("post", "/api/notify/act", "a notification's answer button: the notification's one-use token (not the "
-        "user's) answers its question with one of its options, once, before it expires", NotifyActIn,
-        errors=(403, 409, 410, 415, 422)), notify.act),
+    *notify.OPS,
     (Op("get", "/api/threads/{thread_id}/conversation", "the newest records a thread's chat renders, oldest first",
         params=(Param("thread_id", "path", UUID), _AFTER,
                 Param("before_seq", "query", SEQ, "page back: only records with a smaller seq"), _LIMIT),
@@ -184,7 +170,7 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
         Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 200}),
         Param("offset", "query", {"type": "integer", "minimum": 0})), errors=(400,)), claude_sessions.list_sessions),
     (Op("get", "/api/threads/{thread_id}", "one thread: its mode, state and the command that continues it in a "
-        "terminal", params=(Param("thread_id", "path", UUID),), errors=(404,)), reads.get_thread),
+        "terminal", params=_THREADP, errors=(404,)), reads.get_thread),
     (Op("get", "/api/info", "what this server is: version, demo mode, auth mode"), info),
     (Op("get", "/api/queue", "chat messages not yet delivered", params=(_THREADQ,), errors=(400,)),
      reads.pending_queue),

@@ -143,6 +143,7 @@ class PushEndpointIn(_Body):
 class PresenceIn(_Body):
     client_id: str = Field(min_length=8, max_length=100)
     thread_id: uuid.UUID | None = None
+    visible: bool = False  # the page is in front of the user: nothing is pushed meanwhile
 
 
 class NotifyActIn(_Body):

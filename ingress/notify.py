@@ -8,6 +8,7 @@ executor sends.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 
 from psycopg.types.json import Jsonb
 from starlette.requests import Request
@@ -15,8 +16,9 @@ from starlette.responses import Response
 
 from ingress import asks
 from ingress.actions import answered
-from ingress.http import body, ingress_queries, respond
+from ingress.http import body, ingress_queries, respond, who
 from ingress.models import AnswerIn, NotifyActIn, PresenceIn, PushEndpointIn, PushSubscriptionIn
+from ingress.openapi import UUID, Op, Param
 from ingress.problems import Problem
 from shared import endpoints
 
@@ -30,10 +32,13 @@ async def push_info(request: Request) -> Response:
     count = await q.one("count_push_subscriptions")
     endpoint = request.query_params.get("endpoint")
     mine = await q.one("get_push_subscription_by_endpoint", {"endpoint": endpoint}) if endpoint else None
+    muted = await q.all("list_notify_mutes")
     return respond({"public_key": config["public_key"] if config else None,
                     "subscriptions": count["subscriptions"] if count else 0,
                     "subscribed": mine is not None, "subscription": mine,
-                    "ntfy": bool(config and config["ntfy"])})
+                    "ntfy": bool(config and config["ntfy"]),
+                    "policy": config["policy"] if config else None,  # what will notify (the executor's settings)
+                    "muted": [str(m["thread_id"]) for m in muted]})
 
 
 async def subscribe(request: Request) -> Response:
@@ -65,8 +70,24 @@ async def test_notification(request: Request) -> Response:
 
 async def presence(request: Request) -> Response:
     seen = await body(request, PresenceIn)
-    return respond(await ingress_queries(request).one("upsert_presence",
-                                                      {"client_id": seen.client_id, "thread_id": seen.thread_id}))
+    return respond(await ingress_queries(request).one("upsert_presence", {
+        "client_id": seen.client_id, "thread_id": seen.thread_id, "visible": seen.visible}))
+
+
+async def mute(request: Request) -> Response:
+    thread_id = request.path_params["thread_id"]
+    row = await ingress_queries(request).one("insert_notify_mute", {"thread_id": thread_id,
+                                                                    "muted_by": who(request)})
+    if row is None:
+        raise Problem(404, f"no thread {thread_id}")
+    return respond(row)
+
+
+async def unmute(request: Request) -> Response:
+    thread_id = request.path_params["thread_id"]
+    if await ingress_queries(request).one("delete_notify_mute", {"thread_id": thread_id}) is None:
+        raise Problem(404, f"thread {thread_id} is not muted")
+    return respond({"thread_id": thread_id, "muted": False})
 
 
 async def act(request: Request) -> Response:
@@ -99,3 +120,23 @@ async def act(request: Request) -> Response:
             raise Problem(409, "question was closed meanwhile", question_id=str(row["question_id"]))
         await tx.execute("mark_notification_action_used", {"sha256": sha256, "choice": pressed.choice})
     return answered(closed)
+
+
+_THREAD, _MUTE = (Param("thread_id", "path", UUID),), "/api/threads/{thread_id}/mute"
+# this module's part of the route table (ingress/app.py)
+OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF012 - read once
+    (Op("get", "/api/push", "Web Push: the VAPID public key, whether an endpoint is subscribed, what will notify "
+        "and the muted threads", params=(Param("endpoint", "query", {"type": "string"}),)), push_info),
+    (Op("post", "/api/push/subscriptions", "store a browser's push subscription (PushSubscription.toJSON())",
+        PushSubscriptionIn, status=201, errors=(409, 415, 422)), subscribe),
+    (Op("delete", "/api/push/subscriptions", "remove a push subscription", PushEndpointIn, errors=(404, 415, 422)),
+     unsubscribe),
+    (Op("post", "/api/push/test", "send a test notification on every channel", status=202), test_notification),
+    (Op("post", "/api/presence", "this page is in view, looking at a thread (nothing is pushed while a page is in "
+        "view; no notification for its thread's finished turns)", PresenceIn, errors=(415, 422)), presence),
+    (Op("put", _MUTE, "no notifications about this thread until unmuted", params=_THREAD, errors=(404, 415)), mute),
+    (Op("delete", _MUTE, "notifications about this thread again", params=_THREAD, errors=(404,)), unmute),
+    (Op("post", "/api/notify/act", "a notification's answer button: the notification's one-use token (not the "
+        "user's) answers its question with one of its options, once, before it expires", NotifyActIn,
+        errors=(403, 409, 410, 415, 422)), act),
+]

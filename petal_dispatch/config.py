@@ -135,6 +135,11 @@ class Settings(BaseSettings):
     # Test-only: accept push endpoints on loopback (a local push stand-in). Never in production.
     push_allow_loopback: bool = False
     notify_rate_limit_s: float = Field(default=60.0, ge=0)
+    # Only when needed: a finished run waits this long for others to fold into one digest; no pushes in the quiet
+    # hours (HH:MM-HH:MM [time zone]) but, with notify_quiet_gates, the cards that hold up work.
+    notify_digest_s: float = Field(default=120.0, ge=0)
+    notify_quiet: str | None = None
+    notify_quiet_gates: bool = False
     # Routines: a schedule's instant noticed later than this (the fleet was down) counts as missed and follows
     # the routine's policy (skip, or run once for all of them).
     routine_missed_grace_s: float = Field(default=60.0, gt=0)

@@ -128,12 +128,18 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
 
 def notify_config(settings: Settings) -> NotifyConfig:
     from executor.notify.notifier import NotifyConfig
+    from executor.notify.quiet import BadQuietHours, QuietHours
 
+    try:
+        quiet = QuietHours.parse(settings.notify_quiet, allow_gates=settings.notify_quiet_gates) \
+            if settings.notify_quiet else None
+    except BadQuietHours as exc:
+        raise ConfigError(f"PETAL_NOTIFY_QUIET: {exc}") from None
     return NotifyConfig(
         data_dir=settings.data_dir.resolve(), vapid_private_key=settings.vapid_private_key,
         vapid_subject=settings.vapid_subject, ntfy_url=settings.ntfy_url, ntfy_token=settings.ntfy_token,
         public_url=settings.public_url, rate_limit_s=settings.notify_rate_limit_s,
-        allow_loopback_push=settings.push_allow_loopback)
+        digest_s=settings.notify_digest_s, quiet=quiet, allow_loopback_push=settings.push_allow_loopback)
 
 
 def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,

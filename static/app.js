@@ -9,7 +9,7 @@ import { wire as wireAttachments } from "./js/attach.js";
 import { belongs, liveEvent, loadConversation, loadOlder, loadQueue, renderConversation, scrollChat, send } from "./js/chat.js";
 import { loadContext } from "./js/context.js";
 import { $, h } from "./js/dom.js";
-import { disableNotify, enableNotify, presence, renderNotify, testNotify } from "./js/notify.js";
+import { disableNotify, enableNotify, presence, renderMute, renderNotify, testNotify, toggleMute } from "./js/notify.js";
 import { S, TABS, currentTab } from "./js/state.js";
 import { loadRoutines } from "./js/routines.js";
 import { setConn, stream } from "./js/stream.js";
@@ -113,6 +113,7 @@ async function start() {
   $("#notify-enable").addEventListener("click", guard(enableNotify));
   $("#notify-disable").addEventListener("click", guard(disableNotify));
   $("#notify-test").addEventListener("click", guard(testNotify));
+  $("#notify-mute").addEventListener("change", guard(toggleMute));
   document.addEventListener("visibilitychange", presence);
   setInterval(presence, 20_000);
   S.info = await api("/api/info");

@@ -27,6 +27,9 @@ class Note:
     # the labels a notification may answer its question with, as buttons (a single single-select question's
     # first options; none for anything else, whose answer needs the page)
     choices: tuple[str, ...] = ()
+    # a card that holds up work until someone answers (a tool call's gate, a worker's approval, an escalation):
+    # what quiet hours may still let through
+    gate: bool = False
 
     @property
     def question_id(self) -> Any:
@@ -45,6 +48,14 @@ class Note:
         return json.dumps(shown)
 
 
+# what is not waiting on the user (a finished turn, a routine's run): folded into the next digest
+LATER = ("turn_finished", "routine_")
+
+
+def later(note: Note) -> bool:
+    return note.kind.startswith(LATER)
+
+
 def line(text: Any, n: int = LINE_CHARS) -> str:
     first = str(text or "").strip().split("\n")[0]
     return first if len(first) <= n else first[: n - 1] + "…"
@@ -54,16 +65,7 @@ def note_for(row: Candidate) -> Note | None:
     """The notification a journal record calls for, or None (most records call for none)."""
     p = row.payload or {}
     if row.event_type == "question.asked":
-        questions = p.get("questions") or [{}]
-        by_harness = p.get("asked_by") == "harness"
-        escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
-        kind = "escalation" if escalation else "question"
-        gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
-        title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
-                 else "Approve a worker?" if by_harness else "Claude asks")
-        qid = p.get("question_id")
-        return Note(kind, title, line(questions[0].get("question")), f"/#asks/{qid}" if qid else "/#asks",
-                    row.task_id, row.session_id, row.seq, {"question_id": qid}, choices(questions))
+        return _question_note(row, p)
     if row.event_type == "task.stalled":
         return Note("stalled", f"A {row.role or 'task'} stalled",
                     line(f"Silent for {round(p.get('silent_s', 0))} s: {line(row.brief, 80)}"),
@@ -84,6 +86,21 @@ def note_for(row: Candidate) -> Note | None:
                     f"/#chat/{row.task_session}", row.task_id, row.task_session, row.seq,
                     {"status": status, "subtype": result.get("subtype")})
     return None
+
+
+def _question_note(row: Candidate, p: dict[str, Any]) -> Note:
+    """A question waiting for the user: Claude's, a worker's approval, a tool call's gate card, an escalation."""
+    questions = p.get("questions") or [{}]
+    by_harness = p.get("asked_by") == "harness"
+    escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
+    kind = "escalation" if escalation else "question"
+    gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
+    title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
+             else "Approve a worker?" if by_harness else "Claude asks")
+    qid = p.get("question_id")
+    return Note(kind, title, line(questions[0].get("question")), f"/#asks/{qid}" if qid else "/#asks",
+                row.task_id, row.session_id, row.seq, {"question_id": qid}, choices(questions),
+                gate=escalation or gate or by_harness)
 
 
 def choices(questions: list[Any]) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, TypedDict
 
@@ -26,6 +27,7 @@ from executor.notify import notes as said
 from executor.notify import vapid
 from executor.notify.duty import Duty
 from executor.notify.notes import Note
+from executor.notify.quiet import QuietHours
 from executor.notify.store import NotifyStore, Sent
 from executor.notify.store import Subscription as PushSubscription
 from shared import consume, database, endpoints, logs
@@ -77,8 +79,15 @@ class NotifyConfig:
     public_url: str = ""  # the page's address, for absolute links (ntfy's Click)
     rate_limit_s: float = 60.0
     digest_after: int = 3  # more than this many in one pass become one digest
-    presence_s: float = 60.0  # a page seen this recently is watching its thread
+    presence_s: float = 60.0  # a page seen this recently is watching its thread (or, visible, the user)
+    digest_s: float = 120.0  # a finished run waits this long for others to fold into one digest
+    quiet: QuietHours | None = None  # no pushes in this daily window (PETAL_NOTIFY_QUIET)
     allow_loopback_push: bool = False  # test-only: a loopback push stand-in
+
+    def policy(self) -> dict[str, object]:
+        """What will notify, for the page's settings."""
+        return {"digest_s": self.digest_s, "presence_s": self.presence_s,
+                "quiet": self.quiet.describe() if self.quiet else None}
 
 
 class Delivery(TypedDict, total=False):
@@ -103,7 +112,8 @@ class Notifier:
 
     async def start(self) -> None:
         self.vapid = vapid.configured(self.config.vapid_private_key) or await self._fleet_vapid()
-        await self.store.store_push_key(vapid.public_key(self.vapid), ntfy=bool(self.config.ntfy_url))
+        await self.store.store_push_key(vapid.public_key(self.vapid), ntfy=bool(self.config.ntfy_url),
+                                        policy=self.config.policy())
         await self.store.init_cursor()  # a first start begins at the journal's head
 
     async def _fleet_vapid(self) -> Vapid:
@@ -140,11 +150,23 @@ class Notifier:
                                                  None if outcome == "sent" else outcome)
         cursor = await self.store.cursor()
         rows = await self.store.candidates(cursor.last_seq, PAGE)
-        if not rows:
+        quiet = self.config.quiet is not None and self.config.quiet.active(datetime.now(UTC))
+        due: list[Note] = []
+        if rows:
+            notes = [n for n in (said.note_for(r) for r in rows) if n is not None]
+            due = await self._hold_back(notes, quiet)
+            for n in (n for n in due if said.later(n)):
+                await self._record(n, "deferred", {})  # for the next digest
+            await self._send([n for n in due if not said.later(n)])
+            # a full page: the next pass goes on after it; else the head, past records none of which is notable
+            last = rows[-1].seq if len(rows) == PAGE else max(rows[-1].seq, cursor.head)
+            await self.store.advance_cursor(last)
+        else:
             await self.store.advance_cursor(cursor.head)
-            return []
-        notes = [n for n in (said.note_for(r) for r in rows) if n is not None]
-        due = await self._hold_back(notes)
+        await self._digest_due(quiet)
+        return due
+
+    async def _send(self, due: list[Note]) -> None:
         if len(due) > self.config.digest_after:
             digest = self._digest(due)
             outcome, detail = await self.deliver([digest])
@@ -155,16 +177,48 @@ class Notifier:
             for n in due:
                 outcome, detail = await self.deliver([n])
                 await self._record(n, outcome, detail)
-        # a full page: the next pass goes on after it; else the head, past records none of which is notable
-        last = rows[-1].seq if len(rows) == PAGE else max(rows[-1].seq, cursor.head)
-        await self.store.advance_cursor(last)
-        return due
 
-    async def _hold_back(self, notes: list[Note]) -> list[Note]:
-        """Drop what the rate limit holds back, turns someone is watching and a routine run's turns."""
+    async def _digest_due(self, quiet: bool) -> None:
+        """The finished runs held for a digest, sent once the oldest has waited `digest_s` (one alone as itself),
+        unless it is quiet or the user is looking at a page (they wait on)."""
+        waiting = await self.store.deferred()
+        if not waiting or waiting[0].waited_s < self.config.digest_s or quiet or \
+                await self.store.page_visible(self.config.presence_s):
+            return
+        batch = [Note(d.kind, d.title, d.body, d.url, d.task_id, d.thread_id, d.seq, d.detail or {})
+                 for d in waiting]
+        note = batch[0] if len(batch) == 1 else self._digest(batch)
+        outcome, detail = await self.deliver([note])
+        await self.store.finish_deferred([d.id for d in waiting],
+                                         outcome if len(batch) == 1 or outcome != "sent" else "digested",
+                                         dict(detail))
+        if len(batch) > 1:
+            await self._record(note, outcome, detail)
+
+    async def _held(self, n: Note, quiet: bool, visible: list[bool]) -> str | None:
+        """Why a note is not pushed now (recorded as its outcome), or None: its thread is muted; it is quiet
+        (but for a card that holds up work, when the user asked for those); a page is in front of the user."""
+        if await self.store.muted(n.task_id, n.thread_id):
+            return "muted"
+        if quiet and not (n.gate and self.config.quiet is not None and self.config.quiet.allow_gates):
+            return "quiet"
+        if not said.later(n):  # a finished run waits for the digest, which waits for the page to close
+            if not visible:
+                visible.append(await self.store.page_visible(self.config.presence_s))
+            if visible[0]:
+                return "page_visible"
+        return None
+
+    async def _hold_back(self, notes: list[Note], quiet: bool = False) -> list[Note]:
+        """Drop what is held (muted, quiet, seen on a page), what the rate limit holds back, turns someone is
+        watching and a routine run's turns."""
         due: list[Note] = []
         seen: set[tuple[str, str]] = set()
+        visible: list[bool] = []  # asked once a pass, when a note needs it
         for n in notes:
+            if why := await self._held(n, quiet, visible):
+                await self._record(n, why, {})
+                continue
             if n.kind == "turn_finished" and n.thread_id is not None:
                 if await self.store.thread_watched(n.thread_id, self.config.presence_s):
                     continue
@@ -184,7 +238,12 @@ class Notifier:
             kinds[n.kind] = kinds.get(n.kind, 0) + 1
         words = {"question": "question", "escalation": "escalation", "stalled": "stalled task",
                  "turn_finished": "finished turn"}
-        parts = [f"{c} {words.get(k, k)}{'s' if c > 1 else ''}" for k, c in kinds.items()]
+        parts = [f"{c} {words.get(k) or (k[8:] + ' routine run' if k.startswith('routine_') else k)}"
+                 f"{'s' if c > 1 else ''}" for k, c in kinds.items()]
+        if all(said.later(n) for n in batch):  # the finished runs' digest: nothing waits on the user
+            threads = {n.thread_id for n in batch}
+            url = f"/#chat/{threads.pop()}" if len(threads) == 1 and None not in threads else "/#tasks"
+            return Note("digest", f"{len(batch)} runs finished", said.line(", ".join(parts)), url)
         url = "/#asks" if kinds.get("question") or kinds.get("escalation") else "/#tasks"
         return Note("digest", f"{len(batch)} things need you", said.line(", ".join(parts)), url)
 

@@ -68,6 +68,22 @@ class Sent(FromRow):
 
 
 @dataclass(frozen=True)
+class Deferred(FromRow):
+    """A note recorded for the next digest (a finished run), and how long the oldest of them has waited."""
+
+    id: uuid.UUID
+    kind: str
+    task_id: Any
+    thread_id: Any
+    seq: int | None
+    title: str
+    body: str
+    url: str
+    detail: dict[str, Any] | None
+    waited_s: float
+
+
+@dataclass(frozen=True)
 class _Id(FromRow):
     id: uuid.UUID
 
@@ -97,9 +113,9 @@ class NotifyStore:
 
     # ---- start ---------------------------------------------------------------------------------------
 
-    async def store_push_key(self, public_key: str, *, ntfy: bool) -> None:
-        """The key browsers subscribe with (the page reads it), and whether ntfy is configured."""
-        await self.q.execute("store_push_key", {"public_key": public_key, "ntfy": ntfy})
+    async def store_push_key(self, public_key: str, *, ntfy: bool, policy: dict[str, Any]) -> None:
+        """The key browsers subscribe with (the page reads it), whether ntfy is configured, and what will notify."""
+        await self.q.execute("store_push_key", {"public_key": public_key, "ntfy": ntfy, "policy": Jsonb(policy)})
 
     async def init_cursor(self) -> None:
         """A first start begins at the journal's head (a later one keeps its cursor)."""
@@ -136,6 +152,22 @@ class NotifyStore:
         """Whether a page showed the thread within `seconds`, or the thread is a routine's run's."""
         return await self.q.one("check_thread_watched", {"thread_id": thread_id, "seconds": seconds},
                                 into=_Holds) is not None
+
+    async def page_visible(self, seconds: float) -> bool:
+        """Whether a page was in front of the user, on any device, within `seconds`."""
+        return await self.q.one("check_page_visible", {"seconds": seconds}, into=_Holds) is not None
+
+    async def muted(self, task_id: Any, thread_id: Any) -> bool:
+        """Whether the user muted the thread a note is about (its own, or the one its task descends from)."""
+        return await self.q.one("check_thread_muted", {"task_id": task_id, "thread_id": thread_id},
+                                into=_Holds) is not None
+
+    async def deferred(self) -> list[Deferred]:
+        return await self.q.all("list_deferred_notifications", into=Deferred)
+
+    async def finish_deferred(self, ids: list[uuid.UUID], outcome: str, delivery: dict[str, Any]) -> None:
+        await self.q.execute("finish_deferred_notifications", {"ids": ids, "outcome": outcome,
+                                                               "delivery": Jsonb(delivery)})
 
     async def recently_notified(self, kind: str, task_id: Any, thread_id: Any, seconds: float) -> bool:
         """Whether a note of this kind about this task (or thread) went out within `seconds`."""

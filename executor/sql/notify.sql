@@ -1,8 +1,10 @@
 -- Notifications: the notifier's cursor and duty, push subscriptions, sent notes.
 
 -- name: store_push_key --
-INSERT INTO push_config (public_key, ntfy) VALUES (%(public_key)s, %(ntfy)s)
-ON CONFLICT (id) DO UPDATE SET public_key = EXCLUDED.public_key, ntfy = EXCLUDED.ntfy, updated_at = now()
+-- policy: what will notify, as this executor is configured (the page shows it)
+INSERT INTO push_config (public_key, ntfy, policy) VALUES (%(public_key)s, %(ntfy)s, %(policy)s)
+ON CONFLICT (id) DO UPDATE SET public_key = EXCLUDED.public_key, ntfy = EXCLUDED.ntfy, policy = EXCLUDED.policy,
+                               updated_at = now()
 
 -- name: init_notify_cursor --
 INSERT INTO notify_cursor (last_seq) SELECT last_seq FROM journal_head ON CONFLICT (id) DO NOTHING
@@ -28,6 +30,35 @@ LIMIT %(limit)s
 SELECT true AS holds WHERE EXISTS (SELECT 1 FROM client_presence WHERE thread_id = %(thread_id)s
                                    AND seen_at > now() - make_interval(secs => %(seconds)s))
                         OR EXISTS (SELECT 1 FROM routine_runs WHERE thread_id = %(thread_id)s)
+
+-- name: check_page_visible --
+-- A page is in front of the user, on any device: it said so within `seconds` (it says so every 20 s while
+-- visible, and at once when hidden).
+SELECT true AS holds WHERE EXISTS (SELECT 1 FROM client_presence
+                                   WHERE visible AND seen_at > now() - make_interval(secs => %(seconds)s))
+
+-- name: check_thread_muted --
+-- The user muted the note's thread: the one it names, or the thread of the turn its task (a worker, its
+-- extractor) descends from.
+WITH RECURSIVE up AS (
+    SELECT id, parent_task_id, session_id FROM tasks WHERE id = %(task_id)s
+    UNION ALL
+    SELECT t.id, t.parent_task_id, t.session_id FROM tasks t JOIN up ON t.id = up.parent_task_id
+)
+SELECT true AS holds WHERE EXISTS (SELECT 1 FROM notify_mutes m
+                                   WHERE m.thread_id = %(thread_id)s OR m.thread_id IN (SELECT session_id FROM up))
+
+-- name: list_deferred_notifications --
+-- The notes waiting for the next digest (finished runs), oldest first, with how long the oldest has waited.
+SELECT id, kind, task_id, thread_id, seq, title, body, url, detail,
+       extract(epoch FROM now() - min(created_at) OVER ()) AS waited_s
+FROM notifications WHERE outcome = 'deferred'
+ORDER BY created_at, id
+LIMIT 500
+
+-- name: finish_deferred_notifications --
+UPDATE notifications SET outcome = %(outcome)s, detail = coalesce(detail, '{}') || %(delivery)s
+WHERE id = ANY(%(ids)s) AND outcome = 'deferred'
 
 -- name: check_recent_notification --
 SELECT true AS holds WHERE EXISTS (

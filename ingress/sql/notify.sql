@@ -1,5 +1,23 @@
 -- name: get_push_config --
-SELECT public_key, ntfy, updated_at FROM push_config
+SELECT public_key, ntfy, policy, updated_at FROM push_config
+
+-- name: list_notify_mutes --
+SELECT m.thread_id FROM notify_mutes m ORDER BY m.muted_at
+
+-- name: insert_notify_mute --
+-- A thread's notifications muted (a thread: an orchestrator session); muting again changes nothing.
+WITH made AS (
+    INSERT INTO notify_mutes (thread_id, muted_by)
+    SELECT s.id, %(muted_by)s FROM sessions s WHERE s.id = %(thread_id)s AND s.role = 'orchestrator'
+    ON CONFLICT (thread_id) DO NOTHING
+    RETURNING thread_id, muted_by, muted_at
+)
+SELECT thread_id, muted_by, muted_at FROM made
+UNION ALL
+SELECT thread_id, muted_by, muted_at FROM notify_mutes WHERE thread_id = %(thread_id)s
+
+-- name: delete_notify_mute --
+DELETE FROM notify_mutes WHERE thread_id = %(thread_id)s RETURNING thread_id
 
 -- name: count_push_subscriptions --
 SELECT count(*) AS subscriptions FROM push_subscriptions
@@ -20,9 +38,10 @@ SELECT id, created_at, last_success_at, last_error FROM push_subscriptions WHERE
 INSERT INTO notify_queue (kind) VALUES (%(kind)s) RETURNING id, kind, status, created_at
 
 -- name: upsert_presence --
-INSERT INTO client_presence (client_id, thread_id, seen_at) VALUES (%(client_id)s, %(thread_id)s, now())
-ON CONFLICT (client_id) DO UPDATE SET thread_id = EXCLUDED.thread_id, seen_at = now()
-RETURNING client_id, thread_id, seen_at
+INSERT INTO client_presence (client_id, thread_id, visible, seen_at)
+VALUES (%(client_id)s, %(thread_id)s, %(visible)s, now())
+ON CONFLICT (client_id) DO UPDATE SET thread_id = EXCLUDED.thread_id, visible = EXCLUDED.visible, seen_at = now()
+RETURNING client_id, thread_id, visible, seen_at
 
 -- name: get_notification_action --
 -- A notification's answer button, by its token's sha256, with the question it answers; locked until the answer

@@ -41,9 +41,42 @@ export async function renderNotify() {
     unsupported: "This browser cannot receive Web Push (on iPhone: add the page to the home screen first).",
     error: `Could not read the notification state: ${st.error}`,
   }[st.state];
+  renderPolicy(st.info || await api("/api/push").catch(() => null));
   $("#notify-enable").hidden = st.state !== "off";
   $("#notify-disable").hidden = st.state !== "on";
   $("#notify-test").hidden = st.state !== "on";
+}
+
+// What will notify, as the executor is configured, and whether this thread is muted
+function renderPolicy(info) {
+  const p = info?.policy || {};
+  const mins = (s) => (s >= 120 ? `${Math.round(s / 60)} minutes` : `${Math.round(s)} seconds`);
+  const items = [
+    "At once: a question from Claude, a tool call or a worker waiting for your approval, an escalation, a stalled task. A question's options are buttons on the notification.",
+    p.digest_s !== undefined ? `Finished turns and routine runs: in one digest, at most every ${mins(p.digest_s)}.` : null,
+    "Nothing while this page (or the page on another device) is open in front of you.",
+    p.quiet ? `Quiet hours: ${p.quiet}.` : "No quiet hours (PETAL_NOTIFY_QUIET sets them).",
+  ].filter(Boolean);
+  $("#notify-policy").replaceChildren(...items.map((t) => Object.assign(document.createElement("li"), { textContent: t })));
+  S.muted = new Set(info?.muted || []);
+  renderMute();
+}
+
+export function renderMute() {
+  const box = $("#notify-mute");
+  box.disabled = !S.thread;
+  box.checked = Boolean(S.thread && S.muted?.has(S.thread));
+  const t = S.threads?.find((x) => x.id === S.thread);
+  $("#notify-mute-title").textContent = t?.title ? ` (${t.title})` : "";
+}
+
+export async function toggleMute() {
+  const box = $("#notify-mute");
+  const thread = S.thread;
+  if (!thread) return;
+  await api(`/api/threads/${thread}/mute`, box.checked ? { method: "PUT", body: {} } : { method: "DELETE" });
+  if (box.checked) S.muted.add(thread); else S.muted.delete(thread);
+  $("#notify-result").textContent = box.checked ? "This thread is muted." : "This thread notifies again.";
 }
 
 export async function enableNotify() {
@@ -80,7 +113,9 @@ const clientId = localStorage.getItem("petal.client") || (() => {
   const id = crypto.randomUUID(); localStorage.setItem("petal.client", id); return id;
 })();
 
+// Whether it is in front of the user at all: while it is, nothing is pushed.
 export function presence() {
-  const watching = document.visibilityState === "visible" && currentTab() === "chat" ? S.thread : null;
-  api("/api/presence", { method: "POST", body: { client_id: clientId, thread_id: watching } }).catch(() => null);
+  const visible = document.visibilityState === "visible";
+  const watching = visible && currentTab() === "chat" ? S.thread : null;
+  api("/api/presence", { method: "POST", body: { client_id: clientId, thread_id: watching, visible } }).catch(() => null);
 }

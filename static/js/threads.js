@@ -4,7 +4,7 @@ import { renderAsks } from "./asks.js";
 import { loadConversation, loadQueue } from "./chat.js";
 import { loadContext } from "./context.js";
 import { $, h } from "./dom.js";
-import { presence } from "./notify.js";
+import { presence, renderMute } from "./notify.js";
 import { renderHandback } from "./sessions.js";
 import { S, threadName } from "./state.js";
 import { loadTasks } from "./tasks.js";
@@ -95,6 +95,7 @@ export async function focusThread(id) {
   clearMissing();
   S.thread = id;
   presence();
+  renderMute();
   localStorage.setItem("petal.thread", id);
   S.conv = new Map(); S.convMore = false; S.queue = []; S.live = new Map(); S.workers = new Map(); S.liveLoaded = new Set();
   renderThreadPicker();

@@ -171,7 +171,8 @@ async def test_a_finished_turn_is_pushed_only_when_no_page_watches_its_thread(db
                                          " ('orchestrator', 'hi', 'success', %s) RETURNING id", [thread]).fetchone()[0]  # type: ignore[index]
         conn.execute("INSERT INTO client_presence (client_id, thread_id) VALUES ('phone-in-hand', %s)", [watched])
     with StandIn() as ntfy:
-        config = NotifyConfig(data_dir=tmp_path / "var", ntfy_url=f"{ntfy.url}/t")
+        # digest_s=0: a finished turn alone goes out in the pass that saw it (tests/e2e/test_notify_when_needed.py)
+        config = NotifyConfig(data_dir=tmp_path / "var", ntfy_url=f"{ntfy.url}/t", digest_s=0)
         async with Database(db.executor_dsn, name="test-notifier") as database:
             notifier = Notifier(database.pool, config)
             await notifier.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -16,6 +17,7 @@ from executor.notify import notes
 from executor.notify.duty import Duty
 from executor.notify.notes import Note
 from executor.notify.notifier import PAGE, Notifier, NotifyConfig, wants
+from executor.notify.quiet import QuietHours
 from executor.notify.store import Candidate, NotifyStore
 from shared.listener import Notification
 from tests.fake_queries import FakeWork
@@ -126,7 +128,9 @@ async def test_released_duty_closes_its_session() -> None:
 
 def notifier(answers: Mapping[str, Any], **config: Any) -> tuple[Notifier, FakeWork]:
     made = Notifier(None, NotifyConfig(**config))  # type: ignore[arg-type]  # no pool: the store is a fake
-    unit = FakeWork({"list_push_subscriptions": [], "record_notification": 1, **answers})
+    # by default: no thread muted, no page in view, nothing waiting for a digest
+    unit = FakeWork({"list_push_subscriptions": [], "record_notification": 1, "check_thread_muted": None,
+                     "check_page_visible": None, "list_deferred_notifications": [], **answers})
     made.store = NotifyStore(unit)
     return made, unit
 
@@ -152,13 +156,13 @@ async def test_only_a_turns_end_asks_whether_its_thread_is_watched() -> None:
     made, unit = notifier({"check_recent_notification": None})  # check_thread_watched unanswered: never run
     stalled = Note("stalled", "A worker stalled", "b", "/#task", TASK, THREAD)
     assert await made._hold_back([stalled]) == [stalled]
-    assert unit.names() == ["check_recent_notification"]
+    assert unit.names() == ["check_thread_muted", "check_page_visible", "check_recent_notification"]
 
 
 async def test_a_note_sent_within_the_rate_limit_is_recorded_as_rate_limited() -> None:
     made, unit = notifier({"check_recent_notification": {"holds": True}}, rate_limit_s=30.0)
     assert await made._hold_back([Note("stalled", "t", "b", "/", TASK)]) == []
-    assert unit.calls[0].params["seconds"] == 30.0
+    assert [c.params["seconds"] for c in unit.calls if c.name == "check_recent_notification"] == [30.0]
     assert recorded(unit) == [("stalled", "rate_limited")]
 
 
@@ -219,6 +223,75 @@ async def test_a_burst_of_more_than_digest_after_is_sent_as_one_digest() -> None
     assert len(await made.pass_once()) == 4
     assert recorded(unit) == [("stalled", "no_channel")] * 4 + [("digest", "no_channel")]
     assert unit.names().count("list_push_subscriptions") == 1  # delivered once, as the digest
+
+
+# ---- only when needed ----------------------------------------------------------------------------------------
+
+QUIET_NOW = "00:00-23:59 UTC"  # a window the test runs in (but for the last minute of a UTC day)
+
+
+async def test_a_muted_thread_s_note_is_held_and_nothing_else_is_asked() -> None:
+    made, unit = notifier({"check_thread_muted": {"holds": True}})
+    assert await made._hold_back([Note("stalled", "t", "b", "/", TASK, THREAD)]) == []
+    assert recorded(unit) == [("stalled", "muted")]
+    assert unit.names() == ["check_thread_muted", "record_notification"]
+
+
+async def test_in_quiet_hours_only_a_card_that_holds_up_work_passes_and_only_when_asked() -> None:
+    if datetime.now(UTC).strftime("%H:%M") == "23:59":
+        pytest.skip("outside the test's quiet window")
+    plain = Note("question", "Claude asks", "b", "/", TASK)
+    gate = Note("question", "Approve a tool call?", "b", "/", uuid.uuid4(), gate=True)
+    for allow_gates, passed in ((False, []), (True, [gate])):
+        made, unit = notifier({"check_recent_notification": None},
+                              quiet=QuietHours.parse(QUIET_NOW, allow_gates=allow_gates))
+        assert await made._hold_back([plain, gate], quiet=True) == passed
+        assert recorded(unit) == [("question", "quiet")] * (2 - len(passed))
+
+
+async def test_a_visible_page_holds_what_is_due_now_and_the_digest_waits_for_it() -> None:
+    made, unit = notifier({"check_page_visible": {"holds": True}, "check_recent_notification": None,
+                           "check_thread_watched": None})
+    stalled = Note("stalled", "t", "b", "/", TASK)
+    finished = Note("turn_finished", "Reply ready", "b", "/#chat/x", uuid.uuid4(), THREAD)
+    assert await made._hold_back([stalled, finished]) == [finished]  # deferred by the pass, not held here
+    assert recorded(unit) == [("stalled", "page_visible")]
+    assert unit.names().count("check_page_visible") == 1  # asked once a pass
+
+
+def deferred(n: int, waited_s: float) -> list[dict[str, Any]]:
+    return [{"id": uuid.uuid4(), "kind": "turn_finished", "task_id": uuid.uuid4(), "thread_id": THREAD, "seq": i,
+             "title": "Reply ready", "body": "The orchestrator replied.", "url": f"/#chat/{THREAD}", "detail": {},
+             "waited_s": waited_s} for i in range(n)]
+
+
+async def test_finished_runs_go_out_as_one_digest_once_the_oldest_has_waited() -> None:
+    early, _ = notifier({"list_deferred_notifications": deferred(3, 119.0)}, digest_s=120)
+    await early._digest_due(quiet=False)  # not yet: nothing sent, nothing finished
+    made, unit = notifier({"list_deferred_notifications": deferred(3, 121.0), "finish_deferred_notifications": 3},
+                          digest_s=120)
+    await made._digest_due(quiet=False)
+    quiet, quiet_unit = notifier({"list_deferred_notifications": deferred(3, 121.0)}, digest_s=120)
+    await quiet._digest_due(quiet=True)
+    alone, alone_unit = notifier({"list_deferred_notifications": deferred(1, 121.0),
+                                  "finish_deferred_notifications": 1}, digest_s=120)
+    await alone._digest_due(quiet=False)
+    finished = [c.params for c in unit.calls if c.name == "finish_deferred_notifications"]
+    assert len(finished) == 1 and len(finished[0]["ids"]) == 3 and finished[0]["outcome"] == "no_channel"
+    assert recorded(unit) == [("digest", "no_channel")]
+    assert "list_push_subscriptions" not in quiet_unit.names()
+    assert recorded(alone_unit) == []  # one alone goes as itself: its own row is finished, no digest row
+    assert [c.params["outcome"] for c in alone_unit.calls if c.name == "finish_deferred_notifications"] == [
+        "no_channel"]
+
+
+def test_the_finished_runs_digest_links_to_their_thread_and_says_what_finished() -> None:
+    one_thread = [Note("turn_finished", "Reply ready", "b", "/", uuid.uuid4(), THREAD) for _ in range(2)]
+    mixed = one_thread + [Note("routine_failed", "Routine x: failed", "b", "/", uuid.uuid4(), uuid.uuid4())]
+    assert (Notifier._digest(one_thread).title, Notifier._digest(one_thread).url) == (
+        "2 runs finished", f"/#chat/{THREAD}")
+    assert (Notifier._digest(mixed).body, Notifier._digest(mixed).url) == (
+        "2 finished turns, 1 failed routine run", "/#tasks")
 
 
 async def test_a_test_request_is_delivered_recorded_and_finished_with_its_outcome() -> None:

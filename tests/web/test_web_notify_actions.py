@@ -6,6 +6,7 @@ link opens the page at that question's card."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from tests.pg import DB
 from tests.harness import running_executor
 from tests.push_standin import StandIn, Subscriber
 from tests.served import ingress_server
-from tests.web.test_web_client import PHONE, browser
+from tests.wait import until
+from tests.web.test_web_client import PHONE, browser, page_at
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -69,3 +71,35 @@ async def test_a_notification_s_button_answers_in_the_service_worker_and_its_lin
     assert after_second == [["Already answered", "Answered by notification (web push).", payload["tag"]]]
     assert tables.row(db.admin_dsn, "questions", qid, "answers", "answered_by") == (
         {"Deploy to staging now?": LONG}, "notification (web push)")
+
+
+async def test_the_settings_say_what_notifies_mute_the_open_thread_and_the_page_says_when_it_is_in_view(
+    db: DB, tmp_path: Path
+) -> None:
+    def presence() -> list[tuple[Any, ...]]:
+        return tables.rows(db.admin_dsn, "client_presence", "visible", order=("seen_at",))
+
+    with ScriptedModelServer(_asking()) as model:
+        async with running_executor(db, model, tmp_path, notify_config=_loopback_push(tmp_path)), \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http, browser() as b:
+            thread = (await http.post("/api/threads", json={"title": "Night build"})).json()["thread_id"]
+            async with page_at(b, url) as page:
+                await page.goto(f"{url}/#chat/{thread}")
+                await expect(page.locator("#thread-title")).to_contain_text("Night build", timeout=20_000)
+                await until(lambda: presence() == [(True,)], "the page to say it is in view", 20)
+                await page.click("#notify-button")
+                await expect(page.locator("#notify-policy li")).to_have_count(4)
+                policy = await page.locator("#notify-policy li").all_inner_texts()
+                await expect(page.locator("#notify-mute-title")).to_have_text(" (Night build)")
+                await page.check("#notify-mute")
+                await expect(page.locator("#notify-result")).to_have_text("This thread is muted.")
+                muted = tables.rows(db.admin_dsn, "notify_mutes", "thread_id", "muted_by", order=("muted_at",))
+                await page.uncheck("#notify-mute")
+                await expect(page.locator("#notify-result")).to_have_text("This thread notifies again.")
+                # hidden (another tab, the phone locked): the page says so at once
+                await page.evaluate("""() => { Object.defineProperty(document, 'visibilityState', {value: 'hidden'});
+                                               document.dispatchEvent(new Event('visibilitychange')); }""")
+                await until(lambda: presence() == [(False,)], "the page to say it is hidden", 20)
+    assert any("digest, at most every 2 minutes" in p for p in policy) and any("No quiet hours" in p for p in policy)
+    assert muted == [(uuid.UUID(thread), "open")]
+    assert tables.count(db.admin_dsn, "notify_mutes") == 0
