@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from PIL import Image
 
 from petal_dispatch.demo.scripted_model import Request, Rule, Scenario, ScriptedModelServer
+from tests import tables
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.scenarios import dispatch
@@ -79,10 +79,9 @@ async def test_an_image_and_a_text_file_reach_the_model_as_an_image_block_and_in
     images = [b for b in blocks if b.get("type") == "image"]
     assert len(images) == 1 and images[0]["source"]["media_type"] == "image/png"
     decoded = base64.b64decode(images[0]["source"]["data"])
-    with psycopg.connect(db.admin_dsn) as conn:
-        stored = conn.execute("SELECT sha256 FROM attachments WHERE id = %s", [image["id"]]).fetchone()
-    assert stored is not None and hashlib.sha256(decoded).digest() == bytes(stored[0])
-    assert bytes(stored[0]).hex() == image["sha256"]
+    (stored,) = tables.row(db.admin_dsn, "attachments", image["id"], "sha256")
+    assert hashlib.sha256(decoded).digest() == bytes(stored)
+    assert bytes(stored).hex() == image["sha256"]
     assert b"PhoneMaker" not in decoded  # the metadata-stripped image, same pixels
     assert Image.open(io.BytesIO(decoded)).tobytes() == Image.open(io.BytesIO(_png())).tobytes()
     text_blocks = "\n".join(b.get("text", "") for b in blocks if b.get("type") == "text")
@@ -104,9 +103,8 @@ async def test_a_phone_photo_goes_to_the_model_as_its_copy_within_the_clis_limit
             photo = (await http.post("/api/attachments", files={"file": ("photo.png", out.getvalue(), "image/png")})).json()
             await http.post("/api/chat", json={"text": "what is in the photo?", "attachment_ids": [photo["id"]]})
             (turn,) = await h.ended_turns(1)
-    with psycopg.connect(db.admin_dsn) as conn:
-        row = conn.execute("SELECT sha256, model_data, model_media_type FROM attachments").fetchone()
-    assert row is not None and turn["status"] == "success"
+    (row,) = tables.rows(db.admin_dsn, "attachments", "sha256", "model_data", "model_media_type")
+    assert turn["status"] == "success"
     stored, copy, copy_type = bytes(row[0]), bytes(row[1]), row[2]
     assert stored.hex() == photo["sha256"] and copy_type == "image/jpeg" and len(copy) < len(out.getvalue()) / 4
     images = [b for b in _first_turn_request(model, "what is in the photo?").user_blocks if b.get("type") == "image"]
@@ -152,8 +150,7 @@ async def test_a_message_with_an_attachment_is_not_taken_as_a_reply_to_a_questio
             turns = await h.ended_turns(2)
     # the question timed out unanswered: the reply in chat would have dropped the file
     assert [str(i) for i in turns[1]["attachment_ids"]] == [image["id"]] and turns[1]["brief"] == "this way"
-    with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT answered_via FROM questions").fetchall() != [("chat",)]
+    assert tables.rows(db.admin_dsn, "questions", "answered_via") != [("chat",)]
     blocks = _first_turn_request(model, "this way").user_blocks
     assert sum(1 for b in blocks if b.get("type") == "image") == 1
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from executor.projects import service as projects
@@ -75,9 +74,8 @@ def test_project_create_registers_a_project_once_with_its_plan_path(db: DB, tmp_
     made = json.loads(first.stdout)
     assert made["slug"] == "cli-made" and made["plan_tasks"] == 2 and made["plan_path"] == "plan.md"
     assert again.returncode == 2 and "a project 'cli-made' exists already" in again.stderr
-    with psycopg.connect(db.admin_dsn) as conn:
-        stored = conn.execute("SELECT workdir, plan_path FROM projects WHERE name = 'cli-made'").fetchone()
-    assert stored == (str(workdir.resolve()), "plan.md")
+    stored = tables.rows(db.admin_dsn, "projects", "workdir", "plan_path", name="cli-made")
+    assert stored == [(str(workdir.resolve()), "plan.md")]
     status = _cli(db, "status", "--json")
     assert status.returncode == 0, status.stderr
     assert set(json.loads(status.stdout)) == {"tasks", "queue", "asks", "last_events", "executors"}
@@ -101,5 +99,4 @@ def test_project_create_refuses_a_workdir_outside_the_roots_with_the_apis_own_me
         assert refused[name].stderr.strip() == f"petal-dispatch: {api.value}"
     assert "outside the allowed project roots" in refused["outside"].stderr
     assert "set PETAL_PROJECT_ROOTS" in refused["symlink"].stderr
-    with psycopg.connect(db.admin_dsn) as conn:
-        assert tables.count(conn, "projects") == 0
+    assert tables.count(db.admin_dsn, "projects") == 0
