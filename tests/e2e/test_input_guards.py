@@ -115,15 +115,12 @@ async def test_a_thread_whose_first_turn_failed_before_the_session_existed_start
             thread = made.json()["thread_id"]
 
             def created() -> bool:
-                with psycopg.connect(db.admin_dsn) as conn:
-                    return conn.execute("SELECT 1 FROM sessions WHERE id = %s", [thread]).fetchone() is not None
+                return tables.count(db.admin_dsn, "sessions", id=thread) == 1
 
             await until(created, "the thread's session row")
             # a turn an older version queued with a prompt the CLI refuses before it stores a session (a
             # blank one: the ingress and request_task refuse those now, so it is written as it was then)
-            with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-                conn.execute("INSERT INTO tasks (id, session_id, role, brief, status) "
-                             "VALUES (%s, %s, 'orchestrator', '   ', 'pending')", [uuid.uuid4(), thread])
+            tables.insert_task(db.admin_dsn, session_id=thread, role="orchestrator", brief="   ", status="pending")
             first = (await h.ended_turns(1))[0]
             said = {"text": "second message", "thread_id": thread}
             assert (await http.post("/api/chat", json=said)).status_code == 202
@@ -145,16 +142,11 @@ async def test_a_blank_chat_row_from_an_older_ingress_is_refused_visibly_and_the
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
-                blank = conn.execute("INSERT INTO chat_queue (thread_id, text) VALUES (%s, '   ') RETURNING id",
-                                     [threads.DEFAULT_THREAD_ID]).fetchone()
-            assert blank is not None
+            blank = tables.insert(db.admin_dsn, "chat_queue", thread_id=threads.DEFAULT_THREAD_ID, text="   ")
 
             def refused() -> tuple[str, str] | None:
-                with psycopg.connect(db.admin_dsn) as conn:
-                    row = conn.execute("SELECT status, error FROM chat_queue WHERE id = %s AND status = 'failed'",
-                                       [blank[0]]).fetchone()
-                return (row[0], row[1]) if row else None
+                found = tables.rows(db.admin_dsn, "chat_queue", "status", "error", id=blank, status="failed")
+                return (found[0][0], found[0][1]) if found else None
 
             # without the refusal the blank row stays pending, and every next message waits behind it
             status, error = await until(refused, "the blank message refused")
