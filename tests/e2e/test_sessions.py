@@ -19,7 +19,7 @@ import pytest
 from executor.sessions.index import SessionsConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import threads
-from tests import wait
+from tests import tables, wait
 from tests.harness import Harness, claude_bin, running_executor
 from tests.pg import DB
 from tests.served import ingress_server
@@ -257,7 +257,7 @@ async def test_outside_the_roots_is_403_a_corrupt_file_is_unreadable_and_unknown
         corrupt.write_text(json.dumps({"type": "user", "cwd": str(roots), "message": {"role": "user", "content": "hi"},
                                        "timestamp": "2026-01-01T00:00:00Z"}) + "\n{not json\n")
         sessions = SessionsConfig(dirs=(term.config,), poll_s=0.2)
-        async with running_executor(db, model, tmp_path, project_roots=(roots,), sessions=sessions) as h, \
+        async with running_executor(db, model, tmp_path, project_roots=(roots,), sessions=sessions), \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             sid = stored_conversation(term.config, tmp_path / "elsewhere", ("outside the roots", "ok"))
             row = await wait.until(lambda: _listed(http, sid), "the conversation listed", timeout=15)
@@ -274,9 +274,8 @@ async def test_outside_the_roots_is_403_a_corrupt_file_is_unreadable_and_unknown
             assert wrong.status_code == 404, wrong.text
             # a conversation published by an executor that is not running: nothing could make its thread
             gone = str(uuid.uuid4())
-            conn = await h._conn()
-            await conn.execute("INSERT INTO claude_sessions (executor, session_id, config_dir, path, cwd, adoptable) "
-                               "VALUES ('gone', %s, '/x', '/x/y.jsonl', %s, true)", (gone, str(roots)))
+            tables.add(db.admin_dsn, "claude_sessions", executor="gone", session_id=gone, config_dir="/x",
+                       path="/x/y.jsonl", cwd=str(roots), adoptable=True)
             refused = await http.post("/api/threads", json={"adopt_session_id": gone})
             assert refused.status_code == 409 and "not running" in refused.json()["detail"], refused.text
             threads = (await http.get("/api/threads")).json()["threads"]

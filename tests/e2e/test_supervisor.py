@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
@@ -96,12 +95,8 @@ async def test_a_missing_working_directory_is_refused_at_dispatch_and_skipped_at
                 await h.dispatch("x", workdir=tmp_path / "nope")
             gone = tmp_path / "vanishing"
             gone.mkdir()
-            async with h.db.pool.connection() as conn:
-                # a pending task whose directory disappeared before it started
-                tid = uuid.uuid4()
-                await conn.execute(
-                    "INSERT INTO tasks (id, role, brief, workdir) VALUES (%s, 'worker', 'x', %s)",
-                    [tid, str(tmp_path / "vanished")])
+            # a pending task whose directory disappeared before it started
+            tid = tables.insert_task(db.executor_dsn, brief="x", workdir=str(tmp_path / "vanished"))
             row = await h.wait_final(tid)
     assert row["status"] == "skipped" and "does not exist" in row["status_reason"]
 
@@ -122,8 +117,7 @@ async def test_a_stop_request_mid_stream_cancels_within_the_grace_and_the_group_
             await tables.ask_stop(db.ingress_dsn, task_id)
             row = await h.wait_final(task_id, timeout=30)
             events = await h.events(task_id)
-            async with await psycopg.AsyncConnection.connect(db.admin_dsn) as conn:
-                stop_status = (await (await conn.execute("SELECT status FROM stop_queue")).fetchone())[0]  # type: ignore[index]
+            ((stop_status,),) = tables.rows(db.admin_dsn, "stop_queue", "status")
 
     assert row["status"] == "cancelled" and row["status_reason"] == "stop_requested"
     assert row["exit_code"] == 143
