@@ -17,6 +17,7 @@ from executor.sql import queries as executor_queries
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import journal, threads
 from shared.models import Event, NewEvent
+from tests import tables
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.served import ingress_server
@@ -103,8 +104,7 @@ async def test_a_chat_message_to_a_thread_blocked_in_an_ask_answers_it_as_a_repl
     assert "chat" in payload["annotation"]
     assert len(turns) == 1 and turns[0]["status"] == "success"
     assert [e.payload["text"] for e in echoes] == ["start", "neither, go straight"]
-    with psycopg.connect(db.admin_dsn) as conn:
-        assert conn.execute("SELECT status FROM chat_queue ORDER BY created_at").fetchall() == [("delivered",)] * 2
+    assert tables.rows(db.admin_dsn, "chat_queue", "status") == [("delivered",)] * 2
 
 
 async def test_a_dispatched_workers_handoff_wakes_its_orchestrator_without_user_input(db: DB, tmp_path: Path) -> None:
@@ -172,9 +172,7 @@ async def test_one_message_drives_three_chained_workers_and_a_final_reply_withou
             await until(replied, lambda: f"the final reply; the last events: {[e.event_type for e in events][-20:]}",
                         240, every=0.2)
             turns = await h.ended_turns(4, timeout=60)
-            conn = await h._conn()
-            workers = [r[0] for r in await (await conn.execute(
-                "SELECT brief FROM tasks WHERE role = 'worker' ORDER BY created_at")).fetchall()]
+            workers = [brief for (brief,) in tables.tasks(db.admin_dsn, "brief", role="worker")]
     handoffs = [e.payload["goal"] for e in events if e.event_type == "handoff"]
     assert workers == ["do step one", "do step two", "do step three"]
     assert handoffs == ["step one", "step two", "step three"]
@@ -229,8 +227,7 @@ async def test_a_workers_handoff_never_answers_the_question_the_thread_is_waitin
             turns = await h.ended_turns(2, timeout=120)
             first = await h.events(turns[0]["id"])
             all_events = await h.events()
-            answered = (await (await conn.execute(
-                "SELECT response, answered_via FROM questions WHERE asked_by = 'model'")).fetchall())
+            answered = tables.rows(db.admin_dsn, "questions", "response", "answered_via", asked_by="model")
     results = [b for e in first if e.event_type == "stream.user" for b in e.payload["message"]["content"]
                if isinstance(b, dict) and b.get("type") == "tool_result"]
     ask_result = json.loads(results[-1]["content"] if isinstance(results[-1]["content"], str)
@@ -261,17 +258,15 @@ async def test_a_rename_and_an_archive_are_applied_by_the_executor_and_an_archiv
             late = await http.post("/api/chat", json={"text": "too late", "thread_id": thread})
             await until(lambda: _none_left(conn, "SELECT count(*) FROM chat_queue WHERE status = 'pending'"),
                         "the late message handled", 30)
-            session = await (await conn.execute("SELECT title, lifecycle FROM sessions WHERE id = %s",
-                                                [thread])).fetchone()
-            refused = await (await conn.execute("SELECT status, error FROM chat_queue WHERE text = 'too late'"))\
-                .fetchone()
+            session = tables.thread(db.admin_dsn, thread, "title", "lifecycle")
+            refused = tables.rows(db.admin_dsn, "chat_queue", "status", "error", text="too late")
             events = [e for e in await h.events() if e.session_id is not None and str(e.session_id) == thread]
             turns = await h.ended_turns(1)
     assert patched.status_code == 202
     assert session == ("Renamed", "archived")
     changes = [(e.event_type, e.payload) for e in events if e.event_type in ("thread.renamed", "thread.archived")]
     assert [t for t, _ in changes] == ["thread.renamed", "thread.archived"] and changes[0][1]["title"] == "Renamed"
-    assert late.status_code == 202 and refused == ("failed", "the thread is archived")
+    assert late.status_code == 202 and refused == [("failed", "the thread is archived")]
     assert len(turns) == 1  # no turn for the archived thread
 
 
@@ -290,5 +285,4 @@ async def test_a_journal_append_naming_the_thread_is_not_blocked_by_a_turn_start
             async with writer.transaction():  # the writer's batch, while the turn's lock is held
                 await asyncio.wait_for(journal.append_on(writer, [NewEvent("thread.created", {}, session_id=thread)]), 5)
             await journal.append_on(turn, [NewEvent("thread.created", {"second": True}, session_id=thread)])
-        cur = await turn.execute("SELECT payload FROM journal WHERE session_id = %s ORDER BY seq", [thread])
-        assert [r[0] for r in await cur.fetchall()] == [{}, {"second": True}]
+    assert [p for (p,) in tables.records(db.admin_dsn, "payload", session_id=thread)] == [{}, {"second": True}]
