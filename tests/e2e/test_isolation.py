@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests import tables
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until, until_blocking
@@ -138,9 +138,8 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
             events = await h.events(worker["id"])
             ready = (await http.get("/readyz")).status_code
             info = (await http.get("/api/info")).json()
-            async with await psycopg.AsyncConnection.connect(db.admin_dsn) as conn:
-                injected = [text for text, in await (await conn.execute(
-                    "SELECT text FROM chat_queue WHERE text LIKE 'injected%%'")).fetchall()]
+            injected = [text for (text,) in tables.rows(db.admin_dsn, "chat_queue", "text",
+                                                        text=tables.Like("injected%"))]
     report_path = work / "attack-report.json"
     return {"final": final, "events": events, "ready": ready, "info": info, "injected": injected, "tmp": tmp,
             "report": json.loads(report_path.read_text()) if report_path.exists() else None, "sibling": str(sibling_id), "sibling_session": str(sibling["session_id"]),
