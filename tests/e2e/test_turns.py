@@ -14,6 +14,7 @@ import pytest
 
 from executor.settle import policy
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests import tables
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.wait import until
@@ -118,9 +119,7 @@ async def test_a_retry_of_an_unknown_or_unfailed_turn_is_refused_and_queues_noth
             succeeded = await http.post(f"/api/threads/{thread}/retry", json={"task_id": str(turn["id"])})
             elsewhere = await http.post(f"/api/threads/{turn['id']}/retry", json={"task_id": str(turn["id"])})
             bad = await http.post(f"/api/threads/{thread}/retry", json={"task_id": "nope"})
-            conn = await h._conn()
-            queued = (await (await conn.execute("SELECT count(*) FROM thread_control_queue WHERE action = 'retry'"
-                                                )).fetchone())[0]  # type: ignore[index]
+            queued = tables.count(db.admin_dsn, "thread_control_queue", action="retry")
     assert nothing_failed.status_code == 404 and succeeded.status_code == 409 and elsewhere.status_code == 404
     assert bad.status_code == 422 and queued == 0
 
@@ -177,10 +176,7 @@ async def test_a_rate_limited_turn_runs_its_messages_again_after_the_back_off(db
                 turns = await h.turns()
                 return turns if len(turns) == 2 and turns[1]["status"] == "success" else None
             await until(second_done, "the backed-off re-run")
-            conn = await h._conn()
-            rows = await (await conn.execute(
-                "SELECT ended_at, not_before, started_at, brief FROM tasks WHERE role = 'orchestrator' "
-                "ORDER BY created_at")).fetchall()
+            rows = tables.tasks(db.admin_dsn, "ended_at", "not_before", "started_at", "brief", role="orchestrator")
             chat = await _conversation(http, thread)
     (first_end, _, _, first_brief), (_, not_before, started, brief) = rows
     assert brief == first_brief == MESSAGE
