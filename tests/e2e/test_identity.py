@@ -159,8 +159,7 @@ async def test_a_gate_card_answered_by_a_direct_sql_write_is_not_an_approval_and
             assert approved.status_code == 200, approved.text
             card = await until(lambda: _card(http, "rm -f sentinel-a"), "the first gate card")
             # what an injected worker did with the database: approve its own card with a plain UPDATE
-            tables.update(db.admin_dsn, "questions", card["id"], status="answered",
-                          answers={card["questions"][0]["question"]: permission.ALLOW_THREAD})
+            tables.answer(db.admin_dsn, card["id"], {card["questions"][0]["question"]: permission.ALLOW_THREAD})
             # the negative control: the user's own answer, through the ingress, is acted on
             card = await until(lambda: _card(http, "rm -f sentinel-b"), "the second gate card")
             allowed = await http.post(f"/api/asks/{card['id']}/answer", json={
@@ -198,8 +197,7 @@ async def test_a_dispatch_approval_written_around_the_ingress_does_not_release_t
         for worker, who in zip(workers, (None, "travis"), strict=True):
             ((question,),) = tables.rows(conn, "approvals", "question_id", task_id=worker)
             ((asked, *_),) = tables.row(conn, "questions", question, "questions")
-            tables.update(conn, "questions", question, status="answered", answers={asked["question"]: briefs.APPROVE},
-                          answered_by=who)
+            tables.answer(conn, question, {asked["question"]: briefs.APPROVE}, answered_by=who)
     assert await approvals.apply_answered(pool) == 2
     with psycopg.connect(db.admin_dsn) as conn:
         got = {t: (decision, tables.status(conn, t)) for t, decision in tables.rows(conn, "approvals", "task_id",

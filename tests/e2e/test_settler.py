@@ -182,8 +182,7 @@ async def test_an_answered_escalation_is_carried_out_by_the_settler_once_however
     unanswered = await settler.apply_escalations()  # nothing is owed before the user answers
     with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
         ((question,),) = tables.rows(conn, "escalations", "question_id", task_id=worker)
-        tables.update(conn, "questions", question, status="answered", answers={"q": policy.ESCALATION_SKIP},
-                      answered_by="user")
+        tables.answer(conn, question, {"q": policy.ESCALATION_SKIP}, answered_by="user")
     acted = [await settler.apply_escalations() for _ in range(2)]
     done = _follow_ups(db.admin_dsn, worker)
     assert unanswered == 0 and acted == [1, 0]

@@ -86,8 +86,7 @@ def test_only_the_answers_the_settler_acts_on_wake_it(db: DB) -> None:
             return qid
 
         def answer(qid: uuid.UUID) -> Callable[[], None]:
-            return lambda: tables.update(admin, "questions", qid, status="answered", answers={"Go on?": "Yes"},
-                                         answered_by="user", answered_at=tables.NOW)
+            return lambda: tables.answer(admin, qid, {"Go on?": "Yes"}, answered_by="user", answered_at=tables.NOW)
 
         # the negative control: a question its asking tool waits for wakes its waiter and the page, not the settler
         assert _heard(listen, admin, answer(question("model"))) == ["question_answered"]
