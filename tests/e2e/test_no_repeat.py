@@ -13,6 +13,7 @@ import pytest
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from petal_dispatch.demo.launch import DEMO_SCENARIO
 from shared.models import Event
+from tests import tables
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.scenarios import dispatch
@@ -88,7 +89,7 @@ async def test_two_identical_asks_in_a_thread_share_one_pending_row_and_both_get
                                       "AND activity = 'awaiting_user'")
                 return rows if len(rows) == 2 else None
             workers = [r[0] for r in await until(both_waiting, "both workers waiting on the user", 120)]
-            rows = await _rows(h, "SELECT id, status FROM questions WHERE asked_by = 'model'")
+            rows = tables.rows(db.admin_dsn, "questions", "id", "status", asked_by="model")
             pending = await _pending(http)
             for ask in pending:
                 await _answer(http, ask, "Left")
@@ -126,8 +127,7 @@ async def test_a_demo_session_of_twenty_exchanges_never_asks_the_same_question_t
                     sent = await http.post("/api/chat", json={"text": text, "thread_id": thread})
                     assert sent.status_code == 202, sent.text
                 elif what == "harness":  # what the settler sends: a handoff, an approval, a late answer
-                    await (await h._conn()).execute(
-                        "INSERT INTO chat_queue (thread_id, text, origin) VALUES (%s, %s, 'harness')", [thread, text])
+                    tables.insert(db.admin_dsn, "chat_queue", thread_id=thread, text=text, origin="harness")
                 exchanges += 1
                 turns += new_turns
                 await until(lambda: turns_ended(turns), f"exchange {exchanges} ({what}) to settle", 120)
@@ -149,7 +149,7 @@ async def test_a_demo_session_of_twenty_exchanges_never_asks_the_same_question_t
             exchanges += 1
             turns += 1
             await until(lambda: turns_ended(turns), "the late answer to be told", 120)
-            worker = (await _rows(h, "SELECT id FROM tasks WHERE role = 'worker' ORDER BY created_at"))[0][0]
+            worker = tables.tasks(db.admin_dsn, "id", role="worker")[0][0]
             handoff = f"[harness] Worker {worker} finished. Its handoff:\ngoal: survey\nstate: no tests"
             repeats = [
                 ("harness", handoff),
