@@ -256,8 +256,7 @@ async def test_an_interactive_dispatch_returns_at_once_and_the_worker_waits_for_
                 await until(lambda: turn_ended(h, drop, "wipe things"), "the other dispatching turn")
                 await asyncio.sleep(1.0)  # a window in which neither worker may start (no approval yet)
                 waiting = await _workers(h)
-                waiting_rows = await _rows(h, "SELECT brief, status, activity FROM tasks WHERE role = 'worker' "
-                                              "ORDER BY created_at")
+                waiting_rows = tables.dict_rows(db.admin_dsn, "tasks", "brief", "status", "activity", role="worker")
                 turn_events = await h.events(first_turn["id"])
             # answered while no executor runs: carried out at the next start
             await _answer(http, approve, "Approve")
@@ -356,8 +355,7 @@ async def test_an_extraction_failure_offers_re_extract_which_runs_only_the_extra
             await _answer(http, ask, policy.ESCALATION_REEXTRACT)
             turn = await until(lambda: _turn_containing(h, "[harness] Worker"), "the orchestrator to get the handoff")
             workers = await _workers(h)
-            extractors = await _rows(h, "SELECT status, parent_task_id FROM tasks WHERE role = 'extractor' "
-                                        "ORDER BY created_at")
+            extractors = tables.dict_rows(db.admin_dsn, "tasks", "status", "parent_task_id", role="extractor")
             events = await h.events()
     (worker,) = workers  # the worker did not run again
     assert [w["status"] for w in failed] == ["extraction_failed"]
