@@ -41,6 +41,7 @@ from ingress.models import (
     ProjectIn,
     RetryIn,
     ReviewIn,
+    SendBackIn,
     RoutineIn,
     RoutinePatch,
     RunIn,
@@ -219,6 +220,9 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
         (_TASK,), 202, (404, 409, 415, 422)), project_routes.merge_task),
     (Op("post", "/api/tasks/{task_id}/discard", "discard a worker's branch", ReviewIn, True, (_TASK,), 202,
         (404, 409, 415, 422)), project_routes.discard_task),
+    (Op("post", "/api/tasks/{task_id}/review", "send a review of a worker's diff (line comments) back: a follow-up "
+        "worker continues on the reviewed commit", SendBackIn, False, (_TASK,), 202, (404, 409, 415, 422)),
+     project_routes.send_back),
     (Op("get", "/api/usage", "tokens and cost from the runs' result lines, by task, thread, project or day",
         params=(Param("by", "query", {"type": "string", "enum": ["task", "thread", "project", "day"]}), _TASK_Q,
                 _THREADQ, Param("project_id", "query", UUID)), errors=(400,)), project_routes.usage),

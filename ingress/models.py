@@ -179,6 +179,33 @@ class ReviewIn(_Body):
     reason: str | None = Field(default=None, max_length=500)
 
 
+class LineComment(_Body):
+    """A comment on a line (or the lines `line`..`end_line`) of a file in a worker's diff, with its hunk."""
+    file: str = Field(min_length=1, max_length=500)
+    line: int = Field(ge=1)
+    end_line: int | None = Field(default=None, ge=1)
+    text: str = Field(min_length=1, max_length=4000)
+    hunk: str | None = Field(default=None, max_length=8000)
+
+    @model_validator(mode="after")
+    def _range(self) -> LineComment:
+        if self.end_line is not None and self.end_line < self.line:
+            raise ValueError("end_line comes after line")
+        return self
+
+
+class SendBackIn(_Body):
+    """A review of a worker's diff, sent back: its line comments (and a note) go to a follow-up worker."""
+    comments: list[LineComment] = Field(default_factory=list, max_length=50)
+    note: str | None = Field(default=None, min_length=1, max_length=4000)
+
+    @model_validator(mode="after")
+    def _something(self) -> SendBackIn:
+        if not self.comments and self.note is None:
+            raise ValueError("a review needs at least one comment, or a note")
+        return self
+
+
 # ---- routines ------------------------------------------------------------------------------------------
 
 class ScheduleIn(_Body):

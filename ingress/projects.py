@@ -3,12 +3,14 @@ executor carries them out and journals them (GET /api/project-requests/{id} show
 
 from __future__ import annotations
 
+from typing import Any
+
 from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, ingress_queries, path_uuid, pool, query_choice, query_uuid, respond
-from ingress.models import ProjectIn, ReviewIn
+from ingress.http import body, ingress_queries, path_uuid, pool, query_choice, query_uuid, respond, who
+from ingress.models import ProjectIn, ReviewIn, SendBackIn
 from ingress.problems import Problem
 from shared import projects
 from shared.models import ACTIVE_STATUSES
@@ -58,11 +60,9 @@ async def task_diff(request: Request) -> Response:
     return respond({**found, **payload, "branch": found["branch"]})
 
 
-async def _review(request: Request, action: str) -> Response:
+async def _reviewable(request: Request, action: str) -> dict[str, Any]:
     task_id = path_uuid(request, "task_id")
-    await body(request, ReviewIn, optional=True)
-    q = ingress_queries(request)
-    task = await q.one("get_task_review_state", {"id": task_id})
+    task = await ingress_queries(request).one("get_task_review_state", {"id": task_id})
     if task is None:
         raise Problem(404, f"no task {task_id}")
     if task["branch"] is None:
@@ -75,8 +75,29 @@ async def _review(request: Request, action: str) -> Response:
         raise Problem(409, f"task {task_id}'s changes are not recorded yet")
     if task["review_pending"]:
         raise Problem(409, f"a merge or discard of task {task_id} is already queued")
-    queued = await q.one("enqueue_project_request", {"action": action, "task_id": task_id, "args": Jsonb({})})
+    return task
+
+
+async def _review(request: Request, action: str) -> Response:
+    await body(request, ReviewIn, optional=True)
+    task = await _reviewable(request, action)
+    queued = await ingress_queries(request).one("enqueue_project_request", {
+        "action": action, "task_id": task["id"], "args": Jsonb({})})
     return respond(queued, 202)
+
+
+async def send_back(request: Request) -> Response:
+    """A review of a worker's diff sent back: a thread control the executor turns into a follow-up worker on
+    the reviewed commit (executor/settle/reviews.py); the review is kept in the thread."""
+    review = await body(request, SendBackIn)
+    task = await _reviewable(request, "review")
+    if task["thread_id"] is None:
+        raise Problem(409, f"task {task['id']} was not dispatched in a thread: there is no thread to send it back in")
+    queued = await ingress_queries(request).one("enqueue_thread_control", {
+        "thread_id": task["thread_id"], "action": "review",
+        "args": Jsonb({"task_id": str(task["id"]), "comments": [c.model_dump(exclude_none=True) for c in review.comments],
+                       "note": review.note, "by": who(request)})})
+    return respond({**(queued or {}), "task_id": task["id"]}, 202)
 
 
 async def merge_task(request: Request) -> Response:

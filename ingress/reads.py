@@ -96,7 +96,7 @@ CONVERSATION_TYPES = [
     "task.dispatch_refused", "task.spawned", "task.exited", "task.stalled", "task.resumed", "handoff",
     "handoff.extraction_failed", "policy.decision", "escalation.resolved", "question.asked", "question.answered",
     "question.cancelled", "thread.created", "thread.renamed", "thread.mode_changed", "thread.archived",
-    "turn.failed", "approval.resolved", "question.timed_out",
+    "turn.failed", "approval.resolved", "question.timed_out", "task.review",
 ]
 
 

@@ -252,7 +252,10 @@ async def prepare_worktree(pool: AsyncConnectionPool, writer: JournalWriter, tas
     source = await store.worktree_source(task_id)
     if source is None:
         return None
-    wt = await worktrees.create(Path(source.workdir), task_id, root, source.name)
+    if source.continues_task_id is not None and source.start_commit is None:
+        raise worktrees.GitError(f"task {source.continues_task_id} has no recorded commit to continue from")
+    start = (source.start_commit, source.start_base_branch) if source.start_commit else None
+    wt = await worktrees.create(Path(source.workdir), task_id, root, source.name, start)
     await store.set_task_worktree(task_id, wt.path, wt.branch, wt.base_branch, wt.base_commit)
     await writer.put(NewEvent("task.worktree_created", {
         "path": str(wt.path), "branch": wt.branch, "base_branch": wt.base_branch, "base_commit": wt.base_commit},

@@ -38,6 +38,10 @@ class WorktreeSource(FromRow):
     project_id: uuid.UUID
     name: str
     workdir: str
+    # a follow-up of a reviewed worker: the reviewed commit it starts at, and the branch that one merges into
+    start_commit: str | None = None
+    start_base_branch: str | None = None
+    continues_task_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,12 +103,15 @@ class Worktree:
     base_commit: str
 
 
-async def create(repo: Path, task_id: uuid.UUID, root: Path, name: str) -> Worktree:
-    """A worktree for one worker on a new branch made from the project's current commit, in a repository of
-    the worker's own (`store_of`) whose object store borrows the project's read-only.
+async def create(repo: Path, task_id: uuid.UUID, root: Path, name: str,
+                 start: tuple[str, str | None] | None = None) -> Worktree:
+    """A worktree for one worker on a new branch made from the project's current commit (or from `start`, a
+    commit in the project's repository and the branch it is for: a reviewed worker's, which a follow-up
+    continues), in a repository of the worker's own (`store_of`) whose object store borrows the project's
+    read-only.
 
     Raises:
-        GitError: the repository has no commit, the worktree exists already, or git refused.
+        GitError: the repository has no commit (or not `start`'s), the worktree exists already, or git refused.
     """
     branch = branch_for(task_id)
     path = root / f"{name}-{task_id.hex[:8]}"
@@ -116,6 +119,11 @@ async def create(repo: Path, task_id: uuid.UUID, root: Path, name: str) -> Workt
     async with repo_lock(repo):
         project = await Git.at(repo)
         base_branch, base_commit = await _head(project)
+        if start is not None:
+            found = await project("rev-parse", "--verify", "--quiet", f"{start[0]}^{{commit}}", check=False)
+            if found.rc != 0:
+                raise GitError(f"{repo} has no commit {start[0][:12]} to continue from")
+            base_commit, base_branch = found.out.strip(), start[1] or base_branch
         if base_commit is None:
             raise GitError(f"{repo} has no commit to branch from")
         objects = (await project("rev-parse", "--path-format=absolute", "--git-path", "objects")).out.strip()

@@ -75,6 +75,8 @@ class TaskRequest:
     # a thread turn a user's message started: claimed ahead of unattended work (executor/run/supervisor.py);
     # a repeat of a task (from_row) is unattended
     chat: bool = False
+    # the reviewed worker this one revises: its worktree starts at the reviewed commit (settle/reviews.py)
+    continues_task_id: uuid.UUID | None = None
 
     @classmethod
     def from_row(cls, row: AskedTask) -> TaskRequest:
@@ -86,7 +88,7 @@ class TaskRequest:
             allowed_tools=tuple(row.allowed_tools) if row.allowed_tools is not None else None,
             json_schema=row.json_schema, executor=row.placement_executor,
             labels=tuple(row.required_labels or ()), attempt=row.attempt,
-            attachment_ids=tuple(row.attachment_ids or ()))
+            attachment_ids=tuple(row.attachment_ids or ()), continues_task_id=row.continues_task_id)
 
     def row(self) -> dict[str, Any]:
         """The pending row `insert_task` writes for it (a first request waits for nothing: no delay)."""
@@ -98,7 +100,8 @@ class TaskRequest:
             "json_schema": Jsonb(dict(self.json_schema)) if self.json_schema is not None else None,
             "executor": self.executor, "labels": list(self.labels), "attempt": self.attempt,
             "retry_of": self.retry_of, "delay_s": self.delay_s if self.retry_of is not None else None,
-            "attachment_ids": list(self.attachment_ids), "chat": self.chat}
+            "attachment_ids": list(self.attachment_ids), "chat": self.chat,
+            "continues_task_id": self.continues_task_id}
 
     def dispatch_record(self) -> NewEvent:
         """Its `task.dispatch_requested` record."""
@@ -110,6 +113,8 @@ class TaskRequest:
             facts["tool_use_id"] = self.tool_use_id
         if self.attachment_ids:
             facts["attachment_ids"] = [str(i) for i in self.attachment_ids]
+        if self.continues_task_id:
+            facts["continues_task_id"] = str(self.continues_task_id)
         if self.retry_of is not None:
             facts.update(retry_of=str(self.retry_of), attempt=self.attempt, delay_s=self.delay_s)
         return NewEvent("task.dispatch_requested", {**facts, **self.record}, task_id=self.id,

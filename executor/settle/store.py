@@ -157,6 +157,22 @@ class ExitDenials(FromRow):
 
 
 @dataclass(frozen=True)
+class ReviewTarget(FromRow):
+    """A worker whose diff the user reviewed, and the changes the review was of (settle/reviews.py)."""
+
+    id: uuid.UUID
+    role: str
+    brief: str
+    status: str
+    project_id: uuid.UUID | None
+    parent_task_id: uuid.UUID | None
+    branch: str | None
+    review: str | None
+    allowed_tools: list[str] | None
+    changes: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
 class AskedTask(FromRow):
     """What a task was asked to do, where and under which limits (`get_task_request`): its repeat asks it again."""
 
@@ -173,6 +189,7 @@ class AskedTask(FromRow):
     required_labels: list[str] | None
     attempt: int
     attachment_ids: list[uuid.UUID] | None
+    continues_task_id: uuid.UUID | None = None  # the reviewed worker it revises (migration 0042)
 
 
 @dataclass(frozen=True)
@@ -265,6 +282,9 @@ class SettleStore:
 
     async def asked(self, task_id: uuid.UUID) -> AskedTask | None:
         return await self.run.one("get_task_request", {"id": task_id}, into=AskedTask)
+
+    async def review_target(self, task_id: uuid.UUID) -> ReviewTarget | None:
+        return await self.run.one("get_review_target", {"id": task_id}, into=ReviewTarget)
 
     # ---- what the orchestrator is told ----------------------------------------------------------------
 

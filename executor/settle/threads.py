@@ -28,7 +28,7 @@ from executor.journal.writer import JournalWriter
 from executor.projects import service as projects
 from executor.sessions import adopt as adoption
 from executor.sessions.index import Index as SessionIndex
-from executor.settle import dispatch, escalations
+from executor.settle import dispatch, escalations, reviews
 from executor.settle.thread_store import PendingThread, ThreadControl, ThreadProject, ThreadStore
 from shared import consume, database, journal, logs, threads
 from shared.listener import Subscription
@@ -109,6 +109,13 @@ class Threads:
         thread_id = control.thread_id
         if control.action == "retry":
             return await self._retry_turn(thread_id, args.get("task_id"))
+        if control.action == "review":
+            try:
+                async with self.store.work() as (_, unit):
+                    error = await reviews.send_back(unit, thread_id, args)
+            except dispatch.DispatchRefused as exc:  # nothing was recorded
+                error = str(exc)
+            return ("failed", error) if error else ("done", None)
         if control.action == "create" and args.get("adopt"):
             error = (await adoption.adopt(self.sessions, thread_id, args) if self.sessions is not None
                      else "this executor keeps no index of stored conversations")

@@ -25,10 +25,18 @@ RETURNING id
 SELECT id FROM projects WHERE workdir = %(workdir)s
 
 -- name: get_worktree_source --
--- Whether a claimed task runs in a worktree of its own: a task of a project whose role asks for one.
-SELECT p.id AS project_id, p.name, p.workdir FROM tasks t
+-- Whether a claimed task runs in a worktree of its own: a task of a project whose role asks for one. A follow-up
+-- of a reviewed worker (continues_task_id) starts at the commit the review was of (its last task.changes) and
+-- merges into the branch that worker's did.
+SELECT p.id AS project_id, p.name, p.workdir, c.base_branch AS start_base_branch,
+       (SELECT j.payload ->> 'head_commit' FROM journal j
+        WHERE j.task_id = t.continues_task_id AND j.event_type = 'task.changes' ORDER BY j.seq DESC LIMIT 1)
+           AS start_commit,
+       t.continues_task_id
+FROM tasks t
 JOIN projects p ON p.id = t.project_id
 JOIN role_profiles r ON r.role = t.role AND r.isolated_worktree
+LEFT JOIN tasks c ON c.id = t.continues_task_id
 WHERE t.id = %(id)s AND p.workdir IS NOT NULL
 
 -- name: set_task_worktree --

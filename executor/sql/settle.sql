@@ -262,10 +262,11 @@ RETURNING id
 -- before its not_before, and is inserted only while no other run repeats that task (nothing is returned then).
 -- A routine's run caps every CLI process in it (its turns, their workers and extractors) at the routine's
 -- USD per run: a turn finds it through its thread, a worker or extractor through its parent. chat: a thread turn
--- a user's message started (claimed first, migration 0039).
+-- a user's message started (claimed first, migration 0039). continues_task_id: the reviewed worker a follow-up
+-- revises (its worktree starts at the reviewed commit, migration 0042).
 INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
                    json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels,
-                   attachment_ids, max_budget_usd, chat)
+                   attachment_ids, max_budget_usd, chat, continues_task_id)
 SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
        %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
        'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
@@ -273,15 +274,23 @@ SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_i
        coalesce((SELECT p.max_budget_usd FROM tasks p WHERE p.id = %(parent_task_id)s::uuid),
                 (SELECT rt.usd_per_run FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
                  WHERE r.thread_id = %(session_id)s::uuid)),
-       %(chat)s::boolean
+       %(chat)s::boolean, %(continues_task_id)s::uuid
 WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
 RETURNING id
 
 -- name: get_task_request --
 -- What a task was asked to do, where and under which limits: its next attempt asks the same.
 SELECT role, brief, project_id, session_id, parent_task_id, plan_ref, workdir, allowed_tools, json_schema,
-       placement_executor, required_labels, attempt, attachment_ids
+       placement_executor, required_labels, attempt, attachment_ids, continues_task_id
 FROM tasks WHERE id = %(id)s
 
 -- name: get_project_workdir --
 SELECT workdir FROM projects WHERE id = %(project_id)s
+
+-- name: get_review_target --
+-- A worker whose diff the user reviewed: what it was asked, where it stands, and the changes the review was of
+-- (its last task.changes record).
+SELECT t.id, t.role, t.brief, t.status, t.project_id, t.parent_task_id, t.branch, t.review, t.allowed_tools,
+       (SELECT j.payload FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.changes'
+        ORDER BY j.seq DESC LIMIT 1) AS changes
+FROM tasks t WHERE t.id = %(id)s

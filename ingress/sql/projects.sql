@@ -6,7 +6,10 @@ RETURNING id, action, task_id, status, created_at
 SELECT true AS holds FROM projects WHERE name = %(slug)s
 
 -- name: get_task_review_state --
-SELECT t.id, t.status, t.branch, t.review, t.changes_recorded_at,
+-- thread_id: the thread of the turn that dispatched the worker (where a review sent back is kept and its
+-- follow-up's handoff comes back)
+SELECT t.id, t.status, t.branch, t.review, t.changes_recorded_at, p.session_id AS thread_id,
        EXISTS (SELECT 1 FROM project_queue q WHERE q.task_id = t.id AND q.status IN ('pending', 'claimed'))
            AS review_pending
-FROM tasks t WHERE t.id = %(id)s
+FROM tasks t LEFT JOIN tasks p ON p.id = t.parent_task_id AND p.role = 'orchestrator'
+WHERE t.id = %(id)s

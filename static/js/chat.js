@@ -122,6 +122,11 @@ function renderRecord(e) {
       return h("li", { class: "msg note", ...key }, `Thread started (${p.mode || "interactive"})`);
     case "thread.mode_changed":
       return h("li", { class: "msg note", ...key }, `Mode: ${p.mode}`);
+    case "task.review": {
+      const n = (p.comments || []).length;
+      return h("li", { class: "msg note review", ...key }, `You reviewed ${p.branch}: ${n} comment${n === 1 ? "" : "s"}`,
+        p.note ? ` (“${firstLine(p.note, 80)}”)` : "", " sent back to ", h("a", { href: `#task/${p.followup_task_id}` }, "a follow-up worker"));
+    }
     default:
       return null;
   }

@@ -4,6 +4,7 @@ import { loadLiveTurns, renderConversation, renderTurnStatus } from "./chat.js";
 import { $, Follow, Keyed, chip, firstLine, h, reconcile, short, sleep, when } from "./dom.js";
 import { toolLabel } from "./live.js";
 import { md } from "./markdown.js";
+import { reviewDiff } from "./review.js";
 import { S, currentTab, taskState, taskTitle, usageText } from "./state.js";
 
 export async function loadTasks() {
@@ -231,7 +232,8 @@ function renderChanges(t, c) {
       h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
       h("button", { type: "button", class: "danger", onclick: () => reviewTask(t.id, "discard", `Discard ${c.branch}? The branch is deleted.`) }, "Discard")) : null,
     h("p", { class: `review-result${S.detail?.note?.error ? " error" : ""}`, id: "review-result" }, S.detail?.note?.text || ""),
-    c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, "diff"), renderDiff(c.diff)) : null);
+    c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, open ? "diff (tap a line to comment)" : "diff"),
+      open ? reviewDiff(t.id, c.diff, renderDetail, DIFF_LINES_SHOWN) : renderDiff(c.diff)) : null);
 }
 
 async function reviewTask(id, action, question) {
