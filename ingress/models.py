@@ -167,6 +167,11 @@ class ProjectIn(_Body):
         default=None, max_length=100,
         description="hosts the project's workers may reach from their sandbox (host, host:port or *.domain: "
                     "its package registries), besides the operator's PETAL_SANDBOX_ALLOW")
+    check_command: str | None = Field(
+        default=None, min_length=1, max_length=2000,
+        description="a command run in each worker's sandbox on its worktree after it ends (e.g. `python -m pytest "
+                    "-q`): its result is on the diff card and in the handoff; a failure gets a fix round")
+    check_retries: int = Field(default=1, ge=0, le=5, description="fix rounds a failing check gets")
 
     @model_validator(mode="after")
     def _one_plan(self) -> ProjectIn:

@@ -31,6 +31,7 @@ SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 MAX_PLAN_CHARS = 200_000
 # a project's own sandbox allowlist entries (its package registries)
 MAX_ALLOW = 100
+MAX_CHECK_RETRIES = 5
 
 
 class Refused(Exception):
@@ -159,14 +160,20 @@ class Projects:
             raise Refused("the plan has no task lines (`- [ ] T-001 title`)")
         if await self.store.workdir_taken(str(repo)):
             raise Refused(f"{repo} is already a project")
+        check = str(args["check_command"]).strip() if args.get("check_command") else None
+        retries = args.get("check_retries", 1)
+        if not isinstance(retries, int) or not 0 <= retries <= MAX_CHECK_RETRIES:
+            raise Refused(f"check_retries must be 0-{MAX_CHECK_RETRIES} (got {retries!r})")
         made = await self.store.insert_project(slug, workdir=str(repo), plan=plan, plan_path=plan_path,
-                                               sandbox_allow=allow)
+                                               sandbox_allow=allow, check_command=check or None,
+                                               check_retries=retries)
         if made is None:
             raise Refused(f"slug {slug!r} is taken")
         project_id = made
         branch, commit = await worktrees.head(repo)
         payload = {"slug": slug, "workdir": str(repo), "branch": branch, "commit": commit, "initialised": initialised,
-                   "plan_tasks": len(read_surface.plan_tasks(plan)), "plan_path": plan_path, "sandbox_allow": allow}
+                   "plan_tasks": len(read_surface.plan_tasks(plan)), "plan_path": plan_path, "sandbox_allow": allow,
+                   "check_command": check or None, "check_retries": retries}
         await self.writer.write([NewEvent("project.created", payload, project_id=project_id)])
         log.info("project_created", slug=slug, workdir=str(repo))
         return {"project_id": str(project_id), **payload}

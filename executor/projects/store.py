@@ -115,10 +115,12 @@ class ProjectStore:
     # ---- projects ------------------------------------------------------------------------------------
 
     async def insert_project(self, slug: str, *, workdir: str | None, plan: str | None, plan_path: str | None,
-                             sandbox_allow: list[str]) -> uuid.UUID | None:
+                             sandbox_allow: list[str], check_command: str | None = None,
+                             check_retries: int = 1) -> uuid.UUID | None:
         """The new project's id; None when the slug is taken."""
         made = await self.q.one("insert_project", {"name": slug, "workdir": workdir, "plan": plan,
-                                                   "plan_path": plan_path, "sandbox_allow": sandbox_allow},
+                                                   "plan_path": plan_path, "sandbox_allow": sandbox_allow,
+                                                   "check_command": check_command, "check_retries": check_retries},
                                 into=_Id)
         return made.id if made else None
 

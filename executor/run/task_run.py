@@ -8,13 +8,13 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from executor.journal.writer import Fenced, JournalWriter
-from executor.run import lineage, process, stream, substrate
+from executor.run import check, lineage, process, stream, substrate
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
 from executor.run.isolation import Isolation
@@ -65,6 +65,8 @@ class RunConfig:
     # a thread's next turn's sandbox started before its claim (executor/run/spawn/ahead_pool.py), and how many
     # spares wait
     ahead: bool = True
+    # how long a project's check command may run after one of its workers ended (executor/run/check.py)
+    check_timeout_s: float = 600.0
     ahead_spares: int = 1
 
 
@@ -249,6 +251,15 @@ class TaskRunner:
         await self.writer.put(r.event("task.signal_sent", {"signal": "SIGKILL", "reason": hit,
                                                            "delivered": sent}))
 
+    async def _check(self, r: Running) -> None:
+        """A project worker's check, run on its worktree before its end is final (its end, settled, may send it
+        to a fix round); journaled as code saw it."""
+        command = await self.availability.retry(lambda: self.store.check_command(r.task_id), "check_command")
+        if command is None or r.workdir is None:
+            return
+        result = await check.run_check(self.isolation, r.project_id, r.workdir, command, self.config.check_timeout_s)
+        await self.writer.write([replace(r.event("task.check", result.payload()), tier="derived")])
+
     async def _finish(self, r: Running, task: ClaimedTask, rc: int, *, drained: bool) -> None:
         if self.isolation is not None and r.spawn_key in self.isolation.spawn_cgroups:
             # the kernel may have ended it before the watch looked (cgroup v2's memory.oom.group kills it all)
@@ -286,6 +297,8 @@ class TaskRunner:
             payload["pipes_left_open"] = True
         # durable in the journal before the task row says so: the journal is the record
         await self.writer.write([r.event("task.exited", payload, parent_id=r.spawned_id)])
+        if outcome.status == "success" and r.workdir is not None:
+            await self._check(r)
         await self._finish_task(r.task_id, TaskEnd(
             outcome.status, reason, rc if rc >= 0 else None, -rc if rc < 0 else None, r.last_output_at))
         await self.store.end_session(r.session_id, "idle" if task.session_id else "ended",

@@ -44,6 +44,11 @@ class _Denied(FromRow):
 
 
 @dataclass(frozen=True)
+class _CheckCommand(FromRow):
+    check_command: str
+
+
+@dataclass(frozen=True)
 class _SandboxAllow(FromRow):
     sandbox_allow: list[str]
 
@@ -143,6 +148,11 @@ class TaskStore:
             return []
         found = await self.q.one("get_project_sandbox_allow", {"project_id": project_id}, into=_SandboxAllow)
         return list(found.sandbox_allow) if found else []
+
+    async def check_command(self, task_id: uuid.UUID) -> str | None:
+        """The command a project worker's end is checked with (its project's), or None."""
+        found = await self.q.one("get_task_check", {"id": task_id}, into=_CheckCommand)
+        return found.check_command if found else None
 
     async def role_profile(self, role: str) -> RoleProfile:
         found = await self.q.one("get_role_profile", {"role": role}, into=RoleProfile)

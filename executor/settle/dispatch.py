@@ -18,7 +18,8 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from executor.settle.store import AskedTask, SettleStore
+from executor.settle.store import SettleStore
+from executor.settle.task_rows import AskedTask
 from shared import errors
 from shared.models import NewEvent
 from shared.query import Transaction
@@ -75,8 +76,10 @@ class TaskRequest:
     # a thread turn a user's message started: claimed ahead of unattended work (executor/run/supervisor.py);
     # a repeat of a task (from_row) is unattended
     chat: bool = False
-    # the reviewed worker this one revises: its worktree starts at the reviewed commit (settle/reviews.py)
+    # the reviewed worker this one revises: its worktree starts at the reviewed commit (settle/reviews.py);
+    # check_round: which fix round of a failed check it is
     continues_task_id: uuid.UUID | None = None
+    check_round: int = 0
 
     @classmethod
     def from_row(cls, row: AskedTask) -> TaskRequest:
@@ -88,7 +91,8 @@ class TaskRequest:
             allowed_tools=tuple(row.allowed_tools) if row.allowed_tools is not None else None,
             json_schema=row.json_schema, executor=row.placement_executor,
             labels=tuple(row.required_labels or ()), attempt=row.attempt,
-            attachment_ids=tuple(row.attachment_ids or ()), continues_task_id=row.continues_task_id)
+            attachment_ids=tuple(row.attachment_ids or ()), continues_task_id=row.continues_task_id,
+            check_round=row.check_round)
 
     def row(self) -> dict[str, Any]:
         """The pending row `insert_task` writes for it (a first request waits for nothing: no delay)."""
@@ -101,7 +105,7 @@ class TaskRequest:
             "executor": self.executor, "labels": list(self.labels), "attempt": self.attempt,
             "retry_of": self.retry_of, "delay_s": self.delay_s if self.retry_of is not None else None,
             "attachment_ids": list(self.attachment_ids), "chat": self.chat,
-            "continues_task_id": self.continues_task_id}
+            "continues_task_id": self.continues_task_id, "check_round": self.check_round}
 
     def dispatch_record(self) -> NewEvent:
         """Its `task.dispatch_requested` record."""
@@ -115,6 +119,8 @@ class TaskRequest:
             facts["attachment_ids"] = [str(i) for i in self.attachment_ids]
         if self.continues_task_id:
             facts["continues_task_id"] = str(self.continues_task_id)
+        if self.check_round:
+            facts["check_round"] = self.check_round
         if self.retry_of is not None:
             facts.update(retry_of=str(self.retry_of), attempt=self.attempt, delay_s=self.delay_s)
         return NewEvent("task.dispatch_requested", {**facts, **self.record}, task_id=self.id,

@@ -171,6 +171,12 @@ async def validate(unit: Work, extractor: Ended) -> Validated | None:
     denials = await store.exit_denials(worker.id)
     handoff = handoff_of(structured, status, (denials.denials if denials else None) or [],
                          denials.workdir if denials else None, denials.decided if denials else None)
+    checked = await SettleStore(unit).review_target(worker.id)
+    if checked is not None and checked.check:  # the project's check, as code ran it (not the model's word)
+        c = checked.check
+        handoff["check"] = {"command": c.get("command"), "passed": c.get("passed"), "exit_code": c.get("exit_code"),
+                            "duration_s": c.get("duration_s"), "fix_rounds": checked.check_round,
+                            "tail": (c.get("tail") or [])[-20:]}
     recorded = await worktrees.artifacts(unit.conn, worker.id)  # a project worker's changes, as code recorded them
     if recorded:
         handoff["artifacts"] = [*(handoff.get("artifacts") or []), *recorded]

@@ -14,7 +14,8 @@ import uuid
 from typing import Any
 
 from executor.settle import dispatch
-from executor.settle.store import ReviewTarget, SettleStore
+from executor.settle.store import SettleStore
+from executor.settle.task_rows import ReviewTarget
 from shared.models import ACTIVE_STATUSES, NewEvent
 from shared.work import Work
 
@@ -73,3 +74,34 @@ async def send_back(work: Work, thread_id: uuid.UUID, args: dict[str, Any]) -> s
         "commit": changes.get("head_commit"), "followup_task_id": str(followup)},
         task_id=target.id, session_id=thread_id, project_id=target.project_id))
     return None
+
+
+# ---- a failed check's fix round ---------------------------------------------------------------------------
+
+FAIL_LINES = 80  # of a failed check's output, in the fix round's brief
+
+
+def fix_brief(target: ReviewTarget, check: dict[str, Any]) -> str:
+    """A fix round's brief: the check that failed, its last lines, and what the work was."""
+    how = "it was stopped at its time limit" if check.get("timed_out") else f"exit {check.get('exit_code')}"
+    tail = [str(line) for line in check.get("tail") or []][-FAIL_LINES:]
+    return "\n".join([
+        f"Fix the work on branch {target.branch}: the project's check failed on it. Your working tree already "
+        "holds that work; change it so that the check passes, and commit nothing unrelated.", "",
+        f"The check: `{check.get('command')}` ({how}). Its last lines:", "```", *tail, "```", "",
+        "What the work was:", target.brief.strip()])
+
+
+async def fix_round(work: Work, task_id: uuid.UUID) -> uuid.UUID | None:
+    """Request the fix round a worker's failed check calls for, in `work` (its changes are recorded in the same
+    unit, before it): a worker that continues it, one round further, under the same turn. None when there is
+    no failed check to fix."""
+    target = await SettleStore(work).review_target(task_id)
+    if target is None or not target.check or target.check.get("passed") or target.project_id is None:
+        return None
+    round_ = target.check_round + 1
+    return await dispatch.request_task(work, dispatch.TaskRequest(
+        "worker", fix_brief(target, target.check), project_id=target.project_id, project_workdir=True,
+        parent_task_id=target.parent_task_id, continues_task_id=target.id, check_round=round_,
+        allowed_tools=tuple(target.allowed_tools) if target.allowed_tools is not None else None,
+        requested_by="settler (the check failed)", record={"fix_round_of": str(target.id)}))

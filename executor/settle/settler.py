@@ -2,7 +2,8 @@
 store, not by callbacks. It owns every follow-up of a worker's end:
 
 - an end: a project worker's changes recorded (executor/settle/changes.py), then the step its end calls
-  for, decided by a pure function (`route`): extraction, its validation, the policy, a thread's turn boundary;
+  for, decided by a pure function (`route`): extraction, its validation, the policy, a thread's turn boundary,
+  a fix round for a failed check (executor/settle/reviews.py);
 - an answered escalation carried out (executor/settle/escalations.py);
 - an answered approval carried out, and a late answer sent to its thread (executor/settle/approvals.py).
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from psycopg_pool import AsyncConnectionPool
 
 from executor.run.outcome import EXECUTOR_SHUTDOWN, PARKED_LIMIT
-from executor.settle import approvals, changes, escalations, extraction
+from executor.settle import approvals, changes, escalations, extraction, reviews
 from executor.settle.store import Ended, SettleStore
 from shared import consume, database, logs
 from shared.listener import Subscription
@@ -59,6 +60,7 @@ class Step(enum.StrEnum):
     TELL_THREAD = "tell_thread"  # an orchestrator turn ended: the thread delivers what waited for the boundary
     RERUN_TURN = "rerun_turn"  # a turn cut off by the executor's shutdown: run its messages again
     TURN_FAILED = "turn_failed"  # a turn ended otherwise: record it in the chat and apply the turns' policy
+    FIX_ROUND = "fix_round"  # a project worker's check failed, a round is left: a follow-up fixes it (no handoff yet)
     NOTHING = "nothing"  # nobody acts on this end; it stays visible
 
 
@@ -72,6 +74,8 @@ def route(ended: Ended, *, extract: bool) -> Step:
         if ended.status_reason == PARKED_LIMIT:
             return Step.TELL_THREAD
         return Step.TELL_THREAD if ended.status == "success" else Step.TURN_FAILED
+    if ended.fix_round_due:
+        return Step.FIX_ROUND
     if not extract:
         return Step.NOTHING
     if ended.is_extractor:
@@ -206,6 +210,8 @@ class Settler:
                                            backoff_base_s=backoff, started=ended.started)
         elif step is Step.RERUN_TURN:
             await escalations.rerun_turn(unit, ended.id, requested_by="settler", reason=ended.status_reason)
+        elif step is Step.FIX_ROUND:
+            await reviews.fix_round(unit, ended.id)
         elif step is Step.TURN_FAILED:
             await escalations.apply_turn_policy(unit, ended.id, backoff_base_s=backoff, started=ended.started)
         # TELL_THREAD, NOTHING: nothing to write; the threads loop reads the boundary from the store

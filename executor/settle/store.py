@@ -19,6 +19,7 @@ from typing import Any, Self
 from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
+from executor.settle.task_rows import AskedTask, ReviewTarget
 from shared.query import FromRow, Queries, Transaction
 from shared.work import Work, work
 
@@ -42,6 +43,7 @@ class Ended(FromRow):
     exited: dict[str, Any] | None = None  # its task.exited record (None: reconciled, or cancelled while pending)
     exit_event: uuid.UUID | None = None  # that record's event (an extractor's handoff hangs under it)
     changes_due: bool = False  # a project worker's branch whose changes are not recorded yet
+    fix_round_due: bool = False  # a project worker whose check failed, with a fix round left
 
     @property
     def is_extractor(self) -> bool:
@@ -154,42 +156,6 @@ class ExitDenials(FromRow):
     denials: list[Any] | None
     workdir: str | None
     decided: list[Any] | None
-
-
-@dataclass(frozen=True)
-class ReviewTarget(FromRow):
-    """A worker whose diff the user reviewed, and the changes the review was of (settle/reviews.py)."""
-
-    id: uuid.UUID
-    role: str
-    brief: str
-    status: str
-    project_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    branch: str | None
-    review: str | None
-    allowed_tools: list[str] | None
-    changes: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class AskedTask(FromRow):
-    """What a task was asked to do, where and under which limits (`get_task_request`): its repeat asks it again."""
-
-    role: str
-    brief: str
-    project_id: uuid.UUID | None
-    session_id: uuid.UUID | None
-    parent_task_id: uuid.UUID | None
-    plan_ref: str | None
-    workdir: str | None
-    allowed_tools: list[str] | None
-    json_schema: dict[str, Any] | None
-    placement_executor: str | None
-    required_labels: list[str] | None
-    attempt: int
-    attachment_ids: list[uuid.UUID] | None
-    continues_task_id: uuid.UUID | None = None  # the reviewed worker it revises (migration 0042)
 
 
 @dataclass(frozen=True)

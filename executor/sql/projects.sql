@@ -16,8 +16,8 @@ UPDATE project_queue SET status = %(status)s, error = %(error)s, result = %(resu
 WHERE id = %(id)s
 
 -- name: insert_project --
-INSERT INTO projects (name, workdir, plan, plan_path, sandbox_allow)
-VALUES (%(name)s, %(workdir)s, %(plan)s, %(plan_path)s, %(sandbox_allow)s)
+INSERT INTO projects (name, workdir, plan, plan_path, sandbox_allow, check_command, check_retries)
+VALUES (%(name)s, %(workdir)s, %(plan)s, %(plan_path)s, %(sandbox_allow)s, %(check_command)s, %(check_retries)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING id
 

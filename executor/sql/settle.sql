@@ -191,6 +191,12 @@ UPDATE tasks SET changes_recorded_at = now() WHERE id = %(id)s AND changes_recor
 -- under it), and whether a project worker's changes are still to be recorded.
 SELECT t.id, t.role, t.status, t.status_reason, t.parent_task_id,
        t.json_schema, (t.branch IS NOT NULL AND t.changes_recorded_at IS NULL) AS changes_due,
+       -- a project worker whose check failed, with a fix round left (migration 0043)
+       (t.status = 'success' AND t.check_round < coalesce((SELECT pr.check_retries FROM projects pr
+                                                           WHERE pr.id = t.project_id), 0)
+        AND (SELECT NOT (j.payload ->> 'passed')::boolean FROM journal j
+             WHERE j.task_id = t.id AND j.event_type = 'task.check' ORDER BY j.seq DESC LIMIT 1) IS TRUE)
+           AS fix_round_due,
        coalesce(p.extract_on_exit, false) AS extract_on_exit,
        EXISTS (SELECT 1 FROM sessions s WHERE s.id = t.session_id AND s.role = 'orchestrator') AS thread_turn,
        (SELECT s.id FROM tasks pt JOIN sessions s ON s.id = pt.session_id AND s.role = 'orchestrator'
@@ -266,7 +272,7 @@ RETURNING id
 -- revises (its worktree starts at the reviewed commit, migration 0042).
 INSERT INTO tasks (id, project_id, session_id, parent_task_id, role, brief, plan_ref, workdir, allowed_tools,
                    json_schema, status, attempt, retry_of, not_before, placement_executor, required_labels,
-                   attachment_ids, max_budget_usd, chat, continues_task_id)
+                   attachment_ids, max_budget_usd, chat, continues_task_id, check_round)
 SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_id)s::uuid, %(role)s::text,
        %(brief)s::text, %(plan_ref)s::text, %(workdir)s::text, %(allowed_tools)s::text[], %(json_schema)s::jsonb,
        'pending', %(attempt)s::int, %(retry_of)s::uuid, now() + make_interval(secs => %(delay_s)s::float8),
@@ -274,14 +280,14 @@ SELECT %(id)s::uuid, %(project_id)s::uuid, %(session_id)s::uuid, %(parent_task_i
        coalesce((SELECT p.max_budget_usd FROM tasks p WHERE p.id = %(parent_task_id)s::uuid),
                 (SELECT rt.usd_per_run FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
                  WHERE r.thread_id = %(session_id)s::uuid)),
-       %(chat)s::boolean, %(continues_task_id)s::uuid
+       %(chat)s::boolean, %(continues_task_id)s::uuid, %(check_round)s::int
 WHERE %(retry_of)s::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r WHERE r.retry_of = %(retry_of)s::uuid)
 RETURNING id
 
 -- name: get_task_request --
 -- What a task was asked to do, where and under which limits: its next attempt asks the same.
 SELECT role, brief, project_id, session_id, parent_task_id, plan_ref, workdir, allowed_tools, json_schema,
-       placement_executor, required_labels, attempt, attachment_ids, continues_task_id
+       placement_executor, required_labels, attempt, attachment_ids, continues_task_id, check_round
 FROM tasks WHERE id = %(id)s
 
 -- name: get_project_workdir --
@@ -291,6 +297,9 @@ SELECT workdir FROM projects WHERE id = %(project_id)s
 -- A worker whose diff the user reviewed: what it was asked, where it stands, and the changes the review was of
 -- (its last task.changes record).
 SELECT t.id, t.role, t.brief, t.status, t.project_id, t.parent_task_id, t.branch, t.review, t.allowed_tools,
+       t.check_round,
        (SELECT j.payload FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.changes'
-        ORDER BY j.seq DESC LIMIT 1) AS changes
+        ORDER BY j.seq DESC LIMIT 1) AS changes,
+       (SELECT j.payload FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.check'
+        ORDER BY j.seq DESC LIMIT 1) AS "check"
 FROM tasks t WHERE t.id = %(id)s

@@ -279,6 +279,11 @@ VALUES (%(id)s, %(project_id)s, %(session_id)s, %(role)s, %(brief)s, %(status)s,
 -- The hosts a project's workers may reach through their sandbox's proxy, besides the operator's.
 SELECT sandbox_allow FROM projects WHERE id = %(project_id)s
 
+-- name: get_task_check --
+-- A project worker's check (migration 0043): its project's command, for a worker that ran in a worktree of its own.
+SELECT p.check_command FROM tasks t JOIN projects p ON p.id = t.project_id
+WHERE t.id = %(id)s AND t.worktree IS NOT NULL AND p.check_command IS NOT NULL
+
 -- name: list_task_attachments --
 -- The files a task is fed with its brief, in the order the user sent them; an image with its copy for the
 -- model, when it has one.

@@ -44,8 +44,12 @@ SELECT id, action, task_id, args - 'plan' AS args, status, error, result, create
 FROM project_queue WHERE id = %(id)s
 
 -- name: get_task_changes --
+-- check: the project's check command as run on the worker's tree (its last task.check), if there is one;
+-- continues_task_id: the worker a follow-up continues (its diff is since that one's reviewed commit)
 SELECT t.id AS task_id, t.project_id, t.status, t.branch, t.base_branch, t.worktree, t.review,
-       t.changes_recorded_at, j.seq, j.payload
+       t.changes_recorded_at, t.continues_task_id, t.check_round, j.seq, j.payload,
+       (SELECT c.payload FROM journal c WHERE c.task_id = t.id AND c.event_type = 'task.check'
+        ORDER BY c.seq DESC LIMIT 1) AS "check"
 FROM tasks t
 LEFT JOIN LATERAL (SELECT seq, payload FROM journal
                    WHERE task_id = t.id AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1) j ON true

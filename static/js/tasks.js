@@ -228,12 +228,25 @@ function renderChanges(t, c) {
     c.error ? h("p", { class: "error" }, c.error) : null,
     h("ul", { class: "files" }, files.length ? files.map((f) => h("li", {}, h("code", {}, f.path),
       ` +${f.added ?? "bin"} −${f.deleted ?? "bin"}`)) : h("li", { class: "empty" }, "no changes")),
+    c.check ? checkResult(c.check, c.check_round) : null,
     open ? h("div", { class: "actions" },
-      h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
+      h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", c.check && !c.check.passed
+        ? `The check failed (${c.check.timed_out ? "timed out" : `exit ${c.check.exit_code}`}). Merge ${c.branch} into ${into} anyway?`
+        : `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
       h("button", { type: "button", class: "danger", onclick: () => reviewTask(t.id, "discard", `Discard ${c.branch}? The branch is deleted.`) }, "Discard")) : null,
     h("p", { class: `review-result${S.detail?.note?.error ? " error" : ""}`, id: "review-result" }, S.detail?.note?.text || ""),
     c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, open ? "diff (tap a line to comment)" : "diff"),
       open ? reviewDiff(t.id, c.diff, renderDetail, DIFF_LINES_SHOWN) : renderDiff(c.diff)) : null);
+}
+
+// The project's check as code ran it on the worker's tree: passed or failed, how long, its last lines
+function checkResult(k, rounds) {
+  const how = k.passed ? "passed" : k.timed_out ? "timed out" : `failed (exit ${k.exit_code})`;
+  return h("div", { class: `check ${k.passed ? "passed" : "failed"}` },
+    h("p", {}, h("b", {}, `Check ${how}`), ` in ${Math.round(k.duration_s * 10) / 10} s: `, h("code", {}, k.command),
+      rounds ? ` (fix round ${rounds})` : ""),
+    (k.tail || []).length ? h("details", { open: !k.passed }, h("summary", {}, `its last ${k.tail.length} lines`),
+      h("pre", { class: "check-tail" }, k.tail.join("\n"))) : null);
 }
 
 async function reviewTask(id, action, question) {

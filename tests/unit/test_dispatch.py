@@ -31,7 +31,7 @@ async def test_a_worker_request_inserts_one_pending_row_and_emits_its_dispatch_r
         "id": asked.id, "project_id": PROJECT, "session_id": None, "parent_task_id": PARENT, "role": "worker",
         "brief": "count the files", "plan_ref": "T-1", "workdir": str(tmp_path), "allowed_tools": ["Read"],
         "json_schema": None, "executor": None, "labels": ["gpu"], "attempt": 1, "retry_of": None,
-        "delay_s": None, "attachment_ids": [], "chat": False, "continues_task_id": None}  # a first request waits for nothing: no not_before
+        "delay_s": None, "attachment_ids": [], "chat": False, "continues_task_id": None, "check_round": 0}  # a first request waits for nothing: no not_before
     (record,) = unit.events
     assert (record.event_type, record.task_id, record.project_id, record.session_id) == (
         "task.dispatch_requested", asked.id, PROJECT, None)
@@ -74,7 +74,7 @@ ATTACHMENT = uuid.uuid4()
 ROW = {"role": "worker", "brief": "first brief", "project_id": PROJECT, "session_id": uuid.uuid4(),
        "parent_task_id": PARENT, "plan_ref": "T-2", "workdir": "/gone/since", "allowed_tools": ["Bash"],
        "json_schema": None, "placement_executor": "alpha", "required_labels": ["gpu"], "attempt": 2,
-       "attachment_ids": [ATTACHMENT], "continues_task_id": None}
+       "attachment_ids": [ATTACHMENT], "continues_task_id": None, "check_round": 0}
 
 
 async def test_a_retry_asks_what_the_task_was_asked_one_attempt_further_in_a_conversation_of_its_own() -> None:

@@ -33,7 +33,7 @@ def asked_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"role": row["role"], "brief": row["brief"], "project_id": row["project_id"],
             "session_id": row["session_id"], "parent_task_id": None, "plan_ref": None, "workdir": None,
             "allowed_tools": None, "json_schema": None, "placement_executor": None, "required_labels": [],
-            "attempt": row["attempt"], "attachment_ids": [], "continues_task_id": None}
+            "attempt": row["attempt"], "attachment_ids": [], "continues_task_id": None, "check_round": 0}
 
 
 def inserted(params: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from executor.settle import reviews
-from executor.settle.store import ReviewTarget
+from executor.settle.task_rows import ReviewTarget
 from tests.fake_queries import FakeWork
 
 pytestmark = pytest.mark.unit
@@ -22,7 +22,7 @@ COMMENT = {"file": "app.py", "line": 2, "text": "y should be 4", "hunk": "@@ -1 
 def target(**changed: Any) -> dict[str, Any]:
     return {"id": TASK, "role": "worker", "brief": "set x", "status": "success", "project_id": PROJECT,
             "parent_task_id": TURN, "branch": "petal/abc", "review": None, "allowed_tools": ["Bash"],
-            "changes": {"head_commit": "c0ffee" * 6, "files": []}, **changed}
+            "changes": {"head_commit": "c0ffee" * 6, "files": []}, "check_round": 0, "check": None, **changed}
 
 
 def test_the_brief_carries_what_was_asked_and_each_comment_with_its_lines_and_hunk() -> None:
@@ -66,3 +66,36 @@ async def test_what_cannot_be_sent_back_is_refused_and_nothing_is_recorded(
     error = await reviews.send_back(unit, THREAD, {"task_id": str(TASK), **args})
     assert error is not None and why in error
     assert unit.names() == ["get_review_target"] and unit.events == []
+
+
+# ---- a failed check's fix round ----------------------------------------------------------------------------
+
+FAILED = {"command": "pytest -q", "passed": False, "exit_code": 1, "duration_s": 2.5, "timed_out": False,
+          "tail": [f"line {i}" for i in range(150)] + ["FAILED test_app.py::test_value"]}
+
+
+def test_a_fix_round_s_brief_carries_the_failed_check_s_last_lines_and_the_work() -> None:
+    brief = reviews.fix_brief(ReviewTarget.from_row(target()), FAILED)
+    assert brief.startswith("Fix the work on branch petal/abc: the project's check failed")
+    assert "The check: `pytest -q` (exit 1)" in brief and brief.count("\nline ") == reviews.FAIL_LINES - 1
+    assert "FAILED test_app.py::test_value" in brief and "What the work was:\nset x" in brief
+    timed = reviews.fix_brief(ReviewTarget.from_row(target()), {**FAILED, "timed_out": True, "exit_code": None})
+    assert "(it was stopped at its time limit)" in timed
+
+
+async def test_a_failed_check_requests_one_round_further_continuing_the_worker() -> None:
+    unit = FakeWork({"get_review_target": target(check=FAILED, check_round=1), "get_project_workdir": {"workdir": None},
+                     "insert_task": lambda p: {"id": p["id"]}})
+    made = await reviews.fix_round(unit, TASK)
+    asked = unit.params("insert_task")
+    assert made == asked["id"] and asked["check_round"] == 2 and asked["continues_task_id"] == TASK
+    assert asked["parent_task_id"] == TURN and "FAILED test_app.py::test_value" in asked["brief"]
+    (dispatched,) = unit.events
+    assert dispatched.payload["fix_round_of"] == str(TASK) and dispatched.payload["check_round"] == 2
+
+
+async def test_no_round_for_a_check_that_passed_or_was_never_run() -> None:
+    for row in (target(check={**FAILED, "passed": True}), target(check=None), None):
+        unit = FakeWork({"get_review_target": row})  # insert_task unanswered: it must not run
+        assert await reviews.fix_round(unit, TASK) is None
+        assert unit.events == []

@@ -77,7 +77,8 @@ def validating(structured: Any, **answers: Any) -> FakeWork:
     return FakeWork({"get_extraction_source": source(), "get_task_result": {"payload": {"structured_output": structured}},
                      "list_schema_complaints": [], "get_raw_seq_range": {"min": 4, "max": 9},
                      "mark_extraction_failed": 1,
-                     "get_exit_denials": {"denials": None, "workdir": None, "decided": []}, **answers})
+                     "get_exit_denials": {"denials": None, "workdir": None, "decided": []},
+                     "get_review_target": None, **answers})
 
 
 async def test_a_valid_output_is_stored_as_the_workers_handoff_under_the_extraction_run() -> None:

@@ -36,6 +36,8 @@ def ended(**kw: Any) -> Ended:
     (ended(role="orchestrator", extract_on_exit=False, thread_turn=True), Step.TELL_THREAD),
     (ended(role="orchestrator", extract_on_exit=False, thread_turn=True, status="crashed", exited=None),
      Step.TURN_FAILED),  # a failed turn is recorded in the chat and goes through the turns' policy
+    # a project worker whose check failed with a round left: fixed first, no handoff of the failed run
+    (ended(thread_id=THREAD, changes_due=True, fix_round_due=True), Step.FIX_ROUND),
 ])
 def test_an_end_is_routed_by_what_it_is_and_what_it_left(end: Ended, step: Step) -> None:
     assert route(end, extract=True) is step
@@ -70,7 +72,8 @@ def test_a_failing_settlement_waits_longer_each_time_up_to_the_cap() -> None:
 def test_an_end_is_read_from_a_claimed_row() -> None:
     row = {"id": uuid.uuid4(), "role": "worker", "status": "failed", "status_reason": "no_result",
            "parent_task_id": None, "json_schema": None, "extract_on_exit": True, "thread_turn": False,
-           "thread_id": THREAD, "exited": {"lines": 3}, "exit_event": uuid.uuid4(), "changes_due": True}
+           "thread_id": THREAD, "exited": {"lines": 3}, "exit_event": uuid.uuid4(), "changes_due": True,
+           "fix_round_due": False}
     end = Ended.from_row(row)
     assert end.printed and not end.is_extractor and end.thread_id == THREAD and end.changes_due
 
