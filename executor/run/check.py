@@ -11,6 +11,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,8 +45,9 @@ def check_env(spawn_id: uuid.UUID, workdir: Path) -> dict[str, str]:
 
 
 async def run_check(isolation: Isolation | None, project_id: uuid.UUID | None, workdir: Path, command: str,
-                    timeout_s: float) -> CheckResult:
-    """Run `command` with `bash -c` in `workdir`, sandboxed unless the operator turned the sandbox off."""
+                    timeout_s: float, on_output: Callable[[], Awaitable[None]] | None = None) -> CheckResult:
+    """Run `command` with `bash -c` in `workdir`, sandboxed unless the operator turned the sandbox off;
+    `on_output` is told (at most once a second) that it printed: its run is not silent meanwhile."""
     spawn_id = uuid.uuid4()
     env = check_env(spawn_id, workdir)
     argv = ["bash", "-c", command]
@@ -66,8 +68,12 @@ async def run_check(isolation: Isolation | None, project_id: uuid.UUID | None, w
 
         async def read() -> None:
             assert proc.stdout is not None
+            told = 0.0
             async for raw in proc.stdout:
                 tail.append(raw.decode(errors="replace").rstrip("\n")[:LINE_CHARS])
+                if on_output is not None and time.monotonic() - told >= 1.0:
+                    told = time.monotonic()
+                    await on_output()
 
         try:
             await asyncio.wait_for(asyncio.gather(read(), proc.wait()), timeout_s)

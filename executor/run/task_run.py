@@ -257,7 +257,9 @@ class TaskRunner:
         command = await self.availability.retry(lambda: self.store.check_command(r.task_id), "check_command")
         if command is None or r.workdir is None:
             return
-        result = await check.run_check(self.isolation, r.project_id, r.workdir, command, self.config.check_timeout_s)
+        await self._mark_output(r)  # the watchdog's silence counts from the check's start, and its output
+        result = await check.run_check(self.isolation, r.project_id, r.workdir, command, self.config.check_timeout_s,
+                                       on_output=lambda: self._mark_output(r))
         await self.writer.write([replace(r.event("task.check", result.payload()), tier="derived")])
 
     async def _finish(self, r: Running, task: ClaimedTask, rc: int, *, drained: bool) -> None:

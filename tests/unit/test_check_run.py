@@ -36,3 +36,15 @@ async def test_the_check_sees_none_of_the_executors_environment(tmp_path: Path, 
     seen = await check.run_check(None, None, tmp_path, "env | sort", 30)
     assert not any(line.startswith("PETAL_") and not line.startswith("PETAL_TASK") for line in seen.tail)
     assert f"HOME={tmp_path}" in seen.tail and "CI=true" in seen.tail
+
+
+async def test_a_check_that_prints_tells_its_run_it_is_not_silent(tmp_path: Path) -> None:
+    told: list[int] = []
+
+    async def printed() -> None:
+        told.append(1)
+
+    quiet = await check.run_check(None, None, tmp_path, "true", 30, on_output=printed)
+    assert quiet.passed and told == []
+    await check.run_check(None, None, tmp_path, "echo one; echo two", 30, on_output=printed)
+    assert told == [1]  # at most once a second
