@@ -99,16 +99,20 @@ def _question_note(row: Candidate, p: dict[str, Any]) -> Note:
              else "Approve a worker?" if by_harness else "Claude asks")
     qid = p.get("question_id")
     return Note(kind, title, line(questions[0].get("question")), f"/#asks/{qid}" if qid else "/#asks",
-                row.task_id, row.session_id, row.seq, {"question_id": qid}, choices(questions),
+                row.task_id, row.session_id, row.seq, {"question_id": qid}, choices(questions, allow_or_deny=gate),
                 gate=escalation or gate or by_harness)
 
 
-def choices(questions: list[Any]) -> tuple[str, ...]:
-    """The labels a notification's buttons may answer with: one single-select question's first options."""
+def choices(questions: list[Any], *, allow_or_deny: bool = False) -> tuple[str, ...]:
+    """The labels a notification's buttons may answer with: one single-select question's first options (a tool
+    call's gate card: its first and its last, allow once or deny)."""
     if len(questions) != 1 or not isinstance(questions[0], dict) or questions[0].get("multiSelect"):
         return ()
-    labels = [o.get("label") for o in questions[0].get("options") or [] if isinstance(o, dict)]
-    return tuple(label for label in labels if isinstance(label, str) and label)[:MAX_OPTION_ACTIONS]
+    raw = [o.get("label") for o in questions[0].get("options") or [] if isinstance(o, dict)]
+    labels = [label for label in raw if isinstance(label, str) and label]
+    if allow_or_deny and len(labels) > MAX_OPTION_ACTIONS:
+        return (labels[0], labels[-1])
+    return tuple(labels[:MAX_OPTION_ACTIONS])
 
 
 def _routine_note(row: Candidate, p: dict[str, Any]) -> Note | None:

@@ -355,6 +355,10 @@ def test_only_one_single_select_question_s_first_two_options_become_buttons() ->
     assert notes.choices([{"question": "Odd", "options": _options(None, "", 3, "ok")}]) == ("ok",)
     asked = notes.note_for(row("question.asked", questions=one, question_id="q-1"))
     assert asked is not None and asked.choices == ("Yes", "Later") and asked.url == "/#asks/q-1"
+    # a tool call's gate card: allow once, or deny (its last option), not two ways of allowing
+    card = [{"question": "rm -rf build?", "options": _options("Allow once", "Allow for this task", "Deny")}]
+    gate = notes.note_for(row("question.asked", questions=card, question_id="q-2", tool_use_id="gate-toolu_1"))
+    assert gate is not None and gate.choices == ("Allow once", "Deny") and gate.gate
 
 
 def test_a_note_s_buttons_are_in_its_payload_only_with_a_token() -> None:
