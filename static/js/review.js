@@ -4,10 +4,10 @@
 import { api } from "./api.js";
 import { h } from "./dom.js";
 
-const drafts = new Map(); // task id → { comments, open: the line(s) being commented on, text, note, result }
+const drafts = new Map(); // task id → { comments, open: the line(s) being commented on, text, note, result, sending }
 
 function draft(id) {
-  if (!drafts.has(id)) drafts.set(id, { comments: [], open: null, text: "", note: "", result: null });
+  if (!drafts.has(id)) drafts.set(id, { comments: [], open: null, text: "", note: "", result: null, sending: false });
   return drafts.get(id);
 }
 
@@ -89,6 +89,8 @@ function commentBox(id, d, rerender) {
 function reviewPanel(id, d, rerender) {
   if (!d.comments.length && !d.result) return null;
   const send = async () => {
+    if (d.sending) return;  // one review, once: a second tap while it is sent does nothing
+    d.sending = true;
     d.result = { text: "Sending…" };
     rerender();
     try {
@@ -96,6 +98,7 @@ function reviewPanel(id, d, rerender) {
       d.comments = []; d.note = "";
       d.result = { text: "Sent: a follow-up worker continues on this branch with your comments." };
     } catch (e) { d.result = { text: `Not sent: ${e.message}`, error: true }; }
+    d.sending = false;
     rerender();
   };
   return h("section", { class: "review-panel", "aria-label": "Your review" },
@@ -107,6 +110,6 @@ function reviewPanel(id, d, rerender) {
           onclick: () => { d.comments.splice(i, 1); rerender(); } }, "×")))),
       h("input", { type: "text", class: "review-note", placeholder: "A note for the worker (optional)", "aria-label": "A note for the worker",
         value: d.note, oninput: (ev) => { d.note = ev.target.value; } }),
-      h("button", { type: "button", class: "send-review", onclick: send }, "Send to worker")] : null,
+      h("button", { type: "button", class: "send-review", disabled: Boolean(d.sending), onclick: send }, "Send to worker")] : null,
     d.result ? h("p", { class: `review-sent${d.result.error ? " error" : ""}`, role: "status" }, d.result.text) : null);
 }
