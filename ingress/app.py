@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ingress import actions, attachments, claude_sessions, gate_rules, notify, problems, reads, stream
+from ingress import actions, attachments, claude_sessions, gate_rules, notify, problems, reads, receipts, stream
 from ingress import routines as routine_routes
 from ingress import projects as project_routes
 from ingress.auth import (
@@ -160,6 +160,7 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
     (Op("get", "/api/threads", "threads, newest first, including ones still being created; a page at a time",
         params=(_LIMIT, _BEFORE), errors=(400,)), reads.list_threads),
     *notify.OPS,
+    *receipts.OPS,
     (Op("get", "/api/threads/{thread_id}/conversation", "the newest records a thread's chat renders, oldest first",
         params=(Param("thread_id", "path", UUID), _AFTER,
                 Param("before_seq", "query", SEQ, "page back: only records with a smaller seq"), _LIMIT),

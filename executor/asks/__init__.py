@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from executor.asks.store import AskStore, Question
+from executor.asks.store import Receipt as Receipt
 from executor.journal.writer import JournalWriter
 from executor.run.caller import Caller
 from executor.run.task_store import TaskStore

@@ -52,6 +52,33 @@ class Repeat(Question):
 
 
 @dataclass(frozen=True)
+class Receipt:
+    """An approval acted on: what its card approved (`approved_sha256`; None for a card asked before
+    receipts) against what was about to run (`checked_sha256`); `matched` says whether it may run."""
+
+    kind: str  # gate | dispatch
+    question_id: uuid.UUID
+    task_id: uuid.UUID
+    thread_id: uuid.UUID | None
+    subject: str
+    answer: str | None
+    answered_by: str | None
+    approved_sha256: str | None
+    checked_sha256: str
+    tool_use_id: str | None = None
+
+    @property
+    def matched(self) -> bool:
+        # a card from before receipts binds nothing, so it cannot mismatch (it is recorded as unbound: NULL)
+        return self.approved_sha256 is None or self.approved_sha256 == self.checked_sha256
+
+
+@dataclass(frozen=True)
+class _Sha(FromRow):
+    sha256: str | None
+
+
+@dataclass(frozen=True)
 class _Id(FromRow):
     id: uuid.UUID
 
@@ -89,6 +116,20 @@ class AskStore:
 
     async def get(self, question_id: uuid.UUID) -> Question | None:
         return await self.run.one("get_question", {"id": question_id}, into=Question)
+
+    async def approved_sha256(self, question_id: uuid.UUID) -> str | None:
+        found = await self.run.one("get_question_receipt", {"id": question_id}, into=_Sha)
+        return found.sha256 if found else None
+
+    async def insert_receipt(self, receipt: Receipt) -> uuid.UUID:
+        found = await self.run.one("insert_approval_receipt", {
+            "kind": receipt.kind, "question_id": receipt.question_id, "task_id": receipt.task_id,
+            "thread_id": receipt.thread_id, "tool_use_id": receipt.tool_use_id, "subject": receipt.subject[:500],
+            "answer": receipt.answer, "answered_by": receipt.answered_by,
+            "approved_sha256": receipt.approved_sha256, "checked_sha256": receipt.checked_sha256,
+            "matched": receipt.matched}, into=_Id)
+        assert found is not None
+        return found.id
 
     async def take_asked(self, questions: list[dict[str, Any]], *, asked_by: str, session_id: uuid.UUID | None,
                          task_id: uuid.UUID | None) -> Taken | None:

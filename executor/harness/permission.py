@@ -39,7 +39,7 @@ from executor.harness.identity import tool_use_id as call_tool_use_id
 from executor.harness.services import Harness
 from executor.run import substrate
 from executor.run.caller import Caller
-from shared import logs
+from shared import logs, receipts
 from shared.models import NewEvent
 
 log = logs.get(__name__)
@@ -154,12 +154,14 @@ def approval_question(tool_name: str, tool_input: dict[str, Any], verdict: gates
         options.append({"label": ALLOW_THREAD,
                         "description": "a standing rule for this thread (listed in Context, revocable there)"})
     options.append({"label": DENY, "description": "refuse it; or type a reason instead, and the model reads it"})
-    return {"question": f"A {role} wants to run {gates.summary(tool_name, tool_input, 200)!r} — hard gate "
+    return receipts.mark({"question": f"A {role} wants to run {gates.summary(tool_name, tool_input, 200)!r} — hard gate "
                         f"'{verdict.label}'{detail}. Allow it?",
             "header": "Gate", "multiSelect": False, "options": options,
             # what the gate saw, kept with the card (a restart that orphans it still knows what was refused)
             "gate": {"category": verdict.category, "label": verdict.label, "reason": verdict.reason,
-                     "tool": tool_name, "summary": gates.summary(tool_name, tool_input)}}
+                     "tool": tool_name, "summary": gates.summary(tool_name, tool_input)}},
+        # binds the answer to this exact call: the card shows its start, two calls alike there still differ here
+        "tool_call", receipts.of_call(tool_name, tool_input))
 
 
 NOT_FOR_THE_MODEL = "permission_prompt is the harness's check of your tool calls; it is not a tool to call."
@@ -270,6 +272,10 @@ class Gatekeeper:
                 verdict, why="its approval card was closed by an answer that did not come from the user"), extra)
         choice = final.answers.get(question["question"])
         if choice in (ALLOW_ONCE, ALLOW_TASK, ALLOW_THREAD) and final.answered_by:
+            if not await self._receipt(caller, final, choice, tool_name, tool_input, tool_use_id):
+                return _Ruling("deny", "receipt_mismatch", gates.deny_message(
+                    verdict, why="the approval it got was for a different call (the approved input's hash is "
+                                 "not this call's)"), {**extra, "answer": choice})
             if choice != ALLOW_ONCE:
                 extra |= await self._add_rule(caller, tool_name, tool_input, verdict,
                                               "task" if choice == ALLOW_TASK else "thread", final.answered_by)
@@ -281,6 +287,24 @@ class Gatekeeper:
         reason = choice if isinstance(choice, str) and choice != DENY else final.response
         said = f"the user refused it, saying: {reason!r}" if reason else "the user refused it"
         return _Ruling("deny", "user", gates.deny_message(verdict, why=said), {**extra, "answer": choice or reason})
+
+    async def _receipt(self, caller: Caller, final: asks.Answer, choice: str, tool_name: str,
+                       tool_input: dict[str, Any], tool_use_id: str | None) -> bool:
+        """The approval's receipt: the hash its card was asked with (read back from the card the user answered)
+        against this call's; recorded either way, a mismatch journaled. True when the call may run."""
+        store = self.harness.asks.store
+        receipt = asks.Receipt("gate", final.id, caller.task_id, caller.thread_id, gates.summary(tool_name, tool_input),
+                               choice, final.answered_by, await store.approved_sha256(final.id),
+                               receipts.of_call(tool_name, tool_input), tool_use_id)
+        receipt_id = await store.insert_receipt(receipt)
+        if not receipt.matched:
+            log.warning("approval_mismatch", question_id=str(final.id), tool_use_id=tool_use_id)
+            await self.harness.writer.write([NewEvent("approval.mismatch", {
+                "receipt_id": str(receipt_id), "kind": "gate", "question_id": str(final.id),
+                "tool_use_id": tool_use_id, "summary": receipt.subject, "approved_sha256": receipt.approved_sha256,
+                "checked_sha256": receipt.checked_sha256, "answered_by": final.answered_by}, tier="derived",
+                task_id=caller.task_id, session_id=caller.session_id, project_id=caller.project_id)])
+        return receipt.matched
 
     async def _add_rule(self, caller: Caller, tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict,
                         scope: str, answered_by: str) -> dict[str, Any]:

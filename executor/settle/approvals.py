@@ -27,7 +27,7 @@ from executor import asks
 from executor.asks.store import AskStore
 from executor.settle import briefs, dispatch
 from executor.settle.store import AnsweredApproval, LateAnswer, SettleStore
-from shared import logs
+from shared import logs, receipts
 from shared.models import NewEvent
 from shared.work import Work
 
@@ -38,6 +38,8 @@ AWAITING = ("awaiting the user's approval; you will be told with a harness messa
             "Nothing runs until then: end your turn, or carry on with something else.")
 MAX_BRIEF_CHARS = 600
 NOT_THE_USERS = "an answer that did not come from the user (ignored)"
+MISMATCH = ("the approval was for a different worker (its brief, project, tools or directory changed after the card "
+            "was asked: the approved hash is not this worker's)")
 
 
 async def request(pool: AsyncConnectionPool, *, brief: str, thread_id: uuid.UUID, asker_task_id: uuid.UUID,
@@ -63,8 +65,9 @@ async def request_on(unit: Work, asked: dispatch.TaskRequest, *, thread_id: uuid
     (pending, awaiting approval), its approval question and `approvals` row; returns its task id."""
     task_id = await dispatch.request_task(unit, asked)
     store = SettleStore(unit)
-    await store.await_approval(task_id)
-    posted = await asks.post(unit, [briefs.approval_question(asked.brief)], tool_use_id=f"approval-{task_id}",
+    spec = await store.await_approval(task_id)
+    question = receipts.mark(briefs.approval_question(asked.brief), "worker", spec.sha256())
+    posted = await asks.post(unit, [question], tool_use_id=f"approval-{task_id}",
                              task_id=task_id, session_id=thread_id, approval_for=str(task_id))
     assert posted is not None  # a new task's id: never asked before
     await store.insert_approval(task_id, thread_id, posted.id)
@@ -102,6 +105,13 @@ async def act_on_answer(unit: Work, row: AnsweredApproval) -> None:
             events.append(NewEvent("question.cancelled", {"question_id": str(row.question_id),
                                                           "reason": "the worker was stopped"},
                                    task_id=task_id, session_id=thread))
+    elif choice == briefs.APPROVE and not await _receipt(unit, row, choice):
+        # the card approved a different worker than the one that would start: it never runs
+        decision = "refused_mismatch"
+        await store.cancel_unapproved(task_id)
+        events.append(NewEvent("task.dispatch_refused", {"brief": brief, "reason": MISMATCH, "answer": said},
+                               task_id=task_id, session_id=thread, project_id=row.project_id))
+        text = f"[harness] Worker {task_id} was not started: {MISMATCH}.\nIts brief: {brief}"
     elif choice == briefs.APPROVE:
         decision = "approved"
         await store.release_approved(task_id)
@@ -123,6 +133,22 @@ async def act_on_answer(unit: Work, row: AnsweredApproval) -> None:
     unit.emit(NewEvent("approval.resolved", facts, tier="derived", task_id=task_id, session_id=thread,
                        project_id=row.project_id), *events)
     log.info("approval_resolved", task_id=str(task_id), decision=decision)
+
+
+async def _receipt(unit: Work, row: AnsweredApproval, choice: str) -> bool:
+    """The approval's receipt: the hash its card was asked with against the worker as it would start;
+    recorded either way, a mismatch journaled. True when the worker may start."""
+    receipt = asks.Receipt("dispatch", row.question_id, row.task_id, row.thread_id, row.brief[:200], choice,
+                           row.answered_by, row.approved_sha256, row.checked_sha256())
+    receipt_id = await AskStore(unit).insert_receipt(receipt)
+    if not receipt.matched:
+        log.warning("approval_mismatch", question_id=str(row.question_id), task_id=str(row.task_id))
+        unit.emit(NewEvent("approval.mismatch", {
+            "receipt_id": str(receipt_id), "kind": "dispatch", "question_id": str(row.question_id),
+            "summary": receipt.subject, "approved_sha256": receipt.approved_sha256,
+            "checked_sha256": receipt.checked_sha256, "answered_by": row.answered_by}, tier="derived",
+            task_id=row.task_id, session_id=row.thread_id, project_id=row.project_id))
+    return receipt.matched
 
 
 async def apply_answered(pool: AsyncConnectionPool) -> int:

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.sql import queries
 from executor.settle.task_rows import AskedTask, ReviewTarget
+from shared import receipts
 from shared.query import FromRow, Queries, Transaction
 from shared.work import Work, work
 
@@ -100,6 +101,28 @@ class AnsweredApproval(FromRow):
     task_status: str
     brief: str
     project_id: uuid.UUID | None
+    role: str
+    allowed_tools: list[str] | None
+    workdir: str | None
+    approved_sha256: str | None
+
+    def checked_sha256(self) -> str:
+        """The worker as it is now, hashed as its card was."""
+        return WorkerSpec(self.role, self.brief, self.project_id, self.allowed_tools, self.workdir).sha256()
+
+
+@dataclass(frozen=True)
+class WorkerSpec(FromRow):
+    """A worker as its dispatch approval binds it (shared/receipts.py: of_worker)."""
+
+    role: str
+    brief: str
+    project_id: uuid.UUID | None
+    allowed_tools: list[str] | None
+    workdir: str | None
+
+    def sha256(self) -> str:
+        return receipts.of_worker(self.role, self.brief, self.project_id, self.allowed_tools, self.workdir)
 
 
 @dataclass(frozen=True)
@@ -294,8 +317,10 @@ class SettleStore:
 
     # ---- approvals and late answers -------------------------------------------------------------------
 
-    async def await_approval(self, task_id: uuid.UUID) -> None:
-        await self.run.execute("await_approval", {"id": task_id})
+    async def await_approval(self, task_id: uuid.UUID) -> WorkerSpec:
+        found = await self.run.one("await_approval", {"id": task_id}, into=WorkerSpec)
+        assert found is not None  # a task just requested: pending
+        return found
 
     async def insert_approval(self, task_id: uuid.UUID, thread_id: uuid.UUID, question_id: uuid.UUID) -> None:
         await self.run.execute("insert_approval", {"task_id": task_id, "thread_id": thread_id,

@@ -89,3 +89,15 @@ WHERE questions = %(questions)s
 UPDATE questions SET task_id = %(task_id)s, timed_out_at = NULL
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id
+
+-- name: get_question_receipt --
+-- The hash an approval card was asked with (shared/receipts.py); NULL for a card asked before receipts.
+SELECT questions -> 0 -> 'receipt' ->> 'sha256' AS sha256 FROM questions WHERE id = %(id)s
+
+-- name: insert_approval_receipt --
+-- One per approval acted on: what the card approved against what was about to run (matched: the same).
+INSERT INTO approval_receipts (kind, question_id, task_id, thread_id, tool_use_id, subject, answer, answered_by,
+                               approved_sha256, checked_sha256, matched)
+VALUES (%(kind)s, %(question_id)s, %(task_id)s, %(thread_id)s, %(tool_use_id)s, %(subject)s, %(answer)s,
+        %(answered_by)s, %(approved_sha256)s, %(checked_sha256)s, %(matched)s)
+RETURNING id

@@ -3,8 +3,9 @@
 
 -- name: await_approval --
 -- A worker of an interactive thread is recorded pending but is not claimed while its approval is open
--- (claim_pending_tasks); the activity says why it waits.
+-- (claim_pending_tasks); the activity says why it waits. Returns what its approval binds (its receipt).
 UPDATE tasks SET activity = 'awaiting_approval' WHERE id = %(id)s AND status = 'pending'
+RETURNING role, brief, project_id, allowed_tools, workdir
 
 -- name: insert_approval --
 INSERT INTO approvals (task_id, thread_id, question_id) VALUES (%(task_id)s, %(thread_id)s, %(question_id)s)
@@ -13,9 +14,11 @@ RETURNING id
 -- name: list_answered_approvals --
 -- Approvals whose question is closed, or whose worker was stopped meanwhile (its question then closes
 -- unanswered), and whose decision is still owed; locked so one pass acts once. answered_by: who answered (an
--- answer without it is not the user's: executor/settle/approvals.py does not act on it).
+-- answer without it is not the user's: executor/settle/approvals.py does not act on it); approved_sha256: the
+-- hash the card was asked with, against the worker as it is now (its receipt).
 SELECT a.id, a.task_id, a.thread_id, a.question_id, q.answers, q.response, q.status AS question_status,
-       q.answered_by, t.status AS task_status, t.brief, t.project_id
+       q.answered_by, t.status AS task_status, t.brief, t.project_id, t.role, t.allowed_tools, t.workdir,
+       q.questions -> 0 -> 'receipt' ->> 'sha256' AS approved_sha256
 FROM approvals a JOIN questions q ON q.id = a.question_id JOIN tasks t ON t.id = a.task_id
 WHERE a.status = 'open' AND (q.status <> 'pending' OR t.status <> 'pending')
 ORDER BY a.created_at

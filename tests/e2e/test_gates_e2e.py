@@ -36,6 +36,14 @@ async def _thread(http: httpx.AsyncClient, mode: str) -> str:
     return str(made.json()["thread_id"])
 
 
+async def _approved(http: httpx.AsyncClient) -> str:
+    """An interactive thread whose first turn dispatched a worker, approved: returns the thread's id."""
+    thread = await _thread(http, "interactive")
+    await http.post("/api/chat", json={"text": "go", "thread_id": thread})
+    await _answer(http, await until(lambda: _card(http, "start a worker"), "the dispatch card"), briefs.APPROVE)
+    return thread
+
+
 async def _worker(h: Harness) -> dict[str, Any] | None:
     cur = await (await h._conn()).execute("SELECT id FROM tasks WHERE role = 'worker' ORDER BY created_at LIMIT 1")
     row = await cur.fetchone()
@@ -147,10 +155,7 @@ async def test_an_interactive_worker_asks_and_runs_only_what_the_user_allows(db:
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            thread = await _thread(http, "interactive")
-            await http.post("/api/chat", json={"text": "go", "thread_id": thread})
-            await _answer(http, await until(lambda: _card(http, "start a worker"), "the dispatch card"),
-                          briefs.APPROVE)
+            thread = await _approved(http)
             card = await until(lambda: _card(http, "rm -f sentinel-a"), "the first gate card")
             question = card["questions"][0]
             assert "destructive data op" in question["question"]
