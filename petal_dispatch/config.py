@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     shared_claude_config: bool = False
     # The policy's back-off for rate_limited workers: this many seconds, doubling with each retry.
     backoff_base_s: float = Field(default=30.0, ge=0)
+    # A routine run at its USD cap asks the user to raise it or stop; an unattended (autonomous) run waits this
+    # long for the answer, then ends as it would have without asking (0: it does not ask).
+    budget_ask_s: float = Field(default=900.0, ge=0)
     # Warm turns: at most this many threads (shown in a page, or whose turn just ended) have their next
     # turn's CLI started ahead of the message (0: off), each retired this long after its start.
     warm_turns: int = Field(default=2, ge=0, le=16)

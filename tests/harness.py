@@ -232,7 +232,7 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
                    substrate_kw: dict[str, Any] | None = None, notify_config: Any = None,
                    project_roots: tuple[Path, ...] = (), sessions: Any = None,
                    routines: RoutinesConfig | None = None, dispatch_limits: DispatchLimits | None = None,
-                   **config_kw: Any) -> AsyncIterator[Harness]:
+                   budget_ask_s: float | None = SettlerConfig.budget_ask_s, **config_kw: Any) -> AsyncIterator[Harness]:
     port = free_port()
     stop = asyncio.Event()
     sub = substrate_for(model, tmp, **(substrate_kw or {}))
@@ -242,7 +242,8 @@ async def running_executor(db: DB, model: ScriptedModelServer, tmp: Path, *, ask
     config = config_for(tmp, mcp_url=f"http://127.0.0.1:{port}/harness-mcp/", **config_kw)
     executor = ExecutorConfig(dsn=db.executor_dsn, substrate=sub, supervisor=config, mcp_port=port,
                               ask_timeout_s=ask_timeout_s,
-                              settler=SettlerConfig(extract=extract, backoff_base_s=backoff_base_s),
+                              settler=SettlerConfig(extract=extract, backoff_base_s=backoff_base_s,
+                                                    budget_ask_s=budget_ask_s),
                               notify=notify_config or NotifyConfig(data_dir=tmp / "var"), project_roots=project_roots,
                               routines=routines or RoutinesConfig(),
                               dispatch_limits=dispatch_limits or DispatchLimits(),

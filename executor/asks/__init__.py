@@ -87,6 +87,13 @@ def honoured(status: str, answered_by: str | None) -> bool:
     return status != "answered" or bool(answered_by)
 
 
+def first_choice(answers: dict[str, Any] | None) -> Any:
+    """The label chosen for a card's one question: its first answer (a multi-select's first label)."""
+    values = list((answers or {}).values())
+    choice = values[0] if values else None
+    return (choice[0] if choice else None) if isinstance(choice, list) else choice
+
+
 @dataclass(frozen=True, slots=True)
 class Posted:
     id: uuid.UUID

@@ -75,12 +75,6 @@ async def request_on(unit: Work, asked: dispatch.TaskRequest, *, thread_id: uuid
     return task_id
 
 
-def _choice(answers: dict[str, Any] | None) -> Any:
-    values = list((answers or {}).values())
-    choice = values[0] if values else None
-    return (choice[0] if choice else None) if isinstance(choice, list) else choice
-
-
 async def act_on_answer(unit: Work, row: AnsweredApproval) -> None:
     """Carry out an answered approval in `unit` (claimed by the settler): the worker released (approved) or
     cancelled, the orchestrator told, the approval resolved and `approval.resolved` journaled."""
@@ -88,7 +82,7 @@ async def act_on_answer(unit: Work, row: AnsweredApproval) -> None:
     task_id, thread = row.task_id, row.thread_id
     # only the user's answer approves: one closed without the ingress's mark (answered_by) rejects
     users = asks.honoured(row.question_status, row.answered_by)
-    choice = _choice(row.answers) if users else None
+    choice = asks.first_choice(row.answers) if users else None
     said = (choice or row.response or "nothing (dismissed)") if users else NOT_THE_USERS
     brief = row.brief[:MAX_BRIEF_CHARS]
     facts: dict[str, Any] = {"approval_id": str(row.id), "question_id": str(row.question_id),

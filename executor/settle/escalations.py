@@ -21,7 +21,7 @@ from typing import Any
 
 from executor import asks
 from executor.asks.store import AskStore
-from executor.settle import briefs, dispatch, extraction, policy
+from executor.settle import briefs, budgets, dispatch, extraction, policy
 from executor.settle.store import AnsweredEscalation, SettledWorker, SettleStore
 from shared import logs
 from shared.models import NewEvent
@@ -215,21 +215,16 @@ async def _ask(unit: Work, task_id: uuid.UUID, thread_id: uuid.UUID | None, proj
 
 # ---- the user answered an escalation ---------------------------------------------------------------------
 
-def _choice(answers: dict[str, Any] | None) -> Any:
-    choices = list((answers or {}).values())
-    choice = choices[0] if choices else None
-    if isinstance(choice, list):
-        choice = choice[0] if choice else None
-    return choice
-
-
 async def act_on_answer(unit: Work, esc: AnsweredEscalation) -> None:
     """Carry out an answered escalation in `unit` (claimed by the settler): re-extract, retry, stop the plan,
     or tell the orchestrator the user's answer; the escalation resolved and `escalation.resolved` journaled."""
+    if esc.kind == "budget":
+        await budgets.act_on_answer(unit, esc)
+        return
     store = SettleStore(unit)
     worker = await store.settled_worker(esc.task_id)
     assert worker is not None
-    choice = _choice(esc.answers)
+    choice = asks.first_choice(esc.answers)
     facts: dict[str, Any] = {"escalation_id": str(esc.id), "question_id": str(esc.question_id),
                              "answer": choice, "response": esc.response}
     mark = len(unit.events)

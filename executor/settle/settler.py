@@ -25,12 +25,12 @@ import enum
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from psycopg_pool import AsyncConnectionPool
 
 from executor.run.outcome import EXECUTOR_SHUTDOWN, PARKED_LIMIT
-from executor.settle import approvals, changes, escalations, extraction, reviews
+from executor.settle import approvals, budgets, changes, escalations, extraction, reviews
 from executor.settle.store import Ended, SettleStore
 from shared import consume, database, logs
 from shared.listener import Subscription
@@ -51,6 +51,9 @@ class SettlerConfig:
     retry_cap_s: float = 60.0
     # whether a project worker's worktree stays after its changes are recorded (its branch always does)
     keep_worktrees: bool = False
+    # how long an unattended (autonomous) routine run waits for the answer to its budget ask; None: it does not
+    # ask (ends at its cap, as it always did). An interactive run's ask waits for the answer.
+    budget_ask_s: float | None = 900.0
 
 
 class Step(enum.StrEnum):
@@ -61,11 +64,14 @@ class Step(enum.StrEnum):
     RERUN_TURN = "rerun_turn"  # a turn cut off by the executor's shutdown: run its messages again
     TURN_FAILED = "turn_failed"  # a turn ended otherwise: record it in the chat and apply the turns' policy
     FIX_ROUND = "fix_round"  # a project worker's check failed, a round is left: a follow-up fixes it (no handoff yet)
+    BUDGET_ASK = "budget_ask"  # a routine run's process stopped at (or not started for) its USD cap: ask the user
     NOTHING = "nothing"  # nobody acts on this end; it stays visible
 
 
-def route(ended: Ended, *, extract: bool) -> Step:
-    """The step an end calls for (pure)."""
+def route(ended: Ended, *, extract: bool, unattended_asks: bool = True) -> Step:
+    """The step an end calls for (pure). `unattended_asks`: whether an autonomous run asks at its USD cap."""
+    if ended.budget_run_id is not None and (ended.budget_mode == "interactive" or unattended_asks):
+        return Step.BUDGET_ASK
     if ended.thread_turn:
         # a deploy is never the turn's fault, and the messages it carried must not be dropped
         if ended.status == "crashed" and ended.status_reason == EXECUTOR_SHUTDOWN:
@@ -111,7 +117,8 @@ class Settler:
             "task_ended": [self.settle_pending, self.apply_approvals],
             # only for the questions these passes act on (migration 0035): not on every answer
             "question_settle": [self.apply_escalations, self.apply_approvals, self.deliver_late_answers],
-            consume.POLL_ONLY: [self.record_leftover_changes],  # rare by construction
+            # rare by construction; an unattended budget ask's deadline is kept by the poll (a second's slack)
+            consume.POLL_ONLY: [self.record_leftover_changes, self.expire_budget_asks],
         }
 
     # ---- the passes: each does one batch and says whether it found work (consume runs it again) -------
@@ -155,6 +162,10 @@ class Settler:
             await changes.record(unit, task_id, keep_worktree=self.config.keep_worktrees)
         return True
 
+    async def expire_budget_asks(self) -> int:
+        """Close the questions of unattended budget asks past their deadline (their answers pass then acts)."""
+        return await budgets.expire(self.pool)
+
     def _told(self, acted: int) -> int:
         if acted:
             self.on_settled()  # the notes it queued for orchestrators wait for a turn boundary
@@ -169,7 +180,8 @@ class Settler:
                 ended = await store.claim_unsettled(skip)
                 if ended is None:
                     return None
-                step = route(ended, extract=self.config.extract)
+                step = route(ended, extract=self.config.extract,
+                             unattended_asks=self.config.budget_ask_s is not None)
                 await self.settle(unit, ended, step)
         except Exception:
             if ended is None:
@@ -212,6 +224,10 @@ class Settler:
             await escalations.rerun_turn(unit, ended.id, requested_by="settler", reason=ended.status_reason)
         elif step is Step.FIX_ROUND:
             await reviews.fix_round(unit, ended.id)
+        elif step is Step.BUDGET_ASK:
+            wait_s = None if ended.budget_mode == "interactive" else self.config.budget_ask_s
+            if not await budgets.ask(unit, ended, wait_s=wait_s):  # its run is gone: settled as any other end
+                await self._carry_out(unit, ended, route(replace(ended, budget_run_id=None), extract=self.config.extract))
         elif step is Step.TURN_FAILED:
             await escalations.apply_turn_policy(unit, ended.id, backoff_base_s=backoff, started=ended.started)
         # TELL_THREAD, NOTHING: nothing to write; the threads loop reads the boundary from the store

@@ -45,6 +45,8 @@ class Ended(FromRow):
     exit_event: uuid.UUID | None = None  # that record's event (an extractor's handoff hangs under it)
     changes_due: bool = False  # a project worker's branch whose changes are not recorded yet
     fix_round_due: bool = False  # a project worker whose check failed, with a fix round left
+    budget_run_id: uuid.UUID | None = None  # stopped at (or not started for) its routine run's USD cap: that run
+    budget_mode: str | None = None  # that run's thread's mode (autonomous: unattended)
 
     @property
     def is_extractor(self) -> bool:
@@ -86,6 +88,10 @@ class AnsweredEscalation(FromRow):
     question_id: uuid.UUID
     answers: dict[str, Any] | None
     response: str | None
+    answered_by: str | None = None
+    kind: str = "policy"  # policy | budget (migration 0045)
+    run_id: uuid.UUID | None = None  # a budget ask's routine run
+    raise_usd: float | None = None  # what a budget ask offers to add to the run's cap
 
 
 @dataclass(frozen=True)

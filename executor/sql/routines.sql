@@ -119,6 +119,8 @@ WHERE r.status = 'running'
   AND NOT EXISTS (SELECT 1 FROM run_tasks x WHERE x.run_id = r.id
                   AND (x.status IN ('pending', 'running') OR x.settled_at IS NULL))
   AND NOT EXISTS (SELECT 1 FROM chat_queue c WHERE c.thread_id = r.thread_id AND c.status IN ('pending', 'claimed'))
+  -- paused on a budget ask: the run goes on or ends with the user's answer (migration 0045)
+  AND NOT EXISTS (SELECT 1 FROM escalations e WHERE e.run_id = r.id AND e.status = 'open')
 ORDER BY r.started_at LIMIT 20
 
 -- name: claim_running_run --
@@ -134,11 +136,17 @@ WITH RECURSIVE run_tasks AS (
     SELECT t.id, t.role, t.status, t.status_reason, t.created_at FROM tasks t WHERE t.session_id = %(thread_id)s
     UNION ALL
     SELECT c.id, c.role, c.status, c.status_reason, c.created_at FROM run_tasks x JOIN tasks c ON c.parent_task_id = x.id
+), budget_asks AS (
+    SELECT e.reason, e.created_at FROM escalations e JOIN routine_runs r ON r.id = e.run_id
+    WHERE r.thread_id = %(thread_id)s AND e.kind = 'budget'
 )
 SELECT (SELECT status FROM run_tasks WHERE role = 'orchestrator' ORDER BY created_at DESC LIMIT 1) AS last_status,
        (SELECT status_reason FROM run_tasks WHERE role = 'orchestrator' ORDER BY created_at DESC LIMIT 1) AS last_reason,
-       (SELECT status_reason FROM run_tasks WHERE status = 'skipped' AND status_reason LIKE 'budget:%%'
-        ORDER BY created_at LIMIT 1) AS budget_reason,
+       -- with budget asks, the last one says (NULL: raised, the run went on); without, a process not started
+       CASE WHEN EXISTS (SELECT 1 FROM budget_asks)
+            THEN (SELECT reason FROM budget_asks ORDER BY created_at DESC LIMIT 1)
+            ELSE (SELECT status_reason FROM run_tasks WHERE status = 'skipped' AND status_reason LIKE 'budget:%%'
+                  ORDER BY created_at LIMIT 1) END AS budget_reason,
        (SELECT coalesce(sum((j.payload ->> 'total_cost_usd')::numeric), 0)::float8 FROM journal j
         WHERE j.event_type = 'stream.result' AND j.task_id IN (SELECT id FROM run_tasks)) AS cost_usd,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('tool', j.payload ->> 'tool', 'summary', j.payload ->> 'summary',

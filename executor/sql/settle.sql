@@ -107,7 +107,8 @@ RETURNING id
 -- Escalations whose question is closed and whose decision is still owed; locked so one pass acts once.
 -- An answer without answered_by was not written by the ingress: it is not the user's, so no choice is read
 -- from it (the escalation is relayed, nothing retried).
-SELECT e.id, e.task_id, e.thread_id, e.question_id, q.status AS question_status, q.answered_by,
+SELECT e.id, e.task_id, e.thread_id, e.question_id, q.status AS question_status, q.answered_by, e.kind, e.run_id,
+       e.raise_usd::float8 AS raise_usd,
        CASE WHEN q.status = 'answered' AND q.answered_by IS NULL THEN NULL ELSE q.answers END AS answers,
        CASE WHEN q.status = 'answered' AND q.answered_by IS NULL
             THEN 'nothing the harness could act on: an answer that did not come from the user was ignored'
@@ -207,8 +208,22 @@ SELECT t.id, t.role, t.status, t.status_reason, t.parent_task_id,
        (SELECT j.payload FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.exited'
         ORDER BY j.seq DESC LIMIT 1) AS exited,
        (SELECT j.event_id FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.exited'
-        ORDER BY j.seq DESC LIMIT 1) AS exit_event
+        ORDER BY j.seq DESC LIMIT 1) AS exit_event,
+       budget.run_id AS budget_run_id, budget.mode AS budget_mode
 FROM tasks t LEFT JOIN role_profiles p ON p.role = t.role
+-- a routine run's process the CLI stopped at its USD cap, or not started with the cap spent: the run (still
+-- running) and its thread's mode, for the budget ask (migration 0045)
+LEFT JOIN LATERAL (
+    WITH RECURSIVE up AS (
+        SELECT t.parent_task_id AS parent, t.session_id AS sid, 0 AS depth
+        UNION ALL
+        SELECT pt.parent_task_id, pt.session_id, up.depth + 1 FROM up JOIN tasks pt ON pt.id = up.parent
+        WHERE up.depth < 64
+    )
+    SELECT r.id AS run_id, s.mode FROM routine_runs r JOIN sessions s ON s.id = r.thread_id
+    WHERE r.status = 'running' AND r.thread_id IN (SELECT sid FROM up WHERE sid IS NOT NULL)
+    LIMIT 1
+) budget ON (t.status = 'skipped' AND t.status_reason LIKE 'budget:%%') OR t.status_reason = 'max_budget_usd'
 WHERE t.settled_at IS NULL AND t.status NOT IN ('pending', 'running') AND t.id <> ALL(%(skip)s::uuid[])
 ORDER BY t.ended_at NULLS FIRST, t.id
 FOR UPDATE OF t SKIP LOCKED

@@ -301,7 +301,8 @@ WHERE t.id = %(task_id)s
 ORDER BY u.n
 
 -- name: grant_run_budget --
--- What a routine run's task may spend, taken at its spawn: the run's USD per run less what its ended processes
+-- What a routine run's task may spend, taken at its spawn: the run's USD per run (with what the user raised it by)
+-- less what its ended processes
 -- cost (their result lines), and never more than the task was given. Under the run's row lock, so spawns of one
 -- run read each other's ends in order. The grant is written back: the task shows what its process was allowed.
 WITH RECURSIVE up AS (
@@ -310,7 +311,7 @@ WITH RECURSIVE up AS (
     SELECT p.id, p.parent_task_id, p.session_id, up.depth + 1 FROM up JOIN tasks p ON p.id = up.parent_task_id
     WHERE up.depth < 64
 ), run AS (
-    SELECT r.id, r.thread_id, rt.usd_per_run::float8 AS cap
+    SELECT r.id, r.thread_id, (rt.usd_per_run + r.usd_raised)::float8 AS cap  -- raised by the user's answers
     FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
     WHERE r.thread_id IN (SELECT session_id FROM up WHERE session_id IS NOT NULL) AND rt.usd_per_run IS NOT NULL
     ORDER BY r.started_at DESC LIMIT 1

@@ -146,7 +146,8 @@ async def test_a_runs_processes_share_its_usd_per_run_and_one_that_would_start_w
         extractor(handoff("count the files", "three files")),
     ])
     with ScriptedModelServer(scenario) as model:
-        async with running_executor(db, model, tmp_path, extract=True) as h, \
+        # budget asks off (PETAL_BUDGET_ASK_S=0): an unattended run ends at its cap (tests/e2e/test_budgets.py asks)
+        async with running_executor(db, model, tmp_path, extract=True, budget_ask_s=None) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
             made = await http.post("/api/routines", json={"name": "count", "prompt": "count the files",
                                                           "budget": {"usd_per_run": 0.5}})

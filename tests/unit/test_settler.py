@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -60,6 +61,24 @@ def test_without_extraction_only_a_turns_end_is_acted_on() -> None:
     assert route(ended(role="orchestrator", thread_turn=True), extract=False) is Step.TELL_THREAD
 
 
+@pytest.mark.parametrize("end", [
+    ended(role="orchestrator", thread_turn=True, status="partial", status_reason="max_budget_usd"),
+    ended(role="extractor", json_schema={"type": "object"}, parent_task_id=uuid.uuid4(), status="skipped",
+          status_reason="budget: the run spent 0.50 of its 0.50 USD"),
+    ended(status="failed", status_reason="max_budget_usd", thread_id=THREAD, extract_on_exit=True,
+          exited={"lines": 3}),
+])
+def test_an_end_at_its_routine_run_s_cap_asks_before_any_other_step(end: Ended) -> None:
+    assert route(end, extract=True) is not Step.BUDGET_ASK  # not in a running routine run: as always
+    run = uuid.uuid4()
+    assert route(replace(end, budget_run_id=run, budget_mode="autonomous"), extract=True) is Step.BUDGET_ASK
+    # an unattended run does not ask when asking is off (PETAL_BUDGET_ASK_S=0); an interactive one always does
+    assert route(replace(end, budget_run_id=run, budget_mode="autonomous"), extract=True,
+                 unattended_asks=False) is route(end, extract=True)
+    assert route(replace(end, budget_run_id=run, budget_mode="interactive"), extract=True,
+                 unattended_asks=False) is Step.BUDGET_ASK
+
+
 def test_a_task_started_unless_its_exit_record_says_it_never_spawned() -> None:
     assert ended().started and ended(exited=None).started
     assert not ended(exited={"spawned": False}).started
@@ -73,7 +92,7 @@ def test_an_end_is_read_from_a_claimed_row() -> None:
     row = {"id": uuid.uuid4(), "role": "worker", "status": "failed", "status_reason": "no_result",
            "parent_task_id": None, "json_schema": None, "extract_on_exit": True, "thread_turn": False,
            "thread_id": THREAD, "exited": {"lines": 3}, "exit_event": uuid.uuid4(), "changes_due": True,
-           "fix_round_due": False}
+           "fix_round_due": False, "budget_run_id": None, "budget_mode": None}
     end = Ended.from_row(row)
     assert end.printed and not end.is_extractor and end.thread_id == THREAD and end.changes_due
 
@@ -87,7 +106,8 @@ async def test_the_settler_takes_ends_on_task_ended_and_the_answers_it_acts_on_o
     assert _woken(by_channel, "task_ended") == ["settle_pending", "apply_approvals"]
     assert _woken(by_channel, "question_settle") == ["apply_approvals", "apply_escalations", "deliver_late_answers"]
     assert _woken(by_channel, "") == ["settle_pending", "apply_approvals", "apply_escalations",
-                                      "deliver_late_answers", "record_leftover_changes"]  # the poll
+                                      "deliver_late_answers", "record_leftover_changes",
+                                      "expire_budget_asks"]  # the poll
 
 
 async def test_the_threads_loop_only_delivers_chat_and_applies_controls_first() -> None:
