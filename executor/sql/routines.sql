@@ -53,16 +53,16 @@ ORDER BY r.created_at LIMIT 1
 FOR NO KEY UPDATE OF r, rt SKIP LOCKED
 
 -- name: get_routine_spend_today --
--- What a routine's runs since `since` cost: ended runs their cost, running ones their per-run cap (the most
--- they may still spend), so a day's cap holds while runs are under way.
-SELECT coalesce(sum(CASE WHEN r.status = 'running' THEN coalesce(rt.usd_per_run, 0)::float8
+-- What a routine's runs since `since` cost: ended runs their cost, running ones their per-run cap with what the
+-- user raised it by (the most they may still spend), so a day's cap holds while runs are under way.
+SELECT coalesce(sum(CASE WHEN r.status = 'running' THEN (coalesce(rt.usd_per_run, 0) + r.usd_raised)::float8
                          ELSE coalesce(r.cost_usd, 0) END), 0)::float8 AS usd
 FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
 WHERE r.routine_id = %(routine_id)s AND r.started_at >= %(since)s
 
 -- name: get_project_routine_spend_today --
 -- The same over every routine of a project (the per-project day cap).
-SELECT coalesce(sum(CASE WHEN r.status = 'running' THEN coalesce(rt.usd_per_run, 0)::float8
+SELECT coalesce(sum(CASE WHEN r.status = 'running' THEN (coalesce(rt.usd_per_run, 0) + r.usd_raised)::float8
                          ELSE coalesce(r.cost_usd, 0) END), 0)::float8 AS usd
 FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
 WHERE rt.project_id = %(project_id)s AND r.started_at >= %(since)s
