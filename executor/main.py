@@ -109,9 +109,10 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.spawner.turn_coming)
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, config.settler, conversations.wake)
+        # a push runs in the spawns' sandbox (the runner's Isolation; None when the operator turned it off)
         repos = projects.Projects(db.pool, writer,
                                   projects.ProjectsConfig(config.project_roots, config.supervisor.keep_worktrees,
-                                                          config.protected))
+                                                          config.protected), sandboxes=supervisor.runner.isolation)
         name = config.supervisor.name
         notifier = notify.Notifier(db.pool, config.notify, Duty(db.dsn, notify.NOTIFIER_DUTY, name),
                                    name=name)

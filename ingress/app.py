@@ -39,6 +39,7 @@ from ingress.models import (
     AnswerIn,
     ChatIn,
     ProjectIn,
+    ProjectPatch,
     RetryIn,
     ReviewIn,
     SendBackIn,
@@ -213,7 +214,10 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
     (Op("get", "/api/projects/{project_id}", "a project: plan tasks with their latest run and handoffs, "
         "branches waiting for review, usage", params=(Param("project_id", "path", UUID),), errors=(404,)),
      project_routes.get_project),
-    (Op("get", "/api/project-requests/{request_id}", "a project request (create, merge, discard) and its outcome",
+    (Op("patch", "/api/projects/{project_id}", "change a project's push remote (the executor checks it)",
+        ProjectPatch, params=(Param("project_id", "path", UUID),), status=202, errors=(404, 415, 422)),
+     project_routes.update_project),
+    (Op("get", "/api/project-requests/{request_id}", "a project request (create, update, merge, push …), its outcome",
         params=(Param("request_id", "path", UUID),), errors=(404,)), project_routes.get_request),
     (Op("get", "/api/tasks/{task_id}/diff", "what a project worker changed: commits, files, diffstat, the diff",
         params=(_TASK,), errors=(404, 409)), project_routes.task_diff),
@@ -221,6 +225,8 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
         (_TASK,), 202, (404, 409, 415, 422)), project_routes.merge_task),
     (Op("post", "/api/tasks/{task_id}/discard", "discard a worker's branch", ReviewIn, True, (_TASK,), 202,
         (404, 409, 415, 422)), project_routes.discard_task),
+    (Op("post", "/api/tasks/{task_id}/push", "push a worker's reviewed commit to its branch on the project's push "
+        "remote", ReviewIn, True, (_TASK,), 202, (404, 409, 415, 422)), project_routes.push_task),
     (Op("post", "/api/tasks/{task_id}/review", "send a review of a worker's diff (line comments) back: a follow-up "
         "worker continues on the reviewed commit", SendBackIn, False, (_TASK,), 202, (404, 409, 415, 422)),
      project_routes.send_back),

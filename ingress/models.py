@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared import remotes
+
 Mode = Literal["interactive", "autonomous"]
 
 
@@ -152,6 +154,14 @@ class NotifyActIn(_Body):
     choice: str = Field(min_length=1, max_length=1000)
 
 
+_PUSH_REMOTE = ("where Push sends a worker's reviewed commit: an https:// or http:// URL (no credentials) or the "
+                "absolute path of a repository")
+
+
+def _checked_remote(value: str | None) -> str | None:
+    return None if value is None else remotes.parse(value).url
+
+
 class ProjectIn(_Body):
     """A project on a git repository: the executor checks the workdir (under PETAL_PROJECT_ROOTS, a
     repository's top level, or initialised when `init` is true) and refuses with the reason otherwise."""
@@ -172,12 +182,24 @@ class ProjectIn(_Body):
         description="a command run in each worker's sandbox on its worktree after it ends (e.g. `python -m pytest "
                     "-q`): its result is on the diff card and in the handoff; a failure gets a fix round")
     check_retries: int = Field(default=1, ge=0, le=5, description="fix rounds a failing check gets")
+    push_remote: str | None = Field(default=None, min_length=1, max_length=remotes.MAX_CHARS,
+                                    description=_PUSH_REMOTE)
+
+    check_push_remote = field_validator("push_remote")(_checked_remote)
 
     @model_validator(mode="after")
     def _one_plan(self) -> ProjectIn:
         if self.plan is not None and self.plan_path is not None:
             raise ValueError("give plan or plan_path, not both")
         return self
+
+
+class ProjectPatch(_Body):
+    """A project's settings changed: its push remote (null: none)."""
+
+    push_remote: str | None = Field(min_length=1, max_length=remotes.MAX_CHARS, description=_PUSH_REMOTE)
+
+    check_push_remote = field_validator("push_remote")(_checked_remote)
 
 
 class ReviewIn(_Body):

@@ -1,4 +1,4 @@
-"""Projects, workers' changes, merge / discard, and usage. Actions only write `project_queue` rows; the
+"""Projects, workers' changes, merge / discard / push, and usage. Actions only write `project_queue` rows; the
 executor carries them out and journals them (GET /api/project-requests/{id} shows the outcome)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from psycopg.types.json import Jsonb
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ingress.http import body, ingress_queries, path_uuid, pool, query_choice, query_uuid, respond, who
-from ingress.models import ProjectIn, ReviewIn, SendBackIn
+from ingress.http import body, ingress_queries, path_uuid, pool, query_choice, query_uuid, respond, shared_queries, who
+from ingress.models import ProjectIn, ProjectPatch, ReviewIn, SendBackIn
 from ingress.problems import Problem
 from shared import projects
 from shared.models import ACTIVE_STATUSES
@@ -23,6 +23,17 @@ async def create_project(request: Request) -> Response:
         raise Problem(409, f"slug {spec.slug!r} is taken")
     queued = await q.one("enqueue_project_request", {
         "action": "create", "task_id": None, "args": Jsonb(spec.model_dump(exclude_none=True))})
+    return respond(queued, 202)
+
+
+async def update_project(request: Request) -> Response:
+    """A project's settings changed (its push remote): an `update` request the executor checks and applies."""
+    project_id = path_uuid(request, "project_id")
+    spec = await body(request, ProjectPatch)
+    if await shared_queries(request).one("check_project_exists", {"id": project_id}) is None:
+        raise Problem(404, f"no project {project_id}")
+    queued = await ingress_queries(request).one("enqueue_project_request", {
+        "action": "update", "task_id": None, "args": Jsonb({"project_id": str(project_id), **spec.model_dump()})})
     return respond(queued, 202)
 
 
@@ -106,6 +117,31 @@ async def merge_task(request: Request) -> Response:
 
 async def discard_task(request: Request) -> Response:
     return await _review(request, "discard")
+
+
+async def push_task(request: Request) -> Response:
+    """Push the worker's reviewed commit to its project's push remote (merged or not); the executor does it in a
+    sandbox and journals task.pushed or task.push_failed."""
+    await body(request, ReviewIn, optional=True)
+    task_id = path_uuid(request, "task_id")
+    task = await ingress_queries(request).one("get_task_review_state", {"id": task_id})
+    if task is None:
+        raise Problem(404, f"no task {task_id}")
+    if task["branch"] is None:
+        raise Problem(409, f"task {task_id} has no branch to push (not a worker of a project)")
+    if task["status"] in ACTIVE_STATUSES:
+        raise Problem(409, f"task {task_id} is still {task['status']}: push its changes once they are recorded")
+    if task["review"] == "discarded":
+        raise Problem(409, f"task {task_id}'s branch was discarded: there is nothing to push")
+    if task["changes_recorded_at"] is None:
+        raise Problem(409, f"task {task_id}'s changes are not recorded yet: nothing was reviewed")
+    if task["push_remote"] is None:
+        raise Problem(409, f"task {task_id}'s project has no push remote (set one: PATCH /api/projects/{{id}})")
+    if task["push_pending"]:
+        raise Problem(409, f"a push of task {task_id} is already queued")
+    queued = await ingress_queries(request).one("enqueue_project_request", {
+        "action": "push", "task_id": task["id"], "args": Jsonb({})})
+    return respond(queued, 202)
 
 
 async def usage(request: Request) -> Response:

@@ -1,5 +1,6 @@
-"""Projects: carries out `project_queue` rows — register a project on a git repository, merge or discard a
-worker's branch. Every outcome is journaled; a refusal is the row's `failed` status with the reason.
+"""Projects: carries out `project_queue` rows — register a project on a git repository or change its push remote,
+merge, discard or push a worker's branch. Every outcome is journaled; a refusal is the row's `failed` status with
+the reason.
 
 A project's workdir must be a directory under one of the configured roots once `..` and symlinks are
 resolved, and a git repository's top level (or be initialised on request). Nothing is created otherwise.
@@ -16,11 +17,11 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from executor.journal.writer import JournalWriter
-from executor.projects import git, worktrees
+from executor.projects import git, push, worktrees
 from executor.projects.store import ProjectRequest, ProjectStore
 from shared.protected import overlap
 from executor.sandbox import gateway
-from shared import consume, database, logs, read_surface
+from shared import consume, database, logs, read_surface, remotes
 from shared.listener import Subscription
 from shared.models import ACTIVE_STATUSES, NewEvent
 
@@ -35,7 +36,12 @@ MAX_CHECK_RETRIES = 5
 
 
 class Refused(Exception):
-    """A request that cannot be carried out as given; the message is the reason the user sees."""
+    """A request that cannot be carried out as given; the message is the reason the user sees (`details`: what
+    its record carries besides)."""
+
+    def __init__(self, reason: str, details: dict[str, Any] | None = None):
+        super().__init__(reason)
+        self.details = details or {}
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,8 @@ class Projects:
     pool: AsyncConnectionPool
     writer: JournalWriter
     config: ProjectsConfig = field(default_factory=ProjectsConfig)
+    # the executor's sandbox (its Isolation) a push runs in; None: the operator's PETAL_SANDBOX=off
+    sandboxes: push.Sandboxes | None = None
     store: ProjectStore = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -104,33 +112,30 @@ class Projects:
     async def apply(self) -> int:
         """Carry out one batch of queued requests; how many there were."""
         rows = await self.store.claim_requests()
+        actions = {"create": self._create, "update": self._update, "merge": self._merge, "push": self._push}
         for row in rows:
             status, error, result = "done", None, None
             try:
-                if row.action == "create":
-                    result = await self._create(row)
-                elif row.action == "merge":
-                    result = await self._merge(row)
-                else:
-                    result = await self._discard(row)
+                result = await actions.get(row.action, self._discard)(row)
             except (Refused, worktrees.GitError, OSError) as exc:
                 status, error = "failed", str(exc)
-                await self._refusal(row, error)
+                await self._refusal(row, error, exc.details if isinstance(exc, Refused) else {})
             except Exception as exc:  # noqa: BLE001 - a request is never left claimed: it fails visibly
                 log.exception("project_request_failed", request_id=str(row.id))
                 status, error = "failed", f"internal error: {exc!r}"[:500]
-                await self._refusal(row, error)
+                await self._refusal(row, error, {})
             await self.store.finish_request(row.id, status, error, result)
         return len(rows)
 
-    async def _refusal(self, row: ProjectRequest, reason: str) -> None:
-        if row.action == "create":
+    async def _refusal(self, row: ProjectRequest, reason: str, details: dict[str, Any]) -> None:
+        if row.action in ("create", "update"):
             await self.writer.write([NewEvent("project.refused", {"request_id": str(row.id), "reason": reason,
                                                                   "args": row.args})])
         else:
             task = await self.store.task_worktree(row.task_id) if row.task_id else None
-            await self.writer.write([NewEvent("task.merge_failed", {
-                "request_id": str(row.id), "action": row.action, "reason": reason},
+            kind = "task.push_failed" if row.action == "push" else "task.merge_failed"
+            await self.writer.write([NewEvent(kind, {
+                "request_id": str(row.id), "action": row.action, "reason": reason, **details},
                 task_id=task.id if task else None, project_id=task.project_id if task else None)])
 
     # ---- create --------------------------------------------------------------------------------------
@@ -160,25 +165,49 @@ class Projects:
             raise Refused("the plan has no task lines (`- [ ] T-001 title`)")
         if await self.store.workdir_taken(str(repo)):
             raise Refused(f"{repo} is already a project")
+        remote = self._checked_remote(args.get("push_remote"), repo)
         check = str(args["check_command"]).strip() if args.get("check_command") else None
         retries = args.get("check_retries", 1)
         if not isinstance(retries, int) or not 0 <= retries <= MAX_CHECK_RETRIES:
             raise Refused(f"check_retries must be 0-{MAX_CHECK_RETRIES} (got {retries!r})")
         made = await self.store.insert_project(slug, workdir=str(repo), plan=plan, plan_path=plan_path,
                                                sandbox_allow=allow, check_command=check or None,
-                                               check_retries=retries)
+                                               check_retries=retries, push_remote=remote)
         if made is None:
             raise Refused(f"slug {slug!r} is taken")
         project_id = made
         branch, commit = await worktrees.head(repo)
         payload = {"slug": slug, "workdir": str(repo), "branch": branch, "commit": commit, "initialised": initialised,
                    "plan_tasks": len(read_surface.plan_tasks(plan)), "plan_path": plan_path, "sandbox_allow": allow,
-                   "check_command": check or None, "check_retries": retries}
+                   "check_command": check or None, "check_retries": retries, "push_remote": remote}
         await self.writer.write([NewEvent("project.created", payload, project_id=project_id)])
         log.info("project_created", slug=slug, workdir=str(repo))
         return {"project_id": str(project_id), **payload}
 
-    # ---- merge / discard -----------------------------------------------------------------------------
+    def _checked_remote(self, raw: Any, repo: Path) -> str | None:
+        """A push remote as given (None: none), checked as the ingress did and, for a path, on disk."""
+        if raw is None:
+            return None
+        try:
+            remote = remotes.parse(str(raw))
+            push.check_target(remote, repo, self.config.protected)
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        return remote.url
+
+    async def _update(self, row: ProjectRequest) -> dict[str, Any]:
+        """A project's push remote set or cleared."""
+        args = row.args or {}
+        found = await self.store.remote(uuid.UUID(str(args.get("project_id"))))
+        if found is None or found.workdir is None:
+            raise Refused(f"no project {args.get('project_id')} on a repository")
+        remote = self._checked_remote(args.get("push_remote"), Path(found.workdir))
+        await self.store.set_push_remote(found.id, remote)
+        payload = {"request_id": str(row.id), "push_remote": remote, "before": {"push_remote": found.push_remote}}
+        await self.writer.write([NewEvent("project.updated", payload, project_id=found.id)])
+        return {"project_id": str(found.id), **payload}
+
+    # ---- merge / discard / push ----------------------------------------------------------------------
 
     async def _reviewable(self, row: ProjectRequest) -> tuple[worktrees.TaskWorktree, str]:
         """The task whose branch a merge or discard acts on, and that branch."""
@@ -213,6 +242,37 @@ class Projects:
             merged["branch_delete_error"] = str(exc)
         payload = {"request_id": str(row.id), "branch": branch, **merged}
         await self.writer.write([NewEvent("task.merged", payload, task_id=task.id, project_id=task.project_id)])
+        return payload
+
+    async def _push(self, row: ProjectRequest) -> dict[str, Any]:
+        """Exactly the reviewed commit to refs/heads/<branch> on the remote the user set, merged or not."""
+        task = await self.store.task_worktree(row.task_id) if row.task_id else None
+        if task is None or task.branch is None:
+            raise Refused(f"task {row.task_id} has no branch of a project")
+        if task.status in ACTIVE_STATUSES:
+            raise Refused(f"task {task.id} is still {task.status}")
+        if task.review == "discarded":
+            raise Refused(f"the branch of task {task.id} was discarded: there is nothing to push")
+        c = await self.store.latest_changes(task.id) if task.changes_recorded_at is not None else None
+        if not c or "error" in c or not c.get("head_commit"):
+            raise Refused(f"task {task.id} has no reviewed commit to push (its changes are not recorded"
+                          f"{': ' + c['error'] if c and 'error' in c else ''})")
+        project = await self.store.remote(task.project_id)
+        if project is None or project.push_remote is None:
+            raise Refused(f"the project of task {task.id} has no push remote: set one first")
+        try:
+            remote = remotes.parse(project.push_remote)
+            target = push.check_target(remote, task.repo, self.config.protected)
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        said = {"remote": remote.url, "branch": task.branch, "commit": c["head_commit"]}
+        done = await push.push(self.sandboxes, await push.objects_of(task.repo), remote, target, c["head_commit"],
+                               task.branch)
+        if not done.ok:
+            last = done.tail[-1] if done.tail else f"exit {done.exit_code}"
+            raise Refused(f"git push to {remote.url} failed: {last}", {**said, **done.payload()})
+        payload = {"request_id": str(row.id), **said, **done.payload()}
+        await self.writer.write([NewEvent("task.pushed", payload, task_id=task.id, project_id=task.project_id)])
         return payload
 
     async def _discard(self, row: ProjectRequest) -> dict[str, Any]:

@@ -70,6 +70,16 @@ class TaskWorktree(FromRow):
         return Path(self.worktree) if self.worktree else None
 
 
+@dataclass(frozen=True, slots=True)
+class ProjectRemote(FromRow):
+    """A project's repository and the push remote the user set for it (where Push sends a reviewed commit; never
+    read from the repository's config)."""
+
+    id: uuid.UUID
+    workdir: str | None
+    push_remote: str | None
+
+
 @dataclass(frozen=True)
 class _Id(FromRow):
     id: uuid.UUID
@@ -116,13 +126,20 @@ class ProjectStore:
 
     async def insert_project(self, slug: str, *, workdir: str | None, plan: str | None, plan_path: str | None,
                              sandbox_allow: list[str], check_command: str | None = None,
-                             check_retries: int = 1) -> uuid.UUID | None:
+                             check_retries: int = 1, push_remote: str | None = None) -> uuid.UUID | None:
         """The new project's id; None when the slug is taken."""
         made = await self.q.one("insert_project", {"name": slug, "workdir": workdir, "plan": plan,
                                                    "plan_path": plan_path, "sandbox_allow": sandbox_allow,
-                                                   "check_command": check_command, "check_retries": check_retries},
+                                                   "check_command": check_command, "check_retries": check_retries,
+                                                   "push_remote": push_remote},
                                 into=_Id)
         return made.id if made else None
+
+    async def remote(self, project_id: uuid.UUID) -> ProjectRemote | None:
+        return await self.q.one("get_project_remote", {"id": project_id}, into=ProjectRemote)
+
+    async def set_push_remote(self, project_id: uuid.UUID, push_remote: str | None) -> None:
+        await self.q.execute("set_project_push_remote", {"id": project_id, "push_remote": push_remote})
 
     async def workdir_taken(self, workdir: str) -> bool:
         return await self.q.one("get_project_by_workdir", {"workdir": workdir}, into=_Id) is not None

@@ -16,10 +16,17 @@ UPDATE project_queue SET status = %(status)s, error = %(error)s, result = %(resu
 WHERE id = %(id)s
 
 -- name: insert_project --
-INSERT INTO projects (name, workdir, plan, plan_path, sandbox_allow, check_command, check_retries)
-VALUES (%(name)s, %(workdir)s, %(plan)s, %(plan_path)s, %(sandbox_allow)s, %(check_command)s, %(check_retries)s)
+INSERT INTO projects (name, workdir, plan, plan_path, sandbox_allow, check_command, check_retries, push_remote)
+VALUES (%(name)s, %(workdir)s, %(plan)s, %(plan_path)s, %(sandbox_allow)s, %(check_command)s, %(check_retries)s,
+        %(push_remote)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING id
+
+-- name: get_project_remote --
+SELECT id, workdir, push_remote FROM projects WHERE id = %(id)s
+
+-- name: set_project_push_remote --
+UPDATE projects SET push_remote = %(push_remote)s WHERE id = %(id)s
 
 -- name: get_project_by_workdir --
 SELECT id FROM projects WHERE workdir = %(workdir)s

@@ -1,5 +1,5 @@
 -- name: list_projects --
-SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.created_at,
+SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.push_remote, p.created_at,
        (SELECT count(*) FROM tasks t WHERE t.project_id = p.id AND t.branch IS NOT NULL AND t.review IS NULL
             AND t.changes_recorded_at IS NOT NULL) AS branches_waiting
 FROM projects p ORDER BY p.created_at DESC
@@ -8,7 +8,8 @@ FROM projects p ORDER BY p.created_at DESC
 SELECT true AS holds FROM projects WHERE id = %(id)s
 
 -- name: get_project_detail --
-SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.created_at FROM projects p WHERE p.id = %(id)s
+SELECT p.id, p.name AS slug, p.workdir, p.plan_path, p.plan, p.push_remote, p.created_at FROM projects p
+WHERE p.id = %(id)s
 
 -- name: list_project_plan_runs --
 -- The latest worker run of each plan task, and what became of its branch.
@@ -45,11 +46,16 @@ FROM project_queue WHERE id = %(id)s
 
 -- name: get_task_changes --
 -- check: the project's check command as run on the worker's tree (its last task.check), if there is one;
--- continues_task_id: the worker a follow-up continues (its diff is since that one's reviewed commit)
+-- continues_task_id: the worker a follow-up continues (its diff is since that one's reviewed commit);
+-- push_remote: its project's (Push is offered when there is one); push: its last push's outcome, if any
 SELECT t.id AS task_id, t.project_id, t.status, t.branch, t.base_branch, t.worktree, t.review,
        t.changes_recorded_at, t.continues_task_id, t.check_round, j.seq, j.payload,
        (SELECT c.payload FROM journal c WHERE c.task_id = t.id AND c.event_type = 'task.check'
-        ORDER BY c.seq DESC LIMIT 1) AS "check"
+        ORDER BY c.seq DESC LIMIT 1) AS "check",
+       (SELECT push_remote FROM projects WHERE id = t.project_id) AS push_remote,
+       (SELECT jsonb_build_object('pushed', u.event_type = 'task.pushed', 'at', u.created_at) || u.payload
+        FROM journal u WHERE u.task_id = t.id AND u.event_type IN ('task.pushed', 'task.push_failed')
+        ORDER BY u.seq DESC LIMIT 1) AS push
 FROM tasks t
 LEFT JOIN LATERAL (SELECT seq, payload FROM journal
                    WHERE task_id = t.id AND event_type = 'task.changes' ORDER BY seq DESC LIMIT 1) j ON true

@@ -206,7 +206,7 @@ export function renderDetail() {
   renderDetailEvents();
 }
 
-// ---- a project worker's changes: files, the diff, Merge / Discard -----------------------------------------
+// ---- a project worker's changes: files, the diff, Merge / Discard, Push -----------------------------------
 
 const DIFF_LINES_SHOWN = 4000;
 
@@ -234,9 +234,25 @@ function renderChanges(t, c) {
         ? `The check failed (${c.check.timed_out ? "timed out" : `exit ${c.check.exit_code}`}). Merge ${c.branch} into ${into} anyway?`
         : `Merge ${c.branch} into ${into}?`) }, `Merge into ${into}`),
       h("button", { type: "button", class: "danger", onclick: () => reviewTask(t.id, "discard", `Discard ${c.branch}? The branch is deleted.`) }, "Discard")) : null,
+    pushControl(t, c),
     h("p", { class: `review-result${S.detail?.note?.error ? " error" : ""}`, id: "review-result" }, S.detail?.note?.text || ""),
     c.diff ? h("details", { open: files.length <= 10 }, h("summary", {}, open ? "diff (tap a line to comment)" : "diff"),
       open ? reviewDiff(t.id, c.diff, renderDetail, DIFF_LINES_SHOWN) : renderDiff(c.diff)) : null);
+}
+
+// Push: the reviewed commit to its branch on the project's push remote, merged or not (never a discarded one);
+// the last push's outcome as the executor journaled it
+function pushControl(t, c) {
+  if (!c.push_remote || c.review === "discarded" || c.error || !c.head_commit) return null;
+  const p = c.push;
+  const outcome = !p ? null : p.pushed
+    ? h("p", { class: "pushed" }, h("b", {}, "Pushed"), ` ${short(p.commit)} to ${p.branch} on `, h("code", {}, p.remote))
+    : h("p", { class: "push-failed" }, h("b", {}, "Push failed"), `: ${p.reason}`,
+      (p.tail || []).length ? h("details", {}, h("summary", {}, "git's last lines"), h("pre", { class: "check-tail" }, p.tail.join("\n"))) : null);
+  return h("div", { class: "push" },
+    h("div", { class: "actions" }, h("button", { type: "button", onclick: () => reviewTask(t.id, "push",
+      `Push ${short(c.head_commit)} (the reviewed commit) to ${c.branch} on ${c.push_remote}?`) }, p?.pushed ? "Push again" : "Push")),
+    outcome);
 }
 
 // The project's check as code ran it on the worker's tree: passed or failed, how long, its last lines
@@ -259,7 +275,8 @@ async function reviewTask(id, action, question) {
     for (let i = 0; i < 120; i++) {  // the executor carries it out; its outcome is on the request row
       const r = await api(`/api/project-requests/${queued.id}`);
       if (r.status === "done" || r.status === "failed") {
-        if (r.status === "done") await loadDetail(id, false);  // the branch is merged or gone now
+        // the branch is merged or gone now; a push's outcome, either way, is on the card
+        if (r.status === "done" || action === "push") await loadDetail(id, false);
         note(r.status === "done" ? `${action} done` : `${action} failed: ${r.error}`, r.status !== "done");
         return;
       }

@@ -109,6 +109,37 @@ async def test_a_merge_is_only_of_a_commit_the_user_reviewed() -> None:
     assert "set_task_review" not in unit.names()
 
 
+async def test_a_push_of_a_running_or_discarded_task_is_refused_and_journaled_as_a_failed_push() -> None:
+    error, unit, writer = await refused({"claim_project_requests": [request("push")],
+                                         "get_task_worktree": task(status="running")})
+    assert error == f"task {TASK} is still running" and "get_latest_task_changes" not in unit.names()
+    (record,) = writer.events
+    assert (record.event_type, record.task_id, record.payload) == (
+        "task.push_failed", TASK, {"request_id": str(REQUEST), "action": "push", "reason": error})
+    error, _, _ = await refused({"claim_project_requests": [request("push")],
+                                 "get_task_worktree": task(review="discarded")})
+    assert error == f"the branch of task {TASK} was discarded: there is nothing to push"
+
+
+async def test_a_push_needs_a_reviewed_commit_and_a_remote_the_user_set() -> None:
+    error, _, _ = await refused({"claim_project_requests": [request("push")],
+                                 "get_task_worktree": task(review="merged"),
+                                 "get_latest_task_changes": {"payload": {"error": "git said no"}}})
+    assert error == f"task {TASK} has no reviewed commit to push (its changes are not recorded: git said no)"
+    error, _, _ = await refused({"claim_project_requests": [request("push")], "get_task_worktree": task(),
+                                 "get_latest_task_changes": {"payload": {"head_commit": "a" * 40}},
+                                 "get_project_remote": {"id": PROJECT, "workdir": "/srv/repo", "push_remote": None}})
+    assert error == f"the project of task {TASK} has no push remote: set one first"
+
+
+async def test_a_push_remote_that_is_no_repository_is_refused_and_nothing_is_set(tmp_path: Path) -> None:
+    update = request("update", project_id=str(PROJECT), push_remote=str(tmp_path / "nowhere.git"))
+    error, unit, writer = await refused({"claim_project_requests": [update], "get_project_remote": {
+        "id": PROJECT, "workdir": str(tmp_path / "repo"), "push_remote": None}})
+    assert error == f"push_remote {tmp_path / 'nowhere.git'} does not exist or is not a directory"
+    assert "set_project_push_remote" not in unit.names() and writer.events[0].event_type == "project.refused"
+
+
 async def test_an_unexpected_error_fails_the_request_visibly_instead_of_leaving_it_claimed() -> None:
     looked: list[int] = []
 
