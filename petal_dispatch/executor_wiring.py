@@ -110,6 +110,7 @@ def supervisor_config(settings: Settings, sandbox: SandboxPolicy | None) -> Supe
         mcp_timeout_ms=int((settings.ask_timeout_s + MCP_TIMEOUT_MARGIN_S) * 1000),
         max_workers=settings.max_workers,
         max_parked=settings.max_parked or default_max_parked(),
+        park_after_s=settings.park_after_s or None,
         stall_timeout_s=settings.stall_timeout_s,
         stop_grace_s=settings.stop_grace_s,
         max_runtime_s=settings.max_runtime_s,

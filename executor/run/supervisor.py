@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from executor.run.task_rows import ClaimedTask, Parked
 from executor.run.task_store import TaskStore
 from executor.run.watchdog import Limits, Watchdog
 from executor.sandbox.bwrap import SandboxPolicy
-from shared import aio, logs
+from shared import aio, logs, timers
 from shared.database import OUTAGE_ERRORS, Database
 from shared.listener import Subscription
 from shared.models import NewEvent
@@ -69,6 +70,9 @@ class SupervisorConfig:
     max_workers: int = 4
     # what waits on the user at once; past it the oldest parked process is ended, its question left answerable
     max_parked: int = 16
+    # a process parked on the user longer than this is ended, its question left answerable (None: only past
+    # max_parked): waiting then holds no memory, and the answer resumes the conversation in a new turn
+    park_after_s: float | None = 120.0
     # tests only: parked processes hold their slots, as before (the negative control of the slot rule)
     parked_hold_slots: bool = False
     # silence longer than this marks a running task stalled (a separate limit from max_runtime_s)
@@ -192,6 +196,9 @@ class Supervisor:
                     # the warm turns' loop returns at once when none are configured
                     side.start("warm-turns", self.runner.spawner.warm.run(), may_end=True)
                     side.start("sandbox-spares", self.runner.spawner.ahead.run())
+                    if self.config.park_after_s is not None:
+                        side.start("parking", timers.every("parking", self._parking_due, self._park_overdue,
+                                                           availability=availability).run())
                     self.ready.set()
                     await self._supervise()
                 finally:
@@ -319,11 +326,31 @@ class Supervisor:
         return [r for r in runs if r.task_id not in held]
 
     async def _end_parked(self, parked: list[Parked]) -> None:
-        """Past `max_parked`, end the oldest parked processes whose question can outlive them: the question is
-        marked late first (its answer then goes to the thread and resumes it in a new turn), then the process is
-        stopped. One answered meanwhile is left to run."""
+        """Past `max_parked`, end the oldest parked processes whose question can outlive them."""
         over = len(parked) - self.config.max_parked
-        for p in [p for p in parked if p.late_ok][:max(0, over)]:
+        await self._end([p for p in parked if p.late_ok][:max(0, over)], "max_parked", len(parked))
+
+    def _parking_due(self) -> float:
+        assert self.config.park_after_s is not None
+        return min(10.0, max(0.5, self.config.park_after_s / 4))
+
+    async def _park_overdue(self) -> None:
+        """End the processes parked on the user past `park_after_s` whose question can outlive them (the timer's
+        action; a second or so late at most): the question's age is this host's clock against the time the database
+        recorded it asked."""
+        after = self.config.park_after_s
+        ids = [r.task_id for r in self.running.values() if r.stop_reason is None]
+        if after is None or not ids:
+            return
+        parked = await self.store.parked_tasks(ids)
+        now = datetime.now(UTC)
+        await self._end([p for p in parked if p.late_ok and (now - p.asked_at).total_seconds() >= after],
+                        "park_after", len(parked))
+
+    async def _end(self, parked: list[Parked], why: str, waiting: int) -> None:
+        """End these parked processes: each question is marked late first (its answer then goes to the thread and
+        resumes it in a new turn), then the process is stopped. One answered meanwhile is left to run."""
+        for p in parked:
             r = self.running.get(p.task_id)
             if r is None or r.stop_reason is not None:
                 continue
@@ -331,7 +358,8 @@ class Supervisor:
             if not released:
                 continue  # answered since: it resumes
             log.info("parked_process_ended", task_id=str(p.task_id), questions=[str(q) for q in released],
-                     parked=len(parked), max_parked=self.config.max_parked)
+                     why=why, parked=waiting, max_parked=self.config.max_parked,
+                     park_after_s=self.config.park_after_s)
             await self.runner.request_stop(r, PARKED_LIMIT)
 
     async def _start_claimed(self) -> None:

@@ -18,7 +18,7 @@ from executor.run import check, lineage, process, stream, substrate
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
 from executor.run.isolation import Isolation
-from executor.run.outcome import end_outcome
+from executor.run.outcome import PARKED_LIMIT, end_outcome
 from executor.run.plan import Planner, Unspawned
 from executor.run.running import Running, feed_prompt, read_stderr, read_stdout
 from executor.run.spawn import spawner
@@ -262,6 +262,12 @@ class TaskRunner:
                                        on_output=lambda: self._mark_output(r))
         await self.writer.write([replace(r.event("task.check", result.payload()), tier="derived")])
 
+    def _offer_warm(self, task: ClaimedTask, reason: str | None) -> None:
+        """A thread's turn ended: its conversation is stored, so its next turn can start now (warm turns); not
+        for one ended to free what it held while parked on the user."""
+        if task.session_id is not None and task.json_schema is None and reason != PARKED_LIMIT:
+            self.spawner.warm.turn_ended(task.session_id)
+
     async def _finish(self, r: Running, task: ClaimedTask, rc: int, *, drained: bool) -> None:
         if self.isolation is not None and r.spawn_key in self.isolation.spawn_cgroups:
             # the kernel may have ended it before the watch looked (cgroup v2's memory.oom.group kills it all)
@@ -305,8 +311,7 @@ class TaskRunner:
             outcome.status, reason, rc if rc >= 0 else None, -rc if rc < 0 else None, r.last_output_at))
         await self.store.end_session(r.session_id, "idle" if task.session_id else "ended",
                                      r.facts.substrate_session_id)
-        if task.session_id is not None and task.json_schema is None:
-            self.spawner.warm.turn_ended(task.session_id)  # its conversation is stored: the next turn can start now
+        self._offer_warm(task, reason)
         if r.mcp_config is not None:
             r.mcp_config.unlink(missing_ok=True)
             if r.revoke_pending:

@@ -3,6 +3,7 @@ one says so, and a parked process past PETAL_MAX_PARKED is ended with its questi
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
+from tests import tables
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.served import ingress_server
@@ -148,3 +150,42 @@ def test_the_default_parked_bound_is_a_quarter_of_available_memory_at_200_mib_ea
     assert default_max_parked(64 * 1024 * mib) == 32  # the cap
     assert isinstance(default_max_parked(), int)
 
+
+
+@pytest.mark.parametrize("park_after_s", [1.0, None], ids=["parked-past-the-grace", "control-no-grace"])
+async def test_a_process_parked_past_the_grace_is_ended_its_question_answerable_and_no_process_held(
+        db: DB, tmp_path: Path, park_after_s: float | None) -> None:
+    with ScriptedModelServer(Scenario(rules=list(SCENARIO))) as model:
+        async with running_executor(db, model, tmp_path, park_after_s=park_after_s, ask_timeout_s=120) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            (thread,) = await _threads(http, 1)
+            await _park(h, http, [thread])
+            turn = await _turn_of(h, thread)
+            assert turn is not None
+            if park_after_s is None:
+                # the control: without the grace, nothing ends it (must not happen within 3 s: 3 × the grace)
+                await asyncio.sleep(3)
+                assert (await _turn_of(h, thread) or {}).get("status") == "running"
+                assert tables.count_running(db.admin_dsn) == 1
+                return
+
+            async def ended() -> dict[str, Any] | None:
+                found = await _turn_of(h, thread)
+                return found if found and found["status"] not in ("pending", "running") else None
+            await until(ended, "the parked process to be ended past its grace", 30)
+            held = tables.count_running(db.admin_dsn)
+            pending = (await http.get("/api/asks", params={"status": "pending"})).json()["asks"]
+            [ask] = [a for a in pending if a["task_id"] == str(turn["id"])]
+            answered = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {"Which way?": "Right"}})
+            conn = await h._conn()
+
+            async def resumed() -> bool:
+                row = await (await conn.execute(
+                    "SELECT count(*) FROM tasks WHERE session_id = %s AND brief LIKE '[harness] A late%%' "
+                    "AND status = 'success'", [thread])).fetchone()
+                return bool(row and row[0])
+            await until(resumed, "the answer to resume the thread in a new turn", 120)
+    assert held == 0  # the question waits with no process
+    assert ask["late"] is True and answered.status_code == 202
+    late = [r for r in model.requests if any("Which way? → Right" in str(b.get("text", "")) for b in r.user_blocks)]
+    assert late, "the answer reached the model as the next message"
