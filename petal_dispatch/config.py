@@ -99,8 +99,8 @@ class Settings(BaseSettings):
     # it the oldest is ended and its question stays answerable (the answer resumes it in a new turn).
     max_workers: int = Field(default=4, ge=1)
     max_parked: int | None = Field(default=None, ge=1)
-    # A process parked on the user longer than this is ended, its question left answerable: waiting holds no
-    # memory, and the answer resumes the conversation in a new turn (0: only past max_parked).
+    # A thread's turn parked on its own question longer than this is ended, its question left answerable: waiting
+    # holds no memory, and the answer resumes the conversation in a new turn (0: only past max_parked).
     park_after_s: float = Field(default=120.0, ge=0)
     # A worker's own dispatches are bounded: workers dispatch at most this deep (a turn's worker is at depth 1,
     # its worker at 2 …), and one task asks for at most this many workers; past either the tool refuses.

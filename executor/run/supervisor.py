@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,17 +28,18 @@ from typing import Any
 
 from executor.journal.writer import JournalWriter
 from executor.run import fleet, process, substrate
+from executor.run.parking import Parking
 from executor.run.reconcile import reconcile
 from executor.run.side_tasks import SideTasks, first_error
 from executor.run.running import Running
 from executor.run.spawn.warm_pool import WarmConfig
-from executor.run.outcome import EXECUTOR_SHUTDOWN, PARKED_LIMIT, USER_STOP
+from executor.run.outcome import EXECUTOR_SHUTDOWN, USER_STOP
 from executor.run.task_run import RunConfig, TaskRunner
-from executor.run.task_rows import ClaimedTask, Parked
+from executor.run.task_rows import ClaimedTask
 from executor.run.task_store import TaskStore
 from executor.run.watchdog import Limits, Watchdog
 from executor.sandbox.bwrap import SandboxPolicy
-from shared import aio, logs, timers
+from shared import aio, logs
 from shared.database import OUTAGE_ERRORS, Database
 from shared.listener import Subscription
 from shared.models import NewEvent
@@ -70,8 +70,8 @@ class SupervisorConfig:
     max_workers: int = 4
     # what waits on the user at once; past it the oldest parked process is ended, its question left answerable
     max_parked: int = 16
-    # a process parked on the user longer than this is ended, its question left answerable (None: only past
-    # max_parked): waiting then holds no memory, and the answer resumes the conversation in a new turn
+    # a thread's turn parked on its own question longer than this is ended, its question left answerable (None:
+    # only past max_parked): waiting then holds no memory, and the answer resumes the conversation in a new turn
     park_after_s: float | None = 120.0
     # tests only: parked processes hold their slots, as before (the negative control of the slot rule)
     parked_hold_slots: bool = False
@@ -147,6 +147,8 @@ class Supervisor:
             on_reaped=writer.write)
         self.runner = TaskRunner(self.store, writer, substrate_config, config.run_config(), self.lease,
                                  db.availability, on_reaped=self._wake.set)
+        self.parking = Parking(self.store, self.runner, lambda: self.runner.runs, config.max_parked,
+                               config.park_after_s)
         self.watchdog = Watchdog(self.store, writer, self.runner, lambda: self.runner.runs.values(),
                                  Limits(config.stall_timeout_s, config.max_runtime_s),
                                  config.watchdog_interval_s, db.availability)
@@ -197,8 +199,7 @@ class Supervisor:
                     side.start("warm-turns", self.runner.spawner.warm.run(), may_end=True)
                     side.start("sandbox-spares", self.runner.spawner.ahead.run())
                     if self.config.park_after_s is not None:
-                        side.start("parking", timers.every("parking", self._parking_due, self._park_overdue,
-                                                           availability=availability).run())
+                        side.start("parking", self.parking.timer(availability).run())
                     self.ready.set()
                     await self._supervise()
                 finally:
@@ -321,46 +322,10 @@ class Supervisor:
                 len(runs) + 1 < self.config.max_workers and len(runs) <= self.config.max_parked):
             return runs
         parked = await self.store.parked_tasks([r.task_id for r in runs])
-        await self._end_parked(parked)
+        await self.parking.end_past_bound(parked)
         held = {p.task_id for p in parked}
         return [r for r in runs if r.task_id not in held]
 
-    async def _end_parked(self, parked: list[Parked]) -> None:
-        """Past `max_parked`, end the oldest parked processes whose question can outlive them."""
-        over = len(parked) - self.config.max_parked
-        await self._end([p for p in parked if p.late_ok][:max(0, over)], "max_parked", len(parked))
-
-    def _parking_due(self) -> float:
-        assert self.config.park_after_s is not None
-        return min(10.0, max(0.5, self.config.park_after_s / 4))
-
-    async def _park_overdue(self) -> None:
-        """End the processes parked on the user past `park_after_s` whose question can outlive them (the timer's
-        action; a second or so late at most): the question's age is this host's clock against the time the database
-        recorded it asked."""
-        after = self.config.park_after_s
-        ids = [r.task_id for r in self.running.values() if r.stop_reason is None]
-        if after is None or not ids:
-            return
-        parked = await self.store.parked_tasks(ids)
-        now = datetime.now(UTC)
-        await self._end([p for p in parked if p.late_ok and (now - p.asked_at).total_seconds() >= after],
-                        "park_after", len(parked))
-
-    async def _end(self, parked: list[Parked], why: str, waiting: int) -> None:
-        """End these parked processes: each question is marked late first (its answer then goes to the thread and
-        resumes it in a new turn), then the process is stopped. One answered meanwhile is left to run."""
-        for p in parked:
-            r = self.running.get(p.task_id)
-            if r is None or r.stop_reason is not None:
-                continue
-            released = await self.store.release_parked_questions(p.task_id)
-            if not released:
-                continue  # answered since: it resumes
-            log.info("parked_process_ended", task_id=str(p.task_id), questions=[str(q) for q in released],
-                     why=why, parked=waiting, max_parked=self.config.max_parked,
-                     park_after_s=self.config.park_after_s)
-            await self.runner.request_stop(r, PARKED_LIMIT)
 
     async def _start_claimed(self) -> None:
         """Start what was claimed, side by side: each start waits mostly on its own round trips and its

@@ -89,6 +89,9 @@ class Parked(FromRow):
     question_id: uuid.UUID
     asked_at: datetime
     late_ok: bool
+    # its answer resumes the asking conversation itself: a thread's turn's own ask_user_question (what the
+    # park-after grace ends; a worker's or a gate card's answer could not reach the call it was for)
+    resumes: bool = False
 
 
 @dataclass(frozen=True)

@@ -119,9 +119,13 @@ RETURNING c.id
 -- name: list_parked_tasks --
 -- Which of these running tasks are parked on the user (a pending question of theirs that their tool call still
 -- waits on), oldest question first; late_ok: its question can outlive the process (its answer then goes to a
--- thread as a message: the asking turn's thread, or the thread whose turn dispatched the asking worker).
+-- thread as a message: the asking turn's thread, or the thread whose turn dispatched the asking worker); resumes:
+-- the answer then resumes the asking conversation itself (a thread's turn asked it with ask_user_question, so the
+-- late-answer note carries it into that conversation's next turn).
 SELECT * FROM (
     SELECT DISTINCT ON (q.task_id) q.task_id, q.id AS question_id, q.created_at AS asked_at,
+           (q.asked_by = 'model' AND EXISTS (SELECT 1 FROM tasks t JOIN sessions s ON s.id = t.session_id
+                                             AND s.role = 'orchestrator' WHERE t.id = q.task_id)) AS resumes,
            (EXISTS (SELECT 1 FROM tasks t JOIN sessions s ON s.id = t.session_id AND s.role = 'orchestrator'
                     WHERE t.id = q.task_id)
             OR EXISTS (SELECT 1 FROM tasks t JOIN tasks p ON p.id = t.parent_task_id
