@@ -40,7 +40,8 @@ class Note:
         the token lets it send (action "0", "1": the whole label at that index in `choices`; "reply": open the
         card)."""
         shown: dict[str, Any] = {"title": self.title, "body": self.body, "url": self.url,
-                                 "tag": f"{self.kind}-{self.task_id or self.thread_id or 'all'}"}
+                                 # one notification a question (a second one of the task does not replace it)
+                                 "tag": f"{self.kind}-{self.question_id or self.task_id or self.thread_id or 'all'}"}
         if token is not None and self.choices:
             shown["actions"] = [{"action": str(i), "title": line(c, 40)} for i, c in enumerate(self.choices)] + \
                 [{"action": "reply", "title": "Reply"}]

@@ -222,8 +222,12 @@ class Notifier:
             if n.kind == "turn_finished" and n.thread_id is not None:
                 if await self.store.thread_watched(n.thread_id, self.config.presence_s):
                     continue
-            key = (n.kind, str(n.task_id or n.thread_id))
-            recent = await self.store.recently_notified(n.kind, n.task_id, n.thread_id, self.config.rate_limit_s)
+            if n.question_id is not None:  # each question is the user's to answer: one note each, never one a task
+                key = (n.kind, str(n.question_id))
+                recent = await self.store.question_notified(n.kind, n.task_id, n.question_id, self.config.rate_limit_s)
+            else:
+                key = (n.kind, str(n.task_id or n.thread_id))
+                recent = await self.store.recently_notified(n.kind, n.task_id, n.thread_id, self.config.rate_limit_s)
             if key in seen or recent:
                 await self._record(n, "rate_limited", {})
                 continue

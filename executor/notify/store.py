@@ -175,6 +175,12 @@ class NotifyStore:
                                                               "thread_id": thread_id, "seconds": seconds},
                                 into=_Holds) is not None
 
+    async def question_notified(self, kind: str, task_id: Any, question_id: Any, seconds: float) -> bool:
+        """Whether this question's note went out within `seconds`."""
+        return await self.q.one("check_question_notified", {"kind": kind, "task_id": task_id,
+                                                            "question_id": str(question_id), "seconds": seconds},
+                                into=_Holds) is not None
+
     async def record(self, sent: Sent) -> None:
         await self.q.execute("record_notification", {
             "kind": sent.kind, "task_id": sent.task_id, "thread_id": sent.thread_id, "seq": sent.seq,

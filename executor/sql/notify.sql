@@ -68,6 +68,16 @@ SELECT true AS holds WHERE EXISTS (
       AND (task_id = %(task_id)s OR (%(task_id)s::uuid IS NULL AND thread_id IS NOT DISTINCT FROM %(thread_id)s::uuid))
 )
 
+-- name: check_question_notified --
+-- A question's own note went out within the window (a question asked again is not pushed twice; two questions of
+-- one task are two notes).
+SELECT true AS holds WHERE EXISTS (
+    SELECT 1 FROM notifications
+    WHERE task_id IS NOT DISTINCT FROM %(task_id)s::uuid AND kind = %(kind)s AND outcome IN ('sent', 'digested')
+      AND detail ->> 'question_id' = %(question_id)s::text
+      AND created_at > now() - make_interval(secs => %(seconds)s)
+)
+
 -- name: record_notification --
 INSERT INTO notifications (kind, task_id, thread_id, seq, title, body, url, outcome, detail)
 VALUES (%(kind)s, %(task_id)s, %(thread_id)s, %(seq)s, %(title)s, %(body)s, %(url)s, %(outcome)s, %(detail)s)

@@ -17,11 +17,14 @@ from pydantic import SecretStr
 from executor.notify.notifier import NotifyConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests import tables
+from tests.e2e.test_gates_e2e import _approved, _worker
 from tests.e2e.test_notify import QUESTION, _loopback_push, _subscribe
 from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.push_standin import StandIn, Subscriber
+from tests.scenarios import one_worker
 from tests.served import ingress_server
+from tests.wait import until
 
 
 def _asking(question: dict[str, Any] = QUESTION) -> Scenario:
@@ -159,3 +162,43 @@ async def test_ntfy_on_an_open_topic_gets_no_buttons_only_the_link_to_the_card(d
             got = (await asyncio.to_thread(ntfy.wait_for, 1))[0]
     assert "actions" not in got.headers and got.headers["click"].startswith("https://petal.example/#asks/")
     assert tables.count(db.admin_dsn, "notification_actions") == 0  # no token minted for what cannot carry it
+
+
+async def test_a_gate_card_allowed_from_its_notification_runs_its_command_once_under_its_receipt(
+    db: DB, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    (work / "sentinel").write_text("x")
+    scenario = one_worker("gated run", {"tool_use": {"name": "Bash", "input": {"command": "rm -f sentinel"}}},
+                          {"text": "done"})
+    with StandIn() as push, ScriptedModelServer(scenario) as model:
+        phone = Subscriber(f"{push.url}/push/phone-1")
+        async with running_executor(db, model, tmp_path, notify_config=_loopback_push(tmp_path)) as h, \
+                ingress_server(db.ingress_dsn, push_allow_loopback=True) as url, \
+                httpx.AsyncClient(base_url=url) as http:
+            await _subscribe(http, phone)
+            thread = await _approved(http)  # the dispatch card, answered on the page
+            pushes = await asyncio.to_thread(push.wait_for, 2)
+            shown = [phone.decrypt(p.body) for p in pushes]
+            card = next(s for s in shown if "rm -f sentinel" in s["body"])
+            pressed = await http.post("/api/notify/act", json={"token": card["token"], "choice": "Allow once"})
+            worker = await until(lambda: _worker(h), "the worker")
+            assert worker is not None
+            await h.wait_final(worker["id"], timeout=120)
+            again = await http.post("/api/notify/act", json={"token": card["token"], "choice": "Allow once"})
+            receipts = (await http.get("/api/receipts", params={"thread": thread})).text.splitlines()
+            events = await h.events(worker["id"])
+    assert [a["title"] for a in card["actions"]] == ["Allow once", "Deny", "Reply"]
+    assert pressed.status_code == 200, pressed.text
+    assert again.status_code == 409  # the second press: the card is settled, nothing runs again
+    assert not (work / "sentinel").exists()
+    decided = [(e.payload["decision"], e.payload["decided_by"], e.payload.get("answered_by")) for e in events
+               if e.event_type == "gate.decided"]
+    assert decided == [("allow", "user", "notification (web push)")]
+    ran = [b for e in events if e.event_type == "stream.assistant" for b in e.payload["message"]["content"]
+           if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") == "Bash"]
+    assert len(ran) == 1  # the command ran once
+    gate = json.loads(receipts[-1])
+    assert (gate["kind"], gate["answered_by"], gate["matched"], gate["ran"]["matches_approved"]) == (
+        "gate", "notification (web push)", True, True)

@@ -174,6 +174,25 @@ async def test_two_notes_of_one_kind_about_one_task_in_a_pass_are_one() -> None:
     assert recorded(unit) == [("stalled", "rate_limited")]
 
 
+async def test_each_question_of_a_task_is_its_own_note_and_one_question_is_pushed_once() -> None:
+    made, unit = notifier({"check_question_notified": None})
+    approval = Note("question", "t", "1", "/", TASK, detail={"question_id": "q-1"})
+    card = Note("question", "t", "2", "/", TASK, detail={"question_id": "q-2"})  # the same worker's gate card
+    again = Note("question", "t", "3", "/", TASK, detail={"question_id": "q-1"})
+    assert await made._hold_back([approval, card, again]) == [approval, card]
+    assert recorded(unit) == [("question", "rate_limited")]
+    assert "check_recent_notification" not in unit.names()  # never limited by the task's other questions
+    assert [c.params["question_id"] for c in unit.calls if c.name == "check_question_notified"][:2] == ["q-1", "q-2"]
+    # their notifications do not replace each other on the device
+    assert {orjson.loads(n.payload())["tag"] for n in (approval, card)} == {"question-q-1", "question-q-2"}
+
+
+async def test_a_question_already_pushed_within_the_window_is_not_pushed_again() -> None:
+    made, unit = notifier({"check_question_notified": {"holds": True}}, rate_limit_s=30.0)
+    assert await made._hold_back([Note("question", "t", "b", "/", TASK, detail={"question_id": "q-1"})]) == []
+    assert recorded(unit) == [("question", "rate_limited")]
+
+
 def test_a_digest_counts_each_kind_and_links_to_the_asks_when_a_question_is_in_it() -> None:
     digest = Notifier._digest([Note("question", "t", "b", "/"), Note("question", "t", "b", "/"),
                                Note("stalled", "t", "b", "/")])
