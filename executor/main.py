@@ -30,6 +30,7 @@ from executor.sessions.index import Index as SessionIndex
 from executor.sessions.index import SessionsConfig
 from executor.settle import threads
 from executor.settle.settler import Settler, SettlerConfig
+from executor.terminals.server import Terminals, TerminalsConfig
 from shared import errors, logs
 from shared.database import Database
 
@@ -69,6 +70,8 @@ class ExecutorConfig:
     # what no worker may write: no project's repository (nor an adopted conversation's directory) may contain it or
     # lie inside it (shared/protected.py)
     protected: tuple[tuple[str, Path], ...] = ()
+    # the link `petal-dispatch claude` started anywhere finds this executor's terminal socket by (None: none)
+    terminal_pointer: Path | None = None
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
@@ -106,7 +109,11 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         supervisor = Supervisor(db, writer, config.substrate, config.supervisor)
         supervisor.on_credential_revoked = harness.forget
         sessions = _session_index(config, db)
-        conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.spawner.turn_coming)
+        # the user's interactive sessions held here (`petal-dispatch claude`): the page's messages to their threads
+        # are typed into them, and "end session" ends them
+        terminals = Terminals(db.pool, _terminals_config(config), harness.asks, supervisor.runner.credentials)
+        conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.spawner.turn_coming,
+                                        terminals=(terminals.deliver, terminals.end))
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)
         settler = Settler(db.pool, config.settler, conversations.wake)
         # a push runs in the spawns' sandbox (the runner's Isolation; None when the operator turned it off)
@@ -140,6 +147,9 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         serving_mcp = loops.start(group, "harness-mcp", hypercorn_serve(
             mcp_app, mcp_config, shutdown_trigger=mcp_stop.wait))  # type: ignore[arg-type]
         stack.push_async_callback(_stop_mcp, mcp_stop, serving_mcp)
+        # before the supervisor stops (a session's end is written while the database and the MCP server serve)
+        await db.availability.retry(terminals.start, "terminals")
+        stack.push_async_callback(terminals.stop)
         # each is one consume() loop (shared/consume.py): it waits out an outage and outlives a pass's error
         side = [
             loops.start(group, "threads", conversations.run(thread_sub)),
@@ -161,6 +171,11 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         gc.freeze()
         await stop.wait()
     loops.raise_crash()
+
+
+def _terminals_config(config: ExecutorConfig) -> TerminalsConfig:
+    return TerminalsConfig(config.supervisor.name, config.supervisor.run_dir, config.substrate.claude_bin,
+                           config.project_roots, cli=handback_cli(config.substrate), pointer=config.terminal_pointer)
 
 
 def _session_index(config: ExecutorConfig, db: Database) -> SessionIndex:

@@ -144,6 +144,17 @@ async def retry_turn(request: Request) -> Response:
     return respond({**(queued or {}), "task_id": turn["id"]}, 202)
 
 
+async def end_terminal(request: Request) -> Response:
+    """End the thread's live terminal session (its CLI gets the hang-up a closed terminal sends; the conversation
+    stays resumable in the thread)."""
+    thread_id = path_uuid(request, "thread_id")
+    q = ingress_queries(request)
+    if await q.one("check_terminal_live", {"thread_id": thread_id}) is None:
+        raise Problem(409, f"thread {thread_id} has no live terminal session")
+    queued = await q.one("enqueue_thread_control", {"thread_id": thread_id, "action": "end_terminal", "args": Jsonb({})})
+    return respond(queued or {}, 202)
+
+
 async def _question(request: Request) -> dict[str, Any]:
     ref = request.path_params["ask_id"]
     row = await ingress_queries(request).one("get_question_by_ref", {"ref": ref})

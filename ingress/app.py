@@ -151,6 +151,8 @@ OPS: list[tuple[Op, Callable[[Request], Awaitable[Response]]]] = [  # noqa: RUF0
         status=202, errors=(404, 415, 422)), actions.patch_thread),
     (Op("post", "/api/threads/{thread_id}/retry", "run a failed orchestrator turn again with the same messages",
         RetryIn, True, _THREADP, 202, (404, 409, 415, 422)), actions.retry_turn),
+    (Op("post", "/api/threads/{thread_id}/terminal/end", "end the thread's live terminal session (`petal-dispatch "
+        "claude`)", params=_THREADP, status=202, errors=(409,)), actions.end_terminal),
     (Op("post", "/api/asks/{ask_id}/answer", "answer a question (answers, or a response to dismiss it); 202 "
         "when it had timed out (the answer goes to the thread as a message)", AnswerIn,
         params=(Param("ask_id", "path", {"type": "string"}, "row id or tool_use_id"),), errors=(404, 409, 415, 422)),

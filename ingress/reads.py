@@ -97,6 +97,7 @@ CONVERSATION_TYPES = [
     "handoff.extraction_failed", "policy.decision", "escalation.resolved", "question.asked", "question.answered",
     "question.cancelled", "thread.created", "thread.renamed", "thread.mode_changed", "thread.archived",
     "turn.failed", "approval.resolved", "question.timed_out", "task.review",
+    "terminal.started", "terminal.entry", "terminal.input_waiting", "terminal.ended",
 ]
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import psycopg
 
 from petal_dispatch import __version__, config
-from petal_dispatch.commands import claude, db, handoffs, project, retention, routines, services, transcript, views
+from petal_dispatch.commands import (claude, db, handoffs, project, retention, routines, services, terminal, transcript,
+                                     views)
 from petal_dispatch.config import Settings
 from shared import errors, lifeline, logs
 
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=retention.purge)
 
     routines.add_parser(sub, _data_dir_option)
+    terminal.add_parsers(sub, _data_dir_option)
 
     db_cmd = sub.add_parser("db", help="database commands").add_subparsers(dest="db_command", required=True)
     p = db_cmd.add_parser("status", help="where the server is, each role's DSN, whether migrations are current")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from petal_dispatch.config import Settings, is_loopback
-from shared import logs
+from shared import logs, terminal_wire
 from shared.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -161,6 +161,7 @@ def executor_config(settings: Settings, env: Mapping[str, str], dsn: str,
         settler=SettlerConfig(backoff_base_s=settings.backoff_base_s, budget_ask_s=settings.budget_ask_s or None),
         notify=notify_config(settings),
         project_roots=settings.project_root_paths,
+        terminal_pointer=terminal_wire.pointer(),
         journal_hold_bytes=settings.journal_hold_bytes,
         sessions=SessionsConfig(
             dirs=tuple(Path(p).expanduser() for p in settings.claude_session_dirs.split(":") if p.strip()),

@@ -53,7 +53,8 @@ function onEvent(e) {
   }
   if (e.event_type.startsWith("task.") || e.event_type === "handoff" || e.event_type === "policy.decision") soon("tasks", loadTasks, 300);
   if (e.event_type.startsWith("question.")) soon("asks", loadAsks);
-  if (e.event_type.startsWith("thread.")) soon("threads", loadThreads);
+  // a terminal session's state (who holds it, a message waiting) is on its thread's row
+  if (e.event_type.startsWith("thread.") || /^terminal\.(started|attached|detached|input_waiting|typed|ended)$/.test(e.event_type)) soon("threads", loadThreads);
   if (e.event_type.startsWith("gate.")) soon("context", loadContext, 300);
   if (e.event_type.startsWith("routine.")) soon("routines", loadRoutines, 300);
   detailEvent(e);

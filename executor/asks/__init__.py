@@ -138,8 +138,9 @@ class Asks:
         self._activity: dict[uuid.UUID, asyncio.Future[None]] = {}
 
     async def ask(self, questions: list[dict[str, Any]], *, tool_use_id: str, caller: Caller, progress: Progress,
-                  asked_by: str = "model") -> Answer:
-        """Put questions in the Asks panel and wait for the answer (journaled both ways)."""
+                  asked_by: str = "model", gone: str = WENT_AWAY) -> Answer:
+        """Put questions in the Asks panel and wait for the answer (journaled both ways). `gone`: how the card
+        closes when the caller stops waiting (a terminal answered its own dialog first)."""
         task_id = caller.task_id
         # subscribe before the row exists, so an answer can never arrive unseen
         with self.listener.subscribe(CHANNELS) as sub:
@@ -172,7 +173,7 @@ class Asks:
                 # supervisor marked it late as it ended a parked process: its answer goes to the thread)
                 if not joined:  # a joined row is its first asker's to close
                     with contextlib.suppress(Exception):
-                        await asyncio.shield(self.store.close_abandoned(qid, WENT_AWAY))
+                        await asyncio.shield(self.store.close_abandoned(qid, gone))
                 await self._afterwards(task_id, None)
                 raise
         response = final.response

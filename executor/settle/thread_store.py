@@ -44,6 +44,7 @@ class PendingThread(FromRow):
     turn_open: bool
     controls_pending: bool
     blocked_question: uuid.UUID | None  # a question its running turn waits on (a message answers it)
+    terminal_executor: str | None  # the executor holding the thread's live terminal session (migration 0047)
 
 
 @dataclass(frozen=True)

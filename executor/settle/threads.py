@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -38,6 +38,9 @@ from shared.sql import queries as shared_queries
 
 log = logs.get(__name__)
 
+# (deliver: the page sent a live terminal's thread a message, True when held here; end: why not, or None)
+Terminals = tuple[Callable[[uuid.UUID], bool], Callable[[uuid.UUID], Awaitable[str | None]]]
+
 POLL_S = 1.0
 # most messages one turn carries; the rest wait for the next boundary
 MAX_MESSAGES_PER_TURN = 50
@@ -49,8 +52,12 @@ ARCHIVED = "thread archived"  # the response of a question its thread's archivin
 
 class Threads:
     def __init__(self, pool: AsyncConnectionPool, writer: JournalWriter, sessions: SessionIndex | None = None,
-                 turn_coming: Callable[[uuid.UUID, str, str | None], None] | None = None):
+                 turn_coming: Callable[[uuid.UUID, str, str | None], None] | None = None,
+                 terminals: Terminals | None = None):
         self.pool = pool
+        # the terminal sessions this executor holds (executor/terminals/): a thread live in one gets the page's
+        # messages typed into it, and its "end session" control ends it
+        self.terminals = terminals
         # told a plain thread's turn is about to be queued (its id, the turn's role, the executor it is pinned to):
         # the supervisor starts its sandbox meanwhile (executor/run/spawn/ahead_pool.py). Not a project's or adopted
         # conversation's (their turns run in directories of their own).
@@ -115,6 +122,9 @@ class Threads:
                     error = await reviews.send_back(unit, thread_id, args)
             except dispatch.DispatchRefused as exc:  # nothing was recorded
                 error = str(exc)
+            return ("failed", error) if error else ("done", None)
+        if control.action == "end_terminal":
+            error = await self.terminals[1](thread_id) if self.terminals else "this executor holds no terminal sessions"
             return ("failed", error) if error else ("done", None)
         if control.action == "create" and args.get("adopt"):
             error = (await adoption.adopt(self.sessions, thread_id, args) if self.sessions is not None
@@ -183,6 +193,11 @@ class Threads:
             return None
         if thread.controls_pending:
             return None  # a rename or mode change queued before these messages applies first
+        if thread.terminal_executor is not None:
+            # live in a terminal: typed at its next empty prompt by the executor holding it (another's is its own)
+            if self.terminals is not None:
+                self.terminals[0](thread_id)
+            return None
         if thread.blocked_question is not None:
             await self._reply_in_chat(thread_id, thread.blocked_question)
             return None

@@ -202,7 +202,9 @@ SELECT t.id, t.role, t.status, t.status_reason, t.parent_task_id,
              WHERE j.task_id = t.id AND j.event_type = 'task.check' ORDER BY j.seq DESC LIMIT 1) IS TRUE)
            AS fix_round_due,
        coalesce(p.extract_on_exit, false) AS extract_on_exit,
-       EXISTS (SELECT 1 FROM sessions s WHERE s.id = t.session_id AND s.role = 'orchestrator') AS thread_turn,
+       -- a run in a thread is its turn unless its role says otherwise (a terminal's end is the user's, migration 0047)
+       (EXISTS (SELECT 1 FROM sessions s WHERE s.id = t.session_id AND s.role = 'orchestrator')
+        AND coalesce(p.turn_of_thread, true)) AS thread_turn,
        (SELECT s.id FROM tasks pt JOIN sessions s ON s.id = pt.session_id AND s.role = 'orchestrator'
         WHERE pt.id = t.parent_task_id) AS thread_id,
        (SELECT j.payload FROM journal j WHERE j.task_id = t.id AND j.event_type = 'task.exited'

@@ -42,7 +42,8 @@ RETURNING id
 -- end is settled: a failed turn's re-run is inserted by its settlement, and no later message may start a turn before
 -- that. blocked_question: a question the thread's running turn is waiting on (a chat message answers it as a reply).
 -- executor_name: the executor its turns are pinned to (its first turn's); adopted: it continues a stored
--- conversation of the CLI's (in that conversation's own directories).
+-- conversation of the CLI's (in that conversation's own directories). terminal_executor: the executor holding the
+-- thread's live terminal session, which types the messages in (migration 0047).
 SELECT c.thread_id, s.id IS NOT NULL AS found, s.lifecycle, s.mode, s.project_id, s.executor_name,
        s.adopted_session_id IS NOT NULL AS adopted,
        EXISTS (SELECT 1 FROM tasks t WHERE t.session_id = s.id
@@ -51,7 +52,9 @@ SELECT c.thread_id, s.id IS NOT NULL AS found, s.lifecycle, s.mode, s.project_id
            AS controls_pending,
        (SELECT q.id FROM questions q JOIN tasks t ON t.id = q.task_id
         WHERE q.status = 'pending' AND q.timed_out_at IS NULL AND t.session_id = s.id AND t.status = 'running'
-        ORDER BY q.created_at LIMIT 1) AS blocked_question
+        ORDER BY q.created_at LIMIT 1) AS blocked_question,
+       (SELECT ts.executor_name FROM terminal_sessions ts WHERE ts.thread_id = s.id AND ts.ended_at IS NULL)
+           AS terminal_executor
 FROM (SELECT DISTINCT thread_id FROM chat_queue
       WHERE status = 'pending' AND (%(id)s::uuid IS NULL OR thread_id = %(id)s::uuid)) c
 LEFT JOIN sessions s ON s.id = c.thread_id AND s.role = 'orchestrator'

@@ -16,6 +16,9 @@ RETURNING id, task_id, status, created_at
 INSERT INTO thread_control_queue (thread_id, action, args) VALUES (%(thread_id)s, %(action)s, %(args)s)
 RETURNING id, thread_id, action, args, status, created_at
 
+-- name: check_terminal_live --
+SELECT true AS holds WHERE EXISTS (SELECT 1 FROM terminal_sessions WHERE thread_id = %(thread_id)s AND ended_at IS NULL)
+
 -- name: check_thread_known --
 -- A thread exists once the executor made it, or while its creation waits in the queue.
 SELECT true AS holds

@@ -5,13 +5,17 @@
 -- at a time (keyset: the last row's created_at and id); threads still being made come on the first page.
 SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS pending, s.project_id,
        s.resume_command, s.adopted_session_id, s.executor_name,
-       (SELECT r.routine_id FROM routine_runs r WHERE r.thread_id = s.id LIMIT 1) AS routine_id
+       (SELECT r.routine_id FROM routine_runs r WHERE r.thread_id = s.id LIMIT 1) AS routine_id,
+       -- live in a terminal (migration 0047): who holds its screen (NULL: detached), and whether a message waits
+       (SELECT jsonb_build_object('task_id', ts.task_id, 'held_by', ts.held_by, 'input_waiting', ts.input_waiting,
+                                  'cwd', ts.cwd, 'started_at', ts.started_at)
+        FROM terminal_sessions ts WHERE ts.thread_id = s.id AND ts.ended_at IS NULL) AS terminal
 FROM sessions s WHERE s.role = 'orchestrator'
   AND (%(before_at)s::timestamptz IS NULL OR (s.created_at, s.id) < (%(before_at)s, %(before_id)s::uuid))
 UNION ALL
 SELECT q.thread_id, q.args ->> 'title', coalesce(q.args ->> 'mode', 'interactive'), 'creating', q.created_at,
        q.created_at, true, (q.args ->> 'project_id')::uuid,
-       NULL, q.args -> 'adopt' ->> 'session_id', q.args -> 'adopt' ->> 'executor', NULL
+       NULL, q.args -> 'adopt' ->> 'session_id', q.args -> 'adopt' ->> 'executor', NULL, NULL
 FROM thread_control_queue q
 WHERE q.action = 'create' AND q.status IN ('pending', 'claimed') AND %(before_at)s::timestamptz IS NULL
   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = q.thread_id)

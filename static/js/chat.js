@@ -118,6 +118,14 @@ function renderRecord(e) {
     case "task.stalled":
       return h("li", { class: "msg note error", ...key }, `A task went silent (${Math.round(p.silent_s)} s): `,
         h("a", { href: `#task/${e.task_id}` }, short(e.task_id)));
+    case "terminal.entry":
+      return terminalEntry(p, key);
+    case "terminal.started":
+      return h("li", { class: "msg note", ...key }, `Live in a terminal (${p.holder || "a terminal"}), in ${p.cwd}`);
+    case "terminal.input_waiting":
+      return h("li", { class: "msg note", ...key }, "Your message waits: the terminal's input line holds text");
+    case "terminal.ended":
+      return h("li", { class: "msg note", ...key }, `The terminal session ended (${p.reason}${p.exit_code == null ? "" : `, exit ${p.exit_code}`}); messages continue it with --resume`);
     case "thread.created":
       return h("li", { class: "msg note", ...key }, `Thread started (${p.mode || "interactive"})`);
     case "thread.mode_changed":
@@ -157,6 +165,17 @@ export function harnessLine(text, n = 160) {
   }
   out.push(line.slice(at));
   return out;
+}
+
+// What a terminal session's CLI wrote to its conversation: the model's text, its tool calls, their results.
+function terminalEntry(p, key) {
+  const blocks = p.blocks || [];
+  if (p.role === "assistant") {
+    return h("li", { class: "msg assistant terminal", ...key }, ...blocks.map((b) => b.type === "text" ? md(b.text)
+      : h("div", { class: "step tool" }, h("b", {}, b.name || "tool"), " ", h("code", {}, firstLine(b.input, 200)))));
+  }
+  return h("li", { class: "msg note terminal", ...key }, ...blocks.map((b) => h("details", {},
+    h("summary", {}, b.is_error ? "tool error" : "tool result", " ", firstLine(b.text, 100)), h("pre", {}, b.text))));
 }
 
 function harnessNote(text, attrs, pending = "") {

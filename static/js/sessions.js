@@ -103,9 +103,36 @@ async function adopt(s, button) {
 // The focused thread's command for a terminal, once it has one (its first turn, or its adoption).
 export function renderHandback() {
   const t = (S.threads || []).find((x) => x.id === S.thread);
-  const cmd = t?.resume_command;
+  // live in a terminal (`petal-dispatch claude`): any terminal attaches to it; once it ended, --resume continues it
+  const cmd = t?.terminal ? `petal-dispatch attach ${t.id}` : t?.resume_command;
   $("#handback").hidden = !cmd;
   $("#handback-cmd").textContent = cmd || "";
+  renderTerminal(t);
+}
+
+// The focused thread's live terminal session: who shows it, whether a message waits on the user's typing, and
+// a way to end it from here.
+function renderTerminal(t) {
+  let bar = $("#terminal-live");
+  if (!bar) {
+    bar = h("p", { id: "terminal-live", class: "terminal-live", hidden: true });
+    $("#handback").before(bar);
+  }
+  const live = t?.terminal;
+  bar.hidden = !live;
+  if (!live) return bar.replaceChildren();
+  const end = h("button", { type: "button", class: "secondary small", id: "terminal-end" }, "End session");
+  end.addEventListener("click", async () => {
+    end.disabled = true;
+    try { await api(`/api/threads/${t.id}/terminal/end`, { method: "POST", body: {} }); } catch (e) {
+      end.disabled = false;
+      end.title = e.message;
+    }
+  });
+  bar.replaceChildren(h("span", { class: "chip live" }, "live in a terminal"), " ",
+    live.held_by ? `shown in ${live.held_by}` : "detached: running on its own", " ",
+    live.input_waiting ? h("span", { class: "meta waiting" }, "· your message waits: the terminal's input line holds text ") : null,
+    end);
 }
 
 async function copyHandback() {

@@ -80,7 +80,7 @@ async def test_a_retry_names_a_turn() -> None:
 def pending(**kw: Any) -> PendingThread:
     base: dict[str, Any] = {"thread_id": THREAD, "found": True, "lifecycle": "idle", "project_id": None,
                             "executor_name": None, "adopted": False, "turn_open": False, "controls_pending": False,
-                            "blocked_question": None}
+                            "blocked_question": None, "terminal_executor": None}
     return PendingThread(**{**base, **kw})
 
 

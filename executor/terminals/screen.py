@@ -1,0 +1,98 @@
+"""A terminal session's screen as the terminal shows it (pyte), and what the executor reads from it.
+
+Observed on the interactive CLI 2.1.328 (docs/claude-cli.md "Interactive mode"): its input box is a line starting
+with the prompt glyph (`❯`, then a no-break space), between two rules of `─`; while a turn runs the footer
+says "esc to interrupt"; a permission dialog or a picker replaces the box. So the CLI waits for its user's
+input when the box is there and the footer does not say it is busy; the input line is empty when nothing follows
+the glyph. A message from the page is typed only then: never into a turn, a dialog, or the user's own typing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import re
+
+import pyte
+
+PROMPT = "❯"
+BUSY = "esc to interrupt"
+RULE = "─"
+
+
+@dataclass(frozen=True)
+class State:
+    at_prompt: bool  # the input box is shown and no turn runs
+    typed: str  # what the input line holds (stripped)
+    box: bool = False  # the input box is shown (no dialog over it)
+
+    @property
+    def ready(self) -> bool:
+        """A message may be typed now."""
+        return self.at_prompt and not self.typed
+
+
+def read(lines: list[str]) -> State:
+    """The CLI's state from its screen's lines (pure)."""
+    busy = any(BUSY in line for line in lines)
+    for i, line in enumerate(lines):
+        if not line.startswith(PROMPT):
+            continue
+        above = lines[i - 1].strip() if i else ""
+        if above.startswith(RULE):  # the input box (a submitted prompt is shown as `❯ text` without a rule above)
+            typed = line[len(PROMPT):].strip()  # (the no-break space after the glyph is stripped too)
+            # more lines of the same input (a multi-line draft) until the closing rule
+            for more in lines[i + 1:]:
+                if more.strip().startswith(RULE):
+                    break
+                typed = f"{typed}\n{more.strip()}".strip()
+            return State(at_prompt=not busy, typed=typed, box=True)
+    return State(at_prompt=False, typed="")
+
+
+# Control strings pyte does not know (it would print their text): the CLI's terminal queries, e.g. its graphics
+# probe `ESC _ G i=31,s=1,… ESC \` (APC), and DCS, PM and OSC strings, ended by ST or BEL.
+_STRINGS = re.compile(rb"\x1b[_P^\]][^\x07\x1b]*(?:\x07|\x1b\\)")
+_OPEN = re.compile(rb"\x1b(?:[_P^\]][^\x07\x1b]*(?:\x1b)?)?$")  # one cut off at the end of a read
+MAX_OPEN = 65_536  # an unterminated string longer than this is dropped
+
+
+def without_strings(carried: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """(what the screen is fed, what is carried to the next read) (pure)."""
+    data = _STRINGS.sub(b"", carried + data)
+    cut = _OPEN.search(data)
+    if cut is None:
+        return data, b""
+    rest = data[cut.start():]
+    return data[:cut.start()], rest if len(rest) <= MAX_OPEN else b""
+
+
+class Screen:
+    """The session's screen, fed every byte the CLI writes."""
+
+    def __init__(self, rows: int, cols: int):
+        self.screen = pyte.Screen(cols, rows)
+        self.stream = pyte.ByteStream(self.screen)
+        self.carried = b""
+
+    def feed(self, data: bytes) -> None:
+        shown, self.carried = without_strings(self.carried, data)
+        self.stream.feed(shown)
+
+    def resize(self, rows: int, cols: int) -> None:
+        self.screen.resize(rows, cols)
+
+    def lines(self) -> list[str]:
+        return [line.rstrip() for line in self.screen.display]
+
+    def state(self) -> State:
+        return read(self.lines())
+
+    def redraw(self) -> bytes:
+        """What a terminal attaching again is shown before the CLI's own redraw: the screen's text as it is."""
+        out = ["\x1b[H\x1b[2J"]
+        for i, line in enumerate(self.lines()):
+            out.append(f"\x1b[{i + 1};1H{line}")
+        y, x = self.screen.cursor.y, self.screen.cursor.x
+        out.append(f"\x1b[{y + 1};{x + 1}H")
+        return "".join(out).encode()

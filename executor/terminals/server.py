@@ -1,0 +1,288 @@
+"""The executor's terminal sessions: a unix socket in its run directory that `petal-dispatch claude`, `attach` and
+the sessions' permission hook connect to (shared/terminal_wire.py), and the sessions it holds.
+
+Only this user connects: the socket is 0600 in a 0700 directory, and a peer of another uid (SO_PEERCRED) is
+refused. A session starts in the directory the wrapper was started in, which must lie under PETAL_PROJECT_ROOTS;
+it is the user's own Claude Code, with the user's environment and login, as `claude` run in that terminal
+would be, plus the harness MCP (its own credential, as any spawn) and the permission hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import struct
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from executor.asks import Asks
+from executor.projects.service import Refused, check_workdir
+from executor.run.caller import Caller
+from executor.run.credentials import Credentials
+from executor.sessions.store import SessionStore
+from executor.terminals import launch, permission
+from executor.terminals.follow import Follower, conversation_file
+from executor.terminals.held import Client, Held
+from executor.terminals.store import NewTerminal, TerminalStore
+from shared import logs
+from shared import terminal_wire as wire
+from shared.models import NewEvent
+
+log = logs.get(__name__)
+
+
+@dataclass(frozen=True)
+class TerminalsConfig:
+    executor: str
+    run_dir: Path
+    claude_bin: str
+    roots: tuple[Path, ...]  # empty: the service user's home
+    cli: str = "claude"  # how the hand-back command names the CLI
+    python: str = ""  # the interpreter the permission hook runs in (default: this one)
+    pointer: Path | None = None  # the link a wrapper started anywhere finds the socket by
+
+
+class Terminals:
+    def __init__(self, pool: AsyncConnectionPool, config: TerminalsConfig, asks: Asks, credentials: Credentials):
+        self.config = config
+        self.store = TerminalStore.over(pool)
+        self.sessions = SessionStore.over(pool)
+        self.asks = asks
+        self.credentials = credentials
+        self.held: dict[uuid.UUID, Held] = {}  # by thread
+        self.tokens: dict[uuid.UUID, str] = {}  # each session's permission hook's secret, by thread
+        self.path = config.run_dir / wire.SOCKET_NAME
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        for orphan in await self.store.end_orphans(self.config.executor):
+            log.info("terminal_session_ended_by_restart", thread=str(orphan.thread_id))
+        self.config.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        self.server = await asyncio.start_unix_server(self._connected, path=str(self.path))
+        os.chmod(self.path, 0o600)
+        if self.config.pointer is not None:
+            with contextlib.suppress(OSError):
+                self.config.pointer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                tmp = self.config.pointer.with_name(f".{self.config.pointer.name}.{os.getpid()}")
+                tmp.unlink(missing_ok=True)
+                tmp.symlink_to(self.path)
+                tmp.replace(self.config.pointer)
+
+    async def stop(self) -> None:
+        """End every session (its conversation stays resumable in its thread) and close the socket."""
+        if self.server is not None:
+            self.server.close()
+        await asyncio.gather(*(h.end("executor_stopped") for h in list(self.held.values())), return_exceptions=True)
+        self.path.unlink(missing_ok=True)
+        if self.config.pointer is not None and self.config.pointer.is_symlink():
+            with contextlib.suppress(OSError):
+                if Path(os.readlink(self.config.pointer)) == self.path:
+                    self.config.pointer.unlink()
+
+    # ---- what the page asks of a session ---------------------------------------------------------------
+
+    def deliver(self, thread_id: uuid.UUID) -> bool:
+        """The page sent the thread a message: True when a session here takes it (typed at its prompt)."""
+        held = self.held.get(thread_id)
+        if held is None:
+            return False
+        held.messages.set()
+        return True
+
+    async def end(self, thread_id: uuid.UUID) -> str | None:
+        """"End session" from the page: None, or why not."""
+        held = self.held.get(thread_id)
+        if held is None:
+            return "no terminal session of this thread runs on this executor"
+        await held.end("ended_from_the_page")
+        return None
+
+    def holds_task(self, task_id: uuid.UUID) -> Held | None:
+        return next((h for h in self.held.values() if h.task_id == task_id), None)
+
+    # ---- connections ---------------------------------------------------------------------------------
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        except Exception:  # noqa: BLE001 - one connection's failure is not the executor's
+            log.exception("terminal_connection_failed")
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        if uid != os.getuid():
+            writer.write(wire.frame(wire.REFUSED, "only the executor's own user may connect"))
+            return
+        frames = wire.Frames()
+        first: list[tuple[bytes, bytes]] = []
+        while not first:
+            data = await reader.read(65536)
+            if not data:
+                return
+            first = frames.feed(data)
+        kind, payload = first.pop(0)
+        if kind != wire.HELLO:
+            return
+        hello = json.loads(payload)
+        op = hello.get("op")
+        if op == "permission":
+            await self._permission(hello, reader, writer)
+            return
+        held, why = await (self._start(hello) if op == "start" else self._find(hello.get("id")))
+        if held is None:
+            writer.write(wire.frame(wire.REFUSED, why or "refused"))
+            await writer.drain()
+            return
+        client = Client(writer, str(hello.get("holder") or "a terminal"))
+        await held.attach(client, int(hello.get("rows") or 40), int(hello.get("cols") or 120))
+        await self._relay(held, client, reader, frames, first)
+
+    async def _relay(self, held: Held, client: Client, reader: asyncio.StreamReader, frames: wire.Frames,
+                     pending: list[tuple[bytes, bytes]]) -> None:
+        try:
+            while held.exit_code is None:
+                for kind, payload in pending:
+                    if kind == wire.DATA:
+                        held.keys(payload)
+                    elif kind == wire.SIZE:
+                        size = json.loads(payload)
+                        held.resize(int(size["rows"]), int(size["cols"]))
+                    elif kind == wire.DETACH:
+                        return
+                data = await reader.read(65536)
+                if not data:
+                    return  # the terminal closed: the session runs on
+                pending = frames.feed(data)
+        finally:
+            await held.detach(client)
+
+    async def _find(self, given: Any) -> tuple[Held | None, str | None]:
+        live = sorted(self.held.values(), key=lambda h: h.started)
+        if not live:
+            return None, "no terminal session runs on this executor"
+        if not given:
+            return live[-1], None
+        found = [h for h in live if str(h.thread_id).startswith(str(given)) or str(h.task_id).startswith(str(given))]
+        if len(found) != 1:
+            return None, f"{len(found)} sessions match {given!r}: " + ", ".join(str(h.thread_id) for h in live)
+        return found[0], None
+
+    async def _start(self, hello: dict[str, Any]) -> tuple[Held | None, str | None]:
+        cwd = str(hello.get("cwd") or "")
+        if hello.get("sandbox"):
+            return None, "--sandbox is not available yet: a terminal session runs as `claude` does, unsandboxed"
+        try:
+            roots = [r.expanduser().resolve() for r in (self.config.roots or (Path.home(),))]
+            check_workdir(cwd, roots)
+        except Refused as exc:
+            return None, f"refused: {exc}"
+        env = {str(k): str(v) for k, v in (hello.get("env") or {}).items()}
+        plan = launch.plan(list(map(str, hello.get("argv") or [])), cwd, env)
+        if isinstance(plan, str):
+            return None, plan
+        thread_id = await self.store.conversation_thread(plan.session_id)
+        new_thread = thread_id is None
+        thread_id = thread_id or uuid.uuid4()
+        if thread_id in self.held:
+            return None, f"this conversation is live in a terminal already: `petal-dispatch attach {thread_id}`"
+        path = conversation_file(plan.config_dir, cwd, plan.session_id)
+        offset = path.stat().st_size if path.exists() else 0
+        task_id = uuid.uuid4()
+        holder = str(hello.get("holder") or "a terminal")
+        row = NewTerminal(task_id, thread_id, self.config.executor, plan.session_id, cwd, str(plan.config_dir),
+                          f"Terminal: {Path(cwd).name or cwd}", offset,
+                          launch.resume_command(cwd, plan, self.config.cli), False, holder)
+        async with self.store.work() as (store, unit):
+            await store.insert(row, new_thread=new_thread)
+            if not new_thread:
+                await SessionStore(unit).advance_import(thread_id, None, offset)  # what is there is the thread's
+            unit.emit(*([NewEvent("thread.created", {"title": row.title, "mode": "interactive", "terminal": True},
+                                  session_id=thread_id)] if new_thread else []),
+                      NewEvent("terminal.started", {"cwd": cwd, "argv": plan.user_args, "session_id": plan.session_id,
+                                                    "holder": holder, "sandboxed": False},
+                               session_id=thread_id, task_id=task_id))
+        token = secrets.token_urlsafe(24)
+        mcp = await self.credentials.grant(task_id, thread_id)
+        follower = Follower(path, thread_id, task_id, offset)
+        held = Held(task_id, thread_id, self.store, self.sessions, follower, int(hello.get("rows") or 40),
+                    int(hello.get("cols") or 120), self._ended)
+        argv = launch.command(self.config.claude_bin, plan, mcp, launch.hook_command(self.config.python))
+        try:
+            pid = await held.spawn(argv, cwd, launch.environment(env, self.path, thread_id, token))
+        except OSError as exc:
+            await self._finish(held, None, "failed", f"spawn_failed: {exc.strerror}", mcp)
+            return None, f"the CLI could not start: {exc}"
+        held.mcp = mcp
+        self.held[thread_id] = held
+        self.tokens[thread_id] = token
+        await self.store.set_pid(task_id, pid)
+        log.info("terminal_session_started", thread=str(thread_id), pid=pid, cwd=cwd)
+        return held, None
+
+    async def _ended(self, held: Held) -> None:
+        self.held.pop(held.thread_id, None)
+        self.tokens.pop(held.thread_id, None)
+        code = held.exit_code
+        reason = held.ending_reason or "exited"
+        status = "cancelled" if held.ending_reason else ("success" if code == 0 else
+                                                         "crashed" if code is not None and code < 0 else "failed")
+        await self._finish(held, code, status, reason, held.mcp)
+
+    async def _finish(self, held: Held, code: int | None, status: str, reason: str, mcp: Path | None) -> None:
+        if mcp is not None:
+            mcp.unlink(missing_ok=True)
+            with contextlib.suppress(Exception):
+                await self.credentials.revoke(held.task_id, mcp)
+        async with self.store.work() as (store, unit):
+            await store.end(held.task_id, code, status, reason)
+            unit.emit(NewEvent("terminal.ended", {"exit_code": code, "reason": reason, "status": status},
+                               session_id=held.thread_id, task_id=held.task_id))
+        log.info("terminal_session_ended", thread=str(held.thread_id), exit_code=code, reason=reason)
+
+    # ---- the permission hook ---------------------------------------------------------------------------
+
+    async def _permission(self, hello: dict[str, Any], reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        try:
+            thread_id = uuid.UUID(str(hello.get("id")))
+        except ValueError:
+            return
+        held, token = self.held.get(thread_id), self.tokens.get(thread_id)
+        if held is None or token is None or not hmac.compare_digest(token, str(hello.get("token") or "")):
+            return  # nothing decided: the terminal's own dialog stays
+        caller = Caller(task_id=held.task_id, session_id=thread_id, thread_id=thread_id, project_id=None,
+                        role="terminal")
+        given = hello.get("event")
+        event: dict[str, Any] = given if isinstance(given, dict) else {}
+        where = held.client.holder if held.client is not None else "a detached terminal"
+        asking = asyncio.create_task(permission.ask(self.asks, caller, event, where, f"gate-terminal-{uuid.uuid4()}"))
+        closed = asyncio.create_task(reader.read())  # the hook's end (the CLI stopped waiting for it)
+        answered = asyncio.create_task(held.dialog_answered())  # the terminal answered its dialog first
+        done, _ = await asyncio.wait({asking, closed, answered}, return_when=asyncio.FIRST_COMPLETED)
+        closed.cancel()
+        answered.cancel()
+        if asking in done:
+            answer = asking.result()
+            if answer is not None:
+                writer.write(wire.frame(wire.ANSWER, answer))
+                await writer.drain()
+            return
+        log.info("terminal_prompt_answered_in_terminal", thread=str(thread_id))
+        asking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asking

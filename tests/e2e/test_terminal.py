@@ -1,0 +1,282 @@
+"""One session, two screens: `petal-dispatch claude` run in tmux (the real interactive CLI against the scripted
+model), held by the executor in a pseudo-terminal, followed and steered from the page, detached and attached."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from tests.harness import Harness, claude_bin, running_executor
+from tests.pg import DB
+from tests.served import ingress_server
+from tests.wait import until
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-ant-fake-terminal-key"
+PROMPT = "❯\u00a0"
+PETAL = str(Path(sys.executable).with_name("petal-dispatch"))
+
+
+class Desk(Scenario):
+    """"RUN: <command>" → a Bash call of it, then "done"; anything else → "echo: <the last line>"."""
+
+    def choose(self, role: str | None, first_user_text: str, turn: int, last_user_text: str = "",
+               session: str = "") -> dict[str, Any]:
+        if "RUN:" in last_user_text:
+            cmd = last_user_text.split("RUN:", 1)[1].strip().splitlines()[0]
+            return {"tool_use": {"name": "Bash", "input": {"command": cmd, "description": "desk command"}},
+                    "text": "I will run it."}
+        said = [line for line in last_user_text.splitlines() if line.strip() and not line.startswith("<")]
+        if not said:
+            return {"text": "done"}
+        return {"text": "echo: " + said[-1].strip()[-200:]}
+
+
+class Tmux:
+    """A terminal at the desk: tmux on a socket of its own."""
+
+    def __init__(self, root: Path):
+        self.socket = f"petal-{uuid.uuid4().hex[:8]}"
+        self.root = root
+
+    async def run(self, *args: str) -> str:
+        proc = await asyncio.create_subprocess_exec("tmux", "-L", self.socket, *args, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        return out.decode()
+
+    async def open(self, name: str, command: str) -> None:
+        script = self.root / f"{name}.sh"
+        script.write_text(f"{command}\necho \"EXIT:$?\" > {self.root / name}.exit\nsleep 600\n")
+        await self.run("new-session", "-d", "-s", name, "-x", "120", "-y", "40", f"bash {script}")
+
+    async def screen(self, name: str) -> str:
+        return await self.run("capture-pane", "-p", "-t", name)
+
+    async def keys(self, name: str, *keys: str, literal: bool = False) -> None:
+        await self.run("send-keys", "-t", name, *(["-l"] if literal else []), *keys)
+
+    def exit_code(self, name: str) -> str | None:
+        p = self.root / f"{name}.exit"
+        return p.read_text().strip().removeprefix("EXIT:") if p.exists() else None
+
+    async def shows(self, name: str, text: str, timeout: float = 30) -> str:
+        async def seen() -> str | None:
+            s = await self.screen(name)
+            return s if text in s else None
+        return await until(seen, lambda: f"{text!r} on the terminal {name}", timeout, every=0.05)
+
+    async def close(self) -> None:
+        await self.run("kill-server")
+
+
+def desk_env(model: ScriptedModelServer, root: Path, cwd: Path, data_dir: Path) -> dict[str, str]:
+    """A user at the desk: a HOME and config directory of their own (onboarded, the folder trusted, the key
+    accepted: the CLI starts at its prompt), the data directory of the running executor."""
+    home, config = root / "home", root / "claude"
+    home.mkdir(parents=True, exist_ok=True)
+    config.mkdir(parents=True, exist_ok=True)
+    (config / ".claude.json").write_text(json.dumps({
+        "hasCompletedOnboarding": True, "customApiKeyResponses": {"approved": [KEY[-20:]], "rejected": []},
+        "projects": {str(cwd): {"hasTrustDialogAccepted": True}}}))
+    fake = root / "bin"  # an npm that only fails: nothing here installs anything
+    fake.mkdir(exist_ok=True)
+    (fake / "npm").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "npm").chmod(0o755)
+    return {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(home), "CLAUDE_CONFIG_DIR": str(config), "TERM": "xterm-256color",
+            "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": KEY, "NO_PROXY": "127.0.0.1,localhost",
+            "PETAL_DATA_DIR": str(data_dir), "LANG": "C.UTF-8"}
+
+
+def wrapper(env: dict[str, str], cwd: Path, *args: str) -> str:
+    envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return f"cd {shlex.quote(str(cwd))} && env -i {envs} {shlex.quote(PETAL)} {shlex.join(args)}"
+
+
+@asynccontextmanager
+async def desk(db: DB, tmp: Path) -> AsyncIterator[tuple[Harness, httpx.AsyncClient, Tmux, dict[str, str], Path]]:
+    roots = tmp / "projects"
+    cwd = roots / "app"
+    cwd.mkdir(parents=True)
+    tmux = Tmux(tmp)
+    with ScriptedModelServer(Desk()) as model:
+        env = desk_env(model, tmp / "desk", cwd, tmp)
+        async with running_executor(db, model, tmp, project_roots=(roots,)) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            try:
+                yield h, http, tmux, env, cwd
+            finally:
+                await tmux.close()
+
+
+async def live_thread(http: httpx.AsyncClient) -> dict[str, Any]:
+    async def found() -> dict[str, Any] | None:
+        threads = (await http.get("/api/threads")).json()["threads"]
+        return next((t for t in threads if t.get("terminal")), None)
+    return await until(found, "a thread live in a terminal", 30)
+
+
+async def rows(h: Harness, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    conn = await h._conn()
+    cur = await conn.execute(sql, params)
+    return list(await cur.fetchall())
+
+
+async def journaled(h: Harness, thread: str, event_type: str, text: str) -> dict[str, Any] | None:
+    for (payload,) in await rows(h, "SELECT payload FROM journal WHERE session_id = %s AND event_type = %s ORDER BY seq",
+                                 uuid.UUID(thread), event_type):
+        if text in json.dumps(payload):
+            return dict(payload)
+    return None
+
+
+async def started(tmux: Tmux, http: httpx.AsyncClient, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    await tmux.open("desk", wrapper(env, cwd, "claude", "--permission-mode", "default"))
+    await tmux.shows("desk", PROMPT)
+    return await live_thread(http)
+
+
+async def test_what_the_terminal_says_is_on_the_page_and_the_page_types_at_the_empty_prompt(db: DB, tmp_path: Path) -> None:
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+        thread = await started(tmux, http, env, cwd)
+        tid = thread["id"]
+        assert thread["terminal"]["held_by"]  # the terminal holds its screen
+
+        # typed at the desk: journaled within a second of the CLI writing it to its conversation
+        await tmux.keys("desk", "hello from the desk", literal=True)
+        await tmux.keys("desk", "Enter")
+        await tmux.shows("desk", "echo: hello from the desk")
+        conversation = next((Path(env["CLAUDE_CONFIG_DIR"]) / "projects").glob("*/*.jsonl"))
+
+        async def written() -> float | None:
+            return time.monotonic() if "echo: hello from the desk" in conversation.read_text() else None
+        async def said() -> float | None:
+            return time.monotonic() if await journaled(h, tid, "terminal.entry", "echo: hello from the desk") else None
+        at_file = await until(written, "the reply in the conversation file", 20, every=0.02)
+        at_journal = await until(said, "the reply journaled", 20, every=0.02)
+        assert at_journal - at_file < 1.0
+        prompt = await journaled(h, tid, "task.user_message", "hello from the desk")
+        assert prompt is not None and prompt["origin"] == "terminal"
+
+        # from the page: typed at the next prompt, answered, journaled once (with its message id)
+        sent = await http.post("/api/chat", json={"text": "from the phone", "thread_id": tid})
+        assert sent.status_code == 202, sent.text
+        await tmux.shows("desk", "echo: from the phone")
+        echoes = await rows(h, "SELECT message_id FROM journal WHERE session_id = %s AND event_type = 'task.user_message' "
+                               "AND payload ->> 'text' = 'from the phone'", uuid.UUID(tid))
+        assert len(echoes) == 1 and echoes[0][0] is not None
+
+        # the user is typing: the page's message waits, and the thread says so; cleared, it goes in
+        await tmux.keys("desk", "half a thought", literal=True)
+        await tmux.shows("desk", "half a thought")
+        await http.post("/api/chat", json={"text": "second from the phone", "thread_id": tid})
+
+        async def waiting() -> bool:
+            t = next(t for t in (await http.get("/api/threads")).json()["threads"] if t["id"] == tid)
+            return bool(t["terminal"]["input_waiting"])
+        await until(waiting, "the page told the message waits on the terminal's typing", 20)
+        assert "second from the phone" not in await tmux.screen("desk")
+        assert "half a thought" in await tmux.screen("desk")  # the user's draft untouched
+        await tmux.keys("desk", "Escape")
+        await tmux.keys("desk", "Escape")
+        await tmux.shows("desk", "echo: second from the phone")
+        assert await journaled(h, tid, "terminal.input_waiting", "typed") is not None
+
+
+async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_whichever_is_first(
+        db: DB, tmp_path: Path) -> None:
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+        thread = await started(tmux, http, env, cwd)
+
+        async def card() -> dict[str, Any] | None:
+            asks = (await http.get("/api/asks")).json()["asks"]
+            return next((a for a in asks if a["status"] == "pending" and a["questions"][0].get("header") == "Terminal"),
+                        None)
+
+        # answered on the phone: the dialog closes, the command runs once
+        await tmux.keys("desk", "RUN: touch from-phone.txt", literal=True)
+        await tmux.keys("desk", "Enter")
+        await tmux.shows("desk", "Do you want to proceed?")
+        ask = await until(card, "the terminal's permission prompt as a card", 20)
+        q = ask["questions"][0]["question"]
+        answered = await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {q: "Allow once"}})
+        assert answered.status_code == 200, answered.text
+        await tmux.shows("desk", "Allowed by PermissionRequest hook")
+        await until(lambda: (cwd / "from-phone.txt").exists(), "the command allowed on the page run", 20)
+
+        # answered in the terminal first: the phone's card closes as answered there
+        await tmux.keys("desk", "RUN: touch from-desk.txt", literal=True)
+        await tmux.keys("desk", "Enter")
+        ask = await until(card, "the second prompt as a card", 20)
+        await tmux.shows("desk", "Do you want to proceed?")
+        # a person reads the dialog before answering it (the CLI ignores keys in the first moments a dialog shows,
+        # against an answer typed ahead by accident)
+        await asyncio.sleep(1.5)
+        await tmux.keys("desk", "Enter")  # 1. Yes
+        await until(lambda: (cwd / "from-desk.txt").exists(), "the command allowed in the terminal run", 20)
+
+        async def closed() -> dict[str, Any] | None:
+            got = next(a for a in (await http.get("/api/asks")).json()["asks"] if a["id"] == ask["id"])
+            return got if got["status"] != "pending" else None
+        done = await until(closed, "the card closed", 20)
+        assert done["status"] == "cancelled" and done["response"] == "answered in the terminal"
+        assert thread["terminal"]
+
+
+async def test_a_closed_terminal_leaves_the_session_running_attach_brings_it_back_and_the_page_ends_it(
+        db: DB, tmp_path: Path) -> None:
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+        thread = await started(tmux, http, env, cwd)
+        tid, task_id = thread["id"], thread["terminal"]["task_id"]
+        [(pid,)] = await rows(h, "SELECT pid FROM tasks WHERE id = %s", uuid.UUID(task_id))
+
+        await tmux.run("kill-session", "-t", "desk")  # the terminal is closed
+
+        async def detached() -> bool:
+            t = next(t for t in (await http.get("/api/threads")).json()["threads"] if t["id"] == tid)
+            return t["terminal"] is not None and t["terminal"]["held_by"] is None
+        await until(detached, "the session detached", 20)
+        os.kill(pid, 0)  # still running
+        # a turn completes meanwhile, from the page
+        await http.post("/api/chat", json={"text": "while detached", "thread_id": tid})
+        await until(lambda: journaled(h, tid, "terminal.entry", "echo: while detached"), "the detached turn", 30)
+
+        await tmux.open("again", wrapper(env, cwd, "attach"))
+        await tmux.shows("again", "echo: while detached")
+
+        ended = await http.post(f"/api/threads/{tid}/terminal/end", json={})
+        assert ended.status_code == 202, ended.text
+        await until(lambda: tmux.exit_code("again") is not None, "the attached wrapper to exit", 30)
+        [(status, reason)] = await rows(h, "SELECT status, status_reason FROM tasks WHERE id = %s", uuid.UUID(task_id))
+        assert (status, reason) == ("cancelled", "ended_from_the_page")
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        # the conversation goes on in the thread (--resume), and the page can no longer end what has ended
+        assert (await http.post(f"/api/threads/{tid}/terminal/end", json={})).status_code == 409
+
+
+async def test_a_directory_outside_the_project_roots_is_refused_with_one_line(db: DB, tmp_path: Path) -> None:
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+        outside = tmp_path / "elsewhere"
+        outside.mkdir()
+        await tmux.open("desk", wrapper(env, outside, "claude"))
+        await until(lambda: tmux.exit_code("desk") is not None, "the wrapper to exit", 20)
+        assert tmux.exit_code("desk") == "2"
+        said = (await tmux.screen("desk")).replace("\n", "")  # one line, wrapped at the terminal's width
+        assert said.startswith("petal-dispatch: refused:") and "outside the allowed project roots" in said
+        assert await rows(h, "SELECT id FROM tasks WHERE role = 'terminal'") == []
+        assert claude_bin()  # the pinned CLI, as every session uses

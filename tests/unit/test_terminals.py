@@ -1,0 +1,114 @@
+"""A terminal session's pure parts (executor/terminals/): what the screen says of the CLI's prompt, which
+conversation entries are journaled and how, how the CLI is started, and the wire's frames."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from executor.terminals import launch
+from executor.terminals.follow import Follower, blocks, conversation_file
+from executor.terminals.screen import Screen, read, without_strings
+from shared import terminal_wire as wire
+
+pytestmark = pytest.mark.unit
+
+RULE = "─" * 40
+
+
+def test_the_prompt_is_ready_only_when_its_box_shows_empty_and_no_turn_runs() -> None:
+    assert read(["● done", RULE, "❯\u00a0", RULE, "  ⏸ manual mode on · ? for shortcuts"]).ready
+    typing = read([RULE, "❯\u00a0half a thought", RULE, "  ⏸ manual mode on"])
+    assert typing.at_prompt and typing.typed == "half a thought" and not typing.ready
+    busy = read(["✢ Crafting…", RULE, "❯\u00a0", RULE, "  ⏸ manual mode on · esc to interrupt"])
+    assert busy.box and not busy.at_prompt and not busy.ready
+    # a dialog over the box: a past prompt (`❯ text` with no rule above) and an option line are not the box
+    dialog = read(["❯ RUN: touch x", "", "● Bash(touch x)", RULE, " Do you want to proceed?", " ❯ 1. Yes", "   4. No"])
+    assert not dialog.box and not dialog.ready
+    draft = read([RULE, "❯\u00a0line one", "  line two", RULE])
+    assert draft.typed == "line one\nline two"
+
+
+def test_the_screen_is_kept_from_the_bytes_and_redrawn_for_a_terminal_attaching() -> None:
+    s = Screen(6, 30)
+    s.feed(f"\x1b[2J\x1b[H● hello\r\n{RULE[:30]}\r\n❯\u00a0\r\n{RULE[:30]}".encode())
+    assert s.state().ready
+    assert b"hello" in s.redraw() and s.redraw().startswith(b"\x1b[H\x1b[2J")
+
+
+def test_the_cli_s_terminal_queries_are_not_taken_for_typed_text_even_cut_across_reads() -> None:
+    # its graphics probe (APC), ended by ST, once whole and once across two reads; an OSC title ended by BEL
+    assert without_strings(b"", b"ab\x1b_Gi=31,s=1;AAAA\x1b\\cd") == (b"abcd", b"")
+    shown, carried = without_strings(b"", b"ab\x1b_Gi=31;AA")
+    assert (shown, without_strings(carried, b"AA\x1b\\cd")) == (b"ab", (b"cd", b""))
+    assert without_strings(b"", b"\x1b]0;title\x07z") == (b"z", b"")
+    assert without_strings(*without_strings(b"", b"x\x1b")[1:], b"[2Jy") == (b"\x1b[2Jy", b"")
+    s = Screen(6, 40)
+    s.feed(f"{RULE[:40]}\r\n❯\u00a0".encode() + b"\x1b_Gi=31,s=1,v=1,a=q,t=d,f=24;AAAA")
+    s.feed(f"\x1b\\\r\n{RULE[:40]}".encode())
+    assert s.state().ready  # the probe's text is not on the input line
+
+
+def _entry(kind: str, content: object, **more: object) -> dict[str, object]:
+    return {"type": kind, "message": {"role": kind, "content": content}, "uuid": "u1", **more}
+
+
+def test_a_prompt_a_reply_a_tool_call_and_its_result_are_told_apart_and_bookkeeping_is_not_journaled() -> None:
+    assert blocks(_entry("user", "hello")) == ("hello", [])
+    assert blocks(_entry("user", [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])) == ("a\nb", [])
+    said = blocks(_entry("assistant", [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "hi"},
+                                       {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]))
+    assert said == (None, [{"type": "text", "text": "hi"},
+                           {"type": "tool_use", "id": "t1", "name": "Bash", "input": '{"command": "ls"}'}])
+    result = blocks(_entry("user", [{"type": "tool_result", "tool_use_id": "t1", "content": "x" * 5000}]))
+    assert result[0] is None and result[1][0]["tool_use_id"] == "t1" and len(result[1][0]["text"]) < 2100
+    assert blocks(_entry("user", "<meta>", isMeta=True)) == (None, [])
+    assert blocks({"type": "file-history-snapshot"}) == (None, [])
+
+
+def test_the_follower_journals_whole_lines_once_and_not_a_prompt_the_page_typed(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    lines = [_entry("user", "from the phone"), _entry("user", "at the desk"),
+             _entry("assistant", [{"type": "text", "text": "echo"}])]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"type": "user", "mess')  # a line half written
+    f = Follower(path, uuid.uuid4(), uuid.uuid4(), 0, typed=["from the phone"])
+    end, events = f.read()
+    assert end == path.read_text().rfind("\n") + 1
+    assert [(e.event_type, e.payload.get("text") or e.payload.get("role")) for e in events] == [
+        ("task.user_message", "at the desk"), ("terminal.entry", "assistant")]
+    assert events[0].payload["origin"] == "terminal" and f.typed == []
+
+
+def test_how_a_session_names_its_conversation(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg")}
+    fresh = launch.plan(["--model", "x"], "/w", env)
+    assert not isinstance(fresh, str) and fresh.args == ["--model", "x", "--session-id", fresh.session_id]
+    given = str(uuid.uuid4())
+    resumed = launch.plan(["--resume", given], "/w", env)
+    assert not isinstance(resumed, str) and resumed.session_id == given and resumed.args == ["--resume", given]
+    assert "not a conversation id" in str(launch.plan(["-r", "nope"], "/w", env))
+    assert "-p runs without a terminal" in str(launch.plan(["-p", "hi"], "/w", env))
+    assert "no conversation to continue" in str(launch.plan(["-c"], "/w", env))
+    latest = conversation_file(tmp_path / "cfg", "/w", given)
+    latest.parent.mkdir(parents=True)
+    latest.write_text("{}\n")
+    cont = launch.plan(["-c"], "/w", env)
+    assert not isinstance(cont, str) and cont.args == ["--resume", given]
+    cmd = launch.command("claude", cont, tmp_path / "mcp.json", "hook")
+    settings = json.loads(cmd[cmd.index("--settings") + 1])
+    assert settings["hooks"]["PermissionRequest"][0]["hooks"][0]["command"] == "hook"
+    assert cmd[-1] == f"--mcp-config={tmp_path / 'mcp.json'}"
+    assert launch.environment({"A": "1"}, tmp_path / "s", uuid.UUID(int=1), "tok")["DISABLE_AUTOUPDATER"] == "1"
+
+
+def test_frames_come_whole_across_reads_and_a_broken_peer_is_refused() -> None:
+    data = wire.frame(wire.HELLO, {"op": "attach"}) + wire.frame(wire.DATA, b"keys")
+    frames = wire.Frames()
+    assert frames.feed(data[:3]) == []
+    assert frames.feed(data[3:]) == [(wire.HELLO, b'{"op": "attach"}'), (wire.DATA, b"keys")]
+    with pytest.raises(ValueError):
+        wire.Frames().feed(b"Z\x00\x00\x00\x01x")
+    assert wire.pointer({"XDG_STATE_HOME": "/s"}) == Path("/s/petal-dispatch/terminals.sock")
