@@ -112,6 +112,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         # the user's interactive sessions held here (`petal-dispatch claude`): the page's messages to their threads
         # are typed into them, and "end session" ends them
         terminals = Terminals(db.pool, _terminals_config(config), harness.asks, supervisor.runner.credentials)
+        supervisor.interrupt = terminals.interrupt
         conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.spawner.turn_coming,
                                         terminals=(terminals.deliver, terminals.end))
         # every end is acted on from the store (extraction, the policy, the thread's turn boundary)

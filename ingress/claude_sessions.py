@@ -25,8 +25,9 @@ async def list_sessions(request: Request) -> Response:
               "offset": query_int(request, "offset", 0, hi=1_000_000)}
     q = ingress_queries(request)
     rows = await q.all("list_claude_sessions", params)
-    return respond({"sessions": rows[:limit], "more": len(rows) > limit, "offset": params["offset"],
-                    "dirs": await q.all("list_claude_session_dirs")})
+    # the sessions live in a terminal now (`petal-dispatch claude`), listed first, with who holds each
+    return respond({"terminals": await q.all("list_live_terminals"), "sessions": rows[:limit],
+                    "more": len(rows) > limit, "offset": params["offset"], "dirs": await q.all("list_claude_session_dirs")})
 
 
 async def check_adoptable(request: Request, session_id: uuid.UUID, executor: str | None) -> dict[str, Any]:

@@ -140,6 +140,9 @@ class Supervisor:
         self._lease_lapsed = asyncio.Event()  # the lease's renewals stopped (fenced): the claim loop rejoins
         self._rejoined = asyncio.Event()  # and then renewals start again
         self.ready = asyncio.Event()
+        # a running task this executor holds outside the runner (a terminal session, executor/terminals/): True
+        # when it was one; Stop then interrupts its turn (as Esc does) rather than ending its process
+        self.interrupt: Callable[[uuid.UUID], bool] | None = None
         self._claimed: list[ClaimedTask] = []
         self.lease = fleet.Lease(db.dsn, fleet.FleetConfig(
             name=config.name, labels=config.labels, capacity=config.max_workers, lease_s=config.lease_s,
@@ -354,6 +357,8 @@ class Supervisor:
             r = self.running.get(task_id)
             if r is not None:
                 await self.runner.request_stop(r, USER_STOP)
+            elif current == "running" and self.interrupt is not None and self.interrupt(task_id):
+                pass  # its turn is interrupted; the session goes on
             elif cancelled_pending:
                 await self.writer.put(NewEvent("task.exited", {"status": "cancelled", "reason": "stop_requested",
                                                                "spawned": False}, task_id=task_id))

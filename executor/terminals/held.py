@@ -264,8 +264,10 @@ class Held:
             os.close(self.master)
         if self.client is not None:
             self.client.send(wire.EXIT, {"code": code if code >= 0 else 128 - code})
-        self.ended.set()
-        await self.on_end(self)
+        try:
+            await self.on_end(self)  # its rows, before anyone waiting on the end (a stopping executor) goes on
+        finally:
+            self.ended.set()
 
     async def end(self, reason: str) -> None:
         """End the CLI as closing its terminal does (SIGHUP), then harder."""

@@ -107,8 +107,13 @@ class Terminals:
         await held.end("ended_from_the_page")
         return None
 
-    def holds_task(self, task_id: uuid.UUID) -> Held | None:
-        return next((h for h in self.held.values() if h.task_id == task_id), None)
+    def interrupt(self, task_id: uuid.UUID) -> bool:
+        """Stop from the page: the session's running turn is interrupted as Esc does (True when it is held here)."""
+        held = next((h for h in self.held.values() if h.task_id == task_id), None)
+        if held is None:
+            return False
+        held.interrupt()
+        return True
 
     # ---- connections ---------------------------------------------------------------------------------
 

@@ -30,6 +30,15 @@ WHERE (%(q)s::text IS NULL OR strpos(lower(coalesce(c.title, '')), lower(%(q)s))
 ORDER BY c.last_activity DESC NULLS LAST, c.executor, c.session_id
 LIMIT %(limit)s OFFSET %(offset)s
 
+-- name: list_live_terminals --
+-- The terminal sessions executors hold now (migration 0047), newest first: their thread, conversation, directory,
+-- and the terminal showing each (NULL: detached).
+SELECT ts.thread_id, ts.task_id, ts.cli_session_id AS session_id, ts.cwd, ts.held_by, ts.input_waiting,
+       ts.executor_name AS executor, ts.started_at, s.title
+FROM terminal_sessions ts JOIN sessions s ON s.id = ts.thread_id
+WHERE ts.ended_at IS NULL
+ORDER BY ts.started_at DESC
+
 -- name: list_claude_session_dirs --
 -- The directories the user's conversations were held in, busiest first: the picker's directory filter (petal's
 -- own conversations left out as in list_claude_sessions).

@@ -51,8 +51,10 @@ async function load() {
   try {
     const data = await api(`/api/claude-sessions?${params}`);
     renderDirs(data.dirs, dir);
-    $("#sessions-list").replaceChildren(...data.sessions.map(row));
-    $("#sessions-status").textContent = data.sessions.length ? (data.more ? "Showing the 50 newest; search to narrow." : "")
+    const live = data.terminals || [];
+    const held = new Set(live.map((t) => t.session_id));
+    $("#sessions-list").replaceChildren(...live.map(terminalRow), ...data.sessions.filter((x) => !held.has(x.session_id)).map(row));
+    $("#sessions-status").textContent = data.sessions.length || live.length ? (data.more ? "Showing the 50 newest; search to narrow." : "")
       : "No stored conversations match.";
   } catch (e) {
     $("#sessions-status").textContent = `Could not list them: ${e.message}`;
@@ -62,6 +64,16 @@ async function load() {
 function renderDirs(dirs, chosen) {
   $("#sessions-dir").replaceChildren(h("option", { value: "" }, "every directory"),
     ...dirs.map((d) => h("option", { value: d.cwd, selected: d.cwd === chosen }, `${d.cwd} (${d.sessions})`)));
+}
+
+// A session live in a terminal (`petal-dispatch claude`): first in the list, with who holds it; its thread is
+// the conversation.
+function terminalRow(t) {
+  return h("li", { class: "session terminal", "data-session-id": t.session_id },
+    h("div", { class: "title" }, firstLine(t.title || `terminal ${t.session_id.slice(0, 8)}`, 140)),
+    h("div", { class: "meta" }, [t.cwd, ago(t.started_at), t.executor].filter(Boolean).join(" · ")),
+    h("div", { class: "meta live" }, t.held_by ? `live in a terminal, shown in ${t.held_by}` : "live in a terminal, detached"),
+    h("button", { type: "button", class: "secondary small", onclick: () => open(t.thread_id) }, "Open its thread"));
 }
 
 function row(s) {
@@ -129,10 +141,14 @@ function renderTerminal(t) {
       end.title = e.message;
     }
   });
+  // Stop interrupts the running turn, as Esc in the terminal does; the session goes on
+  const stop = h("button", { type: "button", class: "secondary small", id: "terminal-stop" }, "Stop");
+  stop.addEventListener("click", () => api(`/api/tasks/${live.task_id}/stop`, { method: "POST", body: { reason: "interrupted from the page" } })
+    .catch((e) => { stop.title = e.message; }));
   bar.replaceChildren(h("span", { class: "chip live" }, "live in a terminal"), " ",
     live.held_by ? `shown in ${live.held_by}` : "detached: running on its own", " ",
     live.input_waiting ? h("span", { class: "meta waiting" }, "· your message waits: the terminal's input line holds text ") : null,
-    end);
+    stop, " ", end);
 }
 
 async function copyHandback() {

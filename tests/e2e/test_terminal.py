@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
@@ -32,7 +33,8 @@ PETAL = str(Path(sys.executable).with_name("petal-dispatch"))
 
 
 class Desk(Scenario):
-    """"RUN: <command>" → a Bash call of it, then "done"; anything else → "echo: <the last line>"."""
+    """"RUN: <command>" → a Bash call of it, then "done"; "SLOW" → forty words, slowly; anything else → "echo: <the
+    last line>"."""
 
     def choose(self, role: str | None, first_user_text: str, turn: int, last_user_text: str = "",
                session: str = "") -> dict[str, Any]:
@@ -40,6 +42,8 @@ class Desk(Scenario):
             cmd = last_user_text.split("RUN:", 1)[1].strip().splitlines()[0]
             return {"tool_use": {"name": "Bash", "input": {"command": cmd, "description": "desk command"}},
                     "text": "I will run it."}
+        if "SLOW" in last_user_text:  # a turn of ~10 s, one word every quarter second
+            return {"text": " ".join(f"word{i}" for i in range(40)), "delay_s": 0.25}
         said = [line for line in last_user_text.splitlines() if line.strip() and not line.startswith("<")]
         if not said:
             return {"text": "done"}
@@ -108,19 +112,35 @@ def wrapper(env: dict[str, str], cwd: Path, *args: str) -> str:
 
 
 @asynccontextmanager
-async def desk(db: DB, tmp: Path) -> AsyncIterator[tuple[Harness, httpx.AsyncClient, Tmux, dict[str, str], Path]]:
+async def desk(db: DB, tmp: Path, tmux: Tmux | None = None
+               ) -> AsyncIterator[tuple[Harness, httpx.AsyncClient, Tmux, dict[str, str], Path]]:
+    """The services, the scripted model and a desk; its tmux is closed at the end unless the test gave its own."""
     roots = tmp / "projects"
     cwd = roots / "app"
     cwd.mkdir(parents=True)
-    tmux = Tmux(tmp)
+    own = tmux is None
+    tmux = tmux or Tmux(tmp)
     with ScriptedModelServer(Desk()) as model:
         env = desk_env(model, tmp / "desk", cwd, tmp)
-        async with running_executor(db, model, tmp, project_roots=(roots,)) as h, \
-                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            try:
+        try:
+            async with running_executor(db, model, tmp, project_roots=(roots,)) as h, \
+                    ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
                 yield h, http, tmux, env, cwd
-            finally:
+        finally:
+            if own:
                 await tmux.close()
+    # the executor stopped: no session's CLI outlives it
+    with psycopg.connect(db.admin_dsn) as conn:
+        pids = [p for (p,) in conn.execute("SELECT pid FROM tasks WHERE role = 'terminal' AND pid IS NOT NULL")]
+    assert [p for p in pids if _alive(p)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"  # a zombie is gone but for its parent
 
 
 async def live_thread(http: httpx.AsyncClient) -> dict[str, Any]:
@@ -155,6 +175,9 @@ async def test_what_the_terminal_says_is_on_the_page_and_the_page_types_at_the_e
         thread = await started(tmux, http, env, cwd)
         tid = thread["id"]
         assert thread["terminal"]["held_by"]  # the terminal holds its screen
+        # the Sessions picker lists it first, with who holds it
+        listed = (await http.get("/api/claude-sessions")).json()["terminals"]
+        assert [(t["thread_id"], t["held_by"]) for t in listed] == [(tid, thread["terminal"]["held_by"])]
 
         # typed at the desk: journaled within a second of the CLI writing it to its conversation
         await tmux.keys("desk", "hello from the desk", literal=True)
@@ -237,6 +260,24 @@ async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_wh
         assert thread["terminal"]
 
 
+async def test_stop_on_the_page_interrupts_the_terminal_s_turn_and_the_session_goes_on(db: DB, tmp_path: Path) -> None:
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+        thread = await started(tmux, http, env, cwd)
+        task_id = thread["terminal"]["task_id"]
+        await tmux.keys("desk", "SLOW please", literal=True)
+        await tmux.keys("desk", "Enter")
+        await tmux.shows("desk", "word2")
+        stopped = await http.post(f"/api/tasks/{task_id}/stop", json={"reason": "enough"})
+        assert stopped.status_code == 202, stopped.text
+        await tmux.shows("desk", "Interrupted")
+        assert "word39" not in await tmux.screen("desk")  # the turn did not run to its end
+        [(status,)] = await rows(h, "SELECT status FROM tasks WHERE id = %s", uuid.UUID(task_id))
+        assert status == "running"  # the session is not ended by a Stop
+        await tmux.keys("desk", "still here", literal=True)
+        await tmux.keys("desk", "Enter")
+        await tmux.shows("desk", "echo: still here")
+
+
 async def test_a_closed_terminal_leaves_the_session_running_attach_brings_it_back_and_the_page_ends_it(
         db: DB, tmp_path: Path) -> None:
     async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
@@ -267,6 +308,32 @@ async def test_a_closed_terminal_leaves_the_session_running_attach_brings_it_bac
             os.kill(pid, 0)
         # the conversation goes on in the thread (--resume), and the page can no longer end what has ended
         assert (await http.post(f"/api/threads/{tid}/terminal/end", json={})).status_code == 409
+
+
+async def test_a_stopping_executor_ends_its_sessions_and_their_threads_go_on_with_resume(db: DB, tmp_path: Path) -> None:
+    tmux = Tmux(tmp_path)
+    async with desk(db, tmp_path, tmux) as (h, http, _, env, cwd):
+        thread = await started(tmux, http, env, cwd)
+        tid, task_id = thread["id"], thread["terminal"]["task_id"]
+        await tmux.keys("desk", "before the restart", literal=True)
+        await tmux.keys("desk", "Enter")
+        await tmux.shows("desk", "echo: before the restart")
+    # (desk's end stopped the executor, and checked no CLI of a session outlives it)
+    with psycopg.connect(db.admin_dsn) as conn:
+        [(status, reason)] = conn.execute("SELECT status, status_reason FROM tasks WHERE id = %s",
+                                          (uuid.UUID(task_id),)).fetchall()
+        [(ended, end_reason)] = conn.execute("SELECT ended_at, end_reason FROM terminal_sessions WHERE task_id = %s",
+                                             (uuid.UUID(task_id),)).fetchall()
+        [(resume, session_id)] = conn.execute("SELECT resume_command, cli_session_id FROM sessions WHERE id = %s",
+                                              (uuid.UUID(tid),)).fetchall()
+    assert (status, reason) == ("cancelled", "executor_stopped") and ended is not None
+    assert end_reason == "executor_stopped"
+    assert f"--resume {session_id}" in resume  # the thread's way back to a terminal, and its turns', is the same
+    try:  # the terminal's wrapper ended with the session, with the CLI's exit code
+        await until(lambda: tmux.exit_code("desk") is not None, "the wrapper to exit", 20)
+        assert tmux.exit_code("desk") in ("0", "129")
+    finally:
+        await tmux.close()
 
 
 async def test_a_directory_outside_the_project_roots_is_refused_with_one_line(db: DB, tmp_path: Path) -> None:
