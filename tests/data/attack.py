@@ -126,6 +126,8 @@ attempt("ingress_via_proxy", through_proxy)
 attempt("postgres_tcp", tcp(targets["db_tcp_port"]))
 for i, path in enumerate(targets["pg_sockets"]):
     attempt(f"postgres_unix_{i}", unix(path))
+# the executor's terminal sessions: attached to, a user's interactive session takes keys from whoever connects
+attempt("terminal_socket", unix(targets["terminal_socket"]))
 attempt("sibling_mcp_config", read(targets["sibling_mcp_config"]))
 attempt("sibling_cmdline", read(f"/proc/{targets['sibling_pid']}/cmdline"))
 attempt("sibling_environ", read(f"/proc/{targets['sibling_pid']}/environ"))

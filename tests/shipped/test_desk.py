@@ -49,8 +49,9 @@ def test_the_desk_block_shows_the_terminal_session_on_the_page(
     envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**env, "CLAUDE_CONFIG_DIR": str(config),
                                                           "TERM": "xterm-256color"}.items())
     script = tmp_path / "desk.sh"
-    script.write_text(f"cd {shlex.quote(str(app))}\n. {checkout.root}/.venv/bin/activate\n"
-                      f"export {envs}\n{desk}echo EXIT:$? > {tmp_path}/desk.exit\nsleep 600\n")
+    # the user's shell (tmux's server has the test's environment), then the venv activated as the README says
+    script.write_text(f"export {envs}\ncd {shlex.quote(str(app))}\n. {checkout.root}/.venv/bin/activate\n"
+                      f"{desk}echo EXIT:$? > {tmp_path}/desk.exit\nsleep 600\n")
     _tmux(sock, "new-session", "-d", "-s", "desk", "-x", "120", "-y", "40", f"bash {script}")
     try:
         until_blocking(lambda: "❯" in _tmux(sock, "capture-pane", "-p", "-t", "desk"),
