@@ -13,12 +13,12 @@ Bookkeeping entries (snapshots, attachments, modes, requests, meta prompts) are 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executor.sandbox import cliconfig
 from shared.models import NewEvent
 
 FOLLOW_S = 0.2
@@ -27,9 +27,8 @@ MAX_INPUT = 2_000  # of a tool call's input, as JSON
 
 
 def conversation_file(config_dir: Path, cwd: str, session_id: str) -> Path:
-    """Where the CLI keeps the conversation: its project folder is the directory with every character that is
-    not a letter or a digit turned into `-`."""
-    return config_dir / "projects" / re.sub(r"[^A-Za-z0-9]", "-", cwd) / f"{session_id}.jsonl"
+    """Where the CLI keeps the conversation (its folder named for the directory, cliconfig.session_dir)."""
+    return cliconfig.session_dir(config_dir, Path(cwd)) / f"{session_id}.jsonl"
 
 
 def _cut(text: str, limit: int = MAX_TEXT) -> str:

@@ -298,10 +298,19 @@ async def test_a_closed_terminal_leaves_the_session_running_attach_brings_it_bac
 
         await tmux.open("again", wrapper(env, cwd, "attach"))
         await tmux.shows("again", "echo: while detached")
+        # Ctrl-\ then d: this terminal lets go, the session runs on
+        await tmux.keys("again", "C-\\")
+        await tmux.keys("again", "d")
+        await until(lambda: tmux.exit_code("again") == "0", "the wrapper to detach", 20)
+        assert "petal-dispatch attach" in await tmux.screen("again")
+        await until(detached, "the session detached again", 20)
+        os.kill(pid, 0)
+        await tmux.open("third", wrapper(env, cwd, "attach", tid[:8]))
+        await tmux.shows("third", "echo: while detached")
 
         ended = await http.post(f"/api/threads/{tid}/terminal/end", json={})
         assert ended.status_code == 202, ended.text
-        await until(lambda: tmux.exit_code("again") is not None, "the attached wrapper to exit", 30)
+        await until(lambda: tmux.exit_code("third") is not None, "the attached wrapper to exit", 30)
         [(status, reason)] = await rows(h, "SELECT status, status_reason FROM tasks WHERE id = %s", uuid.UUID(task_id))
         assert (status, reason) == ("cancelled", "ended_from_the_page")
         with pytest.raises(ProcessLookupError):
