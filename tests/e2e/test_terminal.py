@@ -113,7 +113,7 @@ def wrapper(env: dict[str, str], cwd: Path, *args: str) -> str:
 
 @asynccontextmanager
 async def desk(db: DB, tmp: Path, tmux: Tmux | None = None
-               ) -> AsyncIterator[tuple[Harness, httpx.AsyncClient, Tmux, dict[str, str], Path]]:
+               ) -> AsyncIterator[tuple[Harness, httpx.AsyncClient, Tmux, dict[str, str], Path, ScriptedModelServer]]:
     """The services, the scripted model and a desk; its tmux is closed at the end unless the test gave its own."""
     roots = tmp / "projects"
     cwd = roots / "app"
@@ -125,7 +125,7 @@ async def desk(db: DB, tmp: Path, tmux: Tmux | None = None
         try:
             async with running_executor(db, model, tmp, project_roots=(roots,)) as h, \
                     ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-                yield h, http, tmux, env, cwd
+                yield h, http, tmux, env, cwd, model
         finally:
             if own:
                 await tmux.close()
@@ -171,7 +171,7 @@ async def started(tmux: Tmux, http: httpx.AsyncClient, env: dict[str, str], cwd:
 
 
 async def test_what_the_terminal_says_is_on_the_page_and_the_page_types_at_the_empty_prompt(db: DB, tmp_path: Path) -> None:
-    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
         thread = await started(tmux, http, env, cwd)
         tid = thread["id"]
         assert thread["terminal"]["held_by"]  # the terminal holds its screen
@@ -222,7 +222,7 @@ async def test_what_the_terminal_says_is_on_the_page_and_the_page_types_at_the_e
 
 async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_whichever_is_first(
         db: DB, tmp_path: Path) -> None:
-    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
         thread = await started(tmux, http, env, cwd)
 
         async def card() -> dict[str, Any] | None:
@@ -261,7 +261,7 @@ async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_wh
 
 
 async def test_stop_on_the_page_interrupts_the_terminal_s_turn_and_the_session_goes_on(db: DB, tmp_path: Path) -> None:
-    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
         thread = await started(tmux, http, env, cwd)
         task_id = thread["terminal"]["task_id"]
         await tmux.keys("desk", "SLOW please", literal=True)
@@ -280,7 +280,7 @@ async def test_stop_on_the_page_interrupts_the_terminal_s_turn_and_the_session_g
 
 async def test_a_closed_terminal_leaves_the_session_running_attach_brings_it_back_and_the_page_ends_it(
         db: DB, tmp_path: Path) -> None:
-    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
         thread = await started(tmux, http, env, cwd)
         tid, task_id = thread["id"], thread["terminal"]["task_id"]
         [(pid,)] = await rows(h, "SELECT pid FROM tasks WHERE id = %s", uuid.UUID(task_id))
@@ -319,9 +319,33 @@ async def test_a_closed_terminal_leaves_the_session_running_attach_brings_it_bac
         assert (await http.post(f"/api/threads/{tid}/terminal/end", json={})).status_code == 409
 
 
+async def test_after_the_session_ends_the_page_s_messages_continue_the_same_conversation(db: DB, tmp_path: Path) -> None:
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd, model):
+        thread = await started(tmux, http, env, cwd)
+        tid = thread["id"]
+        await tmux.keys("desk", "remember the word kiwi", literal=True)
+        await tmux.keys("desk", "Enter")
+        await tmux.shows("desk", "echo: remember the word kiwi")
+        assert (await http.post(f"/api/threads/{tid}/terminal/end", json={})).status_code == 202
+        await until(lambda: tmux.exit_code("desk") is not None, "the wrapper to exit", 30)
+        await http.post("/api/chat", json={"text": "which word was it?", "thread_id": tid})
+
+        async def replied() -> bool:
+            return bool(await rows(h, "SELECT 1 FROM journal WHERE session_id = %s AND event_type = 'stream.result' "
+                                      "AND payload ->> 'result' LIKE %s", uuid.UUID(tid), "%which word was it%"))
+        await until(replied, "the page's turn after the session, answered", 60)
+        [(argv,)] = await rows(h, "SELECT payload -> 'argv' FROM journal WHERE session_id = %s "
+                                  "AND event_type = 'task.spawned' ORDER BY seq DESC LIMIT 1", uuid.UUID(tid))
+        [(session_id,)] = await rows(h, "SELECT cli_session_id FROM sessions WHERE id = %s", uuid.UUID(tid))
+        assert argv[argv.index("--resume") + 1] == session_id  # the terminal's conversation, resumed
+        asked = [json.dumps(r.body.get("messages")) for r in model.requests]
+        turn = [m for m in asked if "which word was it?" in m]
+        assert turn and all("remember the word kiwi" in m for m in turn)  # the model was given the desk's words
+
+
 async def test_a_stopping_executor_ends_its_sessions_and_their_threads_go_on_with_resume(db: DB, tmp_path: Path) -> None:
     tmux = Tmux(tmp_path)
-    async with desk(db, tmp_path, tmux) as (h, http, _, env, cwd):
+    async with desk(db, tmp_path, tmux) as (h, http, _, env, cwd, _):
         thread = await started(tmux, http, env, cwd)
         tid, task_id = thread["id"], thread["terminal"]["task_id"]
         await tmux.keys("desk", "before the restart", literal=True)
@@ -346,7 +370,7 @@ async def test_a_stopping_executor_ends_its_sessions_and_their_threads_go_on_wit
 
 
 async def test_a_directory_outside_the_project_roots_is_refused_with_one_line(db: DB, tmp_path: Path) -> None:
-    async with desk(db, tmp_path) as (h, http, tmux, env, cwd):
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
         outside = tmp_path / "elsewhere"
         outside.mkdir()
         await tmux.open("desk", wrapper(env, outside, "claude"))
