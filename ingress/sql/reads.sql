@@ -8,7 +8,7 @@ SELECT s.id, s.title, s.mode, s.lifecycle, s.created_at, s.updated_at, false AS 
        (SELECT r.routine_id FROM routine_runs r WHERE r.thread_id = s.id LIMIT 1) AS routine_id,
        -- live in a terminal (migration 0047): who holds its screen (NULL: detached), and whether a message waits
        (SELECT jsonb_build_object('task_id', ts.task_id, 'held_by', ts.held_by, 'input_waiting', ts.input_waiting,
-                                  'cwd', ts.cwd, 'started_at', ts.started_at)
+                                  'cwd', ts.cwd, 'started_at', ts.started_at, 'sandboxed', ts.sandboxed)
         FROM terminal_sessions ts WHERE ts.thread_id = s.id AND ts.ended_at IS NULL) AS terminal
 FROM sessions s WHERE s.role = 'orchestrator'
   AND (%(before_at)s::timestamptz IS NULL OR (s.created_at, s.id) < (%(before_at)s, %(before_id)s::uuid))

@@ -147,7 +147,8 @@ function renderTerminal(t) {
     .catch((e) => { stop.title = e.message; }));
   bar.replaceChildren(h("span", { class: "chip live" }, "live in a terminal"), " ",
     live.held_by ? `shown in ${live.held_by}` : "detached: running on its own", " ",
-    live.input_waiting ? h("span", { class: "meta waiting" }, "· your message waits: the terminal's input line holds text ") : null,
+    h("span", { class: "meta" }, live.sandboxed ? "· sandboxed " : "· not sandboxed (your own session) "),
+    ...(live.input_waiting ? [h("span", { class: "meta waiting" }, "· your message waits: the terminal's input line holds text ")] : []),
     stop, " ", end);
 }
 

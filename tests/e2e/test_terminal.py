@@ -85,7 +85,10 @@ class Tmux:
         return await until(seen, lambda: f"{text!r} on the terminal {name}", timeout, every=0.05)
 
     async def close(self) -> None:
+        path = (await self.run("display-message", "-p", "#{socket_path}")).strip()
         await self.run("kill-server")
+        if path:
+            Path(path).unlink(missing_ok=True)  # tmux leaves its socket file behind
 
 
 def desk_env(model: ScriptedModelServer, root: Path, cwd: Path, data_dir: Path) -> dict[str, str]:
