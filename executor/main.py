@@ -111,7 +111,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         sessions = _session_index(config, db)
         # the user's interactive sessions held here (`petal-dispatch claude`): the page's messages to their threads
         # are typed into them, and "end session" ends them
-        terminals = Terminals(db.pool, _terminals_config(config), harness.asks, supervisor.runner.credentials)
+        terminals = Terminals(db.pool, _terminals_config(config), harness.asks, supervisor.runner.credentials,
+                              supervisor.runner.isolation, config.substrate)
         supervisor.interrupt = terminals.interrupt
         conversations = threads.Threads(db.pool, writer, sessions, turn_coming=supervisor.runner.spawner.turn_coming,
                                         terminals=(terminals.deliver, terminals.end))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor.sessions.store import SessionStore
+from executor.terminals.boxed import Boxed
 from executor.terminals.follow import FOLLOW_S, Follower
 from executor.terminals.screen import Screen
 from executor.terminals.store import TerminalStore
@@ -80,6 +81,7 @@ class Held:
         self.tasks: list[asyncio.Task[None]] = []
         self.started = time.monotonic()
         self.mcp: Path | None = None  # its harness credential's config (revoked at the end)
+        self.boxed: Boxed | None = None  # its sandbox (`--sandbox`), closed at the end
 
     async def spawn(self, argv: list[str], cwd: str, env: dict[str, str]) -> int:
         master, slave = os.openpty()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor.terminals.follow import conversation_file
-from shared import threads
+from shared import terminal_hook, threads
 
 # the hook's own timeout: a permission prompt may wait on the phone as long as the terminal's dialog would
 HOOK_TIMEOUT_S = 86_400
@@ -70,7 +70,9 @@ def plan(argv: list[str], cwd: str, env: dict[str, str]) -> Plan | str:
 
 
 def hook_command(python: str = "") -> str:
-    return f"{shlex.quote(python or sys.executable)} -I -m petal_dispatch.terminal_hook"
+    """The permission hook: shared/terminal_hook.py run by its path (self-contained), isolated from the session's
+    environment's Python settings."""
+    return f"{shlex.quote(python or sys.executable)} -I -S {shlex.quote(terminal_hook.__file__)}"
 
 
 def command(claude_bin: str, p: Plan, mcp_config: Path | None, hook: str) -> list[str]:

@@ -1,6 +1,6 @@
 """A terminal session's permission prompts, answered on the page or in the terminal, whichever is first.
 
-The session's CLI runs with a `PermissionRequest` command hook (petal_dispatch/terminal_hook.py). Observed on
+The session's CLI runs with a `PermissionRequest` command hook (shared/terminal_hook.py). Observed on
 2.1.328 (docs/claude-cli.md "Interactive mode"): the CLI calls it exactly when it shows its own permission
 dialog, and shows the dialog while the hook runs; the hook's decision closes the dialog and is applied ("Allowed
 by PermissionRequest hook"); an answer typed in the terminal first ends the hook's process. So the hook asks here

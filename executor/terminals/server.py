@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import os
 import secrets
+import shutil
 import socket
 import struct
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +31,11 @@ from executor.asks import Asks
 from executor.projects.service import Refused, check_workdir
 from executor.run.caller import Caller
 from executor.run.credentials import Credentials
+from executor.run.isolation import Isolation
+from executor.run.substrate import SubstrateConfig
 from executor.sessions.store import SessionStore
 from executor.terminals import launch, permission
+from executor.terminals.boxed import Boxed
 from executor.terminals.follow import Follower, conversation_file
 from executor.terminals.held import Client, Held
 from executor.terminals.store import NewTerminal, TerminalStore
@@ -38,6 +44,14 @@ from shared import terminal_wire as wire
 from shared.models import NewEvent
 
 log = logs.get(__name__)
+
+
+def _link(at: Path, to: Path) -> None:
+    """`at` made a symbolic link to `to`, replacing what was there in one step."""
+    tmp = at.with_name(f".{at.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(to)
+    tmp.replace(at)
 
 
 @dataclass(frozen=True)
@@ -52,42 +66,53 @@ class TerminalsConfig:
 
 
 class Terminals:
-    def __init__(self, pool: AsyncConnectionPool, config: TerminalsConfig, asks: Asks, credentials: Credentials):
+    def __init__(self, pool: AsyncConnectionPool, config: TerminalsConfig, asks: Asks, credentials: Credentials,
+                 isolation: Isolation | None = None, substrate: SubstrateConfig | None = None):
         self.config = config
+        # the spawns' sandbox, for `--sandbox` (None: the operator turned it off) and the CLI's config it starts from
+        self.isolation = isolation
+        self.substrate = substrate or SubstrateConfig(claude_bin=config.claude_bin)
         self.store = TerminalStore.over(pool)
         self.sessions = SessionStore.over(pool)
         self.asks = asks
         self.credentials = credentials
         self.held: dict[uuid.UUID, Held] = {}  # by thread
         self.tokens: dict[uuid.UUID, str] = {}  # each session's permission hook's secret, by thread
-        self.path = config.run_dir / wire.SOCKET_NAME
+        self.path = config.run_dir / wire.SOCKET_NAME  # a link to the socket
+        self.private: Path | None = None
+        self.socket = self.path  # where it listens (start)
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
         for orphan in await self.store.end_orphans(self.config.executor):
             log.info("terminal_session_ended_by_restart", thread=str(orphan.thread_id))
-        self.config.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)
-        self.server = await asyncio.start_unix_server(self._connected, path=str(self.path))
-        os.chmod(self.path, 0o600)
-        if self.config.pointer is not None:
-            with contextlib.suppress(OSError):
+        # A Unix socket's path holds at most 108 bytes, and a data directory's can be longer: the socket lives in a
+        # short 0700 directory of its own in the system's temporary directory (as the gateways' do), found through
+        # a link in the run directory and the one a wrapper started anywhere reads (clients resolve the link).
+        try:
+            self.private = Path(tempfile.mkdtemp(prefix="petal-term-"))
+            self.socket = self.private / wire.SOCKET_NAME
+            self.server = await asyncio.start_unix_server(self._connected, path=str(self.socket))
+            os.chmod(self.socket, 0o600)
+            self.config.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _link(self.path, self.socket)
+            if self.config.pointer is not None:
                 self.config.pointer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                tmp = self.config.pointer.with_name(f".{self.config.pointer.name}.{os.getpid()}")
-                tmp.unlink(missing_ok=True)
-                tmp.symlink_to(self.path)
-                tmp.replace(self.config.pointer)
+                _link(self.config.pointer, self.socket)
+        except OSError:  # the executor runs on; only `petal-dispatch claude` cannot reach it
+            log.exception("terminal_socket_failed", run_dir=str(self.config.run_dir))
 
     async def stop(self) -> None:
         """End every session (its conversation stays resumable in its thread) and close the socket."""
         if self.server is not None:
             self.server.close()
         await asyncio.gather(*(h.end("executor_stopped") for h in list(self.held.values())), return_exceptions=True)
-        self.path.unlink(missing_ok=True)
-        if self.config.pointer is not None and self.config.pointer.is_symlink():
+        for link in (self.path, self.config.pointer):
             with contextlib.suppress(OSError):
-                if Path(os.readlink(self.config.pointer)) == self.path:
-                    self.config.pointer.unlink()
+                if link is not None and link.is_symlink() and Path(os.readlink(link)) == self.socket:
+                    link.unlink()
+        if self.private is not None:
+            shutil.rmtree(self.private, ignore_errors=True)
 
     # ---- what the page asks of a session ---------------------------------------------------------------
 
@@ -117,9 +142,11 @@ class Terminals:
 
     # ---- connections ---------------------------------------------------------------------------------
 
-    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                         hook_only: bool = False) -> None:
+        """One connection (`hook_only`: a sandboxed session's own hook socket, which answers the hook alone)."""
         try:
-            await self._serve(reader, writer)
+            await self._serve(reader, writer, hook_only)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         except Exception:  # noqa: BLE001 - one connection's failure is not the executor's
@@ -127,7 +154,7 @@ class Terminals:
         finally:
             writer.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hook_only: bool) -> None:
         sock = writer.get_extra_info("socket")
         uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
         if uid != os.getuid():
@@ -147,6 +174,8 @@ class Terminals:
         op = hello.get("op")
         if op == "permission":
             await self._permission(hello, reader, writer)
+            return
+        if hook_only:
             return
         held, why = await (self._start(hello) if op == "start" else self._find(hello.get("id")))
         if held is None:
@@ -189,8 +218,10 @@ class Terminals:
 
     async def _start(self, hello: dict[str, Any]) -> tuple[Held | None, str | None]:
         cwd = str(hello.get("cwd") or "")
-        if hello.get("sandbox"):
-            return None, "--sandbox is not available yet: a terminal session runs as `claude` does, unsandboxed"
+        sandboxed = bool(hello.get("sandbox"))
+        if sandboxed and self.isolation is None:
+            return None, ("--sandbox: this executor runs its spawns unsandboxed (PETAL_SANDBOX=off), so it has no "
+                          "sandbox to give")
         try:
             roots = [r.expanduser().resolve() for r in (self.config.roots or (Path.home(),))]
             check_workdir(cwd, roots)
@@ -200,43 +231,59 @@ class Terminals:
         plan = launch.plan(list(map(str, hello.get("argv") or [])), cwd, env)
         if isinstance(plan, str):
             return None, plan
-        thread_id = await self.store.conversation_thread(plan.session_id)
-        new_thread = thread_id is None
-        thread_id = thread_id or uuid.uuid4()
+        found = await self.store.conversation_thread(plan.session_id)
+        thread_id = found or uuid.uuid4()
         if thread_id in self.held:
             return None, f"this conversation is live in a terminal already: `petal-dispatch attach {thread_id}`"
         path = conversation_file(plan.config_dir, cwd, plan.session_id)
-        offset = path.stat().st_size if path.exists() else 0
-        task_id = uuid.uuid4()
-        holder = str(hello.get("holder") or "a terminal")
-        row = NewTerminal(task_id, thread_id, self.config.executor, plan.session_id, cwd, str(plan.config_dir),
-                          f"Terminal: {Path(cwd).name or cwd}", offset,
-                          launch.resume_command(cwd, plan, self.config.cli), False, holder)
+        row = NewTerminal(uuid.uuid4(), thread_id, self.config.executor, plan.session_id, cwd, str(plan.config_dir),
+                          f"Terminal: {Path(cwd).name or cwd}", path.stat().st_size if path.exists() else 0,
+                          launch.resume_command(cwd, plan, self.config.cli), sandboxed,
+                          str(hello.get("holder") or "a terminal"))
+        await self._record_start(row, plan, new_thread=found is None)
+        return await self._launch(row, plan, env, path, hello)
+
+    async def _record_start(self, row: NewTerminal, plan: launch.Plan, *, new_thread: bool) -> None:
         async with self.store.work() as (store, unit):
             await store.insert(row, new_thread=new_thread)
-            if not new_thread:
-                await SessionStore(unit).advance_import(thread_id, None, offset)  # what is there is the thread's
+            if not new_thread:  # what the conversation holds already is the thread's
+                await SessionStore(unit).advance_import(row.thread_id, None, row.offset)
             unit.emit(*([NewEvent("thread.created", {"title": row.title, "mode": "interactive", "terminal": True},
-                                  session_id=thread_id)] if new_thread else []),
-                      NewEvent("terminal.started", {"cwd": cwd, "argv": plan.user_args, "session_id": plan.session_id,
-                                                    "holder": holder, "sandboxed": False},
-                               session_id=thread_id, task_id=task_id))
+                                  session_id=row.thread_id)] if new_thread else []),
+                      NewEvent("terminal.started", {"cwd": row.cwd, "argv": plan.user_args,
+                                                    "session_id": plan.session_id, "holder": row.held_by,
+                                                    "sandboxed": row.sandboxed},
+                               session_id=row.thread_id, task_id=row.task_id))
+
+    async def _launch(self, row: NewTerminal, plan: launch.Plan, env: dict[str, str], path: Path,
+                      hello: dict[str, Any]) -> tuple[Held | None, str | None]:
         token = secrets.token_urlsafe(24)
-        mcp = await self.credentials.grant(task_id, thread_id)
-        follower = Follower(path, thread_id, task_id, offset)
-        held = Held(task_id, thread_id, self.store, self.sessions, follower, int(hello.get("rows") or 40),
-                    int(hello.get("cols") or 120), self._ended)
-        argv = launch.command(self.config.claude_bin, plan, mcp, launch.hook_command(self.config.python))
-        try:
-            pid = await held.spawn(argv, cwd, launch.environment(env, self.path, thread_id, token))
-        except OSError as exc:
-            await self._finish(held, None, "failed", f"spawn_failed: {exc.strerror}", mcp)
-            return None, f"the CLI could not start: {exc}"
+        mcp = await self.credentials.grant(row.task_id, row.thread_id)
+        boxed: Boxed | None = None
+        held = Held(row.task_id, row.thread_id, self.store, self.sessions, Follower(path, row.thread_id, row.task_id,
+                                                                                   row.offset),
+                    int(hello.get("rows") or 40), int(hello.get("cols") or 120), self._ended)
         held.mcp = mcp
-        self.held[thread_id] = held
-        self.tokens[thread_id] = token
-        await self.store.set_pid(task_id, pid)
-        log.info("terminal_session_started", thread=str(thread_id), pid=pid, cwd=cwd)
+        try:
+            if row.sandboxed:
+                assert self.isolation is not None
+                boxed = held.boxed = await Boxed.open(self.isolation, self.substrate, env, row.task_id, row.cwd,
+                                                      plan.session_id, functools.partial(self._connected,
+                                                                                         hook_only=True))
+                held.follower.path = boxed.conversation()
+                argv, run_env = boxed.wrap(launch.command(self.config.claude_bin, plan, mcp, Boxed.hook_command()),
+                                           launch.environment(env, Boxed.hook_socket(), row.thread_id, token), mcp)
+            else:
+                argv = launch.command(self.config.claude_bin, plan, mcp, launch.hook_command(self.config.python))
+                run_env = launch.environment(env, self.socket, row.thread_id, token)
+            pid = await held.spawn(argv, row.cwd, run_env)
+        except OSError as exc:
+            await self._finish(held, None, "failed", f"spawn_failed: {exc.strerror}")
+            return None, f"the CLI could not start: {exc}"
+        self.held[row.thread_id] = held
+        self.tokens[row.thread_id] = token
+        await self.store.set_pid(row.task_id, pid)
+        log.info("terminal_session_started", thread=str(row.thread_id), pid=pid, cwd=row.cwd, sandboxed=row.sandboxed)
         return held, None
 
     async def _ended(self, held: Held) -> None:
@@ -246,13 +293,16 @@ class Terminals:
         reason = held.ending_reason or "exited"
         status = "cancelled" if held.ending_reason else ("success" if code == 0 else
                                                          "crashed" if code is not None and code < 0 else "failed")
-        await self._finish(held, code, status, reason, held.mcp)
+        await self._finish(held, code, status, reason)
 
-    async def _finish(self, held: Held, code: int | None, status: str, reason: str, mcp: Path | None) -> None:
-        if mcp is not None:
-            mcp.unlink(missing_ok=True)
+    async def _finish(self, held: Held, code: int | None, status: str, reason: str) -> None:
+        if held.boxed is not None:
             with contextlib.suppress(Exception):
-                await self.credentials.revoke(held.task_id, mcp)
+                await held.boxed.close()
+        if held.mcp is not None:
+            held.mcp.unlink(missing_ok=True)
+            with contextlib.suppress(Exception):
+                await self.credentials.revoke(held.task_id, held.mcp)
         async with self.store.work() as (store, unit):
             await store.end(held.task_id, code, status, reason)
             unit.emit(NewEvent("terminal.ended", {"exit_code": code, "reason": reason, "status": status},

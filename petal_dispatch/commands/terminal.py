@@ -51,7 +51,8 @@ def _size() -> dict[str, int]:
 def _connect(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(str(path))
+        # a link to where it listens (a short path: a socket's may not pass 108 bytes, a data directory's can)
+        sock.connect(os.path.realpath(path))
     except OSError as exc:
         sock.close()
         raise ConnectionError(f"no executor is listening at {path} ({exc.strerror}); start it with "

@@ -128,6 +128,7 @@ for i, path in enumerate(targets["pg_sockets"]):
     attempt(f"postgres_unix_{i}", unix(path))
 # the executor's terminal sessions: attached to, a user's interactive session takes keys from whoever connects
 attempt("terminal_socket", unix(targets["terminal_socket"]))
+attempt("terminal_socket_real", unix(targets["terminal_socket_real"]))
 attempt("sibling_mcp_config", read(targets["sibling_mcp_config"]))
 attempt("sibling_cmdline", read(f"/proc/{targets['sibling_pid']}/cmdline"))
 attempt("sibling_environ", read(f"/proc/{targets['sibling_pid']}/environ"))

@@ -131,6 +131,7 @@ async def _attack(db: DB, tmp: Path, *, sandboxed: bool) -> dict[str, Any]:
                 "sibling_mcp_config": str(mcp_dir / f"mcp-{sibling_id}.json"),
                 "sibling_pid": sibling["pid"], "data_dir": str(tmp / "run"),
                 "terminal_socket": str(tmp / "run" / "terminals.sock"),
+                "terminal_socket_real": os.path.realpath(tmp / "run" / "terminals.sock"),
                 "claude_config": str(tmp / "claude-config"),
             }))
             await http.post("/api/chat", json={"text": "run the attack", "thread_id": thread_id})
@@ -169,7 +170,7 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     assert not report["postgres_tcp"]["ok"]
     assert all(not report[f"postgres_unix_{i}"]["ok"] for i in range(len(got["sockets"])))
     # nor the executor's terminal sessions (whoever connects there can type into a user's session)
-    assert not report["terminal_socket"]["ok"]
+    assert not report["terminal_socket"]["ok"] and not report["terminal_socket_real"]["ok"]
     # the sibling: its credential, its argv and environment, its very process are out of sight
     assert not report["sibling_mcp_config"]["ok"]
     assert not report["sibling_cmdline"]["ok"] and not report["sibling_environ"]["ok"]
@@ -211,7 +212,7 @@ async def test_with_the_sandbox_off_the_same_channels_are_open(db: DB, tmp_path:
     assert got["info"]["workers_isolated"] is False and len(got["info"]["unsandboxed_executors"]) == 1
     assert report["postgres_tcp"]["ok"]  # the test's own listening port
     assert all(report[f"postgres_unix_{i}"]["ok"] for i in range(len(got["own_sockets"])))
-    assert report["terminal_socket"]["ok"]
+    assert report["terminal_socket"]["ok"] and report["terminal_socket_real"]["ok"]
     assert "Bearer" in report["sibling_mcp_config"]["value"]
     assert "PETAL_TASK_ID" in report["sibling_environ"]["value"]
     assert f"{got['sibling_session']}.jsonl" in report["conversations"]["value"]

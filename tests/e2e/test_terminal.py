@@ -263,6 +263,42 @@ async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_wh
         assert thread["terminal"]
 
 
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
+async def test_with_sandbox_the_session_writes_only_in_its_directory_and_the_page_says_so(
+        db: DB, tmp_path: Path, sandboxed: bool) -> None:
+    async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
+        await tmux.open("desk", wrapper(env, cwd, "claude", *(["--sandbox"] if sandboxed else []),
+                                        "--permission-mode", "default"))
+        if sandboxed:  # the sandbox's copy of the CLI's state keeps no folder's trust: the terminal is asked
+            await tmux.shows("desk", "Yes, I trust this folder")
+            await asyncio.sleep(1.5)  # a person reads the dialog (the CLI ignores keys in its first moments)
+            await tmux.keys("desk", "Down")  # from "No, exit"
+            await tmux.keys("desk", "Enter")
+        await tmux.shows("desk", PROMPT)
+        thread = await live_thread(http)
+        assert thread["terminal"]["sandboxed"] is sandboxed
+
+        async def card() -> dict[str, Any] | None:
+            asks = (await http.get("/api/asks")).json()["asks"]
+            return next((a for a in asks if a["status"] == "pending"), None)
+        async def results(n: int) -> bool:
+            found = await rows(h, "SELECT count(*) FROM journal WHERE session_id = %s AND event_type = 'terminal.entry' "
+                                  "AND payload ->> 'role' = 'tool'", uuid.UUID(thread["id"]))
+            return bool(found[0][0] >= n)
+        for i, name in enumerate(("inside.txt", "../outside.txt")):
+            await tmux.keys("desk", f"RUN: touch {name}", literal=True)
+            await tmux.keys("desk", "Enter")
+            ask = await until(card, f"the prompt for {name} as a card", 30)
+            q = ask["questions"][0]["question"]
+            assert (await http.post(f"/api/asks/{ask['id']}/answer", json={"answers": {q: "Allow once"}})).status_code == 200
+            await until(lambda: results(i + 1), f"the result of touching {name} journaled", 30)
+        await until(lambda: (cwd / "inside.txt").exists(), "the write in the session's directory", 20)
+        # outside its directory: written only without the sandbox (the negative control)
+        assert (cwd.parent / "outside.txt").exists() is not sandboxed
+        # the conversation is followed from inside the sandbox too
+        assert await journaled(h, thread["id"], "task.user_message", "RUN: touch inside.txt") is not None
+
+
 async def test_stop_on_the_page_interrupts_the_terminal_s_turn_and_the_session_goes_on(db: DB, tmp_path: Path) -> None:
     async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
         thread = await started(tmux, http, env, cwd)

@@ -104,6 +104,12 @@ def test_how_a_session_names_its_conversation(tmp_path: Path) -> None:
     assert launch.environment({"A": "1"}, tmp_path / "s", uuid.UUID(int=1), "tok")["DISABLE_AUTOUPDATER"] == "1"
 
 
+def test_the_self_contained_hook_speaks_the_wire_s_frames() -> None:
+    from shared import terminal_hook
+    assert (terminal_hook.HELLO, terminal_hook.ANSWER) == (wire.HELLO, wire.ANSWER)
+    assert terminal_hook._HEAD.pack(wire.DATA, 4) + b"keys" == wire.frame(wire.DATA, b"keys")
+
+
 def test_frames_come_whole_across_reads_and_a_broken_peer_is_refused() -> None:
     data = wire.frame(wire.HELLO, {"op": "attach"}) + wire.frame(wire.DATA, b"keys")
     frames = wire.Frames()
