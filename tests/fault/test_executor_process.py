@@ -67,6 +67,11 @@ def _task_processes(task_id: object) -> list[psutil.Process]:
     return [p for p in process.find_by_env(substrate.TASK_ENV_VAR, str(task_id)) if _alive(p)]
 
 
+def _claude_of(task_id: object) -> list[psutil.Process]:
+    """The task's CLI process itself (not its sandbox's init or forwarders)."""
+    return [p for p in _task_processes(task_id) if "claude" in _command_line(p).split(" ", 1)[0]]
+
+
 def _command_line(p: psutil.Process) -> str:
     """The process's command line; "" for one that exited since it was listed (the CLI's short-lived helpers)."""
     try:
@@ -90,10 +95,15 @@ async def test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_n
         env = _executor_env(db, model, tmp_path)
         first = _spawn_executor(env, tmp_path / "executor1.log")
         task_id = await _dispatch_until_running(db, tmp_path, tmp_path / "executor1.log")
+        # what the wait below watches is there (a running task's CLI may still be starting inside its sandbox)
+        await until(lambda: _claude_of(task_id), lambda: f"the task's CLI among {_task_processes(task_id)}", 30)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        # its own session does not save it: the parent-death signal set at spawn ends it
-        await until(lambda: not _task_processes(task_id), lambda: (
+        # its own session does not save it: the parent-death signal set at spawn ends it. (Its sandbox's own
+        # processes — bubblewrap's init of the spawn's PID namespace, the port forwarders — sometimes outlive it:
+        # bubblewrap's --die-with-parent did not always take that init down, seen in 2 of 9 runs; the sweep below
+        # ends whatever is left.)
+        await until(lambda: not _claude_of(task_id), lambda: (
             "the claude process to die with its executor: "
             f"{[(p.pid, p.name(), p.status()) for p in _task_processes(task_id)]}"), 5)
         # a process of the task that survives all the same (one that ignores SIGTERM) is the sweep's
@@ -108,7 +118,7 @@ async def test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_n
         survivor.wait(10)
 
     assert row["status"] == "crashed" and row["status_reason"] == "executor_restart"
-    assert events[-1].event_type == "task.crashed" and events[-1].payload["killed_pids"] == [survivor.pid]
+    assert events[-1].event_type == "task.crashed" and survivor.pid in events[-1].payload["killed_pids"]
     assert str(task_id) in started[-1].payload["reconciled"]["crashed_tasks"]
     assert _task_processes(task_id) == []
 
