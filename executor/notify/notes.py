@@ -96,8 +96,9 @@ def _question_note(row: Candidate, p: dict[str, Any]) -> Note:
     escalation = str(p.get("tool_use_id", "")).startswith("escalation-")
     kind = "escalation" if escalation else "question"
     gate = str(p.get("tool_use_id", "")).startswith("gate-")  # a permission_prompt approval card
+    budget = str(p.get("tool_use_id", "")).startswith("budget-")  # a run at its USD cap (settle/budgets.py)
     title = ("A worker's end needs your decision" if escalation else "Approve a tool call?" if gate
-             else "Approve a worker?" if by_harness else "Claude asks")
+             else "A run reached its budget" if budget else "Approve a worker?" if by_harness else "Claude asks")
     qid = p.get("question_id")
     return Note(kind, title, line(questions[0].get("question")), f"/#asks/{qid}" if qid else "/#asks",
                 row.task_id, row.session_id, row.seq, {"question_id": qid}, choices(questions, allow_or_deny=gate),

@@ -69,3 +69,35 @@ async def test_a_failed_check_gets_one_fix_round_on_the_checked_work_and_the_han
     assert red["check"]["passed"] is False and green["check"]["passed"] is True
     assert "+value = 2" in green["diff"] and "-value = 1" in green["diff"]
     assert _git(repo, "status", "--porcelain") == ""
+
+
+async def test_what_the_check_writes_in_the_worktree_is_not_committed_as_the_worker_s_work(
+    db: DB, tmp_path: Path
+) -> None:
+    roots = tmp_path / "roots"
+    repo = _repo(roots / "repo", {"app.py": "value = 0\n", "NOTES.md": "notes\n", "draft.md": "draft\n"})
+    # the worker: changes app.py and draft.md, adds new.txt; the check: bytecode, a build file, a line appended to a
+    # tracked file the worker left alone, and another to one the worker changed (that one is the worker's to keep)
+    scenario = Scenario(rules=[
+        Rule(role="worker", replies=[_bash("printf 'value = 1\\n' > app.py; echo more >> draft.md; "
+                                           "echo new > new.txt"), {"text": "done"}])])
+    check = ("mkdir -p __pycache__ build/out && echo pyc > __pycache__/app.pyc && echo o > build/out/a.txt && "
+             "echo checked >> NOTES.md && echo checked >> draft.md && echo ok")
+    thread = tables.insert_thread(db.admin_dsn)
+    turn = tables.insert_task(db.admin_dsn, role="orchestrator", brief="hi", status="success", session_id=thread)
+    with ScriptedModelServer(scenario) as model:
+        async with running_executor(db, model, tmp_path, project_roots=(roots,)) as h, \
+                ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
+            made = await _request(http, "/api/projects", {"slug": "demo", "workdir": str(repo),
+                                                          "check_command": check, "check_retries": 0})
+            task = await h.dispatch("change things", project_id=uuid.UUID(made["result"]["project_id"]),
+                                    parent_task_id=turn)
+            await _recorded(h, task)
+            diff = (await http.get(f"/api/tasks/{task}/diff")).json()
+    [checked] = tables.payloads(db.admin_dsn, "task.check")
+    assert checked["passed"] is True
+    assert sorted(checked["undone"]) == ["NOTES.md", "__pycache__/app.pyc", "build/out/a.txt"]
+    branch = diff["branch"]
+    committed = sorted(_git(repo, "diff", "--name-only", f"main...{branch}").split())
+    assert committed == ["app.py", "draft.md", "new.txt"]  # the worker's own, and nothing the check wrote
+    assert "__pycache__" not in diff["diff"] and "build/out" not in diff["diff"]

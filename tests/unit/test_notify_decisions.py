@@ -360,6 +360,8 @@ def test_an_escalation_and_a_gate_card_are_told_apart_from_a_plain_question() ->
     assert plain is not None and (plain.kind, plain.title, plain.body) == ("question", "Claude asks", "Which one?")
     assert escalation is not None and escalation.kind == "escalation"
     assert approval is not None and approval.title == "Approve a worker?"
+    budget = notes.note_for(row("question.asked", **asked, asked_by="harness", tool_use_id="budget-1"))
+    assert budget is not None and budget.title == "A run reached its budget"
 
 
 def _options(*labels: Any) -> list[dict[str, Any]]:
