@@ -171,10 +171,14 @@ class Asks:
             except BaseException:
                 # the caller went away (the CLI was stopped): the question can never be delivered (unless the
                 # supervisor marked it late as it ended a parked process: its answer goes to the thread)
+                closed = False
                 if not joined:  # a joined row is its first asker's to close
                     with contextlib.suppress(Exception):
-                        await asyncio.shield(self.store.close_abandoned(qid, gone))
-                await self._afterwards(task_id, None)
+                        closed = await asyncio.shield(self.store.close_abandoned(qid, gone))
+                # how it closed, on the record (a card a terminal answered first says so where it was asked)
+                await self._afterwards(task_id, NewEvent("question.cancelled", {
+                    "question_id": str(qid), "tool_use_id": tool_use_id, "answers": {}, "response": gone},
+                    task_id=task_id, session_id=caller.session_id) if closed else None)
                 raise
         response = final.response
         if final.status == "cancelled" and response is None:

@@ -39,6 +39,18 @@ DIALOG_SHOWS_S = 5.0  # how long after its hook is called a permission dialog ma
 PASTE_START, PASTE_END = b"\x1b[200~", b"\x1b[201~"
 
 
+# What the CLI's input box takes as something other than a prompt when it comes first: `!` runs a shell command
+# without a permission prompt, `/` a command (its settings among them), `#` a memory, `&` a background task.
+# Observed on 2.1.328: a leading space makes it a prompt, as the page's message is meant to be.
+NOT_A_PROMPT = ("!", "/", "#", "&")
+
+
+def as_prompt(text: str) -> str:
+    """A page's message as the terminal gets it: its text, always as a prompt (pure)."""
+    text = text.replace("\x1b", "")
+    return f" {text}" if text.lstrip().startswith(NOT_A_PROMPT) else text
+
+
 @dataclass
 class Client:
     """An attached terminal: where the screen's bytes go."""
@@ -55,8 +67,11 @@ def _winsize(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def _controlling_tty() -> None:  # in the child, between fork and exec: the pty becomes its terminal
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+def _in_child(umask: int) -> Callable[[], None]:
+    def child() -> None:  # between fork and exec: the pty becomes its terminal, and the files it makes are the user's
+        os.umask(umask)
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    return child
 
 
 class Held:
@@ -83,13 +98,14 @@ class Held:
         self.mcp: Path | None = None  # its harness credential's config (revoked at the end)
         self.boxed: Boxed | None = None  # its sandbox (`--sandbox`), closed at the end
 
-    async def spawn(self, argv: list[str], cwd: str, env: dict[str, str]) -> int:
+    async def spawn(self, argv: list[str], cwd: str, env: dict[str, str], umask: int = 0o022) -> int:
+        """Start the CLI on a new pty (`umask`: the user's terminal's, not the executor's private one)."""
         master, slave = os.openpty()
         _winsize(slave, *self.size)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env, start_new_session=True,
-                preexec_fn=_controlling_tty)
+                preexec_fn=_in_child(umask))
         except BaseException:
             os.close(master)
             raise
@@ -151,6 +167,8 @@ class Held:
             before.send(wire.NOTE, {"text": f"the session was taken by {client.holder}"})
             before.send(wire.EXIT, {"code": 0})
         client.send(wire.NOTE, {"id": str(self.thread_id), "text": ""})
+        await self._journal(NewEvent("terminal.attached", {"holder": client.holder}, session_id=self.thread_id,
+                                     task_id=self.task_id))
         client.send(wire.DATA, self.screen.redraw())
         if (rows, cols) == self.size:  # the CLI redraws itself only on a change of size: make one
             self.resize(rows, max(1, cols - 1))
@@ -221,17 +239,18 @@ class Held:
                                session_id=self.thread_id, task_id=self.task_id, message_id=msg.id))
         self.follower.typed.append(msg.text.strip())
         # a paste (the CLI takes newlines in it as text), then Enter
-        self.keys(PASTE_START + msg.text.replace("\x1b", "").encode() + PASTE_END)
+        self.keys(PASTE_START + as_prompt(msg.text).encode() + PASTE_END)
         await asyncio.sleep(0.1)  # the CLI takes the paste before the Enter that submits it
         self.keys(b"\r")
         await self._set_waiting(False)
         return waiting > 1
 
     async def _set_waiting(self, waiting: bool) -> None:
-        if await self.store.set_input_waiting(self.task_id, waiting) and waiting:
+        """Said when it changes, both ways (an open page shows it, and clears it, from the record)."""
+        if await self.store.set_input_waiting(self.task_id, waiting):
             await self._journal(NewEvent("terminal.input_waiting", {
-                "why": "the terminal's input line holds text being typed"}, session_id=self.thread_id,
-                task_id=self.task_id))
+                "waiting": waiting, "why": "the terminal's input line holds text being typed" if waiting else None},
+                session_id=self.thread_id, task_id=self.task_id))
 
     async def dialog_answered(self) -> None:
         """Until the permission dialog the CLI shows now is closed in the terminal (its input box is back). The
@@ -244,9 +263,13 @@ class Held:
         while not self.screen.state().box:
             await asyncio.sleep(0.1)
 
-    def interrupt(self) -> None:
-        """Stop the running turn, as Esc in the terminal does."""
+    def interrupt(self) -> bool:
+        """Stop the running turn (or close a dialog), as Esc in the terminal does; never at an idle prompt, where
+        Esc would clear what the user is typing. Whether there was something to stop."""
+        if self.screen.state().at_prompt:
+            return False
         self.keys(b"\x1b")
+        return True
 
     # ---- the end -------------------------------------------------------------------------------------
 

@@ -137,7 +137,8 @@ class Terminals:
         held = next((h for h in self.held.values() if h.task_id == task_id), None)
         if held is None:
             return False
-        held.interrupt()
+        if not held.interrupt():
+            log.info("terminal_nothing_to_stop", thread=str(held.thread_id))
         return True
 
     # ---- connections ---------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ class Terminals:
             else:
                 argv = launch.command(self.config.claude_bin, plan, mcp, launch.hook_command(self.config.python))
                 run_env = launch.environment(env, self.socket, row.thread_id, token)
-            pid = await held.spawn(argv, row.cwd, run_env)
+            pid = await held.spawn(argv, row.cwd, run_env, int(hello.get("umask") or 0o022) & 0o777)
         except OSError as exc:
             await self._finish(held, None, "failed", f"spawn_failed: {exc.strerror}")
             return None, f"the CLI could not start: {exc}"

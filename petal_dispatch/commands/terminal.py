@@ -124,8 +124,8 @@ def relay(sock: socket.socket, hello: dict[str, Any]) -> int:
                                 hello["id"] = note.get("id") or hello.get("id")
                                 if note.get("text"):
                                     _say(f"\r\n[petal-dispatch: {note['text']}]\r\n")
-                            elif kind == wire.REFUSED:
-                                _say(f"petal-dispatch: {payload.decode()}\n")
+                            elif kind == wire.REFUSED:  # (the terminal is raw still: a line ends in \r\n)
+                                _say(f"petal-dispatch: {payload.decode()}\r\n")
                                 return 2
                             elif kind == wire.EXIT:
                                 return int(json.loads(payload).get("code", 1))
@@ -151,15 +151,28 @@ def _holder() -> str:
         return "a terminal"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def claude(args: argparse.Namespace, settings: Settings) -> int:
+    if not os.isatty(sys.stdin.fileno()):
+        print("petal-dispatch: `claude` runs in a terminal (its input is not one); for a prompt without one, "
+              "send it from the page or run `claude -p`", file=sys.stderr)
+        return 2
     rest = list(args.claude_args)
     sandbox = rest[:1] == ["--sandbox"]  # petal's own flag, before the CLI's
     hello = {"op": "start", "argv": rest[1:] if sandbox else rest, "cwd": os.getcwd(), "env": _env(),
-             "sandbox": sandbox, "holder": _holder(), **_size()}
+             "sandbox": sandbox, "holder": _holder(), "umask": _umask(), **_size()}
     return _run(args, settings, hello)
 
 
 def attach(args: argparse.Namespace, settings: Settings) -> int:
+    if not os.isatty(sys.stdin.fileno()):
+        print("petal-dispatch: `attach` shows the session in a terminal (its input is not one)", file=sys.stderr)
+        return 2
     hello = {"op": "attach", "id": args.id, "holder": _holder(), **_size()}
     return _run(args, settings, hello)
 

@@ -123,7 +123,11 @@ function renderRecord(e) {
     case "terminal.started":
       return h("li", { class: "msg note", ...key }, `Live in a terminal (${p.holder || "a terminal"}), in ${p.cwd}`);
     case "terminal.input_waiting":
+      if (p.waiting === false) return null;  // (its end is said by the message going in)
       return h("li", { class: "msg note", ...key }, "Your message waits: the terminal's input line holds text");
+    case "question.cancelled":
+      if (p.response !== "answered in the terminal") return null;
+      return h("li", { class: "msg note", ...key }, "A permission prompt was answered in the terminal");
     case "terminal.ended":
       return h("li", { class: "msg note", ...key }, `The terminal session ended (${p.reason}${p.exit_code == null ? "" : `, exit ${p.exit_code}`}); messages continue it with --resume`);
     case "thread.created":

@@ -109,9 +109,9 @@ def desk_env(model: ScriptedModelServer, root: Path, cwd: Path, data_dir: Path) 
             "PETAL_DATA_DIR": str(data_dir), "LANG": "C.UTF-8"}
 
 
-def wrapper(env: dict[str, str], cwd: Path, *args: str) -> str:
+def wrapper(env: dict[str, str], cwd: Path, *args: str, umask: str = "0022") -> str:
     envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    return f"cd {shlex.quote(str(cwd))} && env -i {envs} {shlex.quote(PETAL)} {shlex.join(args)}"
+    return f"umask {umask} && cd {shlex.quote(str(cwd))} && env -i {envs} {shlex.quote(PETAL)} {shlex.join(args)}"
 
 
 @asynccontextmanager
@@ -167,8 +167,9 @@ async def journaled(h: Harness, thread: str, event_type: str, text: str) -> dict
     return None
 
 
-async def started(tmux: Tmux, http: httpx.AsyncClient, env: dict[str, str], cwd: Path) -> dict[str, Any]:
-    await tmux.open("desk", wrapper(env, cwd, "claude", "--permission-mode", "default"))
+async def started(tmux: Tmux, http: httpx.AsyncClient, env: dict[str, str], cwd: Path,
+                  umask: str = "0022") -> dict[str, Any]:
+    await tmux.open("desk", wrapper(env, cwd, "claude", "--permission-mode", "default", umask=umask))
     await tmux.shows("desk", PROMPT)
     return await live_thread(http)
 
@@ -206,6 +207,11 @@ async def test_what_the_terminal_says_is_on_the_page_and_the_page_types_at_the_e
                                "AND payload ->> 'text' = 'from the phone'", uuid.UUID(tid))
         assert len(echoes) == 1 and echoes[0][0] is not None
 
+        # a message beginning as the CLI's shell escape is typed as a prompt, never run as a command
+        await http.post("/api/chat", json={"text": "!touch bang.txt", "thread_id": tid})
+        await tmux.shows("desk", "echo: !touch bang.txt")
+        assert not (cwd / "bang.txt").exists()
+
         # the user is typing: the page's message waits, and the thread says so; cleared, it goes in
         await tmux.keys("desk", "half a thought", literal=True)
         await tmux.shows("desk", "half a thought")
@@ -220,13 +226,15 @@ async def test_what_the_terminal_says_is_on_the_page_and_the_page_types_at_the_e
         await tmux.keys("desk", "Escape")
         await tmux.keys("desk", "Escape")
         await tmux.shows("desk", "echo: second from the phone")
-        assert await journaled(h, tid, "terminal.input_waiting", "typed") is not None
+        told = [p["waiting"] for (p,) in await rows(h, "SELECT payload FROM journal WHERE session_id = %s AND "
+                                                       "event_type = 'terminal.input_waiting' ORDER BY seq", uuid.UUID(tid))]
+        assert told == [True, False]  # said when it began to wait, and when it stopped
 
 
 async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_whichever_is_first(
         db: DB, tmp_path: Path) -> None:
     async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
-        thread = await started(tmux, http, env, cwd)
+        thread = await started(tmux, http, env, cwd, umask="0002")  # the executor's own is not the session's
 
         async def card() -> dict[str, Any] | None:
             asks = (await http.get("/api/asks")).json()["asks"]
@@ -243,6 +251,7 @@ async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_wh
         assert answered.status_code == 200, answered.text
         await tmux.shows("desk", "Allowed by PermissionRequest hook")
         await until(lambda: (cwd / "from-phone.txt").exists(), "the command allowed on the page run", 20)
+        assert (cwd / "from-phone.txt").stat().st_mode & 0o777 == 0o664  # made with the terminal's umask
 
         # answered in the terminal first: the phone's card closes as answered there
         await tmux.keys("desk", "RUN: touch from-desk.txt", literal=True)
@@ -260,6 +269,8 @@ async def test_a_permission_prompt_is_answered_on_the_page_or_in_the_terminal_wh
             return got if got["status"] != "pending" else None
         done = await until(closed, "the card closed", 20)
         assert done["status"] == "cancelled" and done["response"] == "answered in the terminal"
+        assert await until(lambda: journaled(h, thread["id"], "question.cancelled", "answered in the terminal"),
+                           "the card's close on the record", 20)
         assert thread["terminal"]
 
 
@@ -303,6 +314,18 @@ async def test_stop_on_the_page_interrupts_the_terminal_s_turn_and_the_session_g
     async with desk(db, tmp_path) as (h, http, tmux, env, cwd, _):
         thread = await started(tmux, http, env, cwd)
         task_id = thread["terminal"]["task_id"]
+        # no turn runs: Stop does nothing (Esc at the prompt would clear what the user is typing)
+        await tmux.keys("desk", "my precious draft", literal=True)
+        await tmux.shows("desk", "my precious draft")
+        assert (await http.post(f"/api/tasks/{task_id}/stop", json={})).status_code == 202
+        async def handled() -> bool:
+            return await rows(h, "SELECT status FROM stop_queue WHERE task_id = %s", uuid.UUID(task_id)) == [("done",)]
+        await until(handled, "the stop handled", 20)
+        await asyncio.sleep(1.0)  # must not happen within: the draft cleared by an Esc the Stop sent
+        assert "my precious draft" in await tmux.screen("desk")
+        await tmux.keys("desk", "Escape")
+        await tmux.keys("desk", "Escape")
+        await until(lambda: _draft_gone(tmux), "the draft cleared", 10)
         await tmux.keys("desk", "SLOW please", literal=True)
         await tmux.keys("desk", "Enter")
         await tmux.shows("desk", "word2")
@@ -315,6 +338,10 @@ async def test_stop_on_the_page_interrupts_the_terminal_s_turn_and_the_session_g
         await tmux.keys("desk", "still here", literal=True)
         await tmux.keys("desk", "Enter")
         await tmux.shows("desk", "echo: still here")
+
+
+async def _draft_gone(tmux: Tmux) -> bool:
+    return "my precious draft" not in await tmux.screen("desk")
 
 
 async def test_a_closed_terminal_leaves_the_session_running_attach_brings_it_back_and_the_page_ends_it(
@@ -415,7 +442,9 @@ async def test_a_directory_outside_the_project_roots_is_refused_with_one_line(db
         await tmux.open("desk", wrapper(env, outside, "claude"))
         await until(lambda: tmux.exit_code("desk") is not None, "the wrapper to exit", 20)
         assert tmux.exit_code("desk") == "2"
-        said = (await tmux.screen("desk")).replace("\n", "")  # one line, wrapped at the terminal's width
-        assert said.startswith("petal-dispatch: refused:") and "outside the allowed project roots" in said
+        said = (await tmux.screen("desk")).strip()
+        assert said.startswith("petal-dispatch: refused:")
+        # one line, wrapped at the terminal's width (where tmux drops the wrapped line's trailing space)
+        assert "outsidetheallowedprojectroots" in "".join(said.split())
         assert await rows(h, "SELECT id FROM tasks WHERE role = 'terminal'") == []
         assert claude_bin()  # the pinned CLI, as every session uses

@@ -104,6 +104,14 @@ def test_how_a_session_names_its_conversation(tmp_path: Path) -> None:
     assert launch.environment({"A": "1"}, tmp_path / "s", uuid.UUID(int=1), "tok")["DISABLE_AUTOUPDATER"] == "1"
 
 
+def test_a_page_message_is_typed_as_a_prompt_never_as_a_shell_command_or_a_cli_command() -> None:
+    from executor.terminals.held import as_prompt
+    assert as_prompt("hello") == "hello"
+    assert [as_prompt(t) for t in ("!rm -rf x", "/permissions", "# remember", "&bg", "  !x")] == [
+        " !rm -rf x", " /permissions", " # remember", " &bg", "   !x"]
+    assert as_prompt("a\x1b[2Jb") == "a[2Jb"  # no escape sequence reaches the terminal
+
+
 def test_the_self_contained_hook_speaks_the_wire_s_frames() -> None:
     from shared import terminal_hook
     assert (terminal_hook.HELLO, terminal_hook.ANSWER) == (wire.HELLO, wire.ANSWER)
