@@ -24,6 +24,9 @@ def _cli(db: DB, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+STALL_S = 5.0  # the watchdog's silence window: wide enough for two `status` commands under load
+
+
 async def test_status_shows_a_running_and_a_stalled_task_and_the_journal_reads_as_sentences(
     db: DB, tmp_path: Path
 ) -> None:
@@ -37,13 +40,16 @@ async def test_status_shows_a_running_and_a_stalled_task_and_the_journal_reads_a
     ])
     with ScriptedModelServer(scenario) as model:
         async with running_supervisor(db.executor_dsn, db.admin_dsn, substrate_for(model, tmp_path),
-                                      config_for(tmp_path, stall_timeout_s=1.0, stop_grace_s=2)) as h:
+                                      config_for(tmp_path, stall_timeout_s=STALL_S, stop_grace_s=2)) as h:
             quick = await h.dispatch("quick job")
             await h.wait_final(quick)
             slow = await h.dispatch("slow job")
+            # silent from its first line on (a CLI slow to start under load would otherwise stall, then resume)
+            await h.wait_event(slow, "stream.system.init")
             await h.wait_task(slow, lambda r: r["activity"] == "stalled", 60)
             running_too = await h.dispatch("another slow job")
-            await h.wait_task(running_too, lambda r: r["status"] == "running" and r["activity"] == "running", 60)
+            await h.wait_event(running_too, "stream.system.init")
+            # read within STALL_S of its first line: it is running, not stalled yet
             status = _cli(db, "status", "--json")
             text_status = _cli(db, "status")
             journal = _cli(db, "journal", "--task", str(quick))
