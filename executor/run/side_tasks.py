@@ -27,7 +27,11 @@ class SideTasks:
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self, name: str, loop: Coroutine[Any, Any, None], *, may_end: bool = False) -> None:
-        self.tasks.append(self.group.create_task(self._watched(name, loop, may_end), name=name))
+        task = self.group.create_task(self._watched(name, loop, may_end), name=name)
+        # a run stopped before the task first ran cancels it unstarted: its loop, never awaited, is closed (else
+        # "coroutine ... was never awaited" when it is collected); a loop that ran is finished by then (a no-op)
+        task.add_done_callback(lambda _: loop.close())
+        self.tasks.append(task)
 
     async def _watched(self, name: str, loop: Coroutine[Any, Any, None], may_end: bool) -> None:
         try:

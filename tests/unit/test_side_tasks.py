@@ -102,3 +102,14 @@ async def test_cancelling_the_side_tasks_ends_them_quietly(closing: bool) -> Non
             await one_step()
             side.cancel()
     assert logged == [] and side.tasks[0].cancelled()
+
+
+async def test_a_run_stopped_before_its_side_tasks_ran_leaves_no_loop_never_awaited() -> None:
+    closing = asyncio.Event()
+    loop = forever()
+    async with asyncio.TaskGroup() as group:
+        side = SideTasks(group, closing)
+        side.start("unstarted", loop)
+        closing.set()
+        side.cancel()  # before the task got its first step: its loop never ran
+    assert loop.cr_frame is None  # closed, not left for the collector to warn about
