@@ -28,9 +28,13 @@ VALUES (%(scope)s, %(session_id)s, %(project_id)s, %(task_id)s, %(tool_name)s, %
 RETURNING id
 
 -- name: claim_gate_rule_requests --
+-- A request for a thread still being created (its id is issued by the ingress, the row made by the threads loop)
+-- waits for it: taken now it would fail as "no thread"; the poll takes it once the thread exists.
 UPDATE gate_rule_queue q SET status = 'claimed'
-FROM (SELECT id FROM gate_rule_queue WHERE status = 'pending' ORDER BY created_at
-      FOR UPDATE SKIP LOCKED LIMIT 50) picked
+FROM (SELECT r.id FROM gate_rule_queue r WHERE r.status = 'pending'
+        AND NOT EXISTS (SELECT 1 FROM thread_control_queue c WHERE c.thread_id = r.thread_id AND c.action = 'create'
+                        AND c.status IN ('pending', 'claimed'))
+      ORDER BY r.created_at FOR UPDATE OF r SKIP LOCKED LIMIT 50) picked
 WHERE q.id = picked.id
 RETURNING q.id, q.scope, q.thread_id, q.project_id, q.tool_name, q.pattern, q.requested_by
 

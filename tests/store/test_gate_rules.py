@@ -8,8 +8,12 @@ import psycopg
 import pytest
 from psycopg import errors as pgerrors
 
+from executor.gates.rules import apply_rule_requests
+from executor.gates.store import GateStore
+from executor.journal.writer import JournalWriter
 from executor.settle import policy
 from executor.sql import queries
+from shared.database import Database
 from tests import tables
 from tests.pg import DB
 
@@ -50,3 +54,25 @@ def test_a_gated_handoff_measures_the_project_tree_from_the_directory_the_worker
     # inside the tree it ran in, the denial was the allowed-tools set's, not a gate's
     assert policy.gate_decisions(row[0], row[1])[0]["gate"] == "tool not allowed"
     assert policy.gate_decisions(row[0])[0]["gate"] == "outside the project tree"
+
+
+async def test_a_rule_asked_for_a_thread_still_being_created_waits_for_it_instead_of_failing(db: DB) -> None:
+    """The ingress issues a new thread's id at once and queues its creation; a standing rule asked for right
+    after must not be taken (and fail as "no thread") before the threads loop has made the thread."""
+    thread = uuid.uuid4()
+    tables.add(db.admin_dsn, "thread_control_queue", thread_id=thread, action="create",
+               args=psycopg.types.json.Jsonb({"title": "t", "mode": "autonomous"}))
+    request = tables.insert(db.admin_dsn, "gate_rule_queue", scope="thread", thread_id=thread, tool_name="Bash",
+                            pattern="echo ran", requested_by="user")
+    async with Database(db.executor_dsn, name="rules-test", max_size=2) as database:
+        writer = JournalWriter(database.pool)
+        await writer.start()
+        store = GateStore.over(database.pool)
+        assert await apply_rule_requests(store, writer) == 0  # the thread's creation is still queued
+        assert tables.row(db.admin_dsn, "gate_rule_queue", request, "status") == ("pending",)
+        tables.insert_thread(db.admin_dsn, thread, mode="autonomous")
+        tables.update_all(db.admin_dsn, "thread_control_queue", {"thread_id": thread}, status="done")
+        assert await apply_rule_requests(store, writer) == 1
+        await writer.flush_and_stop()
+    assert tables.row(db.admin_dsn, "gate_rule_queue", request, "status", "error") == ("done", None)
+    assert tables.count(db.admin_dsn, "gate_rules", session_id=thread, pattern="echo ran") == 1
