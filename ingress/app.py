@@ -81,6 +81,7 @@ class IngressConfig:
     boundary: BoundaryConfig = field(repr=False)  # it holds the proxy secret
     host: str = "127.0.0.1"
     port: int = 8000
+    reuse_port: bool = False  # share the port with other ingress processes (ingress/main.py)
     # the SSE heartbeat, and how many recent frames are kept for clients behind (stream.Broadcaster)
     sse_heartbeat_s: float = 15.0
     sse_client_buffer: int = 20_000

@@ -81,6 +81,8 @@ class Settings(BaseSettings):
     sse_client_buffer: int = Field(default=20_000, ge=10)
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(default=8000, ge=0, le=65535)
+    # several ingress processes on one port (SO_REUSEPORT: the kernel spreads connections; same user only)
+    ingress_reuse_port: bool = False
     mcp_host: str = "127.0.0.1"
     mcp_port: int = Field(default=8002, ge=0, le=65535)
     # the harness MCP on a non-loopback address must be asked for explicitly (it drives workers)

@@ -84,6 +84,7 @@ def ingress_config(settings: Settings, dsn: str) -> IngressConfig:
         boundary=boundary,
         host=settings.ingress_host,
         port=settings.ingress_port,
+        reuse_port=settings.ingress_reuse_port,
         sse_heartbeat_s=settings.sse_heartbeat_s,
         sse_client_buffer=settings.sse_client_buffer,
         push_allow_loopback=settings.push_allow_loopback,

@@ -12,10 +12,11 @@ from shared import errors
 SETTINGS = {"ingress": "--port / PETAL_INGRESS_PORT", "harness MCP server": "--mcp-port / PETAL_MCP_PORT"}
 
 
-def check_free(host: str, port: int, service: str) -> None:
+def check_free(host: str, port: int, service: str, *, shared: bool = False) -> None:
     """Refuse to start `service` on host:port when something already listens there (or it may not bind).
 
     SO_REUSEADDR as the servers use it: only a listener, not connections lingering in TIME_WAIT, counts.
+    `shared` (PETAL_INGRESS_REUSE_PORT): a listener that shares the port (another ingress) does not count.
     """
     if port == 0:
         return
@@ -27,6 +28,8 @@ def check_free(host: str, port: int, service: str) -> None:
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind(addr)
         except OSError as exc:

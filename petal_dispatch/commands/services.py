@@ -62,7 +62,7 @@ def ingress(args: argparse.Namespace, settings: Settings) -> int:
     from ingress import main as ingress_main
 
     ingress_wiring.check_ingress(settings)  # before waiting for the database: a set-up that cannot work says so at once
-    ports.check_free(settings.ingress_host, settings.ingress_port, "ingress")
+    ports.check_free(settings.ingress_host, settings.ingress_port, "ingress", shared=settings.ingress_reuse_port)
     info = dbserver.resolve(settings)
     database.wait_for_schema(info.ingress_dsn, "petal-ingress")  # started during an outage: it waits
     signals.serve_until_stopped(ingress_main.serve, ingress_wiring.ingress_config(settings, info.ingress_dsn))
