@@ -18,6 +18,8 @@ def hypercorn_config(config: IngressConfig) -> Config:
     server = Config()
     server.bind = [_shared_bind(config.host, config.port) if config.reuse_port else f"{config.host}:{config.port}"]
     server.accesslog = None
+    # thousands of SSE clients reconnect at once after a restart: hypercorn's 100 would drop SYNs into retries
+    server.backlog = 2048
     server.errorlog = logs.foreign("hypercorn.error")  # "Running on …" in the log style of every other line
     server.graceful_timeout = config.graceful_timeout_s
     server.keep_alive_timeout = 75.0

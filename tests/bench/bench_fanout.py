@@ -1,6 +1,7 @@
 """Fan-out at scale: what an SSE client costs an ingress, and how many ingress processes 10,000 clients need.
 
     python -m tests.bench.bench_fanout [--clients 2000] [--rate 20] [--seconds 10]
+    python -m tests.bench.bench_fanout --measure 10000 [--processes 3] [--steps 1000,2500,5000,10000]
 
 (a) One ingress process, as deployed, with `--clients` SSE clients connected while the executor's role appends
     `--rate` events/s for `--seconds`: the ingress's resident memory idle and with the clients connected, its
@@ -11,6 +12,13 @@
 (c) The extrapolation to 10,000 clients at the same event rate, from the per-client costs measured in (a) and
     (b), stated as such: the CPU they need, in ingress processes (one event loop each, loaded to at most
     HEADROOM of a core), and the memory.
+
+(d) `--measure N`: N clients measured, not extrapolated: `--processes` ingress processes behind one port
+    (PETAL_INGRESS_REUSE_PORT: SO_REUSEPORT), clients added in `--steps` up to N while 2 events/s are appended
+    (`--measure-rate`); at each step every client must get every event in order, and it prints append -> client
+    p50/p99 (n) next to bare NOTIFY round trips taken meanwhile by a process of their own (the floor), the
+    processes' RSS and CPU per client, and the knee: the first step whose p50 is more than twice the floor's
+    ratio at the first step.
 
 The load generator (tests/bench/sse_load.py) runs as several processes over bare sockets; each one's CPU share
 and run-queue wait is printed, and a phase whose generators lacked headroom says so (its client figures then
@@ -35,7 +43,7 @@ import httpx
 import psutil
 from psycopg_pool import AsyncConnectionPool
 
-from tests.bench import stats
+from tests.bench import notify_rtt, record, stats
 from tests.bench.bench_sse import append_at
 from tests.bench.sse_load import HEADROOM, PROCESSES, Generators
 from tests.pg import DB, Cluster
@@ -70,11 +78,13 @@ class Ingress:
             return 0.0
 
 
-def start_ingress(db: DB, tmp: Path, i: int) -> Ingress:
-    port = free_port()
+def start_ingress(db: DB, tmp: Path, i: int, port: int | None = None) -> Ingress:
+    """An ingress process; given a `port`, one that shares it with the others started so (SO_REUSEPORT)."""
+    shared = port is not None
+    port = port or free_port()
     env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port), "PETAL_INGRESS_DSN": db.ingress_dsn,
            "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_DATA_DIR": str(tmp / f"ingress{i}"),
-           "PETAL_LOG_LEVEL": "warning"}
+           "PETAL_LOG_LEVEL": "warning", "PETAL_INGRESS_REUSE_PORT": "1" if shared else "0"}
     proc = subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", "ingress"], env=env)
     return Ingress(f"http://127.0.0.1:{port}", proc, psutil.Process(proc.pid))
 
@@ -192,6 +202,87 @@ def extrapolate(points: list[Point], base_rss: float, rate: float) -> None:
           f"{processes * 11} database connections (a pool of 10 and a LISTEN each)")
 
 
+def _clients_of(x: Ingress, port: int) -> int:
+    """The SSE connections this process holds on the shared port."""
+    return sum(1 for c in x.ps.net_connections(kind="tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port)
+
+
+async def measure_step(ingresses: list[Ingress], port: int, pool: AsyncConnectionPool, dsn: str, n: int, rate: float,
+                       seconds: float) -> dict[str, Any]:
+    """`n` clients on the shared port; `rate` events/s for `seconds` with the floor taken alongside."""
+    count = max(1, int(rate * seconds))
+    url = f"http://127.0.0.1:{port}"
+    rss0 = sum(x.rss() for x in ingresses)
+    connect_start = time.monotonic()
+    async with Generators(url, "/api/stream", n, expect=count, timeout=seconds * 3 + 300) as gens:
+        connect_s = time.monotonic() - connect_start
+        await asyncio.sleep(1)  # the last connections' set-up out of the measured window
+        held = [_clients_of(x, port) for x in ingresses]
+        rss1 = sum(x.rss() for x in ingresses)
+        cpu0, t0 = sum(x.cpu() for x in ingresses), time.monotonic()
+        async with notify_rtt.Beside(dsn) as beside:
+            await append_at(pool, rate, count)
+            res = await gens.results()
+        flow_s = time.monotonic() - t0
+        cpu1 = sum(x.cpu() for x in ingresses)
+    return {"n": n, "count": count, "connected": gens.connected, "connect_s": connect_s, "held": held,
+            "rss_idle": rss0, "rss": rss1, "cores": (cpu1 - cpu0) / flow_s, "result": res, "floor": beside.rtts}
+
+
+async def measured(db: DB, tmp: Path, processes: int, steps: list[int], rate: float, seconds: float) -> None:
+    """(d) every client measured, in steps, on `processes` ingress processes behind one port."""
+    port = free_port()
+    ingresses = [start_ingress(db, tmp, 100 + i, port) for i in range(processes)]
+    rows: list[dict[str, Any]] = []
+    try:
+        await wait_up(f"http://127.0.0.1:{port}")
+        await asyncio.sleep(2)  # every process up: each one answers /healthz on the shared port
+        print(f"\n(d) MEASURED: {processes} ingress processes on port {port} (SO_REUSEPORT), {rate:g} events/s for "
+              f"{seconds:g} s a step; {stats.machine_load()}")
+        async with AsyncConnectionPool(db.executor_dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+            for n in steps:
+                row = await measure_step(ingresses, port, pool, db.executor_dsn, n, rate, seconds)
+                rows.append(row)
+                _show_step(row)
+    finally:
+        for x in ingresses:
+            x.proc.terminate()
+        for x in ingresses:
+            x.proc.wait(60)
+    _knee(rows)
+
+
+def _show_step(row: dict[str, Any]) -> None:
+    res, n = row["result"], row["n"]
+    lat, floor = res["latencies"], row["floor"]
+    print(f"  {n:,} clients (held {'/'.join(map(str, row['held']))}; connected in {row['connect_s']:.1f} s): "
+          f"{res['complete']:,}/{n:,} got all {row['count']} events in order; {stats.machine_load()}")
+    print(f"    append -> client {stats.summary(lat, (50, 99))}; floor (bare NOTIFY) "
+          f"{stats.summary(floor, (50, 99), digits=3)}; p50 {stats.fmt_ratio(stats.ratio(lat, floor, 50), 'x floor')}")
+    print(f"    RSS {row['rss_idle'] / MB:.0f} -> {row['rss'] / MB:.0f} MB ({(row['rss'] - row['rss_idle']) / n / 1024:.1f} "
+          f"KiB per client); CPU {row['cores']:.2f} cores ({row['cores'] / n * 1e3:.3f} millicores per client)")
+    print(f"    {_gens([res])}")
+
+
+def _knee(rows: list[dict[str, Any]]) -> None:
+    ratios = [(r["n"], stats.ratio(r["result"]["latencies"], r["floor"], 50)) for r in rows]
+    known = [(n, q) for n, q in ratios if q is not None]
+    knee = next((n for n, q in known[1:] if q > 2 * known[0][1]), None) if known else None
+    said = f"at {knee:,} clients" if knee is not None else "not reached within the steps"
+    print(f"  knee (p50 more than twice the first step's multiple of the floor): {said}")
+    last = rows[-1]
+    record.value("fanout_complete", f"SSE clients that got every event in order, {last['n']:,} measured",
+                 last["result"]["complete"], "clients", n=last["n"], goal=(">=", last["n"]), goal_on="value")
+    record.latency("fanout_latency", f"SSE append → client, {last['n']:,} clients on {len(last['held'])} ingress "
+                   "processes", last["result"]["latencies"], last["floor"], 50,
+                   baseline_label="bare NOTIFY round trip (alongside)", goal=None)
+    record.series("fanout_per_client", "what an SSE client costs, by clients connected", "clients", "per client",
+                  {"KiB resident": [(r["n"], (r["rss"] - r["rss_idle"]) / r["n"] / 1024) for r in rows],
+                   "CPU, millicores": [(r["n"], r["cores"] / r["n"] * 1e3) for r in rows],
+                   "p50 latency, multiple of the floor": [(n, q) for n, q in known]}, log_x=True)
+
+
 async def run(db: DB, tmp: Path, clients: int, rate: float, seconds: float) -> None:
     points: list[Point] = []
     idle_rss: list[int] = []
@@ -220,12 +311,22 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=20.0, help="events/s appended while the clients listen")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--measure", type=int, help="(d) alone: this many clients measured, on one shared port")
+    parser.add_argument("--processes", type=int, default=3, help="(d): ingress processes behind the one port")
+    parser.add_argument("--steps", help="(d): client counts, comma-separated (default: 10%%, 25%%, 50%%, all)")
+    parser.add_argument("--measure-rate", type=float, default=2.0, help="(d): events/s")
+    parser.add_argument("--measure-seconds", type=float, default=10.0, help="(d): seconds a step")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         cluster = Cluster.start(tmp / "pg")
         try:
             db = cluster.create_migrated()
+            if args.measure:
+                steps = [int(x) for x in args.steps.split(",")] if args.steps else \
+                    sorted({max(1, args.measure * k // 100) for k in (10, 25, 50, 100)})
+                asyncio.run(measured(db, tmp, args.processes, steps, args.measure_rate, args.measure_seconds))
+                return
             print(f"{args.clients} SSE clients, {args.rate:g} events/s for {args.seconds:g} s; {stats.machine_load()}")
             asyncio.run(run(db, tmp, args.clients, args.rate, args.seconds))
         finally:

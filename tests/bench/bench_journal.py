@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared import journal
 from shared.models import NewEvent
 from shared.sql import queries
-from tests.bench import stats
+from tests.bench import record, stats
 from tests.pg import Cluster
 
 
@@ -98,6 +98,10 @@ async def main(n: int, batch: int, rounds: int) -> None:
             print(f"raw COPY:       {c:,.0f} events/s (median; rounds: " + ", ".join(f"{n / t:,.0f}" for t in copy_t)
                   + "; rows pre-encoded, same batches)")
             print(f"ratio append/COPY: {a / c:.2f}  (target >= 0.5)")
+            record.value("journal_append", f"journal.append, events/s in batches of {batch} (median of {rounds} rounds)",
+                         a, "events/s", n=rounds, stat="median", baseline=c,
+                         baseline_label="the server's COPY of the same rows", baseline_n=rounds, ratio=a / c,
+                         goal=(">=", 0.5))
         finally:
             cluster.drop_all()
 

@@ -27,7 +27,7 @@ import psycopg
 
 from executor.run import process
 from petal_dispatch.demo.scripted_model import Rule, ScriptedModelServer
-from tests.bench import services, stats
+from tests.bench import record, services, stats
 
 MIB = 2**20
 
@@ -161,6 +161,11 @@ async def main(n: int, grace: float) -> None:
         print("(b) answer to a parked question -> the model:  " + stats.summary(answers, (50,)))
         print("    cold path: chat message -> the model:        " + stats.summary(cold, (50,)))
         print("    ratio p50: " + stats.fmt_ratio(stats.ratio(answers, cold, 50), "goal <= 1.2x"))
+        record.value("parked_memory", f"executor + descendants resident with {n} questions parked past the grace, "
+                     "over idle", freed - idle, "MiB", n=10, stat="median", baseline=held - idle_b,
+                     baseline_label=f"the same {n} held in their CLIs", goal=("<=", 100), goal_on="value")
+        record.latency("parked_answer", "an answer to a parked question → the model", answers, cold, 50,
+                       baseline_label="cold path: chat message → the model", goal=("<=", 1.2))
         print(f"after: {stats.machine_load()}")
 
 

@@ -31,6 +31,7 @@ import psycopg
 
 from executor.routines import RoutinesConfig
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from tests.bench import record
 from tests.bench.stats import fmt_pct, percentile, ratio
 from tests.harness import running_executor
 from tests.pg import DB, Cluster
@@ -181,6 +182,8 @@ async def main(fires: int, rate: float) -> None:
     for label, values in (("scheduled instant -> task.spawned", fired), ("chat sent -> task.spawned", chatted)):
         print(f"  {label:<36} n={len(values)}  {fmt_pct(values, 50)}  {fmt_pct(values, 90)}  {fmt_pct(values, 99)}"
               f"  max {max(values) * 1000:.2f} ms" if values else f"  {label}: no samples")
+    record.latency("routine_fire", f"a routine's scheduled instant → task.spawned, {rate:g} fires/s", fired, chatted, 99,
+                   baseline_label="chat sent → task.spawned, same rate", goal=("<=", 1.5))
     for q in (50, 90, 99):
         r = ratio(fired, chatted, q)
         if r is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from executor.sessions import live
 from executor.sessions.index import Index
-from tests.bench import stats
+from tests.bench import record, stats
 
 
 def _conversation(i: int) -> bytes:
@@ -93,6 +93,10 @@ def main(files: int, rounds: int) -> None:
         for name, values in (("idle pass", idle), ("one file grown", grown)):
             p50, p90 = stats.ratio(values, bare, 50), stats.ratio(values, bare, 90)
             print(f"{name:>20} / bare: p50 {p50:.2f}x  p90 {p90:.2f}x" if p50 and p90 else f"{name}: too few samples")
+            record.value(f"sessions_{name.replace(' ', '_')}", f"stored CLI conversations index, {name} over {files} files",
+                         (stats.percentile(values, 50) or 0) * 1000, "ms", n=len(values),
+                         stat="p50", baseline=(stats.percentile(bare, 50) or 0) * 1000,
+                         baseline_label="bare scandir + stat", baseline_n=len(bare), ratio=p50)
     print(f"load after: {stats.machine_load()}")
 
 

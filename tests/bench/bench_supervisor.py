@@ -32,7 +32,7 @@ from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import journal
 from shared.listener import Listener
 from shared.models import NewEvent
-from tests.bench import stats
+from tests.bench import record, stats
 from tests.harness import config_for, running_supervisor, substrate_for, worker
 from tests.pg import Cluster
 
@@ -121,6 +121,10 @@ async def bench_throughput(cluster: Cluster, tmp: Path, workers: int, per_worker
     print("    bare journal append:  " + ", ".join(f"{x:,.0f}" for x, _ in bare) + " lines/s")
     ratio = stats.median([x for x, _ in sup]) / stats.median([x for x, _ in bare])
     print(f"    ratio of medians: {ratio:.2f}  (goal >= 0.8)")
+    record.value("supervisor_lines", f"lines/s journaled by the supervisor from {workers} replaying workers (median "
+                 f"of {rounds} rounds)", stats.median([x for x, _ in sup]), "lines/s", n=rounds, stat="median",
+                 baseline=stats.median([x for x, _ in bare]), baseline_label="bare journal append of the same rows",
+                 baseline_n=rounds, ratio=ratio, goal=(">=", 0.8))
     print(f"    CPU of this process per line (robust to load): supervisor "
           f"{stats.median([c for _, c in sup]) / total * 1e6:.1f} us (reading, parsing, batching, appending), "
           f"bare append {stats.median([c for _, c in bare]) / total * 1e6:.1f} us")
@@ -200,6 +204,8 @@ async def bench_latency(cluster: Cluster, tmp: Path, tokens: int) -> None:
     print(f"    supervisor read->NOTIFY:   {stats.summary(sup, scale=1.0)}")
     print(f"    minimal loop read->NOTIFY: {stats.summary(base, scale=1.0)}")
     print(f"    p99 ratio supervisor/loop: {stats.fmt_ratio(stats.ratio(sup, base, 99), 'goal <= 2')}")
+    record.latency("supervisor_stream", "the real CLI's streamed line, read → NOTIFY", sup, base, 99,
+                   baseline_label="a minimal read-INSERT-NOTIFY loop", goal=("<=", 2.0), scale=1.0)
 
 
 async def main(workers: int, per_worker: int, tokens: int, rounds: int) -> None:
