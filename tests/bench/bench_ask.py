@@ -254,7 +254,9 @@ async def main(asks: int, pending: int) -> None:
         port, mcp_port = free_port(), free_port()
         env = {**os.environ, "OPEN_MODE": "1", "PETAL_INGRESS_PORT": str(port), "PETAL_MCP_PORT": str(mcp_port),
                "PETAL_EXECUTOR_DSN": db.executor_dsn, "PETAL_INGRESS_DSN": db.ingress_dsn,
-               "PETAL_DATA_DIR": str(Path(tmp) / "var"), "PETAL_LOG_LEVEL": "warning"}
+               "PETAL_DATA_DIR": str(Path(tmp) / "var"), "PETAL_LOG_LEVEL": "warning",
+               # no CLI runs here (the tool is called directly), but the executor starts only logged in
+               "ANTHROPIC_API_KEY": "sk-ant-fake", "PETAL_CLAUDE_CONFIG_DIR": str(Path(tmp) / "claude-config")}
         services = [subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", name], env=env)
                     for name in ("executor", "ingress")]
         url, mcp_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mcp_port}/harness-mcp/"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from executor.settle import dispatch
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
+from tests.bench import services
 from tests.harness import config_for, running_supervisor, substrate_for, worker
 from tests.pg import Cluster
 
@@ -29,10 +30,7 @@ RESULT = ('{"type":"result","subtype":"success","is_error":false,"result":"ok","
 
 
 def _quick_claude(tmp: Path) -> Path:
-    script = tmp / "quick-claude"
-    script.write_text(f"#!/bin/sh\necho '{RESULT}'\n")
-    script.chmod(0o755)
-    return script
+    return services.fake_cli(tmp / "fake-cli" / "quick-claude", f"echo '{RESULT}'")
 
 
 def _pct(values: list[float], q: int) -> float:

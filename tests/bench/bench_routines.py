@@ -31,7 +31,7 @@ import psycopg
 
 from executor.routines import RoutinesConfig
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
-from tests.bench import record
+from tests.bench import record, services, stats
 from tests.bench.stats import fmt_pct, percentile, ratio
 from tests.harness import running_executor
 from tests.pg import DB, Cluster
@@ -57,10 +57,7 @@ class FastClock:
 
 
 def _quick_claude(tmp: Path) -> Path:
-    script = tmp / "quick-claude"
-    script.write_text(f"#!/bin/sh\ncat > /dev/null\necho '{RESULT}'\n")
-    script.chmod(0o755)
-    return script
+    return services.fake_cli(tmp / "fake-cli" / "quick-claude", f"cat > /dev/null\necho '{RESULT}'")
 
 
 async def run(tmp: Path, fires: int, rate: float) -> tuple[list[float], list[float]]:
@@ -182,7 +179,9 @@ async def main(fires: int, rate: float) -> None:
     for label, values in (("scheduled instant -> task.spawned", fired), ("chat sent -> task.spawned", chatted)):
         print(f"  {label:<36} n={len(values)}  {fmt_pct(values, 50)}  {fmt_pct(values, 90)}  {fmt_pct(values, 99)}"
               f"  max {max(values) * 1000:.2f} ms" if values else f"  {label}: no samples")
-    record.latency("routine_fire", f"a routine's scheduled instant → task.spawned, {rate:g} fires/s", fired, chatted, 99,
+    # the goal's p99 from 1,000 fires; a quick run (fewer) is held to the same bound at p90
+    record.latency("routine_fire", f"a routine's scheduled instant → task.spawned, {rate:g} fires/s", fired, chatted,
+                   99 if len(fired) >= stats.min_samples(99) else 90,
                    baseline_label="chat sent → task.spawned, same rate", goal=("<=", 1.5))
     for q in (50, 90, 99):
         r = ratio(fired, chatted, q)

@@ -32,7 +32,7 @@ from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import journal
 from shared.listener import Listener
 from shared.models import NewEvent
-from tests.bench import record, stats
+from tests.bench import record, services, stats
 from tests.harness import config_for, running_supervisor, substrate_for, worker
 from tests.pg import Cluster
 
@@ -41,12 +41,9 @@ TRANSCRIPT = Path(__file__).parent.parent / "transcripts" / "partial_messages.js
 
 def _replayer(tmp: Path, repeats: int) -> Path:
     lines = [ln for ln in TRANSCRIPT.read_bytes().split(b"\n") if ln.strip()]
-    body = tmp / "replay.jsonl"
-    body.write_bytes(b"\n".join(lines * repeats) + b"\n")
-    script = tmp / "replay-claude"
-    script.write_text(f"#!/bin/sh\nexec cat {body}\n")
-    script.chmod(0o755)
-    return script
+    # the transcript inside the script: the sandbox shows a spawn its CLI, not the rest of /tmp
+    body = b"\n".join(lines * repeats).decode()
+    return services.fake_cli(tmp / "fake-cli" / "replay-claude", f"cat <<'TRANSCRIPT'\n{body}\nTRANSCRIPT")
 
 
 async def supervisor_round(cluster: Cluster, tmp: Path, script: Path, workers: int, total: int) -> tuple[float, float]:
@@ -137,8 +134,9 @@ async def _notify_times(dsn: str, channel: str, sink: dict[int, datetime], stop:
     async def drain() -> None:
         while True:
             note = await sub.get()
-            if note.payload.isdigit():
-                sink.setdefault(int(note.payload), datetime.now(UTC))
+            head = note.payload.partition(" ")[0]  # `<last seq>`, or `<last seq> <the rows>` (shared/sql/journal.sql)
+            if head.isdigit():
+                sink.setdefault(int(head), datetime.now(UTC))
 
     asyncio.create_task(drain())
     asyncio.create_task(listener.run())
@@ -178,11 +176,15 @@ async def bench_latency(cluster: Cluster, tmp: Path, tokens: int) -> None:
         # baseline: read the same CLI's lines; INSERT + NOTIFY each on its own
         base_notified: dict[int, datetime] = {}
         await _notify_times(db.executor_dsn, "bench_line", base_notified, stop)
-        cmd = substrate.build_command(sub, substrate.SpawnSpec(role="worker", prompt="stream",
-                                                               session_uuid=str(uuid.uuid4())))
+        spec = substrate.SpawnSpec(role="worker", prompt="stream", session_uuid=str(uuid.uuid4()))
+        cmd = substrate.build_command(sub, spec)
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                    stdin=asyncio.subprocess.DEVNULL,
+                                                    stdin=asyncio.subprocess.PIPE,
                                                     env=substrate.build_env(sub, "bench"), cwd=tmp)
+        assert proc.stdin is not None  # the prompt on stdin, as the runner gives it (not on the command line)
+        proc.stdin.write(substrate.stdin_input(spec))
+        await proc.stdin.drain()
+        proc.stdin.close()
         read_at: dict[int, datetime] = {}
         seq = 10**12
         async with await psycopg.AsyncConnection.connect(db.executor_dsn, autocommit=True) as conn:

@@ -12,8 +12,10 @@ import matplotlib
 matplotlib.use("svg")
 import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
 
-plt.rcParams.update({"svg.hashsalt": "petal-dispatch", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+plt.rcParams.update({"svg.hashsalt": "petal-dispatch", "svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
 METADATA = {"Date": None, "Creator": "python -m tests.bench.report"}
+# points drawn per distribution: its shape at a glance, a small file
+DRAWN = 400
 
 
 def _save(fig: Any, out: Path) -> None:
@@ -33,7 +35,8 @@ def distribution(record: dict[str, Any], out: Path) -> None:
         ordered = sorted(values)
         n = len(ordered)
         count = record.get("counts", {}).get(label, n)
-        ax.step(ordered, [(i + 1) / n for i in range(n)], where="post", label=f"{label} (n={count:,})")
+        at = sorted({round(i * (n - 1) / (DRAWN - 1)) for i in range(DRAWN)}) if n > DRAWN else range(n)
+        ax.step([ordered[i] for i in at], [(i + 1) / n for i in at], where="post", label=f"{label} (n={count:,})")
     ax.set_xscale("log")
     ax.set_xlabel(f"latency ({record['unit']}, log scale)")
     ax.set_ylabel("share of samples at or below")
@@ -55,6 +58,9 @@ def lines(record: dict[str, Any], out: Path) -> None:
         ax.plot(xs, ys, marker="o", label=label)
     if record.get("log_x"):
         ax.set_xscale("log")
+    values = [y for points in record["lines"].values() for _, y in points if y > 0]
+    if values and max(values) / min(values) > 50:  # series of different scales on one axis: each readable
+        ax.set_yscale("log")
     ax.set_xlabel(record["x_label"])
     ax.set_ylabel(record["y_label"])
     ax.set_title(record["title"], fontsize=9)

@@ -51,7 +51,7 @@ BENCHES = (
     Bench("bench_e2e", ("--turns", "20")),
     Bench("bench_warm", ("--turns", "20", "--settle", "2")),
     Bench("bench_parked", ("--questions", "20")),
-    Bench("bench_fanout", ("--clients", "2000", "--seconds", "6")),
+    Bench("bench_fanout", ("--measure", "10000", "--processes", "3")),
     Bench("bench_store_scale", ("--events", "500000", "--samples", "200")),
     Bench("bench_journal", ("--events", "50000", "--rounds", "3")),
     Bench("bench_supervisor", ("--workers", "4", "--lines-per-worker", "2000", "--rounds", "2")),
@@ -103,7 +103,9 @@ def _num(v: float | None, unit: str = "") -> str:
 def _row(fig: dict[str, Any], day: str, where: str) -> str:
     n = f"n={fig['n']:,}" if fig.get("n") is not None else ""
     value = f"{fig['stat']} {_num(fig['value'], fig['unit'])}".strip()
-    base = f"{_num(fig['baseline'], fig['unit'])} ({fig['baseline_label']}, n={fig['baseline_n']:,})" \
+    said = ", ".join(x for x in (fig.get("baseline_label") or "",
+                                 f"n={fig['baseline_n']:,}" if fig.get("baseline_n") is not None else "") if x)
+    base = f"{_num(fig['baseline'], fig['unit'])}" + (f" ({said})" if said else "") \
         if fig.get("baseline") is not None else "–"
     ratio = f"{fig['ratio']:.2f}×" if fig.get("ratio") is not None else "–"
     met = {True: "met", False: "**not met**", None: ""}[fig.get("met")]

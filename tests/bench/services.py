@@ -62,6 +62,20 @@ def service_env(db: DB, model: ScriptedModelServer, tmp: Path, *, workers: int =
             "PETAL_MAX_WORKERS": str(max(workers, 1))}
 
 
+def fake_cli(path: Path, body: str) -> Path:
+    """A shell script standing in for `claude` where a benchmark times the executor, not the CLI: it answers the
+    start-up checks as the real one does (`--version`, `auth status` with an API key: petal_dispatch/doctor.py),
+    and runs `body` for a spawn. Give it a directory of its own: the executor refuses a workdir inside the CLI's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n"
+                    'case "$1" in --version) echo "2.1.328 (Claude Code)"; exit 0;; esac\n'
+                    'if [ "$1 $2" = "auth status" ]; then\n'
+                    '  echo \'{"loggedIn": true, "authMethod": "api_key", "apiKeySource": "ANTHROPIC_API_KEY"}\'; exit 0\n'
+                    f"fi\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
 def start(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "petal_dispatch.cli", name], env=env)
 
