@@ -47,7 +47,7 @@ def question(run: BudgetRun, ended: Ended, raise_usd: float, wait_s: float | Non
     unattended = (f" Unanswered within {wait_s:g} s, the run ends as it would without asking."
                   if wait_s is not None else "")
     return {
-        "question": f"Routine {run.name!r}'s run has spent ${run.spent:.2f} of its ${run.cap:.2f} cap: "
+        "question": f"The run of routine “{run.name}” has spent ${run.spent:.2f} of its ${run.cap:.2f} cap: "
                     f"{stopped_how(ended)}. Raise the cap and go on?{unattended}",
         "header": HEADER,
         "multiSelect": False,

@@ -57,6 +57,14 @@ export function belongs(e) {
   return false;
 }
 
+// why a terminal session ended (executor/terminals), in words
+const TERMINAL_ENDS = {
+  exited: "the CLI exited",
+  ended_from_the_page: "ended from the page",
+  executor_stopped: "the executor stopped",
+  executor_restart: "the executor restarted",
+};
+
 function renderRecord(e) {
   const p = e.payload || {};
   const key = { "data-event-id": e.event_id };
@@ -128,8 +136,12 @@ function renderRecord(e) {
     case "question.cancelled":
       if (p.response !== "answered in the terminal") return null;
       return h("li", { class: "msg note", ...key }, "A permission prompt was answered in the terminal");
-    case "terminal.ended":
-      return h("li", { class: "msg note", ...key }, `The terminal session ended (${p.reason}${p.exit_code == null ? "" : `, exit ${p.exit_code}`}); messages continue it with --resume`);
+    case "terminal.ended": {
+      const why = TERMINAL_ENDS[p.reason] || p.reason;
+      // a negative code is a signal's (a hang-up in the sandbox), not the CLI's own exit status
+      const code = p.exit_code == null || p.exit_code < 0 ? "" : `, exit code ${p.exit_code}`;
+      return h("li", { class: "msg note", ...key }, `The terminal session ended (${why}${code}); messages continue it with --resume`);
+    }
     case "thread.created":
       return h("li", { class: "msg note", ...key }, `Thread started (${p.mode || "interactive"})`);
     case "thread.mode_changed":

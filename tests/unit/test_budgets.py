@@ -30,7 +30,7 @@ def at_cap(**kw: Any) -> Ended:
 def test_the_ask_says_where_the_run_stands_and_offers_a_raise_of_one_more_run_or_a_stop() -> None:
     q = budgets.question(BudgetRun.from_row(RUN_ROW), at_cap(), 0.5, 900.0)
     assert q["header"] == budgets.HEADER and q["multiSelect"] is False
-    assert q["question"].startswith("Routine 'nightly''s run has spent $0.49 of its $0.50 cap: its next extractor "
+    assert q["question"].startswith("The run of routine “nightly” has spent $0.49 of its $0.50 cap: its next extractor "
                                     "could not start. Raise the cap and go on? Unanswered within 900 s")
     assert [o["label"] for o in q["options"]] == ["Raise this run's cap by $0.50", budgets.STOP]
     stopped = budgets.question(BudgetRun.from_row(RUN_ROW), at_cap(status="partial", status_reason="max_budget_usd",

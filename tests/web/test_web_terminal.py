@@ -105,7 +105,7 @@ async def test_a_terminal_session_is_followed_steered_and_ended_from_a_phone(db:
                 await until(lambda: tmux.exit_code("desk") is not None, "the wrapper in the terminal to exit", 30)
                 assert tmux.exit_code("desk") in ("0", "129"), tmux.exit_code("desk")
                 ended = page.locator(".msg.note", has_text="The terminal session ended")
-                await seen(ended, "The terminal session ended (ended_from_the_page", timeout=20, scroll=True)
+                await seen(ended, "The terminal session ended (ended from the page", timeout=20, scroll=True)
                 # the thread goes on with --resume: its header gives that command for a terminal
                 await expect(page.locator("#handback-cmd")).to_contain_text("--resume")
                 [(status, reason)] = await rows(h, "SELECT status, status_reason FROM tasks WHERE id = %s",
