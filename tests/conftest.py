@@ -70,7 +70,7 @@ SERIAL = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     names = {item.nodeid.split("[", 1)[0] for item in items}
     files = {name.split("::", 1)[0] for name in names}
     if stale := [name for name in SERIAL if name.split("::", 1)[0] in files and name not in names]:
@@ -88,6 +88,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # likewise the failover tests' primary and standby (`rig`, module-scoped: tests/replica.py)
         if "rig" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(f"rig:{item.nodeid.split('::', 1)[0]}"))
+    _group_suffix(config, items)
+
+
+def _group_suffix(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` groups by a "@group" suffix of the node id, which pytest-xdist 3.8 adds through
+    `Item._nodeid`, an attribute pytest 9 no longer reads (it reads `_id`): without this each test of a group may
+    land on another worker (and make a module-scoped server, or the shipped tier's set-up, of its own)."""
+    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
+        return
+    from _pytest.nodeid import coerce_node_id  # pytest 9 (before it, xdist's own suffix holds)
+
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 def _tier(nodeid: str) -> str:

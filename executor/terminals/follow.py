@@ -6,7 +6,9 @@ every FOLLOW_S and journals it with the offset moved in the same commit (a compa
 race journals nothing), so each entry is journaled once, in order, within a second of being written:
 - the user's prompt (typed in the terminal) → `task.user_message` (origin "terminal"); one the page sent and the
   session typed is journaled already (with its message id) and is not repeated;
-- what the model says, its tool calls and their results → `terminal.entry` (role, blocks; long texts cut).
+- what the model says, its tool calls and their results → `terminal.entry` (role, blocks; long texts cut);
+- the CLI's own note that a turn was interrupted (Esc: a user entry "[Request interrupted by user…]") →
+  `terminal.entry` with role "interrupted", not a prompt of the user's.
 Bookkeeping entries (snapshots, attachments, modes, requests, meta prompts) are not the conversation.
 """
 
@@ -24,6 +26,11 @@ from shared.models import NewEvent
 FOLLOW_S = 0.2
 MAX_TEXT = 8_000  # of a block's text in the journal (the file keeps it whole)
 MAX_INPUT = 2_000  # of a tool call's input, as JSON
+
+
+# what the CLI writes as a user entry when a turn is interrupted (observed on 2.1.328: "[Request interrupted by
+# user]", and "… by user for tool use]" during a tool call)
+INTERRUPTED = "[Request interrupted by user"
 
 
 def conversation_file(config_dir: Path, cwd: str, session_id: str) -> Path:
@@ -108,6 +115,9 @@ class Follower:
     def _records(self, entry: dict[str, Any]) -> list[NewEvent]:
         prompt, shown = blocks(entry)
         origin = {"uuid": entry.get("uuid"), "at": entry.get("timestamp")}
+        if prompt is not None and prompt.startswith(INTERRUPTED):
+            return [NewEvent("terminal.entry", {"role": "interrupted", "blocks": [], **origin},
+                             session_id=self.thread_id, task_id=self.task_id)]
         if prompt is not None:
             said = prompt.strip()
             if said in self.typed:

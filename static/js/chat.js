@@ -186,6 +186,7 @@ export function harnessLine(text, n = 160) {
 // What a terminal session's CLI wrote to its conversation: the model's text, its tool calls, their results.
 function terminalEntry(p, key) {
   const blocks = p.blocks || [];
+  if (p.role === "interrupted") return h("li", { class: "msg note terminal", ...key }, "The turn was interrupted");
   if (p.role === "assistant") {
     return h("li", { class: "msg assistant terminal", ...key }, ...blocks.map((b) => b.type === "text" ? md(b.text)
       : h("div", { class: "step tool" }, h("b", {}, b.name || "tool"), " ", h("code", {}, firstLine(b.input, 200)))));

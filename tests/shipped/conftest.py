@@ -239,22 +239,6 @@ class SetUp:
 ON_THE_SET_UP_CLONE = pytest.mark.xdist_group("shipped-set-up-clone")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`--dist loadgroup` groups by a "@group" suffix of the node id, which pytest-xdist 3.8 adds through
-    `Item._nodeid`, an attribute pytest 9 no longer reads (it reads `_id`): without this each test of a group
-    may land on another worker (and make a set-up of its own). Added here for this tier's tests."""
-    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
-        return
-    here = Path(__file__).resolve().parent
-    for item in items:
-        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                         for m in item.iter_markers("xdist_group")})
-        if groups and "@" not in item.nodeid and Path(item.path).resolve().is_relative_to(here):
-            from _pytest.nodeid import coerce_node_id  # pytest 9 (before it, xdist's own suffix holds)
-
-            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
-
-
 @pytest.fixture(scope="session")
 def set_up(tmp_path_factory: pytest.TempPathFactory) -> SetUp:
     from tests.served import free_port

@@ -72,13 +72,14 @@ def test_a_prompt_a_reply_a_tool_call_and_its_result_are_told_apart_and_bookkeep
 def test_the_follower_journals_whole_lines_once_and_not_a_prompt_the_page_typed(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     lines = [_entry("user", "from the phone"), _entry("user", "at the desk"),
-             _entry("assistant", [{"type": "text", "text": "echo"}])]
+             _entry("assistant", [{"type": "text", "text": "echo"}]),
+             _entry("user", [{"type": "text", "text": "[Request interrupted by user]"}])]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"type": "user", "mess')  # a line half written
     f = Follower(path, uuid.uuid4(), uuid.uuid4(), 0, typed=["from the phone"])
     end, events = f.read()
     assert end == path.read_text().rfind("\n") + 1
     assert [(e.event_type, e.payload.get("text") or e.payload.get("role")) for e in events] == [
-        ("task.user_message", "at the desk"), ("terminal.entry", "assistant")]
+        ("task.user_message", "at the desk"), ("terminal.entry", "assistant"), ("terminal.entry", "interrupted")]
     assert events[0].payload["origin"] == "terminal" and f.typed == []
 
 
