@@ -4,9 +4,9 @@ a check past its time stopped, with what it left behind, and none of the executo
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from executor.run import check
@@ -23,12 +23,19 @@ async def test_exit_zero_passes_and_anything_else_fails_with_its_last_lines(tmp_
 
 
 async def test_a_check_past_its_time_is_stopped_and_fails_and_what_it_started_goes_with_it(tmp_path: Path) -> None:
-    stopped = await check.run_check(None, None, tmp_path, "sleep 300 & wait", 0.5)
+    stopped = await check.run_check(None, None, tmp_path, "sleep 300 & echo $! > sleeper.pid; wait", 0.5)
     assert (stopped.passed, stopped.exit_code, stopped.timed_out) == (False, None, True)
     assert stopped.tail == ["… the check was stopped after 0.5 s"]
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    left = [p for p in ps.splitlines() if p.strip() == "sleep 300"]
-    assert left == []
+    # the very process the check started (by its pid: another `sleep 300` on the machine is none of this test's)
+    sleeper = int((tmp_path / "sleeper.pid").read_text())
+    assert not _alive(sleeper)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_the_check_sees_none_of_the_executors_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
