@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shared import journal
@@ -81,22 +80,6 @@ async def clients_trial(url: str, path: str, n: int, expect: int,
     async with Generators(url, path, n, expect=expect, timeout=TRIAL_S * 2 + expect / 200 + 10) as gens:
         await start()
         return await gens.results()
-
-
-async def bare_notify_rtt(dsn: str, n: int = 2000) -> list[float]:
-    out = []
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as lis, \
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as snd:
-        await lis.execute("LISTEN bench_rtt")
-        gen = lis.notifies()
-        for i in range(n):
-            t = time.perf_counter()
-            await snd.execute("SELECT pg_notify('bench_rtt', %s)", [str(i)])
-            await anext(gen)
-            out.append(time.perf_counter() - t)
-            await asyncio.sleep(0.002)
-        await gen.aclose()
-    return out
 
 
 # (clients, events/s, events, goal for the p99 ratio): 10 clients take 10,000 samples; 200 clients, 200 a batch

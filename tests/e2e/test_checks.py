@@ -14,7 +14,7 @@ from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServ
 from tests import tables
 from tests.e2e.test_projects import _bash, _git, _repo, _request
 from tests.e2e.test_reviews import _recorded
-from tests.harness import running_executor
+from tests.harness import Harness, running_executor
 from tests.pg import DB
 from tests.scenarios import extractor, handoff
 from tests.served import ingress_server
@@ -24,6 +24,14 @@ from tests.wait import until
 # reach from its sandbox (what it writes there stays in the sandbox's private view)
 CHECK = ("touch \"$PROJECT_CHECKOUT/planted\" 2>/dev/null; "
          "grep -q 'value = 2' app.py && echo 'all good' || { echo 'expected value = 2'; exit 3; }")
+
+
+async def _dispatched(http: httpx.AsyncClient, h: Harness, repo: Path, check: str, retries: int, brief: str,
+                      turn: uuid.UUID) -> uuid.UUID:
+    """A project on `repo` with its check, made through the API, and a worker of it dispatched under `turn`."""
+    made = await _request(http, "/api/projects", {"slug": "demo", "workdir": str(repo), "check_command": check,
+                                                  "check_retries": retries})
+    return await h.dispatch(brief, project_id=uuid.UUID(made["result"]["project_id"]), parent_task_id=turn)
 
 
 async def test_a_failed_check_gets_one_fix_round_on_the_checked_work_and_the_handoff_carries_the_passing_check(
@@ -45,10 +53,7 @@ async def test_a_failed_check_gets_one_fix_round_on_the_checked_work_and_the_han
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, project_roots=(roots,), extract=True) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            made = await _request(http, "/api/projects", {"slug": "demo", "workdir": str(repo),
-                                                          "check_command": check, "check_retries": 1})
-            first = await h.dispatch("set the value", project_id=uuid.UUID(made["result"]["project_id"]),
-                                     parent_task_id=turn)
+            first = await _dispatched(http, h, repo, check, 1, "set the value", turn)
             await _recorded(h, first)
             fixed = await until(lambda: next(iter(tables.tasks(db.admin_dsn, "id", continues_task_id=first)), None),
                                 "the fix round", 90)
@@ -88,10 +93,7 @@ async def test_what_the_check_writes_in_the_worktree_is_not_committed_as_the_wor
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, project_roots=(roots,)) as h, \
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
-            made = await _request(http, "/api/projects", {"slug": "demo", "workdir": str(repo),
-                                                          "check_command": check, "check_retries": 0})
-            task = await h.dispatch("change things", project_id=uuid.UUID(made["result"]["project_id"]),
-                                    parent_task_id=turn)
+            task = await _dispatched(http, h, repo, check, 0, "change things", turn)
             await _recorded(h, task)
             diff = (await http.get(f"/api/tasks/{task}/diff")).json()
     [checked] = tables.payloads(db.admin_dsn, "task.check")
