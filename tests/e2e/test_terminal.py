@@ -187,10 +187,13 @@ async def test_what_the_terminal_says_is_on_the_page_and_the_page_types_at_the_e
         await tmux.keys("desk", "hello from the desk", literal=True)
         await tmux.keys("desk", "Enter")
         await tmux.shows("desk", "echo: hello from the desk")
-        conversation = next((Path(env["CLAUDE_CONFIG_DIR"]) / "projects").glob("*/*.jsonl"))
+        stored = Path(env["CLAUDE_CONFIG_DIR"]) / "projects"
 
         async def written() -> float | None:
-            return time.monotonic() if "echo: hello from the desk" in conversation.read_text() else None
+            # the screen can show the reply before the CLI has made its conversation file: wait for both
+            conversation = next(stored.glob("*/*.jsonl"), None)
+            found = conversation is not None and "echo: hello from the desk" in conversation.read_text()
+            return time.monotonic() if found else None
         async def said() -> float | None:
             return time.monotonic() if await journaled(h, tid, "terminal.entry", "echo: hello from the desk") else None
         at_file = await until(written, "the reply in the conversation file", 20, every=0.02)
