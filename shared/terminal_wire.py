@@ -27,6 +27,20 @@ SOCKET_NAME = "terminals.sock"
 DETACH_KEYS = (b"\x1c", b"d")
 
 
+def detach_keys(data: bytes, held: bool) -> tuple[bytes, bool, bool]:
+    """One read of the terminal's keys: what goes to the session, whether the terminal detaches, and whether a
+    Ctrl-\\ at its end is held for the next read (`held` says one was held before). The two keys can come in one
+    read (typed fast, a loaded machine) or in two."""
+    if held:
+        data = DETACH_KEYS[0] + data
+    at = data.find(DETACH_KEYS[0] + DETACH_KEYS[1])
+    if at >= 0:
+        return data[:at], True, False
+    if data.endswith(DETACH_KEYS[0]):
+        return data[:-1], False, True
+    return data, False, False
+
+
 def frame(kind: bytes, payload: bytes | str | dict[str, Any] = b"") -> bytes:
     if isinstance(payload, dict):
         payload = json.dumps(payload)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ SERIAL = {
         "races a timeout to the 50 ms",
     # benchmark-like: 50 000 lines through the journal and the SSE buffer while one reader lags; whether the reader
     # is cut off (what the test proves) depends on the writer outpacing it, on cores of its own
-    "tests/fault/test_resilience.py::test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_no_line":
+    "tests/fault/test_resilience.py::test_a_worker_flooding_10000_lines_while_a_client_reads_slowly_loses_no_line":
         "throughput: the writer must outpace a slow reader",
     # the ingress restarted on the port it had: between the two binds another worker's connection may take it
     "tests/fault/test_resilience.py::test_the_ingress_restarted_under_50_sse_clients_they_all_resume_with_exactly_the_journal":
@@ -162,6 +163,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 # pytest's exit code when the PostgreSQL asked for (PETAL_TEST_PG_IMAGE) cannot be had
 PG_UNAVAILABLE_EXIT = 4
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _shared_browser_closed() -> AsyncIterator[None]:
+    """The browser the web tests share in this process (tests/web/test_web_client.py `browser`), closed at the end
+    on the session's loop, where it was launched."""
+    yield
+    shared = sys.modules.get("tests.web.test_web_client")
+    if shared is not None:
+        await shared.close_browser()
 
 
 @pytest.fixture(scope="session")

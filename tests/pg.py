@@ -59,7 +59,15 @@ class Cluster:
         # the project's passwords).
         workdir.mkdir(parents=True, exist_ok=True)
         server = dbprocess.wheel().get_server(workdir / "pgdata", cleanup_mode="delete")
-        return cls(server.get_uri())
+        cluster = cls(server.get_uri())
+        # A throwaway server: no fsync, so a test's DROP DATABASE (a checkpoint: 150 ms with fsync, beside two other
+        # workers' servers) does not wait on the disk. A killed server loses nothing by it (the writes are in the
+        # kernel's cache); the servers the fault tests stop and kill are their own (tests/resilience.py).
+        with psycopg.connect(cluster.root_dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET fsync = off")
+            conn.execute("ALTER SYSTEM SET full_page_writes = off")
+            conn.execute("SELECT pg_reload_conf()")
+        return cluster
 
     @classmethod
     def from_image(cls, image: str) -> Cluster:

@@ -99,18 +99,14 @@ def relay(sock: socket.socket, hello: dict[str, Any]) -> int:
                         if not data:  # stdin closed: leave the session running
                             sock.sendall(wire.frame(wire.DETACH))
                             return 0
-                        if ctrl_backslash and data[:1] == wire.DETACH_KEYS[1]:
+                        data, detach, ctrl_backslash = wire.detach_keys(data, ctrl_backslash)
+                        if data:
+                            sock.sendall(wire.frame(wire.DATA, data))
+                        if detach:
                             sock.sendall(wire.frame(wire.DETACH))
                             _say(f"\r\n[petal-dispatch: detached; `petal-dispatch attach {hello.get('id') or ''}` "
                                  "brings it back]\r\n")
                             return 0
-                        if data == wire.DETACH_KEYS[0]:  # wait for the next key before sending it
-                            ctrl_backslash = True
-                            continue
-                        if ctrl_backslash:
-                            data = wire.DETACH_KEYS[0] + data
-                        ctrl_backslash = False
-                        sock.sendall(wire.frame(wire.DATA, data))
                     else:
                         data = sock.recv(65536)
                         if not data:

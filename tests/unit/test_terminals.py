@@ -127,3 +127,22 @@ def test_frames_come_whole_across_reads_and_a_broken_peer_is_refused() -> None:
     with pytest.raises(ValueError):
         wire.Frames().feed(b"Z\x00\x00\x00\x01x")
     assert wire.pointer({"XDG_STATE_HOME": "/s"}) == Path("/s/petal-dispatch/terminals.sock")
+
+
+@pytest.mark.parametrize(("reads", "sent", "detached"), [
+    ([b"\x1c", b"d"], b"", True),  # the two keys in two reads
+    ([b"\x1cd"], b"", True),  # in one read (typed fast, a loaded machine)
+    ([b"ls\x1c", b"d"], b"ls", True),  # what came before them still goes to the session
+    ([b"\x1c", b"x"], b"\x1cx", False),  # Ctrl-\ then another key: both go on
+    ([b"\x1c\x1c", b"q"], b"\x1c\x1cq", False),
+    ([b"d"], b"d", False),
+])
+def test_ctrl_backslash_then_d_detaches_in_one_read_or_two_and_other_keys_go_on(
+        reads: list[bytes], sent: bytes, detached: bool) -> None:
+    out, held, detach = b"", False, False
+    for data in reads:
+        part, detach, held = wire.detach_keys(data, held)
+        out += part
+        if detach:
+            break
+    assert (out, detach, held) == (sent, detached, False)

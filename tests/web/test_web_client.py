@@ -5,6 +5,7 @@ var/test-artifacts/ (or $PETAL_TEST_ARTIFACTS)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
+from playwright.async_api import Browser, Page, Playwright, ViewportSize, async_playwright, expect
 
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from tests.harness import running_executor
@@ -39,14 +40,43 @@ def chromium() -> str:
     return found
 
 
+# This test process's browser, launched by its first browser test and closed at the end of the session
+# (tests/conftest.py): a Playwright driver and a Chromium started per test cost about 3 s of CPU each time.
+_shared: tuple[Playwright, Browser] | None = None
+
+
+async def _launched() -> Browser:
+    global _shared
+    if _shared is not None and _shared[1].is_connected():
+        return _shared[1]
+    await close_browser()  # one that crashed: its driver goes too
+    driver = await async_playwright().start()
+    b = await driver.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-gpu"])
+    _shared = (driver, b)
+    return b
+
+
+async def close_browser() -> None:
+    global _shared
+    if _shared is not None:
+        driver, b, _shared = *_shared, None
+        with contextlib.suppress(Exception):  # a browser that crashed cannot be closed
+            await b.close()
+        await driver.stop()
+
+
 @asynccontextmanager
 async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-gpu"])
-        try:
-            yield b
-        finally:
-            await b.close()
+    """The shared browser, for one test: every context (its pages, storage, service workers) the test opened is
+    closed when it is done, so nothing of one test is seen by the next."""
+    b = await _launched()
+    before = set(b.contexts)
+    try:
+        yield b
+    finally:
+        for context in b.contexts:
+            if context not in before:
+                await context.close()
 
 
 @asynccontextmanager
