@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
+import ssl
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx._transports.default as httpx_transports
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
@@ -18,6 +22,25 @@ from tests.resilience import OwnServer
 # for the in-process executor): each would start a CLI after every turn, and retire it with a journal record while
 # the executor stops, after a test's readers have finished. tests/e2e/test_warm_turns.py turns them on.
 os.environ.setdefault("PETAL_WARM_TURNS", "0")
+
+# Every httpx client a test makes loads the CA bundle into a TLS context of its own (49 ms of CPU, for clients that
+# speak plain HTTP to loopback, hundreds of times a run): the default context is made once and shared (a context
+# serves any number of connections), any other is made as asked.
+_make_tls = httpx.create_ssl_context
+
+
+@functools.cache
+def _default_tls() -> ssl.SSLContext:
+    return _make_tls()
+
+
+def _shared_tls(verify: Any = True, cert: Any = None, trust_env: bool = True) -> ssl.SSLContext:
+    if verify is True and cert is None and trust_env:
+        return _default_tls()
+    return _make_tls(verify=verify, cert=cert, trust_env=trust_env)
+
+
+setattr(httpx_transports, "create_ssl_context", _shared_tls)  # where the clients look it up
 
 # The tiers are folders; each test carries its folder's marker (`-m unit`, `-m "not web"` …).
 TIERS = ("unit", "store", "e2e", "web", "fault", "shipped")
