@@ -60,7 +60,7 @@ SERIAL = {
         "races a timeout to the 50 ms",
     # benchmark-like: 50 000 lines through the journal and the SSE buffer while one reader lags; whether the reader
     # is cut off (what the test proves) depends on the writer outpacing it, on cores of its own
-    "tests/fault/test_resilience.py::test_a_worker_flooding_10000_lines_while_a_client_reads_slowly_loses_no_line":
+    "tests/fault/test_resilience.py::test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_no_line":
         "throughput: the writer must outpace a slow reader",
     # the ingress restarted on the port it had: between the two binds another worker's connection may take it
     "tests/fault/test_resilience.py::test_the_ingress_restarted_under_50_sse_clients_they_all_resume_with_exactly_the_journal":
