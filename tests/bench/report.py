@@ -114,7 +114,8 @@ def _row(fig: dict[str, Any], day: str, where: str) -> str:
 
 
 def render(out: Path, names: list[str]) -> str:
-    lines = [BEGIN, "", "## The latest run", "", "The latest run of each benchmark's quick form (the command after each name below; its full "
+    lines = [BEGIN, "", "## The latest run", "",
+             "The latest run of each benchmark's quick form (the command after each name below; its full "
              "output is in tests/bench/results/). Load is the 1-minute load average before and after it.", "",
              "| figure | value | n | baseline | ratio | goal | date | machine |", "|---|---|---|---|---|---|---|---|"]
     images: list[str] = []
