@@ -5,7 +5,7 @@ import { api } from "./api.js";
 import { $, chip, firstLine, h, short } from "./dom.js";
 import { currentTab } from "./state.js";
 
-const R = { editing: null, open: new Set(), made: null };
+const R = { editing: null, open: new Set(), made: null, loads: 0 };
 const when = (t) => (t ? new Date(t).toLocaleString([], { dateStyle: "short", timeStyle: "short" }) : "");
 const hm = (t) => new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
 // a fire time as the routine's own zone reads it, with the zone said (the page's zone may differ)
@@ -17,9 +17,12 @@ function fireTime(t, tz) {
 
 export async function loadRoutines() {
   if (currentTab() !== "routines") return;
+  // loads overlap (an action's, a routine event's): only the latest started may render, or an earlier answer
+  // arriving last would put back a run that has since ended as still running
+  const load = ++R.loads;
   const [list, quota] = await Promise.all([api("/api/routines"), api("/api/quota").catch(() => ({ windows: [] }))]);
   const runs = await Promise.all([...R.open].map((id) => api(`/api/routines/${id}/runs`).then((r) => [id, r.runs]).catch(() => [id, []])));
-  render(list.routines, quota.windows, new Map(runs));
+  if (load === R.loads) render(list.routines, quota.windows, new Map(runs));
 }
 
 function field(label, input) { return h("label", { class: "field" }, h("span", { class: "label" }, label), input); }
