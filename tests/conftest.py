@@ -50,11 +50,6 @@ HERE = Path(__file__).resolve().parent
 # Tests that must not share the machine with other tests: `.ci/run` runs them after the parallel pass, alone
 # (marked `serial`). Each says why; a test belongs here when its outcome depends on the cores being its own.
 SERIAL = {
-    # a 1.5 s stall threshold: a CLI slow to start on busy cores is silent that long, a second stall
-    "tests/e2e/test_supervisor.py::test_a_silent_worker_is_marked_stalled_and_resumed_when_output_returns":
-        "stall threshold of 1.5 s",
-    "tests/fault/test_resilience.py::test_a_task_waiting_on_a_question_longer_than_the_stall_threshold_is_not_stalled":
-        "stall threshold of 1.5 s",
     # answers timed to 50 ms either side of the ask's timeout: both outcomes must happen
     "tests/fault/test_resilience.py::test_an_answer_racing_the_asks_timeout_closes_the_question_exactly_once":
         "races a timeout to the 50 ms",
@@ -62,14 +57,10 @@ SERIAL = {
     # is cut off (what the test proves) depends on the writer outpacing it, on cores of its own
     "tests/fault/test_resilience.py::test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_no_line":
         "throughput: the writer must outpace a slow reader",
-    # the ingress restarted on the port it had: between the two binds another worker's connection may take it
+    # 50 SSE clients and an in-process ingress restarted under them, all in the test's own event loop (the port it
+    # binds twice is safe beside other workers: tests/served.py hands each worker a slice of ports of its own)
     "tests/fault/test_resilience.py::test_the_ingress_restarted_under_50_sse_clients_they_all_resume_with_exactly_the_journal":
-        "binds one port twice; 50 clients",
-    "tests/web/test_web_client.py::test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_up_with_nothing_missing":
-        "binds one port twice; a 2 s stall threshold",
-    # an executor restarted under its own name within the test: on shared cores the first one's lease lapses late
-    "tests/e2e/test_gates_e2e.py::test_the_context_view_lists_the_thread_s_standing_rules_adds_one_and_revokes_it":
-        "restarts an executor under its lease",
+        "50 clients in the test's own loop",
     # the sandbox's processes must be gone within a deadline after their executor's SIGKILL
     "tests/fault/test_executor_process.py::test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_new_one_sweeps_any_survivor":
         "a deadline for processes to die",
@@ -88,9 +79,6 @@ SERIAL = {
     # overtake the scroll (seen failing only in the parallel pass; the page's follow under load is left open)
     "tests/web/test_web_live.py::test_a_long_turn_keeps_its_newest_steps_in_view_folds_the_rest_once_each_and_follows_only_a_reader_at_the_bottom":
         "a follow timed against a turn that is still landing",
-    # a refused second `up` must answer within 5 s: a start-up (imports) on busy cores takes longer
-    "tests/fault/test_restarts.py::test_a_second_up_or_executor_on_a_data_directory_in_use_is_refused_naming_the_holder":
-        "refusal timed within 5 s",
 }
 
 

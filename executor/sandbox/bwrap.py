@@ -42,16 +42,19 @@ INSTALL_HINT = "apt-get install bubblewrap socat"
 # A sandbox started ahead of its command (ARGV_FD set: executor/run/spawn/ahead.py) reads it from that descriptor once
 # the forwarders accept: each argument NUL-terminated, then an empty one; without that last one (an end of file
 # with nothing, or a write cut short) it ends without starting anything. Bash 5 or newer (EPOCHSECONDS).
-# The launcher then waits for the CLI (passing a stop's signal on) and exits with its status, rather than exec it:
-# bubblewrap's init ends the sandbox when its first child ends, so a CLI that dies for any reason takes the
-# forwarders with it — also when the executor died while bubblewrap was still starting, before the sandbox's init
-# had asked to die with its parent (seen once: an init and its forwarders outlived a killed executor).
+# The launcher then waits for the CLI (passing a stop's signal on) and exits with its status, rather than exec it.
+# Whatever way it ends, it ends its forwarders first: bubblewrap's init waits for every process of the sandbox, and
+# only its parent's end (the outer bubblewrap, gone when the CLI's status is read or the executor dies) takes it
+# down. When the executor died while bubblewrap was still starting, before the init had asked to die with its
+# parent, nothing did: the launcher found no command (an end of file on ARGV_FD) and ended, and the init waited on
+# its forwarders for good (seen after a killed executor: an init and three forwarders, a quarter of an hour on).
 _LAUNCHER = r"""
-ports=()
+ports=() forwarders=()
+trap 'kill "${forwarders[@]}" 2>/dev/null' EXIT
 while [ "$1" != "--" ]; do
   port=${1%%=*}
   socat "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$SOCKETS/${1#*=}" </dev/null >/dev/null &
-  ports+=("$port"); shift
+  forwarders+=($!) ports+=("$port"); shift
 done
 shift
 { exec {pause}<>/dev/ptmx; } 2>/dev/null || pause=

@@ -1,21 +1,24 @@
 """A sandboxed spawn's gateway on its own (real sockets, no CLI): the proxy admits only the allowlist and never an
 internal address in any spelling, a spawn cannot hold more connections than its limit or a request head open
-for long, a forward costs its service nothing until the client speaks, and the sandbox's command starts only once
-every forwarder accepts."""
+for long, a forward costs its service nothing until the client speaks, the sandbox's command starts only once every
+forwarder accepts, and a launcher that ends takes its forwarders with it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from executor.sandbox import bwrap, gateway
 from executor.sandbox.bwrap import SandboxPolicy, SpawnBox
 from executor.sandbox.gateway import Gateway, parse_allowlist
 from tests.harness import sandbox_for
+from tests.served import free_port
 from tests.wait import until
 
 
@@ -165,3 +168,63 @@ async def test_the_sandboxed_command_starts_once_every_forwarder_accepts(tmp_pat
             await gw.close()
     assert waited == [["up"] * 3] * 10
     assert any("refused" in tries for tries in raced), raced  # a forwarder can win the race now and then
+
+
+async def _forwarders_after_no_command(tmp_path: Path) -> list[psutil.Process]:
+    """The launcher of a sandbox started ahead, run as bubblewrap runs it, whose command never comes (its ARGV_FD
+    ends empty, as when the executor died): the forwarders it had started, once it has ended."""
+    ports = [free_port(), free_port()]
+    read_end, write_end = os.pipe()
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", bwrap._LAUNCHER, "petal-sandbox", *(f"{p}={p}.sock" for p in ports), "--",
+        env={"PATH": os.environ["PATH"], "SOCKETS": str(tmp_path), "ARGV_FD": str(read_end)}, pass_fds=(read_end,))
+    os.close(read_end)
+    try:
+        launcher = psutil.Process(proc.pid)
+        forwarders: list[psutil.Process] = []
+
+        def both_started() -> bool:
+            forwarders[:] = [c for c in launcher.children() if c.name() == "socat"]
+            return len(forwarders) == len(ports)
+
+        await until(both_started, "the launcher's forwarders", 20)
+    finally:
+        os.close(write_end)  # no command: the launcher ends
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    return forwarders
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+async def test_a_launcher_that_ends_without_its_command_ends_its_forwarders_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bubblewrap's init waits for every process of its sandbox: a forwarder left behind keeps the sandbox up for
+    good once the outer bubblewrap is gone. Without the launcher's EXIT trap (the negative control) they stay."""
+    forwarders = await _forwarders_after_no_command(tmp_path)
+    try:
+        await until(lambda: not _alive(forwarders), lambda: f"the forwarders to end: {_alive(forwarders)}", 10)
+    finally:
+        _kill(forwarders)
+
+    trap = next(line for line in bwrap._LAUNCHER.splitlines() if line.startswith("trap ") and "EXIT" in line)
+    monkeypatch.setattr(bwrap, "_LAUNCHER", bwrap._LAUNCHER.replace(trap + "\n", ""))
+    left = await _forwarders_after_no_command(tmp_path)
+    try:
+        await asyncio.sleep(0.5)  # must not happen within: nothing ends them now
+        assert len(_alive(left)) == 2
+    finally:
+        _kill(left)
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in _alive(procs):
+        p.kill()

@@ -457,11 +457,13 @@ async def test_a_task_waiting_on_a_question_longer_than_the_stall_threshold_is_n
     _, row, events, during = await _round_trip(
         db, tmp_path, asking(Q1), {"answers": {"Which database?": "Postgres"}},
         answer_after_s=stall_s * 3, stall_timeout_s=stall_s)
-    types = [e.event_type for e in events]
-    asked, answered = (next(e for e in events if e.event_type == t) for t in ("question.asked", "question.answered"))
+    at = {e.event_type: i for i, e in reversed(list(enumerate(events)))}  # each type's first index
+    asked, answered = events[at["question.asked"]], events[at["question.answered"]]
     assert (answered.created_at - asked.created_at).total_seconds() > stall_s * 2  # silent well past the threshold
     assert during["activity"] == "awaiting_user"
-    assert "task.stalled" not in types and row["status"] == "success"
+    # the wait on the question is no stall (a CLI slow to start on busy cores may rightly stall before it asks)
+    waiting = [e.event_type for e in events[at["question.asked"]:at["question.answered"]]]
+    assert "task.stalled" not in waiting and row["status"] == "success", [e.event_type for e in events]
 
 
 async def test_a_stop_the_cli_does_not_obey_is_followed_by_sigkill_after_the_grace(db: DB, tmp_path: Path) -> None:

@@ -252,7 +252,8 @@ async def test_an_ask_is_a_card_that_survives_a_reload_and_its_answer_lets_the_r
 async def test_a_stalled_worker_is_unmissable_and_a_restarted_ingress_is_caught_up_with_nothing_missing(
     db: DB, tmp_path: Path
 ) -> None:
-    scenario = Scenario(rules=[Rule(role="worker", replies=[{"stall": {"seconds": 6, "text": "back, and done"}}])])
+    # stalled long enough for the page's checks below to find it stalled on busy cores (2 s after its last line)
+    scenario = Scenario(rules=[Rule(role="worker", replies=[{"stall": {"seconds": 20, "text": "back, and done"}}])])
     port = free_port()
     with ScriptedModelServer(scenario) as model:
         async with running_executor(db, model, tmp_path, stall_timeout_s=2) as h, browser() as b:
