@@ -8,13 +8,16 @@ race journals nothing), so each entry is journaled once, in order, within a seco
   session typed is journaled already (with its message id) and is not repeated;
 - what the model says, its tool calls and their results → `terminal.entry` (role, blocks; long texts cut);
 - the CLI's own note that a turn was interrupted (Esc: a user entry "[Request interrupted by user…]") →
-  `terminal.entry` with role "interrupted", not a prompt of the user's.
+  `terminal.entry` with role "interrupted", not a prompt of the user's;
+- a `!` command typed in the terminal → `task.user_message` as typed (`!ls`), and what it printed →
+  `terminal.entry` with a `shell_output` block (the CLI writes both as tagged user text).
 Bookkeeping entries (snapshots, attachments, modes, requests, meta prompts) are not the conversation.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,9 +53,26 @@ def _result_text(content: Any) -> str:
     return ""
 
 
+# a `!` command typed in the terminal, and what it printed, as the CLI writes them: two user entries of tagged text
+# (observed on 2.1.328: stdout and stderr each in its tags, either one empty)
+_BASH_INPUT = re.compile(r"<bash-input>(.*)</bash-input>", re.S)
+_BASH_OUTPUT = re.compile(r"<bash-stdout>(.*)</bash-stdout><bash-stderr>(.*)</bash-stderr>", re.S)
+
+
+def _shell(text: str) -> tuple[str | None, list[dict[str, Any]]] | None:
+    """A `!` command as what the user typed, its output as a block of its own; None for any other text."""
+    if typed := _BASH_INPUT.fullmatch(text):
+        return "!" + typed.group(1), []
+    if printed := _BASH_OUTPUT.fullmatch(text):
+        out, err = printed.group(1), printed.group(2)
+        return None, [{"type": "shell_output", "is_error": bool(err.strip()),
+                       "text": _cut("\n".join(part.rstrip("\n") for part in (out, err) if part), MAX_INPUT)}]
+    return None
+
+
 def _user(content: Any) -> tuple[str | None, list[dict[str, Any]]]:
     if isinstance(content, str):
-        return content, []
+        return _shell(content) or (content, [])
     given = [b for b in content or [] if isinstance(b, dict)]
     texts = [b.get("text", "") for b in given if b.get("type") == "text"]
     results = [{"type": "tool_result", "tool_use_id": b.get("tool_use_id"), "is_error": bool(b.get("is_error")),

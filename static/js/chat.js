@@ -191,8 +191,11 @@ function terminalEntry(p, key) {
     return h("li", { class: "msg assistant terminal", ...key }, ...blocks.map((b) => b.type === "text" ? md(b.text)
       : h("div", { class: "step tool" }, h("b", {}, b.name || "tool"), " ", h("code", {}, firstLine(b.input, 200)))));
   }
+  // a tool's result, or what a `!` command typed in the terminal printed
+  const kind = (b) => b.type === "shell_output" ? (b.is_error ? "command output, with errors" : "command output")
+    : b.is_error ? "tool error" : "tool result";
   return h("li", { class: "msg note terminal", ...key }, ...blocks.map((b) => h("details", {},
-    h("summary", {}, b.is_error ? "tool error" : "tool result", " ", firstLine(b.text, 100)), h("pre", {}, b.text))));
+    h("summary", {}, kind(b), " ", firstLine(b.text || "(nothing)", 100)), h("pre", {}, b.text))));
 }
 
 function harnessNote(text, attrs, pending = "") {

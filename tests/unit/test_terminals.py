@@ -69,6 +69,20 @@ def test_a_prompt_a_reply_a_tool_call_and_its_result_are_told_apart_and_bookkeep
     assert blocks({"type": "file-history-snapshot"}) == (None, [])
 
 
+def test_a_bang_command_is_the_prompt_typed_and_its_output_a_block_not_tagged_text() -> None:
+    # the two user entries the CLI (2.1.328) wrote for `!echo hi there; echo oops >&2`, and for a failing `!ls`
+    assert blocks(_entry("user", "<bash-input>echo hi there; echo oops >&2</bash-input>")) == (
+        "!echo hi there; echo oops >&2", [])
+    assert blocks(_entry("user", "<bash-stdout>hi there\noops</bash-stdout><bash-stderr></bash-stderr>")) == (
+        None, [{"type": "shell_output", "is_error": False, "text": "hi there\noops"}])
+    failed = "<bash-stdout></bash-stdout><bash-stderr>ls: cannot access '/x': No such file or directory\n</bash-stderr>"
+    assert blocks(_entry("user", failed)) == (
+        None, [{"type": "shell_output", "is_error": True, "text": "ls: cannot access '/x': No such file or directory"}])
+    # only the whole entry: text that merely mentions the tags is a prompt like any other
+    assert blocks(_entry("user", "what does <bash-input>ls</bash-input> print?"))[0] == (
+        "what does <bash-input>ls</bash-input> print?")
+
+
 def test_the_follower_journals_whole_lines_once_and_not_a_prompt_the_page_typed(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     lines = [_entry("user", "from the phone"), _entry("user", "at the desk"),
