@@ -57,13 +57,6 @@ SERIAL = {
     # is cut off (what the test proves) depends on the writer outpacing it, on cores of its own
     "tests/fault/test_resilience.py::test_a_worker_flooding_50000_lines_while_a_client_reads_slowly_loses_no_line":
         "throughput: the writer must outpace a slow reader",
-    # 50 SSE clients and an in-process ingress restarted under them, all in the test's own event loop (the port it
-    # binds twice is safe beside other workers: tests/served.py hands each worker a slice of ports of its own)
-    "tests/fault/test_resilience.py::test_the_ingress_restarted_under_50_sse_clients_they_all_resume_with_exactly_the_journal":
-        "50 clients in the test's own loop",
-    # the sandbox's processes must be gone within a deadline after their executor's SIGKILL
-    "tests/fault/test_executor_process.py::test_after_the_executor_is_killed_mid_task_its_claude_dies_too_and_a_new_one_sweeps_any_survivor":
-        "a deadline for processes to die",
     # a takeover timed to half a second within 1.5 leases of 3 s: on shared cores a renewal or the reap pass comes late
     "tests/fault/test_fleet.py::test_a_killed_executors_tasks_crash_as_executor_lost_within_its_lease_and_are_retried_on_another":
         "lease timing to the half second",
