@@ -65,7 +65,10 @@ class Tmux:
 
     async def open(self, name: str, command: str) -> None:
         script = self.root / f"{name}.sh"
-        script.write_text(f"{command}\necho \"EXIT:$?\" > {self.root / name}.exit\nsleep 600\n")
+        # the exit code written aside and renamed into place: a reader never finds the file made but still empty
+        exit_file = self.root / f"{name}.exit"
+        script.write_text(f"{command}\necho \"EXIT:$?\" > {exit_file}.part && mv {exit_file}.part {exit_file}\n"
+                          "sleep 600\n")
         await self.run("new-session", "-d", "-s", name, "-x", "120", "-y", "40", f"bash {script}")
 
     async def screen(self, name: str) -> str:
