@@ -95,10 +95,14 @@ def _environ(pid: int) -> dict[str, str]:
 
 def _environ_unless_gone(proc: psutil.Process) -> dict[str, str] | None:
     """Its environment, or None when it exited after it was listed (the server starts short-lived children: a
-    backend for a connection, an autovacuum worker); a process still there that cannot be read is an error."""
+    backend for a connection, an autovacuum worker); a process still there that cannot be read is an error.
+    ESRCH and ENOENT are the kernel saying the process is gone (released between the lookup of its /proc entry and
+    the open), whatever a second look at its pid finds afterwards: only a refusal is checked again."""
     try:
         return None if _gone(proc) else _environ(proc.pid)
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except PermissionError:
         if not _gone(proc):
             raise
         return None
