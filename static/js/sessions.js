@@ -123,12 +123,13 @@ export function renderHandback() {
 }
 
 // The focused thread's live terminal session: who shows it, whether a message waits on the user's typing, and
-// a way to end it from here.
+// a way to end it from here. Docked with the composer: Stop and End session stay on screen while a long turn is
+// followed on a phone (above the conversation they scrolled away).
 function renderTerminal(t) {
   let bar = $("#terminal-live");
   if (!bar) {
     bar = h("p", { id: "terminal-live", class: "terminal-live", hidden: true });
-    $("#handback").before(bar);
+    $(".dock").prepend(bar);
   }
   const live = t?.terminal;
   bar.hidden = !live;

@@ -1,7 +1,8 @@
 """A terminal session on a phone, in a real Chromium against the real services: `petal-dispatch claude` run in
 tmux (the real interactive CLI against the scripted model) is a thread "live in a terminal" on a 390x844 page;
 what is typed at the desk and Claude's reply show in the conversation, a message sent from the page is typed
-into the terminal and its reply shows on both screens, and End session ends it everywhere — the bar goes, the
+into the terminal and its reply shows on both screens, Stop and End session stay on screen wherever the conversation
+is scrolled (docked with the composer), and End session ends it everywhere — the bar goes, the
 wrapper in the terminal exits, the thread says the session ended — with no CLI left behind."""
 
 from __future__ import annotations
@@ -95,11 +96,22 @@ async def test_a_terminal_session_is_followed_steered_and_ended_from_a_phone(db:
                 assert await page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
                 await shot(page, "terminal-live-phone")
 
+                # the bar stays on screen while the conversation is followed: docked with the composer, as on a phone
+                # whose keyboard is open (half the screen), read at its newest line
+                await page.set_viewport_size({"width": PHONE["width"], "height": 420})
+                await page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+                assert await page.evaluate("document.documentElement.scrollHeight") > 700  # the page does scroll
+                await expect(page.locator("#terminal-end")).to_be_in_viewport(ratio=1)
+                await expect(page.locator("#terminal-stop")).to_be_in_viewport(ratio=1)
+                await expect(page.locator("#composer-text")).to_be_in_viewport()
+                await page.evaluate("window.scrollTo(0, 0)")  # and at the top of the conversation
+                await expect(page.locator("#terminal-end")).to_be_in_viewport(ratio=1)
+                await page.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
+
                 # End session, tapped on the phone: the bar goes, the wrapper at the desk exits, the thread says so
                 [(pid,)] = await rows(h, "SELECT pid FROM tasks WHERE id = %s", uuid.UUID(task_id))
                 assert pid is not None and _alive(pid)
                 assert any(p.startswith(f"{pid} ") for p in _ours(tmp_path, claude_only=True))  # the check sees it
-                await page.locator("#terminal-end").scroll_into_view_if_needed()
                 await page.click("#terminal-end")
                 await expect(bar).to_be_hidden(timeout=30_000)
                 await until(lambda: tmux.exit_code("desk") is not None, "the wrapper in the terminal to exit", 30)
