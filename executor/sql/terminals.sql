@@ -77,3 +77,8 @@ RETURNING c.id, c.text
 -- Whether the page's messages wait for this terminal.
 SELECT count(*) AS waiting FROM chat_queue
 WHERE thread_id = %(thread_id)s AND status = 'pending' AND origin = 'user' AND cardinality(attachment_ids) = 0
+
+-- name: count_terminal_threads_in --
+-- How many threads terminal sessions have begun or continued in this directory: a new one's title is numbered
+-- after them, so two sessions of one project are told apart in the thread picker.
+SELECT count(DISTINCT thread_id) AS threads FROM terminal_sessions WHERE cwd = %(cwd)s

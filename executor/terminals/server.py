@@ -237,8 +237,9 @@ class Terminals:
         if thread_id in self.held:
             return None, f"this conversation is live in a terminal already: `petal-dispatch attach {thread_id}`"
         path = conversation_file(plan.config_dir, cwd, plan.session_id)
+        title = await self.store.new_title(cwd) if found is None else ""  # (a thread that exists keeps its own)
         row = NewTerminal(uuid.uuid4(), thread_id, self.config.executor, plan.session_id, cwd, str(plan.config_dir),
-                          f"Terminal: {Path(cwd).name or cwd}", path.stat().st_size if path.exists() else 0,
+                          title, path.stat().st_size if path.exists() else 0,
                           launch.resume_command(cwd, plan, self.config.cli), sandboxed,
                           str(hello.get("holder") or "a terminal"))
         await self._record_start(row, plan, new_thread=found is None)

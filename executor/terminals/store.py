@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -62,6 +63,11 @@ class _TaskId(FromRow):
 @dataclass(frozen=True)
 class _Waiting(FromRow):
     waiting: int
+
+
+@dataclass(frozen=True)
+class _Threads(FromRow):
+    threads: int
 
 
 class TerminalStore:
@@ -117,6 +123,13 @@ class TerminalStore:
 
     async def take_message(self, thread_id: uuid.UUID) -> TypedMessage | None:
         return await self.q.one("take_terminal_chat", {"thread_id": thread_id}, into=TypedMessage)
+
+    async def new_title(self, cwd: str) -> str:
+        """A new terminal thread's title: its directory's name, numbered when sessions there made threads before
+        ("Terminal: app", then "Terminal: app (2)")."""
+        title = f"Terminal: {Path(cwd).name or cwd}"
+        found = await self.q.one("count_terminal_threads_in", {"cwd": cwd}, into=_Threads)
+        return f"{title} ({found.threads + 1})" if found and found.threads else title
 
     async def messages_waiting(self, thread_id: uuid.UUID) -> int:
         found = await self.q.one("count_terminal_chat", {"thread_id": thread_id}, into=_Waiting)
