@@ -15,7 +15,7 @@ import { loadRoutines } from "./js/routines.js";
 import { setConn, stream } from "./js/stream.js";
 import { FLEET_POLL_MS, loadFleet } from "./js/fleet.js";
 import { detailEvent, loadDetail, loadTasks } from "./js/tasks.js";
-import { initSessions } from "./js/sessions.js";
+import { initSessions, reloadSessions } from "./js/sessions.js";
 import { archiveThread, changeMode, clearMissing, findThread, focusThread, loadThreads, newThread, openThread, pickThread, renameThread } from "./js/threads.js";
 
 function onWake(kind) {
@@ -55,13 +55,15 @@ function onEvent(e) {
   if (e.event_type.startsWith("question.")) soon("asks", loadAsks);
   // a terminal session's state (who holds it, a message waiting) is on its thread's row
   if (e.event_type.startsWith("thread.") || /^terminal\.(started|attached|detached|input_waiting|typed|ended)$/.test(e.event_type)) soon("threads", loadThreads);
+  if (/^terminal\.(started|attached|detached|ended)$/.test(e.event_type)) soon("sessions", reloadSessions, 300);
   if (e.event_type.startsWith("gate.")) soon("context", loadContext, 300);
   if (e.event_type.startsWith("routine.")) soon("routines", loadRoutines, 300);
   detailEvent(e);
 }
 
 async function refreshAll() {
-  await Promise.allSettled([loadThreads(), loadTasks(), loadConversation(), loadQueue(), loadAsks(), loadContext(), loadFleet()]);
+  await Promise.allSettled([loadThreads(), loadTasks(), loadConversation(), loadQueue(), loadAsks(), loadContext(), loadFleet(),
+    reloadSessions()]);
 }
 
 function showTab() {

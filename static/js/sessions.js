@@ -6,13 +6,14 @@ import { S } from "./state.js";
 
 let opened = null;  // { loadThreads, focusThread } from app.js (this module imports no view that imports it)
 let searching = 0;
+let loads = 0;  // only the newest of overlapping loads renders: one an event began can overtake a search's
 
 export function initSessions(threads) {
   opened = threads;
   $("#sessions-open").addEventListener("click", toggle);
   $("#sessions-close").addEventListener("click", toggle);
   $("#sessions-q").addEventListener("input", () => { clearTimeout(searching); searching = setTimeout(load, 250); });
-  $("#sessions-dir").addEventListener("change", load);
+  $("#sessions-dir").addEventListener("change", () => load());
   $("#handback-copy").addEventListener("click", copyHandback);
   // the hand-back is one line (the command cut short) until opened: the conversation keeps the screen
   const more = h("button", { id: "handback-more", type: "button", class: "secondary small", "aria-expanded": "false",
@@ -41,15 +42,23 @@ function ago(t) {
   return new Date(t).toLocaleDateString();
 }
 
-async function load() {
+// The open panel follows what the executors hold (a terminal session starting, changing screens, ending; the
+// stream resumed after a restart): it is read again, not left as it was when opened.
+export function reloadSessions() {
+  return $("#sessions-panel").hidden ? undefined : load(true);
+}
+
+async function load(quiet = false) {
+  const mine = ++loads;
   const q = $("#sessions-q").value.trim();
   const dir = $("#sessions-dir").value;
   const params = new URLSearchParams({ limit: "50" });
   if (q) params.set("q", q);
   if (dir) params.set("dir", dir);
-  $("#sessions-status").textContent = "Loading…";
+  if (!quiet) $("#sessions-status").textContent = "Loading…";
   try {
     const data = await api(`/api/claude-sessions?${params}`);
+    if (mine !== loads) return;
     renderDirs(data.dirs, dir);
     const live = data.terminals || [];
     const held = new Set(live.map((t) => t.session_id));
@@ -57,6 +66,7 @@ async function load() {
     $("#sessions-status").textContent = data.sessions.length || live.length ? (data.more ? "Showing the 50 newest; search to narrow." : "")
       : "No stored conversations match.";
   } catch (e) {
+    if (mine !== loads) return;
     $("#sessions-status").textContent = `Could not list them: ${e.message}`;
   }
 }

@@ -2,7 +2,7 @@
 tmux (the real interactive CLI against the scripted model) is a thread "live in a terminal" on a 390x844 page;
 what is typed at the desk and Claude's reply show in the conversation, a message sent from the page is typed
 into the terminal and its reply shows on both screens, Stop and End session stay on screen wherever the conversation
-is scrolled (docked with the composer), and End session ends it everywhere — the bar goes, the
+is scrolled (docked with the composer), and End session ends it everywhere (the open Sessions picker too) — the bar goes, the
 wrapper in the terminal exits, the thread says the session ended — with no CLI left behind."""
 
 from __future__ import annotations
@@ -108,12 +108,20 @@ async def test_a_terminal_session_is_followed_steered_and_ended_from_a_phone(db:
                 await expect(page.locator("#terminal-end")).to_be_in_viewport(ratio=1)
                 await page.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
 
+                # the Sessions picker, open, lists it first as live in the desk's terminal
+                await page.click("#sessions-open")
+                live_row = page.locator("#sessions-list .session.terminal")
+                await expect(live_row).to_have_count(1, timeout=20_000)
+                await expect(live_row).to_contain_text(re.compile(r"live in a terminal, shown in /dev/pts/\d+"))
+
                 # End session, tapped on the phone: the bar goes, the wrapper at the desk exits, the thread says so
                 [(pid,)] = await rows(h, "SELECT pid FROM tasks WHERE id = %s", uuid.UUID(task_id))
                 assert pid is not None and _alive(pid)
                 assert any(p.startswith(f"{pid} ") for p in _ours(tmp_path, claude_only=True))  # the check sees it
                 await page.click("#terminal-end")
                 await expect(bar).to_be_hidden(timeout=30_000)
+                # and the picker, still open, follows: the session is no longer listed as live
+                await expect(live_row).to_have_count(0, timeout=20_000)
                 await until(lambda: tmux.exit_code("desk") is not None, "the wrapper in the terminal to exit", 30)
                 assert tmux.exit_code("desk") in ("0", "129"), tmux.exit_code("desk")
                 ended = page.locator(".msg.note", has_text="The terminal session ended")
