@@ -204,8 +204,13 @@ def _ports(run: _Run) -> Check | None:
         if (s.data_dir / "run").is_dir():
             datalock.probe(s, datalock.UP)
     except datalock.DataDirInUse:
-        return Check("ports", True, f"{s.ingress_host}:{s.ingress_port} and {s.mcp_host}:{s.mcp_port} held by the "
-                                    "`up` running on this data directory")
+        # the ports that `up` holds (its lock says them), which its --port / --mcp-port may have made others
+        holder = datalock.read_holder(datalock.lock_path(s, datalock.UP))
+        held = holder.get("ports")
+        where = (" and ".join(f"{name} {at}" for name, at in held.items()) if isinstance(held, dict) and held
+                 else f"{s.ingress_host}:{s.ingress_port} and {s.mcp_host}:{s.mcp_port}")
+        pid = f" (pid {holder['pid']})" if holder.get("pid") else ""
+        return Check("ports", True, f"{where} held by the `up` running on this data directory{pid}")
     except (errors.ConfigError, OSError):
         pass  # an unusable data directory is said above
     try:

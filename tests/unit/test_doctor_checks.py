@@ -3,12 +3,13 @@ each says ✓ or ✗ with the fix in one line, and a start refuses with the firs
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from petal_dispatch import config, doctor
+from petal_dispatch import config, datalock, doctor
 from petal_dispatch.config import Settings
 from petal_dispatch.doctor import Check
 from shared import errors
@@ -130,3 +131,15 @@ def test_doctor_prints_every_line_and_the_count_of_problems(monkeypatch: pytest.
     monkeypatch.setattr(doctor, "checks", _fake_checks([Check("a", True, "fine")]))
     assert doctor.main(Settings(), {}) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "all checks passed"
+
+
+def test_ports_held_by_the_up_on_this_data_directory_are_the_ones_it_holds_not_the_defaults(tmp_path: Path) -> None:
+    data = tmp_path / "var"
+    (data / "run").mkdir(parents=True)
+    up = Settings(data_dir=data, ingress_port=18123, mcp_port=18124)  # `up --port 18123 --mcp-port 18124`
+    with datalock.acquire(config.absolute(up), datalock.UP):
+        found = doctor._ports(_run(Settings(data_dir=data)))  # noqa: SLF001 - `doctor` with no --port
+    assert found is not None and found.ok, found
+    assert "127.0.0.1:18123" in found.detail and "127.0.0.1:18124" in found.detail, found.detail
+    assert ":8000" not in found.detail and ":8002" not in found.detail, found.detail
+    assert f"(pid {os.getpid()})" in found.detail and "held by the `up`" in found.detail
