@@ -167,6 +167,8 @@ class Held:
             before.send(wire.NOTE, {"text": f"the session was taken by {client.holder}"})
             before.send(wire.EXIT, {"code": 0})
         client.send(wire.NOTE, {"id": str(self.thread_id), "text": ""})
+        # the row before the record: a page that reads the session when the record reaches it finds the new holder
+        await self.store.set_holder(self.task_id, client.holder)
         await self._journal(NewEvent("terminal.attached", {"holder": client.holder}, session_id=self.thread_id,
                                      task_id=self.task_id))
         client.send(wire.DATA, self.screen.redraw())
@@ -174,7 +176,6 @@ class Held:
             self.resize(rows, max(1, cols - 1))
             await asyncio.sleep(0.05)
         self.resize(rows, cols)
-        await self.store.set_holder(self.task_id, client.holder)
 
     async def detach(self, client: Client) -> None:
         if self.client is not client:

@@ -127,7 +127,7 @@ class TerminalStore:
     async def new_title(self, cwd: str) -> str:
         """A new terminal thread's title: its directory's name, numbered when sessions there made threads before
         ("Terminal: app", then "Terminal: app (2)")."""
-        title = f"Terminal: {Path(cwd).name or cwd}"
+        title = f"Terminal: {(Path(cwd).name or cwd)[:180]}"  # its number stays within the title's 200 characters
         found = await self.q.one("count_terminal_threads_in", {"cwd": cwd}, into=_Threads)
         return f"{title} ({found.threads + 1})" if found and found.threads else title
 

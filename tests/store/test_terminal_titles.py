@@ -36,3 +36,6 @@ async def test_sessions_in_one_directory_make_numbered_threads_and_a_continued_o
     assert [titles[t] for t in (first, second, other, third)] == [
         "Terminal: app", "Terminal: app (2)", "Terminal: site", "Terminal: app (3)"]
     assert await store.new_title("/") == "Terminal: /"  # a directory with no name is named by its path
+    long = "/home/me/" + "d" * 250  # a long name is cut, never its number
+    await _begin(store, long)
+    assert (await store.new_title(long)).endswith(" (2)") and len(await store.new_title(long)) <= 200
