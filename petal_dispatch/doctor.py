@@ -207,8 +207,9 @@ def _ports(run: _Run) -> Check | None:
         # the ports that `up` holds (its lock says them), which its --port / --mcp-port may have made others
         holder = datalock.read_holder(datalock.lock_path(s, datalock.UP))
         held = holder.get("ports")
+        # (an older version's lock names none: its ports are not this run's settings, so they are not guessed)
         where = (" and ".join(f"{name} {at}" for name, at in held.items()) if isinstance(held, dict) and held
-                 else f"{s.ingress_host}:{s.ingress_port} and {s.mcp_host}:{s.mcp_port}")
+                 else "its ports (unknown: its lock does not name them)")
         pid = f" (pid {holder['pid']})" if holder.get("pid") else ""
         return Check("ports", True, f"{where} held by the `up` running on this data directory{pid}")
     except (errors.ConfigError, OSError):

@@ -186,8 +186,12 @@ function expand(form, open) {
   toggle.setAttribute("aria-expanded", String(open));
   toggle.textContent = open ? "Later" : "Answer";
   renderAsks();
-  if (open) (form.querySelector(".body input, .body button") || form).focus();
-  else toggle.focus();
+  if (!open) return toggle.focus();
+  // focused without the browser's scroll (that brought the first option up and cut the question off above it):
+  // the docked cards show the card from its question
+  (form.querySelector(".body input, .body button") || form).focus({ preventScroll: true });
+  const dock = form.closest(".pinned-asks");
+  if (dock) dock.scrollTop += form.getBoundingClientRect().top - dock.getBoundingClientRect().top;
 }
 
 async function answer(a, form, error) {

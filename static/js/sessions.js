@@ -7,6 +7,8 @@ import { S } from "./state.js";
 let opened = null;  // { loadThreads, focusThread } from app.js (this module imports no view that imports it)
 let searching = 0;
 let loads = 0;  // only the newest of overlapping loads renders: one an event began can overtake a search's
+let adopting = false;  // a continue in flight: a background reload would give back its disabled button (a second tap)
+let dirsShown = "";  // the directories the <select> lists: rebuilt only when they change (an open one would close)
 
 export function initSessions(threads) {
   opened = threads;
@@ -45,7 +47,7 @@ function ago(t) {
 // The open panel follows what the executors hold (a terminal session starting, changing screens, ending; the
 // stream resumed after a restart): it is read again, not left as it was when opened.
 export function reloadSessions() {
-  return $("#sessions-panel").hidden ? undefined : load(true);
+  return $("#sessions-panel").hidden || adopting ? undefined : load(true);
 }
 
 async function load(quiet = false) {
@@ -72,6 +74,9 @@ async function load(quiet = false) {
 }
 
 function renderDirs(dirs, chosen) {
+  const shown = JSON.stringify([dirs, chosen]);
+  if (shown === dirsShown) return;
+  dirsShown = shown;
   $("#sessions-dir").replaceChildren(h("option", { value: "" }, "every directory"),
     ...dirs.map((d) => h("option", { value: d.cwd, selected: d.cwd === chosen }, `${d.cwd} (${d.sessions})`)));
 }
@@ -110,6 +115,7 @@ async function open(threadId) {
 
 async function adopt(s, button) {
   button.disabled = true;
+  adopting = true;
   $("#sessions-status").textContent = "Queued…";
   try {
     const made = await api("/api/threads", { method: "POST", body: { adopt_session_id: s.session_id, executor: s.executor } });
@@ -119,6 +125,8 @@ async function adopt(s, button) {
   } catch (e) {
     button.disabled = false;
     $("#sessions-status").textContent = `Not continued: ${e.message}`;
+  } finally {
+    adopting = false;
   }
 }
 
@@ -156,10 +164,13 @@ function renderTerminal(t) {
   const stop = h("button", { type: "button", class: "secondary small", id: "terminal-stop" }, "Stop");
   stop.addEventListener("click", () => api(`/api/tasks/${live.task_id}/stop`, { method: "POST", body: { reason: "interrupted from the page" } })
     .catch((e) => { stop.title = e.message; }));
+  // one line: where it shows gives way (cut, whole in its title) before the buttons or a waiting message do
+  const where = `${live.held_by ? `shown in ${live.held_by}` : "detached: running on its own"} · ${
+    live.sandboxed ? "sandboxed" : "not sandboxed (your own session)"}`;
   bar.replaceChildren(h("span", { class: "chip live" }, "live in a terminal"), " ",
-    live.held_by ? `shown in ${live.held_by}` : "detached: running on its own", " ",
-    h("span", { class: "meta" }, live.sandboxed ? "· sandboxed " : "· not sandboxed (your own session) "),
-    ...(live.input_waiting ? [h("span", { class: "meta waiting" }, "· your message waits: the terminal's input line holds text ")] : []),
+    h("span", { class: "meta where", title: where }, where), " ",
+    ...(live.input_waiting ? [h("span", { class: "chip waiting", title: "a message from the page waits: the terminal's input line holds text" },
+      "message waits"), " "] : []),
     stop, " ", end);
 }
 

@@ -3,6 +3,7 @@ each says ✓ or ✗ with the fix in one line, and a start refuses with the firs
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,3 +144,14 @@ def test_ports_held_by_the_up_on_this_data_directory_are_the_ones_it_holds_not_t
     assert "127.0.0.1:18123" in found.detail and "127.0.0.1:18124" in found.detail, found.detail
     assert ":8000" not in found.detail and ":8002" not in found.detail, found.detail
     assert f"(pid {os.getpid()})" in found.detail and "held by the `up`" in found.detail
+
+
+def test_an_up_whose_lock_names_no_ports_is_not_said_to_hold_this_runs_defaults(tmp_path: Path) -> None:
+    data = tmp_path / "var"
+    (data / "run").mkdir(parents=True)
+    with datalock.acquire(config.absolute(Settings(data_dir=data)), datalock.UP) as held:
+        held.path.write_text(json.dumps({"pid": os.getpid(), "command": "up"}))  # an older version's lock
+        found = doctor._ports(_run(Settings(data_dir=data)))  # noqa: SLF001
+    assert found is not None and found.ok, found
+    assert ":8000" not in found.detail and ":8002" not in found.detail, found.detail
+    assert "ports (unknown" in found.detail and f"(pid {os.getpid()})" in found.detail, found.detail

@@ -1,7 +1,8 @@
 """The page at phone and desktop sizes against the real ingress and PostgreSQL: a waiting question docks as
 a one-line bar that opens in place and leaves the conversation half the screen, every action on screen; an
 approval shows its brief with Approve / Reject only; an answer shows in Asks history and in Chat; a harness
-report is a compact note; the toolbar's controls are touch-sized and labelled; no console errors."""
+report is a compact note; the toolbar's controls are touch-sized and labelled; a terminal session's bar beside an
+open question keeps one line and the conversation its half; no console errors."""
 
 from __future__ import annotations
 
@@ -224,3 +225,35 @@ async def test_a_harness_report_is_a_compact_note_and_an_answer_shows_in_chat_an
             for tab in ("tasks", "asks", "activity", "context", "chat"):
                 await page.click(f"a[data-tab='{tab}']")
                 await expect(page.locator(f"#view-{tab}")).to_be_visible()
+
+
+async def test_a_terminal_threads_bar_and_an_open_question_leave_the_conversation_half_a_phone(db: DB) -> None:
+    # a thread live in a terminal (its bar at its longest: shown on a tty, not sandboxed, a message waiting) and a
+    # question of it opened in place: the bar stays one line of touch-sized buttons, the card gives way to it
+    with psycopg.connect(db.admin_dsn) as conn:
+        tables.ensure_thread(conn, DEFAULT_THREAD_ID, mode="interactive")
+        turn = tables.insert_task(conn, session_id=DEFAULT_THREAD_ID, role="orchestrator", brief="at the desk",
+                                  status="running", activity="running")
+        tables.add(conn, "terminal_sessions", task_id=turn, thread_id=DEFAULT_THREAD_ID, executor_name="desk",
+                   cli_session_id=str(uuid.uuid4()), cwd="/home/someone/projects/a-rather-long-directory-name",
+                   sandboxed=False, held_by="/dev/pts/12", input_waiting=True)
+    ask = _insert_ask(db.admin_dsn, [_question(i) for i in range(1, 3)])
+    async with ingress_server(db.ingress_dsn) as url, browser() as b:
+        async with watched(b, url, PHONE) as page:
+            bar = page.locator("#terminal-live")
+            await expect(bar.locator(".where")).to_have_attribute("title",
+                                                               "shown in /dev/pts/12 · not sandboxed (your own session)")
+            await expect(bar.locator(".chip.waiting")).to_have_text("message waits")
+            for selector in ("#terminal-stop", "#terminal-end"):
+                await _on_screen(page, selector)
+            lines = await bar.evaluate("(el) => el.getBoundingClientRect().height")
+            assert lines < 60, f"the bar wraps: {lines} px high"
+            card = page.locator(f"#pinned-asks .ask[data-ask-id='{ask}']")
+            await card.locator(".bar .toggle").click()
+            await expect(card.locator("fieldset").first).to_be_visible()
+            await _half_the_screen(page)
+            assert await page.locator("#pinned-asks").evaluate("(el) => el.scrollTop") == 0  # from its question
+            base = f"#pinned-asks .ask[data-ask-id='{ask}']"
+            for selector in ("#terminal-stop", "#terminal-end", f"{base} .bar .toggle", f"{base} button[type='submit']"):
+                await _on_screen(page, selector)
+            await shot(page, "phone-terminal-and-ask")

@@ -101,11 +101,14 @@ async def test_a_terminal_session_is_followed_steered_and_ended_from_a_phone(db:
                 await page.set_viewport_size({"width": PHONE["width"], "height": 420})
                 await page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
                 assert await page.evaluate("document.documentElement.scrollHeight") > 700  # the page does scroll
-                await expect(page.locator("#terminal-end")).to_be_in_viewport(ratio=1)
-                await expect(page.locator("#terminal-stop")).to_be_in_viewport(ratio=1)
+                for button in ("#terminal-end", "#terminal-stop"):  # whole, uncovered (the tabs are fixed), touch-sized
+                    await expect(page.locator(button)).to_be_in_viewport(ratio=1)
+                    await seen(page.locator(button))
+                    assert ((await page.locator(button).bounding_box()) or {"height": 0})["height"] >= 44, button
                 await expect(page.locator("#composer-text")).to_be_in_viewport()
                 await page.evaluate("window.scrollTo(0, 0)")  # and at the top of the conversation
                 await expect(page.locator("#terminal-end")).to_be_in_viewport(ratio=1)
+                await seen(page.locator("#terminal-end"))
                 await page.set_viewport_size({"width": PHONE["width"], "height": PHONE["height"]})
 
                 # the Sessions picker, open, lists it first as live in the desk's terminal
