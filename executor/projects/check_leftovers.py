@@ -8,13 +8,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from executor.projects.git import Git, GitError
+from executor.projects.worktrees import scrub_store, store_of
 
 MAX_LISTED = 100  # of the paths undone, in the check's record
 
 
 async def changed_paths(worktree: Path) -> dict[str, str]:
-    """Each path of the worktree that differs from its HEAD (ignored ones aside), with its two-letter status."""
-    out = (await (await Git.at(worktree))("status", "--porcelain=v1", "-z", "--untracked-files=all")).out
+    """Each path of the worktree that differs from its HEAD (ignored ones aside), with its two-letter status.
+
+    The worker, and the check after it, could write the worktree's admin files in its repository: a link planted
+    as its `index` would have git's lock-and-rename write the index (paths a worker named, a key line among them)
+    wherever the link points. So the repository is scrubbed first (no link, or GitError), and `status` takes no
+    optional lock (it does not rewrite the index)."""
+    if (store := store_of(worktree)).is_dir():
+        scrub_store(store)
+    out = (await (await Git.at(worktree))("--no-optional-locks", "status", "--porcelain=v1", "-z",
+                                         "--untracked-files=all")).out
     entries, found = out.split("\0"), {}
     i = 0
     while i < len(entries):
@@ -33,6 +42,7 @@ async def undo_check(worktree: Path, before: dict[str, str]) -> list[str]:
     worker changed (`before`, read before the check ran) stays as the worker left it. The paths undone."""
     root = worktree.resolve()
     undone = []
+    # (changed_paths scrubs the repository first: `checkout` below writes the index the check may have linked)
     for path, status in (await changed_paths(worktree)).items():
         if path in before:
             continue

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from executor.projects import check_leftovers
+from executor.projects.git import GitError
 from executor.run import process, substrate
 from executor.run.isolation import Isolation
 from executor.sandbox.gateway import Gateway
@@ -42,6 +44,19 @@ def check_env(spawn_id: uuid.UUID, workdir: Path) -> dict[str, str]:
     settings or the CLI's credentials. The task's marker lets a sweep find what it leaves behind."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(workdir),
             "CI": "true", substrate.TASK_ENV_VAR: str(spawn_id)}
+
+
+async def check_worktree(isolation: Isolation | None, project_id: uuid.UUID | None, workdir: Path, command: str,
+                         timeout_s: float, on_output: Callable[[], Awaitable[None]] | None = None) -> dict[str, object]:
+    """The check's record: `run_check` on the worktree, and what it left there undone (bytecode, build output: not
+    the worker's work, it never reaches the branch). Not run, and failed, when git may not touch the worker's
+    repository (a link planted in it): its branch is refused for the same reason when its changes are read."""
+    try:
+        before = await check_leftovers.changed_paths(workdir)
+    except (GitError, OSError) as exc:
+        return {**CheckResult(command, False, None, 0.0, [f"not run: {exc}"]).payload(), "undone": []}
+    result = await run_check(isolation, project_id, workdir, command, timeout_s, on_output)
+    return {**result.payload(), "undone": await check_leftovers.undo(workdir, before)}
 
 
 async def run_check(isolation: Isolation | None, project_id: uuid.UUID | None, workdir: Path, command: str,

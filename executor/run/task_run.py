@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from executor.journal.writer import Fenced, JournalWriter
-from executor.projects import check_leftovers
 from executor.run import check, lineage, process, stream, substrate
 from executor.run.credentials import Credentials
 from executor.run.fleet import Lease
@@ -259,12 +258,9 @@ class TaskRunner:
         if command is None or r.workdir is None:
             return
         await self._mark_output(r)  # the watchdog's silence counts from the check's start, and its output
-        before = await check_leftovers.changed_paths(r.workdir)
-        result = await check.run_check(self.isolation, r.project_id, r.workdir, command, self.config.check_timeout_s,
-                                       on_output=lambda: self._mark_output(r))
-        # what the check wrote (bytecode, build output) is not the worker's work: it never reaches the branch
-        undone = await check_leftovers.undo(r.workdir, before)
-        await self.writer.write([replace(r.event("task.check", {**result.payload(), "undone": undone}), tier="derived")])
+        checked = await check.check_worktree(self.isolation, r.project_id, r.workdir, command,
+                                             self.config.check_timeout_s, on_output=lambda: self._mark_output(r))
+        await self.writer.write([replace(r.event("task.check", checked), tier="derived")])
 
     def _offer_warm(self, task: ClaimedTask, reason: str | None) -> None:
         """A thread's turn ended: its conversation is stored, so its next turn can start now (warm turns); not

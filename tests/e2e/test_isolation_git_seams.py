@@ -1,6 +1,7 @@
 """What a spawn writes in git metadata never steers the executor: a `.git` file in a shared working directory does
 not choose the next sandbox's mounts, links planted in a worker's repository are not written through by the
-executor's commit, and a repository's `protocol.ext.allow` does not turn the settlement's fetch into a command.
+executor's commit or by the check's status and undo, and a repository's `protocol.ext.allow` does not turn the
+settlement's fetch into a command.
 Each with its negative control (the same plant against the layout, the plain git, or the config the fix
 overrides)."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from executor.projects import git, worktrees
+from executor.run import check
 from executor.sandbox import git_view
 from tests.e2e.test_isolation_git import _git, _recorded, _repo
 
@@ -103,3 +105,48 @@ async def test_a_repositorys_protocol_ext_allow_does_not_turn_the_fetch_into_a_c
     subprocess.run([git.program(), "-C", str(repo), "fetch", "--quiet", str(worktrees.store_of(wt.path)),
                     f"+refs/heads/{wt.branch}:refs/heads/{wt.branch}"], env=env, capture_output=True, check=False)
     assert ran.exists()
+
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPLANTEDKEYPLANTEDKEYPLANTEDKEYPLANTEDKE attacker"
+
+
+async def _worker_with_a_key_named_file(tmp_path: Path) -> tuple[worktrees.Worktree, Path]:
+    """A worker's commit, as its sandbox lets it: a tracked file that is also ignored, named with a key line (the
+    index holds path names); and the victim a link to the index would make (a file in a directory that exists)."""
+    repo = _repo(tmp_path / "repo", {"a.txt": "a\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    name = f"x\n{KEY}\ny"
+    (wt.path / name).write_text("z\n")
+    (wt.path / ".gitignore").write_text("x*\n")
+    _git(wt.path, "add", "--force", "--", name, ".gitignore")
+    _git(wt.path, "commit", "--quiet", "-m", "work")
+    (tmp_path / "ssh").mkdir()
+    return wt, tmp_path / "ssh" / "authorized_keys"
+
+
+def _link_index(wt: worktrees.Worktree, victim: Path) -> str:
+    """The shell that replaces the worktree's index with a link to `victim` (the worker's, or its check's code)."""
+    return f'i="$(git rev-parse --absolute-git-dir)/index" && rm "$i" && ln -s {victim} "$i"'
+
+
+async def test_an_index_link_the_check_plants_is_not_written_through_by_its_undo(tmp_path: Path) -> None:
+    wt, victim = await _worker_with_a_key_named_file(tmp_path)
+    record = await check.check_worktree(None, None, wt.path, _link_index(wt, victim), 30)
+    assert record["passed"] is True  # it ran; what it left is not undone through the link
+    assert isinstance(record["undone"], str) and "symbolic link" in record["undone"], record["undone"]
+    assert not victim.exists()
+
+    # negative control: the undo's checkout without the scrub writes the index, key line and all, at the victim
+    name = f"x\n{KEY}\ny"
+    subprocess.run(["git", "-C", str(wt.path), "checkout", "HEAD", "--", name], check=True, capture_output=True)
+    assert f"\n{KEY}\n".encode() in victim.read_bytes()
+
+
+async def test_an_index_link_the_worker_planted_stops_its_check_before_git_touches_it(tmp_path: Path) -> None:
+    wt, victim = await _worker_with_a_key_named_file(tmp_path)
+    subprocess.run(["bash", "-c", _link_index(wt, victim)], cwd=wt.path, check=True)
+    ran = tmp_path / "check-ran"
+    record = await check.check_worktree(None, None, wt.path, f"touch {ran}", 30)
+    assert record["passed"] is False and record["exit_code"] is None and record["undone"] == []
+    assert "not run" in record["tail"][0] and "symbolic link" in record["tail"][0], record["tail"]  # type: ignore[index]
+    assert not ran.exists() and not victim.exists()
