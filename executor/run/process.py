@@ -12,21 +12,32 @@ import psutil
 
 # A flood of lines is taken 64 KiB at a time: fewer reads, and bigger batches for the journal writer.
 READ_CHUNK = 1 << 16
+# The longest line held whole: a longer one is handed on in pieces of this size (each then a line of its own, not
+# JSON). A spawn's output is its word, a process in its sandbox can write it, and one endless line would otherwise
+# grow the executor's memory without bound.
+MAX_LINE = 64 << 20
 
 
 async def iter_line_chunks(stream: asyncio.StreamReader) -> AsyncIterator[list[bytes]]:
-    """The complete lines of each read, of any length (a 5 MB stream-json line is normal); split on
-    b"\\n" only and decode later. Handing over a read's lines together keeps per-line overhead low."""
-    buf = b""
+    """The complete lines of each read, up to MAX_LINE long (a 5 MB stream-json line is normal); split on b"\\n"
+    only and decode later. Handing over a read's lines together keeps per-line overhead low. A line's start is
+    kept in a bytearray each read extends in place (bytes joined again at every read cost the square of a long
+    line's length: 64 MiB took the event loop 17 s)."""
+    buf = bytearray()
     while chunk := await stream.read(READ_CHUNK):
-        buf += chunk
         if b"\n" not in chunk:
+            buf += chunk
+            if len(buf) >= MAX_LINE:
+                yield [bytes(buf)]
+                buf.clear()
             continue
-        *lines, buf = buf.split(b"\n")
-        yield lines
+        first, *lines, rest = chunk.split(b"\n")
+        buf += first
+        yield [bytes(buf), *lines]
+        buf = bytearray(rest)
     if buf:
         # a last line without its newline (the process died mid-write) is still a line
-        yield [buf]
+        yield [bytes(buf)]
 
 
 async def iter_lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:

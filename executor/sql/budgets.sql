@@ -9,7 +9,7 @@ WITH RECURSIVE run_tasks AS (
     SELECT c.id FROM run_tasks x JOIN tasks c ON c.parent_task_id = x.id
 )
 SELECT rt.name, rt.usd_per_run::float8 AS usd_per_run, r.usd_raised::float8 AS usd_raised, r.thread_id,
-       (SELECT coalesce(sum((j.payload ->> 'total_cost_usd')::numeric), 0)::float8 FROM journal j
+       (SELECT coalesce(sum(stream_cost_usd(j.payload)), 0)::float8 FROM journal j
         WHERE j.event_type = 'stream.result' AND j.task_id IN (SELECT id FROM run_tasks)) AS spent
 FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
 WHERE r.id = %(run_id)s

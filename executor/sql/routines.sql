@@ -147,7 +147,7 @@ SELECT (SELECT status FROM run_tasks WHERE role = 'orchestrator' ORDER BY create
             THEN (SELECT reason FROM budget_asks ORDER BY created_at DESC LIMIT 1)
             ELSE (SELECT status_reason FROM run_tasks WHERE status = 'skipped' AND status_reason LIKE 'budget:%%'
                   ORDER BY created_at LIMIT 1) END AS budget_reason,
-       (SELECT coalesce(sum((j.payload ->> 'total_cost_usd')::numeric), 0)::float8 FROM journal j
+       (SELECT coalesce(sum(stream_cost_usd(j.payload)), 0)::float8 FROM journal j
         WHERE j.event_type = 'stream.result' AND j.task_id IN (SELECT id FROM run_tasks)) AS cost_usd,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('tool', j.payload ->> 'tool', 'summary', j.payload ->> 'summary',
                                                      'category', j.payload ->> 'category') ORDER BY j.seq), '[]')
@@ -162,6 +162,9 @@ RETURNING ended_at
 
 -- name: record_quota_windows --
 -- The rate_limit_event lines journaled since the cursor: the latest per window is kept, the cursor moves past them.
+-- A line is the spawn's word (a process in its sandbox can write the CLI's output): a window's name is a plain word,
+-- and no reset is believed further than 8 days past its line (the longest window is a week), so a forged one holds
+-- the routines for at most that long, and never under a name no real line would overwrite.
 WITH cur AS (
     SELECT seq FROM quota_cursor FOR UPDATE
 ), lines AS (
@@ -170,7 +173,7 @@ WITH cur AS (
 ), latest AS (
     SELECT DISTINCT ON (coalesce(info ->> 'rateLimitType', 'unknown'))
            coalesce(info ->> 'rateLimitType', 'unknown') AS kind, info, seq, created_at
-    FROM lines WHERE jsonb_typeof(info) = 'object'
+    FROM lines WHERE jsonb_typeof(info) = 'object' AND coalesce(info ->> 'rateLimitType', 'unknown') ~ '^[a-z0-9_]{1,40}$'
     ORDER BY coalesce(info ->> 'rateLimitType', 'unknown'), seq DESC
 ), moved AS (
     UPDATE quota_cursor SET seq = (SELECT max(seq) FROM lines) WHERE EXISTS (SELECT 1 FROM lines)
@@ -178,7 +181,8 @@ WITH cur AS (
 INSERT INTO quota_windows (kind, status, utilization, resets_at, seq, updated_at)
 SELECT left(kind, 100), left(coalesce(info ->> 'status', 'unknown'), 100),
        CASE WHEN jsonb_typeof(info -> 'utilization') = 'number' THEN (info ->> 'utilization')::float8 END,
-       CASE WHEN jsonb_typeof(info -> 'resetsAt') = 'number' THEN to_timestamp((info ->> 'resetsAt')::float8) END,
+       CASE WHEN jsonb_typeof(info -> 'resetsAt') = 'number'
+            THEN least(to_timestamp(least((info ->> 'resetsAt')::numeric, 1e10)::float8), created_at + interval '8 days') END,
        seq, created_at
 FROM latest
 ON CONFLICT (kind) DO UPDATE SET status = EXCLUDED.status, utilization = EXCLUDED.utilization,

@@ -325,7 +325,7 @@ WITH RECURSIVE up AS (
     UNION
     SELECT c.id FROM run_tasks x JOIN tasks c ON c.parent_task_id = x.id
 ), spent AS (
-    SELECT coalesce(sum((j.payload ->> 'total_cost_usd')::numeric), 0)::float8 AS usd FROM journal j
+    SELECT coalesce(sum(stream_cost_usd(j.payload)), 0)::float8 AS usd FROM journal j
     WHERE j.event_type = 'stream.result' AND j.task_id IN (SELECT id FROM run_tasks)
 ), granted AS (
     SELECT least(t.max_budget_usd::float8, greatest(run.cap - spent.usd, 0)) AS usd, run.cap, spent.usd AS spent

@@ -15,7 +15,7 @@ LEFT JOIN LATERAL (
     WHERE r.tool_use_id IS NOT NULL AND j.task_id = r.task_id AND j.event_type IN ('stream.assistant', 'stream.user')
 ) ran ON true
 LEFT JOIN LATERAL (
-    SELECT sum((j.payload ->> 'total_cost_usd')::numeric)::float8 AS usd FROM journal j
+    SELECT sum(stream_cost_usd(j.payload))::float8 AS usd FROM journal j
     WHERE j.task_id = r.task_id AND j.event_type = 'stream.result'
 ) cost ON true
 WHERE (%(thread_id)s::uuid IS NULL OR r.thread_id = %(thread_id)s::uuid)

@@ -96,12 +96,12 @@ SELECT CASE %(by)s WHEN 'task' THEN task_id::text WHEN 'thread' THEN thread_id::
                    WHEN 'project' THEN project_id::text
                    ELSE to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') END AS key,
        count(*) AS runs,
-       sum(coalesce((payload -> 'usage' ->> 'input_tokens')::bigint, 0))::bigint AS input_tokens,
-       sum(coalesce((payload -> 'usage' ->> 'output_tokens')::bigint, 0))::bigint AS output_tokens,
-       sum(coalesce((payload -> 'usage' ->> 'cache_creation_input_tokens')::bigint, 0))::bigint
+       sum(stream_count(payload -> 'usage' -> 'input_tokens'))::bigint AS input_tokens,
+       sum(stream_count(payload -> 'usage' -> 'output_tokens'))::bigint AS output_tokens,
+       sum(stream_count(payload -> 'usage' -> 'cache_creation_input_tokens'))::bigint
            AS cache_creation_input_tokens,
-       sum(coalesce((payload -> 'usage' ->> 'cache_read_input_tokens')::bigint, 0))::bigint AS cache_read_input_tokens,
-       sum(coalesce((payload ->> 'total_cost_usd')::numeric, 0))::float8 AS cost_usd
+       sum(stream_count(payload -> 'usage' -> 'cache_read_input_tokens'))::bigint AS cache_read_input_tokens,
+       sum(stream_cost_usd(payload))::float8 AS cost_usd
 FROM scoped
 WHERE (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
   AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)
@@ -143,12 +143,12 @@ SELECT CASE %(by)s WHEN 'task' THEN task_id::text WHEN 'thread' THEN thread_id::
                    WHEN 'project' THEN project_id::text
                    ELSE to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') END AS key,
        count(*) AS runs,
-       sum(coalesce((payload -> 'usage' ->> 'input_tokens')::bigint, 0))::bigint AS input_tokens,
-       sum(coalesce((payload -> 'usage' ->> 'output_tokens')::bigint, 0))::bigint AS output_tokens,
-       sum(coalesce((payload -> 'usage' ->> 'cache_creation_input_tokens')::bigint, 0))::bigint
+       sum(stream_count(payload -> 'usage' -> 'input_tokens'))::bigint AS input_tokens,
+       sum(stream_count(payload -> 'usage' -> 'output_tokens'))::bigint AS output_tokens,
+       sum(stream_count(payload -> 'usage' -> 'cache_creation_input_tokens'))::bigint
            AS cache_creation_input_tokens,
-       sum(coalesce((payload -> 'usage' ->> 'cache_read_input_tokens')::bigint, 0))::bigint AS cache_read_input_tokens,
-       sum(coalesce((payload ->> 'total_cost_usd')::numeric, 0))::float8 AS cost_usd
+       sum(stream_count(payload -> 'usage' -> 'cache_read_input_tokens'))::bigint AS cache_read_input_tokens,
+       sum(stream_cost_usd(payload))::float8 AS cost_usd
 FROM scoped
 WHERE (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
   AND (%(thread_id)s::uuid IS NULL OR thread_id = %(thread_id)s::uuid)

@@ -465,6 +465,24 @@ async def test_an_exhausted_quota_window_holds_unattended_runs_until_its_reset_a
     assert run["status"] == "running" and run["reason"] is None
 
 
+async def test_a_forged_quota_line_holds_runs_at_most_a_week_and_a_day_and_never_under_a_made_up_name(
+    db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
+) -> None:
+    # a process in a spawn's sandbox can write lines as the CLI's: a window rejected until 2100, and one under a
+    # name no real line would ever overwrite
+    forged = [NewEvent("stream.rate_limit_event", {"type": "rate_limit_event", "rate_limit_info": {
+        "status": "rejected", "rateLimitType": kind, "resetsAt": resets}})
+        for kind, resets in (("five_hour", 4102444800), ("zz\nq", 4102444800), ("seven_day", 1e300))]
+    await journal.append(pool, forged)
+    routines = Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC))))
+    await routines.record_quota()
+    windows = {w["kind"]: w for w in (await http.get("/api/quota")).json()["windows"]}
+    assert sorted(windows) == ["five_hour", "seven_day"]
+    written = tables.now(db.admin_dsn)
+    for w in windows.values():
+        assert datetime.fromisoformat(w["resets_at"]) <= written + timedelta(days=8), w
+
+
 async def test_a_runs_workers_are_capped_at_its_routines_max_workers(
     db: DB, http: httpx.AsyncClient, pool: AsyncConnectionPool
 ) -> None:
@@ -500,7 +518,7 @@ async def test_a_runs_processes_are_granted_what_is_left_of_its_usd_and_nothing_
     async def worker(brief: str) -> uuid.UUID:
         return await dispatch.request(pool, dispatch.TaskRequest("worker", brief, parent_task_id=run["task_id"]))
 
-    async def cost(task_id: uuid.UUID, usd: float) -> None:
+    async def cost(task_id: uuid.UUID, usd: Any) -> None:
         await journal.append(pool, [NewEvent("stream.result", {"type": "result", "total_cost_usd": usd},
                                              task_id=task_id)])
 
@@ -515,5 +533,11 @@ async def test_a_runs_processes_are_granted_what_is_left_of_its_usd_and_nothing_
     third = await worker("w3")
     assert await store.grant_budget(third) == {"granted": 0.0, "cap": 0.5, "spent": 0.625}
     assert float(tables.task(db.admin_dsn, third, "max_budget_usd")[0]) == 0.5
+    # lines a process in a spawn's sandbox can write as the CLI's: a negative cost lifts no cap, a string one is
+    # no cost (it failed the sum's cast)
+    await cost(third, -100.0)
+    await cost(third, "free")
+    fourth = await worker("w4")
+    assert await store.grant_budget(fourth) == {"granted": 0.0, "cap": 0.5, "spent": 0.625}
     # a task of no routine run is granted nothing by this: it keeps what it was given
     assert await store.grant_budget(await dispatch.request(pool, dispatch.TaskRequest("worker", "x"))) is None
