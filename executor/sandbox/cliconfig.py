@@ -128,10 +128,12 @@ def config_view(config_home: Path, workdir: Path, session_uuid: str | None, key:
     bound = [(real, private)]
     if session_uuid is not None:
         _link_transcript(real, private, session_uuid)
-        # a fork reads the conversation it copies (the CLI does not write it: observed, docs/claude-cli.md)
+        # a fork reads the conversation it copies (the CLI does not write it: observed, docs/claude-cli.md). A copy,
+        # not a link: that conversation is the user's, live in their own terminal, and a process in the sandbox
+        # could write through a link into the history that terminal goes on from
         source = real / f"{fork_from}.jsonl"
-        if fork_from and source.is_file() and not (private / source.name).exists():
-            os.link(source, private / source.name)
+        if fork_from and source.is_file() and not source.is_symlink() and not (private / source.name).exists():
+            shutil.copyfile(source, private / source.name)
         if (real / session_uuid).is_dir():
             (private / session_uuid).mkdir()
             bound.append((real / session_uuid, real / session_uuid))

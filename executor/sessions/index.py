@@ -203,17 +203,21 @@ class Index:
             f.scan.unreadable = f"cannot read: {exc.strerror or exc}"
 
     def read_messages(self, f: File, start: int) -> tuple[list[Message], int, str | None]:
-        """The messages of a file from byte `start` to its last complete line (blocking); and where that
-        ends, or the reason it cannot be read."""
+        """The messages of a file from byte `start` to where the index has parsed it (whole lines), read a
+        chunk at a time (blocking); and where that ends, or the reason it cannot be read. A turn can grow its
+        conversation file without bound: it is never read whole into memory."""
         scan = Scan(f.scan.session_id, parsed_to=start)
         messages: list[Message] = []
         try:
             with open(f.path, "rb") as fh:
-                fh.seek(start)
-                data = fh.read()
+                while scan.parsed_to < f.scan.parsed_to and scan.unreadable is None:
+                    before = scan.parsed_to
+                    fh.seek(before)
+                    messages += scan.feed(fh.read(min(READ_CHUNK, f.scan.parsed_to - before)), before)
+                    if scan.parsed_to == before:
+                        break  # a line longer than a chunk: the index has not passed it either
         except OSError as exc:
             return [], start, f"cannot read: {exc.strerror or exc}"
-        messages = scan.feed(data, start)
         return messages, scan.parsed_to, scan.unreadable
 
     # ---- the store ---------------------------------------------------------------------------------------

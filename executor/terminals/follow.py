@@ -17,7 +17,9 @@ Bookkeeping entries (snapshots, attachments, modes, requests, meta prompts) are 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from shared.models import NewEvent
 
 FOLLOW_S = 0.2
 MAX_TEXT = 8_000  # of a block's text in the journal (the file keeps it whole)
+READ_MAX = 8 << 20  # of the file read at one look: what a faster conversation adds is read at the next
 MAX_INPUT = 2_000  # of a tool call's input, as JSON
 
 
@@ -114,14 +117,25 @@ class Follower:
     typed: list[str] = field(default_factory=list)
 
     def read(self) -> tuple[int, list[NewEvent]]:
-        """The new end (past the last whole line) and the records of the entries before it."""
+        """The new end (past the last whole line) and the records of the entries before it, READ_MAX at most.
+
+        A sandboxed session can write its conversation's directory: the file is read only as itself, a regular
+        file, never through a link (one to /dev/zero read the executor out of memory, one to another conversation
+        would journal that one here) nor as a FIFO (a read that never returns)."""
         try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return self.offset, []
+        except OSError:  # a link (ELOOP), or what this user may not open: nothing of it is read
+            return self.offset, []
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return self.offset, []
+            f.seek(self.offset)
+            data = f.read(READ_MAX)
         end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) == READ_MAX:
+            end = READ_MAX  # a line longer than a read: passed over (no entry the page shows is this long)
         events: list[NewEvent] = []
         for line in data[:end].splitlines():
             try:

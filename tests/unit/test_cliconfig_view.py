@@ -1,4 +1,5 @@
-"""A spawn's view of the CLI's config: its own copy of the state file, never the user's, and the login read-only."""
+"""A spawn's view of the CLI's config: its own copy of the state file, never the user's, and the login read-only;
+a fork's source conversation (the user's, live in their terminal) copied in, never linked."""
 
 from __future__ import annotations
 
@@ -32,3 +33,18 @@ def test_a_spawn_gets_a_copy_of_the_login_keys_of_the_state_file_and_the_login_r
     cliconfig.keep_session(cfg, work, "no-such", "k1")
     cliconfig.forget_spawn(cfg, "k2")
     assert not copy.exists() and not cliconfig.spawn_state(cfg, "k2").exists()
+
+
+def test_a_fork_gets_a_copy_of_the_conversation_it_forks_never_a_link_to_the_users_file(tmp_path: Path) -> None:
+    cfg, work = tmp_path / "cfg", tmp_path / "work"
+    cfg.mkdir()
+    live = cliconfig.session_dir(cfg, work)
+    live.mkdir(parents=True)
+    source = live / "their-live-one.jsonl"
+    source.write_text('{"type": "user"}\n')
+    cliconfig.config_view(cfg, work, "the-fork", "k1", fork_from="their-live-one")
+    seen = cliconfig.spawn_sessions(cfg, "k1") / source.name
+    assert seen.read_text() == source.read_text() and seen.stat().st_ino != source.stat().st_ino
+    with seen.open("a") as f:  # what a process in the sandbox can do to what it sees
+        f.write('{"type": "user", "message": {"content": "injected"}}\n')
+    assert source.read_text() == '{"type": "user"}\n'

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from executor.sessions import adopt, live
+from executor.sessions import index as index_module
 from executor.sessions.adopt import NotAdoptable
 from executor.sessions.index import Index
 from executor.sessions.store import SessionStore
@@ -303,3 +304,30 @@ async def test_a_file_that_went_is_unpublished_unless_another_directory_still_ho
     two.unlink()
     await made.refresh()
     assert [p[1] for p in store.published] == [[], [], [SID]]
+
+
+async def test_a_conversations_messages_are_read_a_chunk_at_a_time_to_where_the_index_parsed_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = conversation(tmp_path, 40)
+    made, _ = index(tmp_path)
+    await made.refresh()
+    f = made.by_session(SID)
+    assert f is not None
+    whole, end, bad = made.read_messages(f, 0)
+    assert bad is None and end == path.stat().st_size and len(whole) == 40
+    reads: list[int] = []
+    real_open = open
+
+    def counted(*args: Any, **kw: Any) -> Any:  # each read's size, as the file is read
+        fh = real_open(*args, **kw)
+        read = fh.read
+        fh.read = lambda n=-1: reads.append(n) or read(n)  # type: ignore[method-assign]
+        return fh
+
+    monkeypatch.setattr(index_module, "READ_CHUNK", 300)
+    monkeypatch.setattr(index_module, "open", counted, raising=False)
+    with path.open("ab") as fh:  # lines the index has not parsed yet are not read
+        fh.write(b'{"type": "user", "message": {"content": "later"}}\n')
+    chunked, end2, bad2 = made.read_messages(f, 0)
+    assert bad2 is None and end2 == end and [m.text for m in chunked] == [m.text for m in whole]
+    assert reads and all(0 < n <= 300 for n in reads), reads

@@ -4,12 +4,13 @@ conversation entries are journaled and how, how the CLI is started, and the wire
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
 import pytest
 
-from executor.terminals import launch
+from executor.terminals import follow, launch
 from executor.terminals.follow import Follower, blocks, conversation_file
 from executor.terminals.screen import Screen, read, without_strings
 from shared import terminal_wire as wire
@@ -95,6 +96,30 @@ def test_the_follower_journals_whole_lines_once_and_not_a_prompt_the_page_typed(
     assert [(e.event_type, e.payload.get("text") or e.payload.get("role")) for e in events] == [
         ("task.user_message", "at the desk"), ("terminal.entry", "assistant"), ("terminal.entry", "interrupted")]
     assert events[0].payload["origin"] == "terminal" and f.typed == []
+
+
+def test_the_follower_reads_its_conversation_only_as_a_regular_file_and_a_bounded_read_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # what a sandboxed session can put where its conversation is written: a link (to another conversation; to
+    # /dev/zero it read the executor out of memory, not tried here) or a FIFO; each is read as nothing
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps(_entry("user", "another conversation")) + "\n")
+    path = tmp_path / "c.jsonl"
+    path.symlink_to(other)
+    assert Follower(path, uuid.uuid4(), uuid.uuid4(), 0).read() == (0, [])
+    path.unlink()
+    os.mkfifo(path)
+    assert Follower(path, uuid.uuid4(), uuid.uuid4(), 0).read() == (0, [])  # returns: no reader waits on a writer
+    path.unlink()
+    # a line longer than a read is passed over; the lines after it are read at the next looks
+    monkeypatch.setattr(follow, "READ_MAX", 1000)
+    path.write_text('{"x": "' + "y" * 2500 + '"}\n' + json.dumps(_entry("user", "after it")) + "\n")
+    f = Follower(path, uuid.uuid4(), uuid.uuid4(), 0)
+    seen = []
+    for _ in range(5):
+        f.offset, events = f.read()
+        seen += [e.payload.get("text") for e in events]
+    assert seen == ["after it"] and f.offset == path.stat().st_size
 
 
 def test_how_a_session_names_its_conversation(tmp_path: Path) -> None:
