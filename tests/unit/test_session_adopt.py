@@ -321,7 +321,12 @@ async def test_a_conversations_messages_are_read_a_chunk_at_a_time_to_where_the_
     def counted(*args: Any, **kw: Any) -> Any:  # each read's size, as the file is read
         fh = real_open(*args, **kw)
         read = fh.read
-        fh.read = lambda n=-1: reads.append(n) or read(n)  # type: ignore[method-assign]
+
+        def sized(n: int = -1) -> Any:
+            reads.append(n)
+            return read(n)
+
+        fh.read = sized
         return fh
 
     monkeypatch.setattr(index_module, "READ_CHUNK", 300)
