@@ -16,24 +16,15 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ingress import actions, attachments, claude_sessions, gate_rules, notify, problems, reads, receipts, stream
+from ingress import actions, attachments, claude_sessions, gate_rules, notify, problems, reads, receipts, signin, stream
 from ingress import routines as routine_routes
 from ingress import projects as project_routes
-from ingress.auth import (
-    COOKIE,
-    AuthConfig,
-    BodyTooLarge,
-    GuardMiddleware,
-    TokenLimiter,
-    parse_login,
-    same_secret,
-    too_many,
-)
-from ingress.boundary import BoundaryConfig, BoundaryMiddleware, forwarded, peer
+from ingress.auth import AuthConfig, BodyTooLarge, GuardMiddleware, TokenLimiter
+from ingress.boundary import BoundaryConfig, BoundaryMiddleware
 from ingress.http import ingress_queries, shared_queries
 from ingress.models import (
     AnswerIn,
@@ -294,39 +285,6 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready", "migrations": applied, **({"journal_lost": lost} if lost else {})})
 
 
-# no inline style or script: the page is served under the same CSP as the app
-_LOGIN_PAGE = """<!doctype html><meta charset=utf-8><meta name=viewport content="width=device-width">
-<title>petal-dispatch · sign in</title><form method=post action=/login>
-<h1>petal-dispatch</h1><label>Token <input name=token type=password autofocus required></label>
-<p><button>Sign in</button></p></form>"""
-
-
-async def login(request: Request) -> Response:
-    config: AuthConfig = request.app.state.auth
-    if request.method == "GET":
-        return HTMLResponse(_LOGIN_PAGE)
-    if config.mode != "token":
-        return problems.problem(404, "sign-in is only used in token mode")
-    scheme, client = forwarded(request.app.state.boundary, request.scope)
-    limiter: TokenLimiter = request.app.state.limiter
-    wait = limiter.retry_after(client, peer(request.scope))
-    if wait:
-        return too_many(wait)
-    token = parse_login(await request.body(), request.headers.get("content-type", ""))  # over the limit: 413
-    # again now the body is in: guesses held open in parallel all passed the first look before any failed
-    wait = limiter.retry_after(client, peer(request.scope))
-    if wait:
-        return too_many(wait)
-    if not token or not same_secret(token, config.token):
-        limiter.fail(client, peer(request.scope))
-        return problems.problem(401, "wrong token")
-    response = RedirectResponse("/", status_code=303)
-    # Secure when the user's browser spoke https (to the trusted proxy, which speaks http to us)
-    response.set_cookie(COOKIE, config.cookie_value(), httponly=True, samesite="strict",
-                        secure=scheme == "https", max_age=30 * 24 * 3600)
-    return response
-
-
 def shutdown_trigger(app: Starlette, stop: asyncio.Event) -> Callable[[], Awaitable[None]]:
     """Hypercorn's shutdown trigger: when `stop` is set, end every SSE stream at once, so the graceful
     shutdown does not wait out open streams (their clients resume by Last-Event-ID)."""
@@ -372,7 +330,7 @@ def create_app(config: IngressConfig) -> Starlette:
 
     routes: list[BaseRoute] = [Route(op.path, handler, methods=[op.method.upper()]) for op, handler in OPS]
     routes += [Route("/healthz", healthz), Route("/readyz", readyz), Route("/openapi.json", openapi),
-               Route("/login", login, methods=["GET", "POST"])]
+               Route("/login", signin.login, methods=["GET", "POST"])]
     if STATIC.is_dir():
         routes.append(Mount("/", StaticFiles(directory=STATIC, html=True), name="static"))
     app = Starlette(

@@ -152,6 +152,10 @@ async def test_token_mode_at_phone_size_signs_in_through_the_form_chats_and_answ
                 assert page.url == f"{url}/login"  # sent to the sign-in form
                 assert (await page.request.get(f"{url}/login")).headers["referrer-policy"] == "same-origin"
                 await shot(page, "shipped-token-sign-in-390")
+                # a token mistyped: the form again, saying so, and it is typed again there
+                wrong = await _sign_in(page, "not-" + token)
+                assert (response := await wrong.response()) is not None and response.status == 401
+                await seen(page.get_by_role("alert"), "Wrong token: try again.")
                 request = await _sign_in(page, token)
                 assert (await request.all_headers()).get("origin") == url
                 response = await request.response()

@@ -185,6 +185,7 @@ async def test_the_eleventh_wrong_token_in_a_minute_gets_429_and_other_clients_a
         other = await http.post("/login", data={"token": "s3cret-s3cret-s3cret"}, headers={"X-Forwarded-For": "203.0.113.7"})
     assert wrong == [401] * 10 + [429]
     assert right_but_late.status_code == 429 and int(right_but_late.headers["retry-after"]) > 0
+    assert "Too many wrong tokens: try again in" in right_but_late.text  # the form again, saying how long
     assert bearer.status_code == 429
     assert other.status_code == 303
 
