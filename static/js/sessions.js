@@ -151,6 +151,10 @@ function renderTerminal(t) {
   }
   const live = t?.terminal;
   bar.hidden = !live;
+  // the chat box says where a message goes: typed into the session at its next empty prompt, or to the orchestrator
+  const box = $("#composer-text");
+  box.dataset.placeholder ??= box.placeholder;
+  box.placeholder = live ? "Type to the terminal session (at its next empty prompt)…" : box.dataset.placeholder;
   if (!live) return bar.replaceChildren();
   const end = h("button", { type: "button", class: "secondary small", id: "terminal-end" }, "End session");
   end.addEventListener("click", async () => {

@@ -128,10 +128,17 @@ def test_doctor_says_the_same_in_a_cross_line_and_exits_1_or_refuses_the_setting
     assert not (project / "var" / "pgdata").exists()
 
 
-def test_doctor_on_a_good_set_up_passes_every_check_the_sandbox_probe_among_them(tmp_path: Path) -> None:
+def test_doctor_on_a_good_set_up_passes_every_check_the_sandbox_probe_among_them_before_the_first_start_too(tmp_path: Path) -> None:
     project, env = _setup(tmp_path, None)
-    # the default working directory as the first `up` leaves it: then the probe runs a turn's sandbox too
-    (tmp_path / "home" / ".local" / "share" / "petal-dispatch" / "workdir").mkdir(parents=True)
+    # before the first start: the sandbox is probed on a temporary directory, and the default is not made
+    default = tmp_path / "home" / ".local" / "share" / "petal-dispatch" / "workdir"
+    before = _doctor(project, env)
+    assert before.returncode == 0, before.stdout + before.stderr
+    probe = [line for line in before.stdout.splitlines() if line.startswith("✓ sandbox probe: ")]
+    assert probe and "a temporary directory" in probe[0], before.stdout
+    assert not default.exists()
+    # the default working directory as the first `up` leaves it: the probe runs a turn's sandbox there
+    default.mkdir(parents=True)
     out = _doctor(project, env)
     assert out.returncode == 0, out.stdout + out.stderr
     *checks, summary = out.stdout.splitlines()

@@ -244,6 +244,9 @@ async def test_a_terminal_threads_bar_and_an_open_question_leave_the_conversatio
             await expect(bar.locator(".where")).to_have_attribute("title",
                                                                "shown in /dev/pts/12 · not sandboxed (your own session)")
             await expect(bar.locator(".chip.waiting")).to_have_text("message waits")
+            # the chat box says where a message goes (typed into the session), not "Tell the orchestrator"
+            await expect(page.locator("#composer-text")).to_have_attribute(
+                "placeholder", "Type to the terminal session (at its next empty prompt)…")
             for selector in ("#terminal-stop", "#terminal-end"):
                 await _on_screen(page, selector)
             lines = await bar.evaluate("(el) => el.getBoundingClientRect().height")

@@ -123,6 +123,9 @@ async def test_a_terminal_session_is_followed_steered_and_ended_from_a_phone(db:
                 assert any(p.startswith(f"{pid} ") for p in _ours(tmp_path, claude_only=True))  # the check sees it
                 await page.click("#terminal-end")
                 await expect(bar).to_be_hidden(timeout=30_000)
+                # the chat box goes back to the orchestrator (its turns continue the conversation)
+                await expect(page.locator("#composer-text")).to_have_attribute("placeholder",
+                                                                               "Tell the orchestrator what to do…")
                 # and the picker, still open, follows: the session is no longer listed as live
                 await expect(live_row).to_have_count(0, timeout=20_000)
                 await until(lambda: tmux.exit_code("desk") is not None, "the wrapper in the terminal to exit", 30)
