@@ -144,8 +144,11 @@ def migrate(dsn: str, directory: Path | None = None) -> list[Migration]:
                         )
                 except psycopg.Error as exc:
                     raise errors.MigrationError(f"{mig.path.name}: {exc}") from exc
-                log.info("migration_applied", version=mig.version, name=mig.name)
+                log.debug("migration_applied", version=mig.version, name=mig.name)
                 done.append(mig)
         finally:
             conn.execute(queries["unlock_migrations"])
+    if done:  # one line: a first start applies them all (48 lines of it were most of what `up` printed)
+        log.info("migrations_applied", count=len(done), versions=f"{done[0].version:04d}-{done[-1].version:04d}",
+                 **({"names": [m.name for m in done]} if len(done) <= 5 else {}))
     return done

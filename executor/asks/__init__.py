@@ -156,9 +156,14 @@ class Asks:
                 posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
                                     session_id=caller.session_id, asked_by=asked_by)
             if posted is None:  # the same tool call again (a client retry): wait on the first row
-                first = await self.store.by_tool_use_id(tool_use_id)
-                assert first is not None
-                posted = Posted(first, asked(first, questions, tool_use_id=tool_use_id, task_id=task_id,
+                first = await self.store.by_tool_use_id(tool_use_id, task_id, caller.session_id)
+                if first is None:  # the id is another thread's row's: asked under an id of its own instead
+                    tool_use_id = f"mcp-{uuid.uuid4()}"
+                    posted = await post(self.q, questions, tool_use_id=tool_use_id, task_id=task_id,
+                                        session_id=caller.session_id, asked_by=asked_by)
+                    assert posted is not None
+                else:
+                    posted = Posted(first, asked(first, questions, tool_use_id=tool_use_id, task_id=task_id,
                                                  session_id=caller.session_id, asked_by=asked_by))
             qid = posted.id
             # the last answer's record and "running" first (_afterwards), then this question's

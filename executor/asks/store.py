@@ -110,8 +110,11 @@ class AskStore:
                                                        "asked_by": asked_by}, into=_Id)
         return found.id if found else None
 
-    async def by_tool_use_id(self, tool_use_id: str) -> uuid.UUID | None:
-        found = await self.run.one("get_question_by_tool_use_id", {"tool_use_id": tool_use_id}, into=_Id)
+    async def by_tool_use_id(self, tool_use_id: str, task_id: uuid.UUID | None,
+                             session_id: uuid.UUID | None) -> uuid.UUID | None:
+        """The question asked under this tool call's id by this task or in this thread (never another's)."""
+        found = await self.run.one("get_question_by_tool_use_id", {"tool_use_id": tool_use_id, "task_id": task_id,
+                                                                   "session_id": session_id}, into=_Id)
         return found.id if found else None
 
     async def get(self, question_id: uuid.UUID) -> Question | None:

@@ -18,7 +18,16 @@ executor/sql/gates.sql).
 """
 
 from executor.gates.classify import classify, classify_command
-from executor.gates.decide import Decision, Mode, decide, deny_message, permission_result, rule_covers, summary
+from executor.gates.decide import (
+    Decision,
+    Mode,
+    decide,
+    deny_message,
+    permission_result,
+    rule_covers,
+    standing_pattern,
+    summary,
+)
 from executor.gates.tables import (
     ALLOWED,
     CATEGORIES,
@@ -44,7 +53,7 @@ __all__ = [
     # a call's verdict
     "classify", "classify_command", "Verdict", "Finding",
     # what happens to it
-    "Mode", "Decision", "decide", "deny_message", "rule_covers", "summary", "permission_result", "CARD_PREFIX",
+    "Mode", "Decision", "decide", "deny_message", "rule_covers", "standing_pattern", "summary", "permission_result", "CARD_PREFIX",
     # standing rules asked for from the page: the executor's loop over their queue; the rules' and the
     # permission path's rows (gates.sql)
     "run_rule_queue", "GateStore", "GateRule", "GateWorkdir", "NewRule",

@@ -39,7 +39,9 @@ def rule_covers(pattern: str, rule_tool: str, tool_name: str, tool_input: dict[s
     if rule_tool != tool_name or not isinstance(tool_input, dict):
         return False
     if tool_name != "Bash":
-        return any(tool_input.get(k) == pattern for k in PATH_KEYS)
+        # every path the call names is the rule's (the classifier looks at each of them)
+        paths = [tool_input[k] for k in PATH_KEYS if k in tool_input]
+        return bool(paths) and all(p == pattern for p in paths)
     command = tool_input.get("command")
     if not isinstance(command, str):
         return False
@@ -48,6 +50,21 @@ def rule_covers(pattern: str, rule_tool: str, tool_name: str, tool_input: dict[s
     words = _simple_words(command)
     prefix = _simple_words(pattern[:-2])
     return words is not None and bool(prefix) and words[:len(prefix or [])] == prefix
+
+
+def standing_pattern(tool_name: str, tool_input: dict[str, Any]) -> tuple[str | None, str]:
+    """The pattern of a standing allow for exactly this call (a card's "allow for this task / thread": "the same
+    call again"), or None and why not. A command ending in ':*' is not made one: a rule reads that as a prefix
+    (`npm install lodash #:*`, allowed always, then covered `npm install lodash evil-pkg`)."""
+    if tool_name == "Bash":
+        pattern = tool_input.get("command")
+        if isinstance(pattern, str) and pattern.rstrip().endswith(":*"):
+            return None, "its command ends in ':*', which a standing rule reads as a prefix: allowed this once only"
+    else:
+        pattern = next((v for k in PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
+    if not isinstance(pattern, str) or not pattern:
+        return None, "it names no command or path to hold a rule to: allowed this once only"
+    return pattern, ""
 
 
 def _simple_words(command: str) -> list[str] | None:

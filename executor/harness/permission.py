@@ -146,11 +146,13 @@ def preview(tool_name: str, tool_input: dict[str, Any]) -> str:
 def approval_question(tool_name: str, tool_input: dict[str, Any], verdict: gates.Verdict, role: str,
                       in_thread: bool) -> dict[str, Any]:
     detail = f" ({verdict.reason})" if verdict.reason else ""
-    options = [
-        {"label": ALLOW_ONCE, "description": "run this call now", "preview": preview(tool_name, tool_input)},
-        {"label": ALLOW_TASK, "description": "run it, and the same call again in this task without asking"},
-    ]
-    if in_thread:
+    options = [{"label": ALLOW_ONCE, "description": "run this call now", "preview": preview(tool_name, tool_input)}]
+    # a call no standing rule can hold exactly (gates.standing_pattern) is offered once only
+    standing = gates.standing_pattern(tool_name, tool_input)[0] is not None
+    if standing:
+        options.append({"label": ALLOW_TASK,
+                        "description": "run it, and the same call again in this task without asking"})
+    if in_thread and standing:
         options.append({"label": ALLOW_THREAD,
                         "description": "a standing rule for this thread (listed in Context, revocable there)"})
     options.append({"label": DENY, "description": "refuse it; or type a reason instead, and the model reads it"})
@@ -310,10 +312,9 @@ class Gatekeeper:
                         scope: str, answered_by: str) -> dict[str, Any]:
         """A standing allow for exactly this call (the command, or the path), in the task or its thread, made
         by `answered_by` (who answered the card)."""
-        pattern = tool_input.get("command") if tool_name == "Bash" else next(
-            (v for k in gates.PATH_KEYS if isinstance(v := tool_input.get(k), str) and v), None)
-        if not isinstance(pattern, str) or not pattern:
-            return {}
+        pattern, why_not = gates.standing_pattern(tool_name, tool_input)
+        if pattern is None:
+            return {"rule_refused": why_not}
         rule_id = await gates.GateStore(self.harness.q).insert_rule(gates.NewRule(
             scope, tool_name, pattern, "allow", answered_by, category=verdict.category,
             task_id=caller.task_id if scope == "task" else None,

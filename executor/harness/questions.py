@@ -65,6 +65,19 @@ def broken_rule(questions: list[Question]) -> str | None:
     return None
 
 
+# the ids the executor gives the questions it asks itself (gate cards, approvals, budgets, escalations, its own
+# fallback): never taken from a caller, whose call would otherwise be joined to, or pre-empt, such a question
+RESERVED_IDS = ("gate-", "approval-", "budget-", "escalation-", "mcp-")
+
+
+def asked_id(given: str | None) -> str:
+    """A model's question's id: the CLI's tool call id (a retry of the call then waits on the same row), unless it
+    names none or takes one of the executor's own forms; then one of its own."""
+    if given and not given.startswith(RESERVED_IDS):
+        return given
+    return f"mcp-{uuid.uuid4()}"
+
+
 def register(server: MCPServer, harness: Harness) -> None:
     @server.tool(structured_output=True)
     async def ask_user_question(questions: list[Question], ctx: Context) -> AskResult:
@@ -82,8 +95,7 @@ def register(server: MCPServer, harness: Harness) -> None:
         if rule is not None:
             raise ToolError(f"ask_user_question refused, nothing was asked: {rule}")
         stored = [q.model_dump() for q in questions]  # without the Nones (Result)
-        final = await harness.asks.ask(stored, tool_use_id=tool_use_id(ctx) or f"mcp-{uuid.uuid4()}",
-                                       caller=caller, progress=ctx)
+        final = await harness.asks.ask(stored, tool_use_id=asked_id(tool_use_id(ctx)), caller=caller, progress=ctx)
         annotation = None
         if final.answered_via == "chat":
             annotation = CHAT_NOTE

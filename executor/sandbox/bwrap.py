@@ -212,7 +212,9 @@ def wrap(policy: SandboxPolicy, box: SpawnBox, argv: Sequence[str], *, argv_fd: 
     for m in mounts:
         args += m.args()
     if box.sockets_dir is not None:
-        args += ["--bind", str(box.sockets_dir), SOCKETS_INSIDE]
+        # read-only: its sockets are connected to, never made, inside; written, it would be space on the host's /tmp
+        # outside the spawn's sized one
+        args += ["--ro-bind", str(box.sockets_dir), SOCKETS_INSIDE]
     args += ["--chdir", str(box.workdir), "--setenv", "SOCKETS", SOCKETS_INSIDE, "--setenv", "TMPDIR", "/tmp"]
     if argv_fd is not None:
         args += ["--setenv", "ARGV_FD", str(argv_fd)]

@@ -150,19 +150,28 @@ class SpawnCgroup:
                     os.kill(pid, signal.SIGKILL)
 
     def remove(self, timeout_s: float = 5.0) -> bool:
-        """Its directories gone, once its processes are (a sandbox's init dies a moment after bubblewrap)."""
+        """Its directories gone, once its processes are (a sandbox's init dies a moment after bubblewrap). A v1
+        memory cgroup can refuse its removal (EBUSY) a while after its last process left: asked again until the
+        deadline (the first start's sandbox probe left one on a busy machine)."""
         deadline = time.monotonic() + timeout_s
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.01)  # a process's exit is not a file event
-        removed = True
-        for d in self.dirs:
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError:
-                removed = False
-        return removed
+        left = list(self.dirs)
+        while True:
+            left = [d for d in left if not _removed(d)]
+            if not left or time.monotonic() >= deadline:
+                return not left
+            time.sleep(0.05)  # nothing says when the kernel lets it go
+
+
+def _removed(d: Path) -> bool:
+    try:
+        d.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,10 @@ ON CONFLICT (tool_use_id) DO NOTHING
 RETURNING id
 
 -- name: get_question_by_tool_use_id --
+-- The row a tool call's retry waits on: only the caller's own (its task's or its thread's). The id is the caller's
+-- word, unique across every thread: another's row under it is never joined (its answers read, its card re-told).
 SELECT id FROM questions WHERE tool_use_id = %(tool_use_id)s
+  AND (task_id = %(task_id)s OR source_session_uuid = %(session_id)s)
 
 -- name: get_question --
 -- answered_by: who answered (the ingress's request identity, or the chat message's sender); an answer

@@ -117,6 +117,8 @@ attempt("capabilities", capabilities)
 attempt("kernel_knobs", kernel_knobs_writable)
 attempt("mount", can_mount)
 attempt("outside_write", write_outside)
+# the gateway's sockets directory (the sandbox's /run/petal-sandbox): on the host's /tmp, outside the sized one
+attempt("gateway_dir_write", lambda: Path("/run/petal-sandbox/filler").write_bytes(b"x" * 4096))
 attempt("tokens", find_tokens)
 attempt("ingress_tcp", tcp(targets["ingress_port"]))
 attempt("ingress_chat_open", post_chat({}, "injected by the repository"))

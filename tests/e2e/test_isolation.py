@@ -159,8 +159,9 @@ async def test_a_sandboxed_worker_reaches_nothing_but_its_own_tree(db: DB, tmp_p
     assert int(report["capabilities"]["value"], 16) == 0
     assert report["kernel_knobs"]["value"] == {"/proc/sys/kernel/core_pattern": False, "/proc/sysrq-trigger": False}
     assert report["mount"]["value"] is False
-    # nothing written outside the tree, whatever the script believed
+    # nothing written outside the tree, whatever the script believed; nor in its gateway's sockets directory
     assert not (tmp_path / "outside" / "pwned").exists()
+    assert not report["gateway_dir_write"]["ok"] and "Read-only" in report["gateway_dir_write"]["error"]
     # the ingress: no connection, no message, no token found
     assert not report["ingress_tcp"]["ok"] and not report["ingress_chat_open"]["ok"]
     assert report["tokens"]["value"] == [] and "ingress_chat_token" not in report

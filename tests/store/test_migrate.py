@@ -6,6 +6,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 from shared import errors, migrate
 from tests.pg import DB
@@ -18,8 +19,13 @@ def _applied(dsn: str) -> list[int]:
 
 def test_migrate_applies_every_file_once_and_a_second_run_is_a_no_op(empty_db: DB) -> None:
     files = migrate.discover()
-    first = migrate.migrate(empty_db.admin_dsn)
-    second = migrate.migrate(empty_db.admin_dsn)
+    with capture_logs() as logged:
+        first = migrate.migrate(empty_db.admin_dsn)
+        second = migrate.migrate(empty_db.admin_dsn)
+    # a first start says it in one line at info, not a line a migration
+    said = [e for e in logged if e["log_level"] == "info"]
+    assert [(e["event"], e["count"], e["versions"]) for e in said] == [
+        ("migrations_applied", len(files), f"{files[0].version:04d}-{files[-1].version:04d}")]
 
     assert [m.version for m in first] == [m.version for m in files]
     assert second == []

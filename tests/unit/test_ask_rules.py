@@ -1,5 +1,5 @@
 """ask_user_question's input rules (executor/harness/questions.py `broken_rule`): the first rule a call breaks,
-named so the model can fix it, before anything is asked."""
+named so the model can fix it, before anything is asked; and the id its question is asked under."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from executor.harness import questions
 from executor.harness.questions import Option, Question, broken_rule
 
 
@@ -42,3 +43,11 @@ def test_rules_are_checked_in_order_the_call_then_each_question() -> None:
     assert broken_rule([question(f"Q{n}?", header="") for n in range(5)]) == "rule: 1-4 questions per call (got 5)"
     # the second question breaks a rule, the first does not: the second is named
     assert broken_rule([question("A?"), question("B?", labels=("x",))]) == "rule: 2-4 options per question ('B?' has 1)"
+
+
+def test_a_models_question_takes_the_clis_call_id_but_never_one_of_the_executors_own_forms() -> None:
+    assert questions.asked_id("toolu_01AbC") == "toolu_01AbC"  # a retry of the call then waits on the same row
+    for reserved in ("gate-toolu_01", "approval-6d3c", "budget-6d3c", "escalation-6d3c", "mcp-6d3c"):
+        made = questions.asked_id(reserved)
+        assert made != reserved and made.startswith("mcp-"), made
+    assert questions.asked_id(None).startswith("mcp-") and questions.asked_id(None) != questions.asked_id(None)

@@ -50,6 +50,27 @@ def test_the_card_shows_the_exact_call_names_the_gate_and_offers_the_four_answer
     assert len(card["header"]) <= 12
     alone = permission.approval_question("Bash", {"command": "rm -rf data"}, verdict, "worker", False)
     assert "Always allow in this thread" not in [o["label"] for o in alone["options"]]
+    # a command ending in ':*' would be read back as a prefix rule: it is offered once only
+    prefixed = permission.approval_question("Bash", {"command": "rm -rf data #:*"}, verdict, "worker", True)
+    assert [o["label"] for o in prefixed["options"]] == ["Allow once", "Deny"]
+
+
+def test_a_standing_allow_made_from_a_call_covers_that_call_and_nothing_more() -> None:
+    for command in ("npm install lodash", "git push origin HEAD", "rm -rf data"):
+        pattern, _ = gates.standing_pattern("Bash", {"command": command})
+        assert pattern is not None and gates.rule_covers(pattern, "Bash", "Bash", {"command": command})
+        assert not gates.rule_covers(pattern, "Bash", "Bash", {"command": command + " evil"})
+    for command, wider in (("npm install lodash #:*", "npm install lodash evil-pkg"),
+                           ("git push origin HEAD:*", "git push origin HEAD --force"),
+                           ("sudo env #:*", "sudo env rm -rf /")):
+        pattern, why = gates.standing_pattern("Bash", {"command": command})
+        assert pattern is None and "prefix" in why
+        assert gates.rule_covers(command, "Bash", "Bash", {"command": wider})  # what it would have let through
+    # a path rule covers a call only when every path it names is the rule's
+    pattern, _ = gates.standing_pattern("Write", {"file_path": "/srv/app/a.txt"})
+    assert pattern == "/srv/app/a.txt"
+    assert gates.rule_covers(pattern, "Write", "Write", {"file_path": "/srv/app/a.txt"})
+    assert not gates.rule_covers(pattern, "Write", "Write", {"file_path": "/srv/app/a.txt", "path": "/etc/passwd"})
 
 
 def test_an_edit_is_previewed_as_a_diff_and_a_fence_inside_the_content_cannot_close_it() -> None:

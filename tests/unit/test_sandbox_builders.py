@@ -75,7 +75,7 @@ def test_ports_are_forwarded_in_and_the_proxy_only_with_a_gateway() -> None:
     args = wrap(POLICY, box, ["claude"])
     launcher = args[args.index("petal-sandbox") + 1:]
     assert launcher == ["8002=8002.sock", "9000=9000.sock", f"{bwrap.PROXY_PORT}=proxy.sock", "--", "claude"]
-    assert ("/run/gw", bwrap.SOCKETS_INSIDE) in _mount_pairs(args, "--bind")
+    assert ("/run/gw", bwrap.SOCKETS_INSIDE) in _mount_pairs(args, "--ro-bind")  # connected to, never written
     bare = wrap(POLICY, SpawnBox(workdir=Path("/w"), ports=(8002,)), ["claude"])
     assert bare[bare.index("petal-sandbox") + 1:] == ["8002=8002.sock", "--", "claude"]
 

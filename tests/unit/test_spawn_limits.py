@@ -91,6 +91,28 @@ def test_a_spawn_cgroup_gets_its_limits_written(tmp_path: Path) -> None:
     assert (tmp_path / "memory" / "petal-spawn-k2" / "memory.limit_in_bytes").read_text() == str(GiB)
 
 
+def test_a_cgroup_that_refuses_its_removal_a_while_is_asked_again_until_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    busy = {"memory": 3}  # a v1 memory cgroup: EBUSY a few times after its last process left
+    real = Path.rmdir
+
+    def rmdir(self: Path) -> None:
+        if busy.get(self.name, 0) > 0:
+            busy[self.name] -= 1
+            raise OSError(16, "Device or resource busy")
+        real(self)
+
+    monkeypatch.setattr(Path, "rmdir", rmdir)
+    dirs = (tmp_path / "pids", tmp_path / "memory")
+    for d in dirs:
+        d.mkdir()
+    assert limits.SpawnCgroup(dirs).remove(timeout_s=5) and not any(d.exists() for d in dirs)
+    # one that stays busy is said left at the deadline
+    (tmp_path / "memory").mkdir()
+    busy["memory"] = 10_000
+    assert not limits.SpawnCgroup((tmp_path / "memory",)).remove(timeout_s=0.2)
+
+
 def test_what_no_cgroup_limits_is_left_to_rlimits() -> None:
     lim = SpawnLimits(pids_max=300, memory_max=2 * GiB)
     assert limits.rlimits_for(lim, None) == (300, 2 * GiB)
