@@ -29,6 +29,27 @@ HOOK_SCRIPT = "terminal_hook.py"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+# Connections the hook socket serves at once. The CLI runs its hook for one dialog at a time; a process in the
+# sandbox can connect too, and each connection held open is a descriptor of the executor's.
+HOOK_CONNECTIONS = 4
+
+
+def limited(serve: Serve, most: int = HOOK_CONNECTIONS) -> Serve:
+    """`serve`, for at most `most` connections at once: one more is closed as it comes."""
+    open_now = 0
+
+    async def serve_limited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now
+        if open_now >= most:
+            writer.close()
+            return
+        open_now += 1
+        try:
+            await serve(reader, writer)
+        finally:
+            open_now -= 1
+
+    return serve_limited
 
 
 @dataclasses.dataclass
@@ -48,7 +69,7 @@ class Boxed:
         gateway = await isolation.open_gateway(task_id, None)
         try:
             shutil.copyfile(terminal_hook.__file__, gateway.directory / HOOK_SCRIPT)
-            hooks = await asyncio.start_unix_server(serve_hook, path=str(gateway.directory / HOOK_SOCKET))
+            hooks = await asyncio.start_unix_server(limited(serve_hook), path=str(gateway.directory / HOOK_SOCKET))
         except BaseException:
             await gateway.close()
             raise

@@ -44,6 +44,26 @@ from shared import terminal_wire as wire
 from shared.models import NewEvent
 
 log = logs.get(__name__)
+# A connection says who it is (its HELLO) within this long or is closed: one that says nothing holds a descriptor.
+HELLO_S = 10.0
+
+
+async def hello_frames(reader: asyncio.StreamReader, frames: wire.Frames,
+                       timeout_s: float = HELLO_S) -> list[tuple[bytes, bytes]]:
+    """The frames of a connection's first whole frame's read; none when it closed or said nothing in time."""
+    async def first() -> list[tuple[bytes, bytes]]:
+        found: list[tuple[bytes, bytes]] = []
+        while not found:
+            data = await reader.read(65536)
+            if not data:
+                return []
+            found = frames.feed(data)
+        return found
+
+    try:
+        return await asyncio.wait_for(first(), timeout_s)
+    except TimeoutError:
+        return []
 
 
 def _link(at: Path, to: Path) -> None:
@@ -78,6 +98,7 @@ class Terminals:
         self.credentials = credentials
         self.held: dict[uuid.UUID, Held] = {}  # by thread
         self.tokens: dict[uuid.UUID, str] = {}  # each session's permission hook's secret, by thread
+        self.asking: set[uuid.UUID] = set()  # the threads whose permission card is out
         self.path = config.run_dir / wire.SOCKET_NAME  # a link to the socket
         self.private: Path | None = None
         self.socket = self.path  # where it listens (start)
@@ -162,12 +183,9 @@ class Terminals:
             writer.write(wire.frame(wire.REFUSED, "only the executor's own user may connect"))
             return
         frames = wire.Frames()
-        first: list[tuple[bytes, bytes]] = []
-        while not first:
-            data = await reader.read(65536)
-            if not data:
-                return
-            first = frames.feed(data)
+        first = await hello_frames(reader, frames)
+        if not first:
+            return
         kind, payload = first.pop(0)
         if kind != wire.HELLO:
             return
@@ -322,6 +340,16 @@ class Terminals:
         held, token = self.held.get(thread_id), self.tokens.get(thread_id)
         if held is None or token is None or not hmac.compare_digest(token, str(hello.get("token") or "")):
             return  # nothing decided: the terminal's own dialog stays
+        if thread_id in self.asking:
+            return  # one card at a time, as the CLI shows one dialog (a process in a sandbox could post any number)
+        self.asking.add(thread_id)
+        try:
+            await self._ask_permission(held, thread_id, hello, reader, writer)
+        finally:
+            self.asking.discard(thread_id)
+
+    async def _ask_permission(self, held: Held, thread_id: uuid.UUID, hello: dict[str, Any],
+                              reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         caller = Caller(task_id=held.task_id, session_id=thread_id, thread_id=thread_id, project_id=None,
                         role="terminal")
         given = hello.get("event")

@@ -3,17 +3,20 @@ conversation entries are journaled and how, how the CLI is started, and the wire
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
+from typing import Any, cast
 from pathlib import Path
 
 import pytest
 
-from executor.terminals import follow, launch
+from executor.terminals import boxed, follow, launch, server
 from executor.terminals.follow import Follower, blocks, conversation_file
 from executor.terminals.screen import Screen, read, without_strings
 from shared import terminal_wire as wire
+from tests.wait import until
 
 pytestmark = pytest.mark.unit
 
@@ -185,3 +188,41 @@ def test_ctrl_backslash_then_d_detaches_in_one_read_or_two_and_other_keys_go_on(
         if detach:
             break
     assert (out, detach, held) == (sent, detached, False)
+
+
+class _Writer:
+    """What the serving code uses of a connection's writer."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_sandboxed_sessions_hook_socket_serves_a_few_connections_at_once_and_closes_more_as_they_come() -> None:
+    # a process in the sandbox can connect to the hook socket as often as it likes: each held connection is a
+    # descriptor of the executor's
+    release, serving = asyncio.Event(), []
+
+    async def serve(reader: Any, writer: Any) -> None:
+        serving.append(writer)
+        await release.wait()
+
+    served = boxed.limited(serve, most=4)
+    writers = [_Writer() for _ in range(10)]
+    held = [asyncio.ensure_future(served(cast(Any, None), cast(Any, w))) for w in writers]
+    await until(lambda: len(serving) == 4 and sum(w.closed for w in writers) == 6, "four served, six closed", 5)
+    release.set()
+    await asyncio.gather(*held)
+    late = _Writer()
+    await served(cast(Any, None), cast(Any, late))  # room again once they ended
+    assert not late.closed and len(serving) == 5
+
+
+async def test_a_connection_that_says_nothing_is_given_up_on() -> None:
+    silent = asyncio.StreamReader()  # never fed: a connection held open without a word
+    assert await server.hello_frames(silent, wire.Frames(), timeout_s=0.05) == []
+    said = asyncio.StreamReader()
+    said.feed_data(wire.frame(wire.HELLO, b'{"op": "permission"}'))
+    assert [kind for kind, _ in await server.hello_frames(said, wire.Frames(), timeout_s=5)] == [wire.HELLO]
