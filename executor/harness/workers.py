@@ -78,8 +78,8 @@ class _Workers:
         # depth (the thread of its lineage's root)
         thread = caller.thread_id or found.thread_id
         mode = await ThreadStore(self.harness.q).mode(thread) if thread else None
-        if caller.thread_id is not None:  # a routine's run: at most its routine's max_workers at once
-            await self._check_routine_workers(self.harness.store, caller.thread_id)
+        if thread is not None:  # a routine's run: at most its routine's max_workers at once, at any depth
+            await self._check_routine_workers(self.harness.store, thread)
         if thread is not None and mode == "interactive":
             return await self._approve(brief, caller, thread, project, plan_ref, allowed_tools, tool_use_id(ctx),
                                        file_ids)

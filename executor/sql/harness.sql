@@ -49,8 +49,14 @@ WHERE EXISTS (SELECT FROM tasks t WHERE t.project_id = %(project)s::uuid
 SELECT 1 FROM routine_runs WHERE thread_id = %(thread_id)s FOR UPDATE
 
 -- name: check_routine_workers_full --
--- A routine's run whose thread already has its routine's max_workers workers going (a row only then).
+-- A routine's run whose thread already has its routine's max_workers workers going (a row only then): every worker
+-- of the run counts, its workers' own workers too (a worker may dispatch, and its own would otherwise be free).
+WITH RECURSIVE run_tasks AS (
+    SELECT t.id FROM tasks t WHERE t.session_id = %(thread_id)s
+    UNION
+    SELECT c.id FROM run_tasks x JOIN tasks c ON c.parent_task_id = x.id
+)
 SELECT rt.max_workers, rt.name FROM routine_runs r JOIN routines rt ON rt.id = r.routine_id
 WHERE r.thread_id = %(thread_id)s AND rt.max_workers IS NOT NULL
-  AND (SELECT count(*) FROM tasks w JOIN tasks p ON p.id = w.parent_task_id
-       WHERE p.session_id = r.thread_id AND w.role = 'worker' AND w.status IN ('pending', 'running')) >= rt.max_workers
+  AND (SELECT count(*) FROM tasks w WHERE w.id IN (SELECT id FROM run_tasks) AND w.role = 'worker'
+       AND w.status IN ('pending', 'running')) >= rt.max_workers

@@ -502,6 +502,12 @@ async def test_a_runs_workers_are_capped_at_its_routines_max_workers(
     assert await full() is True  # two still going
     tables.update_all(db.admin_dsn, "tasks", {"role": "worker", "brief": "w1"}, status="success")
     assert await full() is False
+    # a worker's own worker counts as the run's (a worker may dispatch: its own were free of the cap)
+    tables.update_all(db.admin_dsn, "tasks", {"role": "worker", "brief": "w2"}, status="success")
+    outer = await dispatch.request(pool, dispatch.TaskRequest("worker", "outer", parent_task_id=run["task_id"]))
+    assert await full() is False
+    await dispatch.request(pool, dispatch.TaskRequest("worker", "inner", parent_task_id=outer))
+    assert await full() is True
 
 
 async def test_a_runs_processes_are_granted_what_is_left_of_its_usd_and_nothing_once_it_is_spent(
