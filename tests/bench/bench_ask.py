@@ -181,10 +181,11 @@ def as_spawn(admin_dsn: str) -> dict[str, str]:
 
 
 async def scenario(mcp_url: str, http: httpx.AsyncClient, notes: Notes, dsn: str, pending: int,
-                   asks: int, headers: dict[str, str]) -> dict[str, list[float]]:
+                   asks: int, spawns: list[dict[str, str]]) -> dict[str, list[float]]:
     answering = raw_http.Client(str(http.base_url))
     out: dict[str, list[float]] = {"total": [], "post": [], "to_notify": [], "notify_to_return": [], "bare": []}
-    askers = [Asker(mcp_url, i, headers) for i in range(pending)]
+    # each question from a spawn of its own, as questions wait in a running executor (a task has a few at most)
+    askers = [Asker(mcp_url, i, spawns[i]) for i in range(pending)]
     waiting = [await a.ask(notes) for a in askers]  # one at a time, so each stored id is known to be its
     async with notify_rtt.Beside(dsn) as beside:  # the baseline, under the same load, all along
         for k in range(asks):
@@ -270,15 +271,15 @@ async def main(asks: int, pending: int) -> None:
                 except OSError:
                     await asyncio.sleep(0.1)
             notes = Notes(db.executor_dsn, asyncio.get_running_loop())
-            headers = as_spawn(db.admin_dsn)
+            spawns = [as_spawn(db.admin_dsn) for _ in range(max(pending, 1))]
             print(f"before: {stats.machine_load()}")
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                await scenario(mcp_url, http, notes, db.executor_dsn, 1, 20, headers)  # warm-up, not counted
+                await scenario(mcp_url, http, notes, db.executor_dsn, 1, 20, spawns)  # warm-up, not counted
                 pids = {"ingress": services[1].pid, "executor": services[0].pid, "bench": os.getpid()}
                 for label, n, goal in ((f"one question pending ({asks} answers)", 1, RATIO_GOAL),
                                        (f"{pending} questions pending ({asks} answers)", pending, RATIO_GOAL)):
                     before = cpu_s(pids)
-                    result = await scenario(mcp_url, http, notes, db.executor_dsn, n, asks, headers)
+                    result = await scenario(mcp_url, http, notes, db.executor_dsn, n, asks, spawns)
                     after = cpu_s(pids)
                     report(label, result, goal, {k: after[k] - before[k] for k in pids})
             print(f"after: {stats.machine_load()}")

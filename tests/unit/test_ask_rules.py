@@ -3,9 +3,11 @@ named so the model can fix it, before anything is asked; and the id its question
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
+from mcp.server.mcpserver.exceptions import ToolError
 
 from executor.harness import questions
 from executor.harness.questions import Option, Question, broken_rule
@@ -51,3 +53,16 @@ def test_a_models_question_takes_the_clis_call_id_but_never_one_of_the_executors
         made = questions.asked_id(reserved)
         assert made != reserved and made.startswith("mcp-"), made
     assert questions.asked_id(None).startswith("mcp-") and questions.asked_id(None) != questions.asked_id(None)
+
+
+def test_a_task_has_at_most_a_few_questions_waiting_at_once_and_room_again_as_they_close() -> None:
+    waiting = questions.OpenAsks(most=2)
+    task, other = uuid.uuid4(), uuid.uuid4()
+    with waiting.admitted(task), waiting.admitted(task):
+        with pytest.raises(ToolError, match="2 questions waiting already"), waiting.admitted(task):
+            pass
+        with waiting.admitted(other):  # another task's are its own
+            pass
+    with waiting.admitted(task):  # room again
+        assert waiting.open == {task: 1}
+    assert waiting.open == {}
