@@ -329,6 +329,7 @@ async def sandbox_probe(settings: Settings, env: Mapping[str, str], claude: Path
     with the sandbox's own last line of error."""
     from executor import harness
     from executor.run import substrate
+    from executor.sandbox import cliconfig
     from executor.run.isolation import Isolation
     from executor.run.task_store import TaskStore
 
@@ -355,6 +356,10 @@ async def sandbox_probe(settings: Settings, env: Mapping[str, str], claude: Path
         await gateway.close()
         isolation.forget_spawn(task_id)
         isolation.close()
+        # the conversations directory the view made for the working directory, left empty (`--version` writes
+        # none): a temporary one's would otherwise stay in the CLI's config directory after each `doctor`
+        with contextlib.suppress(OSError):
+            cliconfig.session_dir(substrate.config_home(sub), workdir).rmdir()
     if proc.returncode != 0:
         why = (stderr.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise RuntimeError(f"{why} (exit {proc.returncode})")

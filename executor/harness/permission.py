@@ -263,8 +263,12 @@ class Gatekeeper:
                    tool_use_id: str | None, ctx: Context) -> _Ruling:
         question = approval_question(tool_name, tool_input, verdict, caller.role, caller.thread_id is not None)
         card_id = f"{CARD_PREFIX}{tool_use_id or uuid.uuid4()}"
-        final = await self.harness.asks.ask([question], tool_use_id=card_id, caller=caller, progress=ctx,
-                                            asked_by="harness")
+        if self.harness.waiting.full(caller.task_id):  # its cards count with its questions (harness/waiting.py)
+            return _Ruling("deny", "too_many_waiting", gates.deny_message(
+                verdict, why=f"the task has {self.harness.waiting.most} questions waiting already"))
+        with self.harness.waiting.admitted(caller.task_id):
+            final = await self.harness.asks.ask([question], tool_use_id=card_id, caller=caller, progress=ctx,
+                                                asked_by="harness")
         extra: dict[str, Any] = {"question_id": str(final.id)}
         if final.answered_by is not None:
             extra["answered_by"] = final.answered_by

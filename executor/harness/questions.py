@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import uuid
-from collections.abc import Iterator
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -68,33 +65,6 @@ def broken_rule(questions: list[Question]) -> str | None:
     return None
 
 
-# Calls one task may have waiting at once. The CLI asks one at a time (a few, for tool calls made together); a
-# process in the sandbox calling the harness itself could put up questions, and notifications, without end.
-MAX_OPEN = 4
-
-
-class OpenAsks:
-    """The ask calls each task has waiting, counted in this executor (a credential is served by one)."""
-
-    def __init__(self, most: int = MAX_OPEN):
-        self.most = most
-        self.open: collections.Counter[uuid.UUID] = collections.Counter()
-
-    @contextlib.contextmanager
-    def admitted(self, task_id: uuid.UUID) -> Iterator[None]:
-        """One more of the task's calls while it waits; ToolError, nothing asked, when it has `most` already."""
-        if self.open[task_id] >= self.most:
-            raise ToolError(f"ask_user_question refused, nothing was asked: this task has {self.most} questions "
-                            "waiting already; wait for their answers")
-        self.open[task_id] += 1
-        try:
-            yield
-        finally:
-            self.open[task_id] -= 1
-            if not self.open[task_id]:
-                del self.open[task_id]
-
-
 # the ids the executor gives the questions it asks itself (gate cards, approvals, budgets, escalations, its own
 # fallback): never taken from a caller, whose call would otherwise be joined to, or pre-empt, such a question
 RESERVED_IDS = ("gate-", "approval-", "budget-", "escalation-", "mcp-")
@@ -109,8 +79,6 @@ def asked_id(given: str | None) -> str:
 
 
 def register(server: MCPServer, harness: Harness) -> None:
-    waiting = OpenAsks()
-
     @server.tool(structured_output=True)
     async def ask_user_question(questions: list[Question], ctx: Context) -> AskResult:
         """Ask the user 1-4 multiple-choice questions and wait for the answers (the chat stays usable).
@@ -127,7 +95,7 @@ def register(server: MCPServer, harness: Harness) -> None:
         if rule is not None:
             raise ToolError(f"ask_user_question refused, nothing was asked: {rule}")
         stored = [q.model_dump() for q in questions]  # without the Nones (Result)
-        with waiting.admitted(caller.task_id):
+        with harness.waiting.admitted(caller.task_id):
             final = await harness.asks.ask(stored, tool_use_id=asked_id(tool_use_id(ctx)), caller=caller,
                                            progress=ctx)
         annotation = None

@@ -9,6 +9,7 @@ from executor.asks import PROGRESS_INTERVAL_S, Asks
 from executor.harness.identity import Identities
 from executor.harness.scope import DispatchLimits
 from executor.harness.store import HarnessStore
+from executor.harness.waiting import OpenAsks
 from executor.journal.writer import JournalWriter
 from shared.database import Database
 from shared.listener import Listener
@@ -26,6 +27,7 @@ class Harness:
         self.q = self.store.pooled()
         self.identities = Identities(self.q, writer)
         self.asks = Asks(self.q, writer, listener, ask_timeout_s, progress_interval_s)
+        self.waiting = OpenAsks()  # each task's questions and gate cards out at once, bounded
 
     def forget(self, task_id: uuid.UUID) -> None:
         """A task's process exited: its credential no longer counts (the supervisor calls this)."""

@@ -83,7 +83,7 @@ class _Workers:
         if thread is not None and mode == "interactive":
             return await self._approve(brief, caller, thread, project, plan_ref, allowed_tools, tool_use_id(ctx),
                                        file_ids)
-        new_id = await self._insert(caller, dispatch.TaskRequest(
+        new_id = await self._insert(caller, thread, dispatch.TaskRequest(
             "worker", brief, project_id=project, project_workdir=True, plan_ref=plan_ref,
             allowed_tools=tuple(allowed_tools) if allowed_tools is not None else None,
             parent_task_id=caller.task_id, requested_by=str(caller.session_id),
@@ -122,16 +122,17 @@ class _Workers:
         brief = await briefs.enrich(self.pool, brief, scope=scope, project_id=project, plan_ref=plan_ref)
         return f"{brief}\n\n## Plan task {plan_ref}: {title}" if title else brief  # it knows which plan task
 
-    async def _insert(self, caller: Caller, asked: TaskRequest) -> uuid.UUID:
-        """The worker's task, pending; a routine's run counts its workers again under its run's lock."""
+    async def _insert(self, caller: Caller, thread: uuid.UUID | None, asked: TaskRequest) -> uuid.UUID:
+        """The worker's task, pending; a routine's run (`thread`: the caller's lineage's, at any depth) counts its
+        workers again under its run's lock."""
         try:
             async with work(self.harness.q) as unit:
-                if caller.thread_id is not None:
-                    # again under the run's row lock, to the insert's commit: two calls at once are counted in
-                    # turn (the lock first, then a count that sees the other's committed worker)
+                if thread is not None:
+                    # again under the run's row lock, to the insert's commit: two calls at once (a turn's, or two
+                    # workers') are counted in turn (the lock first, then a count that sees the other's worker)
                     runs = HarnessStore(unit)
-                    await runs.lock_routine_run(caller.thread_id)
-                    await self._check_routine_workers(runs, caller.thread_id)
+                    await runs.lock_routine_run(thread)
+                    await self._check_routine_workers(runs, thread)
                 return await dispatch.request_task(unit, asked)
         except dispatch.DispatchRefused as exc:
             raise ToolError(f"dispatch refused: {exc}") from None

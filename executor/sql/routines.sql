@@ -180,9 +180,11 @@ WITH cur AS (
 )
 INSERT INTO quota_windows (kind, status, utilization, resets_at, seq, updated_at)
 SELECT left(kind, 100), left(coalesce(info ->> 'status', 'unknown'), 100),
-       CASE WHEN jsonb_typeof(info -> 'utilization') = 'number' THEN (info ->> 'utilization')::float8 END,
+       CASE WHEN jsonb_typeof(info -> 'utilization') = 'number'
+            THEN least(greatest((info ->> 'utilization')::numeric, 0), 1e6)::float8 END,
        CASE WHEN jsonb_typeof(info -> 'resetsAt') = 'number'
-            THEN least(to_timestamp(least((info ->> 'resetsAt')::numeric, 1e10)::float8), created_at + interval '8 days') END,
+            THEN least(to_timestamp(greatest(least((info ->> 'resetsAt')::numeric, 1e10), 0)::float8),
+                       created_at + interval '8 days') END,
        seq, created_at
 FROM latest
 ON CONFLICT (kind) DO UPDATE SET status = EXCLUDED.status, utilization = EXCLUDED.utilization,

@@ -60,7 +60,7 @@ async function load(quiet = false) {
   if (!quiet) $("#sessions-status").textContent = "Loading…";
   try {
     const data = await api(`/api/claude-sessions?${params}`);
-    if (mine !== loads) return;
+    if (mine !== loads || (quiet && adopting)) return;  // (a background read begun before a continue's tap)
     renderDirs(data.dirs, dir);
     const live = data.terminals || [];
     const held = new Set(live.map((t) => t.session_id));

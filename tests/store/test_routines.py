@@ -472,15 +472,19 @@ async def test_a_forged_quota_line_holds_runs_at_most_a_week_and_a_day_and_never
     # name no real line would ever overwrite
     forged = [NewEvent("stream.rate_limit_event", {"type": "rate_limit_event", "rate_limit_info": {
         "status": "rejected", "rateLimitType": kind, "resetsAt": resets}})
-        for kind, resets in (("five_hour", 4102444800), ("zz\nq", 4102444800), ("seven_day", 1e300))]
+        for kind, resets in (("five_hour", 4102444800), ("zz\nq", 4102444800), ("seven_day", 1e300),
+                             ("seven_day_opus", -1e300))]
+    # and a utilisation no float holds (json takes a 401-digit integer; a float8 cast fails on it)
+    forged.append(NewEvent("stream.rate_limit_event", {"type": "rate_limit_event", "rate_limit_info": {
+        "status": "allowed", "rateLimitType": "overage", "utilization": 10 ** 400}}))
     await journal.append(pool, forged)
     routines = Routines(pool, RoutinesConfig(clock=FakeClock(datetime.now(UTC))))
     await routines.record_quota()
     windows = {w["kind"]: w for w in (await http.get("/api/quota")).json()["windows"]}
-    assert sorted(windows) == ["five_hour", "seven_day"]
+    assert sorted(windows) == ["five_hour", "overage", "seven_day", "seven_day_opus"]
     written = tables.now(db.admin_dsn)
     for w in windows.values():
-        assert datetime.fromisoformat(w["resets_at"]) <= written + timedelta(days=8), w
+        assert w["resets_at"] is None or datetime.fromisoformat(w["resets_at"]) <= written + timedelta(days=8), w
 
 
 async def test_a_runs_workers_are_capped_at_its_routines_max_workers(

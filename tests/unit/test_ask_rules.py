@@ -11,6 +11,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from executor.harness import questions
 from executor.harness.questions import Option, Question, broken_rule
+from executor.harness.waiting import OpenAsks
 
 
 def question(text: str = "Which way?", header: str = "Route", labels: tuple[str, ...] = ("Left", "Right"),
@@ -56,7 +57,7 @@ def test_a_models_question_takes_the_clis_call_id_but_never_one_of_the_executors
 
 
 def test_a_task_has_at_most_a_few_questions_waiting_at_once_and_room_again_as_they_close() -> None:
-    waiting = questions.OpenAsks(most=2)
+    waiting = OpenAsks(most=2)
     task, other = uuid.uuid4(), uuid.uuid4()
     with waiting.admitted(task), waiting.admitted(task):
         with pytest.raises(ToolError, match="2 questions waiting already"), waiting.admitted(task):
