@@ -361,6 +361,7 @@ class Terminals:
         done, _ = await asyncio.wait({asking, closed, answered}, return_when=asyncio.FIRST_COMPLETED)
         closed.cancel()
         answered.cancel()
+        self.asking.discard(thread_id)  # decided: the next dialog's card may go out while this one's is closed
         if asking in done:
             answer = asking.result()
             if answer is not None:
