@@ -5,6 +5,7 @@ left as it is."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from executor.projects.git import Git, GitError
@@ -21,7 +22,7 @@ async def changed_paths(worktree: Path) -> dict[str, str]:
     wherever the link points. So the repository is scrubbed first (no link, or GitError), and `status` takes no
     optional lock (it does not rewrite the index)."""
     if (store := store_of(worktree)).is_dir():
-        scrub_store(store)
+        await asyncio.to_thread(scrub_store, store)  # a walk of what the worker made: off the event loop
     out = (await (await Git.at(worktree))("--no-optional-locks", "status", "--porcelain=v1", "-z",
                                          "--untracked-files=all")).out
     entries, found = out.split("\0"), {}

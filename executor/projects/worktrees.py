@@ -247,7 +247,7 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
     auto_commit = None
     store = store_of(worktree) if worktree is not None else None
     if store is not None and store.is_dir():
-        scrub_store(store)
+        await asyncio.to_thread(scrub_store, store)  # a walk of what the worker made: off the event loop
     if worktree is not None and worktree.is_dir():
         auto_commit = await _commit_left_work(worktree, task_id, branch)
     project = await Git.at(repo)
