@@ -25,10 +25,10 @@ class OpenAsks:
         return self.open[task_id] >= self.most
 
     @contextlib.contextmanager
-    def admitted(self, task_id: uuid.UUID, what: str = "ask_user_question") -> Iterator[None]:
+    def admitted(self, task_id: uuid.UUID) -> Iterator[None]:
         """One more of the task's calls while it waits; ToolError, nothing asked, when it has `most` already."""
         if self.full(task_id):
-            raise ToolError(f"{what} refused, nothing was asked: this task has {self.most} questions waiting "
+            raise ToolError(f"ask_user_question refused, nothing was asked: this task has {self.most} questions waiting "
                             "already; wait for their answers")
         self.open[task_id] += 1
         try:

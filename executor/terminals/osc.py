@@ -5,7 +5,7 @@ the executor relays, a sequence split across reads included; everything else pas
 
 from __future__ import annotations
 
-START = b"\x1b]"
+ESC = b"\x1b"
 CLIPBOARD = b"\x1b]52;"
 BEL, ST = b"\x07", b"\x1b\\"
 
@@ -25,7 +25,7 @@ class ClipboardFilter:
 
     def feed(self, data: bytes) -> bytes:
         data, self.held = self.held + data, b""
-        if not self.dropping and START[:1] not in data:
+        if not self.dropping and ESC not in data:
             return data
         out = bytearray()
         i = 0
@@ -37,7 +37,7 @@ class ClipboardFilter:
                     return bytes(out)
                 self.dropping, i = False, end
                 continue
-            j = data.find(START[:1], i)
+            j = data.find(ESC, i)
             if j < 0:
                 out += data[i:]
                 break
