@@ -25,6 +25,7 @@ from executor.projects import service as projects
 from executor.routines import Routines, RoutinesConfig
 from executor.run.substrate import SubstrateConfig, config_home, handback_cli
 from executor.run.supervisor import Supervisor, SupervisorConfig
+from executor.sandbox import scratch
 from executor.sessions import adopt as claude_sessions
 from executor.sessions.index import Index as SessionIndex
 from executor.sessions.index import SessionsConfig
@@ -94,6 +95,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         await writer.start()
         stack.push_async_callback(writer.flush_and_stop)
 
+        # the socket directories of executors killed before they could remove them (executor/sandbox/scratch.py)
+        await asyncio.to_thread(scratch.sweep)
         # what can fail is made before any loop starts: a failed start unwinds only the above
         listener = db.listener(CHANNELS)
         wake = listener.subscribe(["task_pending", "stop_queue"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from executor.run import substrate
 from executor.run.task_store import TaskStore
 from executor.sandbox import bwrap as sandbox
 from executor.sandbox import cliconfig, git_view
-from executor.sandbox import limits
+from executor.sandbox import limits, scratch
 from executor.sandbox.gateway import Gateway
 from executor.sandbox.gateway import parse_allowlist as gateway_allow
 from shared import logs
@@ -29,7 +28,7 @@ class Isolation:
         self.substrate = substrate_config
         self.mcp_url = mcp_url
         self.store = store
-        self._gateways: Path | None = None
+        self._gateways: scratch.Scratch | None = None
         # each spawn's limits: in a cgroup of its own where this executor can make one, else by rlimits
         self.cgroups = limits.find_tree(policy.limits)
         self.rlimits = limits.rlimits_for(policy.limits, self.cgroups)
@@ -54,9 +53,9 @@ class Isolation:
     def _gateway_root(self) -> Path:
         """Where this executor's gateways keep their sockets: a 0700 directory of its own in the system's temporary
         directory, not under the data directory, whose path can be longer than a Unix socket's (108 bytes)."""
-        if self._gateways is None or not self._gateways.is_dir():
-            self._gateways = Path(tempfile.mkdtemp(prefix="petal-gw-"))
-        return self._gateways
+        if self._gateways is None or not self._gateways.path.is_dir():
+            self._gateways = scratch.Scratch("petal-gw-")
+        return self._gateways.path
 
     def wrap(self, gateway: Gateway, workdir: Path, mcp_path: Path | None, cmd: list[str], env: dict[str, str],
              task_id: uuid.UUID, session_uuid: str | None, *, substrate_config: substrate.SubstrateConfig | None = None,
@@ -142,4 +141,4 @@ class Isolation:
     def close(self) -> None:
         """At the executor's end: its gateways' directory (each gateway removes its own as its spawn ends)."""
         if self._gateways is not None:
-            shutil.rmtree(self._gateways, ignore_errors=True)
+            self._gateways.remove()

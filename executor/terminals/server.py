@@ -16,10 +16,8 @@ import hmac
 import json
 import os
 import secrets
-import shutil
 import socket
 import struct
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from executor.run.caller import Caller
 from executor.run.credentials import Credentials
 from executor.run.isolation import Isolation
 from executor.run.substrate import SubstrateConfig
+from executor.sandbox import scratch
 from executor.sessions.store import SessionStore
 from executor.terminals import launch, permission
 from executor.terminals.boxed import Boxed
@@ -100,7 +99,7 @@ class Terminals:
         self.tokens: dict[uuid.UUID, str] = {}  # each session's permission hook's secret, by thread
         self.asking: set[uuid.UUID] = set()  # the threads whose permission card is out
         self.path = config.run_dir / wire.SOCKET_NAME  # a link to the socket
-        self.private: Path | None = None
+        self.private: scratch.Scratch | None = None
         self.socket = self.path  # where it listens (start)
         self.server: asyncio.AbstractServer | None = None
 
@@ -111,8 +110,8 @@ class Terminals:
         # short 0700 directory of its own in the system's temporary directory (as the gateways' do), found through
         # a link in the run directory and the one a wrapper started anywhere reads (clients resolve the link).
         try:
-            self.private = Path(tempfile.mkdtemp(prefix="petal-term-"))
-            self.socket = self.private / wire.SOCKET_NAME
+            self.private = scratch.Scratch("petal-term-")
+            self.socket = self.private.path / wire.SOCKET_NAME
             self.server = await asyncio.start_unix_server(self._connected, path=str(self.socket))
             os.chmod(self.socket, 0o600)
             self.config.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -133,7 +132,7 @@ class Terminals:
                 if link is not None and link.is_symlink() and Path(os.readlink(link)) == self.socket:
                     link.unlink()
         if self.private is not None:
-            shutil.rmtree(self.private, ignore_errors=True)
+            self.private.remove()
 
     # ---- what the page asks of a session ---------------------------------------------------------------
 
