@@ -171,13 +171,32 @@ class Git:
     env: Mapping[str, str]
 
     @classmethod
-    async def at(cls, cwd: Path) -> Git:
-        env = {**base_env(), **config_env(FIXED_OVERRIDES)}
+    async def at(cls, cwd: Path, layout: Mapping[str, str] | None = None) -> Git:
+        env = {**base_env(), **(layout or {}), **config_env(FIXED_OVERRIDES)}
         found = await _run(cwd, env, ("config", "-z", "--get-regexp", _DRIVER_KEYS))
         # 1: none defined (or no repository here: then the command itself says so)
         if found.rc not in (0, 1):
             raise GitError(f"git config in {cwd} failed: {found.err.strip()}")
-        return cls(cwd, {**base_env(), **config_env([*FIXED_OVERRIDES, *driver_overrides(found.out)])})
+        return cls(cwd, {**base_env(), **(layout or {}),
+                         **config_env([*FIXED_OVERRIDES, *driver_overrides(found.out)])})
+
+    @classmethod
+    async def checkout(cls, repo: Path) -> Git:
+        """git at a project's checkout with its work tree named rather than found: `repo`, whatever a spawn that had
+        the checkout as its workdir wrote in its `.git` (a `core.worktree` naming another directory: the
+        environment wins over every config file), so what the executor's git writes lands in the checkout. The
+        repository is the one `repo/.git` leads to (a directory, or a linked worktree's `gitdir:` file).
+
+        Raises:
+            GitError: `repo` has no `.git` of its own (git would look for one in the directories above).
+        """
+        repo = repo.absolute()
+        if not os.path.lexists(repo / ".git"):
+            raise GitError(f"{repo} has no .git: not a checkout")
+        found = await _run(repo, {**base_env(), **config_env(FIXED_OVERRIDES)}, ("rev-parse", "--absolute-git-dir"))
+        if found.rc != 0 or not found.out.strip():
+            raise GitError(f"git cannot read the repository of {repo}: {found.err.strip()}")
+        return await cls.at(repo, {"GIT_DIR": found.out.strip(), "GIT_WORK_TREE": str(repo)})
 
     async def __call__(self, *args: str, check: bool = True) -> Result:
         res = await _run(self.cwd, self.env, args)

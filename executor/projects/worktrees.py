@@ -148,11 +148,16 @@ async def create(repo: Path, task_id: uuid.UUID, root: Path, name: str,
 
 
 def _rmtree(path: Path) -> None:
-    """Remove a tree a worker wrote, also where it made a directory read-only."""
+    """Remove a tree a worker wrote, also where it made a directory read-only or unreadable (mode 000: the walk
+    cannot open it, and the failing call handed here is os.open, which takes flags)."""
     def writable_again(func: Any, failed: str, _exc: Any) -> None:
         parent = os.path.dirname(failed)
         os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
-        func(failed)
+        if os.path.isdir(failed) and not os.path.islink(failed):
+            os.chmod(failed, stat.S_IRWXU)
+            shutil.rmtree(failed, onerror=writable_again)
+        else:
+            func(failed)
 
     if path.is_symlink() or path.is_file():
         path.unlink()
@@ -284,6 +289,17 @@ async def _clean(g: Git) -> str:
     return (await g("status", "--porcelain", "--untracked-files=normal")).out.strip()
 
 
+async def _overwrites_nothing(g: Git, repo: Path, head: str, commit: str) -> None:
+    """Refuse a merge that would write a file the checkout has untracked: git overwrites an ignored one without a
+    word (and what counts as ignored is in `.git/info/exclude`, which a spawn in the checkout can write)."""
+    added = (await g("diff", *NO_DRIVERS, "--name-only", "--no-renames", "--diff-filter=A", "-z", head,
+                     commit)).out.split("\0")
+    there = [p for p in added if p and os.path.lexists(repo / p)]
+    if there:
+        raise GitError(f"merging would overwrite {', '.join(there[:5])}{' …' if len(there) > 5 else ''} in {repo}, "
+                       "not tracked there (an ignored file?): move it away first")
+
+
 class Merged(TypedDict):
     """What a merge did: the branch merged into, its commit before and after, and the merged tip."""
 
@@ -310,7 +326,7 @@ async def merge(repo: Path, branch: str, commit: str, base: str | None, message:
             or the merge conflicted.
     """
     async with repo_lock(repo):
-        g = await Git.at(repo)
+        g = await Git.checkout(repo)
         target, before = await _head(g)
         if target is None:
             raise GitError("the project's checkout is not on a branch (detached HEAD): nothing to merge into")
@@ -326,6 +342,7 @@ async def merge(repo: Path, branch: str, commit: str, base: str | None, message:
             raise GitError(f"branch {branch} moved since its changes were recorded (recorded {commit[:12]}, now "
                            f"{tip[:12]}): only the reviewed commit is merged; discard it, or merge it by hand")
         checked = await verify_objects(g, commit, base)
+        await _overwrites_nothing(g, repo, before or "HEAD", commit)
         res = await g(*await _identity(g), "merge", "--ff", "--no-edit", "-m", message, commit, check=False)
         if res.rc != 0:
             conflicted = (await g("diff", "--name-only", "--diff-filter=U", check=False)).out.split()

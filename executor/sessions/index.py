@@ -22,15 +22,13 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from executor.projects.service import Refused, check_workdir
-from executor.sessions import live
+from executor.sessions import live, reading
 from executor.sessions.parse import Message, Scan
 from executor.sessions.store import SessionStore
 from shared import logs, threads
 
 log = logs.get(__name__)
 
-# a file is read in pieces of at most this (a huge conversation never sits in memory whole)
-READ_CHUNK = 8 * 1024 * 1024
 # how often a pass also scans every process's command line for conversations named there (older CLIs keep no
 # registry): about as costly as the stat of 2,000 files (tests/bench/bench_sessions.py)
 NAMED_EVERY_S = 5.0
@@ -192,13 +190,7 @@ class Index:
     def _read(self, f: File, size: int) -> None:
         try:
             with open(f.path, "rb") as fh:
-                while f.scan.parsed_to < size and f.scan.unreadable is None:
-                    fh.seek(f.scan.parsed_to)
-                    data = fh.read(min(READ_CHUNK, size - f.scan.parsed_to))
-                    before = f.scan.parsed_to
-                    f.scan.feed(data, before)
-                    if f.scan.parsed_to == before:
-                        break  # a partial line only: the CLI is still writing it
+                reading.feed(fh, f.scan, size)
         except OSError as exc:
             f.scan.unreadable = f"cannot read: {exc.strerror or exc}"
 
@@ -207,15 +199,9 @@ class Index:
         chunk at a time (blocking); and where that ends, or the reason it cannot be read. A turn can grow its
         conversation file without bound: it is never read whole into memory."""
         scan = Scan(f.scan.session_id, parsed_to=start)
-        messages: list[Message] = []
         try:
             with open(f.path, "rb") as fh:
-                while scan.parsed_to < f.scan.parsed_to and scan.unreadable is None:
-                    before = scan.parsed_to
-                    fh.seek(before)
-                    messages += scan.feed(fh.read(min(READ_CHUNK, f.scan.parsed_to - before)), before)
-                    if scan.parsed_to == before:
-                        break  # a line longer than a chunk: the index has not passed it either
+                messages = reading.feed(fh, scan, f.scan.parsed_to)
         except OSError as exc:
             return [], start, f"cannot read: {exc.strerror or exc}"
         return messages, scan.parsed_to, scan.unreadable

@@ -75,6 +75,11 @@ class Scan:
         self.parsed_to = offset
         return messages
 
+    def pass_over(self, end: int) -> None:
+        """The line that ends at byte `end` (exclusive) is not read: too long to parse (executor/sessions/reading.py)."""
+        self.lines += 1
+        self.parsed_to = end
+
     def _take(self, line: dict[str, object], end: int) -> Message | None:
         kind = line.get("type")
         if kind == "summary" and isinstance(line.get("summary"), str):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from executor.sessions.store import SessionStore
 from executor.terminals.boxed import Boxed
-from executor.terminals.osc import ClipboardFilter
+from executor.terminals.osc import OscFilter
 from executor.terminals.follow import FOLLOW_S, Follower
 from executor.terminals.screen import Screen
 from executor.terminals.store import TerminalStore
@@ -98,7 +98,7 @@ class Held:
         self.started = time.monotonic()
         self.mcp: Path | None = None  # its harness credential's config (revoked at the end)
         self.boxed: Boxed | None = None  # its sandbox (`--sandbox`), closed at the end
-        self.clipboard = ClipboardFilter()
+        self.osc = OscFilter()
 
     async def spawn(self, argv: list[str], cwd: str, env: dict[str, str], umask: int = 0o022) -> int:
         """Start the CLI on a new pty (`umask`: the user's terminal's, not the executor's private one)."""
@@ -134,8 +134,8 @@ class Held:
         if not data:
             asyncio.get_running_loop().remove_reader(self.master)
             return
-        if self.boxed is not None:  # a sandboxed session does not write the user's clipboard (osc.py)
-            data = self.clipboard.feed(data)
+        if self.boxed is not None:  # a sandboxed session sends the user's terminal only the OSCs a screen uses (osc.py)
+            data = self.osc.feed(data)
         self.screen.feed(data)
         if self.client is not None and data:
             self.client.send(wire.DATA, data)

@@ -150,3 +150,76 @@ async def test_an_index_link_the_worker_planted_stops_its_check_before_git_touch
     assert record["passed"] is False and record["exit_code"] is None and record["undone"] == []
     assert "not run" in record["tail"][0] and "symbolic link" in record["tail"][0], record["tail"]  # type: ignore[index]
     assert not ran.exists() and not victim.exists()
+
+
+async def test_a_core_worktree_planted_in_the_checkout_does_not_carry_the_merge_elsewhere(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"README.md": "hi\n"})
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("# the user's own\n")
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    (wt.path / ".bashrc").write_text("echo from-the-branch\n")  # the reviewed change: a project dotfile
+    rec = await _recorded(repo, wt)
+    # what a spawn whose workdir is the checkout can write in its .git: another work tree, everything ignored
+    # there, and the tracked files marked skip-worktree (so the checkout looks clean)
+    _git(repo, "config", "core.worktree", str(home))
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "exclude").write_text("*\n")
+    _git(repo, "update-index", "--skip-worktree", "README.md")
+    # the plant is live: git finding its layout takes the home for the work tree; named, the checkout
+    assert (await (await git.Git.at(repo))("rev-parse", "--show-toplevel")).out.strip() == str(home)
+    assert (await (await git.Git.checkout(repo))("rev-parse", "--show-toplevel")).out.strip() == str(repo)
+
+    merged = await worktrees.merge(repo, wt.branch, rec["head_commit"], wt.base_commit, "merge")
+    assert merged["fast_forward"]
+    assert (home / ".bashrc").read_text() == "# the user's own\n"
+    assert (repo / ".bashrc").read_text() == "echo from-the-branch\n"
+
+
+async def test_a_merge_that_would_overwrite_an_ignored_file_of_the_checkout_is_refused(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"README.md": "hi\n", ".gitignore": "notes.txt\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    (wt.path / "notes.txt").write_text("from the branch\n")
+    _git(wt.path, "add", "--force", "notes.txt")
+    _git(wt.path, "commit", "--quiet", "-m", "notes")
+    rec = await _recorded(repo, wt)
+    (repo / "notes.txt").write_text("the user's own notes\n")  # ignored: `git status` shows nothing
+    before = _git(repo, "rev-parse", "HEAD")
+    with pytest.raises(git.GitError, match="would overwrite notes.txt"):
+        await worktrees.merge(repo, wt.branch, rec["head_commit"], wt.base_commit, "merge")
+    assert (repo / "notes.txt").read_text() == "the user's own notes\n"
+    assert _git(repo, "rev-parse", "HEAD") == before
+    # negative control: git's own merge overwrites an ignored file without a word
+    _git(repo, "merge", "--ff-only", "--quiet", rec["head_commit"])
+    assert (repo / "notes.txt").read_text() == "from the branch\n"
+
+
+@pytest.mark.parametrize("swap", ["link", "gitdir file"])
+async def test_a_checkout_whose_dot_git_leads_elsewhere_is_still_the_work_tree_merged_into(tmp_path: Path,
+                                                                                        swap: str) -> None:
+    repo = _repo(tmp_path / "repo", {"README.md": "hi\n"})
+    home = tmp_path / "home"
+    home.mkdir()
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    (wt.path / "b.txt").write_text("b\n")
+    rec = await _recorded(repo, wt)
+    moved = (repo / ".git").rename(tmp_path / "elsewhere.git")  # with a work tree of its own named in its config
+    _git(tmp_path, f"--git-dir={moved}", "config", "core.worktree", str(home))
+    if swap == "link":
+        (repo / ".git").symlink_to(moved)
+    else:
+        (repo / ".git").write_text(f"gitdir: {moved}\n")
+    await worktrees.merge(repo, wt.branch, rec["head_commit"], wt.base_commit, "merge")
+    assert (repo / "b.txt").read_text() == "b\n" and not any(home.iterdir())
+
+
+async def test_a_directory_without_its_own_dot_git_is_not_merged_into(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"README.md": "hi\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    (wt.path / "b.txt").write_text("b\n")
+    rec = await _recorded(repo, wt)
+    # the checkout's .git gone, a repository above it (a home kept in git) would be found instead
+    (repo / ".git").rename(tmp_path / ".git")
+    with pytest.raises(git.GitError, match="no .git"):
+        await worktrees.merge(repo, wt.branch, rec["head_commit"], wt.base_commit, "merge")
+    assert not (repo / "b.txt").exists()

@@ -16,6 +16,7 @@ import pytest
 
 from executor.sessions import adopt, live
 from executor.sessions import index as index_module
+from executor.sessions import reading
 from executor.sessions.adopt import NotAdoptable
 from executor.sessions.index import Index
 from executor.sessions.store import SessionStore
@@ -331,10 +332,35 @@ async def test_a_conversations_messages_are_read_a_chunk_at_a_time_to_where_the_
 
     chunk = 3 * max(len(line) + 1 for line in path.read_bytes().splitlines())  # a few lines (their length: the path's)
     assert chunk * 3 < path.stat().st_size
-    monkeypatch.setattr(index_module, "READ_CHUNK", chunk)
+    monkeypatch.setattr(reading, "READ_CHUNK", chunk)
     monkeypatch.setattr(index_module, "open", counted, raising=False)
     with path.open("ab") as fh:  # lines the index has not parsed yet are not read
         fh.write(b'{"type": "user", "message": {"content": "later"}}\n')
     chunked, end2, bad2 = made.read_messages(f, 0)
     assert bad2 is None and end2 == end and [m.text for m in chunked] == [m.text for m in whole]
     assert len(reads) > 3 and all(0 < n <= chunk for n in reads), reads
+
+
+@pytest.mark.parametrize("passed_over", [False, True], ids=["read alone", "too long: passed over"])
+async def test_a_line_longer_than_a_chunk_does_not_stop_the_file_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      passed_over: bool) -> None:
+    path = conversation(tmp_path, 2)
+    at, cwd = "2026-12-01T19:00:00.000Z", tmp_path / "app"
+    long = line("assistant", "x" * 5000, at, cwd)  # a large tool result or image in one message
+    with path.open("ab") as fh:
+        fh.write(long + line("user", "after it", "2026-12-01T19:00:01.000Z", cwd))
+    monkeypatch.setattr(reading, "READ_CHUNK", 1024)
+    monkeypatch.setattr(reading, "MAX_LINE", 1024 if passed_over else 64 * 1024)
+    made, _ = index(tmp_path)
+    await made.refresh()
+    f = made.by_session(SID)
+    assert f is not None and f.scan.parsed_to == path.stat().st_size and f.scan.lines == 4
+    messages, end, bad = made.read_messages(f, 0)
+    assert bad is None and end == path.stat().st_size
+    texts = [m.text for m in messages]
+    assert texts[0] == "message 0" and texts[-1] == "after it"
+    assert ("x" * 5000 in texts) is not passed_over
+    with path.open("ab") as fh:  # a long line still being written waits: nothing passed over, nothing half read
+        fh.write(long[:3000])
+    await made.refresh()
+    assert made.by_session(SID).scan.parsed_to == end  # type: ignore[union-attr]
