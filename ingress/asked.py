@@ -15,10 +15,14 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from shared.models import Event
 
-# A question is kept until this many later ones were asked: some KiB each, and an answer comes long before.
+# A question is kept until this many later ones were asked, and only one of at most KEEP_BYTES as JSON (its text and
+# options are the spawn's: a harness call can bring megabytes); a larger one is answered the reading way.
 LIMIT = 4096
+KEEP_BYTES = 16 * 1024
 
 
 class Asked:
@@ -35,7 +39,7 @@ class Asked:
                 qid = uuid.UUID(str(e.payload.get("question_id")))
             except ValueError:
                 continue
-            if isinstance(questions, list):
+            if isinstance(questions, list) and len(orjson.dumps(questions)) <= KEEP_BYTES:
                 self._questions[qid] = questions
                 self._questions.move_to_end(qid)
                 while len(self._questions) > self.limit:

@@ -46,6 +46,8 @@ _SIGNALS = {
     "task_activity": ("task", "changed"),  # awaiting_user and back (migration 0035: not an end)
 }
 PAGE = 500
+# and what a page's payloads may come to past its first row (read_journal_page)
+PAGE_BYTES = 16 * 1024 * 1024
 # the rows a `journal` notification may carry, parsed as a read would give them
 _ROWS = TypeAdapter(list[Event])
 # Backstop for a notification lost without the listener noticing: look at the head this often.
@@ -53,6 +55,10 @@ POLL_S = 2.0
 # A replay's page read goes on after its client left (aio.finished) for at most this long: a read held up
 # (a lock) then gives its pooled connection back rather than keep it until the hold ends.
 DETACHED_READ_S = 5.0
+# What the ring's frames may come to besides its newest one: a frame is a journal row as sent, and a spawn's line can
+# be 64 MiB (it writes its CLI's stdout), so a count alone would let a few hold gigabytes with no client connected.
+# A client whose cursor falls off the end resumes by seq, as it does when the count is passed.
+RING_BYTES = 64 * 1024 * 1024
 # A send blocked this long (a dead or stalled client) ends that stream.
 SEND_TIMEOUT_S = 30.0
 # While the database is away, a client whose stream had to end comes back after this long.
@@ -97,7 +103,9 @@ class Broadcaster:
     def __init__(self, pool: AsyncConnectionPool, *, buffer: int):
         self.pool = pool
         self.journal = Queries(pool, shared_sql)  # the journal's reads (shared/sql/journal.sql)
-        self.frames: deque[Frame] = deque(maxlen=buffer)
+        self.frames: deque[Frame] = deque()
+        self.buffer = buffer  # frames at most (and RING_BYTES)
+        self.bytes = 0
         self.published = 0  # frames ever published; frame n lives at index n - self.first
         self.last_seq = 0
         self.closing = asyncio.Event()
@@ -125,6 +133,9 @@ class Broadcaster:
                 self._upto = max(self._upto, f.seq)
             placed.append(Frame(f.seq, f.raw, after, self._upto, self._breaks))
         self.frames.extend(placed)
+        self.bytes += sum(len(f.raw) for f in placed)
+        while len(self.frames) > 1 and (len(self.frames) > self.buffer or self.bytes > RING_BYTES):
+            self.bytes -= len(self.frames.popleft().raw)
         self.published += len(frames)
         self._wake_clients()
 
@@ -143,12 +154,12 @@ class Broadcaster:
 
     async def _catch_up(self) -> None:
         while True:
-            events = await _read_since(self.journal, self.last_seq)
+            events, more = await _read_since(self.journal, self.last_seq)
             self._publish([event_frame(e) for e in events])  # encoded once, shared by every client
             if events:
                 self.last_seq = events[-1].seq
                 self._seen(events)
-            if len(events) < PAGE:
+            if not more:
                 return
 
     def _seen(self, events: list[Event]) -> None:
@@ -351,22 +362,24 @@ async def stream(request: Request) -> EventSourceResponse:
                                send_timeout=SEND_TIMEOUT_S, headers={"Cache-Control": "no-store"})
 
 
-async def _read_since(journal: Queries, after: int) -> list[Event]:
-    """A page of committed events after `after`, in seq order."""
-    return await journal.all("read_journal", {"after": after, "limit": PAGE, "task_id": None, "session_id": None},
-                             into=Event)
+async def _read_since(journal: Queries, after: int) -> tuple[list[Event], bool]:
+    """A page of committed events after `after`, in seq order, bounded by count and by size (PAGE_BYTES); whether
+    more follow it."""
+    rows = await journal.all("read_journal_page", {"after": after, "limit": PAGE, "max_bytes": PAGE_BYTES})
+    taken = rows[0]["rows_in_page"] if rows else 0
+    return [Event(**row) for row in rows], taken == PAGE or len(rows) < taken
 
 
 async def _replay(journal: Queries, after: int, upto: int | None = None) -> AsyncIterator[list[Frame]]:
     """Pages of frames for the committed events after `after` (up to `upto`), from the database. A client that
     goes away mid-read does not interrupt the page's query: psycopg would close its pooled connection."""
     while True:
-        events = await aio.finished(_read_since(journal, after), detached_s=DETACHED_READ_S)
+        events, more = await aio.finished(_read_since(journal, after), detached_s=DETACHED_READ_S)
         page = [event_frame(e) for e in events if upto is None or e.seq <= upto]
         if page:
             yield page
             after = page[-1].seq or after
-        if len(events) < PAGE or len(page) < len(events):
+        if not more or len(page) < len(events):
             return
 
 

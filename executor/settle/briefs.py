@@ -26,6 +26,9 @@ INTERRUPTED = {"crashed", "cancelled", "rate_limited", "stalled"}
 _CALL_KEYS = ("command", "file_path", "path", "pattern", "url", "query", "brief", "description")
 APPROVE, REJECT = "Approve", "Reject"
 
+# what an approval card shows of a worker's brief (a longer one is cut, and the card says so)
+BRIEF_PREVIEW_CHARS = 20_000
+
 
 def _bounded(lines: list[str]) -> str:
     out: list[str] = []
@@ -91,12 +94,22 @@ async def earlier_attempt(store: SettleStore, attempt: SettledWorker) -> str:
 
 
 def approval_question(brief: str) -> dict[str, Any]:
+    """The card that asks the user to start a worker. Its brief is shown whole up to BRIEF_PREVIEW_CHARS; a longer one
+    says so in the question itself, so an approval is never given for a tail the card hid (what runs is bound to
+    the whole brief: receipts.mark)."""
+    question = "The orchestrator wants to start a worker with this brief. Start it?"
+    preview = brief
+    if len(brief) > BRIEF_PREVIEW_CHARS:
+        left = len(brief) - BRIEF_PREVIEW_CHARS
+        question = (f"The orchestrator wants to start a worker with a brief of {len(brief):,} characters, too long to "
+                    f"show whole: {left:,} are not shown here. Start it?")
+        preview = f"{brief[:BRIEF_PREVIEW_CHARS]}\n\n… {left:,} more characters not shown"
     return {
-        "question": "The orchestrator wants to start a worker with this brief. Start it?",
+        "question": question,
         "header": "Dispatch",
         "multiSelect": False,
         "options": [
-            {"label": APPROVE, "description": "start the worker now", "preview": brief[:4_000]},
+            {"label": APPROVE, "description": "start the worker now", "preview": preview},
             {"label": REJECT, "description": "do not start it; the orchestrator hears your answer"},
         ],
     }

@@ -33,6 +33,22 @@ WHERE seq > %(after)s
 ORDER BY seq
 LIMIT %(limit)s
 
+-- name: read_journal_page --
+-- The SSE stream's page of events after a seq, in seq order: at most %(limit)s, and past the first only while the
+-- payloads before each come to less than %(max_bytes)s as JSON text (a spawn's line can be 64 MiB: a page of such
+-- rows is a few rows). `rows_in_page`: how many the count alone took; fewer returned means cut by size.
+WITH head AS (
+    SELECT seq, octet_length(payload::text) AS size
+    FROM journal WHERE seq > %(after)s ORDER BY seq LIMIT %(limit)s
+), sized AS (
+    SELECT seq, sum(size) OVER (ORDER BY seq) - size AS before, count(*) OVER () AS rows_in_page FROM head
+)
+SELECT j.event_id, j.seq, j.project_id, j.session_id, j.task_id, j.parent_id, j.message_id,
+       j.event_type, j.tier, j.created_at, j.payload, sized.rows_in_page
+FROM sized JOIN journal j ON j.seq = sized.seq
+WHERE sized.before < %(max_bytes)s
+ORDER BY j.seq
+
 -- name: read_journal_lines --
 -- The journal as `petal-dispatch journal` shows it: one task's, or one thread's with the workers its
 -- turns dispatched; the token-by-token stream events left out.

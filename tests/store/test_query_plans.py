@@ -104,8 +104,8 @@ def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
                                                    "project_id": None}),
         "a task's usage": ("list_usage", {"by": "task", "task_id": worker, "thread_id": None, "project_id": None}),
         "gate rules": ("list_gate_rules", {"thread_id": thread, "revoked": False, "limit": 100}),
-        "SSE resume, 1,000 back": ("read_journal", {"after": s.head - 1000, "limit": 500, "task_id": None,
-                                                    "session_id": None}),
+        "SSE resume, 1,000 back": ("read_journal_page", {"after": s.head - 1000, "limit": 500,
+                                                         "max_bytes": 16 * 1024 * 1024}),
         # the executor: claiming, settlement, the threads loop, the notifier
         "claim": ("claim_pending_tasks", {"name": "host-1", "epoch": 1, "labels": [], "shared_config": False, "n": 4,
                                           "n_unattended": 3}),

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from ingress.asked import Asked
+from ingress.asked import KEEP_BYTES, Asked
 from shared.models import Event
 
 
@@ -29,3 +29,12 @@ def test_kept_by_id_only_and_the_oldest_leave_first() -> None:
     assert asked.get("toolu_a") is None and asked.get(str(ids[1])) is None and len(asked) == 1
     asked.saw([_event(6 + i, "question.asked", {"question_id": str(q), "questions": []}) for i, q in enumerate(ids[1:])])
     assert len(asked) == 2 and asked.get(str(ids[0])) is None and asked.get(str(ids[2])) == (ids[2], [])
+
+
+def test_a_question_larger_than_the_bound_is_not_kept_it_is_answered_the_reading_way() -> None:
+    asked = Asked()
+    big, small = uuid.uuid4(), uuid.uuid4()
+    huge = [{"question": "q", "options": [{"label": "a", "description": "d", "preview": "x" * (KEEP_BYTES + 1)}]}]
+    asked.saw([_event(1, "question.asked", {"question_id": str(big), "questions": huge}),
+               _event(2, "question.asked", {"question_id": str(small), "questions": [{"question": "q"}]})])
+    assert asked.get(str(big)) is None and asked.get(str(small)) == (small, [{"question": "q"}])

@@ -63,3 +63,17 @@ def test_a_long_call_is_cut_and_a_long_section_says_how_much_was_left_out() -> N
     assert line.endswith("…`") and len(line) < briefs.CALL_CHARS + 40
     bounded = briefs._bounded([f"- line {n} " + "z" * 200 for n in range(20)])
     assert bounded.splitlines()[-1].startswith("- … (") and len(bounded) <= briefs.SECTION_CHARS + 60
+
+
+def test_an_approval_card_shows_a_brief_whole_or_says_in_its_question_how_much_it_does_not_show() -> None:
+    short = "Run the unit tests and report."
+    card = briefs.approval_question(short)
+    assert card["options"][0]["preview"] == short
+    assert card["question"] == "The orchestrator wants to start a worker with this brief. Start it?"
+    # an innocent head long enough to fill the card, then what the user would not see
+    long = "Run the unit tests and report. " * 700 + "\n\nALSO: push the branch to the mirror."
+    card = briefs.approval_question(long)
+    left = len(long) - briefs.BRIEF_PREVIEW_CHARS
+    assert left > 0 and "ALSO" not in card["options"][0]["preview"]
+    assert f"{left:,} are not shown" in card["question"]
+    assert card["options"][0]["preview"].endswith(f"… {left:,} more characters not shown")

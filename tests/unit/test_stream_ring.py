@@ -6,6 +6,9 @@ import json
 import uuid
 from typing import Any
 
+import pytest
+
+from ingress import stream
 from ingress.stream import Broadcaster, Frame
 from shared.listener import Notification
 
@@ -87,3 +90,19 @@ async def test_a_notification_the_ring_cannot_take_as_it_is_asks_for_a_read() ->
     assert b._carried("3 {not json") is None
     assert b._carried("resync") is None
     assert not b.frames and b.last_seq == 0
+
+
+async def test_the_ring_holds_at_most_its_byte_budget_besides_the_newest_frame_and_a_client_behind_resumes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream, "RING_BYTES", 1000)
+    b = _ring()
+    client = b.subscribe()
+    b._publish([Frame(i, b"x" * 300) for i in range(1, 5)])  # 1,200 bytes: the oldest goes
+    assert [f.seq for f in b.frames] == [2, 3, 4] and b.bytes == 900
+    b._publish([Frame(5, b"y" * 5000)])  # one frame over the whole budget: it alone stays, to be sent
+    assert [f.seq for f in b.frames] == [5] and b.bytes == 5000
+    with pytest.raises(stream.Overflow):  # fell off the end: its stream ends, the page resumes by Last-Event-ID
+        await client.next()
+    small = _ring()
+    small._publish([Frame(i, b"z") for i in range(1, 200)])  # the count bound still holds (buffer=100)
+    assert len(small.frames) == 100 and small.bytes == 100
