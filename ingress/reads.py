@@ -20,6 +20,9 @@ STATUSES = (*ACTIVE_STATUSES, *FINAL_STATUSES)
 # the lists' pages when the client names no limit: what a page shows at once (older ones by `before`)
 THREADS_PAGE = 200
 TASKS_PAGE = 100
+# what a page of journal records may come to past its first one, as JSON text: a spawn's stdout line is a record, and
+# can be 64 MiB (the read surface's pages are cut there, `more` set)
+PAGE_BYTES = 32 * 1024 * 1024
 
 
 def _page_params(request: Request, default: int) -> dict[str, Any]:
@@ -64,14 +67,26 @@ async def get_task(request: Request) -> Response:
 
 def _events_params(request: Request, task_id: Any = None) -> dict[str, Any]:
     return {"after": query_int(request, "after_seq", 0), "limit": query_int(request, "limit", 200, lo=1, hi=1000),
+            "max_bytes": PAGE_BYTES,
             "tier": query_choice(request, "tier", ("raw", "derived")),
             "task_id": task_id if task_id is not None else query_uuid(request, "task_id"),
             "event_type": request.query_params.get("event_type") or None}
 
 
-def _page(events: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+def _sized(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """A page of records without the columns that bounded it by size (PAGE_BYTES), and whether it was cut by it."""
+    taken = rows[0]["rows_in_page"] if rows else 0
+    for row in rows:
+        row.pop("rows_in_page")
+        row.pop("bytes_before", None)
+        row.pop("bytes_after", None)
+    return rows, len(rows) < taken
+
+
+def _page(rows: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    events, cut = _sized(rows)
     last = events[-1]["seq"] if events else params["after"]
-    return {"events": events, "next_after_seq": last, "more": len(events) == params["limit"]}
+    return {"events": events, "next_after_seq": last, "more": len(events) == params["limit"] or cut}
 
 
 async def task_events(request: Request) -> Response:
@@ -104,9 +119,10 @@ CONVERSATION_TYPES = [
 async def conversation(request: Request) -> Response:
     before = query_int(request, "before_seq", 0, lo=1) if request.query_params.get("before_seq") else None
     params = {"thread_id": path_uuid(request, "thread_id"), "after": query_int(request, "after_seq", 0),
-              "before": before, "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES}
+              "before": before, "limit": query_int(request, "limit", 300, lo=1, hi=1000), "types": CONVERSATION_TYPES,
+              "max_bytes": PAGE_BYTES}
     q = ingress_queries(request)
-    events = await q.all("list_thread_conversation", params)
+    events, cut = _sized(await q.all("list_thread_conversation", params))
     failed = [e for e in events if e["event_type"] == "turn.failed"]
     if failed:
         # a failed turn's record says whether its Retry is still open (no later run repeats the turn)
@@ -115,7 +131,7 @@ async def conversation(request: Request) -> Response:
         for e in failed:
             e["retried_by"] = reruns.get(e["task_id"])
     # more: older records exist before the first one returned (page back with before_seq = its seq)
-    return respond({"events": events, "types": CONVERSATION_TYPES, "more": len(events) == params["limit"]})
+    return respond({"events": events, "types": CONVERSATION_TYPES, "more": len(events) == params["limit"] or cut})
 
 
 async def handoffs(request: Request) -> Response:

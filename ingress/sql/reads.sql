@@ -70,14 +70,21 @@ SELECT t.id, t.project_id, t.session_id, t.parent_task_id, t.role, t.brief, t.pl
 FROM tasks t WHERE t.id = %(id)s
 
 -- name: list_events --
-SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
-FROM journal
-WHERE seq > %(after)s
-  AND (%(tier)s::text IS NULL OR tier = %(tier)s::text)
-  AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
-  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
-ORDER BY seq
-LIMIT %(limit)s
+-- Records by seq: at most `limit`, and past the first only while those before come to less than %(max_bytes)s as
+-- JSON text (a spawn's stdout line is a record, and can be 64 MiB); `rows_in_page`: how many the count alone took.
+SELECT * FROM (
+    SELECT page.*, sum(octet_length(payload::text)) OVER (ORDER BY seq) - octet_length(payload::text) AS bytes_before,
+           count(*) OVER () AS rows_in_page
+    FROM (SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at,
+                 payload
+          FROM journal
+          WHERE seq > %(after)s
+            AND (%(tier)s::text IS NULL OR tier = %(tier)s::text)
+            AND (%(task_id)s::uuid IS NULL OR task_id = %(task_id)s::uuid)
+            AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
+          ORDER BY seq
+          LIMIT %(limit)s) page
+) sized WHERE bytes_before < %(max_bytes)s ORDER BY seq
 
 -- name: list_task_events --
 -- One task's records by seq, read in the order of its index, (task_id, seq). The task is named as a one-element
@@ -85,13 +92,19 @@ LIMIT %(limit)s
 -- may walk the journal's seq index looking for a long task's records (it assumes they are spread evenly over
 -- the journal; they sit in one stretch of it), reading everything before that stretch. With `= ANY` the
 -- order asked for is (task_id, seq), which only that index gives. (tests/store/test_query_plans.py)
-SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at, payload
-FROM journal
-WHERE task_id = ANY(ARRAY[%(task_id)s::uuid]) AND seq > %(after)s
-  AND (%(tier)s::text IS NULL OR tier = %(tier)s::text)
-  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
-ORDER BY task_id, seq
-LIMIT %(limit)s
+-- Bounded by size as list_events is.
+SELECT * FROM (
+    SELECT page.*, sum(octet_length(payload::text)) OVER (ORDER BY seq) - octet_length(payload::text) AS bytes_before,
+           count(*) OVER () AS rows_in_page
+    FROM (SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at,
+                 payload
+          FROM journal
+          WHERE task_id = ANY(ARRAY[%(task_id)s::uuid]) AND seq > %(after)s
+            AND (%(tier)s::text IS NULL OR tier = %(tier)s::text)
+            AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
+          ORDER BY task_id, seq
+          LIMIT %(limit)s) page
+) sized WHERE bytes_before < %(max_bytes)s ORDER BY seq
 
 -- name: get_thread --
 SELECT s.id, s.title, s.mode, s.lifecycle, s.substrate_session_id, s.created_at, s.updated_at, s.project_id,
@@ -136,6 +149,10 @@ SELECT count(*) FROM schema_migrations
 -- The thread's part also has what its turns said on the way (an assistant message with text, such as the words
 -- before a tool call): the final reply is only the last of them.
 SELECT * FROM (
+SELECT newest_page.*,
+       sum(octet_length(payload::text)) OVER (ORDER BY seq DESC) - octet_length(payload::text) AS bytes_after,
+       count(*) OVER () AS rows_in_page
+FROM (
     SELECT * FROM (
         (SELECT event_id, seq, project_id, session_id, task_id, parent_id, message_id, event_type, tier, created_at,
                 payload
@@ -162,7 +179,9 @@ SELECT * FROM (
     ) parts
     ORDER BY seq DESC
     LIMIT %(limit)s
-) newest ORDER BY seq
+) newest_page
+-- the newest kept while what comes after them comes to less than %(max_bytes)s (see list_events)
+) sized WHERE bytes_after < %(max_bytes)s ORDER BY seq
 
 -- name: list_turn_reruns --
 -- Which of these turns a later run already repeats (a failed turn's Retry is then spent).

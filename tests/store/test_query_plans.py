@@ -27,7 +27,7 @@ import psycopg
 import pytest
 
 from executor.sql import queries as executor_sql
-from ingress.reads import CONVERSATION_TYPES
+from ingress.reads import CONVERSATION_TYPES, PAGE_BYTES
 from ingress.sql import queries as ingress_sql
 from shared.sql import queries as shared_sql
 from tests.bench import seed_store
@@ -80,13 +80,14 @@ def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
     """Each hot query with the values the page, the settler, the claim and the threads loop give it."""
     thread, worker, turn = s.thread, s.worker, s.turn
     nothing: dict[str, Any] = {"status": None, "running": None, "tier": None, "event_type": None, "before": None,
-                               "before_at": None, "before_id": None}
+                               "before_at": None, "before_id": None, "max_bytes": PAGE_BYTES}
     return {
         # the page (static/js): chat, its paging back, threads, tasks, a task's events, asks, context, usage, SSE
         "conversation": ("list_thread_conversation", {"thread_id": thread, "after": 0, "before": None, "limit": 100,
-                                                      "types": CONVERSATION_TYPES}),
+                                                      "types": CONVERSATION_TYPES, "max_bytes": PAGE_BYTES}),
         "conversation, paged back": ("list_thread_conversation", {
-            "thread_id": thread, "after": 0, "before": s.head // 2, "limit": 100, "types": CONVERSATION_TYPES}),
+            "thread_id": thread, "after": 0, "before": s.head // 2, "limit": 100, "types": CONVERSATION_TYPES,
+            "max_bytes": PAGE_BYTES}),
         "threads": ("list_threads", {"limit": 200, "before_at": None, "before_id": None}),
         "projects": ("list_projects", {}),
         "tasks": ("list_tasks", {**nothing, "limit": 200}),
