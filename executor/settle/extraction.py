@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.projects import worktrees
 from executor.settle import dispatch, policy
-from executor.settle.store import Ended, JournalLine, SettleStore
+from executor.settle.store import Ended, SettleStore, WorkerText
 from shared import contract, logs
 from shared.models import ContractField, NewEvent
 from shared.work import Work
@@ -34,19 +34,12 @@ MAX_MESSAGES = 6
 MAX_MESSAGE_CHARS = 4_000
 
 
-def _texts(rows: list[JournalLine]) -> tuple[str, list[str]]:
-    """(final result text, last assistant texts oldest first) from newest-first journal rows."""
-    result = next((r.payload["result"] for r in rows
-                   if r.event_type == "stream.result" and isinstance(r.payload.get("result"), str)), "")
-    messages = []
-    for r in rows:
-        if r.event_type != "stream.assistant":
-            continue
-        blocks = (r.payload.get("message") or {}).get("content") or []
-        text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
-        if text.strip():
-            messages.append(text[:MAX_MESSAGE_CHARS])
-    return result[:MAX_RESULT_CHARS], list(reversed(messages[:MAX_MESSAGES]))
+def _texts(rows: list[WorkerText]) -> tuple[str, list[str]]:
+    """(final result text, last assistant texts oldest first) from newest-first rows (cut by the store already)."""
+    result = next((r.text for r in rows if r.event_type == "stream.result" and r.text is not None), "")
+    messages = [r.text[:MAX_MESSAGE_CHARS] for r in rows
+                if r.event_type == "stream.assistant" and r.text is not None and r.text.strip()]
+    return result, list(reversed(messages[:MAX_MESSAGES]))
 
 
 def prompt(brief: str, result: str, messages: list[str], fields: list[ContractField]) -> str:
@@ -85,7 +78,7 @@ async def request_on(unit: Work, worker_id: uuid.UUID, *, requested_by: str = "e
         raise dispatch.DispatchRefused(f"no task {worker_id}")
     version, fields = await contract.active_on(unit.conn)
     schema = {**contract.schema_for(fields), "$comment": f"petal-dispatch contract version {version}"}
-    result, messages = _texts(await store.worker_texts(worker_id, 40))
+    result, messages = _texts(await store.worker_texts(worker_id, 40, MAX_RESULT_CHARS))
     return await dispatch.request_task(unit, dispatch.TaskRequest(
         "extractor", prompt(worker.brief, result, messages, fields), project_id=worker.project_id,
         parent_task_id=worker_id, plan_ref=worker.plan_ref, json_schema=schema, requested_by=requested_by))

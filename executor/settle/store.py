@@ -173,9 +173,9 @@ class ExtractionSource(FromRow):
 
 
 @dataclass(frozen=True)
-class JournalLine(FromRow):
+class WorkerText(FromRow):
     event_type: str
-    payload: dict[str, Any]
+    text: str | None
 
 
 @dataclass(frozen=True)
@@ -368,9 +368,10 @@ class SettleStore:
     async def extraction_source(self, task_id: uuid.UUID) -> ExtractionSource | None:
         return await self.run.one("get_extraction_source", {"id": task_id}, into=ExtractionSource)
 
-    async def worker_texts(self, task_id: uuid.UUID, limit: int) -> list[JournalLine]:
-        """A run's last assistant lines and its result line, newest first."""
-        return await self.run.all("list_worker_texts", {"id": task_id, "limit": limit}, into=JournalLine)
+    async def worker_texts(self, task_id: uuid.UUID, limit: int, chars: int) -> list[WorkerText]:
+        """A run's last assistant texts and its result text, newest first, each at most `chars` long."""
+        return await self.run.all("list_worker_texts", {"id": task_id, "limit": limit, "chars": chars},
+                                  into=WorkerText)
 
     async def task_result(self, task_id: uuid.UUID) -> dict[str, Any] | None:
         """A run's last `result` line's payload."""

@@ -254,8 +254,17 @@ FROM tasks t LEFT JOIN role_profiles p ON p.role = t.role
 WHERE t.id = %(id)s
 
 -- name: list_worker_texts --
--- The worker's last assistant lines and its result line, newest first (bounded by the caller's limit).
-SELECT event_type, payload FROM journal
+-- The worker's last assistant texts and its result text, newest first (bounded by the caller's limit), each cut at
+-- %(chars)s characters here: a line is the spawn's word, of any shape and up to 64 MiB, and only its text is asked for.
+SELECT event_type,
+       left(CASE WHEN event_type = 'stream.result' THEN
+                     CASE WHEN jsonb_typeof(payload -> 'result') = 'string' THEN payload ->> 'result' END
+                 WHEN jsonb_typeof(payload -> 'message' -> 'content') = 'array' THEN
+                     (SELECT string_agg(block ->> 'text', E'\n' ORDER BY n)
+                      FROM jsonb_array_elements(payload -> 'message' -> 'content') WITH ORDINALITY AS b(block, n)
+                      WHERE jsonb_typeof(block) = 'object' AND block ->> 'type' = 'text')
+            END, %(chars)s) AS text
+FROM journal
 WHERE task_id = %(id)s AND event_type IN ('stream.assistant', 'stream.result')
 ORDER BY seq DESC LIMIT %(limit)s
 

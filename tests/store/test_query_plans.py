@@ -115,7 +115,7 @@ def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
         "exit denials": ("get_exit_denials", {"id": worker}),
         "gate denials": ("list_task_gate_denials", {"id": worker}),
         "result line": ("get_task_result", {"id": worker}),
-        "worker texts": ("list_worker_texts", {"id": worker, "limit": 20}),
+        "worker texts": ("list_worker_texts", {"id": worker, "limit": 20, "chars": 20_000}),
         "exit event": ("get_task_exit_event", {"id": worker}),
         "dispatch tool use": ("get_dispatch_tool_use", {"id": worker}),
         "raw seq range": ("get_raw_seq_range", {"id": worker}),

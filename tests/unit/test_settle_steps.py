@@ -54,9 +54,8 @@ def no_git(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- extraction -----------------------------------------------------------------------------------------
 
 async def test_an_extractor_is_requested_with_the_workers_last_words_and_the_contracts_schema() -> None:
-    texts = [{"event_type": "stream.result", "payload": {"result": "all 12 counted"}},
-             {"event_type": "stream.assistant", "payload": {"message": {"content": [{"type": "text",
-                                                                                   "text": "counting"}]}}}]
+    texts = [{"event_type": "stream.result", "text": "all 12 counted"},
+             {"event_type": "stream.assistant", "text": "counting"}, {"event_type": "stream.assistant", "text": None}]
     unit = FakeWork({"get_extraction_source": source(), "list_worker_texts": texts,
                      "insert_task": lambda p: {"id": p["id"]}})
     extractor_id = await extraction.request_on(unit, WORKER)
