@@ -13,7 +13,6 @@ settle store (executor/settle/store.py), so what they record commits with the en
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,8 @@ log = logs.get(__name__)
 MAX_RESULT_CHARS = 20_000
 MAX_MESSAGES = 6
 MAX_MESSAGE_CHARS = 4_000
+# the largest structured output taken as a handoff (its line is the spawn's word: up to 64 MiB)
+MAX_OUTPUT_BYTES = 1024 * 1024
 
 
 def _texts(rows: list[WorkerText]) -> tuple[str, list[str]]:
@@ -84,17 +85,6 @@ async def request_on(unit: Work, worker_id: uuid.UUID, *, requested_by: str = "e
         parent_task_id=worker_id, plan_ref=worker.plan_ref, json_schema=schema, requested_by=requested_by))
 
 
-def _complaints(payloads: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for payload in payloads:
-        content = (payload.get("message") or {}).get("content")
-        for block in content if isinstance(content, list) else []:
-            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("is_error"):
-                text = block.get("content")
-                out.append(text if isinstance(text, str) else json.dumps(text))
-    return out
-
-
 def verdict(schema: dict[str, Any], structured: Any, ended: str, complaints: list[str]) -> list[str]:
     """Why the extractor's output fails validation (empty when it passes). `ended` says how its run ended,
     `complaints` what the CLI told it about its StructuredOutput calls (pure; no I/O)."""
@@ -142,9 +132,15 @@ async def validate(unit: Work, extractor: Ended) -> Validated | None:
         log.error("extraction_without_worker", extractor=str(extractor.id))
         return None
     schema = extractor.json_schema
-    structured = ((await store.task_result(extractor.id)) or {}).get("structured_output")
-    complaints = [] if structured is not None else _complaints(await store.schema_complaints(extractor.id))
-    errors = verdict(schema, structured, f"{extractor.status}: {extractor.status_reason}", complaints)
+    found = await store.task_result(extractor.id, MAX_OUTPUT_BYTES)
+    structured = found.structured_output if found else None
+    size = found.structured_bytes if found else None
+    if size is not None and size > MAX_OUTPUT_BYTES:
+        errors = [f"the extractor's structured output is {size:,} bytes of JSON, over the {MAX_OUTPUT_BYTES:,} a "
+                  "handoff may hold"]
+    else:
+        complaints = [] if structured is not None else await store.schema_complaints(extractor.id, 20, 500)
+        errors = verdict(schema, structured, f"{extractor.status}: {extractor.status_reason}", complaints)
     first, last = await store.raw_seq_range(worker.id)
     common = {"worker_task_id": str(worker.id), "extractor_task_id": str(extractor.id),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}

@@ -208,6 +208,17 @@ class _Payload(FromRow):
 
 
 @dataclass(frozen=True)
+class StructuredOutput(FromRow):
+    structured_output: Any
+    structured_bytes: int | None
+
+
+@dataclass(frozen=True)
+class _Text(FromRow):
+    text: str | None
+
+
+@dataclass(frozen=True)
 class _Status(FromRow):
     status: str
 
@@ -373,13 +384,15 @@ class SettleStore:
         return await self.run.all("list_worker_texts", {"id": task_id, "limit": limit, "chars": chars},
                                   into=WorkerText)
 
-    async def task_result(self, task_id: uuid.UUID) -> dict[str, Any] | None:
-        """A run's last `result` line's payload."""
-        found = await self.run.one("get_task_result", {"id": task_id}, into=_Payload)
-        return found.payload if found else None
+    async def task_result(self, task_id: uuid.UUID, max_bytes: int) -> StructuredOutput | None:
+        """A run's last `result` line's structured output (None when larger than `max_bytes`) and its size."""
+        return await self.run.one("get_task_result", {"id": task_id, "max_bytes": max_bytes}, into=StructuredOutput)
 
-    async def schema_complaints(self, task_id: uuid.UUID) -> list[dict[str, Any]]:
-        return [r.payload for r in await self.run.all("list_schema_complaints", {"id": task_id}, into=_Payload)]
+    async def schema_complaints(self, task_id: uuid.UUID, limit: int, chars: int) -> list[str]:
+        """What the CLI told a run about its StructuredOutput calls, oldest first, each at most `chars` long."""
+        rows = await self.run.all("list_schema_complaints", {"id": task_id, "limit": limit, "chars": chars},
+                                  into=_Text)
+        return [r.text for r in rows if r.text is not None]
 
     async def raw_seq_range(self, task_id: uuid.UUID) -> tuple[int | None, int | None]:
         found = await self.run.one("get_raw_seq_range", {"id": task_id}, into=_SeqRange)

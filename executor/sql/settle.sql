@@ -235,8 +235,12 @@ LIMIT 1
 UPDATE tasks SET settled_at = now() WHERE id = %(id)s AND settled_at IS NULL
 
 -- name: get_task_result --
--- A run's last `result` line as journaled (an extractor's structured output is in it).
-SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.result' ORDER BY seq DESC LIMIT 1
+-- A run's last `result` line's structured output (an extractor's) and its size as JSON text: the line is the spawn's
+-- word, up to 64 MiB, and an output over %(max_bytes)s is not read (the caller says so).
+SELECT CASE WHEN octet_length((payload -> 'structured_output')::text) <= %(max_bytes)s
+            THEN payload -> 'structured_output' END AS structured_output,
+       octet_length((payload -> 'structured_output')::text) AS structured_bytes
+FROM journal WHERE task_id = %(id)s AND event_type = 'stream.result' ORDER BY seq DESC LIMIT 1
 
 -- name: claim_unrecorded_changes --
 -- A settled end whose worker's changes were never recorded (the settler records them before it settles an
@@ -272,8 +276,18 @@ ORDER BY seq DESC LIMIT %(limit)s
 SELECT min(seq), max(seq) FROM journal WHERE task_id = %(id)s AND tier = 'raw'
 
 -- name: list_schema_complaints --
--- What the CLI told the extractor about its StructuredOutput calls (tool results that were errors).
-SELECT payload FROM journal WHERE task_id = %(id)s AND event_type = 'stream.user' ORDER BY seq
+-- What the CLI told the extractor about its StructuredOutput calls (tool results that were errors), the first
+-- %(limit)s, each cut at %(chars)s characters here, from lines of any shape (the spawn's word).
+SELECT left(CASE WHEN jsonb_typeof(block -> 'content') = 'string' THEN block ->> 'content'
+                 ELSE (block -> 'content')::text END, %(chars)s) AS text
+FROM journal j
+CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(j.payload -> 'message' -> 'content') = 'array'
+                                             THEN j.payload -> 'message' -> 'content' ELSE '[]'::jsonb END)
+     WITH ORDINALITY AS b(block, n)
+WHERE j.task_id = %(id)s AND j.event_type = 'stream.user'
+  AND jsonb_typeof(block) = 'object' AND block ->> 'type' = 'tool_result' AND block -> 'is_error' = 'true'::jsonb
+ORDER BY j.seq, b.n
+LIMIT %(limit)s
 
 -- name: mark_extraction_failed --
 -- (the reason's 'validation gate: ' prefix is what stored rows say: kept as written)

@@ -187,7 +187,7 @@ def executor_cases(t: Target) -> dict[str, tuple[str, dict[str, Any]]]:
         "settlement claim (settler)": ("claim_unsettled_task", {"skip": []}),
         "settled worker (settler)": ("get_settled_worker", {"id": t.worker}),
         "exit denials (settler)": ("get_exit_denials", {"id": t.worker}),
-        "result line (settler)": ("get_task_result", {"id": t.worker}),
+        "result line (settler)": ("get_task_result", {"id": t.worker, "max_bytes": 1024 * 1024}),
         "worker texts (extraction)": ("list_worker_texts", {"id": t.worker, "limit": 20}),
         "approvals (settler)": ("list_answered_approvals", {}),
         "threads with chat (threads loop)": ("list_threads_with_pending_chat", {"id": None}),

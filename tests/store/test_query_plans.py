@@ -114,7 +114,7 @@ def _cases(s: Ids) -> dict[str, tuple[str, dict[str, Any]]]:
         "settled worker": ("get_settled_worker", {"id": worker}),
         "exit denials": ("get_exit_denials", {"id": worker}),
         "gate denials": ("list_task_gate_denials", {"id": worker}),
-        "result line": ("get_task_result", {"id": worker}),
+        "result line": ("get_task_result", {"id": worker, "max_bytes": 1024 * 1024}),
         "worker texts": ("list_worker_texts", {"id": worker, "limit": 20, "chars": 20_000}),
         "exit event": ("get_task_exit_event", {"id": worker}),
         "dispatch tool use": ("get_dispatch_tool_use", {"id": worker}),

@@ -38,3 +38,23 @@ async def test_the_texts_of_odd_and_huge_lines_come_cut_and_never_fail_the_read(
     assert all(t.text is None or len(t.text) <= 1000 for t in texts)
     result, messages = extraction._texts(texts)
     assert result == "z" * 1000 and messages == ["first\nsecond", "7", "y" * 1000]
+
+
+async def test_an_extractors_output_and_complaints_are_read_bounded_from_lines_of_any_shape(
+        db: DB, pool: AsyncConnectionPool) -> None:
+    extractor = tables.insert_task(db.executor_dsn, status="success")
+    user = [NewEvent("stream.user", {"message": {"content": "not a list"}}),
+            NewEvent("stream.user", {"message": {"content": [7, {"type": "tool_result", "is_error": True,
+                                                                 "content": [{"type": "text", "text": "bad"}]},
+                                                             {"type": "tool_result", "is_error": "yes", "content": "x"},
+                                                             {"type": "tool_result", "is_error": True,
+                                                              "content": "e" * 100_000}]}}),
+            NewEvent("stream.result", {"type": "result", "structured_output": {"goal": "g" * 2_000_000}})]
+    await journal.append(pool, [NewEvent(e.event_type, e.payload, task_id=extractor) for e in user])
+    store = SettleStore.over(pool)
+    complaints = await store.schema_complaints(extractor, 20, 500)
+    assert complaints == ['[{"text": "bad", "type": "text"}]', "e" * 500]
+    found = await store.task_result(extractor, 1024 * 1024)
+    assert found is not None and found.structured_output is None and found.structured_bytes > 2_000_000
+    small = await store.task_result(extractor, 4 * 1024 * 1024)
+    assert small is not None and small.structured_output == {"goal": "g" * 2_000_000}

@@ -73,7 +73,8 @@ async def test_no_extractor_for_a_task_that_is_gone() -> None:
 
 
 def validating(structured: Any, **answers: Any) -> FakeWork:
-    return FakeWork({"get_extraction_source": source(), "get_task_result": {"payload": {"structured_output": structured}},
+    return FakeWork({"get_extraction_source": source(), "get_task_result": {"structured_output": structured,
+                                                                     "structured_bytes": 10},
                      "list_schema_complaints": [], "get_raw_seq_range": {"min": 4, "max": 9},
                      "mark_extraction_failed": 1,
                      "get_exit_denials": {"denials": None, "workdir": None, "decided": []},
@@ -102,8 +103,7 @@ async def test_an_invalid_output_fails_the_workers_extraction() -> None:
 
 
 async def test_no_output_fails_with_what_the_cli_told_the_extractor() -> None:
-    complaint = {"message": {"content": [{"type": "tool_result", "is_error": True, "content": "bad shape"}]}}
-    unit = validating(None, list_schema_complaints=[{"payload": complaint}])
+    unit = validating(None, list_schema_complaints=[{"text": "bad shape"}])
     validated = await extraction.validate(unit, extractor_end(status="failed", status_reason="max_turns"))
     assert validated is not None
     assert validated.payload["errors"] == ["the extractor returned no structured output (its run ended failed: "
@@ -208,3 +208,12 @@ async def test_a_validated_extraction_goes_on_to_the_policy() -> None:
     assert [e.event_type for e in unit.events] == ["handoff", "policy.decision"]
     assert unit.params("enqueue_orchestrator_note")["thread_id"] == THREAD
     assert unit.params("mark_task_settled") == {"id": EXTRACTOR}
+
+
+async def test_an_output_too_large_to_read_fails_the_extraction_saying_its_size() -> None:
+    unit = validating(None, get_task_result={"structured_output": None, "structured_bytes": 5_000_000})
+    validated = await extraction.validate(unit, extractor_end())
+    assert validated is not None and validated.record_type == "handoff.extraction_failed"
+    assert validated.payload["errors"] == ["the extractor's structured output is 5,000,000 bytes of JSON, over the "
+                                           "1,048,576 a handoff may hold"]
+    assert "list_schema_complaints" not in unit.names()
