@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.projects import worktrees
 from executor.settle import dispatch, policy
-from executor.settle.store import Ended, SettleStore, WorkerText
+from executor.settle.store import Ended, SettleStore, LineText
 from shared import contract, logs
 from shared.models import ContractField, NewEvent
 from shared.work import Work
@@ -35,7 +35,7 @@ MAX_MESSAGE_CHARS = 4_000
 MAX_OUTPUT_BYTES = 1024 * 1024
 
 
-def _texts(rows: list[WorkerText]) -> tuple[str, list[str]]:
+def _texts(rows: list[LineText]) -> tuple[str, list[str]]:
     """(final result text, last assistant texts oldest first) from newest-first rows (cut by the store already)."""
     result = next((r.text for r in rows if r.event_type == "stream.result" and r.text is not None), "")
     messages = [r.text[:MAX_MESSAGE_CHARS] for r in rows
@@ -122,6 +122,18 @@ class Validated:
     payload: dict[str, Any]
 
 
+async def _output(store: SettleStore, extractor: Ended, schema: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The extractor's structured output and why it fails validation (read bounded: it is the spawn's word)."""
+    found = await store.task_result(extractor.id, MAX_OUTPUT_BYTES)
+    structured = found.structured_output if found else None
+    size = found.structured_bytes if found else None
+    if size is not None and size > MAX_OUTPUT_BYTES:
+        return None, [f"the extractor's structured output is {size:,} bytes of JSON, over the {MAX_OUTPUT_BYTES:,} "
+                      "a handoff may hold"]
+    complaints = [] if structured is not None else await store.schema_complaints(extractor.id, 20, 500)
+    return structured, verdict(schema, structured, f"{extractor.status}: {extractor.status_reason}", complaints)
+
+
 async def validate(unit: Work, extractor: Ended) -> Validated | None:
     """Validate an ended extractor's output in `unit`, emitting the handoff (or its failure) into it; mark its
     worker extraction_failed when it fails. None when the worker is gone."""
@@ -132,15 +144,7 @@ async def validate(unit: Work, extractor: Ended) -> Validated | None:
         log.error("extraction_without_worker", extractor=str(extractor.id))
         return None
     schema = extractor.json_schema
-    found = await store.task_result(extractor.id, MAX_OUTPUT_BYTES)
-    structured = found.structured_output if found else None
-    size = found.structured_bytes if found else None
-    if size is not None and size > MAX_OUTPUT_BYTES:
-        errors = [f"the extractor's structured output is {size:,} bytes of JSON, over the {MAX_OUTPUT_BYTES:,} a "
-                  "handoff may hold"]
-    else:
-        complaints = [] if structured is not None else await store.schema_complaints(extractor.id, 20, 500)
-        errors = verdict(schema, structured, f"{extractor.status}: {extractor.status_reason}", complaints)
+    structured, errors = await _output(store, extractor, schema)
     first, last = await store.raw_seq_range(worker.id)
     common = {"worker_task_id": str(worker.id), "extractor_task_id": str(extractor.id),
               "raw_seq_range": [first, last], "contract": schema.get("$comment")}

@@ -1,7 +1,7 @@
-"""The settler's reads and writes, by name (SQL in executor/sql/settle.sql): ends claimed and settled, the
-policy's escalations, dispatch approvals, late answers, extraction's sources and its validation, what a
-brief adds, the notes the orchestrator is told in its thread's chat, and the task door's (a task's request
-inserted, a task's request read for its next attempt: executor/settle/dispatch.py).
+"""The settler's reads and writes, by name (SQL in executor/sql/settle.sql): ends claimed and settled, the policy's
+escalations, dispatch approvals, late answers, extraction's sources and its validation, what a brief adds, the notes
+the orchestrator is told in its thread's chat, and the task door's (a task's request inserted, a task's request read
+for its next attempt: executor/settle/dispatch.py).
 
 A `SettleStore` runs its queries on what it is given: the settler's unit of work (shared/work.py), so a
 step's rows commit with its records, or the pool's `Queries` (each statement on its own). Rows come back as
@@ -23,7 +23,6 @@ from executor.settle.task_rows import AskedTask, ReviewTarget
 from shared import receipts
 from shared.query import FromRow, Queries, Transaction
 from shared.work import Work, work
-
 
 
 # ---- rows ---------------------------------------------------------------------------------------------
@@ -173,7 +172,7 @@ class ExtractionSource(FromRow):
 
 
 @dataclass(frozen=True)
-class WorkerText(FromRow):
+class LineText(FromRow):  # a journal line's text, cut by the server (the line is the spawn's word)
     event_type: str
     text: str | None
 
@@ -203,19 +202,9 @@ class _TaskId(FromRow):
 
 
 @dataclass(frozen=True)
-class _Payload(FromRow):
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class StructuredOutput(FromRow):
+class StructuredOutput(FromRow):  # a run's last result line's, None when larger than the read's bound
     structured_output: Any
     structured_bytes: int | None
-
-
-@dataclass(frozen=True)
-class _Text(FromRow):
-    text: str | None
 
 
 @dataclass(frozen=True)
@@ -368,8 +357,8 @@ class SettleStore:
 
     async def plan_task_handoffs(self, project_id: uuid.UUID, plan_ref: str, limit: int) -> list[dict[str, Any]]:
         """The payloads of a plan task's earlier handoffs, newest first."""
-        return [r.payload for r in await self.run.all("list_plan_task_handoffs", {
-            "project_id": project_id, "plan_ref": plan_ref, "limit": limit}, into=_Payload)]
+        return [r["payload"] for r in await self.run.all("list_plan_task_handoffs", {
+            "project_id": project_id, "plan_ref": plan_ref, "limit": limit})]
 
     async def scope_rule_outs(self, scope: uuid.UUID, limit: int) -> list[RuleOut]:
         return await self.run.all("list_scope_rule_outs", {"scope": scope, "limit": limit}, into=RuleOut)
@@ -379,20 +368,17 @@ class SettleStore:
     async def extraction_source(self, task_id: uuid.UUID) -> ExtractionSource | None:
         return await self.run.one("get_extraction_source", {"id": task_id}, into=ExtractionSource)
 
-    async def worker_texts(self, task_id: uuid.UUID, limit: int, chars: int) -> list[WorkerText]:
+    async def worker_texts(self, task_id: uuid.UUID, limit: int, chars: int) -> list[LineText]:
         """A run's last assistant texts and its result text, newest first, each at most `chars` long."""
-        return await self.run.all("list_worker_texts", {"id": task_id, "limit": limit, "chars": chars},
-                                  into=WorkerText)
+        return await self.run.all("list_worker_texts", {"id": task_id, "limit": limit, "chars": chars}, into=LineText)
 
     async def task_result(self, task_id: uuid.UUID, max_bytes: int) -> StructuredOutput | None:
-        """A run's last `result` line's structured output (None when larger than `max_bytes`) and its size."""
         return await self.run.one("get_task_result", {"id": task_id, "max_bytes": max_bytes}, into=StructuredOutput)
 
     async def schema_complaints(self, task_id: uuid.UUID, limit: int, chars: int) -> list[str]:
         """What the CLI told a run about its StructuredOutput calls, oldest first, each at most `chars` long."""
-        rows = await self.run.all("list_schema_complaints", {"id": task_id, "limit": limit, "chars": chars},
-                                  into=_Text)
-        return [r.text for r in rows if r.text is not None]
+        params = {"id": task_id, "limit": limit, "chars": chars}
+        return [r.text for r in await self.run.all("list_schema_complaints", params, into=LineText) if r.text]
 
     async def raw_seq_range(self, task_id: uuid.UUID) -> tuple[int | None, int | None]:
         found = await self.run.one("get_raw_seq_range", {"id": task_id}, into=_SeqRange)

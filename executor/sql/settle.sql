@@ -278,8 +278,8 @@ SELECT min(seq), max(seq) FROM journal WHERE task_id = %(id)s AND tier = 'raw'
 -- name: list_schema_complaints --
 -- What the CLI told the extractor about its StructuredOutput calls (tool results that were errors), the first
 -- %(limit)s, each cut at %(chars)s characters here, from lines of any shape (the spawn's word).
-SELECT left(CASE WHEN jsonb_typeof(block -> 'content') = 'string' THEN block ->> 'content'
-                 ELSE (block -> 'content')::text END, %(chars)s) AS text
+SELECT j.event_type, left(CASE WHEN jsonb_typeof(block -> 'content') = 'string' THEN block ->> 'content'
+                              ELSE (block -> 'content')::text END, %(chars)s) AS text
 FROM journal j
 CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(j.payload -> 'message' -> 'content') = 'array'
                                              THEN j.payload -> 'message' -> 'content' ELSE '[]'::jsonb END)

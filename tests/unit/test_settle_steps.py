@@ -103,7 +103,7 @@ async def test_an_invalid_output_fails_the_workers_extraction() -> None:
 
 
 async def test_no_output_fails_with_what_the_cli_told_the_extractor() -> None:
-    unit = validating(None, list_schema_complaints=[{"text": "bad shape"}])
+    unit = validating(None, list_schema_complaints=[{"event_type": "stream.user", "text": "bad shape"}])
     validated = await extraction.validate(unit, extractor_end(status="failed", status_reason="max_turns"))
     assert validated is not None
     assert validated.payload["errors"] == ["the extractor returned no structured output (its run ended failed: "
