@@ -18,6 +18,7 @@ its private repository, and a project's checkout (which a thread's spawn may hav
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import os
@@ -87,6 +88,8 @@ class Result:
     rc: int
     out: str
     err: str
+    # stdout went on past the command's `limit`: `out` is its first part, and the command was stopped there
+    cut: bool = False
 
 
 def _safe(path: str) -> bool:
@@ -148,18 +151,50 @@ def driver_overrides(listing: str) -> list[tuple[str, str]]:
     return [(f"{section}.{name}.{var}", value) for section, name in drivers for var, value in _DRIVER_OFF[section]]
 
 
-async def _run(cwd: Path, env: Mapping[str, str], args: Iterable[str]) -> Result:
+async def _drain(stream: asyncio.StreamReader, limit: int) -> tuple[bytes, bool]:
+    """A stream read to its end, keeping its first `limit` bytes; whether there was more."""
+    kept = bytearray()
+    more = False
+    while chunk := await stream.read(1 << 16):
+        room = limit - len(kept)
+        kept += chunk[:max(room, 0)]
+        more = more or len(chunk) > room
+    return bytes(kept), more
+
+
+async def _capped(proc: asyncio.subprocess.Process, limit: int) -> tuple[bytes, bytes, bool]:
+    """stdout's first `limit` bytes, the command stopped once it goes past them (a diff of what a spawn committed
+    can be gigabytes: never held whole), and stderr's first MiB."""
+    assert proc.stdout is not None and proc.stderr is not None
+    err = asyncio.ensure_future(_drain(proc.stderr, 1 << 20))
+    out = bytearray()
+    while len(out) <= limit and (chunk := await proc.stdout.read(1 << 16)):
+        out += chunk
+    cut = len(out) > limit
+    if cut:
+        with contextlib.suppress(ProcessLookupError):  # it may have ended on its own meanwhile
+            proc.kill()
+    await proc.wait()
+    return bytes(out[:limit]), (await err)[0], cut
+
+
+async def _run(cwd: Path, env: Mapping[str, str], args: Iterable[str], limit: int | None = None) -> Result:
     args = list(args)
     proc = await asyncio.create_subprocess_exec(
         program(), "-C", str(cwd), *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=dict(env))
+    cut = False
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
+        if limit is None:
+            out, err = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
+        else:
+            out, err, cut = await asyncio.wait_for(_capped(proc, limit), GIT_TIMEOUT_S)
     except TimeoutError:
         proc.kill()
         await proc.wait()
         raise GitError(f"git {' '.join(args)} timed out after {GIT_TIMEOUT_S:.0f}s") from None
-    return Result(proc.returncode or 0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+    return Result(0 if cut else proc.returncode or 0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                  cut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +233,9 @@ class Git:
             raise GitError(f"git cannot read the repository of {repo}: {found.err.strip()}")
         return await cls.at(repo, {"GIT_DIR": found.out.strip(), "GIT_WORK_TREE": str(repo)})
 
-    async def __call__(self, *args: str, check: bool = True) -> Result:
-        res = await _run(self.cwd, self.env, args)
+    async def __call__(self, *args: str, check: bool = True, limit: int | None = None) -> Result:
+        """The command's result (`limit`: keep at most this much of its stdout, stopping it past that)."""
+        res = await _run(self.cwd, self.env, args, limit)
         if check and res.rc != 0:
             raise GitError(f"git {' '.join(args)} failed: {res.err.strip() or res.out.strip()}")
         return res

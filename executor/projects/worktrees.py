@@ -179,11 +179,12 @@ async def remove(repo: Path, path: Path) -> None:
         await g("worktree", "prune", check=False)
 
 
-def _bounded(diff: str, limit: int) -> tuple[str, bool]:
+def _bounded(diff: str, limit: int, read_cut: bool = False) -> tuple[str, bool]:
     diff = diff.replace("\x00", "\\0")  # jsonb text holds no NUL
-    if len(diff) <= limit:
+    if len(diff) <= limit and not read_cut:
         return diff, False
-    return (f"{diff[:limit]}\n… diff cut here: {len(diff) - limit} of {len(diff)} characters left out "
+    left = f"more than {max(len(diff) - limit, 0)}" if read_cut else f"{len(diff) - limit} of {len(diff)}"
+    return (f"{diff[:limit]}\n… diff cut here: {left} characters left out "
             f"(see the branch for the whole change) …\n"), True
 
 
@@ -273,7 +274,9 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
         files.append({"path": path, "added": None if added == "-" else int(added),
                       "deleted": None if deleted == "-" else int(deleted)})
     stat_out = (await project("diff", *NO_DRIVERS, "--stat", base, tip)).out
-    diff, cut = _bounded((await project("diff", *NO_DRIVERS, "--no-renames", base, tip)).out, max_diff_chars)
+    # read no further than the record keeps (a character is at most 4 bytes): a commit can hold gigabytes
+    whole = await project("diff", *NO_DRIVERS, "--no-renames", base, tip, limit=4 * max_diff_chars + 4)
+    diff, cut = _bounded(whole.out, max_diff_chars, whole.cut)
     # head_commit is the commit this diff is of: Merge merges it and nothing else
     return {"branch": branch, "base_commit": base, "head_commit": tip, "commits": commits,
             "auto_commit": auto_commit, "files": files, "diffstat": stat_out, "diff": diff, "diff_truncated": cut}

@@ -223,3 +223,19 @@ async def test_a_directory_without_its_own_dot_git_is_not_merged_into(tmp_path: 
     with pytest.raises(git.GitError, match="no .git"):
         await worktrees.merge(repo, wt.branch, rec["head_commit"], wt.base_commit, "merge")
     assert not (repo / "b.txt").exists()
+
+
+async def test_a_huge_commit_is_diffed_only_as_far_as_the_record_keeps(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo", {"README.md": "hi\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    (wt.path / "big.txt").write_text("".join(f"line {i} of a file a worker committed\n" for i in range(400_000)))
+    async with worktrees.repo_lock(repo):
+        rec = await worktrees.changes(repo, wt.path, uuid.uuid4(), wt.branch, wt.base_commit, max_diff_chars=5_000)
+    assert rec["diff_truncated"] and len(rec["diff"]) < 5_200 and "more than" in rec["diff"]
+    assert rec["files"] == [{"path": "big.txt", "added": 400_000, "deleted": 0}]
+    # the read stopped there: the command's output past the limit was never taken (negative control: without one)
+    g = await git.Git.at(repo)
+    capped = await g("diff", *git.NO_DRIVERS, wt.base_commit, rec["head_commit"], limit=1_000)
+    whole = await g("diff", *git.NO_DRIVERS, wt.base_commit, rec["head_commit"])
+    assert capped.cut and len(capped.out) == 1_000 and capped.rc == 0
+    assert not whole.cut and len(whole.out) > 15_000_000
