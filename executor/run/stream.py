@@ -161,15 +161,49 @@ class TurnFacts:
 
     @property
     def permission_denials(self) -> list[dict[str, Any]]:
-        denials = (self.result or {}).get("permission_denials") or []
-        return [d for d in denials if isinstance(d, dict)]
+        """The result line's denials as the exit's record keeps them: the line is the spawn's word (a process in its
+        sandbox can print one), so at most MAX_DENIALS, each with its tool's name, id and a bounded input."""
+        denials = (self.result or {}).get("permission_denials")
+        if not isinstance(denials, list):
+            return []
+        return [_denial(d) for d in denials[:MAX_DENIALS] if isinstance(d, dict)]
 
     def result_summary(self) -> dict[str, Any] | None:
         if self.result is None:
             return None
         keys = ("subtype", "is_error", "terminal_reason", "api_error_status", "num_turns", "stop_reason",
                 "duration_ms", "total_cost_usd", "errors")
-        return {k: self.result[k] for k in keys if k in self.result}
+        return {k: _small(self.result[k]) for k in keys if k in self.result}
+
+
+# What an exit's record keeps of a result line's fields (the spawn's word): a few denials, short values.
+MAX_DENIALS = 50
+MAX_VALUE_CHARS = 2_000
+MAX_INPUT_CHARS = 8_000
+
+
+def _small(value: Any) -> Any:
+    """A value cut to a record's size: a list to its first 20 items, each item as _scalar keeps it."""
+    return [_scalar(v) for v in value[:20]] if isinstance(value, list) else _scalar(value)
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, str):
+        return value[:MAX_VALUE_CHARS]
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)[:MAX_VALUE_CHARS]
+    return value
+
+
+def _denial(d: dict[str, Any]) -> dict[str, Any]:
+    """A denial's tool name and id, and its input when that is small (the gate classifies it again at settlement)."""
+    tool_input = d.get("tool_input")
+    kept: dict[str, Any] = {k: _small(d[k]) for k in ("tool_name", "tool_use_id") if k in d}
+    if isinstance(tool_input, dict) and len(json.dumps(tool_input)) <= MAX_INPUT_CHARS:
+        kept["tool_input"] = tool_input
+    elif tool_input is not None:
+        kept["tool_input"] = {"cut": json.dumps(tool_input)[:MAX_VALUE_CHARS]}
+    return kept
 
 
 @dataclass(frozen=True, slots=True)
