@@ -109,9 +109,9 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[SSEEvent]:
 
 async def collect(client: httpx.AsyncClient, n: int, headers: dict[str, str] | None = None,
                   params: dict[str, str] | None = None, ready: asyncio.Event | None = None,
-                  only_ids: bool = True, timeout: float = 30) -> list[SSEEvent]:
-    """Read the stream until n events (with ids) arrived."""
-    got: list[SSEEvent] = []
+                  only_ids: bool = True, timeout: float = 30, got: list[SSEEvent] | None = None) -> list[SSEEvent]:
+    """Read the stream until n events (with ids) arrived (into `got` when given: the caller can watch them come)."""
+    got = [] if got is None else got
     async with client.stream("GET", "/api/stream", headers=headers, params=params, timeout=timeout) as response:
         assert response.status_code == 200, await response.aread()
         if ready is not None:

@@ -343,12 +343,17 @@ async def test_a_client_that_stops_reading_is_cut_off_without_delaying_others_an
     async with ingress_server(db.ingress_dsn, sse_client_buffer=50) as url:
         async with httpx.AsyncClient(base_url=url) as fast_http, httpx.AsyncClient(base_url=url) as slow_http:
             ready = asyncio.Event()
-            fast = asyncio.create_task(collect(fast_http, 400, ready=ready, timeout=60))
+            fast_got: list[SSEEvent] = []
+            fast = asyncio.create_task(collect(fast_http, 400, ready=ready, timeout=60, got=fast_got))
             await ready.wait()
             async with slow_http.stream("GET", "/api/stream") as slow:
                 for i in range(40):
                     await journal.append(pool, [NewEvent("task.stderr", {"n": i * 10 + j, "blob": blob})
                                                 for j in range(10)])
+                    # the reading client keeps up (a ring of 50 frames: a busy machine could leave it behind as
+                    # well), while the stalled one falls 400 frames behind
+                    await until(lambda: len(fast_got) >= (i + 1) * 10 or fast.done(), "the reading client's events",
+                                every=0.01)
                 got_fast = await asyncio.wait_for(fast, 60)
                 # now drain the stalled client: it was closed by the server somewhere before the end
                 seen = [int(e.id) async for e in sse_events(slow) if e.id]
