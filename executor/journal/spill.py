@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from shared import journal
 from shared.journal import Appended
 from shared.models import NewEvent
@@ -41,9 +43,23 @@ def _encode(events: Sequence[NewEvent], stamp: datetime) -> str:
     } for e in events], ensure_ascii=False)
 
 
+def _payload(text: str) -> Any:
+    """A spilled event's payload again. The write takes `payload_json` as it is; None when it cannot be parsed here
+    (a line nested past json's recursion limit, which orjson took as storable up to its own): a spilled line must
+    never stop the writer."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _decode(line: str) -> list[NewEvent]:
     return [NewEvent(
-        d["event_type"], json.loads(d["payload_json"]), tier=d["tier"], project_id=_opt_uuid(d["project_id"]),
+        d["event_type"], _payload(d["payload_json"]), tier=d["tier"], project_id=_opt_uuid(d["project_id"]),
         session_id=_opt_uuid(d["session_id"]), task_id=_opt_uuid(d["task_id"]), parent_id=_opt_uuid(d["parent_id"]),
         message_id=_opt_uuid(d["message_id"]), created_at=datetime.fromisoformat(d["created_at"]),
         event_id=uuid.UUID(d["event_id"]), payload_json=d["payload_json"],

@@ -59,7 +59,16 @@ _Item = journal_spill.Item
 
 
 def _size(events: Sequence[NewEvent]) -> int:
-    return sum(len(e.payload_json) if e.payload_json is not None else _SMALL_EVENT_BYTES for e in events) + 1
+    return sum(_event_size(e) for e in events) + 1
+
+
+def _event_size(e: NewEvent) -> int:
+    """What an event weighs in the hold: its text as printed; a stderr or unparsed stdout line (the spawn's, kept
+    as `{"line": …}`, up to 64 MiB) its line's length; the executor's own records, small."""
+    if e.payload_json is not None:
+        return len(e.payload_json)
+    line = e.payload.get("line") if isinstance(e.payload, dict) else None
+    return _SMALL_EVENT_BYTES + (len(line) if isinstance(line, str) else 0)
 
 
 @dataclass

@@ -42,6 +42,11 @@ async def spawn_parent(pool: AsyncConnectionPool, task_id: uuid.UUID, parent_tas
     return None
 
 
+# the tool calls a run's lines are linked to, at most, and the longest id remembered
+MAX_CALLS = 10_000
+MAX_CALL_ID = 128
+
+
 def tool_parent(calls: dict[str, uuid.UUID], event_type: str, payload: Any, event_id: uuid.UUID) -> uuid.UUID | None:
     """Remember an assistant line's tool calls; answer a tool-result line's parent (its call's line)."""
     content = (payload.get("message") or {}).get("content") if isinstance(payload, dict) else None
@@ -50,8 +55,12 @@ def tool_parent(calls: dict[str, uuid.UUID], event_type: str, payload: Any, even
     blocks = [b for b in content if isinstance(b, dict)]
     if event_type == "stream.assistant":
         for b in blocks:
-            if b.get("type") == "tool_use" and isinstance(b.get("id"), str):
-                calls[b["id"]] = event_id
+            call = b.get("id")
+            # the line is the spawn's word: an id as the CLI makes them (toolu_…, some 30 characters), and a run's
+            # worth of them, are what is remembered until its end
+            if b.get("type") == "tool_use" and isinstance(call, str) and len(call) <= MAX_CALL_ID and \
+                    len(calls) < MAX_CALLS:
+                calls[call] = event_id
         return None
     if event_type == "stream.user":
         for b in blocks:

@@ -58,7 +58,7 @@ def _parse(text: str) -> tuple[Any, bool]:
         pass
     try:
         return json.loads(text), False  # e.g. lone surrogates, which orjson refuses
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json's limit (orjson's is 1024)
         return None, False
 
 

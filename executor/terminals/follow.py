@@ -140,7 +140,7 @@ class Follower:
         for line in data[:end].splitlines():
             try:
                 entry = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the parser's depth: the file is the sandbox's to write
                 continue  # not an entry (the CLI's own business): the rest still counts
             if isinstance(entry, dict):
                 events.extend(self._records(entry))

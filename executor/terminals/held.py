@@ -37,6 +37,7 @@ log = logs.get(__name__)
 STEER_S = 0.25  # how often a waiting message looks at the prompt again
 END_GRACE_S = 5.0  # after SIGHUP, then SIGTERM, before SIGKILL
 DIALOG_SHOWS_S = 5.0  # how long after its hook is called a permission dialog may take to show
+SCREEN_BACKLOG = 256 * 1024  # bytes the screen may have waiting before the pty is read on
 PASTE_START, PASTE_END = b"\x1b[200~", b"\x1b[201~"
 
 
@@ -99,6 +100,8 @@ class Held:
         self.mcp: Path | None = None  # its harness credential's config (revoked at the end)
         self.boxed: Boxed | None = None  # its sandbox (`--sandbox`), closed at the end
         self.osc = OscFilter()
+        self._draining = False  # the screen's feeding goes on in later ticks
+        self._paused = False  # the pty is not read until the screen has caught up
 
     async def spawn(self, argv: list[str], cwd: str, env: dict[str, str], umask: int = 0o022) -> int:
         """Start the CLI on a new pty (`umask`: the user's terminal's, not the executor's private one)."""
@@ -136,9 +139,26 @@ class Held:
             return
         if self.boxed is not None:  # a sandboxed session sends the user's terminal only the OSCs a screen uses (osc.py)
             data = self.osc.feed(data)
-        self.screen.feed(data)
+        if not self.screen.feed(data) and not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().call_soon(self._drain_screen)
+        if self.screen.pending > SCREEN_BACKLOG:  # read on once the screen has caught up: the session waits for it
+            asyncio.get_running_loop().remove_reader(self.master)
+            self._paused = True
         if self.client is not None and data:
             self.client.send(wire.DATA, data)
+
+    def _drain_screen(self) -> None:
+        """Feed the screen on, a tick at a time, other work running between (screen.py)."""
+        loop = asyncio.get_running_loop()
+        if not self.screen.drain():
+            loop.call_soon(self._drain_screen)
+            return
+        self._draining = False
+        if self._paused and self.master >= 0:
+            self._paused = False
+            with contextlib.suppress(OSError, ValueError):  # the terminal went meanwhile
+                loop.add_reader(self.master, self._readable)
 
     async def _write_loop(self) -> None:
         while True:
@@ -292,6 +312,7 @@ class Held:
             asyncio.get_running_loop().remove_reader(self.master)
         with contextlib.suppress(OSError):
             os.close(self.master)
+        self.master = -1  # (a screen still catching up must not read a number the next open takes)
         if self.client is not None:
             self.client.send(wire.EXIT, {"code": code if code >= 0 else 128 - code})
         try:

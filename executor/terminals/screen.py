@@ -9,9 +9,10 @@ the glyph. A message from the page is typed only then: never into a turn, a dial
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import re
+import time
+from collections import deque
+from dataclasses import dataclass
 
 import pyte
 
@@ -67,17 +68,46 @@ def without_strings(carried: bytes, data: bytes) -> tuple[bytes, bytes]:
     return data[:cut.start()], rest if len(rest) <= MAX_OPEN else b""
 
 
+# The screen is fed on the executor's event loop, a slice at a time and for so long at a look: one escape that repaints
+# the whole screen (DECALN `ESC # 8`, an erase) costs milliseconds at 50×200, and a process in a sandboxed session
+# chooses its output (64 KiB of DECALN held the loop for minutes, past the executor's lease).
+SLICE = 64
+TICK_S = 0.005
+
+
 class Screen:
-    """The session's screen, fed every byte the CLI writes."""
+    """The session's screen, fed every byte the CLI writes: what is not in yet waits in order (`pending` bytes)."""
 
     def __init__(self, rows: int, cols: int):
         self.screen = pyte.Screen(cols, rows)
         self.stream = pyte.ByteStream(self.screen)
         self.carried = b""
+        self._queue: deque[bytes] = deque()
+        self._at = 0  # where the first queued piece is taken from
+        self.pending = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> bool:
+        """Queue `data` and feed what waits for at most TICK_S; whether all of it is in (else `drain` again)."""
         shown, self.carried = without_strings(self.carried, data)
-        self.stream.feed(shown)
+        if shown:
+            self._queue.append(shown)
+            self.pending += len(shown)
+        return self.drain()
+
+    def drain(self, budget_s: float = TICK_S) -> bool:
+        started = time.monotonic()
+        while self._queue:
+            first = self._queue[0]
+            piece = first[self._at:self._at + SLICE]
+            self._at += len(piece)
+            if self._at >= len(first):
+                self._queue.popleft()
+                self._at = 0
+            self.pending -= len(piece)
+            self.stream.feed(piece)
+            if time.monotonic() - started >= budget_s:
+                break
+        return not self._queue
 
     def resize(self, rows: int, cols: int) -> None:
         self.screen.resize(rows, cols)

@@ -135,3 +135,19 @@ def test_items_kept_at_a_stop_go_before_the_unread_rest_for_the_next_start(tmp_p
     after = _spill(tmp_path)
     assert after.recover() == 3
     assert _types(after.take(10)[0]) == [["m1", "m2"], ["s2"], ["s3"]]
+
+
+def test_a_line_nested_past_jsons_depth_comes_back_to_be_written_as_printed(tmp_path: Path) -> None:
+    # a stdout line orjson takes as storable (1,010 deep: its limit is 1,024) that Python's json cannot parse again:
+    # read back from the spill, it stopped the writer for good
+    deep = '{"type":"x","a":' + "[" * 1010 + "]" * 1010 + "}"
+    spill = _spill(tmp_path)
+    spill.append([NewEvent("stream.x", None, payload_json=deep), NewEvent("stream.y", {"n": 1})], None)
+    (back, after), _ = spill.take(10)[0][0]
+    assert back.payload_json == deep and after.payload == {"n": 1}
+
+
+def test_a_line_too_deep_for_either_parser_is_still_written_as_printed() -> None:
+    from executor.journal import spill
+
+    assert spill._payload("[" * 5000 + "]" * 5000) is None  # neither parser takes it: the write uses the text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 from typing import Any, cast
 from pathlib import Path
@@ -226,3 +227,19 @@ async def test_a_connection_that_says_nothing_is_given_up_on() -> None:
     said = asyncio.StreamReader()
     said.feed_data(wire.frame(wire.HELLO, b'{"op": "permission"}'))
     assert [kind for kind, _ in await server.hello_frames(said, wire.Frames(), timeout_s=5)] == [wire.HELLO]
+
+
+def test_a_flood_of_whole_screen_repaints_is_fed_a_tick_at_a_time_and_ends_where_feeding_it_whole_ends() -> None:
+    # DECALN fills the screen: milliseconds each at 50×200, and a process in a sandboxed session writes what it likes
+    flood = b"\x1b#8" * 300 + "\x1b[H● done\r\n".encode()
+    s = Screen(24, 80)
+    started = time.monotonic()
+    assert s.feed(flood) is False and s.pending > 0  # not all in: the loop goes on to other work
+    assert time.monotonic() - started < 0.5
+    looks = 1
+    while not s.drain():
+        looks += 1
+    assert looks > 10 and s.pending == 0
+    whole = Screen(24, 80)
+    whole.stream.feed(flood)  # the same bytes at once, as before: the same screen
+    assert s.lines() == [line.rstrip() for line in whole.screen.display] and s.lines()[0].startswith("● done")
