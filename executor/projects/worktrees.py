@@ -36,6 +36,9 @@ log = logs.get(__name__)
 # A diff larger than this is cut, with a visible marker saying how much was left out.
 MAX_DIFF_CHARS = 200_000
 MAX_COMMITS = 200
+# the files a record lists at most, and what its file list and diffstat are read from at most
+MAX_FILES = 5_000
+LIST_BYTES = 2 * 1024 * 1024
 BRANCH_PREFIX = "petal/"
 # Used only when neither the repository nor the user configured an identity (a commit or a merge commit needs one).
 FALLBACK_IDENTITY = ("petal-dispatch", "petal-dispatch@localhost")
@@ -215,7 +218,7 @@ async def _commit_left_work(worktree: Path, task_id: uuid.UUID, branch: str) -> 
     """Uncommitted work left in the worktree, committed to the task's branch (removing the worktree would
     lose it, and only a commit can be merged); the commit, or None when there was none."""
     wt = await Git.at(worktree)
-    if not (await wt("status", "--porcelain", "--untracked-files=all")).out.strip():
+    if not (await wt("status", "--porcelain", "--untracked-files=all", limit=4096)).out.strip():  # anything at all
         return None
     # a commit lands where the worktree's HEAD points: only ever on the task's own branch
     head_ref = (await wt("symbolic-ref", "--quiet", "HEAD", check=False)).out.strip()
@@ -266,20 +269,23 @@ async def changes(repo: Path, worktree: Path | None, task_id: uuid.UUID, branch:
                              span)).out
     commits = [dict(zip(("sha", "author", "subject"), line.split("\x1f"), strict=False))
                for line in log_out.splitlines() if line]
+    # the file list and the diffstat read as far as the record keeps: a worker's tree can hold any number of files
+    numstat = await project("diff", *NO_DRIVERS, "--numstat", "-z", "--no-renames", base, tip, limit=LIST_BYTES)
+    entries = [e for e in numstat.out.split("\x00")[:-1 if numstat.cut else None] if e]  # (a cut one's last is partial)
     files = []
-    for line in (await project("diff", *NO_DRIVERS, "--numstat", "-z", "--no-renames", base, tip)).out.split("\x00"):
-        if not line:
-            continue
+    for line in entries[:MAX_FILES]:
         added, deleted, path = line.split("\t", 2)
         files.append({"path": path, "added": None if added == "-" else int(added),
                       "deleted": None if deleted == "-" else int(deleted)})
-    stat_out = (await project("diff", *NO_DRIVERS, "--stat", base, tip)).out
+    stat = await project("diff", *NO_DRIVERS, "--stat", base, tip, limit=LIST_BYTES)
+    stat_out = stat.out + ("\n… the rest cut here (see the branch)\n" if stat.cut else "")
     # read no further than the record keeps (a character is at most 4 bytes): a commit can hold gigabytes
     whole = await project("diff", *NO_DRIVERS, "--no-renames", base, tip, limit=4 * max_diff_chars + 4)
     diff, cut = _bounded(whole.out, max_diff_chars, whole.cut)
     # head_commit is the commit this diff is of: Merge merges it and nothing else
     return {"branch": branch, "base_commit": base, "head_commit": tip, "commits": commits,
-            "auto_commit": auto_commit, "files": files, "diffstat": stat_out, "diff": diff, "diff_truncated": cut}
+            "auto_commit": auto_commit, "files": files, "files_truncated": numstat.cut or len(entries) > MAX_FILES,
+            "diffstat": stat_out, "diff": diff, "diff_truncated": cut}
 
 
 async def task_worktree(pool: AsyncConnectionPool, task_id: uuid.UUID) -> TaskWorktree | None:

@@ -227,7 +227,8 @@ function renderChanges(t, c) {
     h("h3", {}, `Changes on ${c.branch}`, c.review ? [" ", chip(c.review)] : null),
     c.error ? h("p", { class: "error" }, c.error) : null,
     h("ul", { class: "files" }, files.length ? files.map((f) => h("li", {}, h("code", {}, f.path),
-      ` +${f.added ?? "bin"} −${f.deleted ?? "bin"}`)) : h("li", { class: "empty" }, "no changes")),
+      ` +${f.added ?? "bin"} −${f.deleted ?? "bin"}`)) : h("li", { class: "empty" }, "no changes"),
+      c.files_truncated ? h("li", { class: "empty" }, "… and more files on the branch") : null),
     c.check ? checkResult(c.check, c.check_round) : null,
     open ? h("div", { class: "actions" },
       h("button", { type: "button", onclick: () => reviewTask(t.id, "merge", c.check && !c.check.passed

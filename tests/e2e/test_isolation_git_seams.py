@@ -239,3 +239,20 @@ async def test_a_huge_commit_is_diffed_only_as_far_as_the_record_keeps(tmp_path:
     whole = await g("diff", *git.NO_DRIVERS, wt.base_commit, rec["head_commit"])
     assert capped.cut and len(capped.out) == 1_000 and capped.rc == 0
     assert not whole.cut and len(whole.out) > 15_000_000
+
+
+@pytest.mark.parametrize("bound", ["count", "bytes"])
+async def test_a_worker_with_very_many_files_is_recorded_with_a_bounded_list_that_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str) -> None:
+    monkeypatch.setattr(worktrees, "MAX_FILES", 50 if bound == "count" else 10_000)
+    monkeypatch.setattr(worktrees, "LIST_BYTES", 1_000_000 if bound == "count" else 2_000)
+    repo = _repo(tmp_path / "repo", {"README.md": "hi\n"})
+    wt = await worktrees.create(repo, uuid.uuid4(), tmp_path / "wt", "demo")
+    for i in range(200):  # a worker's tree can hold any number of files: the record reads a bounded list of them
+        (wt.path / f"file-{i:04d}-{'x' * 40}.txt").write_text(f"{i}\n")
+    rec = await _recorded(repo, wt)
+    assert rec["files_truncated"] and 0 < len(rec["files"]) <= 50
+    assert all(f["added"] == 1 and f["path"].endswith(".txt") for f in rec["files"])  # no entry cut mid-way
+    assert len(rec["commits"]) == 1 and rec["auto_commit"]
+    if bound == "bytes":
+        assert rec["diffstat"].endswith("… the rest cut here (see the branch)\n")
