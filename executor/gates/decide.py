@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import bashlex
-
 from executor.gates.tables import PATH_KEYS
 from executor.gates.verdict import Verdict
 
@@ -69,6 +67,8 @@ def standing_pattern(tool_name: str, tool_input: dict[str, Any]) -> tuple[str | 
 
 def _simple_words(command: str) -> list[str] | None:
     """The words of a single simple command with nothing expanded or redirected, else None."""
+    import bashlex  # imported at the first command read (executor/gates/walker.py)
+
     try:
         trees = bashlex.parse(command)
     except Exception:

@@ -14,14 +14,12 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
-import aiohttp
 import orjson
 from psycopg_pool import AsyncConnectionPool
 from py_vapid import Vapid
 from pydantic import SecretStr
-from pywebpush import WebPushException, webpush_async
 
 from executor.notify import notes as said
 from executor.notify import vapid
@@ -32,6 +30,9 @@ from executor.notify.store import NotifyStore, Sent
 from executor.notify.store import Subscription as PushSubscription
 from shared import consume, database, endpoints, logs
 from shared.listener import Notification, Subscription
+
+if TYPE_CHECKING:  # aiohttp and pywebpush (with requests) are imported at the first send: 0.3 s of every start
+    import aiohttp
 
 log = logs.get(__name__)
 
@@ -105,7 +106,6 @@ class Notifier:
         self.store = NotifyStore.over(pool)
         self.config = config
         self.vapid: Vapid | None = None
-        self.session: aiohttp.ClientSession | None = None
         # with several executors on one database only the duty's holder notifies (one push per event)
         self.duty = duty
         self.name = name
@@ -125,11 +125,9 @@ class Notifier:
 
     async def run(self, sub: Subscription) -> None:
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)) as session:
-                self.session = session
-                await consume.consume("notifier", sub, {"journal": [self.notify], "notify_queue": [self.notify]},
-                                      DUTY_RETRY_S if self.duty is not None else POLL_S,
-                                      database.availability(self.pool), debounce_s=BURST_S)
+            await consume.consume("notifier", sub, {"journal": [self.notify], "notify_queue": [self.notify]},
+                                  DUTY_RETRY_S if self.duty is not None else POLL_S,
+                                  database.availability(self.pool), debounce_s=BURST_S)
         finally:
             if self.duty is not None:
                 await self.duty.release()
@@ -256,11 +254,14 @@ class Notifier:
         subs = await self.store.subscriptions()
         if not subs and not self.config.ntfy_url:
             return "no_channel", {}
+        import aiohttp
+
         ok, ntfy = False, None
         pushed: list[str] = []
         # push endpoints are user-supplied: their connections refuse inside addresses (ntfy is configured)
         async with endpoints.guarded_session(allow_loopback=self.config.allow_loopback_push,
-                                             timeout_s=SEND_TIMEOUT_S) as push_http:
+                                             timeout_s=SEND_TIMEOUT_S) as push_http, \
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)) as ntfy_http:
             for note in notes:
                 token = await self._token(note, "push") if subs else None
                 for s in subs:
@@ -268,7 +269,7 @@ class Notifier:
                     pushed.append(result)
                     ok = ok or result == "sent"
                 if self.config.ntfy_url:
-                    ntfy = await self._ntfy(note)
+                    ntfy = await self._ntfy(note, ntfy_http)
                     ok = ok or ntfy == "sent"
         return ("sent" if ok else "failed"), Delivery(push=pushed, ntfy=ntfy)
 
@@ -280,6 +281,9 @@ class Notifier:
         return await self.store.action_token(note.question_id, channel, ACTION_TTL_S)
 
     async def _push(self, s: PushSubscription, note: Note, http: aiohttp.ClientSession, token: str | None) -> str:
+        import aiohttp
+        from pywebpush import WebPushException, webpush_async
+
         assert self.vapid is not None
         info = {"endpoint": s.endpoint, "keys": {"p256dh": s.p256dh, "auth": s.auth}}
         # checked again here: a stored row (or a name that now resolves elsewhere) must not reach inside
@@ -305,8 +309,10 @@ class Notifier:
         await self.store.push_succeeded(s.id)
         return "sent"
 
-    async def _ntfy(self, note: Note) -> str:
-        assert self.session is not None and self.config.ntfy_url
+    async def _ntfy(self, note: Note, http: aiohttp.ClientSession) -> str:
+        import aiohttp
+
+        assert self.config.ntfy_url
         headers = {"Title": note.title, "Tags": note.kind}
         if self.config.public_url:
             headers["Click"] = self.config.public_url.rstrip("/") + note.url
@@ -316,7 +322,7 @@ class Notifier:
             if actions := await self._ntfy_actions(note):
                 headers["Actions"] = actions
         try:
-            async with self.session.post(self.config.ntfy_url, data=note.body.encode(), headers=headers) as r:
+            async with http.post(self.config.ntfy_url, data=note.body.encode(), headers=headers) as r:
                 return "sent" if r.status < 300 else f"failed {r.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return f"failed {type(exc).__name__}"

@@ -14,8 +14,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import pyte
-
 PROMPT = "❯"
 BUSY = "esc to interrupt"
 RULE = "─"
@@ -79,6 +77,8 @@ class Screen:
     """The session's screen, fed every byte the CLI writes: what is not in yet waits in order (`pending` bytes)."""
 
     def __init__(self, rows: int, cols: int):
+        import pyte  # here: most executors never hold a terminal, and pyte with wcwidth is 0.14 s of a start
+
         self.screen = pyte.Screen(cols, rows)
         self.stream = pyte.ByteStream(self.screen)
         self.carried = b""

@@ -136,20 +136,16 @@ async def test_one_notification_per_task_and_kind_per_minute_and_a_digest_for_a_
         async with Database(db.executor_dsn, name="test-notifier") as database:
             notifier = Notifier(database.pool, config)
             await notifier.start()
-            import aiohttp
 
-            async with aiohttp.ClientSession() as session:
-                notifier.session = session
+            async def stalled(*task_ids: uuid.UUID) -> list[Any]:
+                async with database.pool.connection() as conn:
+                    await journal.append_on(conn, [NewEvent("task.stalled", {"silent_s": 200, "threshold_s": 180},
+                                                            task_id=t) for t in task_ids])
+                return await notifier.pass_once()
 
-                async def stalled(*task_ids: uuid.UUID) -> list[Any]:
-                    async with database.pool.connection() as conn:
-                        await journal.append_on(conn, [NewEvent("task.stalled", {"silent_s": 200, "threshold_s": 180},
-                                                                task_id=t) for t in task_ids])
-                    return await notifier.pass_once()
-
-                first = await stalled(tasks[0])
-                again = await stalled(tasks[0], tasks[0])  # the same task stalls again within the minute
-                burst = await stalled(*tasks[1:6])  # five at once
+            first = await stalled(tasks[0])
+            again = await stalled(tasks[0], tasks[0])  # the same task stalls again within the minute
+            burst = await stalled(*tasks[1:6])  # five at once
     outcomes = _rows(db, "SELECT kind, task_id, outcome FROM notifications ORDER BY created_at, kind")
     assert [n.kind for n in first] == ["stalled"] and again == []
     assert [(k, o) for k, t, o in outcomes if t == tasks[0]] == [("stalled", "sent"), ("stalled", "rate_limited"),
@@ -176,14 +172,10 @@ async def test_a_finished_turn_is_pushed_only_when_no_page_watches_its_thread(db
         async with Database(db.executor_dsn, name="test-notifier") as database:
             notifier = Notifier(database.pool, config)
             await notifier.start()
-            import aiohttp
-
-            async with aiohttp.ClientSession() as session:
-                notifier.session = session
-                async with database.pool.connection() as conn:
-                    await journal.append_on(conn, [NewEvent("task.exited", {"status": "success"}, task_id=turns[t],
-                                                            session_id=t) for t in (watched, unwatched)])
-                sent = await notifier.pass_once()
+            async with database.pool.connection() as conn:
+                await journal.append_on(conn, [NewEvent("task.exited", {"status": "success"}, task_id=turns[t],
+                                                        session_id=t) for t in (watched, unwatched)])
+            sent = await notifier.pass_once()
     assert [(n.kind, n.thread_id, n.url) for n in sent] == [("turn_finished", unwatched, f"/#chat/{unwatched}")]
     assert [r.headers["title"] for r in ntfy.received] == ["Reply ready"]
 

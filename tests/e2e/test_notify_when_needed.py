@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 
 from executor.notify.notes import Note
@@ -32,10 +31,9 @@ Pass = Callable[[list[NewEvent]], Awaitable[list[Note]]]
 @asynccontextmanager
 async def notifier(db: DB, tmp_path: Path, ntfy: StandIn, **config: Any) -> AsyncIterator[Pass]:
     """A started notifier posting to the stand-in; the callable journals records and runs one pass."""
-    async with Database(db.executor_dsn, name="test-notifier") as database, aiohttp.ClientSession() as session:
+    async with Database(db.executor_dsn, name="test-notifier") as database:
         n = Notifier(database.pool, NotifyConfig(data_dir=tmp_path / "var", ntfy_url=f"{ntfy.url}/t", **config))
         await n.start()
-        n.session = session
 
         async def one_pass(records: list[NewEvent]) -> list[Note]:
             if records:

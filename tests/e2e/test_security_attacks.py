@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import httpx
 import psycopg
 import pytest
@@ -156,9 +155,7 @@ async def test_a_push_endpoint_cannot_redirect_the_executor_to_a_non_public_addr
         async with Database(db.executor_dsn, name="test-notifier") as database:
             notifier = Notifier(database.pool, NotifyConfig(data_dir=tmp_path / "var", allow_loopback_push=True))
             await notifier.start()
-            async with aiohttp.ClientSession() as session:
-                notifier.session = session
-                outcome = await notifier.deliver([Note("test", "t", "b", "/")])
+            outcome = await notifier.deliver([Note("test", "t", "b", "/")])
         service.shutdown()
     assert service.hits == ["/push/x"]  # never /internal
     assert outcome == ("failed", {"push": ["failed"], "ntfy": None})

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import psycopg
 import pytest
@@ -296,9 +295,7 @@ async def test_the_executor_rechecks_a_stored_endpoint_and_sends_nothing_inside(
             for allow in (False, True):
                 notifier = Notifier(database.pool, NotifyConfig(data_dir=tmp_path / "var", allow_loopback_push=allow))
                 await notifier.start()
-                async with aiohttp.ClientSession() as session:
-                    notifier.session = session
-                    results.append(await notifier.deliver([note]))
+                results.append(await notifier.deliver([note]))
         received = len(push.received)
     refused, allowed = results
     assert refused == ("failed", {"push": ["refused"], "ntfy": None})

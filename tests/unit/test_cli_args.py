@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,7 +14,7 @@ from typing import Any
 import pytest
 
 from petal_dispatch import cli
-from petal_dispatch.commands import ids, services, views
+from petal_dispatch.commands import Command, ids, views
 from petal_dispatch.config import Settings
 from shared import errors, lifeline, logs
 from shared.sql import queries as shared_sql
@@ -37,7 +40,7 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, ar
 def test_up_takes_its_bind_ports_data_directory_and_the_demo() -> None:
     args = _parse("up", "--host", "0.0.0.0", "--port", "9000", "--mcp-port", "9002", "--data-dir", "d", "--demo")
     assert (args.host, args.port, args.mcp_port, args.data_dir, args.demo) == ("0.0.0.0", 9000, 9002, Path("d"), True)
-    assert args.handler is services.up and args.scenario is None
+    assert args.handler == Command("services", "up") and args.scenario is None
 
 
 def test_a_command_is_required_and_an_unknown_one_or_a_bad_value_is_a_usage_error(
@@ -72,6 +75,22 @@ def test_every_command_that_reads_the_data_directory_takes_data_dir() -> None:
     # own arguments whole (it finds the executor by PETAL_DATA_DIR or the link the executor leaves)
     assert without == ["claude", "executor", "ingress", "install-claude"]
     assert {"up", "journal", "status", "db status", "routine add", "attachments purge"} <= set(commands)
+
+
+def test_every_command_names_a_handler_its_module_has_and_no_command_module_is_imported_to_parse() -> None:
+    """The commands' modules are imported when one runs (a fifth of a start was importing all of them): parsing
+    imports none but the parsers' own, and every command's handler is found where it says."""
+    probe = subprocess.run([sys.executable, "-c", "import sys; from petal_dispatch import cli; cli.build_parser(); "
+                            "print(sorted(m for m in sys.modules if m.startswith('petal_dispatch.commands.')))"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == ["['petal_dispatch.commands.routine_args',", "'petal_dispatch.commands.terminal']"]
+    for name, p in _commands(cli.build_parser()).items():
+        handler = p.get_default("handler")
+        if isinstance(handler, Command):
+            module = importlib.import_module(f"petal_dispatch.commands.{handler.module}")
+            assert callable(getattr(module, handler.name, None)), name
+        else:
+            assert callable(handler), name
 
 
 def test_the_journal_and_purge_options_read_as_documented() -> None:
