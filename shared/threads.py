@@ -9,8 +9,11 @@ DEFAULT_THREAD_ID = uuid.uuid5(uuid.NAMESPACE_URL, "petal-dispatch:default-threa
 # The hand-back runs unsandboxed, as the user: nothing a worker could have written may configure it. Only the
 # user's own settings (not the tree's .claude/settings.json hooks nor .claude/settings.local.json), and no MCP server
 # but those of petal's own config, which names none (not the tree's .mcp.json, nor a user- or local-scope one in
-# .claude.json). Observed on 2.1.328: docs/claude-cli.md "What the CLI reads from its config and the tree".
-HANDBACK_FLAGS = ("--setting-sources", "user", "--strict-mcp-config", '--mcp-config={"mcpServers":{}}')
+# .claude.json). Observed on 2.1.328: docs/claude-cli.md "What the CLI reads from its config and the tree". And the
+# permission mode named: `--resume` restores the mode a `permission-mode` line of the conversation's file names (a
+# spawn can append one to its own: acceptEdits, auto), and a mode on the command line wins over it.
+HANDBACK_FLAGS = ("--setting-sources", "user", "--strict-mcp-config", '--mcp-config={"mcpServers":{}}',
+                  "--permission-mode", "manual")
 
 
 def resume_command(workdir: str, config_dir: str | None, session_id: str, cli: str = "claude") -> str:

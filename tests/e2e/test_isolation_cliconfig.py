@@ -145,9 +145,10 @@ def _terminal(command: str, model: ScriptedModelServer, tmp: Path, said: str, ti
                 os.write(fd, b"\x1b[1;1R")
         screen = _text(out)
         answered = any(said in json.dumps(r.body.get("messages")) for r in model.requests[seen:])
-        # the status line under the prompt box is drawn: the CLI has started (its SessionStart hooks and MCP
-        # servers with it); a message typed while it still draws may be lost, so Enter again until it is sent
-        if not typed and "shift+tab" in screen:
+        # the status line under the prompt box is drawn (its mode, and "shift+tab to cycle" or "? for shortcuts"):
+        # the CLI has started (its SessionStart hooks and MCP servers with it); a message typed while it still
+        # draws may be lost, so Enter again until it is sent
+        if not typed and ("shift+tab" in screen or "for shortcuts" in screen):
             os.write(fd, said.encode())
             typed, sent_at = True, 0.0
         if typed and not answered and time.monotonic() - sent_at > 3:

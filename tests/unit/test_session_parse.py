@@ -92,7 +92,7 @@ def test_messages_inside_the_threads_own_turns_are_not_imported_again() -> None:
 
 
 def test_the_command_that_continues_a_conversation_quotes_its_directory() -> None:
-    flags = """--setting-sources user --strict-mcp-config '--mcp-config={"mcpServers":{}}'"""
+    flags = """--setting-sources user --strict-mcp-config '--mcp-config={"mcpServers":{}}' --permission-mode manual"""
     assert threads.resume_command("/w/my app", None, SID) == f"cd '/w/my app' && claude --resume {SID} {flags}"
     assert threads.resume_command(str(Path("/w/a")), "/srv/claude cfg", SID) == (
         f"cd /w/a && CLAUDE_CONFIG_DIR='/srv/claude cfg' claude --resume {SID} {flags}")
