@@ -92,8 +92,8 @@ def adoptable_cwd(index: Index, f: File | None, session_id: str) -> str:
         raise NotAdoptable(f"no conversation {session_id} on executor {index.executor}")
     if f.scan.unreadable is not None:
         raise NotAdoptable(f"the conversation's file cannot be read: {f.scan.unreadable}")
-    cwd = f.scan.cwd
-    why = index.adoptable(cwd)
+    cwd, why = index.kept_cwd(f)
+    why = why or index.adoptable(cwd)
     if why is not None or cwd is None:
         raise NotAdoptable(why or "the conversation names no working directory")
     return cwd

@@ -22,6 +22,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from executor.projects.service import Refused, check_workdir
+from executor.sandbox.cliconfig import session_dir
 from executor.sessions import live, reading
 from executor.sessions.parse import Message, Scan
 from executor.sessions.store import SessionStore
@@ -208,6 +209,20 @@ class Index:
 
     # ---- the store ---------------------------------------------------------------------------------------
 
+    @staticmethod
+    def kept_cwd(f: File) -> tuple[str | None, str | None]:
+        """The directory the conversation was had in, as its lines say, when its file is kept where the CLI keeps
+        that directory's conversations (`projects/<its slug>/`); else (None, why). The lines are their writer's
+        word, and a spawn writes its own: a `cwd` naming another directory listed it under that one, with a
+        title of its choosing, and made an adoption's turns run there."""
+        cwd = f.scan.cwd
+        if not cwd:
+            return None, "the conversation names no working directory"
+        if not os.path.isabs(cwd) or session_dir(f.config_dir, Path(cwd)).name != f.path.parent.name:
+            return None, (f"the conversation says it was had in {cwd[:200]!r}, which is not the directory its file "
+                          "is kept under")
+        return cwd, None
+
     def adoptable(self, cwd: str | None) -> str | None:
         """None when the conversation's directory may be adopted, else why not."""
         if not cwd:
@@ -221,11 +236,12 @@ class Index:
     def row(self, f: File) -> dict[str, Any]:
         s = f.scan
         last = s.last_activity or datetime.fromtimestamp(f.mtime_ns / 1e9, UTC)
+        cwd, _ = self.kept_cwd(f)
         return {"executor": self.executor, "session_id": s.session_id, "config_dir": str(f.config_dir),
-                "path": str(f.path), "cwd": s.cwd, "title": s.title or s.summary, "git_branch": s.git_branch,
+                "path": str(f.path), "cwd": cwd, "title": s.title or s.summary, "git_branch": s.git_branch,
                 "last_activity": last, "message_count": s.message_count, "size_bytes": f.size,
                 "live_pid": f.live_pid, "readable": s.unreadable is None, "unreadable_reason": s.unreadable,
-                "adoptable": s.unreadable is None and self.adoptable(s.cwd) is None}
+                "adoptable": s.unreadable is None and self.adoptable(cwd) is None}
 
     async def refresh(self) -> bool:
         """One pass: look at the files, publish what changed. Never asks for a second pass at once."""

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from executor.sandbox.cliconfig import session_dir
 from executor.sessions.index import SessionsConfig
 from petal_dispatch.demo.scripted_model import Rule, Scenario, ScriptedModelServer
 from shared import threads
@@ -75,7 +76,7 @@ def stored_conversation(config: Path, cwd: Path, *exchanges: tuple[str, str]) ->
             lines.append({"type": role, "message": {"role": role, "content": text}, "uuid": str(uuid.uuid4()),
                           "timestamp": f"2026-12-01T10:00:{i:02d}.000Z", "cwd": str(cwd), "sessionId": session_id,
                           "gitBranch": "main", "isSidechain": False})
-    path = config / "projects" / str(cwd).replace("/", "-").replace(" ", "-") / f"{session_id}.jsonl"
+    path = session_dir(config, cwd) / f"{session_id}.jsonl"  # where the CLI keeps that directory's conversations
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return session_id

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from executor.sandbox.cliconfig import session_dir
 from executor.sessions import adopt, live
 from executor.sessions import index as index_module
 from executor.sessions import reading
@@ -54,7 +55,7 @@ def line(kind: str, text: str, at: str, cwd: Path, sid: str = SID) -> bytes:
 def conversation(tmp_path: Path, n: int = 2, sid: str = SID, config: str = "cfg", cwd: Path | None = None) -> Path:
     cwd = cwd or tmp_path / "app"
     cwd.mkdir(exist_ok=True)
-    path = tmp_path / config / "projects" / "-app" / f"{sid}.jsonl"
+    path = session_dir(tmp_path / config, cwd) / f"{sid}.jsonl"  # where the CLI keeps it
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(line("user" if i % 2 == 0 else "assistant", f"message {i}",
                                    f"2026-12-01T18:{i // 60:02d}:{i % 60:02d}.000Z", cwd, sid) for i in range(n)))
@@ -82,6 +83,33 @@ async def test_a_conversation_the_index_does_not_hold_is_refused_naming_the_exec
     made, _ = index(tmp_path)
     with pytest.raises(NotAdoptable, match=f"no conversation {SID} on executor exec"):
         adopt.adoptable_cwd(made, made.by_session(SID), SID)
+
+
+async def test_a_conversation_whose_lines_name_another_directory_than_it_is_kept_under_is_listed_without_it(
+        tmp_path: Path) -> None:
+    """A spawn writes its own conversation: lines whose `cwd` names another directory (the user's checkout) made
+    the index list it there, with the title its lines chose, and an adoption run its turns there."""
+    own, victim = tmp_path / "spawn-work", tmp_path / "app"
+    victim.mkdir()
+    path = conversation(tmp_path, cwd=own)  # kept under the spawn's own directory, as the CLI keeps it
+    path.write_bytes(path.read_bytes().replace(json.dumps(str(own)).encode(), json.dumps(str(victim)).encode()))
+    made, _ = index(tmp_path)
+    await made.refresh()
+    f = made.by_session(SID)
+    assert f is not None and f.scan.cwd == str(victim)  # what the lines say
+    row = made.row(f)
+    assert row["cwd"] is None and row["adoptable"] is False
+    with pytest.raises(NotAdoptable, match="not the directory its file is kept under"):
+        adopt.adoptable_cwd(made, f, SID)
+    # the same lines kept where the CLI keeps that directory's conversations: listed there, adoptable
+    moved = session_dir(tmp_path / "cfg", victim) / path.name
+    moved.parent.mkdir(parents=True)
+    path.rename(moved)
+    made, _ = index(tmp_path)
+    await made.refresh()
+    f = made.by_session(SID)
+    assert f is not None and made.row(f)["cwd"] == str(victim) and made.row(f)["adoptable"] is True
+    assert adopt.adoptable_cwd(made, f, SID) == str(victim)
 
 
 async def test_a_conversation_had_outside_the_project_roots_is_not_adoptable(tmp_path: Path) -> None:
@@ -117,7 +145,7 @@ async def _decided(tmp_path: Path, n: int, held: int | None, args: dict[str, Any
 async def test_a_conversation_no_process_holds_is_continued_itself_from_where_it_ends(tmp_path: Path) -> None:
     a = await _decided(tmp_path, 4, None)
     assert (a.thread.cli_session_id, a.thread.cli_fork_from) == (SID, None)
-    assert a.thread.cli_import_offset == (tmp_path / "cfg" / "projects" / "-app" / f"{SID}.jsonl").stat().st_size
+    assert a.thread.cli_import_offset == (session_dir(tmp_path / "cfg", tmp_path / "app") / f"{SID}.jsonl").stat().st_size
     assert a.adopted["forked"] is False and a.thread.mode == "interactive"
     assert f"cd {tmp_path / 'app'} && CLAUDE_CONFIG_DIR={tmp_path / 'cfg'} claude --resume {SID} " in (
         a.thread.resume_command)  # its config directory is not the service user's ~/.claude: named
