@@ -203,8 +203,9 @@ class TaskRunner:
             if r.gateway is not None and self.isolation is not None:
                 await r.gateway.close()
                 assert r.workdir is not None
-                self.isolation.keep_session(r.workdir, r.cli_session or str(r.session_id), r.spawn_key,
-                                            substrate_config=r.substrate)
+                # off the loop: it walks the conversation's side directory, which the spawn filled as it liked
+                await asyncio.to_thread(self.isolation.keep_session, r.workdir, r.cli_session or str(r.session_id),
+                                        r.spawn_key, substrate_config=r.substrate)
             if r.mcp_config is not None:
                 r.revoke_pending = await self.credentials.revoke(r.task_id, r.mcp_config)
             done, pending = await asyncio.wait(readers, timeout=self.config.drain_timeout_s)

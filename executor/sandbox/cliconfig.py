@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,5 +189,24 @@ def keep_session(config_home: Path, workdir: Path, session_uuid: str, key: str) 
             made, there = private / name, real / name
             if (made.is_file() or made.is_dir()) and not made.is_symlink() and not there.exists():
                 os.replace(made, there)
+        side = real / session_uuid  # kept now, or kept before and bound into this spawn writable
+        if side.is_dir() and not side.is_symlink():
+            _files_only(side)
     finally:
         forget_spawn(config_home, key)
+
+
+def _files_only(tree: Path) -> None:
+    """Leave only directories and regular files in a spawn's side directory (its subagents' conversations, tool
+    results kept as files) before it is kept: it is the spawn's to fill, and the user's unsandboxed CLI resumes
+    with it (a link there to the user's key would be read as a tool's result; a FIFO would hang the read)."""
+    for root, dirs, files in os.walk(tree):  # links to directories are listed in `dirs`, never followed
+        for name in [*dirs, *files]:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                os.unlink(path)
+                with contextlib.suppress(ValueError):
+                    dirs.remove(name)

@@ -4,6 +4,7 @@ a fork's source conversation (the user's, live in their terminal) copied in, nev
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from executor.sandbox import cliconfig
@@ -48,3 +49,28 @@ def test_a_fork_gets_a_copy_of_the_conversation_it_forks_never_a_link_to_the_use
     with seen.open("a") as f:  # what a process in the sandbox can do to what it sees
         f.write('{"type": "user", "message": {"content": "injected"}}\n')
     assert source.read_text() == '{"type": "user"}\n'
+
+
+def test_a_kept_side_directory_holds_only_directories_and_regular_files(tmp_path: Path) -> None:
+    """A spawn fills its conversation's side directory (subagents, tool results) as it likes; kept, the user's own
+    CLI resumes with it: a link to their key or a FIFO in it is removed, what it wrote as files stays."""
+    cfg, work = tmp_path / "cfg", tmp_path / "work"
+    side = cliconfig.spawn_sessions(cfg, "k1") / "the-session"
+    (side / "tool-results").mkdir(parents=True)
+    (side / "subagents").mkdir()
+    (side / "tool-results" / "kept.txt").write_text("a tool's output")
+    secret = tmp_path / "id_rsa"
+    secret.write_text("the user's key")
+    (side / "tool-results" / "toolu_1.txt").symlink_to(secret)
+    (side / "tool-results" / "dir-link").symlink_to(tmp_path)
+    os.mkfifo(side / "subagents" / "agent-1.jsonl")
+    cliconfig.session_dir(cfg, work).mkdir(parents=True)  # made with the spawn's view (config_view)
+    cliconfig.keep_session(cfg, work, "the-session", "k1")
+    kept = cliconfig.session_dir(cfg, work) / "the-session"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*")) == [
+        "subagents", "tool-results", "tool-results/kept.txt"]
+    assert secret.read_text() == "the user's key" and not cliconfig.spawn_sessions(cfg, "k1").exists()
+    # a later turn of the conversation has the kept directory bound in, writable: what it plants there goes too
+    (kept / "subagents" / "agent-2.jsonl").symlink_to(secret)
+    cliconfig.keep_session(cfg, work, "the-session", "k2")
+    assert sorted(p.name for p in (kept / "subagents").iterdir()) == []
