@@ -148,6 +148,8 @@ async def test_token_mode_at_phone_size_signs_in_through_the_form_chats_and_answ
                 page = await context.new_page()
                 errors: list[str] = []
                 page.on("pageerror", lambda e: errors.append(str(e)))
+                console: list[str] = []
+                page.on("console", lambda m: console.append(f"{m.type}: {m.text}"[:300]))
                 await page.goto(f"{url}/")
                 assert page.url == f"{url}/login"  # sent to the sign-in form
                 assert (await page.request.get(f"{url}/login")).headers["referrer-policy"] == "same-origin"
@@ -173,7 +175,14 @@ async def test_token_mode_at_phone_size_signs_in_through_the_form_chats_and_answ
                 await page.fill("#composer-text", "pick a colour")
                 await page.click("#composer button")
                 card = page.locator("#pinned-asks .ask")
-                await expect(card).to_have_count(1, timeout=90_000)
+                try:
+                    await expect(card).to_have_count(1, timeout=90_000)
+                except AssertionError as exc:  # once (under four workers) the message never reached the store
+                    said = await page.evaluate(
+                        "() => ({chat: [...document.querySelectorAll('#messages .msg')].map((m) => m.className + ': ' "
+                        "+ m.textContent.slice(0, 200)), error: document.querySelector('#composer-error')"
+                        "?.textContent, draft: document.querySelector('#composer-text')?.value})")
+                    raise AssertionError(f"{exc}\nthe page: {said}\nits console: {console[-20:]}") from None
                 await expect(card.locator(".bar")).to_contain_text(ASKED)
                 if not await card.locator("fieldset").first.is_visible():
                     await card.locator(".bar .toggle").click()
