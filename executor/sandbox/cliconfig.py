@@ -192,14 +192,73 @@ def keep_session(config_home: Path, workdir: Path, session_uuid: str, key: str) 
         side = real / session_uuid  # kept now, or kept before and bound into this spawn writable
         if side.is_dir() and not side.is_symlink():
             _files_only(side)
+        conversation = real / f"{session_uuid}.jsonl"
+        if conversation.is_file() and not conversation.is_symlink():
+            _manual_on_resume(conversation, session_uuid)
     finally:
         forget_spawn(config_home, key)
+
+
+# `claude --resume` restores the permission mode the conversation's last `permission-mode` line names (observed on
+# 2.1.328; the CLI writes one when a session starts or its mode changes, a headless turn none)
+MODE_MARK = b"permission-mode"
+ASKING_MODES = ("default", "plan")  # "default" is the CLI's name for manual mode in the file
+_CHUNK = 1 << 20
+
+
+def _manual_on_resume(conversation: Path, session_uuid: str) -> None:
+    """A spawn can append a `permission-mode` line to its own conversation (acceptEdits, auto: edits and commands
+    without asking), and the user's own `claude --resume` of it (an adopted conversation is their file) would start
+    in that mode. When the file's last mention of a mode is not a line naming one that asks, the CLI's own line for
+    manual mode is appended after it."""
+    last = _last_mark(conversation)
+    if last is None:
+        return
+    line = _line_at(conversation, last)
+    try:
+        said = json.loads(line) if line is not None else None
+    except ValueError:
+        said = None
+    if isinstance(said, dict) and said.get("type") == "permission-mode" and said.get("permissionMode") in ASKING_MODES:
+        return
+    with conversation.open("ab") as f:
+        f.write(json.dumps({"type": "permission-mode", "permissionMode": "default", "sessionId": session_uuid},
+                           separators=(",", ":")).encode() + b"\n")
+
+
+def _last_mark(path: Path) -> int | None:
+    """The offset of the file's last MODE_MARK, read a chunk at a time (a line may be any length)."""
+    found, offset, tail = None, 0, b""
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            data = tail + chunk
+            at = data.rfind(MODE_MARK)
+            if at >= 0:
+                found = offset - len(tail) + at
+            tail = data[-(len(MODE_MARK) - 1):]
+            offset += len(chunk)
+    return found
+
+
+def _line_at(path: Path, at: int, most: int = 64 * 1024) -> bytes | None:
+    """The line holding offset `at`, or None when it is longer than `most` bytes either side (no mode line is)."""
+    with path.open("rb") as f:
+        start = max(0, at - most)
+        f.seek(start)
+        data = f.read(at - start + most)
+    before, after = data[:at - start], data[at - start:]
+    head = before.rfind(b"\n")
+    end = after.find(b"\n")
+    if (head < 0 and start > 0) or (end < 0 and len(after) == most):
+        return None
+    return before[head + 1:] + (after if end < 0 else after[:end])
 
 
 def _files_only(tree: Path) -> None:
     """Leave only directories and regular files in a spawn's side directory (its subagents' conversations, tool
     results kept as files) before it is kept: it is the spawn's to fill, and the user's unsandboxed CLI resumes
-    with it (a link there to the user's key would be read as a tool's result; a FIFO would hang the read)."""
+    with it and reads some of its files (`archived.json`, `remote-agents`: a FIFO would hang it, a link would send
+    the read elsewhere)."""
     for root, dirs, files in os.walk(tree):  # links to directories are listed in `dirs`, never followed
         for name in [*dirs, *files]:
             path = os.path.join(root, name)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyte
 import pytest
 
+from executor.sandbox import cliconfig
 from executor.sandbox.cliconfig import session_dir
 from petal_dispatch.demo.scripted_model import Scenario, ScriptedModelServer
 from shared import threads
@@ -74,28 +75,48 @@ def _mode_shown(command: str, env: dict[str, str]) -> str:
         os.close(fd)
 
 
-def test_a_mode_planted_in_the_conversation_does_not_set_the_hand_backs(tmp_path: Path) -> None:
+def _conversation(tmp_path: Path, model: ScriptedModelServer) -> tuple[Path, Path, str, dict[str, str]]:
+    """The CLI's own conversation in a user's config directory: (the work directory, the config directory, its id,
+    the terminal's environment)."""
     work, config, home = tmp_path / "work", tmp_path / "claude-config", tmp_path / "home"
     work.mkdir()
     home.mkdir()
     _users_files(config, work)  # the user's own settings name no mode: the CLI's default would be auto
     session = str(uuid.uuid4())
+    env = _env(model, home)
+    subprocess.run([claude_bin(), "-p", "hello", "--session-id", session], cwd=work, check=True, timeout=120,
+                   env={**env, "CLAUDE_CONFIG_DIR": str(config)}, capture_output=True)
+    return work, config, session, env
+
+
+def _planted(conversation: Path, session: str) -> None:
+    """What a spawn appends to its own conversation."""
+    with conversation.open("a") as f:
+        f.write(json.dumps({"type": "permission-mode", "permissionMode": "acceptEdits", "sessionId": session}) + "\n")
+
+
+def test_a_mode_planted_in_the_conversation_does_not_set_the_hand_backs(tmp_path: Path) -> None:
     with ScriptedModelServer(Scenario(default={"text": "ok"})) as model:
-        env = _env(model, home)
-        subprocess.run([claude_bin(), "-p", "hello", "--session-id", session], cwd=work, check=True, timeout=120,
-                       env={**env, "CLAUDE_CONFIG_DIR": str(config)}, capture_output=True)
+        work, config, session, env = _conversation(tmp_path, model)
         conversation = session_dir(config, work) / f"{session}.jsonl"
         command = threads.resume_command(str(work), str(config), session, claude_bin())
         assert MANUAL in command, command
-
-        def planted() -> None:  # what a spawn appends to its own conversation (again before each run: the CLI
-            with conversation.open("a") as f:  # writes the mode it resumed in to the file)
-                f.write(json.dumps({"type": "permission-mode", "permissionMode": "acceptEdits",
-                                    "sessionId": session}) + "\n")
-
-        planted()
+        # planted again before each run: the CLI writes the mode it resumed in to the file
+        _planted(conversation, session)
         without = _mode_shown(command.replace(MANUAL, ""), env)
-        planted()
+        _planted(conversation, session)
         as_given = _mode_shown(command, env)
     assert as_given == "manual"
     assert without == "acceptEdits"  # the negative control: the planted line sets the mode
+
+
+def test_after_the_spawn_the_users_own_plain_resume_starts_in_manual_mode_too(tmp_path: Path) -> None:
+    """An adopted conversation is the user's own file: their plain `claude --resume` (no flags of ours) restores
+    what a spawn planted there, unless the executor's step after the spawn (`keep_session`) puts the CLI's manual
+    line after it. The negative control is the test above: the same plain command, the line planted, acceptEdits."""
+    with ScriptedModelServer(Scenario(default={"text": "ok"})) as model:
+        work, config, session, env = _conversation(tmp_path, model)
+        _planted(session_dir(config, work) / f"{session}.jsonl", session)
+        cliconfig.keep_session(config, work, session, "the-spawn")  # as after every spawn of the conversation
+        plain = f"cd {work} && CLAUDE_CONFIG_DIR={config} {claude_bin()} --resume {session}"
+        assert _mode_shown(plain, env) == "manual"

@@ -74,3 +74,37 @@ def test_a_kept_side_directory_holds_only_directories_and_regular_files(tmp_path
     (kept / "subagents" / "agent-2.jsonl").symlink_to(secret)
     cliconfig.keep_session(cfg, work, "the-session", "k2")
     assert sorted(p.name for p in (kept / "subagents").iterdir()) == []
+
+
+def _mode_line(mode: str, **extra: str) -> bytes:
+    return json.dumps({"type": "permission-mode", "permissionMode": mode, "sessionId": "s", **extra}).encode() + b"\n"
+
+
+def test_after_a_spawn_a_conversation_whose_last_mode_does_not_ask_gets_the_clis_manual_mode_line(
+        tmp_path: Path) -> None:
+    """`claude --resume` restores the last `permission-mode` line, and a spawn can append one to its own
+    conversation: after the spawn, a last mode that does not ask (however it was hidden) is followed by manual's."""
+    cfg, work = tmp_path / "cfg", tmp_path / "work"
+    real = cliconfig.session_dir(cfg, work)
+    real.mkdir(parents=True)
+    turn = b'{"type":"user","message":{"role":"user","content":"hi"}}\n'
+    manual = b'{"type":"permission-mode","permissionMode":"default","sessionId":"s"}\n'
+    cases = {
+        "planted last": turn + _mode_line("acceptEdits"),
+        "padded after": turn + _mode_line("auto") + turn * 60_000,  # past a read chunk (1 MiB)
+        "one long line": turn + _mode_line("acceptEdits", pad="x" * 200_000),
+        "across chunks": b"x" * ((1 << 20) - 20) + b"\n" + _mode_line("bypassPermissions"),
+        "said in a message": _mode_line("default") + b'{"type":"user","message":{"content":"permission-mode"}}\n',
+        "asking already": turn + _mode_line("auto") + _mode_line("default"),
+        "plan": turn + _mode_line("plan"),
+        "none": turn * 3,
+    }
+    for case, content in cases.items():
+        path = real / "s.jsonl"
+        path.write_bytes(content)
+        cliconfig.keep_session(cfg, work, "s", "k")
+        after = path.read_bytes()
+        if case in ("asking already", "plan", "none"):
+            assert after == content, case
+        else:
+            assert after == content + manual, case
