@@ -18,7 +18,7 @@ from executor import harness as harness_mcp
 from executor import gates
 from executor.harness.scope import DispatchLimits
 from executor.journal.writer import HOLD_BYTES as JOURNAL_HOLD_BYTES
-from executor.journal.writer import JournalWriter
+from executor.journal.writer import STOP_FLUSH_TIMEOUT_S, JournalWriter
 from executor.notify import notifier as notify
 from executor.notify.duty import Duty
 from executor.projects import service as projects
@@ -44,6 +44,7 @@ CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "th
             "gate_rule_queue", "routine_queue", "routines", "question_closed", "question_settle"]
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
+MCP_STOP_TIMEOUT_S = 10
 # The executor's loops wait this long for a pooled connection before counting the database as away.
 ACQUIRE_TIMEOUT_S = 5.0
 
@@ -73,6 +74,15 @@ class ExecutorConfig:
     protected: tuple[tuple[str, Path], ...] = ()
     # the link `petal-dispatch claude` started anywhere finds this executor's terminal socket by (None: none)
     terminal_pointer: Path | None = None
+
+
+def stop_within_s(config: ExecutorConfig) -> float:
+    """How long an orderly stop may take (petal_dispatch/signals.py ends one that takes longer): the bounds of its
+    slow steps (the children's grace and drain, the last settle, the MCP server, the journal's flush) and a margin
+    for the quick ones."""
+    s = config.supervisor
+    return (s.stop_grace_s + s.drain_timeout_s + 5 + FINAL_SETTLE_TIMEOUT_S + MCP_STOP_TIMEOUT_S
+            + STOP_FLUSH_TIMEOUT_S + 15)
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
@@ -241,7 +251,7 @@ async def _cancel(*tasks: asyncio.Task[None]) -> None:
 async def _stop_mcp(mcp_stop: asyncio.Event, serving: asyncio.Task[None]) -> None:
     mcp_stop.set()
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(serving, 10)
+        await asyncio.wait_for(serving, MCP_STOP_TIMEOUT_S)
 
 
 async def _settle_last(settling: asyncio.Task[None], settler: Settler) -> None:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import signal
+import sys
+import threading
+import traceback
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from shared import logs
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A service whose stop outlasts its deadline logs what it is still waiting on and exits with this (EX_SOFTWARE):
+# a stop that hangs (a loop that crashed, then a step of the orderly stop that never returns) would otherwise
+# leave a live process that serves nothing, which `Restart=on-failure` and `up` never restart.
+STOP_OVERDUE_EXIT = 70
 C = TypeVar("C")
+log = logs.get(__name__)
 
 
 def on_stop(stop: Callable[[], object]) -> None:
@@ -25,11 +36,14 @@ def on_stop(stop: Callable[[], object]) -> None:
         loop.add_signal_handler(sig, stop)
 
 
-def serve_until_stopped(serve: Callable[[C, asyncio.Event], Awaitable[None]], config: C) -> None:
-    """A service's `serve(config, stop)` in a new event loop, `stop` set by SIGTERM or SIGINT."""
+def serve_until_stopped(serve: Callable[[C, asyncio.Event], Awaitable[None]], config: C, *,
+                        stop_within_s: float) -> None:
+    """A service's `serve(config, stop)` in a new event loop, `stop` set by SIGTERM or SIGINT, or by the
+    service itself (a crashed loop). Once `stop` is set, the service has `stop_within_s` to come down: past
+    that, what it still waits on is logged and the process exits with STOP_OVERDUE_EXIT."""
 
     async def run() -> None:
-        stop = asyncio.Event()
+        stop = _Stop(stop_within_s)
         on_stop(stop.set)
         await serve(config, stop)
 
@@ -39,3 +53,59 @@ def serve_until_stopped(serve: Callable[[C, asyncio.Event], Awaitable[None]], co
     gc.collect()  # the imports' own garbage goes first, not frozen with them
     gc.freeze()
     asyncio.run(run())
+
+
+
+class _Stop(asyncio.Event):
+    """The service's `stop`: setting it, from a signal or a crashed loop, starts the deadline's timer, a thread (it
+    fires even when the event loop is stuck in a blocking call); the process exits before it fires when the stop
+    completes."""
+
+    def __init__(self, within_s: float):
+        super().__init__()
+        self.within_s = within_s
+        self.timer: threading.Timer | None = None
+
+    def set(self) -> None:
+        super().set()
+        if self.timer is None:
+            self.timer = threading.Timer(self.within_s, _overdue, (asyncio.get_running_loop(), self.within_s))
+            self.timer.daemon = True
+            self.timer.start()
+
+
+def _overdue(loop: asyncio.AbstractEventLoop, within_s: float) -> None:
+    log.error("stop_overdue", within_s=within_s, waiting=_stacks(loop))
+    sys.stderr.flush()  # where the log goes; os._exit flushes nothing
+    os._exit(STOP_OVERDUE_EXIT)
+
+
+def _stacks(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """Where each of the loop's tasks, and each thread, stands (read from this thread: for the log only)."""
+    for _ in range(3):  # the set of tasks may change while it is copied
+        try:
+            tasks = list(asyncio.all_tasks(loop))
+            break
+        except RuntimeError:
+            continue
+    else:
+        tasks = []
+    found = [f"task {task.get_name()}:\n{''.join(traceback.format_list(_awaits(task)))}" for task in tasks]
+    for ident, frame in sys._current_frames().items():
+        if ident != threading.get_ident():
+            found.append(f"thread {ident}:\n{''.join(traceback.format_stack(frame, limit=12))}")
+    return found
+
+
+def _awaits(task: asyncio.Task[Any]) -> traceback.StackSummary:
+    """A suspended task's chain of awaits, outermost first (`Task.get_stack` gives only the outermost frame of a
+    suspended coroutine): where it waits is the last line."""
+    frames = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append((frame, frame.f_lineno))
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return traceback.StackSummary.extract(frames)

@@ -52,8 +52,8 @@ def executor(args: argparse.Namespace, settings: Settings) -> int:
         ports.check_free(settings.mcp_host, settings.mcp_port, "harness MCP server")
         info = dbserver.resolve(settings)
         database.wait_for_schema(info.executor_dsn, "petal-executor")  # started during an outage: it waits
-        signals.serve_until_stopped(executor_main.serve,
-                                    executor_wiring.executor_config(settings, os.environ, info.executor_dsn, sandbox))
+        served = executor_wiring.executor_config(settings, os.environ, info.executor_dsn, sandbox)
+        signals.serve_until_stopped(executor_main.serve, served, stop_within_s=executor_main.stop_within_s(served))
         log.info("executor_stopped")
     return 0
 
@@ -65,5 +65,7 @@ def ingress(args: argparse.Namespace, settings: Settings) -> int:
     ports.check_free(settings.ingress_host, settings.ingress_port, "ingress", shared=settings.ingress_reuse_port)
     info = dbserver.resolve(settings)
     database.wait_for_schema(info.ingress_dsn, "petal-ingress")  # started during an outage: it waits
-    signals.serve_until_stopped(ingress_main.serve, ingress_wiring.ingress_config(settings, info.ingress_dsn))
+    served = ingress_wiring.ingress_config(settings, info.ingress_dsn)
+    # its stop is hypercorn's graceful one and the pool's close
+    signals.serve_until_stopped(ingress_main.serve, served, stop_within_s=served.graceful_timeout_s + 15)
     return 0

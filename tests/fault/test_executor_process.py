@@ -142,13 +142,16 @@ async def test_a_loop_that_crashes_brings_the_executor_down_in_order_and_exits_n
     with ScriptedModelServer(Scenario.single({"text": "x"})) as model:
         proc = _spawn_executor(_executor_env(db, model, tmp_path), log)
         try:
-            rc = await asyncio.to_thread(proc.wait, 60)
+            # past its stop's deadline (petal_dispatch/signals.py) it exits anyway, saying what it waited on
+            rc = await asyncio.to_thread(proc.wait, 120)
+        except subprocess.TimeoutExpired:
+            rc = None
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     text = log.read_text()
-    assert rc not in (0, None), text
+    assert rc not in (0, None) and '"stop_overdue"' not in text, text
     assert '"executor_loop_crashed"' in text and '"loop": "projects"' in text, text
     # it came down in order, not cut off: the supervisor left its lease, the journal writer flushed
     with psycopg.connect(db.admin_dsn) as conn:
