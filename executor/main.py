@@ -32,7 +32,7 @@ from executor.sessions.index import SessionsConfig
 from executor.settle import threads
 from executor.settle.settler import Settler, SettlerConfig
 from executor.terminals.server import Terminals, TerminalsConfig
-from shared import errors, logs
+from shared import aio, errors, logs
 from shared.database import Database
 
 log = logs.get(__name__)
@@ -243,9 +243,7 @@ class LoopEnded(RuntimeError):
 
 
 async def _cancel(*tasks: asyncio.Task[None]) -> None:
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await aio.cancel_and_wait(*tasks)  # a crash is _Loops' to raise
 
 
 async def _stop_mcp(mcp_stop: asyncio.Event, serving: asyncio.Task[None]) -> None:

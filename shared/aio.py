@@ -20,6 +20,29 @@ async def wait_for(aw: Awaitable[T], seconds: float) -> T:
         return await aw
 
 
+async def cancel_and_wait(*tasks: asyncio.Task[Any], again_s: float = 0.5) -> None:
+    """Cancel the tasks and wait until each has ended, cancelling again one that goes on: Python 3.11's
+    asyncio.wait_for (psycopg_pool waits for a connection in one) swallows a cancellation that lands as its wait
+    ends, and a loop cancelled once then ran on, and whoever waited for it waited forever. Their errors are read
+    (the caller reports them its own way), not raised."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_s)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()
+
+
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if the current task was cancelled though nothing raised it (a callee swallowed it, as
+    above): a loop calls this at each step, so it ends there rather than running on."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def resolved(value: T) -> T:
     """An awaitable of a value at hand (a branch of a gather that has nothing to ask)."""
     return value

@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from shared import logs, timers
+from shared import aio, logs, timers
 from shared.availability import OUTAGE_ERRORS, Availability
 from shared.listener import RESYNC, Notification, Subscription
 
@@ -140,6 +140,7 @@ async def consume(name: str, subscription: Subscription, passes_by_channel: Mapp
     failing: dict[str, int] = {}  # pass → unexpected failures in a row (the first one is logged)
     recovering = False  # an outage was waited out: the first clean round says the database is back
     while stop is None or not stop.is_set():
+        aio.raise_if_cancelled()  # a cancel a pass swallowed (a pool's wait for a connection) ends the loop here
         try:
             for p in due:
                 await _drain(name, p, failing, stop)
@@ -153,6 +154,7 @@ async def consume(name: str, subscription: Subscription, passes_by_channel: Mapp
             availability.succeeded()
         if full:
             full_at = clock.now()
+        aio.raise_if_cancelled()  # not to wait for the next notification first
         keys = await _next(subscription, full_at + poll_s - clock.now(), stop, debounce_s, wake, clock)
         full = keys is None or _is_full(keys, passes_by_channel)
         due = every if keys is None else due_passes(keys, passes_by_channel)
@@ -162,6 +164,7 @@ async def _drain(name: str, p: Pass, failing: dict[str, int], stop: asyncio.Even
     """Run one pass until it finds nothing to do; an outage error is the caller's."""
     pass_name = _name(p)
     while stop is None or not stop.is_set():
+        aio.raise_if_cancelled()
         try:
             worked = await p()
         except OUTAGE_ERRORS:

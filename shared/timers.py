@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from shared import logs
+from shared import aio, logs
 from shared.availability import OUTAGE_ERRORS, Availability
 
 log = logs.get(__name__)
@@ -158,6 +158,7 @@ class Timer:
 
     async def _wait(self, seconds: float, stop: asyncio.Event | None, *, wakeable: bool = True) -> None:
         """Until `seconds` have passed on the clock, `stop` is set or (when wakeable) `wake()` is called."""
+        aio.raise_if_cancelled()  # a cancel the action swallowed (a pool's wait for a connection) ends the timer here
         if stop is not None and stop.is_set():
             return
         if wakeable and self._woken.is_set():

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from shared import logs
+from shared import aio, logs
 
 log = logs.get(__name__)
 
@@ -43,9 +43,9 @@ class SideTasks:
             log.error("supervisor_side_task_ended", task=name)
             raise SideTaskEnded(f"the supervisor's {name} task ended on its own")
 
-    def cancel(self) -> None:
-        for t in self.tasks:
-            t.cancel()
+    async def cancel(self) -> None:
+        """Cancel them all and wait for their ends (one that swallowed its cancellation is cancelled again)."""
+        await aio.cancel_and_wait(*self.tasks)
 
 
 def first_error(failed: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -208,7 +208,7 @@ class Supervisor:
                 finally:
                     self._closing.set()
                     await self._shut_down()
-                    side.cancel()
+                    await side.cancel()
         except BaseExceptionGroup as failed:
             raise first_error(failed) from None  # as a loop of the executor raises it (executor/main.py)
         finally:

@@ -239,3 +239,25 @@ async def test_stop_ends_the_loop_while_it_waits_and_a_ring_for_everything_wakes
     assert runs == ["a", "b", "a", "b"]  # the context manager's exit proved the stop (it awaits the loop)
 
 
+
+
+async def test_a_cancel_a_pass_swallowed_ends_the_loop_at_its_next_step() -> None:
+    """Python 3.11's asyncio.wait_for (psycopg_pool waits for a connection in one) returns its result when a cancel
+    lands as its wait ends: the pass returns, and the loop, cancelled, must not wait for its next notification (a
+    stop once waited forever on one)."""
+    entered = asyncio.Event()
+
+    async def swallowing() -> bool:
+        entered.set()
+        try:
+            await asyncio.sleep(NEVER_S)
+        except asyncio.CancelledError:
+            return False  # what wait_for does when its inner wait finished as the cancel came
+        return False
+
+    loop = asyncio.create_task(consume.consume("test", subscription(["chat"]), {"chat": [swallowing]}, NEVER_S,
+                                               Availability("t")))
+    await entered.wait()
+    loop.cancel()
+    done, _ = await asyncio.wait([loop], timeout=5)
+    assert done == {loop} and loop.cancelled()

@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from executor.run.side_tasks import SideTaskEnded, SideTasks, first_error
+from shared import aio
 from tests.wait import one_step
 
 
@@ -38,7 +39,7 @@ async def run_with(side_task: BaseException | None) -> tuple[BaseException, list
             finally:
                 seen.append("cleanup")
                 closing.set()
-                side.cancel()
+                await side.cancel()
     except BaseExceptionGroup as failed:
         return first_error(failed), seen
     raise AssertionError("the run ended without an error")
@@ -68,7 +69,7 @@ async def test_a_side_task_that_may_end_ends_alone_and_the_run_goes_on() -> None
         await one_step()
         assert not side.tasks[0].done()  # the run goes on
         closing.set()
-        side.cancel()
+        await side.cancel()
 
 
 async def test_a_side_task_that_returns_once_the_run_is_closing_is_no_failure() -> None:
@@ -101,7 +102,7 @@ async def test_cancelling_the_side_tasks_ends_them_quietly(closing: bool) -> Non
             side = SideTasks(group, flag)
             side.start("watchdog", forever())
             await one_step()
-            side.cancel()
+            await side.cancel()
     assert logged == [] and side.tasks[0].cancelled()
 
 
@@ -112,5 +113,24 @@ async def test_a_run_stopped_before_its_side_tasks_ran_leaves_no_loop_never_awai
         side = SideTasks(group, closing)
         side.start("unstarted", loop)
         closing.set()
-        side.cancel()  # before the task got its first step: its loop never ran
+        await side.cancel()  # before the task got its first step: its loop never ran
     assert inspect.getcoroutinestate(loop) == inspect.CORO_CLOSED  # not left for the collector to warn about
+
+
+async def test_a_task_that_swallows_its_cancellation_is_cancelled_again_until_it_ends() -> None:
+    """As a loop whose wait for a pool connection (Python 3.11's asyncio.wait_for) swallowed the cancel: one cancel
+    and a wait for its end waited forever (the executor's stop once did)."""
+    swallowed = asyncio.Event()
+
+    async def swallows_once() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed.set()
+        await asyncio.Event().wait()  # runs on as if never cancelled
+
+    task = asyncio.create_task(swallows_once())
+    await one_step()
+    async with asyncio.timeout(5):
+        await aio.cancel_and_wait(task, again_s=0.05)
+    assert swallowed.is_set() and task.cancelled()

@@ -199,3 +199,23 @@ async def test_the_system_clock_sleeps_for_real() -> None:
     before = timers.MONOTONIC.now()
     await timers.MONOTONIC.sleep(0.01)  # the one test of the real clock: it must really wait
     assert timers.MONOTONIC.now() - before >= 0.01
+
+
+async def test_a_cancel_the_action_swallowed_ends_the_timer_before_its_next_wait() -> None:
+    """As an action whose wait for a pool connection (Python 3.11's asyncio.wait_for) returned as the cancel came: the
+    timer must not go on to wait out its interval (nothing would cancel it again)."""
+    clock = timers.ManualClock()
+    entered = asyncio.Event()
+
+    async def swallowing() -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return
+
+    task = asyncio.create_task(timers.every("t", 5.0, swallowing, clock=clock, at_start=True).run())
+    await entered.wait()
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done == {task} and task.cancelled()
