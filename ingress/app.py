@@ -43,7 +43,7 @@ from ingress.models import (
 )
 from ingress.openapi import SEQ, UUID, Op, Param, document
 from ingress.sql import queries
-from shared import migrate
+from shared import aio, migrate
 from shared.availability import CONTENDED
 from shared.database import Database
 from shared.errors import DatabaseRefused, DatabaseUnavailable
@@ -325,8 +325,7 @@ def create_app(config: IngressConfig) -> Starlette:
                         await asyncio.wait_for(listener.connected.wait(), LISTEN_WAIT_S)
                     yield
             finally:
-                listening.cancel()
-                await asyncio.gather(listening, return_exceptions=True)
+                await aio.cancel_and_wait(listening)
 
     routes: list[BaseRoute] = [Route(op.path, handler, methods=[op.method.upper()]) for op, handler in OPS]
     routes += [Route("/healthz", healthz), Route("/readyz", readyz), Route("/openapi.json", openapi),

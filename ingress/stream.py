@@ -390,5 +390,4 @@ async def running(broadcaster: Broadcaster, sub: Subscription) -> AsyncIterator[
         yield
     finally:
         broadcaster.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await aio.cancel_and_wait(task)

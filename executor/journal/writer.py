@@ -27,7 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from executor.journal import spill as journal_spill
 from executor.journal.spill import SPILL_NAME, Spill
-from shared import database, errors, failover, journal, logs
+from shared import aio, database, errors, failover, journal, logs
 from shared.journal import Appended
 from shared.models import NewEvent
 from shared.sql import queries as shared_queries
@@ -209,9 +209,7 @@ class JournalWriter:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout_s)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await aio.cancel_and_wait(self._task)
         self._task = None
         # what the writer was retrying when stopped (unless it came from the spill, which still has it)
         left = (self._in_flight if self._in_flight_from_mem else []) + list(self._mem)
