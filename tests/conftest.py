@@ -15,6 +15,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from shared.database import Database
+from tests import cpu_clock
 from tests.pg import DB, Cluster, PgUnavailable
 from tests.resilience import OwnServer
 
@@ -125,22 +126,30 @@ class TierClock:
     def __init__(self, out: str | None) -> None:
         self.out = out
         self.spans: dict[str, list[float]] = {}
+        self.cpu: dict[str, float] = {}  # each tier's CPU seconds, where measured (tests/cpu_clock.py)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not report.start:
             return
-        span = self.spans.setdefault(_tier(report.nodeid), [report.start, report.stop])
+        tier = _tier(report.nodeid)
+        span = self.spans.setdefault(tier, [report.start, report.stop])
         span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+        if (spent := cpu_clock.cost(report)) is not None:
+            self.cpu[tier] = self.cpu.get(tier, 0.0) + spent
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.spans:
             terminalreporter.write_line("tier wall time: " + ", ".join(
                 f"{tier} {stop - start:.1f} s" for tier, (start, stop) in sorted(self.spans.items())))
+        if self.cpu:
+            terminalreporter.write_line("tier CPU time: " + ", ".join(
+                f"{tier} {spent:.0f} s" for tier, spent in sorted(self.cpu.items())))
 
     def pytest_sessionfinish(self) -> None:
         if self.out and self.spans:
             with open(self.out, "a") as f:
-                f.write(json.dumps({tier: stop - start for tier, (start, stop) in self.spans.items()}) + "\n")
+                f.write(json.dumps({"wall": {tier: stop - start for tier, (start, stop) in self.spans.items()},
+                                    "cpu": self.cpu}) + "\n")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -148,8 +157,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), not an xdist worker
+    worker = hasattr(config, "workerinput")
+    if not worker:  # the controller (or a run without xdist), not an xdist worker
         config.pluginmanager.register(TierClock(config.getoption("tier_times")), "petal-tier-clock")
+    if worker or not config.getoption("numprocesses", None):  # a process that runs tests: what they cost
+        clock = cpu_clock.CpuClock.make()
+        if clock is not None:
+            config.pluginmanager.register(clock, "petal-cpu-clock")
+            config.add_cleanup(clock.close)
 
 
 @pytest.hookimpl(tryfirst=True)
