@@ -24,13 +24,14 @@ from executor.notify.duty import Duty
 from executor.projects import service as projects
 from executor.routines import Routines, RoutinesConfig
 from executor.run.substrate import SubstrateConfig, config_home, handback_cli
-from executor.run.supervisor import Supervisor, SupervisorConfig
+from executor.run.supervisor import STOP_DRAIN_S, Supervisor, SupervisorConfig
 from executor.sandbox import scratch
 from executor.sessions import adopt as claude_sessions
 from executor.sessions.index import Index as SessionIndex
 from executor.sessions.index import SessionsConfig
 from executor.settle import threads
 from executor.settle.settler import Settler, SettlerConfig
+from executor.terminals.held import END_GRACE_S
 from executor.terminals.server import Terminals, TerminalsConfig
 from shared import aio, errors, logs
 from shared.database import Database
@@ -45,6 +46,7 @@ CHANNELS = ["task_pending", "stop_queue", "question_answered", "chat_queue", "th
 # At shutdown, how long the settler may act on the ends the stop itself caused (the next start does the rest).
 FINAL_SETTLE_TIMEOUT_S = 10
 MCP_STOP_TIMEOUT_S = 10
+POOL_CLOSE_S = 5  # psycopg_pool's close waits this long for connections in use
 # The executor's loops wait this long for a pooled connection before counting the database as away.
 ACQUIRE_TIMEOUT_S = 5.0
 
@@ -77,12 +79,22 @@ class ExecutorConfig:
 
 
 def stop_within_s(config: ExecutorConfig) -> float:
-    """How long an orderly stop may take (petal_dispatch/signals.py ends one that takes longer): the bounds of its
-    slow steps (the children's grace and drain, the last settle, the MCP server, the journal's flush) and a margin
-    for the quick ones."""
+    """How long an orderly stop may take (petal_dispatch/signals.py ends one that takes longer): the bound of each of
+    its slow steps, in the order they run, and a margin for the quick ones. 110 s with the defaults; a stop
+    normally takes a few seconds."""
     s = config.supervisor
-    return (s.stop_grace_s + s.drain_timeout_s + 5 + FINAL_SETTLE_TIMEOUT_S + MCP_STOP_TIMEOUT_S
-            + STOP_FLUSH_TIMEOUT_S + 15)
+    return sum([
+        s.stop_grace_s,  # the warm turns' processes, together
+        s.stop_grace_s,  # the sandboxes started ahead, together
+        s.stop_grace_s + s.drain_timeout_s + 5,  # the runs' children, their ends journaled
+        STOP_DRAIN_S,  # what the runs queued, written
+        FINAL_SETTLE_TIMEOUT_S,
+        2 * END_GRACE_S,  # the terminal sessions: SIGHUP, SIGTERM, then SIGKILL
+        MCP_STOP_TIMEOUT_S,
+        STOP_FLUSH_TIMEOUT_S,  # the journal writer's last flush
+        POOL_CLOSE_S,
+        15,
+    ])
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:

@@ -19,6 +19,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # a stop that hangs (a loop that crashed, then a step of the orderly stop that never returns) would otherwise
 # leave a live process that serves nothing, which `Restart=on-failure` and `up` never restart.
 STOP_OVERDUE_EXIT = 70
+OVERDUE_LOG_S = 5.0  # how long saying what the stop waits on may take before the process exits anyway
 C = TypeVar("C")
 log = logs.get(__name__)
 
@@ -42,18 +43,25 @@ def serve_until_stopped(serve: Callable[[C, asyncio.Event], Awaitable[None]], co
     service itself (a crashed loop). Once `stop` is set, the service has `stop_within_s` to come down: past
     that, what it still waits on is logged and the process exits with STOP_OVERDUE_EXIT."""
 
+    stop = _Stop(stop_within_s)
+
     async def run() -> None:
-        stop = _Stop(stop_within_s)
         on_stop(stop.set)
-        await serve(config, stop)
+        try:
+            await serve(config, stop)
+        except BaseException:
+            stop.set()  # a failed start: asyncio.run's own end (tasks cancelled, threads joined) is under the deadline
+            raise
 
     # What the imports made lives as long as the process: out of the collector's sight, a full collection walks
     # only what the service made since (it was a request's slowest milliseconds: bench_ask's POST p99 6.3 ->
     # 4.6 ms with nothing else changed).
     gc.collect()  # the imports' own garbage goes first, not frozen with them
     gc.freeze()
-    asyncio.run(run())
-
+    try:
+        asyncio.run(run())  # its own end (the default executor's threads joined) is under the deadline as well
+    finally:
+        stop.disarm()
 
 
 class _Stop(asyncio.Event):
@@ -64,14 +72,22 @@ class _Stop(asyncio.Event):
     def __init__(self, within_s: float):
         super().__init__()
         self.within_s = within_s
-        self.timer: threading.Timer | None = None
+        self.timers: list[threading.Timer] = []
 
     def set(self) -> None:
         super().set()
-        if self.timer is None:
-            self.timer = threading.Timer(self.within_s, _overdue, (asyncio.get_running_loop(), self.within_s))
-            self.timer.daemon = True
-            self.timer.start()
+        if not self.timers:
+            # the second only exits: the first's log line may itself wait (a write to a full pipe, under the
+            # logger's lock, is what the stop may be stuck on)
+            self.timers = [threading.Timer(self.within_s, _overdue, (asyncio.get_running_loop(), self.within_s)),
+                           threading.Timer(self.within_s + OVERDUE_LOG_S, os._exit, (STOP_OVERDUE_EXIT,))]
+            for timer in self.timers:
+                timer.daemon = True
+                timer.start()
+
+    def disarm(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
 
 
 def _overdue(loop: asyncio.AbstractEventLoop, within_s: float) -> None:

@@ -58,6 +58,12 @@ _RETRYABLE: tuple[type[Exception], ...] = (errors.JournalWriteError, *database.O
 _Item = journal_spill.Item
 
 
+def _said_if_failed(task: asyncio.Task[None]) -> None:
+    """The writer task ended with an error (nothing else watches it: its producers wait, the stop reads it)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("journal_writer_failed", exc_info=exc)
+
+
 def _size(events: Sequence[NewEvent]) -> int:
     return sum(_event_size(e) for e in events) + 1
 
@@ -196,6 +202,7 @@ class JournalWriter:
             self._work.set()
             self._idle.clear()
         self._task = asyncio.create_task(self._run(), name="journal-writer")
+        self._task.add_done_callback(_said_if_failed)
 
     async def drain(self) -> None:
         """Wait until everything queued so far is written (or dropped)."""

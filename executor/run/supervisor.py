@@ -20,6 +20,7 @@ Slots (docs/supervisor.md, "Slots: what runs and what waits"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ log = logs.get(__name__)
 
 # the channel of a new task: its wake-up needs only a claim
 TASK_PENDING = "task_pending"
+# how long a stopping run waits for the journal writer to write what it queued (an outage holds it longer)
+STOP_DRAIN_S = 10.0
 
 
 # a parked CLI (node, its MCP client and the conversation) holds about this much memory while it waits
@@ -212,7 +215,10 @@ class Supervisor:
         except BaseExceptionGroup as failed:
             raise first_error(failed) from None  # as a loop of the executor raises it (executor/main.py)
         finally:
-            await self.writer.drain()
+            # what this run queued, written before it leaves its lease; during an outage the writer holds it (its stop
+            # spills it to disk), not waited for past the bound
+            with contextlib.suppress(TimeoutError):
+                await aio.wait_for(self.writer.drain(), STOP_DRAIN_S)
             await self.lease.leave()
 
     async def _supervise(self) -> None:

@@ -10,7 +10,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
+from executor.journal import writer
 from executor.journal.spill import SPILL_NAME, Item, Spill
 from shared.journal import Appended
 from shared.models import NewEvent
@@ -151,3 +153,16 @@ def test_a_line_too_deep_for_either_parser_is_still_written_as_printed() -> None
     from executor.journal import spill
 
     assert spill._payload("[" * 5000 + "]" * 5000) is None  # neither parser takes it: the write uses the text
+
+
+async def test_a_journal_writer_that_fails_says_so_at_once() -> None:
+    """Nothing awaits the writer's task while it runs (its producers wait on room, the stop reads its end): its error
+    is logged when it happens, not found at the stop or never."""
+    async def failing() -> None:
+        raise OSError("the spill file's disk is full")
+
+    task = asyncio.create_task(failing())
+    with capture_logs() as logged:
+        task.add_done_callback(writer._said_if_failed)
+        await asyncio.wait([task])
+    assert [e["event"] for e in logged] == ["journal_writer_failed"]

@@ -134,3 +134,4 @@ async def test_a_task_that_swallows_its_cancellation_is_cancelled_again_until_it
     async with asyncio.timeout(5):
         await aio.cancel_and_wait(task, again_s=0.05)
     assert swallowed.is_set() and task.cancelled()
+

@@ -262,8 +262,8 @@ class AheadPool:
         self.spares.clear()
         for watching in self._watching:
             watching.cancel()
-        for started in pending:
-            await self._end_when_up(started, "executor_stopping")
+        # together: each may take the grace to end
+        await asyncio.gather(*(self._end_when_up(started, "executor_stopping") for started in pending))
         while self._ending:  # including what a turn gave back meanwhile
             await asyncio.gather(*self._ending, return_exceptions=True)
 
