@@ -143,7 +143,7 @@ async def test_a_loop_that_crashes_brings_the_executor_down_in_order_and_exits_n
         proc = _spawn_executor(_executor_env(db, model, tmp_path), log)
         try:
             # past its stop's deadline (petal_dispatch/signals.py) it exits anyway, saying what it waited on
-            rc = await asyncio.to_thread(proc.wait, 120)
+            rc = await asyncio.to_thread(proc.wait, 150)
         except subprocess.TimeoutExpired:
             rc = None
         finally:

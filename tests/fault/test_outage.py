@@ -33,7 +33,7 @@ from shared.models import NewEvent
 from tests import tables
 from tests.pg import DB, Cluster
 from tests.resilience import OwnServer, StreamReader, check_invariants, head, settled
-from tests.fault.test_executor_process import _executor_env
+from tests.fault.test_executor_process import _dispatch_until_running, _executor_env
 from tests.wait import until
 from tests.served import free_port
 
@@ -372,3 +372,45 @@ async def test_what_the_writer_holds_when_stopped_during_an_outage_is_journaled_
         await again.flush_and_stop(timeout_s=60)
     assert _journaled_lines(odb.admin_dsn) == list(range(201))
     assert not (tmp_path / SPILL_NAME).exists()
+
+
+async def test_an_executor_stopped_during_an_outage_exits_in_order_and_the_next_start_journals_what_it_held(
+    own: tuple[OwnServer, Cluster], odb: DB, tmp_path: Path
+) -> None:
+    """SIGTERM while the database is away, with a worker running: the stop's own records cannot be written. The
+    supervisor once waited for the journal writer to write them, forever (the writer retries through an outage); now
+    it waits a bounded while, the writer's stop puts what it holds in the spill file, the process exits 0 within its
+    stop's deadline (no `stop_overdue`), and the next start journals the spill first and crashes the worker."""
+    server = own[0]
+    first_log, second_log = tmp_path / "executor1.log", tmp_path / "executor2.log"
+    with ScriptedModelServer(Scenario.single({"stall": {"seconds": None}})) as model:
+        env = _executor_env(odb, model, tmp_path)
+        first = _spawn("executor", env, first_log)
+        try:
+            task_id = await _dispatch_until_running(odb, tmp_path, first_log)
+            await asyncio.to_thread(_stop_postgres, server)
+            try:
+                first.send_signal(signal.SIGTERM)
+                rc = await asyncio.to_thread(first.wait, 150)  # the deadline would end it at 110 s, with exit 70
+            finally:
+                await asyncio.to_thread(_start_postgres, server)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+        text = first_log.read_text()
+        assert rc == 0 and '"stop_overdue"' not in text, text[-4000:]
+        (left,) = _events(first_log, "journal_left_in_spill")
+        second = _spawn("executor", env, second_log)
+        try:
+            def crashed() -> bool:
+                return tables.tasks(odb.admin_dsn, "status", id=task_id) == [("crashed",)]
+
+            await _until(crashed, "the worker crashed by the next start", 60, [second_log])
+        finally:
+            second.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(second.wait, 60)
+    (recovered,) = _events(second_log, "journal_spill_recovered")
+    assert recovered["items"] == left["items"] > 0, (left, recovered)
+    assert not (tmp_path / "var" / "run" / SPILL_NAME).exists()
+    check_invariants(odb.admin_dsn)
