@@ -22,7 +22,7 @@ SERVICE = textwrap.dedent("""
     from petal_dispatch import signals
 
     def a_blocking_call_that_never_returns():
-        time.sleep(3600)
+        time.sleep(3600)  # a worker thread that never returns: asyncio.run's end waits on it
 
     async def a_step_that_never_returns(how):
         if how in ("await", "stuck-log"):
@@ -33,7 +33,7 @@ SERVICE = textwrap.dedent("""
     async def serve(how, stop):
         if how == "failed-start":  # a start that fails, leaving a thread busy: asyncio.run's end waits on it
             asyncio.create_task(asyncio.to_thread(a_blocking_call_that_never_returns))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0)  # the task's first step: its call goes to a worker thread
             raise RuntimeError("a port in use")
         stop.set()  # as executor/main.py's _Loops does for a crashed loop
         await stop.wait()
