@@ -98,8 +98,10 @@ class Availability:
                 await aio.wait_for(stop.wait(), delay)
 
     async def retry(self, fn: Callable[[], Awaitable[T]], where: str) -> T:
-        """`fn()` until it gets through; an outage only delays it."""
+        """`fn()` until it gets through; an outage only delays it (a cancellation ends it, one that `fn` swallowed
+        too: a wait for a pool connection may, and the outage's error would then retry it forever)."""
         while True:
+            aio.raise_if_cancelled()
             try:
                 result = await fn()
             except OUTAGE_ERRORS as exc:

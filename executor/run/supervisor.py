@@ -299,6 +299,11 @@ class Supervisor:
         for r in list(self.running.values()):
             await self.runner.request_stop(r, reason)
         await self.runner.wait(self.config.stop_grace_s + self.config.drain_timeout_s + 5)
+        # a run still finishing past the bound (an outage holds its end's writes) is ended here, not left to run on
+        # through the rest of the stop: the next start's reconcile crashes its task
+        if cut := [t for t in self.runner.children if not t.done()]:
+            log.warning("runs_cut_short_at_stop", runs=len(cut))
+            await aio.cancel_and_wait(*cut)
 
     # ---- claiming ------------------------------------------------------------------------------------
 

@@ -401,6 +401,9 @@ async def test_an_executor_stopped_during_an_outage_exits_in_order_and_the_next_
         text = first_log.read_text()
         assert rc == 0 and '"stop_overdue"' not in text, text[-4000:]
         (left,) = _events(first_log, "journal_left_in_spill")
+        # the worker's run could not write its end (its retries would have run on through the outage): ended at the
+        # children's bound, its task crashed by the next start
+        assert _events(first_log, "runs_cut_short_at_stop"), text[-4000:]
         second = _spawn("executor", env, second_log)
         try:
             def crashed() -> bool:

@@ -261,3 +261,25 @@ async def test_a_cancel_a_pass_swallowed_ends_the_loop_at_its_next_step() -> Non
     loop.cancel()
     done, _ = await asyncio.wait([loop], timeout=5)
     assert done == {loop} and loop.cancelled()
+
+
+async def test_a_retry_through_an_outage_ends_on_a_cancel_its_attempt_swallowed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attempt's wait for a pool connection (Python 3.11's asyncio.wait_for) swallows the cancel and then fails
+    as an outage: retrying it forever kept a stopped executor alive (its run's end, retried through the outage)."""
+    monkeypatch.setattr(availability_module, "OUTAGE_DELAYS_S", (0.01,))
+    entered = asyncio.Event()
+
+    async def attempt() -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(NEVER_S)
+        except asyncio.CancelledError:
+            pass  # swallowed, as that wait_for does when its wait ended as the cancel came
+        raise psycopg.OperationalError("connection refused")  # then the pool's outage
+
+    task = asyncio.create_task(Availability("t").retry(attempt, "test"))
+    await entered.wait()
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done == {task} and task.cancelled()
