@@ -158,9 +158,11 @@ async def test_filters_and_fsmonitor_in_config_worktree_do_not_run_at_settlement
     # the negative control: the plain `git add --all` (and status) the executor ran before, in the same tree
     (wt.path / "more.txt").write_text("more\n")
     (wt.path / "more.md").write_text("more\n")
-    subprocess.run(["git", "-C", str(wt.path), "add", "--all"], capture_output=True, check=False)
-    subprocess.run(["git", "-C", str(wt.path), "status"], capture_output=True, check=False)
-    assert ran["x"].exists() and ran["dotted"].exists() and ran["fsmonitor"].exists()
+    added = subprocess.run(["git", "-C", str(wt.path), "add", "--all"], capture_output=True, text=True, check=False)
+    status = subprocess.run(["git", "-C", str(wt.path), "status"], capture_output=True, text=True, check=False)
+    # what git said, when a marker is missing (once under load: a failing `add` would look like a filter not run)
+    said = (added.returncode, added.stderr[-2000:], status.returncode, status.stderr[-2000:])
+    assert ran["x"].exists() and ran["dotted"].exists() and ran["fsmonitor"].exists(), said
 
 
 async def test_hooks_and_drivers_in_the_projects_own_config_do_not_run_at_merge(tmp_path: Path) -> None:
