@@ -241,6 +241,14 @@ async def test_stop_ends_the_loop_while_it_waits_and_a_ring_for_everything_wakes
 
 
 
+async def _ends_once_cancelled(task: asyncio.Task[None], entered: asyncio.Event) -> None:
+    """Cancel `task` once its swallowing step has begun: it must end, cancelled, within seconds."""
+    await entered.wait()
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done == {task} and task.cancelled()
+
+
 async def test_a_cancel_a_pass_swallowed_ends_the_loop_at_its_next_step() -> None:
     """Python 3.11's asyncio.wait_for (psycopg_pool waits for a connection in one) returns its result when a cancel
     lands as its wait ends: the pass returns, and the loop, cancelled, must not wait for its next notification (a
@@ -257,10 +265,7 @@ async def test_a_cancel_a_pass_swallowed_ends_the_loop_at_its_next_step() -> Non
 
     loop = asyncio.create_task(consume.consume("test", subscription(["chat"]), {"chat": [swallowing]}, NEVER_S,
                                                Availability("t")))
-    await entered.wait()
-    loop.cancel()
-    done, _ = await asyncio.wait([loop], timeout=5)
-    assert done == {loop} and loop.cancelled()
+    await _ends_once_cancelled(loop, entered)
 
 
 async def test_a_retry_through_an_outage_ends_on_a_cancel_its_attempt_swallowed(
@@ -279,7 +284,4 @@ async def test_a_retry_through_an_outage_ends_on_a_cancel_its_attempt_swallowed(
         raise psycopg.OperationalError("connection refused")  # then the pool's outage
 
     task = asyncio.create_task(Availability("t").retry(attempt, "test"))
-    await entered.wait()
-    task.cancel()
-    done, _ = await asyncio.wait([task], timeout=5)
-    assert done == {task} and task.cancelled()
+    await _ends_once_cancelled(task, entered)
